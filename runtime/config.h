@@ -1,0 +1,105 @@
+// The typed configuration: every KIZUNA_* environment variable, parsed once at the edge
+// (STYLE habit 12) and passed explicitly to what needs it.
+//
+// Unknown KIZUNA_* names and malformed values produce a warning naming the variable (and, for a
+// misspelling, the closest known name); the default is kept. The table of variables (name, form,
+// default, meaning) is data: README.md's configuration table and `kizuna-demo --env` print it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kizuna {
+
+enum class LogLevel : uint8_t { kNone = 0, kWarn = 1, kInfo = 2, kTrace = 3 };
+
+// Logging subsystems; KIZUNA_DEBUG_SUBSYS is a comma list of these names (or ALL), and a name
+// prefixed with ^ removes it ("ALL,^DEVICE"), as NCCL_DEBUG_SUBSYS does.
+enum LogSubsys : uint32_t {
+  kLogInit = 1u << 0,
+  kLogDevice = 1u << 1,
+  kLogFabric = 1u << 2,
+  kLogColl = 1u << 3,
+  kLogBootstrap = 1u << 4,
+  kLogPlugin = 1u << 5,
+  kLogEnv = 1u << 6,
+  kLogTune = 1u << 7,
+  kLogAll = 0xffffffffu,
+};
+std::string_view LogSubsysName(LogSubsys s);
+
+struct Config {
+  // Logging.
+  LogLevel debug = LogLevel::kWarn;
+  uint32_t debug_subsys = kLogAll;
+  std::string debug_file;  // %h host, %p pid; empty: stderr
+
+  // Every blocking wait's deadline, in seconds.
+  double timeout_s = 600.0;
+
+  // Plugins (dlopen paths).
+  std::vector<std::string> device_plugins;
+  std::vector<std::string> fabric_plugins;
+
+  // Emulated devices (host-wide: the same N devices in every process on the host).
+  int emulated_devices = 8;
+  std::optional<int> device;  // which device a rank uses; default local_rank % N
+  std::optional<uint64_t> emu_mem_bytes;  // per device; default: the host's physical memory
+  std::optional<double> emu_copy_gbps;
+  std::optional<double> emu_reduce_gbps;
+  std::optional<double> emu_launch_us;
+  std::optional<uint64_t> emu_fail_alloc;      // fail the k-th allocation (1-based)
+  std::optional<uint64_t> emu_fail_stream_op;  // fail the k-th stream operation (1-based)
+
+  // Rendezvous.
+  std::string unique_id;
+  std::string unique_id_file;
+  std::string root;  // host:port
+
+  // Fabric and topology.
+  std::vector<std::string> fabric;
+  std::string topology;
+
+  // Collectives.
+  std::string algo;
+  bool deterministic = false;
+  std::optional<uint64_t> chunk_bytes;
+
+  // RoCE.
+  std::string ib_hca;
+  std::optional<int> ib_gid_index;
+  std::string ib_addr_family;  // ipv4 | ipv6
+  std::optional<int> ib_tc;
+  std::optional<int> ib_sl;
+};
+
+// One configuration variable as documented.
+struct ConfigVariable {
+  std::string_view name;
+  std::string_view form;
+  std::string_view default_value;
+  std::string_view meaning;
+};
+std::span<const ConfigVariable> ConfigVariables();
+
+struct ParsedConfig {
+  Config config;
+  std::vector<std::string> warnings;  // one per unknown name or malformed value
+};
+
+// Parses a name -> value map (only KIZUNA_* names are looked at). Pure: tests call it directly.
+ParsedConfig ParseConfig(const std::map<std::string, std::string>& env);
+
+// The process environment's KIZUNA_* variables.
+std::map<std::string, std::string> KizunaEnvironment();
+
+// The process-wide configuration, parsed from the environment on first use; warnings are logged
+// once (subsystem ENV). Components take a `const Config&` so tests can pass their own.
+const Config& GlobalConfig();
+
+}  // namespace kizuna

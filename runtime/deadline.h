@@ -1,0 +1,31 @@
+// Deadlines for every blocking wait (STYLE habit 13). There is no "wait forever": the longest
+// wait is KIZUNA_TIMEOUT (600 s by default), after which the call returns kTimeout.
+#pragma once
+
+#include <chrono>
+
+namespace kizuna {
+
+class Deadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  static Deadline After(std::chrono::nanoseconds d) { return Deadline(Clock::now() + d); }
+  static Deadline AfterSeconds(double s) {
+    return After(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s)));
+  }
+  static Deadline At(Clock::time_point t) { return Deadline(t); }
+
+  Clock::time_point when() const { return when_; }
+  bool Expired() const { return Clock::now() >= when_; }
+  std::chrono::nanoseconds Remaining() const {
+    auto r = when_ - Clock::now();
+    return r.count() > 0 ? std::chrono::duration_cast<std::chrono::nanoseconds>(r) : std::chrono::nanoseconds(0);
+  }
+
+ private:
+  explicit Deadline(Clock::time_point when) : when_(when) {}
+  Clock::time_point when_;
+};
+
+}  // namespace kizuna

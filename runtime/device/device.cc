@@ -1,0 +1,153 @@
+#include "runtime/device/device.h"
+
+#include <fmt/format.h>
+
+#include "runtime/logging.h"
+
+namespace kizuna::device {
+namespace {
+
+bool Overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
+Status CheckAddressable(const Device& d, const void* p, size_t bytes, std::string_view what) {
+  if (p == nullptr) return InvalidArgument(fmt::format("{} is null", what));
+  if (!d.Addressable(p, bytes))
+    return InvalidArgument(fmt::format("{} {} (+{} bytes) is not memory that {} can use: allocate it on the "
+                                       "device or import it",
+                                       what, p, bytes, d.label()));
+  return Status::Ok();
+}
+
+Status CheckSameBackend(const Device& a, const Device& b, std::string_view what) {
+  if (a.properties().backend != b.properties().backend)
+    return NotSupported(fmt::format("{} belongs to {}, the stream to {}: events cannot cross backends", what,
+                                    b.label(), a.label()));
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ---- Stream ----
+
+Status Stream::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  KZ_RETURN_IF_ERROR(CheckAddressable(device(), dst, bytes, "copy destination"));
+  KZ_RETURN_IF_ERROR(CheckAddressable(device(), src, bytes, "copy source"));
+  if (Overlaps(dst, bytes, src, bytes)) return InvalidArgument("copy source and destination overlap");
+  KZ_TRACE(kLogDevice, "{} copy {} bytes {} -> {}", device().label(), bytes, src, dst);
+  return DoCopy(dst, src, bytes);
+}
+
+Status Stream::Reduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type, ReduceOp op) {
+  if (!IsValid(type)) return InvalidArgument(fmt::format("invalid data type {}", static_cast<int>(type)));
+  if (!IsValid(op)) return InvalidArgument(fmt::format("invalid reduce op {}", static_cast<int>(op)));
+  if (srcs.empty()) return InvalidArgument("reduce needs at least one input");
+  if (count == 0) return Status::Ok();
+  const size_t esize = DataTypeSize(type);
+  if (count > SIZE_MAX / esize) return InvalidArgument(fmt::format("reduce count {} overflows", count));
+  const size_t bytes = count * esize;
+  KZ_RETURN_IF_ERROR(CheckAddressable(device(), dst, bytes, "reduce output"));
+  for (size_t k = 0; k < srcs.size(); ++k) {
+    KZ_RETURN_IF_ERROR(CheckAddressable(device(), srcs[k], bytes, fmt::format("reduce input {}", k)));
+    if (srcs[k] != dst && Overlaps(srcs[k], bytes, dst, bytes))
+      return InvalidArgument(fmt::format("reduce input {} partially overlaps the output", k));
+  }
+  KZ_TRACE(kLogDevice, "{} reduce {} x {} {} ({}) -> {}", device().label(), srcs.size(), count, DataTypeName(type),
+           ReduceOpName(op), dst);
+  return DoReduce(dst, srcs, count, type, op);
+}
+
+Status Stream::Record(Event& event) {
+  KZ_RETURN_IF_ERROR(CheckSameBackend(device(), event.device(), "event"));
+  return DoRecord(event);
+}
+
+Status Stream::Wait(const Event& event) {
+  KZ_RETURN_IF_ERROR(CheckSameBackend(device(), event.device(), "event"));
+  return DoWait(event);
+}
+
+Status Stream::EnqueueHostCallback(HostCallback fn) {
+  if (!fn) return InvalidArgument("host callback is empty");
+  return DoHostCallback(std::move(fn));
+}
+
+Status Stream::Synchronize(Deadline deadline) { return DoSynchronize(deadline); }
+Status Stream::Synchronize() { return DoSynchronize(Deadline::AfterSeconds(device().config().timeout_s)); }
+Result<bool> Stream::Query() { return DoQuery(); }
+
+// ---- Event ----
+
+Result<bool> Event::Query() { return DoQuery(); }
+Status Event::Synchronize(Deadline deadline) { return DoSynchronize(deadline); }
+Status Event::Synchronize() { return DoSynchronize(Deadline::AfterSeconds(device().config().timeout_s)); }
+
+// ---- Device ----
+
+std::string Device::label() const { return fmt::format("{}:{}", properties_.backend, properties_.index); }
+
+bool Device::Addressable(const void*, size_t) const { return true; }
+
+Result<std::unique_ptr<Buffer>> Device::Allocate(size_t bytes) {
+  auto r = DoAllocate(bytes);
+  if (r.ok()) {
+    KZ_TRACE(kLogDevice, "{} allocated {} bytes at {}", label(), bytes, (*r)->data());
+  } else {
+    KZ_INFO(kLogDevice, "{} allocation of {} bytes failed: {}", label(), bytes, r.status().ToString());
+  }
+  return r;
+}
+
+Result<std::unique_ptr<Stream>> Device::CreateStream() { return DoCreateStream(); }
+Result<std::unique_ptr<Event>> Device::CreateEvent() { return DoCreateEvent(); }
+
+Result<ExportedMemory> Device::Export(const Buffer& buffer, size_t offset, size_t size) {
+  if (&buffer.device() != this)
+    return InvalidArgument(fmt::format("buffer belongs to {}, not {}", buffer.device().label(), label()));
+  if (buffer.imported()) return NotSupported(fmt::format("{}: re-exporting imported memory", label()));
+  if (offset > buffer.size() || size > buffer.size() - offset)
+    return InvalidArgument(
+        fmt::format("export range [{}, +{}) exceeds the buffer's {} bytes", offset, size, buffer.size()));
+  if (size == 0) return InvalidArgument("export of an empty range");
+  if (!properties_.export_fd && !properties_.export_opaque)
+    return NotSupported(fmt::format("{} cannot export memory", label()));
+  auto r = DoExport(buffer, offset, size);
+  if (r.ok()) {
+    r->backend = properties_.backend;
+    r->device_uuid = properties_.uuid;
+    r->device_index = properties_.index;
+    r->size = size;
+    KZ_INFO(kLogDevice, "{} exported {} bytes as {}", label(), size,
+            r->kind == ExportKind::kFd ? "an fd" : "an opaque IPC handle");
+  }
+  return r;
+}
+
+Result<std::unique_ptr<Buffer>> Device::Import(const ExportedMemory& exported) {
+  if (exported.backend != properties_.backend)
+    return NotSupported(fmt::format("memory exported by backend '{}' cannot be imported by {}", exported.backend,
+                                    label()));
+  if (exported.size == 0) return InvalidArgument("imported region is empty");
+  if (exported.kind == ExportKind::kFd && !exported.fd.valid())
+    return InvalidArgument("exported memory carries no file descriptor");
+  if (exported.kind == ExportKind::kOpaque && exported.opaque.empty())
+    return InvalidArgument("exported memory carries an empty IPC handle");
+  auto r = DoImport(exported);
+  if (r.ok())
+    KZ_INFO(kLogDevice, "{} imported {} bytes exported by {}:{}", label(), exported.size, exported.backend,
+            exported.device_index);
+  return r;
+}
+
+Result<ExportedMemory> Device::DoExport(const Buffer&, size_t, size_t) {
+  return NotSupported(fmt::format("{} cannot export memory", label()));
+}
+
+Result<std::unique_ptr<Buffer>> Device::DoImport(const ExportedMemory&) {
+  return NotSupported(fmt::format("{} cannot import memory", label()));
+}
+
+}  // namespace kizuna::device

@@ -1,0 +1,222 @@
+// The device abstraction layer: Backend -> Device -> Buffer, Stream, Event (DESIGN.md section 4).
+//
+// A backend (host_emulated, cuda, level_zero, or a vendor plugin) registers a factory in the
+// registry (registry.h); nothing above this layer names a backend. Public entry points are
+// non-virtual: they validate arguments and trace, then call the protected Do* virtuals, so
+// backends never repeat argument checks (STYLE habit 3).
+//
+// Device addresses are plain pointers, as in CUDA and NCCL: a pointer returned by Allocate or
+// Import, plus an offset. Whether the CPU may dereference one is DeviceProperties::host_accessible.
+//
+// Threading: Backend, Device and Event methods are thread-safe. A Stream may be used from several
+// threads; operations are ordered in the order their enqueue calls returned.
+//
+// Errors: an operation that fails on the stream (a device fault, an injected fault) puts the
+// stream into an error state, like a sticky CUDA error: later operations on that stream are
+// skipped, and Synchronize, Query, events recorded afterwards and host callbacks report the
+// error. Bad arguments are reported by the enqueue call itself and nothing is enqueued.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/config.h"
+#include "runtime/deadline.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+#include "runtime/unique_fd.h"
+
+namespace kizuna::device {
+
+class Device;
+class Event;
+
+struct DeviceProperties {
+  std::string backend;     // registry name, e.g. "host_emulated"
+  int index = 0;           // index within the backend
+  std::string name;        // human-readable, e.g. "emulated accelerator 3"
+  std::string uuid;        // identical for the same physical device seen from every process on a host
+  uint64_t memory_bytes = 0;
+  double copy_gbps = 0;          // device-local copy throughput (read + write counted once); 0: unknown
+  double reduce_gbps = 0;        // reduce throughput, bytes of input read per second / 1e9; 0: unknown
+  double launch_latency_us = 0;  // cost of one stream operation's launch
+  bool host_accessible = false;  // the CPU may dereference device pointers
+  bool export_fd = false;        // Export() yields an fd (memfd or DMA-BUF) plus offset
+  bool export_opaque = false;    // Export() yields a vendor IPC handle
+  std::string pci_bus_id;        // "" when not a PCI device
+  int numa_node = -1;            // -1: unknown
+};
+
+// Device memory. Destroying a Buffer frees (or, for an imported one, unmaps) the memory; the
+// caller must first make sure no stream still uses it (synchronize), as with cudaFree.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }  // device address; may be null when size() == 0
+  size_t size() const { return size_; }
+  Device& device() const { return *device_; }
+  bool imported() const { return imported_; }  // mapped from another process's export
+
+ protected:
+  Buffer(Device* device, void* data, size_t size, bool imported)
+      : device_(device), data_(data), size_(size), imported_(imported) {}
+
+ private:
+  Device* device_;
+  void* data_;
+  size_t size_;
+  bool imported_;
+};
+
+// Memory exported for another process on the same host (the device layer's handle; DESIGN 11).
+// Moves between processes with SendExportedMemory / ReceiveExportedMemory (exported_memory.h).
+enum class ExportKind : uint8_t { kFd = 1, kOpaque = 2 };
+
+struct ExportedMemory {
+  ExportKind kind = ExportKind::kFd;
+  UniqueFd fd;                  // kFd: memfd / DMA-BUF file descriptor, owned
+  std::vector<uint8_t> opaque;  // kOpaque: a vendor IPC handle, copied as bytes
+  uint64_t offset = 0;          // kFd: where the region starts within the fd's object
+  uint64_t size = 0;            // bytes in the region
+  std::string backend;          // the exporting backend's registry name
+  std::string device_uuid;      // the exporting device (DeviceProperties::uuid)
+  int device_index = 0;
+};
+
+// Host callbacks receive the stream's status when they run: ok, or the error that stopped it.
+using HostCallback = std::function<void(const Status&)>;
+
+class Stream {
+ public:
+  // Waits (up to the configured timeout) for queued work, then releases the stream.
+  virtual ~Stream() = default;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  Device& device() const { return *device_; }
+
+  // dst[0..bytes) = src[0..bytes). Both are device addresses of this backend (or host addresses
+  // when the device is host_accessible and the backend says so); they must not overlap.
+  Status Copy(void* dst, const void* src, size_t bytes);
+
+  // dst[i] = srcs[0][i] op ... op srcs[n-1][i] for i < count (semantics: runtime/host_reduce.h).
+  // dst may be exactly one of the inputs. At least one input.
+  Status Reduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type, ReduceOp op);
+
+  // Captures all work enqueued so far; the event completes when that work has.
+  Status Record(Event& event);
+  // Later work on this stream waits until `event` completes (an unrecorded event: no wait).
+  // The event may belong to another device of the same backend.
+  Status Wait(const Event& event);
+  // Runs `fn` on a backend thread after all earlier work. It must not block for long and must not
+  // synchronize this stream.
+  Status EnqueueHostCallback(HostCallback fn);
+
+  // Waits until all enqueued work is done; returns the stream's error, if any; kTimeout at the deadline.
+  Status Synchronize(Deadline deadline);
+  Status Synchronize();  // deadline: the configured KIZUNA_TIMEOUT
+  // true when all enqueued work is done; the stream's error, if any.
+  Result<bool> Query();
+
+ protected:
+  explicit Stream(Device* device) : device_(device) {}
+  virtual Status DoCopy(void* dst, const void* src, size_t bytes) = 0;
+  virtual Status DoReduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type,
+                          ReduceOp op) = 0;
+  virtual Status DoRecord(Event& event) = 0;
+  virtual Status DoWait(const Event& event) = 0;
+  virtual Status DoHostCallback(HostCallback fn) = 0;
+  virtual Status DoSynchronize(Deadline deadline) = 0;
+  virtual Result<bool> DoQuery() = 0;
+
+ private:
+  Device* device_;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  Device& device() const { return *device_; }
+
+  // true when the work captured by the last Record is done (or the event was never recorded);
+  // that work's error, if it failed.
+  Result<bool> Query();
+  Status Synchronize(Deadline deadline);
+  Status Synchronize();  // deadline: the configured KIZUNA_TIMEOUT
+
+ protected:
+  explicit Event(Device* device) : device_(device) {}
+  virtual Result<bool> DoQuery() = 0;
+  virtual Status DoSynchronize(Deadline deadline) = 0;
+
+ private:
+  Device* device_;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const DeviceProperties& properties() const { return properties_; }
+  const Config& config() const { return *config_; }
+  // "host_emulated:3" — how logs and errors name the device.
+  std::string label() const;
+
+  // Allocates `bytes` of device memory (0 is valid and yields an empty buffer).
+  // kOutOfMemory when the device has no room; never a crash.
+  Result<std::unique_ptr<Buffer>> Allocate(size_t bytes);
+  Result<std::unique_ptr<Stream>> CreateStream();
+  Result<std::unique_ptr<Event>> CreateEvent();
+
+  // Exports [offset, offset + size) of a buffer allocated on this device for another process.
+  // kNotSupported when the device exports nothing (properties().export_fd/export_opaque false).
+  Result<ExportedMemory> Export(const Buffer& buffer, size_t offset, size_t size);
+  Result<ExportedMemory> Export(const Buffer& buffer) { return Export(buffer, 0, buffer.size()); }
+
+  // Maps memory exported by another process (or this one) into this device's address space.
+  // The returned buffer keeps its own reference to the memory: the ExportedMemory may be dropped.
+  Result<std::unique_ptr<Buffer>> Import(const ExportedMemory& exported);
+
+  // True when `ptr`'s [ptr, ptr + bytes) lies in memory this device can use in stream operations.
+  // Backends that cannot tell return true (the default).
+  virtual bool Addressable(const void* ptr, size_t bytes) const;
+
+ protected:
+  Device(DeviceProperties properties, const Config* config)
+      : properties_(std::move(properties)), config_(config) {}
+  virtual Result<std::unique_ptr<Buffer>> DoAllocate(size_t bytes) = 0;
+  virtual Result<std::unique_ptr<Stream>> DoCreateStream() = 0;
+  virtual Result<std::unique_ptr<Event>> DoCreateEvent() = 0;
+  virtual Result<ExportedMemory> DoExport(const Buffer& buffer, size_t offset, size_t size);
+  virtual Result<std::unique_ptr<Buffer>> DoImport(const ExportedMemory& exported);
+
+  DeviceProperties properties_;
+
+ private:
+  const Config* config_;  // outlives the device (owned by whoever created the registry)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual int device_count() const = 0;
+  // nullptr when index is out of range.
+  virtual Device* device(int index) = 0;
+};
+
+}  // namespace kizuna::device

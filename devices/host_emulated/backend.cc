@@ -1,0 +1,188 @@
+#include "devices/host_emulated/backend.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <charconv>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "devices/host_emulated/memory.h"
+#include "devices/host_emulated/stream.h"
+#include "runtime/device/registry.h"
+#include "runtime/logging.h"
+
+namespace kizuna::host_emulated {
+namespace {
+
+constexpr std::string_view kBackendName = "host_emulated";
+
+std::string ReadFirstLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  if (in) std::getline(in, line);
+  return line;
+}
+
+// Keeps a uuid printable and free of separators whatever the host name contains.
+std::string Sanitize(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) || c == '.' || c == '_' || c == '-') out.push_back(c);
+  }
+  return out;
+}
+
+// What makes a device uuid host-wide: the host name for people reading logs, plus the kernel's
+// boot id, because memfd sharing works exactly within one running kernel (cloned VMs and
+// containers may share a host name or machine-id, never a boot id). Falls back to the
+// machine-id, then to the host name alone.
+std::string HostIdentity() {
+  char host[256] = {};
+  std::string name = ::gethostname(host, sizeof(host) - 1) == 0 ? Sanitize(host) : "";
+  if (name.empty()) name = "localhost";
+  std::string id = Sanitize(ReadFirstLine("/proc/sys/kernel/random/boot_id"));
+  if (id.empty()) id = Sanitize(ReadFirstLine("/etc/machine-id"));
+  if (id.empty()) return name;
+  return fmt::format("{}-{}", name, id.substr(0, 8));
+}
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return uint64_t{1} << 30;  // unknowable: a modest 1 GiB
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+}
+
+// The NUMA node of emulated device memory: only meaningful when the host has exactly one node
+// (allocations are not bound, so on a multi-node host the pages land where they are touched).
+int SingleNumaNode() {
+  const std::string online = ReadFirstLine("/sys/devices/system/node/online");  // "0" or "0-1,3"
+  int node = -1;
+  const char* end = online.data() + online.size();
+  auto [ptr, ec] = std::from_chars(online.data(), end, node);
+  if (ec != std::errc() || ptr != end || online.empty()) return -1;
+  return node;
+}
+
+// Every live allocation holds one memfd (its export handle), so a process with many buffers
+// needs many descriptors; the common soft limit of 1024 is below what a test allocating 1,000
+// buffers needs. Raise the soft limit to the hard one once per process, as Go's runtime does;
+// past the hard limit, allocation reports the exhaustion as an error.
+void RaiseDescriptorLimit() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct rlimit lim {};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return;
+    const rlim_t before = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &lim) == 0)
+      KZ_INFO(kLogDevice, "host_emulated: raised the open-file limit from {} to {} (one memfd per allocation)",
+              static_cast<uint64_t>(before), static_cast<uint64_t>(lim.rlim_cur));
+  });
+}
+
+class EmuDevice final : public device::Device {
+ public:
+  EmuDevice(device::DeviceProperties properties, const Config* config, MemoryManager* memory,
+            StreamEnvironment* streams)
+      : Device(std::move(properties), config),
+        memory_(memory),
+        streams_(streams),
+        pacer_(std::make_shared<DevicePacer>()) {}
+
+  bool Addressable(const void* ptr, size_t bytes) const override { return memory_->Addressable(ptr, bytes); }
+
+ protected:
+  Result<std::unique_ptr<device::Buffer>> DoAllocate(size_t bytes) override { return memory_->Allocate(this, bytes); }
+  Result<std::unique_ptr<device::Stream>> DoCreateStream() override { return MakeStream(this, streams_, pacer_); }
+  Result<std::unique_ptr<device::Event>> DoCreateEvent() override { return MakeEvent(this, streams_); }
+  Result<device::ExportedMemory> DoExport(const device::Buffer& buffer, size_t offset, size_t size) override {
+    return memory_->Export(buffer, offset, size);
+  }
+  Result<std::unique_ptr<device::Buffer>> DoImport(const device::ExportedMemory& exported) override {
+    return memory_->Import(this, exported);
+  }
+
+ private:
+  MemoryManager* memory_;       // owned by the backend
+  StreamEnvironment* streams_;  // owned by the backend
+  std::shared_ptr<DevicePacer> pacer_;
+};
+
+class EmuBackend final : public device::Backend {
+ public:
+  explicit EmuBackend(const Config& config)
+      : streams_(config),
+        memory_(MemoryManager::Create(config, config.emulated_devices,
+                                      config.emu_mem_bytes.value_or(PhysicalMemoryBytes()))) {
+    const std::string host = HostIdentity();
+    const int numa_node = SingleNumaNode();
+    for (int i = 0; i < config.emulated_devices; ++i) {
+      device::DeviceProperties p;
+      p.backend = std::string(kBackendName);
+      p.index = i;
+      p.name = fmt::format("emulated accelerator {}", i);
+      p.uuid = fmt::format("emu-{}-{}", host, i);
+      p.memory_bytes = memory_->capacity_bytes();
+      p.copy_gbps = config.emu_copy_gbps.value_or(0.0);
+      p.reduce_gbps = config.emu_reduce_gbps.value_or(0.0);
+      p.launch_latency_us = config.emu_launch_us.value_or(0.0);
+      p.host_accessible = true;
+      p.export_fd = true;
+      p.numa_node = numa_node;
+      devices_.push_back(std::make_unique<EmuDevice>(std::move(p), &config, memory_.get(), &streams_));
+    }
+  }
+
+  std::string_view name() const override { return kBackendName; }
+  int device_count() const override { return static_cast<int>(devices_.size()); }
+  device::Device* device(int index) override {
+    if (index < 0 || index >= device_count()) return nullptr;
+    return devices_[static_cast<size_t>(index)].get();
+  }
+
+ private:
+  StreamEnvironment streams_;
+  std::shared_ptr<MemoryManager> memory_;
+  std::vector<std::unique_ptr<EmuDevice>> devices_;  // destroyed first: they point at the above
+};
+
+std::string Throttles(const Config& c) {
+  std::string out;
+  if (c.emu_copy_gbps) out += fmt::format(" copy {} GB/s", *c.emu_copy_gbps);
+  if (c.emu_reduce_gbps) out += fmt::format(" reduce {} GB/s", *c.emu_reduce_gbps);
+  if (c.emu_launch_us) out += fmt::format(" launch {} us", *c.emu_launch_us);
+  return out.empty() ? " none" : out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<device::Backend>> CreateHostEmulatedBackend(const Config& config) {
+  if (config.emulated_devices == 0) return Unavailable("emulated devices disabled by KIZUNA_EMULATED_DEVICES=0");
+  if (config.emulated_devices < 0)
+    return InvalidArgument(fmt::format("emulated device count {} is negative", config.emulated_devices));
+  RaiseDescriptorLimit();
+  auto backend = std::make_unique<EmuBackend>(config);
+  const device::DeviceProperties& p = backend->device(0)->properties();
+  KZ_INFO(kLogDevice, "host_emulated: {} device(s) ({} ... {}), {:.1f} GiB each, memfd-backed; throttles:{}",
+          backend->device_count(), p.uuid, backend->device(backend->device_count() - 1)->properties().uuid,
+          static_cast<double>(p.memory_bytes) / double(uint64_t{1} << 30), Throttles(config));
+  if (config.emu_fail_alloc)
+    KZ_INFO(kLogDevice, "host_emulated: allocation #{} will fail (KIZUNA_EMU_FAIL_ALLOC)", *config.emu_fail_alloc);
+  if (config.emu_fail_stream_op)
+    KZ_INFO(kLogDevice, "host_emulated: stream operation #{} will fail (KIZUNA_EMU_FAIL_STREAM_OP)",
+            *config.emu_fail_stream_op);
+  return std::unique_ptr<device::Backend>(std::move(backend));
+}
+
+KZ_REGISTER_DEVICE_BACKEND(host_emulated, &CreateHostEmulatedBackend, false);
+
+}  // namespace kizuna::host_emulated

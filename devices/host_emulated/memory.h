@@ -1,0 +1,98 @@
+// Device memory of the emulated accelerator: memfd-backed allocations, fd export and import, the
+// per-device memory budget, allocation fault injection, and the address map behind
+// Device::Addressable.
+//
+// Every allocation is its own memfd (memfd_create + ftruncate + fallocate + mmap MAP_SHARED,
+// populated: the memory is committed and mapped when Allocate returns, as with cudaMalloc), so
+// an exported buffer is a real file descriptor: another process that maps it sees the same
+// physical pages, exactly as a DMA-BUF export of GPU memory would behave. The memfd is sealed
+// against resizing, so an importer can never shrink it under the exporter (which would turn the
+// exporter's next access into SIGBUS).
+//
+// Threading: every MemoryManager method is thread-safe. Lifetime: buffers keep the manager alive
+// (shared ownership), so a buffer destroyed after its backend still releases cleanly; its
+// device() reference, however, is only valid while the backend lives.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <vector>
+
+#include "runtime/config.h"
+#include "runtime/device/device.h"
+#include "runtime/status.h"
+
+namespace kizuna::host_emulated {
+
+// The live allocations and imports of one backend instance, as [start, end) address ranges.
+// Lookups vastly outnumber updates (every enqueued copy or reduce checks its pointers), hence the
+// reader-writer lock.
+class AddressMap {
+ public:
+  // `bytes` > 0; ranges never overlap (each is a distinct mapping).
+  void Insert(const void* start, size_t bytes);
+  void Erase(const void* start);
+  // True when [ptr, ptr + bytes) lies inside one live range (bytes == 0: ptr lies inside or at
+  // the end of one).
+  bool Contains(const void* ptr, size_t bytes) const;
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::map<uintptr_t, uintptr_t> ranges_;  // start -> end (exclusive); guarded by mu_
+};
+
+class MemoryBuffer;
+
+// The memory side of one backend instance, shared by all of its devices.
+class MemoryManager : public std::enable_shared_from_this<MemoryManager> {
+ public:
+  // `device_count` devices with `capacity_bytes` each. Reads Config::emu_fail_alloc.
+  static std::shared_ptr<MemoryManager> Create(const Config& config, int device_count, uint64_t capacity_bytes);
+
+  // Allocates `bytes` on `device` (0 bytes: an empty buffer whose data() is null).
+  // kOutOfMemory, naming the device, the request and the free bytes, when the device's budget
+  // or the kernel has no room (or no file descriptor is left: each allocation holds its memfd
+  // open for export); kOutOfMemory saying "injected fault" for the allocation chosen by
+  // KIZUNA_EMU_FAIL_ALLOC (allocations are numbered from 1 across all devices of the backend,
+  // 0-byte ones included).
+  Result<std::unique_ptr<device::Buffer>> Allocate(device::Device* device, size_t bytes);
+
+  // A dup() of the buffer's memfd (close-on-exec) and `offset`; the range was checked by the
+  // caller (Device::Export).
+  Result<device::ExportedMemory> Export(const device::Buffer& buffer, size_t offset, size_t size) const;
+
+  // Maps [exported.offset, + exported.size) of an fd export into this process. The fd must be
+  // a memory file (memfd) at least offset + size bytes long, else kInvalidArgument. The buffer
+  // holds its own mapping (the ExportedMemory and its fd may be dropped) and unmaps it on
+  // destruction. Imported memory does not count against the device's budget: it belongs to
+  // the exporting device.
+  Result<std::unique_ptr<device::Buffer>> Import(device::Device* device, const device::ExportedMemory& exported);
+
+  // True when [ptr, ptr + bytes) lies inside a live allocation or import of any device of this
+  // backend instance.
+  bool Addressable(const void* ptr, size_t bytes) const { return addresses_.Contains(ptr, bytes); }
+
+  uint64_t capacity_bytes() const { return capacity_; }
+  uint64_t used_bytes(int device_index) const;
+
+ private:
+  friend class MemoryBuffer;
+  MemoryManager(const Config& config, int device_count, uint64_t capacity_bytes);
+
+  // Takes `bytes` from the device's budget, or explains why not.
+  Status Reserve(const device::Device& device, size_t bytes);
+  void Unreserve(int device_index, size_t bytes);
+
+  const uint64_t capacity_;
+  const std::optional<uint64_t> fail_alloc_;
+  std::atomic<uint64_t> allocations_{0};    // Allocate calls so far (fault injection numbering)
+  std::vector<std::atomic<uint64_t>> used_;  // bytes allocated per device
+  AddressMap addresses_;
+};
+
+}  // namespace kizuna::host_emulated

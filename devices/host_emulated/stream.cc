@@ -1,0 +1,613 @@
+#include "devices/host_emulated/stream.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/host_reduce.h"
+#include "runtime/logging.h"
+
+namespace kizuna::host_emulated {
+namespace {
+
+using Clock = Deadline::Clock;
+using device::HostCallback;
+using std::chrono::nanoseconds;
+
+// How long a waiter polls before it blocks: long enough to catch work that finishes "right away"
+// without a futex round trip, short enough to cost nothing on an oversubscribed machine (the CI
+// machines run 8 ranks on 2 cores).
+constexpr nanoseconds kSpin = std::chrono::microseconds(5);
+// Throttle delays longer than this sleep; shorter ones spin. A timed sleep overshoots by roughly
+// the kernel's default timer slack (50 us), so sleeping for less would be mostly overshoot.
+constexpr nanoseconds kSleepThreshold = std::chrono::microseconds(50);
+// Longest modelled delay: keeps absurd throttle settings (1e-12 GB/s) from overflowing a clock.
+constexpr double kMaxDelaySeconds = 1e6;
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Polls `ready` for up to kSpin; true when it became true.
+template <typename Pred>
+bool SpinBriefly(Pred&& ready) {
+  const Clock::time_point end = Clock::now() + kSpin;
+  for (unsigned i = 1;; ++i) {
+    if (ready()) return true;
+    CpuRelax();
+    if (i % 32 == 0 && Clock::now() >= end) return ready();
+  }
+}
+
+nanoseconds ToNanos(double seconds) {
+  seconds = std::clamp(seconds, 0.0, kMaxDelaySeconds);
+  return std::chrono::duration_cast<nanoseconds>(std::chrono::duration<double>(seconds));
+}
+
+// ---- Events ----
+
+// The completion of the work one Record captured. Shared by the event (until it is recorded
+// again), the recording stream's queue and every stream or thread waiting for it.
+struct EventState {
+  explicit EventState(std::string label_in) : label(std::move(label_in)) {}
+
+  const std::string label;
+  std::atomic<bool> done{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  Status status;  // written once, under mu, before `done` is set; read only after seeing `done`
+
+  void Complete(Status s) {
+    {
+      std::lock_guard lock(mu);
+      status = std::move(s);
+      done.store(true, std::memory_order_release);
+    }
+    cv.notify_all();
+  }
+
+  // Waits until the work completed (true), the deadline passed or *interrupt became true (false).
+  bool WaitUntil(Clock::time_point deadline, const std::atomic<bool>* interrupt) {
+    auto ready = [this] { return done.load(std::memory_order_acquire); };
+    if (SpinBriefly(ready)) return true;
+    std::unique_lock lock(mu);
+    cv.wait_until(lock, deadline,
+                  [&] { return ready() || (interrupt != nullptr && interrupt->load(std::memory_order_acquire)); });
+    return ready();
+  }
+};
+
+class EmuEvent final : public device::Event {
+ public:
+  EmuEvent(device::Device* device, std::string label) : Event(device), label_(std::move(label)) {}
+
+  const std::string& label() const { return label_; }
+
+  // The completion captured by the last Record; null when never recorded.
+  std::shared_ptr<EventState> Captured() const {
+    std::lock_guard lock(mu_);
+    return state_;
+  }
+
+  // A fresh completion for a new Record: waits enqueued earlier keep the one they captured.
+  std::shared_ptr<EventState> Rearm() {
+    auto state = std::make_shared<EventState>(label_);
+    std::lock_guard lock(mu_);
+    state_ = state;
+    return state;
+  }
+
+ protected:
+  Result<bool> DoQuery() override {
+    const std::shared_ptr<EventState> state = Captured();
+    if (state == nullptr) return true;
+    if (!state->done.load(std::memory_order_acquire)) return false;
+    if (!state->status.ok()) return state->status;
+    return true;
+  }
+
+  Status DoSynchronize(Deadline deadline) override {
+    const std::shared_ptr<EventState> state = Captured();
+    if (state == nullptr) return Status::Ok();
+    if (!state->WaitUntil(deadline.when(), nullptr))
+      return Timeout(fmt::format("{}: the recorded work is not complete at the deadline", label_));
+    return state->status;
+  }
+
+ private:
+  const std::string label_;
+  mutable std::mutex mu_;
+  std::shared_ptr<EventState> state_;  // guarded by mu_
+};
+
+// ---- Operations ----
+
+struct CopyWork {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+struct ReduceWork {
+  void* dst;
+  std::vector<const void*> srcs;  // copied: the caller's span may die once the enqueue returns
+  size_t count;
+  DataType type;
+  ReduceOp op;
+};
+struct RecordWork {
+  std::shared_ptr<EventState> event;
+};
+struct WaitWork {
+  std::shared_ptr<EventState> event;
+};
+struct CallbackWork {
+  HostCallback fn;
+};
+
+struct Op {
+  std::variant<CopyWork, ReduceWork, RecordWork, WaitWork, CallbackWork> work;
+  uint64_t number = 0;        // backend-wide number of a copy / reduce / callback; 0 otherwise
+  bool inject_fault = false;  // this is the operation KIZUNA_EMU_FAIL_STREAM_OP names
+};
+
+std::string_view OpName(const Op& op) {
+  switch (op.work.index()) {
+    case 0: return "copy";
+    case 1: return "reduce";
+    case 2: return "event record";
+    case 3: return "event wait";
+    default: return "host callback";
+  }
+}
+
+// ---- The stream's shared core ----
+
+struct StreamSettings {
+  std::string label;  // "host_emulated:0 stream #1"
+  double timeout_s = 600;
+  nanoseconds launch{0};
+  double copy_bytes_per_s = 0;    // 0: unthrottled
+  double reduce_bytes_per_s = 0;  // 0: unthrottled
+};
+
+// Everything the worker thread touches. Owned jointly by the Stream and its worker, so a worker
+// that outlives an aborted stream (stuck in a misbehaving host callback) still runs on valid
+// state; it never touches the device or the backend.
+class StreamCore {
+ public:
+  StreamCore(StreamSettings settings, std::shared_ptr<DevicePacer> pacer)
+      : s_(std::move(settings)), pacer_(std::move(pacer)) {}
+
+  const StreamSettings& settings() const { return s_; }
+
+  void Enqueue(Op op) {
+    bool wake;
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(op));
+      pending_.store(queue_.size(), std::memory_order_release);
+      enqueued_.fetch_add(1, std::memory_order_release);
+      wake = worker_idle_;
+    }
+    if (wake) wake_cv_.notify_one();
+  }
+
+  // The worker thread's body: runs operations until Stop() and an empty queue.
+  void Run() {
+    Op op;
+    Status sticky;
+    while (Next(&op, &sticky)) {
+      Execute(op, sticky);
+      op = Op{};  // drop captured callbacks and event states now, not at the next operation
+      Finish();
+    }
+    {
+      std::lock_guard lock(mu_);
+      exited_ = true;
+    }
+    done_cv_.notify_all();
+  }
+
+  Status Synchronize(Deadline deadline) {
+    const uint64_t target = enqueued_.load(std::memory_order_acquire);
+    if (!WaitCompleted(target, deadline)) {
+      std::lock_guard lock(mu_);
+      const uint64_t unfinished = target - std::min(target, completed_.load(std::memory_order_relaxed));
+      const std::string doing =
+          waiting_on_ != nullptr ? fmt::format("; the stream is waiting for {}", waiting_on_->label) : "";
+      return Timeout(fmt::format("{}: Synchronize reached its deadline with {} operation(s) unfinished{}", s_.label,
+                                 unfinished, doing));
+    }
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+
+  Result<bool> Query() {
+    std::lock_guard lock(mu_);
+    if (!error_.ok()) return error_;
+    return completed_.load(std::memory_order_relaxed) >= enqueued_.load(std::memory_order_relaxed);
+  }
+
+  bool WaitDrained(Deadline deadline) { return WaitCompleted(enqueued_.load(std::memory_order_acquire), deadline); }
+
+  // Drops every queued operation: events complete with `why`, callbacks are called with it (on
+  // this thread); interrupts an event wait or throttle delay in progress.
+  void Abort(const Status& why) {
+    std::deque<Op> dropped;
+    std::shared_ptr<EventState> waiting;
+    {
+      std::lock_guard lock(mu_);
+      aborted_.store(true, std::memory_order_release);
+      dropped.swap(queue_);
+      pending_.store(0, std::memory_order_release);
+      completed_.fetch_add(dropped.size(), std::memory_order_release);
+      waiting = waiting_on_;
+      if (error_.ok()) error_ = why;
+    }
+    wake_cv_.notify_all();
+    done_cv_.notify_all();
+    if (waiting != nullptr) {
+      // Taking the event's lock orders this notify after the worker's predicate check.
+      { std::lock_guard lock(waiting->mu); }
+      waiting->cv.notify_all();
+    }
+    for (Op& op : dropped) {
+      if (auto* record = std::get_if<RecordWork>(&op.work)) record->event->Complete(why);
+      if (auto* callback = std::get_if<CallbackWork>(&op.work)) RunCallback(callback->fn, why);
+    }
+  }
+
+  void Stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    wake_cv_.notify_all();
+  }
+
+  bool WaitExited(Deadline deadline) {
+    std::unique_lock lock(mu_);
+    return done_cv_.wait_until(lock, deadline.when(), [this] { return exited_; });
+  }
+
+ private:
+  // Takes the next operation and the stream's error as of now; false when stopped and drained.
+  bool Next(Op* op, Status* sticky) {
+    if (pending_.load(std::memory_order_acquire) == 0)
+      SpinBriefly([this] { return pending_.load(std::memory_order_acquire) != 0; });
+    std::unique_lock lock(mu_);
+    // An idle worker has nothing to time out: Enqueue and Stop wake it.
+    while (queue_.empty() && !stopping_) {
+      worker_idle_ = true;
+      wake_cv_.wait(lock);
+    }
+    worker_idle_ = false;
+    if (queue_.empty()) return false;
+    *op = std::move(queue_.front());
+    queue_.pop_front();
+    pending_.store(queue_.size(), std::memory_order_release);
+    *sticky = error_;
+    return true;
+  }
+
+  void Finish() {
+    bool notify;
+    {
+      std::lock_guard lock(mu_);
+      completed_.fetch_add(1, std::memory_order_release);
+      notify = sync_waiters_ > 0;
+    }
+    if (notify) done_cv_.notify_all();
+  }
+
+  bool WaitCompleted(uint64_t target, Deadline deadline) {
+    auto drained = [&] { return completed_.load(std::memory_order_acquire) >= target; };
+    if (SpinBriefly(drained)) return true;
+    std::unique_lock lock(mu_);
+    ++sync_waiters_;
+    const bool done = done_cv_.wait_until(lock, deadline.when(), drained);
+    --sync_waiters_;
+    return done;
+  }
+
+  void Fail(const Status& status) {
+    bool first;
+    {
+      std::lock_guard lock(mu_);
+      first = error_.ok();
+      if (first) error_ = status;
+    }
+    if (first) KZ_WARN(kLogDevice, "{}: {}; later operations on this stream are skipped", s_.label, status.ToString());
+  }
+
+  Status InjectedFault(const Op& op) const {
+    return Internal(fmt::format("injected fault: stream operation #{} failed ({} on {}; KIZUNA_EMU_FAIL_STREAM_OP={})",
+                                op.number, OpName(op), s_.label, op.number));
+  }
+
+  void RunCallback(const HostCallback& fn, const Status& status) {
+    // A callback is user code on a backend thread: an exception escaping it must become the
+    // stream's error, not std::terminate.
+    try {
+      fn(status);
+    } catch (const std::exception& e) {
+      Fail(Internal(fmt::format("{}: host callback threw: {}", s_.label, e.what())));
+    } catch (...) {
+      Fail(Internal(fmt::format("{}: host callback threw a non-standard exception", s_.label)));
+    }
+  }
+
+  void Execute(Op& op, const Status& sticky) {
+    if (auto* record = std::get_if<RecordWork>(&op.work)) {
+      record->event->Complete(sticky);
+      return;
+    }
+    if (auto* callback = std::get_if<CallbackWork>(&op.work)) {
+      Status status = sticky;
+      if (status.ok()) {
+        Delay(s_.launch);
+        if (op.inject_fault) {
+          status = InjectedFault(op);
+          Fail(status);
+        }
+      }
+      RunCallback(callback->fn, status);
+      return;
+    }
+    if (!sticky.ok()) return;  // copies, reduces and waits after an error are skipped
+    if (auto* wait = std::get_if<WaitWork>(&op.work)) {
+      Status status = WaitFor(wait->event);
+      if (!status.ok()) Fail(status);
+      return;
+    }
+    Delay(s_.launch);
+    if (op.inject_fault) {
+      Fail(InjectedFault(op));
+      return;
+    }
+    Status status;
+    try {
+      if (auto* copy = std::get_if<CopyWork>(&op.work)) {
+        status = Throttled(copy->bytes, s_.copy_bytes_per_s, [&] {
+          HostCopy(copy->dst, copy->src, copy->bytes);
+          return Status::Ok();
+        });
+      } else if (auto* reduce = std::get_if<ReduceWork>(&op.work)) {
+        const size_t read = reduce->count * DataTypeSize(reduce->type) * reduce->srcs.size();
+        status = Throttled(read, s_.reduce_bytes_per_s, [&] {
+          return HostReduce(reduce->dst, reduce->srcs, reduce->count, reduce->type, reduce->op);
+        });
+      }
+    } catch (const std::exception& e) {  // oneTBB may throw (e.g. std::bad_alloc)
+      status = Internal(fmt::format("{} threw: {}", OpName(op), e.what()));
+    }
+    if (!status.ok()) Fail(status.WithContext(s_.label));
+  }
+
+  // Runs `work`, then holds the operation until the device's throttled memory time for `bytes`
+  // has passed.
+  template <typename Work>
+  Status Throttled(size_t bytes, double bytes_per_s, Work&& work) {
+    if (bytes_per_s <= 0) return work();
+    const Clock::time_point end = pacer_->Reserve(ToNanos(static_cast<double>(bytes) / bytes_per_s));
+    Status status = work();
+    SleepUntil(end);
+    return status;
+  }
+
+  Status WaitFor(const std::shared_ptr<EventState>& event) {
+    if (!event->done.load(std::memory_order_acquire)) {
+      {
+        std::lock_guard lock(mu_);
+        waiting_on_ = event;
+      }
+      const bool done = event->WaitUntil(Deadline::AfterSeconds(s_.timeout_s).when(), &aborted_);
+      {
+        std::lock_guard lock(mu_);
+        waiting_on_.reset();
+      }
+      if (!done) {
+        if (aborted_.load(std::memory_order_acquire))
+          return Aborted(fmt::format("{}: destroyed while waiting for {}", s_.label, event->label));
+        return Timeout(fmt::format("{}: waiting for {} timed out after {} s (KIZUNA_TIMEOUT)", s_.label, event->label,
+                                   s_.timeout_s));
+      }
+    }
+    if (!event->status.ok())
+      return Status(event->status.code(), fmt::format("{}: waited for {}, whose work failed: {}", s_.label,
+                                                      event->label, event->status.message()));
+    return Status::Ok();
+  }
+
+  void Delay(nanoseconds d) {
+    if (d.count() > 0) SleepUntil(Clock::now() + d);
+  }
+
+  // Sleeps (blocking) or, for the last few tens of microseconds, spins until `t`; an abort cuts
+  // the wait short.
+  void SleepUntil(Clock::time_point t) {
+    for (;;) {
+      const Clock::time_point now = Clock::now();
+      if (now >= t || aborted_.load(std::memory_order_acquire)) return;
+      if (t - now > kSleepThreshold) {
+        std::unique_lock lock(mu_);
+        wake_cv_.wait_until(lock, t, [this] { return aborted_.load(std::memory_order_acquire); });
+      } else {
+        CpuRelax();
+      }
+    }
+  }
+
+  const StreamSettings s_;
+  const std::shared_ptr<DevicePacer> pacer_;
+
+  std::mutex mu_;
+  std::condition_variable wake_cv_;  // the worker waits here: new work, Stop, Abort, throttle delays
+  std::condition_variable done_cv_;  // Synchronize and the destructor wait here: progress, exit
+  std::deque<Op> queue_;             // guarded by mu_
+  Status error_;                     // guarded by mu_; the first failure, sticky
+  std::shared_ptr<EventState> waiting_on_;  // guarded by mu_; the event the worker waits for now
+  int sync_waiters_ = 0;                    // guarded by mu_
+  bool worker_idle_ = false;                // guarded by mu_
+  bool stopping_ = false;                   // guarded by mu_
+  bool exited_ = false;                     // guarded by mu_
+  // Written under mu_, read without it by the spinning waiters.
+  std::atomic<uint64_t> enqueued_{0};
+  std::atomic<uint64_t> completed_{0};
+  std::atomic<size_t> pending_{0};  // queue_.size()
+  std::atomic<bool> aborted_{false};
+};
+
+// ---- Stream ----
+
+class EmuStream final : public device::Stream {
+ public:
+  EmuStream(device::Device* device, StreamEnvironment* env, std::shared_ptr<StreamCore> core)
+      : Stream(device), env_(env), core_(std::move(core)) {}
+
+  Status Start(const std::string& thread_name) {
+    try {
+      worker_ = std::thread([core = core_] { core->Run(); });
+    } catch (const std::system_error& e) {
+      return Internal(fmt::format("{}: cannot start its worker thread: {}", core_->settings().label, e.what()));
+    }
+    // Named for debuggers and top; the kernel allows 15 characters.
+    pthread_setname_np(worker_.native_handle(), thread_name.substr(0, 15).c_str());
+    return Status::Ok();
+  }
+
+  ~EmuStream() override {
+    if (!worker_.joinable()) return;
+    const std::string& label = core_->settings().label;
+    if (OnWorker()) {
+      // Destroyed from its own host callback: the worker cannot join itself. It finishes the
+      // queue on the shared core and exits.
+      core_->Stop();
+      worker_.detach();
+      return;
+    }
+    const double timeout_s = core_->settings().timeout_s;
+    if (!core_->WaitDrained(Deadline::AfterSeconds(timeout_s))) {
+      KZ_WARN(kLogDevice, "{}: destroyed with work unfinished after {} s (KIZUNA_TIMEOUT); aborting that work", label,
+              timeout_s);
+      core_->Abort(Aborted(fmt::format("{} was destroyed before this work ran", label)));
+    }
+    core_->Stop();
+    if (core_->WaitExited(Deadline::AfterSeconds(timeout_s))) {
+      worker_.join();
+    } else {
+      KZ_WARN(kLogDevice, "{}: worker still inside a host callback after {} s; leaving it to finish on its own", label,
+              timeout_s);
+      worker_.detach();
+    }
+  }
+
+ protected:
+  Status DoCopy(void* dst, const void* src, size_t bytes) override {
+    EnqueueNumbered(Op{CopyWork{dst, src, bytes}});
+    return Status::Ok();
+  }
+
+  Status DoReduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type, ReduceOp op) override {
+    EnqueueNumbered(Op{ReduceWork{dst, std::vector<const void*>(srcs.begin(), srcs.end()), count, type, op}});
+    return Status::Ok();
+  }
+
+  Status DoRecord(device::Event& event) override {
+    auto* mine = dynamic_cast<EmuEvent*>(&event);
+    if (mine == nullptr) return InvalidArgument(fmt::format("{}: event is not a host_emulated event", label()));
+    core_->Enqueue(Op{RecordWork{mine->Rearm()}});
+    return Status::Ok();
+  }
+
+  Status DoWait(const device::Event& event) override {
+    const auto* mine = dynamic_cast<const EmuEvent*>(&event);
+    if (mine == nullptr) return InvalidArgument(fmt::format("{}: event is not a host_emulated event", label()));
+    std::shared_ptr<EventState> state = mine->Captured();
+    if (state == nullptr) return Status::Ok();  // never recorded: nothing to wait for
+    if (state->done.load(std::memory_order_acquire) && state->status.ok()) return Status::Ok();
+    core_->Enqueue(Op{WaitWork{std::move(state)}});
+    return Status::Ok();
+  }
+
+  Status DoHostCallback(HostCallback fn) override {
+    EnqueueNumbered(Op{CallbackWork{std::move(fn)}});
+    return Status::Ok();
+  }
+
+  Status DoSynchronize(Deadline deadline) override {
+    if (OnWorker())
+      return InvalidArgument(fmt::format("{}: Synchronize called from one of its own host callbacks would wait for "
+                                         "itself",
+                                         label()));
+    return core_->Synchronize(deadline);
+  }
+
+  Result<bool> DoQuery() override { return core_->Query(); }
+
+ private:
+  const std::string& label() const { return core_->settings().label; }
+  bool OnWorker() const { return std::this_thread::get_id() == worker_.get_id(); }
+
+  // Copies, reduces and host callbacks get the backend-wide number fault injection counts.
+  void EnqueueNumbered(Op op) {
+    op.number = env_->NextOperation();
+    const std::optional<uint64_t>& fail = env_->config().emu_fail_stream_op;
+    op.inject_fault = fail.has_value() && op.number == *fail;
+    core_->Enqueue(std::move(op));
+  }
+
+  StreamEnvironment* env_;
+  std::shared_ptr<StreamCore> core_;
+  std::thread worker_;
+};
+
+}  // namespace
+
+// ---- Public ----
+
+Deadline::Clock::time_point DevicePacer::Reserve(std::chrono::nanoseconds duration) {
+  std::lock_guard lock(mu_);
+  busy_until_ = std::max(Clock::now(), busy_until_) + duration;
+  return busy_until_;
+}
+
+Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, StreamEnvironment* env,
+                                                   std::shared_ptr<DevicePacer> pacer) {
+  const Config& config = env->config();
+  const uint64_t id = env->NextStreamId();
+  StreamSettings settings;
+  settings.label = fmt::format("{} stream #{}", device->label(), id);
+  settings.timeout_s = config.timeout_s;
+  settings.launch = ToNanos(config.emu_launch_us.value_or(0.0) * 1e-6);
+  settings.copy_bytes_per_s = config.emu_copy_gbps.value_or(0.0) * 1e9;
+  settings.reduce_bytes_per_s = config.emu_reduce_gbps.value_or(0.0) * 1e9;
+  auto core = std::make_shared<StreamCore>(std::move(settings), std::move(pacer));
+  auto stream = std::make_unique<EmuStream>(device, env, std::move(core));
+  KZ_RETURN_IF_ERROR(stream->Start(fmt::format("kz-emu{}-s{}", device->properties().index, id)));
+  KZ_TRACE(kLogDevice, "{} stream #{} created", device->label(), id);
+  return std::unique_ptr<device::Stream>(std::move(stream));
+}
+
+Result<std::unique_ptr<device::Event>> MakeEvent(device::Device* device, StreamEnvironment* env) {
+  return std::unique_ptr<device::Event>(
+      std::make_unique<EmuEvent>(device, fmt::format("{} event #{}", device->label(), env->NextEventId())));
+}
+
+}  // namespace kizuna::host_emulated

@@ -1,0 +1,88 @@
+// Streams and events of the emulated accelerator.
+//
+// Each stream owns one worker thread that executes an in-order queue of operations: copy
+// (HostCopy), reduce (HostReduce), record event, wait event, host callback. Enqueueing never
+// blocks on the work; the worker does it.
+//
+// Contract beyond runtime/device/device.h:
+//  - Sticky errors: the first failing operation's Status stays with the stream. Later copies,
+//    reduces and event waits are skipped; host callbacks still run and receive the error; events
+//    recorded afterwards complete with it; Synchronize and Query return it.
+//  - A stream that waits on an event whose captured work failed takes that error as its own
+//    (its later work would read what the failed work did not write).
+//  - Event waits on the worker are bounded by Config::timeout_s: on expiry the stream fails with
+//    kTimeout naming the event. The event may belong to any emulated device (any backend
+//    instance, even: the completion state is plain shared memory of this process).
+//  - Record captures the work enqueued so far in a fresh completion state, so re-recording an
+//    event behaves as in CUDA: earlier Waits keep waiting for what they captured.
+//  - Fault injection: Config::emu_fail_stream_op = k fails the k-th copy / reduce / host callback
+//    enqueued on any stream of the backend instance (numbered from 1 at enqueue time, so the
+//    choice is deterministic in program order) with kInternal "injected fault: stream operation
+//    #k failed".
+//  - Throttles: Config::emu_launch_us delays each copy, reduce and host callback by that much;
+//    emu_copy_gbps / emu_reduce_gbps make a copy (bytes copied) or a reduce (bytes of input read)
+//    last at least bytes / rate. The rate is shared by all streams of one device (a device has
+//    one memory system): concurrent operations on a device queue for it.
+//  - Waiting never burns a core: every wait spins for a few microseconds, then blocks.
+//  - Destruction waits (up to Config::timeout_s) for the queued work. If it does not finish, the
+//    stream is aborted: queued copies and reduces are dropped, queued events complete with
+//    kAborted and queued host callbacks are called with kAborted on the destroying thread; then
+//    the worker is joined (or, if it is stuck inside a host callback that ignores the contract,
+//    left to finish on its own, holding only its own state).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "runtime/config.h"
+#include "runtime/deadline.h"
+#include "runtime/device/device.h"
+#include "runtime/status.h"
+
+namespace kizuna::host_emulated {
+
+// The memory-throughput timeline of one emulated device, shared by its streams: an operation
+// that moves `duration` worth of bytes at the throttled rate occupies the device from
+// max(now, end of the previous occupation) for that long.
+class DevicePacer {
+ public:
+  // Reserves the next `duration` of the device; returns when the reservation ends.
+  Deadline::Clock::time_point Reserve(std::chrono::nanoseconds duration);
+
+ private:
+  std::mutex mu_;
+  Deadline::Clock::time_point busy_until_{};  // guarded by mu_
+};
+
+// Numbering shared by every stream and event of one backend instance. Thread-safe.
+class StreamEnvironment {
+ public:
+  // `config` outlives this object (and every stream created with it).
+  explicit StreamEnvironment(const Config& config) : config_(config) {}
+
+  const Config& config() const { return config_; }
+  // The backend-wide number (from 1) of the next copy / reduce / host callback.
+  uint64_t NextOperation() { return operations_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  uint64_t NextStreamId() { return streams_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  uint64_t NextEventId() { return events_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+ private:
+  const Config& config_;
+  std::atomic<uint64_t> operations_{0};
+  std::atomic<uint64_t> streams_{0};
+  std::atomic<uint64_t> events_{0};
+};
+
+// A stream on `device` (an emulated device), with its worker thread started. `env` outlives the
+// stream; the pacer is shared with the device's other streams. kInternal when the thread cannot
+// be started.
+Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, StreamEnvironment* env,
+                                                   std::shared_ptr<DevicePacer> pacer);
+
+// An event on `device`; never recorded yet (queries report it complete).
+Result<std::unique_ptr<device::Event>> MakeEvent(device::Device* device, StreamEnvironment* env);
+
+}  // namespace kizuna::host_emulated

@@ -1,0 +1,573 @@
+#include "runtime/device/plugin_backend.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <source_location>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/device/kizuna_device_plugin.h"
+#include "runtime/logging.h"
+
+namespace kizuna::device {
+namespace {
+
+// The api 1.0 table ends with event_synchronize. Later minors append after it, so this stays the
+// least a major-1 plugin must provide however far the header grows.
+constexpr size_t kApi10TableSize =
+    offsetof(kz_device_plugin_api_t, event_synchronize) + sizeof(kz_device_plugin_api_t::event_synchronize);
+// struct_size, api_major and api_minor must be present before anything else can be judged.
+constexpr size_t kVersionFieldsSize = offsetof(kz_device_plugin_api_t, api_minor) + sizeof(uint32_t);
+// Likewise the api 1.0 device properties end with flags.
+constexpr size_t kProps10Size =
+    offsetof(kz_plugin_device_properties_t, flags) + sizeof(kz_plugin_device_properties_t::flags);
+
+constexpr size_t kMaxNameLength = 64;
+constexpr size_t kMaxVersionLength = 256;
+constexpr size_t kMaxLastErrorLength = 4096;
+// A plugin claiming more devices than this is returning garbage, not describing a machine.
+constexpr int32_t kMaxDevices = 1 << 16;
+
+std::string_view ResultCodeName(kz_plugin_result_t rc) {
+  switch (rc) {
+    case KZ_PLUGIN_OK: return "KZ_PLUGIN_OK";
+    case KZ_PLUGIN_ERR_INVALID_ARGUMENT: return "KZ_PLUGIN_ERR_INVALID_ARGUMENT";
+    case KZ_PLUGIN_ERR_UNAVAILABLE: return "KZ_PLUGIN_ERR_UNAVAILABLE";
+    case KZ_PLUGIN_ERR_NOT_SUPPORTED: return "KZ_PLUGIN_ERR_NOT_SUPPORTED";
+    case KZ_PLUGIN_ERR_OUT_OF_MEMORY: return "KZ_PLUGIN_ERR_OUT_OF_MEMORY";
+    case KZ_PLUGIN_ERR_TIMEOUT: return "KZ_PLUGIN_ERR_TIMEOUT";
+    case KZ_PLUGIN_ERR_ABORTED: return "KZ_PLUGIN_ERR_ABORTED";
+    case KZ_PLUGIN_ERR_REMOTE: return "KZ_PLUGIN_ERR_REMOTE";
+    case KZ_PLUGIN_ERR_INTERNAL: return "KZ_PLUGIN_ERR_INTERNAL";
+    case KZ_PLUGIN_NOT_READY: return "KZ_PLUGIN_NOT_READY";
+    default: return "unknown result code";
+  }
+}
+
+StatusCode ResultStatusCode(kz_plugin_result_t rc) {
+  switch (rc) {
+    case KZ_PLUGIN_OK: return StatusCode::kOk;
+    case KZ_PLUGIN_ERR_INVALID_ARGUMENT: return StatusCode::kInvalidArgument;
+    case KZ_PLUGIN_ERR_UNAVAILABLE: return StatusCode::kUnavailable;
+    case KZ_PLUGIN_ERR_NOT_SUPPORTED: return StatusCode::kNotSupported;
+    case KZ_PLUGIN_ERR_OUT_OF_MEMORY: return StatusCode::kOutOfMemory;
+    case KZ_PLUGIN_ERR_TIMEOUT: return StatusCode::kTimeout;
+    case KZ_PLUGIN_ERR_ABORTED: return StatusCode::kAborted;
+    case KZ_PLUGIN_ERR_REMOTE: return StatusCode::kRemoteError;
+    // NOT_READY is a valid answer only from the two query calls, which handle it themselves;
+    // anywhere else it is a plugin bug, like an unknown code.
+    default: return StatusCode::kInternal;
+  }
+}
+
+// A string the plugin owns, copied with a length bound so an unterminated one cannot run away.
+std::string BoundedString(const char* s, size_t max) {
+  if (s == nullptr) return {};
+  return std::string(s, strnlen(s, max));
+}
+
+// Closes a dlopen handle; the loader holds one until a PluginLibrary takes it over.
+struct DlCloser {
+  void operator()(void* handle) const {
+    if (handle != nullptr && dlclose(handle) != 0)
+      KZ_WARN(kLogPlugin, "dlclose failed: {}", BoundedString(dlerror(), kMaxLastErrorLength));
+  }
+};
+using DlHandle = std::unique_ptr<void, DlCloser>;
+
+// Everything the plugin's objects need: the dlopen handle, the function table and the context.
+// The backend and every device, buffer, stream and event hold it through a shared_ptr, so
+// finalize and dlclose run after the last of them is gone, in whatever order they are destroyed.
+class PluginLibrary {
+ public:
+  PluginLibrary(DlHandle handle, const kz_device_plugin_api_t* api, std::string path, std::string name,
+                std::string version)
+      : handle_(std::move(handle)),
+        api_(api),
+        path_(std::move(path)),
+        name_(std::move(name)),
+        version_(std::move(version)),
+        domain_(fmt::format("device plugin '{}'", name_)) {}
+
+  ~PluginLibrary() {
+    if (initialized_) api_->finalize(context_);
+    // handle_ is closed after this body: the table and all plugin code stay mapped until here.
+  }
+
+  PluginLibrary(const PluginLibrary&) = delete;
+  PluginLibrary& operator=(const PluginLibrary&) = delete;
+
+  const kz_device_plugin_api_t& api() const { return *api_; }
+  void* context() const { return context_; }
+  const std::string& path() const { return path_; }
+  const std::string& name() const { return name_; }
+  const std::string& version() const { return version_; }
+  const std::string& domain() const { return domain_; }
+
+  Status Init() {
+    void* context = nullptr;
+    kz_plugin_result_t rc = api_->init(&context);
+    if (rc != KZ_PLUGIN_OK) return ToStatus(rc, "init");
+    context_ = context;
+    initialized_ = true;
+    return Status::Ok();
+  }
+
+  // Converts a plugin result code into a Status, once, at the boundary: the call, the code, the
+  // plugin's last_error (read on this thread right after the failing call, as the ABI requires)
+  // and the place it was received.
+  Status ToStatus(kz_plugin_result_t rc, std::string_view what,
+                  std::source_location where = std::source_location::current()) const {
+    if (rc == KZ_PLUGIN_OK) return Status::Ok();
+    std::string detail(ResultCodeName(rc));
+    std::string last = BoundedString(api_->last_error(), kMaxLastErrorLength);
+    if (!last.empty()) detail += ": " + last;
+    return FromForeign(ResultStatusCode(rc), domain_, what, rc, detail, where);
+  }
+
+  // The status a stream hands to a host callback. No last_error here: the callback runs on a
+  // plugin thread that made no failing call; the error's text comes from Synchronize.
+  Status StreamStatus(kz_plugin_result_t rc, std::source_location where = std::source_location::current()) const {
+    if (rc == KZ_PLUGIN_OK) return Status::Ok();
+    return FromForeign(ResultStatusCode(rc), domain_, "earlier work on the stream", rc, ResultCodeName(rc), where);
+  }
+
+ private:
+  DlHandle handle_;
+  const kz_device_plugin_api_t* api_;
+  std::string path_;
+  std::string name_;
+  std::string version_;
+  std::string domain_;
+  void* context_ = nullptr;
+  bool initialized_ = false;
+};
+
+using LibraryRef = std::shared_ptr<const PluginLibrary>;
+
+class PluginDevice;
+
+class PluginBuffer final : public Buffer {
+ public:
+  PluginBuffer(PluginDevice* device, void* data, size_t size, bool imported, LibraryRef lib, int32_t index);
+  ~PluginBuffer() override {
+    if (data() == nullptr) return;
+    const kz_device_plugin_api_t& api = lib_->api();
+    // A failure here cannot be returned (destructors never fail); it is logged instead.
+    Status s = imported() ? lib_->ToStatus(api.mem_unimport(lib_->context(), index_, data(), size()), "mem_unimport")
+                          : lib_->ToStatus(api.mem_free(lib_->context(), index_, data()), "mem_free");
+    if (!s.ok()) KZ_WARN(kLogPlugin, "{}:{}: releasing {} bytes at {}: {}", lib_->name(), index_, size(), data(),
+                         s.ToString());
+  }
+
+ private:
+  LibraryRef lib_;
+  int32_t index_;
+};
+
+class PluginEvent final : public Event {
+ public:
+  PluginEvent(PluginDevice* device, LibraryRef lib, kz_plugin_event_t handle);
+  ~PluginEvent() override {
+    Status s = lib_->ToStatus(lib_->api().event_destroy(lib_->context(), handle_), "event_destroy");
+    if (!s.ok()) KZ_WARN(kLogPlugin, "{}", s.ToString());
+  }
+
+  const PluginLibrary* library() const { return lib_.get(); }
+  kz_plugin_event_t handle() const { return handle_; }
+
+ protected:
+  Result<bool> DoQuery() override {
+    kz_plugin_result_t rc = lib_->api().event_query(lib_->context(), handle_);
+    if (rc == KZ_PLUGIN_OK) return true;
+    if (rc == KZ_PLUGIN_NOT_READY) return false;
+    return Check(rc, "event_query");
+  }
+
+  Status DoSynchronize(Deadline deadline) override {
+    const auto ns = static_cast<uint64_t>(deadline.Remaining().count());
+    return Check(lib_->api().event_synchronize(lib_->context(), handle_, ns), "event_synchronize");
+  }
+
+ private:
+  Status Check(kz_plugin_result_t rc, std::string_view what,
+               std::source_location where = std::source_location::current()) const {
+    return lib_->ToStatus(rc, what, where).WithContext(device().label());
+  }
+
+  LibraryRef lib_;
+  kz_plugin_event_t handle_;
+};
+
+// What a host callback's user_data points to: owned by the plugin from a successful
+// stream_host_callback until the trampoline runs (exactly once) and deletes it.
+struct HostCallbackHolder {
+  HostCallback fn;
+  // A plain pointer, not a LibraryRef: dropping the last reference on a plugin thread would run
+  // finalize and dlclose from inside the plugin's own code. The stream keeps the library alive
+  // until its queued work, this callback included, has run.
+  const PluginLibrary* lib;
+  std::string label;  // the stream's device, for the status
+};
+
+void HostCallbackTrampoline(void* user_data, kz_plugin_result_t stream_status) {
+  std::unique_ptr<HostCallbackHolder> holder(static_cast<HostCallbackHolder*>(user_data));
+  // No exception may unwind through the plugin's C frames.
+  try {
+    holder->fn(holder->lib->StreamStatus(stream_status).WithContext(holder->label));
+  } catch (...) {
+    KZ_WARN(kLogPlugin, "{}: a host callback threw an exception; it was dropped", holder->lib->domain());
+  }
+}
+
+class PluginStream final : public Stream {
+ public:
+  PluginStream(PluginDevice* device, LibraryRef lib, kz_plugin_stream_t handle);
+  ~PluginStream() override {
+    // The plugin bounds the wait for queued work (see stream_destroy in the ABI header).
+    Status s = lib_->ToStatus(lib_->api().stream_destroy(lib_->context(), handle_), "stream_destroy");
+    if (!s.ok()) KZ_WARN(kLogPlugin, "{}", s.ToString());
+  }
+
+ protected:
+  Status DoCopy(void* dst, const void* src, size_t bytes) override {
+    return Check(lib_->api().stream_copy(lib_->context(), handle_, dst, src, bytes), "stream_copy");
+  }
+
+  Status DoReduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type, ReduceOp op) override {
+    if (srcs.size() > std::numeric_limits<uint32_t>::max())
+      return InvalidArgument(fmt::format("reduce of {} inputs: the plugin ABI takes at most {}", srcs.size(),
+                                         std::numeric_limits<uint32_t>::max()));
+    return Check(lib_->api().stream_reduce(lib_->context(), handle_, dst, srcs.data(),
+                                           static_cast<uint32_t>(srcs.size()), count, static_cast<int32_t>(type),
+                                           static_cast<int32_t>(op)),
+                 "stream_reduce");
+  }
+
+  Status DoRecord(Event& event) override {
+    KZ_ASSIGN_OR_RETURN(const PluginEvent* e, SameInstance(event));
+    return Check(lib_->api().event_record(lib_->context(), e->handle(), handle_), "event_record");
+  }
+
+  Status DoWait(const Event& event) override {
+    KZ_ASSIGN_OR_RETURN(const PluginEvent* e, SameInstance(event));
+    return Check(lib_->api().stream_wait_event(lib_->context(), handle_, e->handle()), "stream_wait_event");
+  }
+
+  Status DoHostCallback(HostCallback fn) override {
+    auto holder =
+        std::make_unique<HostCallbackHolder>(HostCallbackHolder{std::move(fn), lib_.get(), device().label()});
+    kz_plugin_result_t rc =
+        lib_->api().stream_host_callback(lib_->context(), handle_, &HostCallbackTrampoline, holder.get());
+    if (rc != KZ_PLUGIN_OK) return Check(rc, "stream_host_callback");  // not queued: holder freed here
+    holder.release();  // the trampoline owns it now
+    return Status::Ok();
+  }
+
+  Status DoSynchronize(Deadline deadline) override {
+    const auto ns = static_cast<uint64_t>(deadline.Remaining().count());
+    return Check(lib_->api().stream_synchronize(lib_->context(), handle_, ns), "stream_synchronize");
+  }
+
+  Result<bool> DoQuery() override {
+    kz_plugin_result_t rc = lib_->api().stream_query(lib_->context(), handle_);
+    if (rc == KZ_PLUGIN_OK) return true;
+    if (rc == KZ_PLUGIN_NOT_READY) return false;
+    return Check(rc, "stream_query");
+  }
+
+ private:
+  Status Check(kz_plugin_result_t rc, std::string_view what,
+               std::source_location where = std::source_location::current()) const {
+    return lib_->ToStatus(rc, what, where).WithContext(device().label());
+  }
+
+  // The public wrapper checked that the event's backend has this name; a second load of the same
+  // plugin has the same name but a different context, whose handles mean nothing here.
+  Result<const PluginEvent*> SameInstance(const Event& event) const {
+    const auto* e = dynamic_cast<const PluginEvent*>(&event);
+    if (e == nullptr || e->library() != lib_.get())
+      return NotSupported(fmt::format("the event belongs to another instance of {} than the stream", lib_->domain()));
+    return e;
+  }
+
+  LibraryRef lib_;
+  kz_plugin_stream_t handle_;
+};
+
+class PluginDevice final : public Device {
+ public:
+  PluginDevice(DeviceProperties properties, const Config* config, LibraryRef lib, int32_t index)
+      : Device(std::move(properties), config), lib_(std::move(lib)), index_(index) {}
+
+ protected:
+  Result<std::unique_ptr<Buffer>> DoAllocate(size_t bytes) override {
+    void* ptr = nullptr;
+    KZ_RETURN_IF_ERROR(Check(lib_->api().mem_alloc(lib_->context(), index_, bytes, &ptr), "mem_alloc"));
+    if (ptr == nullptr && bytes > 0)
+      return Internal(fmt::format("{}: mem_alloc of {} bytes succeeded but returned a null pointer", label(), bytes));
+    return std::unique_ptr<Buffer>(std::make_unique<PluginBuffer>(this, ptr, bytes, false, lib_, index_));
+  }
+
+  Result<std::unique_ptr<Stream>> DoCreateStream() override {
+    kz_plugin_stream_t handle = nullptr;
+    KZ_RETURN_IF_ERROR(Check(lib_->api().stream_create(lib_->context(), index_, &handle), "stream_create"));
+    if (handle == nullptr) return Internal(fmt::format("{}: stream_create succeeded but returned no stream", label()));
+    return std::unique_ptr<Stream>(std::make_unique<PluginStream>(this, lib_, handle));
+  }
+
+  Result<std::unique_ptr<Event>> DoCreateEvent() override {
+    kz_plugin_event_t handle = nullptr;
+    KZ_RETURN_IF_ERROR(Check(lib_->api().event_create(lib_->context(), index_, &handle), "event_create"));
+    if (handle == nullptr) return Internal(fmt::format("{}: event_create succeeded but returned no event", label()));
+    return std::unique_ptr<Event>(std::make_unique<PluginEvent>(this, lib_, handle));
+  }
+
+  Result<ExportedMemory> DoExport(const Buffer& buffer, size_t offset, size_t size) override {
+    if (lib_->api().mem_export_fd == nullptr)
+      return NotSupported(fmt::format("{}: the plugin has no mem_export_fd", label()));
+    void* ptr = static_cast<char*>(buffer.data()) + offset;
+    int32_t fd = -1;
+    uint64_t fd_offset = 0;
+    KZ_RETURN_IF_ERROR(
+        Check(lib_->api().mem_export_fd(lib_->context(), index_, ptr, size, &fd, &fd_offset), "mem_export_fd"));
+    if (fd < 0) return Internal(fmt::format("{}: mem_export_fd succeeded but returned fd {}", label(), fd));
+    ExportedMemory exported;
+    exported.kind = ExportKind::kFd;
+    exported.fd = UniqueFd(fd);
+    exported.offset = fd_offset;
+    return exported;
+  }
+
+  Result<std::unique_ptr<Buffer>> DoImport(const ExportedMemory& exported) override {
+    if (exported.kind != ExportKind::kFd)
+      return NotSupported(fmt::format("{} imports only fd exports, not opaque IPC handles", label()));
+    if (lib_->api().mem_import_fd == nullptr)
+      return NotSupported(fmt::format("{}: the plugin has no mem_import_fd", label()));
+    void* ptr = nullptr;
+    KZ_RETURN_IF_ERROR(Check(lib_->api().mem_import_fd(lib_->context(), index_, exported.fd.get(), exported.offset,
+                                                       exported.size, &ptr),
+                             "mem_import_fd"));
+    if (ptr == nullptr)
+      return Internal(fmt::format("{}: mem_import_fd succeeded but returned a null pointer", label()));
+    return std::unique_ptr<Buffer>(std::make_unique<PluginBuffer>(this, ptr, exported.size, true, lib_, index_));
+  }
+
+ private:
+  Status Check(kz_plugin_result_t rc, std::string_view what,
+               std::source_location where = std::source_location::current()) const {
+    return lib_->ToStatus(rc, what, where).WithContext(label());
+  }
+
+  LibraryRef lib_;
+  int32_t index_;
+};
+
+PluginBuffer::PluginBuffer(PluginDevice* device, void* data, size_t size, bool imported, LibraryRef lib,
+                           int32_t index)
+    : Buffer(device, data, size, imported), lib_(std::move(lib)), index_(index) {}
+
+PluginEvent::PluginEvent(PluginDevice* device, LibraryRef lib, kz_plugin_event_t handle)
+    : Event(device), lib_(std::move(lib)), handle_(handle) {}
+
+PluginStream::PluginStream(PluginDevice* device, LibraryRef lib, kz_plugin_stream_t handle)
+    : Stream(device), lib_(std::move(lib)), handle_(handle) {}
+
+class PluginBackend final : public Backend {
+ public:
+  PluginBackend(LibraryRef lib, std::vector<std::unique_ptr<PluginDevice>> devices)
+      : lib_(std::move(lib)), devices_(std::move(devices)) {}
+
+  std::string_view name() const override { return lib_->name(); }
+  int device_count() const override { return static_cast<int>(devices_.size()); }
+  Device* device(int index) override {
+    if (index < 0 || index >= device_count()) return nullptr;
+    return devices_[static_cast<size_t>(index)].get();
+  }
+
+ private:
+  LibraryRef lib_;  // declared first: released after the devices
+  std::vector<std::unique_ptr<PluginDevice>> devices_;
+};
+
+// ---- loading and validation ----
+
+Status CheckName(const char* name, const std::string& path) {
+  if (name == nullptr) return InvalidArgument(fmt::format("device plugin {}: the api table has no name", path));
+  const std::string n = BoundedString(name, kMaxNameLength + 1);
+  auto allowed = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; };
+  if (n.empty() || n.size() > kMaxNameLength || !std::all_of(n.begin(), n.end(), allowed))
+    return InvalidArgument(fmt::format("device plugin {}: name '{}' is not 1 to {} characters of [a-z0-9_]", path, n,
+                                       kMaxNameLength));
+  return Status::Ok();
+}
+
+// The functions api 1.0 requires, by field name, so the error names the one that is missing.
+struct RequiredFunction {
+  std::string_view field;
+  bool present;
+};
+
+Status CheckFunctions(const kz_device_plugin_api_t& api, const std::string& path) {
+  const RequiredFunction required[] = {
+      {"last_error", api.last_error != nullptr},
+      {"init", api.init != nullptr},
+      {"finalize", api.finalize != nullptr},
+      {"device_count", api.device_count != nullptr},
+      {"device_properties", api.device_properties != nullptr},
+      {"mem_alloc", api.mem_alloc != nullptr},
+      {"mem_free", api.mem_free != nullptr},
+      {"stream_create", api.stream_create != nullptr},
+      {"stream_destroy", api.stream_destroy != nullptr},
+      {"stream_copy", api.stream_copy != nullptr},
+      {"stream_reduce", api.stream_reduce != nullptr},
+      {"stream_host_callback", api.stream_host_callback != nullptr},
+      {"stream_synchronize", api.stream_synchronize != nullptr},
+      {"stream_query", api.stream_query != nullptr},
+      {"event_create", api.event_create != nullptr},
+      {"event_destroy", api.event_destroy != nullptr},
+      {"event_record", api.event_record != nullptr},
+      {"stream_wait_event", api.stream_wait_event != nullptr},
+      {"event_query", api.event_query != nullptr},
+      {"event_synchronize", api.event_synchronize != nullptr},
+  };
+  for (const RequiredFunction& f : required)
+    if (!f.present)
+      return InvalidArgument(fmt::format("device plugin {}: required function '{}' is NULL in the api table", path,
+                                         f.field));
+  // Export is optional, but an export nobody can import (or an import nobody can undo) is a bug.
+  if (api.mem_export_fd != nullptr && api.mem_import_fd == nullptr)
+    return InvalidArgument(fmt::format("device plugin {}: 'mem_export_fd' is set but 'mem_import_fd' is NULL", path));
+  if (api.mem_import_fd != nullptr && api.mem_unimport == nullptr)
+    return InvalidArgument(fmt::format("device plugin {}: 'mem_import_fd' is set but 'mem_unimport' is NULL", path));
+  return Status::Ok();
+}
+
+Status CheckTable(const kz_device_plugin_api_t* api, const std::string& path) {
+  if (api == nullptr)
+    return InvalidArgument(fmt::format("device plugin {}: {} returned no api table for kizuna's device plugin api "
+                                       "{}.{} (the plugin does not serve this version)",
+                                       path, KZ_DEVICE_PLUGIN_ENTRY_POINT, KZ_DEVICE_PLUGIN_API_MAJOR,
+                                       KZ_DEVICE_PLUGIN_API_MINOR));
+  if (api->struct_size < kVersionFieldsSize)
+    return InvalidArgument(fmt::format("device plugin {}: api table struct_size {} is too small to hold its version",
+                                       path, api->struct_size));
+  if (api->api_major != KZ_DEVICE_PLUGIN_API_MAJOR)
+    return InvalidArgument(fmt::format("device plugin {}: plugin api version {}.{} is incompatible with kizuna's "
+                                       "device plugin api {}.{} (the major versions must match; rebuild the plugin "
+                                       "against kizuna_device_plugin.h {}.x)",
+                                       path, api->api_major, api->api_minor, KZ_DEVICE_PLUGIN_API_MAJOR,
+                                       KZ_DEVICE_PLUGIN_API_MINOR, KZ_DEVICE_PLUGIN_API_MAJOR));
+  if (api->struct_size < kApi10TableSize)
+    return InvalidArgument(fmt::format("device plugin {}: api table struct_size {} is smaller than the {} bytes of "
+                                       "api {}.0",
+                                       path, api->struct_size, kApi10TableSize, KZ_DEVICE_PLUGIN_API_MAJOR));
+  KZ_RETURN_IF_ERROR(CheckName(api->name, path));
+  return CheckFunctions(*api, path);
+}
+
+// A rate the plugin reports; anything that is not a finite non-negative number counts as unknown.
+double SaneRate(double v) { return std::isfinite(v) && v >= 0 ? v : 0.0; }
+
+Result<DeviceProperties> ReadProperties(const PluginLibrary& lib, int32_t index) {
+  kz_plugin_device_properties_t raw;
+  std::memset(&raw, 0, sizeof raw);
+  raw.struct_size = sizeof raw;
+  raw.numa_node = -1;
+  KZ_RETURN_IF_ERROR(lib.ToStatus(lib.api().device_properties(lib.context(), index, &raw),
+                                  fmt::format("device_properties({})", index)));
+  // A plugin built against an older header may lower struct_size to what it filled; only fields
+  // inside both its size and ours are read. Every api 1.0 field must be there.
+  const size_t covered = std::min(raw.struct_size, sizeof raw);
+  if (covered < kProps10Size)
+    return InvalidArgument(fmt::format("{}: device_properties({}) filled {} bytes; api {}.0 defines {}",
+                                       lib.domain(), index, raw.struct_size, KZ_DEVICE_PLUGIN_API_MAJOR, kProps10Size));
+
+  DeviceProperties p;
+  p.backend = lib.name();
+  p.index = index;
+  p.name = BoundedString(raw.name, sizeof raw.name);
+  if (p.name.empty()) p.name = fmt::format("{} device {}", lib.name(), index);
+  p.uuid = BoundedString(raw.uuid, sizeof raw.uuid);
+  // The uuid must name the device identically in every process; the plugin's name and the index
+  // do when the plugin gives nothing better.
+  if (p.uuid.empty()) p.uuid = fmt::format("{}-{}", lib.name(), index);
+  p.pci_bus_id = BoundedString(raw.pci_bus_id, sizeof raw.pci_bus_id);
+  p.memory_bytes = raw.memory_bytes;
+  p.copy_gbps = SaneRate(raw.copy_gbps);
+  p.reduce_gbps = SaneRate(raw.reduce_gbps);
+  p.launch_latency_us = SaneRate(raw.launch_latency_us);
+  p.numa_node = raw.numa_node < -1 ? -1 : raw.numa_node;
+  p.host_accessible = (raw.flags & KZ_PLUGIN_DEVICE_HOST_ACCESSIBLE) != 0;
+  p.export_fd = (raw.flags & KZ_PLUGIN_DEVICE_EXPORT_FD) != 0;
+  if (p.export_fd && lib.api().mem_export_fd == nullptr) {
+    KZ_WARN(kLogPlugin, "{}: device {} claims fd export but mem_export_fd is NULL; export disabled", lib.domain(),
+            index);
+    p.export_fd = false;
+  }
+  p.export_opaque = false;  // the 1.0 ABI has no opaque IPC handles
+  return p;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> LoadDevicePlugin(const std::string& path, const Config& config) {
+  if (path.empty()) return InvalidArgument("device plugin path is empty");
+
+  dlerror();  // clear any stale message
+  DlHandle handle(dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL));
+  if (handle == nullptr)
+    return InvalidArgument(
+        fmt::format("device plugin {}: dlopen failed: {}", path, BoundedString(dlerror(), kMaxLastErrorLength)));
+
+  dlerror();
+  auto get_api = reinterpret_cast<kz_device_plugin_get_api_fn>(dlsym(handle.get(), KZ_DEVICE_PLUGIN_ENTRY_POINT));
+  if (get_api == nullptr) {
+    const std::string why = BoundedString(dlerror(), kMaxLastErrorLength);
+    return InvalidArgument(fmt::format("device plugin {}: not a kizuna device plugin: it does not export {}{}{}", path,
+                                       KZ_DEVICE_PLUGIN_ENTRY_POINT, why.empty() ? "" : ": ", why));
+  }
+
+  const kz_device_plugin_api_t* api = get_api(KZ_DEVICE_PLUGIN_API_MAJOR, KZ_DEVICE_PLUGIN_API_MINOR);
+  KZ_RETURN_IF_ERROR(CheckTable(api, path));
+
+  auto lib = std::make_shared<PluginLibrary>(std::move(handle), api, path, BoundedString(api->name, kMaxNameLength),
+                                             api->version != nullptr
+                                                 ? BoundedString(api->version, kMaxVersionLength)
+                                                 : std::string("unknown"));
+  const std::string where = fmt::format("device plugin '{}' ({})", lib->name(), path);
+  KZ_RETURN_IF_ERROR(lib->Init().WithContext(where));
+
+  int32_t count = -1;
+  KZ_RETURN_IF_ERROR(lib->ToStatus(lib->api().device_count(lib->context(), &count), "device_count").WithContext(where));
+  if (count < 0 || count > kMaxDevices)
+    return InvalidArgument(fmt::format("{}: device_count returned {}", where, count));
+  if (count == 0) return Unavailable(fmt::format("{} reports no devices", where));
+
+  std::vector<std::unique_ptr<PluginDevice>> devices;
+  devices.reserve(static_cast<size_t>(count));
+  for (int32_t i = 0; i < count; ++i) {
+    KZ_ASSIGN_OR_RETURN(DeviceProperties props, ReadProperties(*lib, i));
+    devices.push_back(std::make_unique<PluginDevice>(std::move(props), &config, lib, i));
+  }
+
+  KZ_INFO(kLogPlugin, "loaded device plugin {}: name {}, version {}, plugin api {}.{}, kizuna api {}.{}, {} device(s)",
+          path, lib->name(), lib->version(), api->api_major, api->api_minor, KZ_DEVICE_PLUGIN_API_MAJOR,
+          KZ_DEVICE_PLUGIN_API_MINOR, count);
+  for (const auto& d : devices) {
+    const DeviceProperties& p = d->properties();
+    KZ_INFO(kLogPlugin, "{}: {} ({}), {} bytes, host accessible {}, fd export {}", d->label(), p.name, p.uuid,
+            p.memory_bytes, p.host_accessible, p.export_fd);
+  }
+  return std::unique_ptr<Backend>(std::make_unique<PluginBackend>(std::move(lib), std::move(devices)));
+}
+
+}  // namespace kizuna::device

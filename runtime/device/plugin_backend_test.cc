@@ -1,0 +1,514 @@
+// LoadDevicePlugin: the example plugin through the Backend / Device / Stream / Event wrapper, and
+// every way a broken plugin is refused (runtime/device/testdata/). The generic device behaviour
+// (dtype x op sweeps, sizes, concurrency) is the conformance suite's job; this file checks loading,
+// validation, the conversion of plugin results into Status, and the wrapper's plumbing.
+//
+// Arguments: --example_plugin=PATH, then the paths of the testdata files.
+#include "runtime/device/plugin_backend.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "runtime/config.h"
+#include "runtime/deadline.h"
+#include "runtime/device/device.h"
+#include "runtime/status.h"
+
+namespace kizuna::device {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::string g_example_plugin;                  // --example_plugin
+std::map<std::string, std::string> g_testdata;  // file name -> path
+
+std::string TestData(const std::string& name) {
+  auto it = g_testdata.find(name);
+  if (it == g_testdata.end()) {
+    ADD_FAILURE() << "test data " << name << " was not passed to the test";
+    return "/nonexistent/" + name;
+  }
+  return it->second;
+}
+
+Config TestConfig() {
+  Config c;
+  c.timeout_s = 10;  // a broken wait fails the test in seconds, not minutes
+  return c;
+}
+
+// Sets an environment variable for one scope (the plugin reads its knobs in init).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// A gate a host callback blocks on, with its own deadline so a failing test cannot hang.
+class Gate {
+ public:
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  bool WaitOpen(std::chrono::seconds limit) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+class ExamplePluginTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto loaded = LoadDevicePlugin(g_example_plugin, config_);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    backend_ = std::move(loaded).value();
+    ASSERT_EQ(backend_->device_count(), 2);
+  }
+
+  Device& device(int i) { return *backend_->device(i); }
+
+  std::unique_ptr<Buffer> Allocate(int dev, size_t bytes) {
+    auto b = device(dev).Allocate(bytes);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    return b.ok() ? std::move(b).value() : nullptr;
+  }
+
+  std::unique_ptr<Stream> CreateStream(int dev) {
+    auto s = device(dev).CreateStream();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  std::unique_ptr<Event> CreateEvent(int dev) {
+    auto e = device(dev).CreateEvent();
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(e).value() : nullptr;
+  }
+
+  Config config_ = TestConfig();
+  std::unique_ptr<Backend> backend_;
+};
+
+TEST_F(ExamplePluginTest, NameDevicesAndProperties) {
+  EXPECT_EQ(backend_->name(), "example");
+  EXPECT_EQ(backend_->device(2), nullptr);
+  EXPECT_EQ(backend_->device(-1), nullptr);
+  for (int i = 0; i < 2; ++i) {
+    const DeviceProperties& p = device(i).properties();
+    EXPECT_EQ(p.backend, "example");
+    EXPECT_EQ(p.index, i);
+    EXPECT_EQ(p.name, "example device " + std::to_string(i) + " (host memory)");
+    EXPECT_EQ(p.uuid, "kz-example-" + std::to_string(i));
+    EXPECT_GT(p.memory_bytes, 0u);
+    EXPECT_TRUE(p.host_accessible);
+    EXPECT_TRUE(p.export_fd);
+    EXPECT_FALSE(p.export_opaque);
+    EXPECT_EQ(p.pci_bus_id, "");
+    EXPECT_EQ(p.numa_node, -1);
+    EXPECT_EQ(p.copy_gbps, 0.0);
+    EXPECT_EQ(device(i).label(), "example:" + std::to_string(i));
+  }
+}
+
+TEST_F(ExamplePluginTest, AllocateCopyAndReduce) {
+  constexpr size_t kCount = 5000;  // several of the plugin's reduce blocks, and a partial one
+  auto a = Allocate(0, kCount * sizeof(float));
+  auto b = Allocate(0, kCount * sizeof(float));
+  auto c = Allocate(0, kCount * sizeof(float));
+  auto stream = CreateStream(0);
+  ASSERT_TRUE(a && b && c && stream);
+  ASSERT_NE(a->data(), nullptr);
+  EXPECT_EQ(a->size(), kCount * sizeof(float));
+  EXPECT_FALSE(a->imported());
+  EXPECT_EQ(&a->device(), &device(0));
+
+  auto* fa = static_cast<float*>(a->data());
+  auto* fb = static_cast<float*>(b->data());
+  auto* fc = static_cast<float*>(c->data());
+  for (size_t i = 0; i < kCount; ++i) {
+    fa[i] = static_cast<float>(i);
+    fb[i] = 2.0f * static_cast<float>(i);
+  }
+  ASSERT_TRUE(stream->Copy(c->data(), a->data(), kCount * sizeof(float)).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(std::memcmp(fc, fa, kCount * sizeof(float)), 0);
+
+  const void* srcs[] = {a->data(), b->data()};
+  ASSERT_TRUE(stream->Reduce(c->data(), srcs, kCount, DataType::kFloat32, ReduceOp::kSum).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(fc[i], 3.0f * static_cast<float>(i)) << "element " << i;
+
+  // In place, wrapping: int8 100 + 100 = -56.
+  auto* i8 = static_cast<int8_t*>(a->data());
+  auto* j8 = static_cast<int8_t*>(b->data());
+  i8[0] = 100;
+  j8[0] = 100;
+  const void* in_place[] = {a->data(), b->data()};
+  ASSERT_TRUE(stream->Reduce(a->data(), in_place, 1, DataType::kInt8, ReduceOp::kSum).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(i8[0], -56);
+
+  // bfloat16 accumulates in float32 and rounds once, to nearest even: 1 + 2^-8 is a tie that
+  // rounds down to 1 (even), (1 + 2^-7) + 2^-8 a tie that rounds up to 1 + 2^-6.
+  auto* x = static_cast<uint16_t*>(a->data());
+  auto* y = static_cast<uint16_t*>(b->data());
+  auto* z = static_cast<uint16_t*>(c->data());
+  x[0] = 0x3f80;  // 1
+  x[1] = 0x3f81;  // 1 + 2^-7
+  y[0] = y[1] = 0x3b80;  // 2^-8
+  const void* bf_srcs[] = {a->data(), b->data()};
+  ASSERT_TRUE(stream->Reduce(c->data(), bf_srcs, 2, DataType::kBfloat16, ReduceOp::kSum).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(z[0], 0x3f80);
+  EXPECT_EQ(z[1], 0x3f82);
+  EXPECT_EQ(stream->Query().value(), true);
+}
+
+TEST_F(ExamplePluginTest, EmptyAndImpossibleAllocations) {
+  auto empty = device(0).Allocate(0);
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_EQ((*empty)->size(), 0u);
+  EXPECT_EQ((*empty)->data(), nullptr);
+
+  auto huge = device(0).Allocate(size_t{1} << 62);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kOutOfMemory);
+  // Converted once at the boundary: the call, the plugin, its code and message, and where.
+  EXPECT_THAT(huge.status().message(),
+              AllOf(HasSubstr("example:0"), HasSubstr("mem_alloc failed"), HasSubstr("device plugin 'example'"),
+                    HasSubstr("KZ_PLUGIN_ERR_OUT_OF_MEMORY"), HasSubstr("bytes requested"),
+                    HasSubstr("plugin_backend.cc:")));
+}
+
+TEST_F(ExamplePluginTest, EventsOrderWorkAcrossDevices) {
+  constexpr size_t kBytes = size_t{8} << 20;  // large enough that the copy takes a while
+  auto src = Allocate(0, kBytes);
+  auto mid = Allocate(0, kBytes);
+  auto dst = Allocate(1, kBytes);
+  auto s0 = CreateStream(0);
+  auto s1 = CreateStream(1);
+  auto event = CreateEvent(0);
+  ASSERT_TRUE(src && mid && dst && s0 && s1 && event);
+
+  auto unrecorded = event->Query();
+  ASSERT_TRUE(unrecorded.ok());
+  EXPECT_TRUE(*unrecorded);  // never recorded: complete
+
+  std::memset(src->data(), 0x5a, kBytes);
+  ASSERT_TRUE(s0->Copy(mid->data(), src->data(), kBytes).ok());
+  ASSERT_TRUE(s0->Record(*event).ok());
+  ASSERT_TRUE(s1->Wait(*event).ok());
+  ASSERT_TRUE(s1->Copy(dst->data(), mid->data(), kBytes).ok());
+
+  std::promise<Status> called;
+  ASSERT_TRUE(s1->EnqueueHostCallback([&](const Status& s) { called.set_value(s); }).ok());
+  ASSERT_TRUE(s1->Synchronize().ok());
+  auto done = called.get_future();
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(done.get().ok());
+  EXPECT_TRUE(event->Synchronize().ok());
+  EXPECT_EQ(event->Query().value(), true);
+  const auto* d = static_cast<const unsigned char*>(dst->data());
+  EXPECT_EQ(d[0], 0x5a);
+  EXPECT_EQ(d[kBytes - 1], 0x5a);
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), kBytes), 0);
+}
+
+TEST_F(ExamplePluginTest, SynchronizeHonoursTheDeadline) {
+  auto stream = CreateStream(0);
+  auto event = CreateEvent(0);
+  ASSERT_TRUE(stream && event);
+  Gate gate;
+  std::promise<Status> first;
+  ASSERT_TRUE(stream
+                  ->EnqueueHostCallback([&](const Status& s) {
+                    EXPECT_TRUE(gate.WaitOpen(std::chrono::seconds(10)));
+                    first.set_value(s);
+                  })
+                  .ok());
+  ASSERT_TRUE(stream->Record(*event).ok());
+
+  const auto start = std::chrono::steady_clock::now();
+  Status s = stream->Synchronize(Deadline::After(std::chrono::milliseconds(50)));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("stream_synchronize"));
+  EXPECT_GE(waited, std::chrono::milliseconds(40));
+  EXPECT_LT(waited, std::chrono::seconds(5));
+
+  EXPECT_EQ(stream->Query().value(), false);
+  EXPECT_EQ(event->Query().value(), false);
+  Status es = event->Synchronize(Deadline::After(std::chrono::milliseconds(20)));
+  EXPECT_EQ(es.code(), StatusCode::kTimeout) << es.ToString();
+
+  gate.Open();
+  EXPECT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(stream->Query().value(), true);
+  EXPECT_TRUE(event->Synchronize().ok());
+  auto f = first.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(1)), std::future_status::ready);
+  EXPECT_TRUE(f.get().ok());
+}
+
+TEST_F(ExamplePluginTest, ExportAndImportShareMemory) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto buffer = Allocate(0, 4 * page);
+  ASSERT_TRUE(buffer);
+  auto exported = device(0).Export(*buffer, page + 16, 2 * page);
+  ASSERT_TRUE(exported.ok()) << exported.status().ToString();
+  EXPECT_EQ(exported->kind, ExportKind::kFd);
+  EXPECT_TRUE(exported->fd.valid());
+  EXPECT_EQ(exported->offset, page + 16);
+  EXPECT_EQ(exported->size, 2 * page);
+  EXPECT_EQ(exported->backend, "example");
+  EXPECT_EQ(exported->device_uuid, "kz-example-0");
+
+  auto imported = device(1).Import(*exported);
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  EXPECT_TRUE((*imported)->imported());
+  EXPECT_EQ((*imported)->size(), 2 * page);
+  exported->fd.Reset();  // the import keeps its own mapping
+
+  auto* original = static_cast<unsigned char*>(buffer->data());
+  auto* mapped = static_cast<unsigned char*>((*imported)->data());
+  original[page + 16] = 0xab;
+  original[3 * page + 15] = 0xcd;
+  EXPECT_EQ(mapped[0], 0xab);
+  EXPECT_EQ(mapped[2 * page - 1], 0xcd);
+  mapped[1] = 0xef;
+  EXPECT_EQ(original[page + 17], 0xef);
+
+  // A stream copies out of the imported memory like out of any other.
+  auto out = Allocate(1, 2 * page);
+  auto stream = CreateStream(1);
+  ASSERT_TRUE(out && stream);
+  ASSERT_TRUE(stream->Copy(out->data(), mapped, 2 * page).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(std::memcmp(out->data(), mapped, 2 * page), 0);
+}
+
+TEST_F(ExamplePluginTest, PluginRejectionsBecomeStatuses) {
+  // A well-formed descriptor of a range the fd does not have: the wrapper cannot know, the plugin
+  // refuses, and its reason reaches the caller.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  ExportedMemory bogus;
+  bogus.kind = ExportKind::kFd;
+  bogus.fd = UniqueFd(memfd_create("plugin_backend_test", MFD_CLOEXEC));
+  ASSERT_TRUE(bogus.fd.valid());
+  ASSERT_EQ(ftruncate(bogus.fd.get(), static_cast<off_t>(page)), 0);
+  bogus.offset = 0;
+  bogus.size = 2 * page;
+  bogus.backend = "example";
+  auto r = device(0).Import(bogus);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              AllOf(HasSubstr("mem_import_fd failed"), HasSubstr("KZ_PLUGIN_ERR_INVALID_ARGUMENT"),
+                    HasSubstr("outside the fd's")));
+
+  bogus.kind = ExportKind::kOpaque;
+  bogus.opaque = {1, 2, 3};
+  auto opaque = device(0).Import(bogus);
+  EXPECT_EQ(opaque.status().code(), StatusCode::kNotSupported) << opaque.status().ToString();
+}
+
+TEST_F(ExamplePluginTest, StickyStreamErrorReachesEveryObserver) {
+  // A second instance of the same plugin, whose second copy fails when it runs.
+  std::unique_ptr<Backend> faulty;
+  {
+    ScopedEnv fail("KZ_EXAMPLE_FAIL_STREAM_OP", "2");
+    auto loaded = LoadDevicePlugin(g_example_plugin, config_);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    faulty = std::move(loaded).value();
+  }
+  Device& dev = *faulty->device(0);
+  auto a = dev.Allocate(64);
+  auto b = dev.Allocate(64);
+  auto c = dev.Allocate(64);
+  auto stream = dev.CreateStream();
+  auto event = dev.CreateEvent();
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok() && stream.ok() && event.ok());
+  std::memset((*a)->data(), 1, 64);
+  std::memset((*b)->data(), 0, 64);
+  std::memset((*c)->data(), 7, 64);
+
+  ASSERT_TRUE((*stream)->Copy((*b)->data(), (*a)->data(), 32).ok());  // op 1: runs
+  ASSERT_TRUE((*stream)->Copy((*b)->data(), (*a)->data(), 64).ok());  // op 2: fails on the stream
+  ASSERT_TRUE((*stream)->Copy((*b)->data(), (*c)->data(), 64).ok());  // op 3: skipped (sticky)
+  ASSERT_TRUE((*stream)->Record(**event).ok());
+  std::promise<Status> callback_status;
+  ASSERT_TRUE((*stream)->EnqueueHostCallback([&](const Status& s) { callback_status.set_value(s); }).ok());
+
+  Status s = (*stream)->Synchronize();
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_THAT(s.message(),
+              AllOf(HasSubstr("example:0: stream_synchronize failed"), HasSubstr("device plugin 'example'"),
+                    HasSubstr("injected fault: stream operation #2"), HasSubstr("plugin_backend.cc:")));
+  auto q = (*stream)->Query();
+  ASSERT_FALSE(q.ok());
+  EXPECT_EQ(q.status().code(), StatusCode::kInternal);
+  auto eq = (*event)->Query();
+  ASSERT_FALSE(eq.ok());
+  EXPECT_THAT(eq.status().message(), HasSubstr("injected fault"));
+  EXPECT_EQ((*event)->Synchronize().code(), StatusCode::kInternal);
+
+  auto f = callback_status.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  Status cs = f.get();
+  EXPECT_EQ(cs.code(), StatusCode::kInternal);
+  EXPECT_THAT(cs.message(), AllOf(HasSubstr("example:0"), HasSubstr("KZ_PLUGIN_ERR_INTERNAL")));
+
+  const auto* out = static_cast<const unsigned char*>((*b)->data());
+  EXPECT_EQ(out[0], 1);   // op 1 ran
+  EXPECT_EQ(out[40], 0);  // op 2 failed (it would have written 1), op 3 was skipped (7)
+
+  // The first instance is untouched by the second's failure, and the two do not mix.
+  auto healthy = CreateStream(0);
+  ASSERT_TRUE(healthy);
+  EXPECT_TRUE(healthy->Synchronize().ok());
+  Status mixed = healthy->Record(**event);
+  EXPECT_EQ(mixed.code(), StatusCode::kNotSupported) << mixed.ToString();
+}
+
+TEST_F(ExamplePluginTest, LibraryOutlivesTheBackend) {
+  // Objects may be released after the backend; the plugin's code must still be mapped for their
+  // destructors (finalize and dlclose wait for the last of them).
+  auto buffer = Allocate(1, 4096);
+  auto stream = CreateStream(1);
+  auto event = CreateEvent(1);
+  ASSERT_TRUE(buffer && stream && event);
+  ASSERT_TRUE(stream->Copy(buffer->data(), static_cast<char*>(buffer->data()) + 2048, 1024).ok());
+  ASSERT_TRUE(stream->Record(*event).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  backend_.reset();
+  event.reset();
+  stream.reset();
+  buffer.reset();
+  SUCCEED();
+}
+
+TEST(ExamplePluginConfig, NoDevicesIsUnavailable) {
+  ScopedEnv none("KZ_EXAMPLE_DEVICES", "0");
+  Config config = TestConfig();
+  auto r = LoadDevicePlugin(g_example_plugin, config);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(r.status().message(), AllOf(HasSubstr("KZ_EXAMPLE_DEVICES=0"), HasSubstr(g_example_plugin)));
+}
+
+TEST(ExamplePluginConfig, MalformedKnobIsAnError) {
+  ScopedEnv bad("KZ_EXAMPLE_DEVICES", "lots");
+  Config config = TestConfig();
+  auto r = LoadDevicePlugin(g_example_plugin, config);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("KZ_EXAMPLE_DEVICES='lots'"));
+}
+
+// ---- refused plugins ----
+
+struct BrokenCase {
+  std::string name;                   // test name
+  std::string file;                   // testdata file ("" : a path that does not exist)
+  StatusCode code;
+  std::vector<std::string> mentions;  // substrings of the message
+};
+
+void PrintTo(const BrokenCase& c, std::ostream* os) { *os << c.name; }
+
+class BrokenPluginTest : public ::testing::TestWithParam<BrokenCase> {};
+
+TEST_P(BrokenPluginTest, IsRefusedWithAClearError) {
+  const BrokenCase& c = GetParam();
+  const std::string path = c.file.empty() ? "/nonexistent/libkz_missing_device.so" : TestData(c.file);
+  Config config = TestConfig();
+  auto r = LoadDevicePlugin(path, config);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), c.code) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr(path));
+  for (const std::string& m : c.mentions) EXPECT_THAT(r.status().message(), HasSubstr(m));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Loader, BrokenPluginTest,
+    ::testing::Values(
+        BrokenCase{"ApiMajor99", "libbroken_api_major_99.so", StatusCode::kInvalidArgument,
+                   {"plugin api version 99.0", "kizuna's device plugin api 1.0"}},
+        BrokenCase{"NoEntryPoint", "libbroken_no_entry_point.so", StatusCode::kInvalidArgument,
+                   {"does not export kzDevicePluginGetApi"}},
+        BrokenCase{"NullTable", "libbroken_null_table.so", StatusCode::kInvalidArgument, {"returned no api table"}},
+        BrokenCase{"ShortTable", "libbroken_short_table.so", StatusCode::kInvalidArgument,
+                   {"struct_size", "smaller than"}},
+        BrokenCase{"MissingFunction", "libbroken_missing_function.so", StatusCode::kInvalidArgument,
+                   {"'stream_query' is NULL"}},
+        BrokenCase{"BadName", "libbroken_bad_name.so", StatusCode::kInvalidArgument, {"'Broken-Test!'", "[a-z0-9_]"}},
+        BrokenCase{"ExportWithoutImport", "libbroken_export_without_import.so", StatusCode::kInvalidArgument,
+                   {"'mem_import_fd' is NULL"}},
+        BrokenCase{"InitUnavailable", "libbroken_init_unavailable.so", StatusCode::kUnavailable,
+                   {"init failed", "KZ_PLUGIN_ERR_UNAVAILABLE", "no broken_test hardware on this machine"}},
+        BrokenCase{"NotASharedLibrary", "broken_plugin.c", StatusCode::kInvalidArgument, {"dlopen failed"}},
+        BrokenCase{"NonexistentPath", "", StatusCode::kInvalidArgument, {"dlopen failed", "No such file"}}),
+    [](const ::testing::TestParamInfo<BrokenCase>& info) { return info.param.name; });
+
+TEST(BrokenPlugin, EmptyPath) {
+  Config config = TestConfig();
+  auto r = LoadDevicePlugin("", config);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("path is empty"));
+}
+
+}  // namespace
+}  // namespace kizuna::device
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    constexpr std::string_view kPlugin = "--example_plugin=";
+    if (arg.starts_with(kPlugin)) {
+      kizuna::device::g_example_plugin = std::string(arg.substr(kPlugin.size()));
+    } else if (!arg.starts_with("-")) {
+      const size_t slash = arg.rfind('/');
+      const std::string name(slash == std::string_view::npos ? arg : arg.substr(slash + 1));
+      kizuna::device::g_testdata[name] = std::string(arg);
+    } else {
+      std::fprintf(stderr, "plugin_backend_test: unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (kizuna::device::g_example_plugin.empty()) {
+    std::fprintf(stderr, "usage: plugin_backend_test --example_plugin=PATH [TESTDATA_FILE...]\n");
+    return 2;
+  }
+  return RUN_ALL_TESTS();
+}

@@ -7,62 +7,52 @@
 
 namespace kizuna {
 
+// Both directions are branch-free (selects, not jumps) so that the reduction kernels' loops
+// vectorize; the classic exponent-rebias formulation, checked exhaustively in dtype_test.cc.
+
 inline float HalfToFloat(uint16_t h) {
+  constexpr uint32_t kShiftedExp = 0x7c00u << 13;  // half's exponent field, in float position
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf or NaN (payload kept)
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);  // 112 = 127 - 15
-  } else if (mant == 0) {
-    bits = sign;  // signed zero
-  } else {
-    // Subnormal half: value = mant * 2^-24; normalise into a float.
-    int e = -1;
-    do {
-      ++e;
-      mant <<= 1;
-    } while ((mant & 0x400u) == 0);
-    bits = sign | static_cast<uint32_t>(112 - e) << 23 | ((mant & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
+  uint32_t bits = static_cast<uint32_t>(h & 0x7fffu) << 13;  // exponent and mantissa in place
+  const uint32_t exp = bits & kShiftedExp;
+  bits += (127 - 15) << 23;  // rebias the exponent
+  // Inf / NaN: push the exponent the rest of the way to 255 (the payload stays).
+  const uint32_t inf_nan = bits + ((128 - 16) << 23);
+  // Subnormal (or zero): let the FPU normalise mant * 2^-24 by subtracting 2^-14 from 2^-14 + x.
+  const float sub = std::bit_cast<float>(bits + (1u << 23)) - std::bit_cast<float>(113u << 23);
+  const uint32_t subnormal = std::bit_cast<uint32_t>(sub);
+  bits = exp == kShiftedExp ? inf_nan : (exp == 0 ? subnormal : bits);
+  return std::bit_cast<float>(bits | sign);
 }
 
 inline uint16_t FloatToHalf(float f) {
+  constexpr uint32_t kF32Inf = 255u << 23;
+  constexpr uint32_t kF16Overflow = (127u + 16) << 23;      // 65536.0f: at or above, infinity
+  constexpr uint32_t kDenormMagic = ((127u - 15) + (23 - 10) + 1) << 23;  // 0.5f
   const uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t absx = x & 0x7fffffffu;
-  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((absx >> 13) & 0x1ffu));  // NaN
-  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (absx < 0x38800000u) {
-    // Result is subnormal or zero: value / 2^-24, rounded to nearest even.
-    if (absx < 0x33000000u) return sign;  // below half of the smallest subnormal (2^-25): zero
-    const uint32_t exp = absx >> 23;
-    const uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exp;  // 113 - exp + 13
-    uint32_t r = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1u))) ++r;
-    return static_cast<uint16_t>(sign | r);
-  }
-  // Normal: rebias the exponent and round the 13 dropped mantissa bits to nearest even.
-  uint32_t r = absx - 0x38000000u;  // exponent 127 -> 15 bias
-  const uint32_t rem = r & 0x1fffu;
-  r >>= 13;
-  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;  // may carry into the exponent: correct
-  return static_cast<uint16_t>(sign | r);
+  const uint32_t sign = x & 0x80000000u;
+  const uint32_t a = x ^ sign;
+  // Too large for a normal half (65520 <= |f| < 65536 rounds up into the infinity encoding below).
+  const uint32_t big = a > kF32Inf ? (0x7e00u | ((a >> 13) & 0x1ffu)) : 0x7c00u;
+  // Subnormal result: adding 0.5 aligns the mantissa so the FPU's own round-to-nearest-even does
+  // the rounding at the 2^-24 position; the low bits are then the half's subnormal mantissa.
+  const uint32_t small =
+      std::bit_cast<uint32_t>(std::bit_cast<float>(a) + std::bit_cast<float>(kDenormMagic)) - kDenormMagic;
+  // Normal: rebias, round the 13 dropped bits to nearest even (a carry may step into the next
+  // exponent, or into infinity, which is right).
+  const uint32_t odd = (a >> 13) & 1u;
+  const uint32_t normal = (a + ((15u - 127u) << 23) + 0xfffu + odd) >> 13;
+  const uint32_t h = a >= kF16Overflow ? big : (a < (113u << 23) ? small : normal);
+  return static_cast<uint16_t>(h | (sign >> 16));
 }
 
 inline float Bfloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
 inline uint16_t FloatToBfloat16(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);  // quiet NaN
-  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even; overflow carries to inf correctly
-  return static_cast<uint16_t>(x >> 16);
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t nan = (x >> 16) | 0x0040u;  // quiet NaN, payload kept
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;  // nearest even; may carry to inf
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 }  // namespace kizuna

@@ -22,28 +22,33 @@ constexpr size_t kParallelBytes = size_t{1} << 20;
 // Work per oneTBB task; large enough that scheduling costs vanish.
 constexpr size_t kTaskBytes = size_t{256} << 10;
 
-struct F16 { uint16_t bits; };
-struct BF16 { uint16_t bits; };
+struct F16 {};
+struct BF16 {};
 
 // Storage type -> accumulation type, load and store.
 template <typename T, bool = std::is_integral_v<T>> struct AccOf { using type = T; };
 // Integers accumulate in the unsigned type of the same width: wrapping, never UB.
 template <typename T> struct AccOf<T, true> { using type = std::make_unsigned_t<T>; };
 
+// F16 / BF16 are tags: their elements are read and written as plain uint16_t, so that the
+// vectorizer sees integer lanes (it gives up on loads of a struct).
 template <typename T> struct Traits {
+  using Storage = T;
   using Acc = typename AccOf<T>::type;
   static Acc Load(T v) { return static_cast<Acc>(v); }
   static T Store(Acc v) { return static_cast<T>(v); }
 };
 template <> struct Traits<F16> {
+  using Storage = uint16_t;
   using Acc = float;
-  static float Load(F16 v) { return HalfToFloat(v.bits); }
-  static F16 Store(float v) { return F16{FloatToHalf(v)}; }
+  static float Load(uint16_t v) { return HalfToFloat(v); }
+  static uint16_t Store(float v) { return FloatToHalf(v); }
 };
 template <> struct Traits<BF16> {
+  using Storage = uint16_t;
   using Acc = float;
-  static float Load(BF16 v) { return Bfloat16ToFloat(v.bits); }
-  static BF16 Store(float v) { return BF16{FloatToBfloat16(v)}; }
+  static float Load(uint16_t v) { return Bfloat16ToFloat(v); }
+  static uint16_t Store(float v) { return FloatToBfloat16(v); }
 };
 
 // min/max compare in the storage type's signedness (the accumulator of a signed integer is
@@ -58,45 +63,67 @@ template <typename T, typename Acc> inline Acc Max(Acc a, Acc b) {
 }
 
 template <typename T, ReduceOp kOp>
+inline typename Traits<T>::Acc Combine(typename Traits<T>::Acc a, typename Traits<T>::Acc b) {
+  using Acc = typename Traits<T>::Acc;
+  if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kAvg) return static_cast<Acc>(a + b);
+  else if constexpr (kOp == ReduceOp::kProd) return static_cast<Acc>(a * b);
+  else if constexpr (kOp == ReduceOp::kMin) return Min<T, Acc>(a, b);
+  else return Max<T, Acc>(a, b);
+}
+
+template <typename T, ReduceOp kOp>
+inline typename Traits<T>::Storage Finish(typename Traits<T>::Acc a, size_t n) {
+  using Tr = Traits<T>;
+  using Acc = typename Tr::Acc;
+  if constexpr (kOp != ReduceOp::kAvg) {
+    return Tr::Store(a);
+  } else if constexpr (std::is_integral_v<T>) {
+    // The wrapped sum reinterpreted in T, divided truncating toward zero.
+    if constexpr (std::is_signed_v<T>)
+      return static_cast<T>(static_cast<int64_t>(static_cast<T>(a)) / static_cast<int64_t>(n));
+    else
+      return static_cast<T>(static_cast<uint64_t>(static_cast<T>(a)) / static_cast<uint64_t>(n));
+  } else {
+    return Tr::Store(a / static_cast<Acc>(n));
+  }
+}
+
+// Each block makes the fewest passes: the first two inputs are combined as they are loaded and
+// the last one as the result is stored, so n = 2 is one fused loop (d = s0 op s1) and n inputs
+// take n - 1 passes over an L1-resident accumulator.
+template <typename T, ReduceOp kOp>
 void ReduceTyped(void* dst_v, std::span<const void* const> srcs, size_t begin, size_t end) {
   using Tr = Traits<T>;
   using Acc = typename Tr::Acc;
-  T* dst = static_cast<T*>(dst_v);
+  using S = typename Tr::Storage;
+  S* dst = static_cast<S*>(dst_v);
   const size_t n = srcs.size();
+  auto src = [&](size_t k, size_t b) { return static_cast<const S*>(srcs[k]) + b; };
+  if (n == 1) {
+    const S* s0 = src(0, begin);
+    for (size_t i = 0; i < end - begin; ++i) dst[begin + i] = Finish<T, kOp>(Tr::Load(s0[i]), 1);
+    return;
+  }
+  if (n == 2) {
+    const S* s0 = src(0, begin);
+    const S* s1 = src(1, begin);
+    S* d = dst + begin;
+    for (size_t i = 0; i < end - begin; ++i) d[i] = Finish<T, kOp>(Combine<T, kOp>(Tr::Load(s0[i]), Tr::Load(s1[i])), 2);
+    return;
+  }
   Acc acc[kBlock];
   for (size_t b = begin; b < end; b += kBlock) {
     const size_t len = std::min(kBlock, end - b);
-    const T* s0 = static_cast<const T*>(srcs[0]) + b;
-    for (size_t i = 0; i < len; ++i) acc[i] = Tr::Load(s0[i]);
-    for (size_t k = 1; k < n; ++k) {
-      const T* s = static_cast<const T*>(srcs[k]) + b;
-      if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kAvg) {
-        for (size_t i = 0; i < len; ++i) acc[i] += Tr::Load(s[i]);
-      } else if constexpr (kOp == ReduceOp::kProd) {
-        for (size_t i = 0; i < len; ++i) acc[i] *= Tr::Load(s[i]);
-      } else if constexpr (kOp == ReduceOp::kMin) {
-        for (size_t i = 0; i < len; ++i) acc[i] = Min<T, Acc>(acc[i], Tr::Load(s[i]));
-      } else {
-        for (size_t i = 0; i < len; ++i) acc[i] = Max<T, Acc>(acc[i], Tr::Load(s[i]));
-      }
+    const S* s0 = src(0, b);
+    const S* s1 = src(1, b);
+    for (size_t i = 0; i < len; ++i) acc[i] = Combine<T, kOp>(Tr::Load(s0[i]), Tr::Load(s1[i]));
+    for (size_t k = 2; k + 1 < n; ++k) {
+      const S* s = src(k, b);
+      for (size_t i = 0; i < len; ++i) acc[i] = Combine<T, kOp>(acc[i], Tr::Load(s[i]));
     }
-    T* d = dst + b;
-    if constexpr (kOp == ReduceOp::kAvg) {
-      if constexpr (std::is_integral_v<T>) {
-        // The wrapped sum reinterpreted in T, divided truncating toward zero.
-        for (size_t i = 0; i < len; ++i) {
-          if constexpr (std::is_signed_v<T>)
-            d[i] = static_cast<T>(static_cast<int64_t>(static_cast<T>(acc[i])) / static_cast<int64_t>(n));
-          else
-            d[i] = static_cast<T>(static_cast<uint64_t>(static_cast<T>(acc[i])) / static_cast<uint64_t>(n));
-        }
-      } else {
-        const Acc scale = static_cast<Acc>(n);
-        for (size_t i = 0; i < len; ++i) d[i] = Tr::Store(acc[i] / scale);
-      }
-    } else {
-      for (size_t i = 0; i < len; ++i) d[i] = Tr::Store(acc[i]);
-    }
+    const S* last = src(n - 1, b);
+    S* d = dst + b;
+    for (size_t i = 0; i < len; ++i) d[i] = Finish<T, kOp>(Combine<T, kOp>(acc[i], Tr::Load(last[i])), n);
   }
 }
 

@@ -22,6 +22,7 @@
  *  - Streams are in-order queues. Enqueue functions return quickly; a failure of queued work makes
  *    the stream report that error from stream_synchronize / stream_query and to later events
  *    and host callbacks (sticky, like a CUDA stream error).
+ *  - A stream that waits on an event whose captured work failed takes that error (sticky).
  *  - Every wait takes a timeout in nanoseconds and returns KZ_PLUGIN_ERR_TIMEOUT when it passes.
  *  - Functions may be called from several threads at once.
  *  - No C++ exceptions, no longjmp across this boundary.
@@ -94,7 +95,8 @@ typedef struct kz_plugin_stream* kz_plugin_stream_t;
 typedef struct kz_plugin_event* kz_plugin_event_t;
 
 /* Called once all earlier work on the stream is done, with KZ_PLUGIN_OK or the stream's error.
- * Runs on a plugin thread; must not block for long. */
+ * Runs on a plugin thread; must not block for long. Called exactly once, also after a stream error
+ * or when the stream is destroyed with the callback still queued, so user_data can always be freed. */
 typedef void (*kz_plugin_host_fn_t)(void* user_data, kz_plugin_result_t stream_status);
 
 typedef struct kz_device_plugin_api {
@@ -113,6 +115,8 @@ typedef struct kz_device_plugin_api {
   void (*finalize)(void* context);
 
   kz_plugin_result_t (*device_count)(void* context, int32_t* count);
+  /* kizuna sets props->struct_size to its size of the struct; the plugin fills only the fields both
+   * sides know and sets struct_size to the size it filled. kizuna reads only fields inside it. */
   kz_plugin_result_t (*device_properties)(void* context, int32_t device, kz_plugin_device_properties_t* props);
 
   /* bytes == 0 yields *ptr == NULL and KZ_PLUGIN_OK. KZ_PLUGIN_ERR_OUT_OF_MEMORY when full. */

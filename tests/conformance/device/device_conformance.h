@@ -99,8 +99,8 @@ class ConformanceWorld {
   std::vector<BackendUnderTest> backends_;
 };
 
-// The groups defined in device_conformance_test.cc, with their requirements (for instantiation
-// and for the startup listing).
+// The groups (defined in device_conformance.cc), with their requirements (for instantiation and
+// for the startup listing).
 const std::vector<TestGroup>& TestGroups();
 
 // Builds the registry from `config` (plugins included) and installs the world. Called once.
@@ -121,7 +121,7 @@ void PrintCapabilities(std::FILE* out);
 // The name generator for INSTANTIATE_TEST_SUITE_P: the backend's test_name.
 std::string BackendTestName(const ::testing::TestParamInfo<BackendParam>& info);
 
-// ---- Cross-process import (parent in device_conformance_test.cc, child in conformance_main.cc) ----
+// ---- Cross-process import (parent in export_conformance_test.cc, child in conformance_main.cc) ----
 
 // argv flag that turns the binary into the import child: --child-import=<backend>:<device>:<fd>.
 inline constexpr std::string_view kChildImportFlag = "--child-import=";
@@ -266,8 +266,25 @@ class BackendTest : public ::testing::TestWithParam<BackendParam> {
   Device* device_ = nullptr;
 };
 
+// The parameterized groups, one fixture each. Their tests are spread over the *_test.cc files of
+// this folder by concept; device_conformance.cc instantiates each group once, for the backends
+// TestGroups() selects.
+class DeviceConformance : public BackendTest {};
+class DataConformance : public BackendTest {};
+class MultiDeviceConformance : public BackendTest {};
+class ExportConformance : public BackendTest {};
+
 // Device memory as bytes (only for host-accessible backends).
 inline uint8_t* Bytes(const Buffer& b) { return static_cast<uint8_t*>(b.data()); }
+
+// Copy shapes of the data and multi-device copy tests: odd sizes at odd source and destination
+// offsets (kMaxOffset is the largest offset in kOffsetPairs).
+inline constexpr size_t kOddSizes[] = {1, 3, 4095, 4096, 65537, (size_t{1} << 20) + 7};
+struct OffsetPair {
+  size_t src, dst;
+};
+inline constexpr OffsetPair kOffsetPairs[] = {{0, 0}, {1, 3}, {3, 1}, {4097, 0}, {0, 4097}, {7, 7}};
+inline constexpr size_t kMaxOffset = 4097;
 
 }  // namespace kizuna::device::conformance
 
@@ -295,6 +312,8 @@ inline uint8_t* Bytes(const Buffer& b) { return static_cast<uint8_t*>(b.data());
     } else                                                                                    \
       ADD_FAILURE() << #expr << " -> " << kz_s_.ToString() << " (expected "                   \
                     << ::kizuna::StatusCodeName(code_value) << ")"
+// Fails the test (and returns from it) when an allocation/creation helper returned null.
+#define KZ_ASSERT_NOT_NULL(p) ASSERT_NE((p), nullptr) << #p " could not be created"
 // `KZ_ASSERT_OK_AND_ASSIGN(auto x, MakeX());` in a test: fails the test when not ok.
 #define KZ_ASSERT_OK_AND_ASSIGN(lhs, expr) \
   KZ_ASSERT_OK_AND_ASSIGN_IMPL_(KZ_CONCAT_(kz_test_result_, __LINE__), lhs, expr)

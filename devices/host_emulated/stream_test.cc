@@ -1,0 +1,349 @@
+// The emulated backend's streams and events (stream.h): stream fault injection and sticky errors,
+// pointer checks, throttles, ordering, event waits across devices, timeouts, and stream teardown.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "devices/host_emulated/test_util.h"
+#include "runtime/config.h"
+#include "runtime/deadline.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace kizuna::host_emulated::test {
+namespace {
+
+// ---- Streams: errors and fault injection ----
+
+TEST(HostEmulatedStream, InjectedFaultIsStickyAndReachesEventsAndCallbacks) {
+  Config c = SmallConfig();
+  c.emu_fail_stream_op = 2;
+  Emu emu(c);
+  auto src = emu.Alloc(0, 4096);
+  auto dst = emu.Alloc(0, 4096);
+  std::memset(src->data(), 1, 4096);
+  std::memset(dst->data(), 0, 4096);
+  auto stream = emu.NewStream(0);
+  auto event = emu.NewEvent(0);
+
+  ASSERT_TRUE(stream->Copy(Bytes(dst), Bytes(src), 1024).ok());                // #1
+  ASSERT_TRUE(stream->Copy(Bytes(dst) + 1024, Bytes(src) + 1024, 1024).ok());  // #2: fails
+  ASSERT_TRUE(stream->Record(*event).ok());
+  auto seen = std::make_shared<Status>();
+  ASSERT_TRUE(stream->EnqueueHostCallback([seen](const Status& s) { *seen = s; }).ok());  // #3
+  ASSERT_TRUE(stream->Copy(Bytes(dst) + 2048, Bytes(src) + 2048, 1024).ok());           // #4: skipped
+
+  const Status sync = stream->Synchronize();
+  EXPECT_TRUE(HasCode(sync, StatusCode::kInternal));
+  EXPECT_TRUE(Mentions(sync, "injected fault: stream operation #2 failed"));
+  EXPECT_EQ(*seen, sync);
+  EXPECT_EQ(event->Synchronize(), sync);
+  EXPECT_EQ(event->Query().status(), sync);
+  EXPECT_EQ(stream->Query().status(), sync);
+  EXPECT_EQ(Bytes(dst)[0], 1);     // before the fault: done
+  EXPECT_EQ(Bytes(dst)[1024], 0);  // the faulted copy
+  EXPECT_EQ(Bytes(dst)[2048], 0);  // after it: skipped
+
+  // The stream stays in error; enqueueing still succeeds (errors surface asynchronously).
+  ASSERT_TRUE(stream->Copy(Bytes(dst) + 3072, Bytes(src) + 3072, 1024).ok());
+  EXPECT_EQ(stream->Synchronize(), sync);
+  EXPECT_EQ(Bytes(dst)[3072], 0);
+
+  // Other streams are unaffected.
+  auto healthy = emu.NewStream(0);
+  ASSERT_TRUE(healthy->Copy(Bytes(dst) + 3072, Bytes(src) + 3072, 1024).ok());
+  EXPECT_TRUE(healthy->Synchronize().ok());
+  EXPECT_EQ(Bytes(dst)[3072], 1);
+}
+
+TEST(HostEmulatedStream, InjectedFaultOnAHostCallback) {
+  Config c = SmallConfig();
+  c.emu_fail_stream_op = 1;
+  Emu emu(c);
+  auto stream = emu.NewStream(1);
+  auto seen = std::make_shared<Status>();
+  ASSERT_TRUE(stream->EnqueueHostCallback([seen](const Status& s) { *seen = s; }).ok());
+  const Status sync = stream->Synchronize();
+  EXPECT_TRUE(Mentions(sync, "injected fault: stream operation #1 failed"));
+  EXPECT_EQ(*seen, sync);
+}
+
+TEST(HostEmulatedStream, NonDevicePointerIsRejectedAndNothingIsEnqueued) {
+  Config c = SmallConfig();
+  c.emu_fail_stream_op = 1;  // proves below that the rejected calls were not counted
+  Emu emu(c);
+  auto buf = emu.Alloc(0, 4096);
+  auto stream = emu.NewStream(0);
+  void* host = std::malloc(4096);
+  ASSERT_NE(host, nullptr);
+
+  EXPECT_TRUE(HasCode(stream->Copy(buf->data(), host, 4096), StatusCode::kInvalidArgument));
+  EXPECT_TRUE(HasCode(stream->Copy(host, buf->data(), 4096), StatusCode::kInvalidArgument));
+  EXPECT_TRUE(HasCode(stream->Copy(buf->data(), buf->data(), 4097), StatusCode::kInvalidArgument));
+  const void* srcs[] = {buf->data(), host};
+  EXPECT_TRUE(HasCode(stream->Reduce(buf->data(), srcs, 16, DataType::kFloat32, ReduceOp::kSum),
+                      StatusCode::kInvalidArgument));
+  auto idle = stream->Query();
+  ASSERT_TRUE(idle.ok());
+  EXPECT_TRUE(*idle);
+  std::free(host);
+
+  // The first operation actually enqueued is #1.
+  auto other = emu.Alloc(0, 4096);
+  ASSERT_TRUE(stream->Copy(other->data(), buf->data(), 4096).ok());
+  EXPECT_TRUE(Mentions(stream->Synchronize(), "stream operation #1 failed"));
+}
+
+// ---- Streams: throttles ----
+
+TEST(HostEmulatedStream, CopyThrottleSlowsACopy) {
+  Config c = SmallConfig();
+  c.emu_copy_gbps = 1.0;
+  Emu emu(c);
+  const size_t bytes = 8 << 20;  // 8.39 ms at 1 GB/s
+  auto a = emu.Alloc(0, bytes);
+  auto b = emu.Alloc(0, bytes);
+  std::memset(a->data(), 3, bytes);
+  auto stream = emu.NewStream(0);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(stream->Copy(b->data(), a->data(), bytes).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_GE(MillisecondsSince(t0), 8.3);
+  EXPECT_EQ(Bytes(b)[bytes - 1], 3);
+}
+
+TEST(HostEmulatedStream, ReduceThrottleCountsInputBytes) {
+  Config c = SmallConfig();
+  c.emu_reduce_gbps = 1.0;
+  Emu emu(c);
+  const size_t count = 1 << 20;  // two float inputs: 8 MiB read, 8.39 ms at 1 GB/s
+  auto x = emu.Alloc(0, count * 4);
+  auto y = emu.Alloc(0, count * 4);
+  auto out = emu.Alloc(0, count * 4);
+  auto* xf = static_cast<float*>(x->data());
+  auto* yf = static_cast<float*>(y->data());
+  for (size_t i = 0; i < count; ++i) {
+    xf[i] = 1.5f;
+    yf[i] = static_cast<float>(i % 100);
+  }
+  auto stream = emu.NewStream(0);
+  const void* srcs[] = {x->data(), y->data()};
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(stream->Reduce(out->data(), srcs, count, DataType::kFloat32, ReduceOp::kSum).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_GE(MillisecondsSince(t0), 8.3);
+  const auto* of = static_cast<const float*>(out->data());
+  EXPECT_EQ(of[0], 1.5f);
+  EXPECT_EQ(of[count - 1], 1.5f + static_cast<float>((count - 1) % 100));
+}
+
+TEST(HostEmulatedStream, LaunchLatencyDelaysEachOperation) {
+  Config c = SmallConfig();
+  c.emu_launch_us = 2000;
+  Emu emu(c);
+  auto stream = emu.NewStream(0);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(stream->EnqueueHostCallback([](const Status&) {}).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_GE(MillisecondsSince(t0), 10.0);
+}
+
+// ---- Streams: ordering, events, timeouts ----
+
+TEST(HostEmulatedStream, ThousandOperationsRunInOrder) {
+  Emu emu(SmallConfig());
+  auto src = emu.Alloc(0, sizeof(int64_t));
+  auto dst = emu.Alloc(0, sizeof(int64_t));
+  auto* s = static_cast<int64_t*>(src->data());
+  auto* d = static_cast<int64_t*>(dst->data());
+  *d = -1;
+  auto stream = emu.NewStream(0);
+  auto order = std::make_shared<std::vector<int>>();
+  auto mismatches = std::make_shared<int>(0);
+  // 333 x (write source, copy, check destination) + 1 = 1,000 operations.
+  for (int i = 0; i < 333; ++i) {
+    ASSERT_TRUE(stream->EnqueueHostCallback([s, i, order](const Status&) {
+      *s = i;
+      order->push_back(i);
+    }).ok());
+    ASSERT_TRUE(stream->Copy(d, s, sizeof(int64_t)).ok());
+    ASSERT_TRUE(stream->EnqueueHostCallback([d, i, mismatches](const Status&) {
+      if (*d != i) ++*mismatches;
+    }).ok());
+  }
+  ASSERT_TRUE(stream->EnqueueHostCallback([order](const Status&) { order->push_back(-1); }).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(*mismatches, 0);
+  ASSERT_EQ(order->size(), 334u);
+  for (int i = 0; i < 333; ++i) ASSERT_EQ((*order)[static_cast<size_t>(i)], i);
+  EXPECT_EQ(order->back(), -1);
+}
+
+TEST(HostEmulatedStream, CrossDeviceEventWaitOrdersWork) {
+  Emu emu(SmallConfig());
+  const size_t bytes = 64 << 10;
+  auto a0 = emu.Alloc(0, bytes);
+  auto b0 = emu.Alloc(0, bytes);
+  auto c1 = emu.Alloc(1, bytes);
+  std::memset(a0->data(), 7, bytes);
+  std::memset(b0->data(), 0, bytes);
+  std::memset(c1->data(), 0, bytes);
+  auto s0 = emu.NewStream(0);
+  auto s1 = emu.NewStream(1);
+  auto e0 = emu.NewEvent(0);
+  auto gate = std::make_shared<Gate>();
+
+  ASSERT_TRUE(s0->EnqueueHostCallback([gate](const Status&) { gate->Wait(); }).ok());
+  ASSERT_TRUE(s0->Copy(b0->data(), a0->data(), bytes).ok());
+  ASSERT_TRUE(s0->Record(*e0).ok());
+  ASSERT_TRUE(s1->Wait(*e0).ok());
+  ASSERT_TRUE(s1->Copy(c1->data(), b0->data(), bytes).ok());  // peer read of device 0's memory
+
+  std::this_thread::sleep_for(milliseconds(20));
+  auto q = s1->Query();
+  ASSERT_TRUE(q.ok());
+  EXPECT_FALSE(*q) << "device 1's stream ran past its wait";
+  EXPECT_EQ(Bytes(c1)[0], 0);
+  EXPECT_FALSE(*e0->Query());
+
+  gate->Open();
+  ASSERT_TRUE(s1->Synchronize().ok());
+  EXPECT_EQ(Bytes(c1)[0], 7);
+  EXPECT_EQ(Bytes(c1)[bytes - 1], 7);
+  EXPECT_TRUE(*e0->Query());
+}
+
+TEST(HostEmulatedStream, WaitOnEventThatNeverCompletesTimesOut) {
+  Config c = SmallConfig();
+  c.timeout_s = 0.2;
+  Emu emu(c);
+  auto buf = emu.Alloc(1, 4096);
+  std::memset(buf->data(), 0, 4096);
+  auto blocked = emu.NewStream(0);
+  auto waiter = emu.NewStream(1);
+  auto event = emu.NewEvent(0);
+  auto gate = std::make_shared<Gate>();
+  ASSERT_TRUE(blocked->EnqueueHostCallback([gate](const Status&) { gate->Wait(); }).ok());
+  ASSERT_TRUE(blocked->Record(*event).ok());
+
+  // Synchronize itself gives up at its own deadline.
+  const Status early = blocked->Synchronize(Deadline::After(milliseconds(30)));
+  EXPECT_TRUE(HasCode(early, StatusCode::kTimeout));
+  EXPECT_TRUE(Mentions(early, "unfinished"));
+
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(waiter->Wait(*event).ok());
+  ASSERT_TRUE(waiter->Copy(Bytes(buf) + 2048, buf->data(), 16).ok());  // skipped after the timeout
+  const Status sync = waiter->Synchronize(Deadline::AfterSeconds(5));
+  EXPECT_GE(MillisecondsSince(t0), 190.0);
+  EXPECT_TRUE(HasCode(sync, StatusCode::kTimeout));
+  EXPECT_TRUE(Mentions(sync, "host_emulated:0 event #1"));
+  EXPECT_TRUE(Mentions(sync, "timed out"));
+  EXPECT_TRUE(HasCode(waiter->Query().status(), StatusCode::kTimeout));  // sticky
+
+  gate->Open();
+  EXPECT_TRUE(blocked->Synchronize(Deadline::AfterSeconds(5)).ok());
+  EXPECT_TRUE(event->Synchronize(Deadline::AfterSeconds(5)).ok());
+}
+
+TEST(HostEmulatedStream, EventSemantics) {
+  Emu emu(SmallConfig());
+  auto never = emu.NewEvent(0);
+  auto q = never->Query();
+  ASSERT_TRUE(q.ok());
+  EXPECT_TRUE(*q);  // never recorded: complete
+  EXPECT_TRUE(never->Synchronize().ok());
+  auto s = emu.NewStream(0);
+  EXPECT_TRUE(s->Wait(*never).ok());  // no wait at all
+  EXPECT_TRUE(s->Synchronize().ok());
+
+  // Re-recording captures new work; a Wait enqueued earlier keeps what it captured.
+  auto blocked = emu.NewStream(0);
+  auto waiter = emu.NewStream(1);
+  auto free_stream = emu.NewStream(1);
+  auto event = emu.NewEvent(0);
+  auto gate = std::make_shared<Gate>();
+  ASSERT_TRUE(blocked->EnqueueHostCallback([gate](const Status&) { gate->Wait(); }).ok());
+  ASSERT_TRUE(blocked->Record(*event).ok());
+  EXPECT_FALSE(*event->Query());
+  ASSERT_TRUE(waiter->Wait(*event).ok());
+  ASSERT_TRUE(free_stream->Record(*event).ok());
+  EXPECT_TRUE(event->Synchronize(Deadline::AfterSeconds(5)).ok());
+  EXPECT_TRUE(*event->Query());
+  std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_FALSE(*waiter->Query());  // still waiting for the first recording
+  gate->Open();
+  EXPECT_TRUE(waiter->Synchronize(Deadline::AfterSeconds(5)).ok());
+}
+
+TEST(HostEmulatedStream, WaitingOnAFailedEventPropagatesTheError) {
+  Config c = SmallConfig();
+  c.emu_fail_stream_op = 1;
+  Emu emu(c);
+  auto buf = emu.Alloc(0, 4096);
+  auto s0 = emu.NewStream(0);
+  auto s1 = emu.NewStream(1);
+  auto event = emu.NewEvent(0);
+  ASSERT_TRUE(s0->Copy(Bytes(buf) + 2048, buf->data(), 16).ok());  // #1: fails
+  ASSERT_TRUE(s0->Record(*event).ok());
+  ASSERT_TRUE(s1->Wait(*event).ok());
+  const Status sync = s1->Synchronize();
+  EXPECT_TRUE(HasCode(sync, StatusCode::kInternal));
+  EXPECT_TRUE(Mentions(sync, "whose work failed"));
+  EXPECT_TRUE(Mentions(sync, "stream operation #1 failed"));
+}
+
+TEST(HostEmulatedStream, SynchronizeFromItsOwnCallbackIsRejected) {
+  Emu emu(SmallConfig());
+  auto stream = emu.NewStream(0);
+  auto seen = std::make_shared<Status>();
+  Stream* raw = stream.get();
+  ASSERT_TRUE(stream->EnqueueHostCallback([raw, seen](const Status&) { *seen = raw->Synchronize(); }).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_TRUE(HasCode(*seen, StatusCode::kInvalidArgument));
+}
+
+// ---- Stream teardown ----
+
+TEST(HostEmulatedStream, DestructionWaitsForQueuedWork) {
+  Emu emu(SmallConfig());
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  auto stream = emu.NewStream(0);
+  ASSERT_TRUE(stream->EnqueueHostCallback([done](const Status&) {
+    std::this_thread::sleep_for(milliseconds(30));
+    done->store(true);
+  }).ok());
+  stream.reset();
+  EXPECT_TRUE(done->load());
+}
+
+TEST(HostEmulatedStream, DestructionAbortsWorkThatNeverFinishes) {
+  Config c = SmallConfig();
+  c.timeout_s = 0.2;
+  Emu emu(c);
+  auto stream = emu.NewStream(0);
+  auto event = emu.NewEvent(0);
+  auto gate = std::make_shared<Gate>();
+  auto seen = std::make_shared<Status>();
+  ASSERT_TRUE(stream->EnqueueHostCallback([gate](const Status&) { gate->Wait(); }).ok());
+  ASSERT_TRUE(stream->Record(*event).ok());
+  ASSERT_TRUE(stream->EnqueueHostCallback([seen](const Status& s) { *seen = s; }).ok());
+
+  const auto t0 = Clock::now();
+  stream.reset();  // bounded: waits 0.2 s for the work, aborts it, waits 0.2 s for the worker
+  EXPECT_LT(MillisecondsSince(t0), 5000.0);
+  EXPECT_TRUE(HasCode(*seen, StatusCode::kAborted));
+  EXPECT_TRUE(HasCode(event->Query().status(), StatusCode::kAborted));
+  gate->Open();  // lets the left-behind worker finish on its own state
+}
+
+}  // namespace
+}  // namespace kizuna::host_emulated::test

@@ -1,0 +1,141 @@
+// HostEmulatedFaultInjection: host_emulated only. Fault injection is a property of that backend's
+// factory (Config::emu_fail_alloc / emu_fail_stream_op), so these tests build their own instance
+// instead of using the registry's.
+//
+// Not parameterized over the registry; PrintCapabilities (conformance_main.cc) lists it.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "devices/host_emulated/backend.h"
+#include "runtime/config.h"
+#include "runtime/dtype.h"
+#include "tests/conformance/device/device_conformance.h"
+
+namespace kizuna::device::conformance {
+namespace {
+
+class HostEmulatedFaultInjection : public ::testing::Test {
+ protected:
+  // Config first: the backend keeps a reference to it.
+  void Start(std::optional<uint64_t> fail_alloc, std::optional<uint64_t> fail_stream_op) {
+    config_ = World().config();
+    config_.emulated_devices = 2;
+    config_.emu_fail_alloc = fail_alloc;
+    config_.emu_fail_stream_op = fail_stream_op;
+    auto b = host_emulated::CreateHostEmulatedBackend(config_);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    backend_ = std::move(b).value();
+    ASSERT_EQ(backend_->device_count(), 2);
+  }
+  Device& device(int i) { return *backend_->device(i); }
+
+  Config config_;
+  std::unique_ptr<Backend> backend_;
+};
+
+TEST_F(HostEmulatedFaultInjection, AllocationFailureSurfacesFromAllocate) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*fail_alloc=*/3, std::nullopt));
+  // Allocations are numbered from 1 across the backend's devices, empty ones included.
+  KZ_ASSERT_OK_AND_ASSIGN(auto first, device(0).Allocate(64));
+  KZ_ASSERT_OK_AND_ASSIGN(auto second, device(1).Allocate(0));
+  auto third = device(0).Allocate(64);
+  ASSERT_FALSE(third.ok()) << "allocation #3 should have failed";
+  EXPECT_EQ(third.status().code(), StatusCode::kOutOfMemory) << third.status().ToString();
+  EXPECT_NE(third.status().message().find("injected"), std::string::npos) << third.status().ToString();
+  KZ_ASSERT_OK_AND_ASSIGN(auto fourth, device(0).Allocate(64));
+  EXPECT_EQ(fourth->size(), 64u);
+}
+
+TEST_F(HostEmulatedFaultInjection, StreamFailureIsStickyAndReachesEventsAndCallbacks) {
+  ASSERT_NO_FATAL_FAILURE(Start(std::nullopt, /*fail_stream_op=*/2));
+  constexpr size_t kBytes = 4096;
+  KZ_ASSERT_OK_AND_ASSIGN(auto buffer, device(0).Allocate(6 * kBytes));
+  uint8_t* p = Bytes(*buffer);
+  FillPattern(p, 6 * kBytes, 81);
+  std::vector<uint8_t> before(p, p + 6 * kBytes);
+  KZ_ASSERT_OK_AND_ASSIGN(auto stream, device(0).CreateStream());
+  KZ_ASSERT_OK_AND_ASSIGN(auto healthy_event, device(0).CreateEvent());
+  KZ_ASSERT_OK_AND_ASSIGN(auto failed_event, device(0).CreateEvent());
+  std::atomic<int> callback_code{-1};
+
+  KZ_ASSERT_OK(stream->Copy(p + kBytes, p, kBytes));  // operation #1: runs
+  KZ_ASSERT_OK(stream->Record(*healthy_event));
+  KZ_ASSERT_OK(stream->Copy(p + 3 * kBytes, p + 2 * kBytes, kBytes));  // #2: fails
+  KZ_ASSERT_OK(stream->Record(*failed_event));
+  KZ_ASSERT_OK(stream->EnqueueHostCallback(  // #3: runs, and is told why the stream stopped
+      [&](const Status& s) { callback_code.store(static_cast<int>(s.code())); }));
+  KZ_ASSERT_OK(stream->Copy(p + 5 * kBytes, p + 4 * kBytes, kBytes));  // #4: skipped
+
+  const Status sync = stream->Synchronize(TestDeadline());
+  EXPECT_EQ(sync.code(), StatusCode::kInternal) << sync.ToString();
+  EXPECT_NE(sync.message().find("injected"), std::string::npos) << sync.ToString();
+  auto q = stream->Query();
+  EXPECT_FALSE(q.ok()) << "Query must report the sticky error";
+  EXPECT_EQ(callback_code.load(), static_cast<int>(StatusCode::kInternal)) << "the callback saw the wrong status";
+
+  EXPECT_TRUE(BytesEqual(p + kBytes, p, kBytes)) << "operation #1 (before the fault) did not run";
+  EXPECT_TRUE(BytesEqual(p + 3 * kBytes, before.data() + 3 * kBytes, kBytes)) << "the failed copy wrote";
+  EXPECT_TRUE(BytesEqual(p + 5 * kBytes, before.data() + 5 * kBytes, kBytes)) << "work after the fault ran";
+
+  // An event recorded before the fault is fine; one recorded after it carries the error.
+  auto hq = healthy_event->Query();
+  KZ_ASSERT_OK(hq.status());
+  EXPECT_TRUE(*hq);
+  KZ_EXPECT_OK(healthy_event->Synchronize(TestDeadline()));
+  EXPECT_FALSE(failed_event->Query().ok());
+  KZ_EXPECT_CODE(failed_event->Synchronize(TestDeadline()), StatusCode::kInternal);
+
+  // Another stream that waits on the failed event inherits the error, also across devices ...
+  KZ_ASSERT_OK_AND_ASSIGN(auto waiter, device(1).CreateStream());
+  std::atomic<int> waiter_code{-1};
+  KZ_ASSERT_OK(waiter->Wait(*failed_event));
+  KZ_ASSERT_OK(waiter->EnqueueHostCallback([&](const Status& s) { waiter_code.store(static_cast<int>(s.code())); }));
+  EXPECT_FALSE(waiter->Synchronize(TestDeadline()).ok());
+  EXPECT_NE(waiter_code.load(), static_cast<int>(StatusCode::kOk));
+
+  // ... while an independent stream keeps working.
+  KZ_ASSERT_OK_AND_ASSIGN(auto independent, device(0).CreateStream());
+  KZ_ASSERT_OK(independent->Copy(p + 5 * kBytes, p + 4 * kBytes, kBytes));
+  KZ_EXPECT_OK(independent->Synchronize(TestDeadline()));
+  EXPECT_TRUE(BytesEqual(p + 5 * kBytes, p + 4 * kBytes, kBytes));
+}
+
+TEST_F(HostEmulatedFaultInjection, FailedHostCallbackStopsTheStream) {
+  ASSERT_NO_FATAL_FAILURE(Start(std::nullopt, /*fail_stream_op=*/1));
+  KZ_ASSERT_OK_AND_ASSIGN(auto stream, device(0).CreateStream());
+  KZ_ASSERT_OK_AND_ASSIGN(auto event, device(0).CreateEvent());
+  std::atomic<int> first_code{-1}, second_code{-1};
+  KZ_ASSERT_OK(stream->EnqueueHostCallback([&](const Status& s) { first_code.store(static_cast<int>(s.code())); }));
+  KZ_ASSERT_OK(stream->Record(*event));
+  KZ_ASSERT_OK(stream->EnqueueHostCallback([&](const Status& s) { second_code.store(static_cast<int>(s.code())); }));
+  KZ_EXPECT_CODE(stream->Synchronize(TestDeadline()), StatusCode::kInternal);
+  EXPECT_EQ(first_code.load(), static_cast<int>(StatusCode::kInternal)) << "the failed callback itself";
+  EXPECT_EQ(second_code.load(), static_cast<int>(StatusCode::kInternal)) << "a callback after the failure";
+  KZ_EXPECT_CODE(event->Synchronize(TestDeadline()), StatusCode::kInternal);
+}
+
+TEST_F(HostEmulatedFaultInjection, FailedReduceLeavesItsOutputAlone) {
+  ASSERT_NO_FATAL_FAILURE(Start(std::nullopt, /*fail_stream_op=*/1));
+  constexpr size_t kCount = 1000;
+  KZ_ASSERT_OK_AND_ASSIGN(auto buffer, device(0).Allocate(3 * kCount * sizeof(float)));
+  auto* f = static_cast<float*>(buffer->data());
+  FillPattern(f, 3 * kCount * sizeof(float), 91);
+  KZ_ASSERT_OK_AND_ASSIGN(auto stream, device(0).CreateStream());
+  const void* srcs[] = {f, f + kCount};
+  KZ_ASSERT_OK(stream->Reduce(f + 2 * kCount, srcs, kCount, DataType::kFloat32, ReduceOp::kSum));
+  KZ_EXPECT_CODE(stream->Synchronize(TestDeadline()), StatusCode::kInternal);
+  EXPECT_TRUE(HasPattern(f, 3 * kCount * sizeof(float), 91));
+  auto q = stream->Query();
+  EXPECT_FALSE(q.ok());
+}
+
+}  // namespace
+}  // namespace kizuna::device::conformance

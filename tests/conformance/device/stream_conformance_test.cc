@@ -1,0 +1,445 @@
+// Streams and events: DeviceConformance (every backend) semantics observed through host callbacks
+// (completion, event query and re-record, timeouts, cross-stream waits, callback order, draining
+// destructors, events of another backend); DataConformance (host_accessible) ordering checked on
+// data (long dependent chains, cross-stream dependencies, concurrent streams); and
+// MultiDeviceConformance (host_accessible, multi_device): copies and events across two devices.
+// What the groups check and need: README.md.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "runtime/dtype.h"
+#include "tests/conformance/device/device_conformance.h"
+
+namespace kizuna::device::conformance {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A short deadline for waits that are expected to time out.
+Deadline Short() { return Deadline::After(30ms); }
+
+// ---- DeviceConformance: streams and events through host callbacks ----
+
+TEST_P(DeviceConformance, EmptyStreamIsComplete) {
+  auto stream = MustCreateStream();
+  KZ_ASSERT_NOT_NULL(stream);
+  EXPECT_EQ(&stream->device(), &device());
+  auto q = stream->Query();
+  KZ_ASSERT_OK(q.status());
+  EXPECT_TRUE(*q);
+  KZ_EXPECT_OK(stream->Synchronize(TestDeadline()));
+  KZ_EXPECT_OK(stream->Synchronize(Short()));
+  // Several streams and events per device.
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<std::unique_ptr<Event>> events;
+  for (int i = 0; i < 8; ++i) {
+    streams.push_back(MustCreateStream());
+    events.push_back(MustCreateEvent());
+    KZ_ASSERT_NOT_NULL(streams.back());
+    KZ_ASSERT_NOT_NULL(events.back());
+  }
+}
+
+TEST_P(DeviceConformance, UnrecordedEventIsComplete) {
+  auto event = MustCreateEvent();
+  KZ_ASSERT_NOT_NULL(event);
+  EXPECT_EQ(&event->device(), &device());
+  auto q = event->Query();
+  KZ_ASSERT_OK(q.status());
+  EXPECT_TRUE(*q) << "an event that was never recorded counts as complete";
+  KZ_EXPECT_OK(event->Synchronize(Short()));
+  // Waiting on it delays nothing.
+  auto stream = MustCreateStream();
+  KZ_ASSERT_NOT_NULL(stream);
+  KZ_ASSERT_OK(stream->Wait(*event));
+  KZ_EXPECT_OK(stream->Synchronize(TestDeadline()));
+}
+
+TEST_P(DeviceConformance, EventQueryBeforeAndAfterCompletion) {
+  auto stream = MustCreateStream();
+  auto event = MustCreateEvent();
+  KZ_ASSERT_NOT_NULL(stream);
+  KZ_ASSERT_NOT_NULL(event);
+  auto gate = std::make_shared<Gate>();
+  OpenOnExit opener(gate);
+  KZ_ASSERT_OK(EnqueueGate(*stream, gate));
+  KZ_ASSERT_OK(stream->Record(*event));
+  ASSERT_TRUE(gate->WaitReached(TestDeadline())) << "the gate callback never ran";
+
+  auto q = event->Query();
+  KZ_ASSERT_OK(q.status());
+  EXPECT_FALSE(*q) << "the event captured work that is still held";
+  auto sq = stream->Query();
+  KZ_ASSERT_OK(sq.status());
+  EXPECT_FALSE(*sq);
+  // The timeout paths: both waits give up at their deadline with kTimeout.
+  KZ_EXPECT_CODE(event->Synchronize(Short()), StatusCode::kTimeout);
+  KZ_EXPECT_CODE(stream->Synchronize(Short()), StatusCode::kTimeout);
+
+  gate->Open();
+  KZ_ASSERT_OK(event->Synchronize(TestDeadline()));
+  q = event->Query();
+  KZ_ASSERT_OK(q.status());
+  EXPECT_TRUE(*q);
+  KZ_EXPECT_OK(stream->Synchronize(TestDeadline()));
+  sq = stream->Query();
+  KZ_ASSERT_OK(sq.status());
+  EXPECT_TRUE(*sq);
+}
+
+TEST_P(DeviceConformance, EventReRecordCapturesNewWork) {
+  auto a = MustCreateStream();
+  auto b = MustCreateStream();
+  auto event = MustCreateEvent();
+  KZ_ASSERT_NOT_NULL(a);
+  KZ_ASSERT_NOT_NULL(b);
+  KZ_ASSERT_NOT_NULL(event);
+  KZ_ASSERT_OK(a->Record(*event));
+  KZ_ASSERT_OK(event->Synchronize(TestDeadline()));
+
+  // Re-recorded on another stream behind held work: pending again, complete once released.
+  auto gate = std::make_shared<Gate>();
+  OpenOnExit opener(gate);
+  KZ_ASSERT_OK(EnqueueGate(*b, gate));
+  KZ_ASSERT_OK(b->Record(*event));
+  auto q = event->Query();
+  KZ_ASSERT_OK(q.status());
+  EXPECT_FALSE(*q) << "re-recording must capture the new stream's pending work";
+  gate->Open();
+  KZ_ASSERT_OK(event->Synchronize(TestDeadline()));
+  q = event->Query();
+  KZ_ASSERT_OK(q.status());
+  EXPECT_TRUE(*q);
+
+  // And once more on the first stream, many times in a row.
+  for (int i = 0; i < 100; ++i) KZ_ASSERT_OK(a->Record(*event));
+  KZ_EXPECT_OK(event->Synchronize(TestDeadline()));
+}
+
+TEST_P(DeviceConformance, CrossStreamWaitOrdersWork) {
+  auto a = MustCreateStream();
+  auto b = MustCreateStream();
+  auto event = MustCreateEvent();
+  KZ_ASSERT_NOT_NULL(a);
+  KZ_ASSERT_NOT_NULL(b);
+  KZ_ASSERT_NOT_NULL(event);
+  auto gate = std::make_shared<Gate>();
+  auto a_done = std::make_shared<std::atomic<bool>>(false);
+  auto b_ran = std::make_shared<std::atomic<bool>>(false);
+  auto b_saw_a_done = std::make_shared<std::atomic<bool>>(false);
+  OpenOnExit opener(gate);
+
+  KZ_ASSERT_OK(EnqueueGate(*a, gate));
+  KZ_ASSERT_OK(a->EnqueueHostCallback([a_done](const Status&) { a_done->store(true); }));
+  KZ_ASSERT_OK(a->Record(*event));
+  KZ_ASSERT_OK(b->Wait(*event));
+  KZ_ASSERT_OK(b->EnqueueHostCallback([a_done, b_ran, b_saw_a_done](const Status& s) {
+    b_saw_a_done->store(a_done->load() && s.ok());
+    b_ran->store(true);
+  }));
+
+  ASSERT_TRUE(gate->WaitReached(TestDeadline()));
+  std::this_thread::sleep_for(20ms);  // give a wrongly unordered stream B time to run ahead
+  EXPECT_FALSE(b_ran->load()) << "stream B ran past its Wait on an event that had not completed";
+  auto qb = b->Query();
+  KZ_ASSERT_OK(qb.status());
+  EXPECT_FALSE(*qb);
+
+  gate->Open();
+  KZ_ASSERT_OK(b->Synchronize(TestDeadline()));
+  EXPECT_TRUE(b_ran->load());
+  EXPECT_TRUE(b_saw_a_done->load()) << "stream B's work ran before the work its event captured";
+  KZ_EXPECT_OK(a->Synchronize(TestDeadline()));
+}
+
+TEST_P(DeviceConformance, HostCallbacksRunInOrderWithOkStatus) {
+  constexpr int kCallbacks = 1000;
+  auto stream = MustCreateStream();
+  KZ_ASSERT_NOT_NULL(stream);
+  std::mutex mu;
+  std::vector<int> order;
+  std::atomic<int> not_ok{0};
+  for (int i = 0; i < kCallbacks; ++i) {
+    KZ_ASSERT_OK(stream->EnqueueHostCallback([&, i](const Status& s) {
+      if (!s.ok()) not_ok.fetch_add(1);
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(i);
+    }));
+  }
+  KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(order.size(), static_cast<size_t>(kCallbacks));
+  for (int i = 0; i < kCallbacks; ++i) ASSERT_EQ(order[i], i) << "callbacks ran out of order";
+  EXPECT_EQ(not_ok.load(), 0) << "callbacks on a healthy stream must see an ok status";
+}
+
+TEST_P(DeviceConformance, EmptyHostCallbackIsInvalid) {
+  auto stream = MustCreateStream();
+  KZ_ASSERT_NOT_NULL(stream);
+  KZ_EXPECT_CODE(stream->EnqueueHostCallback(HostCallback()), StatusCode::kInvalidArgument);
+  KZ_EXPECT_OK(stream->Synchronize(TestDeadline()));
+}
+
+TEST_P(DeviceConformance, StreamDestructorDrainsQueuedWork) {
+  auto stream = MustCreateStream();
+  KZ_ASSERT_NOT_NULL(stream);
+  auto ran = std::make_shared<std::atomic<int>>(0);
+  for (int i = 0; i < 3; ++i) {
+    KZ_ASSERT_OK(stream->EnqueueHostCallback([ran](const Status&) {
+      std::this_thread::sleep_for(10ms);
+      ran->fetch_add(1);
+    }));
+  }
+  stream.reset();
+  EXPECT_EQ(ran->load(), 3) << "destroying a stream must first finish its queued work";
+}
+
+TEST_P(DeviceConformance, EventsDoNotCrossBackends) {
+  const BackendUnderTest* other = nullptr;
+  for (const BackendUnderTest& b : World().backends())
+    if (b.available() && b.name != under_test().name && b.slot->backend->device_count() > 0) other = &b;
+  if (other == nullptr) GTEST_SKIP() << "no second available backend in this run";
+  auto stream = MustCreateStream();
+  auto mine = MustCreateEvent();
+  KZ_ASSERT_NOT_NULL(stream);
+  KZ_ASSERT_NOT_NULL(mine);
+  auto theirs = other->slot->backend->device(0)->CreateEvent();
+  KZ_ASSERT_OK(theirs.status());
+  KZ_EXPECT_CODE(stream->Record(**theirs), StatusCode::kNotSupported);
+  KZ_EXPECT_CODE(stream->Wait(**theirs), StatusCode::kNotSupported);
+  KZ_EXPECT_OK(stream->Record(*mine));
+  KZ_EXPECT_OK(stream->Synchronize(TestDeadline()));
+}
+
+// ---- DataConformance: ordering checked on the data ----
+
+// 1,000 dependent operations on one stream: x <- 3x + 1 (mod 2^64) as a reduce of {x, x, x, one}
+// into y followed by a copy of y back into x. The map is a bijection, so any reordering, skipped or
+// repeated operation changes the final value; host callbacks every 100 operations check the value
+// at that point and their own order.
+TEST_P(DataConformance, StreamOrderingOverALongDependentChain) {
+  constexpr size_t kCount = 257;
+  constexpr int kSteps = 500;  // two operations each
+  constexpr int kCheckEvery = 50;
+  auto stream = MustCreateStream();
+  auto buffer = MustAllocate(3 * kCount * sizeof(uint64_t));
+  KZ_ASSERT_NOT_NULL(stream);
+  KZ_ASSERT_NOT_NULL(buffer);
+  auto* x = static_cast<uint64_t*>(buffer->data());
+  uint64_t* y = x + kCount;
+  uint64_t* one = x + 2 * kCount;
+  for (size_t i = 0; i < kCount; ++i) {
+    x[i] = i * 0x9e3779b97f4a7c15ull;
+    one[i] = 1;
+  }
+  // expected[s][i]: the value of x after s steps.
+  std::vector<std::vector<uint64_t>> expected(kSteps + 1, std::vector<uint64_t>(kCount));
+  for (size_t i = 0; i < kCount; ++i) expected[0][i] = x[i];
+  for (int s = 1; s <= kSteps; ++s)
+    for (size_t i = 0; i < kCount; ++i) expected[s][i] = 3 * expected[s - 1][i] + 1;
+
+  std::mutex mu;
+  std::vector<int> seen_steps;  // guarded by mu
+  std::atomic<int> wrong_values{0}, not_ok{0};
+  const void* srcs[] = {x, x, x, one};
+  for (int s = 1; s <= kSteps; ++s) {
+    KZ_ASSERT_OK(stream->Reduce(y, srcs, kCount, DataType::kUint64, ReduceOp::kSum));
+    KZ_ASSERT_OK(stream->Copy(x, y, kCount * sizeof(uint64_t)));
+    if (s % kCheckEvery == 0) {
+      KZ_ASSERT_OK(stream->EnqueueHostCallback([&, s](const Status& st) {
+        if (!st.ok()) not_ok.fetch_add(1);
+        if (std::memcmp(x, expected[s].data(), kCount * sizeof(uint64_t)) != 0) wrong_values.fetch_add(1);
+        std::lock_guard<std::mutex> lock(mu);
+        seen_steps.push_back(s);
+      }));
+    }
+  }
+  KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+  EXPECT_TRUE(BytesEqual(x, expected[kSteps].data(), kCount * sizeof(uint64_t)));
+  EXPECT_EQ(wrong_values.load(), 0) << "a host callback saw work after it, or missed work before it";
+  EXPECT_EQ(not_ok.load(), 0);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(seen_steps.size(), static_cast<size_t>(kSteps / kCheckEvery));
+  for (size_t i = 0; i < seen_steps.size(); ++i) EXPECT_EQ(seen_steps[i], static_cast<int>(i + 1) * kCheckEvery);
+}
+
+// Stream B consumes what stream A produces, ordered only by an event; A is held behind a gate so
+// B would visibly run early if the Wait were ignored.
+TEST_P(DataConformance, CrossStreamWaitOrdersData) {
+  constexpr size_t kBytes = (size_t{1} << 20) + 5;
+  auto a = MustCreateStream();
+  auto b = MustCreateStream();
+  auto event = MustCreateEvent();
+  auto src = MustAllocate(kBytes);
+  auto mid = MustAllocate(kBytes);
+  auto dst = MustAllocate(kBytes);
+  KZ_ASSERT_NOT_NULL(a);
+  KZ_ASSERT_NOT_NULL(b);
+  KZ_ASSERT_NOT_NULL(event);
+  KZ_ASSERT_NOT_NULL(src);
+  KZ_ASSERT_NOT_NULL(mid);
+  KZ_ASSERT_NOT_NULL(dst);
+  FillPattern(src->data(), kBytes, 1);
+  FillPattern(mid->data(), kBytes, 2);
+  FillPattern(dst->data(), kBytes, 3);
+  auto gate = std::make_shared<Gate>();
+  OpenOnExit opener(gate);
+  KZ_ASSERT_OK(EnqueueGate(*a, gate));
+  KZ_ASSERT_OK(a->Copy(mid->data(), src->data(), kBytes));
+  KZ_ASSERT_OK(a->Record(*event));
+  KZ_ASSERT_OK(b->Wait(*event));
+  KZ_ASSERT_OK(b->Copy(dst->data(), mid->data(), kBytes));
+  ASSERT_TRUE(gate->WaitReached(TestDeadline()));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(HasPattern(dst->data(), kBytes, 3)) << "stream B copied before the event it waits on completed";
+  gate->Open();
+  KZ_ASSERT_OK(b->Synchronize(TestDeadline()));
+  EXPECT_TRUE(HasPattern(dst->data(), kBytes, 1));
+  KZ_EXPECT_OK(a->Synchronize(TestDeadline()));
+}
+
+TEST_P(DataConformance, HostCallbackSeesEarlierWork) {
+  constexpr size_t kBytes = (size_t{4} << 20) + 1;
+  auto stream = MustCreateStream();
+  auto src = MustAllocate(kBytes);
+  auto dst = MustAllocate(kBytes);
+  KZ_ASSERT_NOT_NULL(stream);
+  KZ_ASSERT_NOT_NULL(src);
+  KZ_ASSERT_NOT_NULL(dst);
+  FillPattern(src->data(), kBytes, 21);
+  FillPattern(dst->data(), kBytes, 22);
+  std::atomic<int> seen{-1};
+  KZ_ASSERT_OK(stream->Copy(dst->data(), src->data(), kBytes));
+  KZ_ASSERT_OK(stream->EnqueueHostCallback([&](const Status& s) {
+    seen.store(s.ok() && std::memcmp(dst->data(), src->data(), kBytes) == 0 ? 1 : 0);
+  }));
+  KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+  EXPECT_EQ(seen.load(), 1) << "the callback ran before the copy enqueued ahead of it had finished";
+}
+
+TEST_P(DataConformance, StreamDestructorFinishesCopies) {
+  constexpr size_t kBytes = (size_t{8} << 20) + 3;
+  auto src = MustAllocate(kBytes);
+  auto dst = MustAllocate(kBytes);
+  KZ_ASSERT_NOT_NULL(src);
+  KZ_ASSERT_NOT_NULL(dst);
+  FillPattern(src->data(), kBytes, 31);
+  FillPattern(dst->data(), kBytes, 32);
+  {
+    auto stream = MustCreateStream();
+    KZ_ASSERT_NOT_NULL(stream);
+    KZ_ASSERT_OK(stream->Copy(dst->data(), src->data(), kBytes));
+  }
+  EXPECT_TRUE(HasPattern(dst->data(), kBytes, 31));
+}
+
+TEST_P(DataConformance, ConcurrentStreamsOnOneDevice) {
+  constexpr int kStreams = 4;
+  constexpr size_t kBytes = (size_t{1} << 20) + 9;
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<std::unique_ptr<Buffer>> srcs, dsts;
+  for (int s = 0; s < kStreams; ++s) {
+    streams.push_back(MustCreateStream());
+    srcs.push_back(MustAllocate(kBytes));
+    dsts.push_back(MustAllocate(kBytes));
+    KZ_ASSERT_NOT_NULL(streams.back());
+    KZ_ASSERT_NOT_NULL(srcs.back());
+    KZ_ASSERT_NOT_NULL(dsts.back());
+    FillPattern(srcs.back()->data(), kBytes, 40 + s);
+  }
+  for (int round = 0; round < 4; ++round)
+    for (int s = 0; s < kStreams; ++s) KZ_ASSERT_OK(streams[s]->Copy(dsts[s]->data(), srcs[s]->data(), kBytes));
+  for (int s = 0; s < kStreams; ++s) KZ_ASSERT_OK(streams[s]->Synchronize(TestDeadline()));
+  for (int s = 0; s < kStreams; ++s) EXPECT_TRUE(HasPattern(dsts[s]->data(), kBytes, 40 + s)) << "stream " << s;
+}
+
+// ---- MultiDeviceConformance: two devices of one backend ----
+
+TEST_P(MultiDeviceConformance, CopyBetweenDevices) {
+  Device& d0 = device(0);
+  Device& d1 = device(1);
+  auto s0 = MustCreateStream(d0);
+  auto s1 = MustCreateStream(d1);
+  KZ_ASSERT_NOT_NULL(s0);
+  KZ_ASSERT_NOT_NULL(s1);
+  for (size_t size : kOddSizes) {
+    const size_t total = size + kMaxOffset + 64;
+    auto b0 = MustAllocate(d0, total);
+    auto b1 = MustAllocate(d1, total);
+    KZ_ASSERT_NOT_NULL(b0);
+    KZ_ASSERT_NOT_NULL(b1);
+    for (const OffsetPair& o : kOffsetPairs) {
+      // Device 0 -> 1 on device 0's stream, 1 -> 0 on device 1's stream, and 0 -> 1 driven by the
+      // destination's stream.
+      struct Leg {
+        Stream* stream;
+        Buffer* from;
+        Buffer* to;
+        const char* what;
+      };
+      const Leg legs[] = {{s0.get(), b0.get(), b1.get(), "0 -> 1 on device 0's stream"},
+                          {s1.get(), b1.get(), b0.get(), "1 -> 0 on device 1's stream"},
+                          {s1.get(), b0.get(), b1.get(), "0 -> 1 on device 1's stream"}};
+      for (const Leg& leg : legs) {
+        SCOPED_TRACE(fmt::format("{} bytes {}, offsets {} -> {}", size, leg.what, o.src, o.dst));
+        FillPattern(leg.from->data(), total, size + 1);
+        FillPattern(leg.to->data(), total, 9);
+        KZ_ASSERT_OK(leg.stream->Copy(Bytes(*leg.to) + o.dst, Bytes(*leg.from) + o.src, size));
+        KZ_ASSERT_OK(leg.stream->Synchronize(TestDeadline()));
+        EXPECT_TRUE(BytesEqual(Bytes(*leg.to) + o.dst, Bytes(*leg.from) + o.src, size));
+        std::vector<uint8_t> expect(total);
+        FillPattern(expect.data(), total, 9);
+        EXPECT_TRUE(BytesEqual(Bytes(*leg.to), expect.data(), o.dst));
+        EXPECT_TRUE(BytesEqual(Bytes(*leg.to) + o.dst + size, expect.data() + o.dst + size, total - o.dst - size));
+      }
+    }
+  }
+}
+
+TEST_P(MultiDeviceConformance, EventOrdersStreamsOfTwoDevices) {
+  constexpr size_t kBytes = (size_t{1} << 20) + 17;
+  Device& d0 = device(0);
+  Device& d1 = device(1);
+  auto s0 = MustCreateStream(d0);
+  auto s1 = MustCreateStream(d1);
+  auto event = MustCreateEvent(d0);
+  auto src = MustAllocate(d0, kBytes);
+  auto dst = MustAllocate(d1, kBytes);
+  KZ_ASSERT_NOT_NULL(s0);
+  KZ_ASSERT_NOT_NULL(s1);
+  KZ_ASSERT_NOT_NULL(event);
+  KZ_ASSERT_NOT_NULL(src);
+  KZ_ASSERT_NOT_NULL(dst);
+  auto staging = MustAllocate(d0, kBytes);
+  KZ_ASSERT_NOT_NULL(staging);
+  FillPattern(src->data(), kBytes, 51);
+  FillPattern(staging->data(), kBytes, 52);
+  FillPattern(dst->data(), kBytes, 53);
+  auto gate = std::make_shared<Gate>();
+  OpenOnExit opener(gate);
+  KZ_ASSERT_OK(EnqueueGate(*s0, gate));
+  KZ_ASSERT_OK(s0->Copy(staging->data(), src->data(), kBytes));
+  KZ_ASSERT_OK(s0->Record(*event));
+  KZ_ASSERT_OK(s1->Wait(*event));  // an event of device 0 waited on by device 1's stream
+  KZ_ASSERT_OK(s1->Copy(dst->data(), staging->data(), kBytes));
+  ASSERT_TRUE(gate->WaitReached(TestDeadline()));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(HasPattern(dst->data(), kBytes, 53)) << "device 1's stream ran past its wait";
+  gate->Open();
+  KZ_ASSERT_OK(s1->Synchronize(TestDeadline()));
+  EXPECT_TRUE(HasPattern(dst->data(), kBytes, 51));
+  KZ_EXPECT_OK(s0->Synchronize(TestDeadline()));
+}
+
+}  // namespace
+}  // namespace kizuna::device::conformance

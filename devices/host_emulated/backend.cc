@@ -92,11 +92,11 @@ void RaiseDescriptorLimit() {
 class EmuDevice final : public device::Device {
  public:
   EmuDevice(device::DeviceProperties properties, const Config* config, MemoryManager* memory,
-            StreamEnvironment* streams)
+            StreamEnvironment* streams, const std::string& host_identity)
       : Device(std::move(properties), config),
         memory_(memory),
         streams_(streams),
-        pacer_(std::make_shared<DevicePacer>()) {}
+        pacer_(std::make_shared<DevicePacer>(host_identity, properties_.index)) {}
 
   bool Addressable(const void* ptr, size_t bytes) const override { return memory_->Addressable(ptr, bytes); }
 
@@ -138,7 +138,7 @@ class EmuBackend final : public device::Backend {
       p.host_accessible = true;
       p.export_fd = true;
       p.numa_node = numa_node;
-      devices_.push_back(std::make_unique<EmuDevice>(std::move(p), &config, memory_.get(), &streams_));
+      devices_.push_back(std::make_unique<EmuDevice>(std::move(p), &config, memory_.get(), &streams_, host));
     }
   }
 

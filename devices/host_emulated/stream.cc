@@ -582,12 +582,6 @@ class EmuStream final : public device::Stream {
 
 // ---- Public ----
 
-Deadline::Clock::time_point DevicePacer::Reserve(std::chrono::nanoseconds duration) {
-  std::lock_guard lock(mu_);
-  busy_until_ = std::max(Clock::now(), busy_until_) + duration;
-  return busy_until_;
-}
-
 Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, StreamEnvironment* env,
                                                    std::shared_ptr<DevicePacer> pacer) {
   const Config& config = env->config();

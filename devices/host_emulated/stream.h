@@ -37,25 +37,13 @@
 #include <memory>
 #include <mutex>
 
+#include "devices/host_emulated/pacer.h"
 #include "runtime/config.h"
 #include "runtime/deadline.h"
 #include "runtime/device/device.h"
 #include "runtime/status.h"
 
 namespace kizuna::host_emulated {
-
-// The memory-throughput timeline of one emulated device, shared by its streams: an operation
-// that moves `duration` worth of bytes at the throttled rate occupies the device from
-// max(now, end of the previous occupation) for that long.
-class DevicePacer {
- public:
-  // Reserves the next `duration` of the device; returns when the reservation ends.
-  Deadline::Clock::time_point Reserve(std::chrono::nanoseconds duration);
-
- private:
-  std::mutex mu_;
-  Deadline::Clock::time_point busy_until_{};  // guarded by mu_
-};
 
 // Numbering shared by every stream and event of one backend instance. Thread-safe.
 class StreamEnvironment {

@@ -10,7 +10,11 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
+
+#include "devices/host_emulated/pacer.h"
 
 #include "devices/host_emulated/test_util.h"
 #include "runtime/config.h"
@@ -143,6 +147,41 @@ TEST(HostEmulatedStream, ReduceThrottleCountsInputBytes) {
   const auto* of = static_cast<const float*>(out->data());
   EXPECT_EQ(of[0], 1.5f);
   EXPECT_EQ(of[count - 1], 1.5f + static_cast<float>((count - 1) % 100));
+}
+
+TEST(HostEmulatedStream, ThrottleIsSharedByEveryInstanceOfADevice) {
+  // Two backend instances share nothing in the process, exactly like two processes: device 0's
+  // throttle must still be one timeline (DESIGN 11: emulated devices are host-wide), so two
+  // concurrent 8 MiB copies at 1 GB/s take twice as long as one.
+  Config c = SmallConfig();
+  c.emu_copy_gbps = 1.0;
+  Emu first(c), second(c);
+  const size_t bytes = 8 << 20;  // 8.39 ms at 1 GB/s
+  auto a1 = first.Alloc(0, bytes), b1 = first.Alloc(0, bytes);
+  auto a2 = second.Alloc(0, bytes), b2 = second.Alloc(0, bytes);
+  auto s1 = first.NewStream(0);
+  auto s2 = second.NewStream(0);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s1->Copy(b1->data(), a1->data(), bytes).ok());
+  ASSERT_TRUE(s2->Copy(b2->data(), a2->data(), bytes).ok());
+  ASSERT_TRUE(s1->Synchronize().ok());
+  ASSERT_TRUE(s2->Synchronize().ok());
+  EXPECT_GE(MillisecondsSince(t0), 2 * 8.3);
+}
+
+TEST(HostEmulatedPacer, TimelineLivesInSharedMemory) {
+  const std::string identity = "pacer-test-" + std::to_string(::getpid());
+  DevicePacer p1(identity, 5), p2(identity, 5), other_device(identity, 6);
+  const auto end1 = p1.Reserve(std::chrono::seconds(1));
+  const auto end2 = p2.Reserve(std::chrono::milliseconds(1));
+  EXPECT_GE(end2 - end1, std::chrono::milliseconds(1));  // queued behind p1's second
+  EXPECT_LT(other_device.Reserve(std::chrono::milliseconds(1)), end1);  // another device: its own
+  ASSERT_FALSE(p1.segment_name().empty());
+  EXPECT_NE(p1.segment_name().find(identity), std::string::npos);
+  // The timeline is in /dev/shm, where another process maps the same slot.
+  const std::string path = "/dev/shm" + p1.segment_name();
+  EXPECT_EQ(::access(path.c_str(), R_OK | W_OK), 0) << path;
+  ::unlink(path.c_str());
 }
 
 TEST(HostEmulatedStream, LaunchLatencyDelaysEachOperation) {

@@ -1,0 +1,113 @@
+#include "devices/host_emulated/pacer.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "runtime/logging.h"
+#include "runtime/unique_fd.h"
+
+namespace kizuna::host_emulated {
+
+namespace {
+constexpr int kSlots = 1024;  // KIZUNA_EMULATED_DEVICES is at most 1024
+constexpr size_t kSlotBytes = 64;  // one cache line per device: no false sharing between devices
+constexpr size_t kSegmentBytes = kSlots * kSlotBytes;
+// A timeline further in the future than this is stale (left by a process whose clock reading
+// cannot be trusted): restart it from now rather than stall every process.
+constexpr int64_t kStaleNs = int64_t{3600} * 1000000000;
+
+static_assert(std::atomic<int64_t>::is_always_lock_free, "cross-process atomics need lock-free int64");
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Deadline::Clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+// One mapping of the shared segment per name, shared by the pacers of a process.
+class SharedTimelines {
+ public:
+  static std::shared_ptr<SharedTimelines> Attach(const std::string& name) {
+    static std::mutex mu;
+    static std::map<std::string, std::weak_ptr<SharedTimelines>> open;
+    std::lock_guard lock(mu);
+    if (auto existing = open[name].lock()) return existing;
+    UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    if (!fd.valid()) {
+      KZ_WARN(kLogDevice, "host_emulated: shm_open({}) failed: {}; throttles are per process", name,
+              std::strerror(errno));
+      return nullptr;
+    }
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0 ||
+        (st.st_size < static_cast<off_t>(kSegmentBytes) && ::ftruncate(fd.get(), kSegmentBytes) != 0)) {
+      KZ_WARN(kLogDevice, "host_emulated: sizing {} failed: {}; throttles are per process", name,
+              std::strerror(errno));
+      return nullptr;
+    }
+    void* p = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) {
+      KZ_WARN(kLogDevice, "host_emulated: mapping {} failed: {}; throttles are per process", name,
+              std::strerror(errno));
+      return nullptr;
+    }
+    auto timelines = std::shared_ptr<SharedTimelines>(new SharedTimelines(name, p));
+    open[name] = timelines;
+    KZ_INFO(kLogDevice, "host_emulated: throttle timelines shared host-wide in /dev/shm{}", name);
+    return timelines;
+  }
+
+  ~SharedTimelines() { ::munmap(base_, kSegmentBytes); }
+
+  const std::string& name() const { return name_; }
+  std::atomic<int64_t>* slot(int index) {
+    // A zero-filled page is a valid array of atomics (value 0) on every platform kizuna supports.
+    return reinterpret_cast<std::atomic<int64_t>*>(static_cast<char*>(base_) + index * kSlotBytes);
+  }
+
+ private:
+  SharedTimelines(std::string name, void* base) : name_(std::move(name)), base_(base) {}
+  const std::string name_;
+  void* const base_;
+};
+
+DevicePacer::DevicePacer(std::string host_identity, int device_index)
+    : host_identity_(std::move(host_identity)), device_index_(device_index) {}
+
+DevicePacer::~DevicePacer() = default;
+
+std::atomic<int64_t>* DevicePacer::Slot() {
+  std::call_once(attach_once_, [this] {
+    if (device_index_ >= 0 && device_index_ < kSlots) {
+      shared_ = SharedTimelines::Attach(fmt::format("/kizuna-emu-{}-{}", ::getuid(), host_identity_));
+    }
+    slot_ = shared_ != nullptr ? shared_->slot(device_index_) : &local_;
+  });
+  return slot_;
+}
+
+Deadline::Clock::time_point DevicePacer::Reserve(std::chrono::nanoseconds duration) {
+  std::atomic<int64_t>* slot = Slot();
+  const int64_t now = NowNs();
+  int64_t busy = slot->load(std::memory_order_relaxed);
+  int64_t end;
+  do {
+    const int64_t start = (busy < now || busy - now > kStaleNs) ? now : busy;
+    end = start + duration.count();
+  } while (!slot->compare_exchange_weak(busy, end, std::memory_order_relaxed));
+  return Deadline::Clock::time_point(std::chrono::nanoseconds(end));
+}
+
+std::string DevicePacer::segment_name() const {
+  return shared_ != nullptr && slot_ != nullptr ? shared_->name() : std::string();
+}
+
+}  // namespace kizuna::host_emulated

@@ -1,0 +1,51 @@
+// The throttled memory timeline of an emulated device, shared host-wide (DESIGN 11: emulated
+// devices are host-wide, so ranks in different processes that use device i also share its
+// throttle).
+//
+// An operation that moves `duration` worth of bytes at the throttled rate occupies the device from
+// max(now, end of the previous occupation) for that long. The end of the occupation lives in a
+// small POSIX shared-memory segment, one 64-byte slot per device index, named after the user and
+// the running kernel (host name + boot id), so every process of that user on this boot sees the
+// same timeline; CLOCK_MONOTONIC (steady_clock) is the same clock in all of them. The segment is
+// created on the first throttled operation only, so unthrottled use leaves nothing in /dev/shm.
+// When it cannot be created, the device falls back to a per-process timeline and says so (WARN).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "runtime/deadline.h"
+
+namespace kizuna::host_emulated {
+
+class SharedTimelines;
+
+class DevicePacer {
+ public:
+  // `host_identity`: what makes the segment host-wide (see backend.cc's HostIdentity);
+  // `device_index`: the slot.
+  DevicePacer(std::string host_identity, int device_index);
+  ~DevicePacer();
+
+  // Reserves the next `duration` of the device; returns when the reservation ends. Thread- and
+  // process-safe.
+  Deadline::Clock::time_point Reserve(std::chrono::nanoseconds duration);
+
+  // The shared-memory name of the timeline ("" until the first Reserve, or when per-process).
+  std::string segment_name() const;
+
+ private:
+  std::atomic<int64_t>* Slot();
+
+  const std::string host_identity_;
+  const int device_index_;
+  std::once_flag attach_once_;
+  std::shared_ptr<SharedTimelines> shared_;  // set once by attach_once_
+  std::atomic<int64_t> local_{0};            // the per-process fallback
+  std::atomic<int64_t>* slot_ = nullptr;     // set once by attach_once_
+};
+
+}  // namespace kizuna::host_emulated

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs the conformance binary against backends that cannot run and checks its verdicts.
+set -uo pipefail
+suite="$1"
+unavailable_plugin="$2"
+broken_plugin="$3"
+fail() { echo "FAIL: $*"; exit 1; }
+export KIZUNA_TIMEOUT=30
+unset KIZUNA_DEVICE_PLUGINS
+
+# No hardware anywhere: the emulated devices are switched off and the plugin reports
+# "unavailable". Every test skips, saying why, and the run passes.
+out="$(KIZUNA_EMULATED_DEVICES=0 "$suite" --plugin="$unavailable_plugin" --gtest_filter='*DeviceConformance*' 2>&1)"
+rc=$?
+echo "$out" | tail -n 30
+[ "$rc" -eq 0 ] || fail "unavailable backends: the run should pass (skipped), exit $rc"
+grep -q '\[  SKIPPED \]' <<<"$out" || fail "unavailable backends: nothing was skipped"
+grep -q 'KIZUNA_EMULATED_DEVICES=0' <<<"$out" || fail "host_emulated's reason is not printed"
+grep -qi 'no device' <<<"$out" || grep -qi 'unavailable' <<<"$out" || fail "the plugin's reason is not printed"
+if grep -q '\[       OK \]' <<<"$out"; then fail "a test passed although no backend is available"; fi
+
+# A plugin that cannot be loaded (api major 99) must fail the run, naming the versions.
+out="$("$suite" --plugin="$broken_plugin" --gtest_filter='*DeviceConformance*' 2>&1)"
+rc=$?
+echo "$out" | tail -n 20
+[ "$rc" -ne 0 ] || fail "a broken plugin passed the suite"
+grep -q '99' <<<"$out" || fail "the version mismatch is not named"
+echo PASS

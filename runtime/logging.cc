@@ -90,19 +90,15 @@ bool EnabledSlow(LogLevel level, LogSubsys subsys) {
 
 void Write(LogLevel level, LogSubsys subsys, std::string_view message) {
   static constexpr std::string_view kLevel[] = {"NONE", "WARN", "INFO", "TRACE"};
-  std::string host;
-  int fd;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    host = g_host;
-    fd = g_fd;
-  }
   long tid = syscall(SYS_gettid);
   std::string rank = t_rank >= 0 ? fmt::format(" [rank {}]", t_rank) : std::string();
-  std::string line = fmt::format("{}:{}:{}{} kizuna {} {} {}\n", host, getpid(), tid, rank,
+  // The write happens under the lock: ConfigureLogging may close the old fd, and its number could
+  // be reused (by a memfd, a socket) between reading g_fd and writing to it.
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::string line = fmt::format("{}:{}:{}{} kizuna {} {} {}\n", g_host, getpid(), tid, rank,
                                  kLevel[static_cast<int>(level)], LogSubsysName(subsys), message);
   // One write per line: concurrent processes appending to one file or terminal do not interleave.
-  (void)!write(fd, line.data(), line.size());
+  (void)!write(g_fd, line.data(), line.size());
 }
 
 }  // namespace log_internal

@@ -3,8 +3,10 @@
  * kizuna calls kzDevicePluginGetApi once after dlopen, checks the table, then init once per load;
  * finalize comes after every stream, event and allocation of that context has been released.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +64,25 @@ static kz_plugin_result_t example_env_u64(const char* name, uint64_t max, uint64
   return KZ_PLUGIN_OK;
 }
 
+/* The bound of the plugin's internal waits (see EXAMPLE_INTERNAL_TIMEOUT_NS): KIZUNA_TIMEOUT in
+ * seconds when it is set, so that the plugin gives up when kizuna does. A malformed value counts
+ * as unset, as it does for kizuna itself (which warns about it and uses its default, the same
+ * 600 s). */
+static uint64_t example_internal_timeout_ns(void) {
+  const char* text = getenv("KIZUNA_TIMEOUT");
+  if (text == NULL) return EXAMPLE_INTERNAL_TIMEOUT_NS;
+  while (isspace((unsigned char)*text)) ++text;
+  char* end = NULL;
+  errno = 0;
+  const double seconds = strtod(text, &end);
+  if (end == text || errno != 0) return EXAMPLE_INTERNAL_TIMEOUT_NS;
+  while (isspace((unsigned char)*end)) ++end;
+  /* kizuna's range: positive, at most 1e9 s (so the nanoseconds fit in 64 bits). */
+  if (*end != '\0' || !isfinite(seconds) || seconds <= 0 || seconds > 1e9) return EXAMPLE_INTERNAL_TIMEOUT_NS;
+  const double ns = seconds * 1e9;
+  return ns < 1.0 ? 1u : (uint64_t)ns;
+}
+
 /* Each device may use all of the host's memory, as emulated devices do: they share it, and the
  * first one to run out reports KZ_PLUGIN_ERR_OUT_OF_MEMORY. */
 static uint64_t example_host_memory_bytes(void) {
@@ -88,6 +109,7 @@ static kz_plugin_result_t example_init(void** context) {
   ctx->device_count = (int32_t)devices;
   ctx->fail_stream_op = fail_stream_op;
   atomic_init(&ctx->stream_ops, 0);
+  ctx->internal_timeout_ns = example_internal_timeout_ns();
   const uint64_t capacity = example_host_memory_bytes();
   for (int32_t i = 0; i < ctx->device_count; ++i) example_device_init(&ctx->devices[i], i, capacity);
   *context = ctx;

@@ -21,10 +21,12 @@
 #define EXAMPLE_DEFAULT_DEVICES 2
 #define EXAMPLE_MAX_DEVICES 64
 
-/* The longest the plugin itself waits: a stream waiting for another stream's event, and
- * stream_destroy waiting for queued work. The same as kizuna's default KIZUNA_TIMEOUT; reaching it
- * means a dependency cycle or a hung host callback, which then fails instead of hanging. A build
- * may lower it (-DEXAMPLE_INTERNAL_TIMEOUT_NS=...) to try those paths quickly. */
+/* The longest the plugin itself waits: a stream waiting for another stream's event, and each of
+ * stream_destroy's two waits (for queued work, then for a cancelled stream's thread to finish its
+ * host callbacks). The ABI gives these waits no timeout argument, so the plugin takes kizuna's
+ * KIZUNA_TIMEOUT from the environment when it is set (read once, in init) and otherwise this
+ * default, kizuna's own default. Reaching it means a dependency cycle or a hung host callback,
+ * which then fails instead of hanging. */
 #ifndef EXAMPLE_INTERNAL_TIMEOUT_NS
 #define EXAMPLE_INTERNAL_TIMEOUT_NS (600ull * 1000000000ull)
 #endif
@@ -63,6 +65,8 @@ typedef struct example_context {
    * runs (fault injection, so the sticky-error path can be tested through kizuna). 0: never. */
   uint64_t fail_stream_op;
   atomic_uint_fast64_t stream_ops; /* copies and reduces enqueued so far */
+  /* The bound of the plugin's internal waits: KIZUNA_TIMEOUT, or EXAMPLE_INTERNAL_TIMEOUT_NS. */
+  uint64_t internal_timeout_ns;
 } example_context_t;
 
 /* ---- backend.c ---- */

@@ -1,6 +1,8 @@
 /* The example's device memory: every allocation is its own memfd, mapped shared into this
  * process. That makes the memory host-accessible and lets mem_export_fd hand out a real fd that
- * another process maps onto the same pages (what a DMA-BUF export does for a real device).
+ * another process maps onto the same pages (what a DMA-BUF export does for a real device). The
+ * memfds are sealed against resizing, and imports accept only fds sealed against shrinking, so no
+ * process holding the fd can pull pages out from under another's mapping.
  *
  * Each device keeps its allocations and imports in lists guarded by the device's mutex; a lookup
  * is linear, which is plenty for an example (a vendor would use their driver's own tables).
@@ -96,13 +98,20 @@ kz_plugin_result_t example_mem_alloc(void* context, int32_t device, uint64_t byt
     rc = example_error(KZ_PLUGIN_ERR_OUT_OF_MEMORY, "device %d: cannot allocate bookkeeping", (int)device);
     goto fail;
   }
-  fd = memfd_create(name, MFD_CLOEXEC);
+  fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     rc = example_errno_error(errno, "memfd_create", device, bytes);
     goto fail;
   }
   if (ftruncate(fd, (off_t)bytes) != 0) {
     rc = example_errno_error(errno, "ftruncate", device, bytes);
+    goto fail;
+  }
+  /* An export hands this fd to other processes. Sealed, none of them can shrink the object under
+   * our mapping (a touch of a page past the new end would kill us with SIGBUS) or grow it; and
+   * F_SEAL_SEAL stops anyone from adding seals later (a write seal would break later imports). */
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    rc = example_errno_error(errno, "fcntl(F_ADD_SEALS)", device, bytes);
     goto fail;
   }
   map = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -205,6 +214,20 @@ kz_plugin_result_t example_mem_import_fd(void* context, int32_t device, int32_t 
   if (ptr == NULL) return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT, "mem_import_fd: ptr is NULL");
   if (fd < 0) return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT, "mem_import_fd: fd %d is not valid", (int)fd);
   if (bytes == 0) return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT, "mem_import_fd: bytes is 0");
+
+  /* The size check below means something only if the object cannot shrink afterwards: another
+   * process that shrank it would turn our mapping into SIGBUS on first touch. So only objects
+   * sealed against shrinking are imported, as this plugin's own exports are. (A port importing
+   * DMA-BUF fds drops this check: a DMA-BUF cannot be resized at all.) */
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 && errno != EINVAL) /* EINVAL: a file that cannot carry seals (refused below) */
+    return example_errno_error(errno, "fcntl(F_GET_SEALS) of the imported fd", device, bytes);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0)
+    return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT,
+                         "mem_import_fd: fd %d is not sealed against shrinking (%s); the exporter must seal it "
+                         "(memfd_create with MFD_ALLOW_SEALING, then fcntl F_ADD_SEALS F_SEAL_SHRINK | F_SEAL_GROW) "
+                         "so that no process can shrink the memory under this mapping",
+                         (int)fd, seals < 0 ? "the file does not support seals" : "F_SEAL_SHRINK is missing");
 
   /* Mapping past the end of the object would "work" and then SIGBUS on first touch: check first. */
   struct stat st;

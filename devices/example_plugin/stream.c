@@ -16,10 +16,12 @@
  *    recorded again is pending until its latest record has run.
  *  - Host callbacks run on the worker thread, after all earlier work, exactly once, with the
  *    stream's status, even when the stream has failed (the host frees its state in them).
+ *    stream_destroy returns only after every host callback of the stream has run and returned
+ *    (the worker has exited), except when it gives up on a callback that does not return.
  *  - Timeouts: every wait is bounded: stream_synchronize and event_synchronize by the caller's
- *    timeout, a stream's wait for an event and stream_destroy's wait for queued work by
- *    EXAMPLE_INTERNAL_TIMEOUT_NS. Waiting threads block on condition variables (CLOCK_MONOTONIC):
- *    nothing spins.
+ *    timeout, a stream's wait for an event and both of stream_destroy's waits by the context's
+ *    internal timeout (KIZUNA_TIMEOUT, default 600 s; see example_plugin.h). Waiting threads block
+ *    on condition variables (CLOCK_MONOTONIC): nothing spins.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -99,6 +101,8 @@ struct kz_plugin_stream {
   int shutdown;                          /* destroy: exit once the queue is empty */
   atomic_int cancel;                     /* destroy timed out: end event waits now */
   struct kz_plugin_event* waiting_on;    /* the event the worker is blocked on, if any */
+  int exited;   /* the worker has left its loop: every operation, host callbacks included, is done */
+  int orphaned; /* destroy gave up waiting for the worker: the worker frees the stream on exit */
 };
 
 /* ---- time ---- */
@@ -200,7 +204,8 @@ static void example_run_wait(kz_plugin_stream_t stream, kz_plugin_event_t event,
   stream->waiting_on = event;
   pthread_mutex_unlock(&stream->mu);
 
-  const struct timespec deadline = example_deadline(EXAMPLE_INTERNAL_TIMEOUT_NS);
+  const uint64_t timeout_ns = stream->ctx->internal_timeout_ns;
+  const struct timespec deadline = example_deadline(timeout_ns);
   int timed_out = 0;
   pthread_mutex_lock(&event->mu);
   while (event->completed < generation && !atomic_load(&stream->cancel) && !timed_out)
@@ -219,8 +224,8 @@ static void example_run_wait(kz_plugin_stream_t stream, kz_plugin_event_t event,
     example_stream_fail(stream, KZ_PLUGIN_ERR_ABORTED, "stream destroyed while waiting for an event");
   } else if (!done) {
     example_stream_fail(stream, KZ_PLUGIN_ERR_TIMEOUT,
-                        "waited %.3f s for an event recorded on another stream; is there a cycle?",
-                        (double)EXAMPLE_INTERNAL_TIMEOUT_NS / 1e9);
+                        "waited %.3f s (KIZUNA_TIMEOUT) for an event recorded on another stream; is there a cycle?",
+                        (double)timeout_ns / 1e9);
   } else if (status != KZ_PLUGIN_OK) {
     example_stream_fail(stream, status, "waited on an event whose work failed (%s)", message);
   }
@@ -279,6 +284,14 @@ static void example_op_free(example_op_t* op) {
   free(op);
 }
 
+/* Releases what stream_create made. The worker must have exited (or be exiting: see orphaned). */
+static void example_stream_free(kz_plugin_stream_t stream) {
+  pthread_cond_destroy(&stream->done_cv);
+  pthread_cond_destroy(&stream->work_cv);
+  pthread_mutex_destroy(&stream->mu);
+  free(stream);
+}
+
 static void* example_worker_main(void* arg) {
   kz_plugin_stream_t stream = (kz_plugin_stream_t)arg;
   pthread_mutex_lock(&stream->mu);
@@ -298,7 +311,14 @@ static void* example_worker_main(void* arg) {
     ++stream->completed;
     pthread_cond_broadcast(&stream->done_cv);
   }
+  /* Tell stream_destroy that the last host callback has returned; or, if it stopped waiting for
+   * that, free the stream ourselves (the worker is detached by then, so nobody joins it). Both
+   * happen under the lock, so exactly one side frees the stream. */
+  stream->exited = 1;
+  const int orphaned = stream->orphaned;
+  pthread_cond_broadcast(&stream->done_cv);
   pthread_mutex_unlock(&stream->mu);
+  if (orphaned) example_stream_free(stream);
   return NULL;
 }
 
@@ -347,10 +367,7 @@ kz_plugin_result_t example_stream_create(void* context, int32_t device, kz_plugi
   s->error = KZ_PLUGIN_OK;
   const int err = pthread_create(&s->worker, NULL, example_worker_main, s);
   if (err != 0) {
-    pthread_cond_destroy(&s->done_cv);
-    pthread_cond_destroy(&s->work_cv);
-    pthread_mutex_destroy(&s->mu);
-    free(s);
+    example_stream_free(s);
     return example_error(err == EAGAIN ? KZ_PLUGIN_ERR_OUT_OF_MEMORY : KZ_PLUGIN_ERR_INTERNAL,
                          "stream_create: cannot start the stream's thread: %s", strerror(err));
   }
@@ -362,11 +379,18 @@ kz_plugin_result_t example_stream_create(void* context, int32_t device, kz_plugi
 kz_plugin_result_t example_stream_destroy(void* context, kz_plugin_stream_t stream) {
   kz_plugin_result_t rc = example_check_stream(context, stream);
   if (rc != KZ_PLUGIN_OK) return rc;
+  /* The worker cannot join itself, and the ABI says a host never does this (kizuna hands such a
+   * destroy to a thread of its own); refuse rather than deadlock. */
   if (example_on_worker(stream))
-    return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT, "stream_destroy called from the stream's own host callback");
+    return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT,
+                         "stream_destroy called from the stream's own host callback (the ABI forbids it: the "
+                         "stream's thread cannot wait for itself)");
+
+  /* The ABI gives stream_destroy no timeout: both waits below are bounded by the plugin's own. */
+  const uint64_t timeout_ns = stream->ctx->internal_timeout_ns;
 
   /* Let queued work finish, for a bounded time. */
-  const struct timespec deadline = example_deadline(EXAMPLE_INTERNAL_TIMEOUT_NS);
+  const struct timespec deadline = example_deadline(timeout_ns);
   int timed_out = 0;
   pthread_mutex_lock(&stream->mu);
   while (stream->completed < stream->enqueued && !timed_out)
@@ -391,16 +415,38 @@ kz_plugin_result_t example_stream_destroy(void* context, kz_plugin_stream_t stre
     }
     pthread_mutex_unlock(&stream->mu);
   }
-  pthread_join(stream->worker, NULL);
 
-  stream->magic = 0;
-  pthread_cond_destroy(&stream->done_cv);
-  pthread_cond_destroy(&stream->work_cv);
-  pthread_mutex_destroy(&stream->mu);
-  free(stream);
+  /* Wait for the worker to leave its loop: after a cancel it skips what is left and runs only the
+   * host callbacks, so this second wait is long only while a callback does not return. It is
+   * bounded too; if it runs out, the stream is left to its worker, which frees it when that
+   * callback finally returns, and the caller learns (KZ_PLUGIN_ERR_TIMEOUT) that a thread of the
+   * plugin is still running: it must then neither finalize the context nor unload the library. */
+  const struct timespec exit_deadline = example_deadline(timeout_ns);
+  int exit_timed_out = 0;
+  pthread_mutex_lock(&stream->mu);
+  while (!stream->exited && !exit_timed_out)
+    exit_timed_out = pthread_cond_timedwait(&stream->done_cv, &stream->mu, &exit_deadline) == ETIMEDOUT;
+  const int exited = stream->exited;
+  const pthread_t worker = stream->worker;
+  stream->magic = 0; /* a stale handle from here on, whoever frees the memory */
+  if (!exited) stream->orphaned = 1;
+  pthread_mutex_unlock(&stream->mu);
+
+  if (!exited) {
+    /* The worker may free the stream at any moment now: it is not touched again. */
+    pthread_detach(worker);
+    return example_error(KZ_PLUGIN_ERR_TIMEOUT,
+                         "stream_destroy: a host callback of the stream has not returned %.3f s after the stream "
+                         "was cancelled (KIZUNA_TIMEOUT); the stream's thread is left to finish it and free the "
+                         "stream, so the plugin must stay loaded",
+                         (double)timeout_ns / 1e9);
+  }
+  pthread_join(worker, NULL);
+  example_stream_free(stream);
   if (timed_out)
-    return example_error(KZ_PLUGIN_ERR_TIMEOUT, "stream_destroy: %llu operations still pending after %.3f s; cancelled",
-                         (unsigned long long)pending, (double)EXAMPLE_INTERNAL_TIMEOUT_NS / 1e9);
+    return example_error(KZ_PLUGIN_ERR_TIMEOUT,
+                         "stream_destroy: %llu operations still pending after %.3f s (KIZUNA_TIMEOUT); cancelled",
+                         (unsigned long long)pending, (double)timeout_ns / 1e9);
   return KZ_PLUGIN_OK;
 }
 

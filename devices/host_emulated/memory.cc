@@ -209,6 +209,13 @@ Result<std::unique_ptr<device::Buffer>> MemoryManager::Import(device::Device* de
   if (!S_ISREG(st.st_mode))
     return InvalidArgument(
         fmt::format("{}: fd {} is not a memory file (memfd), cannot import it", device->label(), fd));
+  // An object the exporter (or anyone holding the fd) could still shrink would turn a later copy
+  // into SIGBUS: accept only memory sealed against shrinking, as host_emulated's own exports are.
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0)
+    return InvalidArgument(fmt::format("{}: fd {} is not sealed against shrinking (F_SEAL_SHRINK): the exporter "
+                                       "must seal it, or a later truncation would crash this process",
+                                       device->label(), fd));
   const auto object_bytes = static_cast<uint64_t>(st.st_size);
   if (exported.offset > object_bytes || exported.size > object_bytes - exported.offset)
     return InvalidArgument(fmt::format("{}: exported region [{}, {}) exceeds the memory object's {} bytes",

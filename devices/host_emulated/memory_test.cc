@@ -175,6 +175,18 @@ TEST(HostEmulatedMemory, ImportRejectsBadExports) {
   not_memory.size = 4096;
   EXPECT_TRUE(HasCode(emu.dev(1).Import(not_memory).status(), StatusCode::kInvalidArgument));
 
+  // An unsealed memory file could be truncated under the importer (SIGBUS on the next copy).
+  UniqueFd unsealed(memfd_create("kz-unsealed", MFD_CLOEXEC));
+  ASSERT_TRUE(unsealed.valid());
+  ASSERT_EQ(ftruncate(unsealed.get(), 8192), 0);
+  ExportedMemory unsealed_export;
+  unsealed_export.fd = std::move(unsealed);
+  unsealed_export.backend = "host_emulated";
+  unsealed_export.size = 4096;
+  auto u = emu.dev(1).Import(unsealed_export);
+  EXPECT_TRUE(HasCode(u.status(), StatusCode::kInvalidArgument));
+  EXPECT_TRUE(Mentions(u.status(), "F_SEAL_SHRINK"));
+
   ExportedMemory opaque;
   opaque.kind = device::ExportKind::kOpaque;
   opaque.opaque = {1, 2, 3};

@@ -21,9 +21,6 @@ namespace {
 constexpr int kSlots = 1024;  // KIZUNA_EMULATED_DEVICES is at most 1024
 constexpr size_t kSlotBytes = 64;  // one cache line per device: no false sharing between devices
 constexpr size_t kSegmentBytes = kSlots * kSlotBytes;
-// A timeline further in the future than this is stale (left by a process whose clock reading
-// cannot be trusted): restart it from now rather than stall every process.
-constexpr int64_t kStaleNs = int64_t{3600} * 1000000000;
 
 static_assert(std::atomic<int64_t>::is_always_lock_free, "cross-process atomics need lock-free int64");
 
@@ -47,8 +44,19 @@ class SharedTimelines {
       return nullptr;
     }
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0 ||
-        (st.st_size < static_cast<off_t>(kSegmentBytes) && ::ftruncate(fd.get(), kSegmentBytes) != 0)) {
+    if (::fstat(fd.get(), &st) != 0) {
+      KZ_WARN(kLogDevice, "host_emulated: fstat({}) failed: {}; throttles are per process", name, std::strerror(errno));
+      return nullptr;
+    }
+    // Only a segment this user owns and nobody else can write: anyone able to truncate it could
+    // make every throttled process fault on its next reservation.
+    if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+      KZ_WARN(kLogDevice, "host_emulated: /dev/shm{} is owned by uid {} with mode {:o}, not private to uid {}; "
+              "throttles are per process",
+              name, st.st_uid, st.st_mode & 0777, ::geteuid());
+      return nullptr;
+    }
+    if (st.st_size < static_cast<off_t>(kSegmentBytes) && ::ftruncate(fd.get(), kSegmentBytes) != 0) {
       KZ_WARN(kLogDevice, "host_emulated: sizing {} failed: {}; throttles are per process", name,
               std::strerror(errno));
       return nullptr;
@@ -87,7 +95,7 @@ DevicePacer::~DevicePacer() = default;
 std::atomic<int64_t>* DevicePacer::Slot() {
   std::call_once(attach_once_, [this] {
     if (device_index_ >= 0 && device_index_ < kSlots) {
-      shared_ = SharedTimelines::Attach(fmt::format("/kizuna-emu-{}-{}", ::getuid(), host_identity_));
+      shared_ = SharedTimelines::Attach(fmt::format("/kizuna-emu-{}-{}", ::geteuid(), host_identity_));
     }
     slot_ = shared_ != nullptr ? shared_->slot(device_index_) : &local_;
   });
@@ -100,7 +108,9 @@ Deadline::Clock::time_point DevicePacer::Reserve(std::chrono::nanoseconds durati
   int64_t busy = slot->load(std::memory_order_relaxed);
   int64_t end;
   do {
-    const int64_t start = (busy < now || busy - now > kStaleNs) ? now : busy;
+    // No staleness check: the segment's name carries the boot id and /dev/shm does not outlive a
+    // boot, so every value in it was written against this boot's CLOCK_MONOTONIC.
+    const int64_t start = busy < now ? now : busy;
     end = start + duration.count();
   } while (!slot->compare_exchange_weak(busy, end, std::memory_order_relaxed));
   return Deadline::Clock::time_point(std::chrono::nanoseconds(end));

@@ -109,7 +109,9 @@ class Stream {
   Status Copy(void* dst, const void* src, size_t bytes);
 
   // dst[i] = srcs[0][i] op ... op srcs[n-1][i] for i < count (semantics: runtime/host_reduce.h).
-  // dst may be exactly one of the inputs. At least one input.
+  // dst may be exactly one of the inputs. At least one input. The `srcs` array itself is read
+  // during the call only (the pointers are copied); the memory it points to is read when the
+  // operation runs.
   Status Reduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type, ReduceOp op);
 
   // Captures all work enqueued so far; the event completes when that work has.
@@ -118,7 +120,8 @@ class Stream {
   // The event may belong to another device of the same backend.
   Status Wait(const Event& event);
   // Runs `fn` on a backend thread after all earlier work. It must not block for long and must not
-  // synchronize this stream.
+  // synchronize this stream. It may destroy this stream (the backend finishes the teardown on
+  // another thread).
   Status EnqueueHostCallback(HostCallback fn);
 
   // Waits until all enqueued work is done; returns the stream's error, if any; kTimeout at the deadline.

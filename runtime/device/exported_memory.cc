@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -62,14 +63,28 @@ Status RecvAll(int sock, void* buf, size_t len, Deadline deadline, UniqueFd* fd_
       if (errno == EINTR || errno == EAGAIN) continue;
       return FromErrno(errno, "recvmsg");
     }
-    if (n == 0) return RemoteError("peer closed the socket while sending exported memory");
+    // Take ownership of every descriptor that arrived before judging the message, so that none
+    // leaks: a well-formed message carries exactly one, in the first segment.
+    int extra_fds = 0;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && fd_out != nullptr) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
         int fd;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof(fd));
-        fd_out->Reset(fd);
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
+        if (fd_out != nullptr && !fd_out->valid()) {
+          fd_out->Reset(fd);
+        } else {
+          ::close(fd);
+          ++extra_fds;
+        }
       }
     }
+    if (extra_fds > 0)
+      return InvalidArgument(fmt::format("exported-memory message carried {} unexpected file descriptor(s)", extra_fds));
+    if (msg.msg_flags & MSG_CTRUNC)
+      return InvalidArgument("exported-memory message carried more control data than one descriptor");
+    if (n == 0) return RemoteError("peer closed the socket while sending exported memory");
     got += static_cast<size_t>(n);
   }
   return Status::Ok();

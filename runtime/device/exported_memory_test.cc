@@ -1,5 +1,6 @@
 #include "runtime/device/exported_memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +14,13 @@ namespace kizuna::device {
 namespace {
 
 using std::chrono::milliseconds;
+
+int OpenFdCount() {
+  int n = 0;
+  for (int fd = 0; fd < 4096; ++fd)
+    if (fcntl(fd, F_GETFD) != -1) ++n;
+  return n;
+}
 
 struct SocketPair {
   SocketPair() {
@@ -99,6 +107,31 @@ TEST(ExportedMemoryTest, ErrorsAreReportedNotHung) {
     auto r = ReceiveExportedMemory(s.b.get(), Deadline::After(milliseconds(2000)));
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find("bad magic"), std::string::npos) << r.status().message();
+  }
+  {
+    // Two descriptors in one message (a malformed or hostile sender): refused, and neither leaks.
+    SocketPair s;
+    UniqueFd f1(memfd_create("kz-a", MFD_CLOEXEC)), f2(memfd_create("kz-b", MFD_CLOEXEC));
+    char byte = 'x';
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    int fds[2] = {f1.get(), f2.get()};
+    std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+    ASSERT_EQ(sendmsg(s.a.get(), &msg, 0), 1);
+    const int before = OpenFdCount();
+    auto r = ReceiveExportedMemory(s.b.get(), Deadline::After(milliseconds(2000)));
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("unexpected file descriptor"), std::string::npos) << r.status().message();
+    EXPECT_EQ(OpenFdCount(), before);
   }
   {
     ExportedMemory no_fd;  // kind fd without an fd

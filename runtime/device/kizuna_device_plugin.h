@@ -24,8 +24,21 @@
  *    and host callbacks (sticky, like a CUDA stream error).
  *  - A stream that waits on an event whose captured work failed takes that error (sticky).
  *  - Every wait takes a timeout in nanoseconds and returns KZ_PLUGIN_ERR_TIMEOUT when it passes.
+ *    The one exception in api 1.0 is stream_destroy (see there): the plugin bounds it itself.
  *  - Functions may be called from several threads at once.
  *  - No C++ exceptions, no longjmp across this boundary.
+ *
+ * Host callbacks and the threads they run on:
+ *  - kizuna never calls stream_destroy or finalize, and never unloads the library, from inside a
+ *    host callback on a plugin thread (not even when the application destroys a stream, or drops
+ *    the last object of the plugin, in its callback): it hands those to a thread of its own. Nor
+ *    does kizuna's own code make a blocking call (stream_synchronize, event_synchronize,
+ *    stream_destroy) from a host callback. So a plugin never has to join, or wait for, the thread
+ *    a call arrives on, and its code stays mapped while any of its threads runs.
+ *  - The application's code inside a callback may still call into the plugin (enqueue, query,
+ *    free memory, destroy events). It must not block for long and must not synchronize its own
+ *    stream (runtime/device/device.h); a plugin should answer a wait on the calling callback's own
+ *    stream with KZ_PLUGIN_ERR_INVALID_ARGUMENT rather than deadlock.
  */
 #ifndef KIZUNA_DEVICE_PLUGIN_H_
 #define KIZUNA_DEVICE_PLUGIN_H_
@@ -96,7 +109,9 @@ typedef struct kz_plugin_event* kz_plugin_event_t;
 
 /* Called once all earlier work on the stream is done, with KZ_PLUGIN_OK or the stream's error.
  * Runs on a plugin thread; must not block for long. Called exactly once, also after a stream error
- * or when the stream is destroyed with the callback still queued, so user_data can always be freed. */
+ * or when the stream is destroyed with the callback still queued, so user_data can always be freed;
+ * always before stream_destroy of its stream returns. kizuna's function never calls stream_destroy
+ * or finalize, nor unloads the library, on this thread (see "Host callbacks" above). */
 typedef void (*kz_plugin_host_fn_t)(void* user_data, kz_plugin_result_t stream_status);
 
 typedef struct kz_device_plugin_api {
@@ -112,6 +127,9 @@ typedef struct kz_device_plugin_api {
   /* Creates the plugin's context. KZ_PLUGIN_ERR_UNAVAILABLE (with last_error saying why) when there
    * is no device or driver on this machine. */
   kz_plugin_result_t (*init)(void** context);
+  /* Called once per context, after every stream, event and allocation of it has been released,
+   * and never on a plugin thread (see "Host callbacks" above). Not called at all when a
+   * stream_destroy of the context failed: a thread of the plugin may still be running then. */
   void (*finalize)(void* context);
 
   kz_plugin_result_t (*device_count)(void* context, int32_t* count);
@@ -133,10 +151,23 @@ typedef struct kz_device_plugin_api {
   kz_plugin_result_t (*mem_unimport)(void* context, int32_t device, void* ptr, uint64_t bytes);
 
   kz_plugin_result_t (*stream_create)(void* context, int32_t device, kz_plugin_stream_t* stream);
-  /* Waits for queued work (the plugin bounds that wait), then frees the stream. */
+  /* Waits for queued work, then frees the stream. When it returns, every host callback of the
+   * stream has run, exactly once, and returned (callbacks still queued at a cancel run with the
+   * stream's error or KZ_PLUGIN_ERR_ABORTED), so the host may free what they use. Never called on
+   * a plugin thread (see "Host callbacks" above).
+   * api 1.0 gives stream_destroy no timeout, so the plugin MUST bound its own wait with an
+   * internal timeout (the example plugin takes KIZUNA_TIMEOUT from the environment, default
+   * 600 s): when it runs out, the plugin cancels what is left and returns KZ_PLUGIN_ERR_TIMEOUT,
+   * and must not hang. If a host callback still has not returned then, the plugin may leave the
+   * stream to its own thread and return KZ_PLUGIN_ERR_TIMEOUT: after any failed stream_destroy
+   * kizuna assumes plugin code may still be running, so it never calls finalize for that context
+   * and never unloads the library. A stream_destroy variant that takes a timeout_ns is a
+   * candidate for api 1.1. */
   kz_plugin_result_t (*stream_destroy)(void* context, kz_plugin_stream_t stream);
   kz_plugin_result_t (*stream_copy)(void* context, kz_plugin_stream_t stream, void* dst, const void* src,
                                     uint64_t bytes);
+  /* srcs (the array of num_srcs pointers) is read during this call only: copy the pointers if the
+   * reduction runs later. The memory they point to is read when the operation runs. */
   kz_plugin_result_t (*stream_reduce)(void* context, kz_plugin_stream_t stream, void* dst, const void* const* srcs,
                                       uint32_t num_srcs, uint64_t count, int32_t dtype, int32_t op);
   kz_plugin_result_t (*stream_host_callback)(void* context, kz_plugin_stream_t stream, kz_plugin_host_fn_t fn,

@@ -1,14 +1,19 @@
 #include "runtime/device/plugin_backend.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <source_location>
 #include <string_view>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -74,6 +79,43 @@ std::string BoundedString(const char* s, size_t max) {
   return std::string(s, strnlen(s, max));
 }
 
+// Non-zero while this thread runs a host callback for a plugin (HostCallbackTrampoline), i.e. it
+// is a plugin's thread, inside the plugin's code. stream_destroy there would wait for the very
+// thread it runs on, and finalize + dlclose would unmap the code it returns into; so a stream, or
+// the last reference to a library, released on such a thread is handed to a thread of kizuna's
+// own (RunOnOwnThread). Any plugin's callback counts: a wait on another plugin's thread
+// from inside a callback could just as well close a cycle.
+thread_local int t_host_callback_depth = 0;
+
+bool OnPluginCallbackThread() { return t_host_callback_depth > 0; }
+
+// Marks the current thread as inside a host callback for the scope.
+class HostCallbackScope {
+ public:
+  HostCallbackScope() { ++t_host_callback_depth; }
+  ~HostCallbackScope() { --t_host_callback_depth; }
+  HostCallbackScope(const HostCallbackScope&) = delete;
+  HostCallbackScope& operator=(const HostCallbackScope&) = delete;
+};
+
+// Runs `job` (a heap object with a Run() that consumes it) on a new detached thread that kizuna
+// owns. Returns false, with `job` still the caller's, when no thread can be started.
+template <typename Job>
+bool RunOnOwnThread(std::unique_ptr<Job>& job) noexcept {
+  Job* raw = job.get();
+  try {
+    std::thread([raw] {
+      pthread_setname_np(pthread_self(), "kz-plugin-rel");  // for debuggers and top
+      std::unique_ptr<Job> owned(raw);
+      owned->Run();
+    }).detach();
+  } catch (const std::system_error&) {
+    return false;  // the lambda held only a raw pointer: nothing was released
+  }
+  job.release();  // the thread owns it now
+  return true;
+}
+
 // Closes a dlopen handle; the loader holds one until a PluginLibrary takes it over.
 struct DlCloser {
   void operator()(void* handle) const {
@@ -85,7 +127,9 @@ using DlHandle = std::unique_ptr<void, DlCloser>;
 
 // Everything the plugin's objects need: the dlopen handle, the function table and the context.
 // The backend and every device, buffer, stream and event hold it through a shared_ptr, so
-// finalize and dlclose run after the last of them is gone, in whatever order they are destroyed.
+// finalize and dlclose run after the last of them is gone, in whatever order they are destroyed,
+// and never on a plugin's thread (DeleteLibrary). A library whose stream_destroy failed is
+// abandoned: a plugin thread may still be running its code, so it is never finalized or closed.
 class PluginLibrary {
  public:
   PluginLibrary(DlHandle handle, const kz_device_plugin_api_t* api, std::string path, std::string name,
@@ -111,6 +155,17 @@ class PluginLibrary {
   const std::string& name() const { return name_; }
   const std::string& version() const { return version_; }
   const std::string& domain() const { return domain_; }
+
+  // Keeps the library loaded, unfinalized, until the process exits. Called when a plugin thread
+  // may still run its code after kizuna is done with it (stream_destroy failed, or no thread could
+  // be started to release it off a plugin thread). Idempotent; logs once.
+  void Abandon(std::string_view why) const {
+    if (abandoned_.exchange(true)) return;
+    KZ_WARN(kLogPlugin, "{} ({}): {}; a thread of the plugin may still run its code, so the plugin stays loaded "
+            "(no finalize, no dlclose) until the process exits",
+            domain_, path_, why);
+  }
+  bool abandoned() const { return abandoned_.load(); }
 
   Status Init() {
     void* context = nullptr;
@@ -149,9 +204,63 @@ class PluginLibrary {
   std::string domain_;
   void* context_ = nullptr;
   bool initialized_ = false;
+  mutable std::atomic<bool> abandoned_{false};
 };
 
 using LibraryRef = std::shared_ptr<const PluginLibrary>;
+
+// The last reference to a library released on a plugin's thread: finalize and dlclose run on a
+// thread of kizuna's own instead.
+struct DeferredLibraryDelete {
+  PluginLibrary* lib;
+  void Run() { delete lib; }
+};
+
+// Abandoned libraries, kept (objects included: a callback still running may read one through its
+// holder) until the process exits; listed here so that they stay reachable, not leaked.
+void KeepForever(PluginLibrary* lib) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<PluginLibrary*>();  // never destroyed: outlives every thread
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(lib);
+}
+
+// The deleter of every LibraryRef.
+void DeleteLibrary(PluginLibrary* lib) noexcept {
+  if (lib->abandoned()) {
+    KeepForever(lib);
+    return;
+  }
+  if (!OnPluginCallbackThread()) {
+    delete lib;
+    return;
+  }
+  auto job = std::make_unique<DeferredLibraryDelete>(DeferredLibraryDelete{lib});
+  if (!RunOnOwnThread(job)) {
+    lib->Abandon("released inside a host callback and no thread could be started to unload it");
+    KeepForever(lib);
+  }
+}
+
+// stream_destroy on the calling thread (never a plugin thread). A failure means the plugin may
+// still run code for that stream (a host callback that did not return in its time): the library is
+// then abandoned rather than finalized and unloaded under that thread.
+void DestroyPluginStream(const PluginLibrary& lib, kz_plugin_stream_t handle, const std::string& label) {
+  Status s = lib.ToStatus(lib.api().stream_destroy(lib.context(), handle), "stream_destroy").WithContext(label);
+  if (s.ok()) return;
+  KZ_WARN(kLogPlugin, "{}", s.ToString());
+  lib.Abandon(fmt::format("stream_destroy on {} failed", label));
+}
+
+// A stream released on a plugin's thread (typically from its own host callback): stream_destroy
+// and the release of its library reference run on a thread of kizuna's own. stream_destroy there
+// waits for the callback that released it to return, as the ABI promises for every callback.
+struct DeferredStreamDestroy {
+  LibraryRef lib;
+  kz_plugin_stream_t handle;
+  std::string label;
+  void Run() { DestroyPluginStream(*lib, handle, label); }  // then lib is released here
+};
 
 class PluginDevice;
 
@@ -198,33 +307,41 @@ class PluginEvent final : public Event {
   }
 
  private:
+  // The label saved at creation, not device().label(): the stream and the event keep the library
+  // alive and work after the backend (and its devices) are gone.
   Status Check(kz_plugin_result_t rc, std::string_view what,
                std::source_location where = std::source_location::current()) const {
-    return lib_->ToStatus(rc, what, where).WithContext(device().label());
+    return lib_->ToStatus(rc, what, where).WithContext(label_);
   }
 
   LibraryRef lib_;
   kz_plugin_event_t handle_;
+  std::string label_;  // the device's
 };
 
 // What a host callback's user_data points to: owned by the plugin from a successful
 // stream_host_callback until the trampoline runs (exactly once) and deletes it.
 struct HostCallbackHolder {
   HostCallback fn;
-  // A plain pointer, not a LibraryRef: dropping the last reference on a plugin thread would run
-  // finalize and dlclose from inside the plugin's own code. The stream keeps the library alive
-  // until its queued work, this callback included, has run.
+  // A plain pointer, not a LibraryRef: the stream keeps the library alive until its queued work,
+  // this callback included, has run (stream_destroy returns only after every callback has), and an
+  // abandoned library is never deleted.
   const PluginLibrary* lib;
   std::string label;  // the stream's device, for the status
 };
 
 void HostCallbackTrampoline(void* user_data, kz_plugin_result_t stream_status) {
+  // Declared first, so it also covers the holder's destruction: the callback's captures may own
+  // the stream, or the last objects of the plugin.
+  HostCallbackScope on_plugin_thread;
   std::unique_ptr<HostCallbackHolder> holder(static_cast<HostCallbackHolder*>(user_data));
+  const PluginLibrary* lib = holder->lib;
   // No exception may unwind through the plugin's C frames.
   try {
-    holder->fn(holder->lib->StreamStatus(stream_status).WithContext(holder->label));
+    holder->fn(lib->StreamStatus(stream_status).WithContext(holder->label));
+    holder.reset();
   } catch (...) {
-    KZ_WARN(kLogPlugin, "{}: a host callback threw an exception; it was dropped", holder->lib->domain());
+    KZ_WARN(kLogPlugin, "{}: a host callback threw an exception; it was dropped", lib->domain());
   }
 }
 
@@ -232,9 +349,20 @@ class PluginStream final : public Stream {
  public:
   PluginStream(PluginDevice* device, LibraryRef lib, kz_plugin_stream_t handle);
   ~PluginStream() override {
-    // The plugin bounds the wait for queued work (see stream_destroy in the ABI header).
-    Status s = lib_->ToStatus(lib_->api().stream_destroy(lib_->context(), handle_), "stream_destroy");
-    if (!s.ok()) KZ_WARN(kLogPlugin, "{}", s.ToString());
+    // On a plugin's thread (the application drops the stream in a host callback) stream_destroy
+    // would wait for the thread it runs on: it goes to a thread of kizuna's own (the ABI promises
+    // plugins this). Elsewhere it runs here; the plugin bounds its wait (see stream_destroy in the
+    // ABI header). The device may be gone already: only the label saved at creation is used.
+    if (OnPluginCallbackThread()) {
+      auto job = std::make_unique<DeferredStreamDestroy>(DeferredStreamDestroy{lib_, handle_, label_});
+      if (!RunOnOwnThread(job)) {
+        KZ_WARN(kLogPlugin, "{}: stream released inside a host callback and no thread could be started to destroy "
+                "it; the stream is leaked", label_);
+        lib_->Abandon(fmt::format("a stream of {} could not be destroyed", label_));
+      }
+      return;
+    }
+    DestroyPluginStream(*lib_, handle_, label_);
   }
 
  protected:
@@ -264,7 +392,7 @@ class PluginStream final : public Stream {
 
   Status DoHostCallback(HostCallback fn) override {
     auto holder =
-        std::make_unique<HostCallbackHolder>(HostCallbackHolder{std::move(fn), lib_.get(), device().label()});
+        std::make_unique<HostCallbackHolder>(HostCallbackHolder{std::move(fn), lib_.get(), label_});
     kz_plugin_result_t rc =
         lib_->api().stream_host_callback(lib_->context(), handle_, &HostCallbackTrampoline, holder.get());
     if (rc != KZ_PLUGIN_OK) return Check(rc, "stream_host_callback");  // not queued: holder freed here
@@ -285,9 +413,11 @@ class PluginStream final : public Stream {
   }
 
  private:
+  // The label saved at creation, not device().label(): the stream and the event keep the library
+  // alive and work after the backend (and its devices) are gone.
   Status Check(kz_plugin_result_t rc, std::string_view what,
                std::source_location where = std::source_location::current()) const {
-    return lib_->ToStatus(rc, what, where).WithContext(device().label());
+    return lib_->ToStatus(rc, what, where).WithContext(label_);
   }
 
   // The public wrapper checked that the event's backend has this name; a second load of the same
@@ -301,6 +431,7 @@ class PluginStream final : public Stream {
 
   LibraryRef lib_;
   kz_plugin_stream_t handle_;
+  std::string label_;  // the device's
 };
 
 class PluginDevice final : public Device {
@@ -376,10 +507,10 @@ PluginBuffer::PluginBuffer(PluginDevice* device, void* data, size_t size, bool i
     : Buffer(device, data, size, imported), lib_(std::move(lib)), index_(index) {}
 
 PluginEvent::PluginEvent(PluginDevice* device, LibraryRef lib, kz_plugin_event_t handle)
-    : Event(device), lib_(std::move(lib)), handle_(handle) {}
+    : Event(device), lib_(std::move(lib)), handle_(handle), label_(device->label()) {}
 
 PluginStream::PluginStream(PluginDevice* device, LibraryRef lib, kz_plugin_stream_t handle)
-    : Stream(device), lib_(std::move(lib)), handle_(handle) {}
+    : Stream(device), lib_(std::move(lib)), handle_(handle), label_(device->label()) {}
 
 class PluginBackend final : public Backend {
  public:
@@ -539,10 +670,12 @@ Result<std::unique_ptr<Backend>> LoadDevicePlugin(const std::string& path, const
   const kz_device_plugin_api_t* api = get_api(KZ_DEVICE_PLUGIN_API_MAJOR, KZ_DEVICE_PLUGIN_API_MINOR);
   KZ_RETURN_IF_ERROR(CheckTable(api, path));
 
-  auto lib = std::make_shared<PluginLibrary>(std::move(handle), api, path, BoundedString(api->name, kMaxNameLength),
-                                             api->version != nullptr
-                                                 ? BoundedString(api->version, kMaxVersionLength)
-                                                 : std::string("unknown"));
+  // Through DeleteLibrary, so that the last release never finalizes or unloads on a plugin thread.
+  std::shared_ptr<PluginLibrary> lib(
+      new PluginLibrary(std::move(handle), api, path, BoundedString(api->name, kMaxNameLength),
+                        api->version != nullptr ? BoundedString(api->version, kMaxVersionLength)
+                                                : std::string("unknown")),
+      &DeleteLibrary);
   const std::string where = fmt::format("device plugin '{}' ({})", lib->name(), path);
   KZ_RETURN_IF_ERROR(lib->Init().WithContext(where));
 

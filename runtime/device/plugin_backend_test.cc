@@ -1,11 +1,18 @@
 // LoadDevicePlugin: the example plugin through the Backend / Device / Stream / Event wrapper, and
 // every way a broken plugin is refused (runtime/device/testdata/). The generic device behaviour
 // (dtype x op sweeps, sizes, concurrency) is the conformance suite's job; this file checks loading,
-// validation, the conversion of plugin results into Status, and the wrapper's plumbing.
+// validation, the conversion of plugin results into Status, the wrapper's plumbing (streams
+// released from their own host callbacks, bounded teardown), and how the registry adds plugins
+// (each file once, each backend name once).
 //
 // Arguments: --example_plugin=PATH, then the paths of the testdata files.
 #include "runtime/device/plugin_backend.h"
 
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -15,11 +22,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -28,6 +39,7 @@
 #include "runtime/config.h"
 #include "runtime/deadline.h"
 #include "runtime/device/device.h"
+#include "runtime/device/registry.h"
 #include "runtime/status.h"
 
 namespace kizuna::device {
@@ -65,6 +77,51 @@ class ScopedEnv {
  private:
   const char* name_;
 };
+
+// The threads of this process (the example plugin runs one per stream).
+int ThreadCount() {
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (const dirent* e = readdir(dir))
+    if (e->d_name[0] != '.') ++n;
+  closedir(dir);
+  return n;
+}
+
+// Polls `done` every few milliseconds (sleeping, not spinning) until it holds or `limit` passes.
+bool Eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// Whether the shared library at `path` is mapped in this process (without loading it).
+bool LibraryLoaded(const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return false;
+  dlclose(handle);  // NOLOAD took a reference too
+  return true;
+}
+
+std::string Canonical(const std::string& path) {
+  char resolved[PATH_MAX];
+  return realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
+}
+
+// A copy of the example plugin under another file name: the same backend name, another file.
+std::string CopyOfExamplePlugin(const std::string& file_name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path dir = tmp != nullptr ? tmp : std::filesystem::temp_directory_path().string();
+  const std::filesystem::path copy = dir / file_name;
+  std::error_code ec;
+  std::filesystem::copy_file(g_example_plugin, copy, std::filesystem::copy_options::overwrite_existing, ec);
+  if (ec) ADD_FAILURE() << "copying " << g_example_plugin << " to " << copy << ": " << ec.message();
+  return copy.string();
+}
 
 // A gate a host callback blocks on, with its own deadline so a failing test cannot hang.
 class Gate {
@@ -291,6 +348,17 @@ TEST_F(ExamplePluginTest, ExportAndImportShareMemory) {
   EXPECT_EQ(exported->size, 2 * page);
   EXPECT_EQ(exported->backend, "example");
   EXPECT_EQ(exported->device_uuid, "kz-example-0");
+  // Sealed: no holder of the fd can shrink (or grow) the memory under another's mapping, nor add
+  // seals that would stop later imports.
+  const int seals = fcntl(exported->fd.get(), F_GET_SEALS);
+  ASSERT_GE(seals, 0) << std::strerror(errno);
+  EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  const int shrink = ftruncate(exported->fd.get(), static_cast<off_t>(page));
+  const int shrink_errno = errno;
+  EXPECT_NE(shrink, 0);
+  EXPECT_EQ(shrink_errno, EPERM);
+  EXPECT_NE(ftruncate(exported->fd.get(), static_cast<off_t>(8 * page)), 0);
+  EXPECT_NE(fcntl(exported->fd.get(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE), 0);
 
   auto imported = device(1).Import(*exported);
   ASSERT_TRUE(imported.ok()) << imported.status().ToString();
@@ -322,9 +390,10 @@ TEST_F(ExamplePluginTest, PluginRejectionsBecomeStatuses) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   ExportedMemory bogus;
   bogus.kind = ExportKind::kFd;
-  bogus.fd = UniqueFd(memfd_create("plugin_backend_test", MFD_CLOEXEC));
+  bogus.fd = UniqueFd(memfd_create("plugin_backend_test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(bogus.fd.valid());
   ASSERT_EQ(ftruncate(bogus.fd.get(), static_cast<off_t>(page)), 0);
+  ASSERT_EQ(fcntl(bogus.fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
   bogus.offset = 0;
   bogus.size = 2 * page;
   bogus.backend = "example";
@@ -339,6 +408,61 @@ TEST_F(ExamplePluginTest, PluginRejectionsBecomeStatuses) {
   bogus.opaque = {1, 2, 3};
   auto opaque = device(0).Import(bogus);
   EXPECT_EQ(opaque.status().code(), StatusCode::kNotSupported) << opaque.status().ToString();
+}
+
+TEST_F(ExamplePluginTest, ImportRequiresMemorySealedAgainstShrinking) {
+  // Memory another process could shrink under the mapping (turning a later touch into SIGBUS) is
+  // refused, however well the range fits today.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto describe = [&](int fd) {
+    ExportedMemory m;
+    m.kind = ExportKind::kFd;
+    m.fd = UniqueFd(fd);
+    m.size = page;
+    m.backend = "example";
+    return m;
+  };
+  auto expect_refused = [&](ExportedMemory m, const char* why) {
+    SCOPED_TRACE(why);
+    ASSERT_TRUE(m.fd.valid()) << std::strerror(errno);
+    auto r = device(0).Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(),
+                AllOf(HasSubstr("mem_import_fd failed"), HasSubstr("not sealed against shrinking"),
+                      HasSubstr("the exporter must seal it"), HasSubstr("F_SEAL_SHRINK")));
+  };
+
+  // A memfd that cannot be sealed at all (no MFD_ALLOW_SEALING).
+  ExportedMemory unsealable = describe(memfd_create("plugin_backend_test_unsealable", MFD_CLOEXEC));
+  ASSERT_EQ(ftruncate(unsealable.fd.get(), static_cast<off_t>(page)), 0);
+  expect_refused(std::move(unsealable), "memfd without seals");
+
+  // Sealed, but only against growing.
+  ExportedMemory grow_only = describe(memfd_create("plugin_backend_test_grow", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(ftruncate(grow_only.fd.get(), static_cast<off_t>(page)), 0);
+  ASSERT_EQ(fcntl(grow_only.fd.get(), F_ADD_SEALS, F_SEAL_GROW), 0);
+  expect_refused(std::move(grow_only), "memfd sealed against growing only");
+
+  // A plain file.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string pattern = std::string(tmp != nullptr ? tmp : "/tmp") + "/plugin_backend_test_XXXXXX";
+  const int file = mkstemp(pattern.data());
+  ASSERT_GE(file, 0) << std::strerror(errno);
+  unlink(pattern.c_str());
+  ASSERT_EQ(ftruncate(file, static_cast<off_t>(page)), 0);
+  expect_refused(describe(file), "regular file");
+
+  // Sealed against shrinking: accepted.
+  ExportedMemory sealed = describe(memfd_create("plugin_backend_test_sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(ftruncate(sealed.fd.get(), static_cast<off_t>(page)), 0);
+  ASSERT_EQ(fcntl(sealed.fd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  auto ok = device(0).Import(sealed);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  static_cast<unsigned char*>((*ok)->data())[page - 1] = 0x42;
+  unsigned char last = 0;
+  ASSERT_EQ(pread(sealed.fd.get(), &last, 1, static_cast<off_t>(page - 1)), 1);
+  EXPECT_EQ(last, 0x42);
 }
 
 TEST_F(ExamplePluginTest, StickyStreamErrorReachesEveryObserver) {
@@ -414,6 +538,167 @@ TEST_F(ExamplePluginTest, LibraryOutlivesTheBackend) {
   stream.reset();
   buffer.reset();
   SUCCEED();
+}
+
+// The review's repro: the stream holds the last reference to the plugin (the backend is gone) and
+// is destroyed inside its own host callback, on the plugin's worker thread. stream_destroy,
+// finalize and dlclose must not run there (the worker would wait for itself, or return into
+// unmapped code): they run on a thread of kizuna's, the worker is joined, and the library is
+// unloaded.
+TEST_F(ExamplePluginTest, StreamReleasedInItsOwnCallbackIsDestroyedOffThePluginThread) {
+  auto stream = CreateStream(0);
+  ASSERT_TRUE(stream);
+  // Counted with the stream's worker running (and whatever a first pthread_create may have
+  // started, such as a sanitizer's helper): the worker is the one that must go away.
+  const int threads_with_stream = ThreadCount();
+  ASSERT_GT(threads_with_stream, 1);
+  backend_.reset();  // the stream holds the last reference to the library now
+
+  std::promise<Status> called;
+  Stream* raw = stream.get();
+  ASSERT_TRUE(raw->EnqueueHostCallback([&stream, &called](const Status& s) {
+                   stream.reset();  // destroys the stream from its own callback
+                   called.set_value(s);
+                 })
+                  .ok());
+  auto f = called.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(f.get().ok());
+  EXPECT_EQ(stream, nullptr);
+
+  // The plugin's worker is joined (not leaked), and the library is finalized and unloaded.
+  EXPECT_TRUE(Eventually([&] { return ThreadCount() < threads_with_stream; }))
+      << ThreadCount() << " threads, " << threads_with_stream << " with the stream";
+  EXPECT_TRUE(Eventually([] { return !LibraryLoaded(g_example_plugin); })) << "the plugin was never unloaded";
+}
+
+// The same when the callback's own captures own the stream: they are destroyed after the callback
+// returns, still on the plugin's thread. Work queued after the callback still runs first.
+TEST_F(ExamplePluginTest, StreamOwnedByItsCallbackIsDestroyedOffThePluginThread) {
+  auto buffer = Allocate(0, 4096);
+  std::shared_ptr<Stream> stream = CreateStream(0);
+  ASSERT_TRUE(buffer && stream);
+  const int threads_with_stream = ThreadCount();
+  std::memset(buffer->data(), 0, 4096);
+  static_cast<char*>(buffer->data())[2048] = 7;
+
+  std::promise<void> called;
+  std::promise<Status> later;
+  ASSERT_TRUE(stream->EnqueueHostCallback([keep = stream, &called](const Status&) { called.set_value(); }).ok());
+  ASSERT_TRUE(stream->Copy(buffer->data(), static_cast<char*>(buffer->data()) + 2048, 1024).ok());
+  ASSERT_TRUE(stream->EnqueueHostCallback([&later](const Status& s) { later.set_value(s); }).ok());
+  stream.reset();  // the first callback's capture is the last owner
+  auto c = called.get_future();
+  ASSERT_EQ(c.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  auto l = later.get_future();
+  ASSERT_EQ(l.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(l.get().ok());
+  EXPECT_TRUE(Eventually([&] { return ThreadCount() < threads_with_stream; }));
+  EXPECT_EQ(static_cast<char*>(buffer->data())[0], 7) << "the copy queued behind the callback did not run";
+}
+
+// stream_destroy takes no timeout in api 1.0: the plugin bounds it by KIZUNA_TIMEOUT. With a host
+// callback that does not return, the destroy gives up (the worker finishes the callback later and
+// frees the stream itself), and kizuna keeps that library loaded for the worker's sake. A copy of
+// the plugin is used, so the library it leaves loaded is not the one other tests unload.
+TEST(ExamplePluginTeardown, DestroyIsBoundedByKizunaTimeoutWhenACallbackHangs) {
+  const std::string copy = CopyOfExamplePlugin("libkz_example_hung_callback.so");
+  Config config = TestConfig();
+  std::unique_ptr<Backend> backend;
+  {
+    ScopedEnv timeout("KIZUNA_TIMEOUT", "0.2");  // read by the plugin in init
+    auto loaded = LoadDevicePlugin(copy, config);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    backend = std::move(loaded).value();
+  }
+  auto stream = backend->device(0)->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  const int threads_with_stream = ThreadCount();
+
+  auto gate = std::make_shared<Gate>();
+  auto returned = std::make_shared<std::promise<Status>>();
+  auto aborted = std::make_shared<std::promise<Status>>();
+  ASSERT_TRUE((*stream)
+                  ->EnqueueHostCallback([gate, returned](const Status& s) {
+                    EXPECT_TRUE(gate->WaitOpen(std::chrono::seconds(10)));
+                    returned->set_value(s);
+                  })
+                  .ok());
+  ASSERT_TRUE((*stream)->EnqueueHostCallback([aborted](const Status& s) { aborted->set_value(s); }).ok());
+
+  const auto start = std::chrono::steady_clock::now();
+  stream->reset();  // 0.2 s for the queue, a cancel, 0.2 s for the callback: then it gives up
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, std::chrono::milliseconds(350));
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  backend.reset();  // every object is gone, but the library must stay: its worker still runs
+  EXPECT_TRUE(LibraryLoaded(copy));
+
+  gate->Open();
+  auto r = returned->get_future();
+  ASSERT_EQ(r.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(r.get().ok());
+  // The callback queued behind the hung one still ran, exactly once, told why.
+  auto a = aborted->get_future();
+  ASSERT_EQ(a.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  Status as = a.get();
+  EXPECT_EQ(as.code(), StatusCode::kAborted) << as.ToString();
+  // The worker then exits on its own (and frees the stream: ASan / valgrind runs would see it).
+  EXPECT_TRUE(Eventually([&] { return ThreadCount() < threads_with_stream; }));
+  EXPECT_TRUE(LibraryLoaded(copy)) << "an abandoned plugin must stay loaded";
+}
+
+// ---- the registry: each plugin file once, each backend name once ----
+
+TEST(PluginRegistry, APluginListedTwiceIsLoadedOnce) {
+  Config config = TestConfig();
+  // The same file spelled three ways (as KIZUNA_DEVICE_PLUGINS and --plugin may name it).
+  config.device_plugins = {g_example_plugin, "./" + g_example_plugin, Canonical(g_example_plugin)};
+  auto registry = DeviceRegistry::Create(config, {});
+  ASSERT_EQ(registry->backends().size(), 1u);
+  const BackendSlot& slot = registry->backends()[0];
+  EXPECT_TRUE(slot.status.ok()) << slot.status.ToString();
+  EXPECT_EQ(slot.name, "example");
+  EXPECT_EQ(slot.origin, Canonical(g_example_plugin));
+  EXPECT_EQ(registry->devices().size(), 2u);
+}
+
+TEST(PluginRegistry, ASecondPluginWithATakenNameIsRefused) {
+  const std::string copy = CopyOfExamplePlugin("libkz_example_copy.so");
+  Config config = TestConfig();
+  config.device_plugins = {g_example_plugin, copy};
+  auto registry = DeviceRegistry::Create(config, {});
+  ASSERT_EQ(registry->backends().size(), 2u);
+  const BackendSlot& first = registry->backends()[0];
+  const BackendSlot& second = registry->backends()[1];
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  EXPECT_EQ(second.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(second.status.message(),
+              AllOf(HasSubstr(Canonical(copy)),
+                    HasSubstr("backend name 'example' is already taken by device plugin " + Canonical(g_example_plugin))));
+  EXPECT_EQ(second.backend, nullptr);
+  EXPECT_EQ(second.name, Canonical(copy));
+  EXPECT_EQ(registry->Find("example"), first.backend.get());
+  EXPECT_EQ(registry->devices().size(), 2u) << "the refused copy's devices must not appear";
+}
+
+Result<std::unique_ptr<Backend>> UnavailableStandIn(const Config&) {
+  return Unavailable("test stand-in for a built-in backend without its hardware");
+}
+
+TEST(PluginRegistry, APluginCannotImpersonateABuiltInBackend) {
+  // A built-in called "example" that cannot run here: a plugin of that name must not take its
+  // place (as a plugin named host_emulated must not replace the emulated devices).
+  Config config = TestConfig();
+  config.device_plugins = {g_example_plugin};
+  auto registry = DeviceRegistry::Create(config, {BackendRegistration{"example", &UnavailableStandIn, false}});
+  ASSERT_EQ(registry->backends().size(), 2u);
+  EXPECT_EQ(registry->backends()[0].status.code(), StatusCode::kUnavailable);
+  const BackendSlot& plugin = registry->backends()[1];
+  EXPECT_EQ(plugin.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(plugin.status.message(), HasSubstr("backend name 'example' is already taken by the built-in backend"));
+  EXPECT_EQ(registry->Find("example"), nullptr);
+  EXPECT_TRUE(registry->devices().empty());
 }
 
 TEST(ExamplePluginConfig, NoDevicesIsUnavailable) {

@@ -34,8 +34,8 @@ std::vector<BackendRegistration> RegisteredDeviceBackends();
 
 // One backend as the registry found it.
 struct BackendSlot {
-  std::string name;    // backend name (for a plugin that failed to load: its path)
-  std::string origin;  // "built-in" or the plugin's path
+  std::string name;    // backend name (for a plugin that failed to load or was refused: its path)
+  std::string origin;  // "built-in" or the plugin's canonical path
   bool needs_hardware = false;
   Status status;       // ok, or why the backend is not usable
   std::unique_ptr<Backend> backend;  // set when status is ok
@@ -48,7 +48,16 @@ class DeviceRegistry {
   // Never fails as a whole: a backend that cannot start is recorded in its slot with the reason
   // and logged (INFO for unavailable hardware, WARN for a broken plugin). `config` must outlive
   // the registry.
+  //
+  // Plugins: each path of config.device_plugins that names a file (contains a '/') is made
+  // canonical (realpath), and each file is loaded once however often, and however spelled, it is
+  // listed; a name without '/' is passed to dlopen as written (its library search) and matched as
+  // written. Backend names are unique: a plugin whose name an earlier slot already has (a built-in
+  // or an earlier plugin) is unloaded again and its slot records kInvalidArgument "backend name
+  // 'x' is already taken by <origin>", so no plugin can stand in for another backend.
   static std::unique_ptr<DeviceRegistry> Create(const Config& config);
+  // The same with these built-in registrations instead of RegisteredDeviceBackends(): for tests.
+  static std::unique_ptr<DeviceRegistry> Create(const Config& config, const std::vector<BackendRegistration>& built_ins);
 
   const std::vector<BackendSlot>& backends() const { return slots_; }
   // The available backend of that name, or nullptr.

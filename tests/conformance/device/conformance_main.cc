@@ -161,8 +161,9 @@ Status ImportAndExchange(const ChildSpec& spec, int sock, const Config& config, 
       return Internal(fmt::format("child read byte {} of the import as {:#04x}, the parent wrote {:#04x}", i,
                                   mapped[i], ParentByte(i)));
 
-  KZ_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->CreateStream());
+  // The stream after the buffer its work writes: on an early return it is destroyed (drained) first.
   KZ_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> staging, device->Allocate(size));
+  KZ_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->CreateStream());
   KZ_RETURN_IF_ERROR(stream->Copy(staging->data(), imported->data(), size));
   KZ_RETURN_IF_ERROR(stream->Synchronize(deadline));
   const auto* copied = static_cast<const uint8_t*>(staging->data());

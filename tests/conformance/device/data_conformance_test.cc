@@ -23,12 +23,13 @@ namespace {
 // ---- Copies ----
 
 TEST_P(DataConformance, CopyOddSizesAndOffsetsBetweenBuffers) {
-  auto stream = MustCreateStream();
-  KZ_ASSERT_NOT_NULL(stream);
   for (size_t size : kOddSizes) {
     const size_t total = size + kMaxOffset + 64;  // 64 guard bytes past the farthest end
     auto src = MustAllocate(total);
     auto dst = MustAllocate(total);
+    // A stream per size, after the buffers it copies between: destroyed (drained) before them.
+    auto stream = MustCreateStream();
+    KZ_ASSERT_NOT_NULL(stream);
     KZ_ASSERT_NOT_NULL(src);
     KZ_ASSERT_NOT_NULL(dst);
     FillPattern(src->data(), total, 1000 + size);
@@ -50,13 +51,13 @@ TEST_P(DataConformance, CopyOddSizesAndOffsetsBetweenBuffers) {
 }
 
 TEST_P(DataConformance, CopyWithinOneBuffer) {
-  auto stream = MustCreateStream();
-  KZ_ASSERT_NOT_NULL(stream);
   for (size_t size : kOddSizes) {
     SCOPED_TRACE(fmt::format("{} bytes", size));
     // [guard][src at 5][gap 3][dst][guard]: odd offsets, adjacent but not overlapping.
     const size_t src_off = 5, dst_off = src_off + size + 3, total = dst_off + size + 11;
     auto buffer = MustAllocate(total);
+    auto stream = MustCreateStream();  // after the buffer: destroyed (drained) before it
+    KZ_ASSERT_NOT_NULL(stream);
     KZ_ASSERT_NOT_NULL(buffer);
     FillPattern(buffer->data(), total, size);
     std::vector<uint8_t> expect(Bytes(*buffer), Bytes(*buffer) + total);
@@ -67,6 +68,8 @@ TEST_P(DataConformance, CopyWithinOneBuffer) {
     EXPECT_TRUE(BytesEqual(Bytes(*buffer), expect.data(), total));
   }
   auto adjacent = MustAllocate(64);
+  auto stream = MustCreateStream();
+  KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(adjacent);
   FillPattern(adjacent->data(), 64, 3);
   std::vector<uint8_t> expect(Bytes(*adjacent), Bytes(*adjacent) + 64);
@@ -79,8 +82,8 @@ TEST_P(DataConformance, CopyWithinOneBuffer) {
 // ---- Argument checks ----
 
 TEST_P(DeviceConformance, InvalidCopyArgumentsAreRejected) {
-  auto stream = MustCreateStream();
   auto buffer = MustAllocate(4096);
+  auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(buffer);
   auto* p = Bytes(*buffer);
@@ -97,8 +100,8 @@ TEST_P(DeviceConformance, InvalidCopyArgumentsAreRejected) {
 
 TEST_P(DeviceConformance, InvalidReduceArgumentsAreRejected) {
   constexpr size_t kCount = 64;
-  auto stream = MustCreateStream();
   auto buffer = MustAllocate(4 * kCount * sizeof(float));
+  auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(buffer);
   auto* f = static_cast<float*>(buffer->data());
@@ -131,8 +134,8 @@ TEST_P(DeviceConformance, InvalidReduceArgumentsAreRejected) {
 
 TEST_P(DataConformance, RejectedCallsEnqueueNothing) {
   constexpr size_t kCount = 256;
-  auto stream = MustCreateStream();
   auto buffer = MustAllocate(4 * kCount * sizeof(int32_t));
+  auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(buffer);
   const size_t total = buffer->size();
@@ -160,8 +163,6 @@ TEST_P(DataConformance, ReduceEveryTypeOpAndInputCount) {
   constexpr size_t kMaxInputs = 8;
   constexpr size_t kCounts[] = {1, 3, 1031};
   constexpr size_t kMaxCount = 1031;
-  auto stream = MustCreateStream();
-  KZ_ASSERT_NOT_NULL(stream);
   Rng rng(2024);
   for (DataType type : AllDataTypes()) {
     SCOPED_TRACE(DataTypeName(type));
@@ -185,6 +186,9 @@ TEST_P(DataConformance, ReduceEveryTypeOpAndInputCount) {
           out_bytes += count * esize + 8 * esize;  // a small gap keeps neighbours apart
         }
     auto outputs = MustAllocate(out_bytes);
+    // A stream per type, after the buffers its batch uses: destroyed (drained) before them.
+    auto stream = MustCreateStream();
+    KZ_ASSERT_NOT_NULL(stream);
     KZ_ASSERT_NOT_NULL(outputs);
     FillPattern(outputs->data(), out_bytes, 5);
     for (const Case& c : cases) {
@@ -214,14 +218,15 @@ TEST_P(DataConformance, ReduceEveryTypeOpAndInputCount) {
 TEST_P(DataConformance, ReduceLargeCount) {
   constexpr size_t kCount = (size_t{1} << 20) + 3;
   constexpr size_t kInputs = 4;
-  auto stream = MustCreateStream();
-  KZ_ASSERT_NOT_NULL(stream);
   Rng rng(7);
   for (DataType type : AllDataTypes()) {
     SCOPED_TRACE(DataTypeName(type));
     const size_t bytes = kCount * DataTypeSize(type);
     auto inputs = MustAllocate(kInputs * bytes);
     auto outputs = MustAllocate(kNumReduceOps * bytes);
+    // A stream per type, after the buffers its reduces use: destroyed (drained) before them.
+    auto stream = MustCreateStream();
+    KZ_ASSERT_NOT_NULL(stream);
     KZ_ASSERT_NOT_NULL(inputs);
     KZ_ASSERT_NOT_NULL(outputs);
     std::vector<const void*> srcs;
@@ -240,8 +245,6 @@ TEST_P(DataConformance, ReduceLargeCount) {
 
 TEST_P(DataConformance, ReduceInPlace) {
   constexpr size_t kCount = 1031;
-  auto stream = MustCreateStream();
-  KZ_ASSERT_NOT_NULL(stream);
   Rng rng(11);
   for (DataType type : AllDataTypes()) {
     for (ReduceOp op : AllReduceOps()) {
@@ -251,6 +254,8 @@ TEST_P(DataConformance, ReduceInPlace) {
         SCOPED_TRACE(CaseName(type, op, n, kCount) + fmt::format(", output is input {}", inplace_at));
         const size_t bytes = kCount * DataTypeSize(type);
         auto buffer = MustAllocate(n * bytes);
+        auto stream = MustCreateStream();  // after the buffer: destroyed (drained) before it
+        KZ_ASSERT_NOT_NULL(stream);
         KZ_ASSERT_NOT_NULL(buffer);
         for (size_t k = 0; k < n; ++k) FillInputs(Bytes(*buffer) + k * bytes, kCount, type, rng);
         const std::vector<uint8_t> host(Bytes(*buffer), Bytes(*buffer) + n * bytes);
@@ -269,6 +274,8 @@ TEST_P(DataConformance, ReduceInPlace) {
   // In place at a large count (the parallel path reads and writes the same memory).
   constexpr size_t kLarge = (size_t{1} << 20) + 3;
   auto big = MustAllocate(3 * kLarge * sizeof(float));
+  auto stream = MustCreateStream();
+  KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(big);
   auto* f = static_cast<float*>(big->data());
   FillInputs(f, 3 * kLarge, DataType::kFloat32, rng);
@@ -282,8 +289,8 @@ TEST_P(DataConformance, ReduceInPlace) {
 
 TEST_P(DataConformance, ReduceCountZeroAndRepeatedInputs) {
   constexpr size_t kCount = 333;
-  auto stream = MustCreateStream();
   auto buffer = MustAllocate(3 * kCount * sizeof(int64_t));
+  auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(buffer);
   auto* v = static_cast<int64_t*>(buffer->data());

@@ -13,6 +13,13 @@
 //    kUnavailable skips each test with the reason; any other status fails each test.
 //  - Every helper that waits takes a deadline (TestDeadline() unless stated), so a broken backend
 //    fails a test instead of hanging the binary.
+//  - Declaration order in a test: first everything a stream's queued work touches (buffers, events
+//    recorded or waited on, gates, locals its host callbacks capture), then the streams, then any
+//    OpenOnExit guard. Locals die in reverse order, so when an ASSERT returns early the gate opens,
+//    then each stream's destructor drains (or aborts) its queue, and only then is that memory
+//    freed: a failed assertion stays a failed test, never a use-after-free that takes the binary
+//    (and every other test's result) down. Buffers allocated per loop iteration get a stream
+//    created in the same iteration, after them.
 #pragma once
 
 #include <chrono>
@@ -222,7 +229,8 @@ class Gate {
 };
 
 // Opens a gate when the scope ends, so a failed assertion never leaves a stream held. Declare it
-// after the streams it protects: it then runs before their destructors drain them.
+// after the streams it protects (and the Gate itself before them): it then runs before their
+// destructors drain them.
 class OpenOnExit {
  public:
   explicit OpenOnExit(std::shared_ptr<Gate> gate) : gate_(std::move(gate)) {}

@@ -176,9 +176,7 @@ TEST_P(ExportConformance, ImportInTheSameProcess) {
       SCOPED_TRACE(fmt::format("range [{}, +{}) imported on device {}", r.offset, r.size, importer));
       Device& target = device(importer);
       auto buffer = MustAllocate(kBytes);
-      auto stream = MustCreateStream(target);
       KZ_ASSERT_NOT_NULL(buffer);
-      KZ_ASSERT_NOT_NULL(stream);
       FillPattern(buffer->data(), kBytes, 61);
       std::unique_ptr<Buffer> imported;
       {
@@ -198,7 +196,10 @@ TEST_P(ExportConformance, ImportInTheSameProcess) {
 
       // Writes through the import (a stream copy on the importing device) land in the original.
       auto staging = MustAllocate(target, r.size);
+      // After the buffers its copy uses (the import, its original, the staging): destroyed first.
+      auto stream = MustCreateStream(target);
       KZ_ASSERT_NOT_NULL(staging);
+      KZ_ASSERT_NOT_NULL(stream);
       FillPattern(staging->data(), r.size, 62);
       KZ_ASSERT_OK(stream->Copy(imported->data(), staging->data(), r.size));
       KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));

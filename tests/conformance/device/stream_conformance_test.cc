@@ -40,8 +40,8 @@ TEST_P(DeviceConformance, EmptyStreamIsComplete) {
   KZ_EXPECT_OK(stream->Synchronize(TestDeadline()));
   KZ_EXPECT_OK(stream->Synchronize(Short()));
   // Several streams and events per device.
-  std::vector<std::unique_ptr<Stream>> streams;
   std::vector<std::unique_ptr<Event>> events;
+  std::vector<std::unique_ptr<Stream>> streams;
   for (int i = 0; i < 8; ++i) {
     streams.push_back(MustCreateStream());
     events.push_back(MustCreateEvent());
@@ -66,12 +66,12 @@ TEST_P(DeviceConformance, UnrecordedEventIsComplete) {
 }
 
 TEST_P(DeviceConformance, EventQueryBeforeAndAfterCompletion) {
-  auto stream = MustCreateStream();
   auto event = MustCreateEvent();
+  auto gate = std::make_shared<Gate>();
+  auto stream = MustCreateStream();
+  OpenOnExit opener(gate);
   KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(event);
-  auto gate = std::make_shared<Gate>();
-  OpenOnExit opener(gate);
   KZ_ASSERT_OK(EnqueueGate(*stream, gate));
   KZ_ASSERT_OK(stream->Record(*event));
   ASSERT_TRUE(gate->WaitReached(TestDeadline())) << "the gate callback never ran";
@@ -98,9 +98,11 @@ TEST_P(DeviceConformance, EventQueryBeforeAndAfterCompletion) {
 }
 
 TEST_P(DeviceConformance, EventReRecordCapturesNewWork) {
+  auto event = MustCreateEvent();
+  auto gate = std::make_shared<Gate>();
   auto a = MustCreateStream();
   auto b = MustCreateStream();
-  auto event = MustCreateEvent();
+  OpenOnExit opener(gate);
   KZ_ASSERT_NOT_NULL(a);
   KZ_ASSERT_NOT_NULL(b);
   KZ_ASSERT_NOT_NULL(event);
@@ -108,8 +110,6 @@ TEST_P(DeviceConformance, EventReRecordCapturesNewWork) {
   KZ_ASSERT_OK(event->Synchronize(TestDeadline()));
 
   // Re-recorded on another stream behind held work: pending again, complete once released.
-  auto gate = std::make_shared<Gate>();
-  OpenOnExit opener(gate);
   KZ_ASSERT_OK(EnqueueGate(*b, gate));
   KZ_ASSERT_OK(b->Record(*event));
   auto q = event->Query();
@@ -127,17 +127,17 @@ TEST_P(DeviceConformance, EventReRecordCapturesNewWork) {
 }
 
 TEST_P(DeviceConformance, CrossStreamWaitOrdersWork) {
-  auto a = MustCreateStream();
-  auto b = MustCreateStream();
   auto event = MustCreateEvent();
-  KZ_ASSERT_NOT_NULL(a);
-  KZ_ASSERT_NOT_NULL(b);
-  KZ_ASSERT_NOT_NULL(event);
   auto gate = std::make_shared<Gate>();
   auto a_done = std::make_shared<std::atomic<bool>>(false);
   auto b_ran = std::make_shared<std::atomic<bool>>(false);
   auto b_saw_a_done = std::make_shared<std::atomic<bool>>(false);
+  auto a = MustCreateStream();
+  auto b = MustCreateStream();
   OpenOnExit opener(gate);
+  KZ_ASSERT_NOT_NULL(a);
+  KZ_ASSERT_NOT_NULL(b);
+  KZ_ASSERT_NOT_NULL(event);
 
   KZ_ASSERT_OK(EnqueueGate(*a, gate));
   KZ_ASSERT_OK(a->EnqueueHostCallback([a_done](const Status&) { a_done->store(true); }));
@@ -164,11 +164,11 @@ TEST_P(DeviceConformance, CrossStreamWaitOrdersWork) {
 
 TEST_P(DeviceConformance, HostCallbacksRunInOrderWithOkStatus) {
   constexpr int kCallbacks = 1000;
-  auto stream = MustCreateStream();
-  KZ_ASSERT_NOT_NULL(stream);
   std::mutex mu;
-  std::vector<int> order;
+  std::vector<int> order;  // guarded by mu
   std::atomic<int> not_ok{0};
+  auto stream = MustCreateStream();  // after what its callbacks touch: destroyed (drained) first
+  KZ_ASSERT_NOT_NULL(stream);
   for (int i = 0; i < kCallbacks; ++i) {
     KZ_ASSERT_OK(stream->EnqueueHostCallback([&, i](const Status& s) {
       if (!s.ok()) not_ok.fetch_add(1);
@@ -191,9 +191,9 @@ TEST_P(DeviceConformance, EmptyHostCallbackIsInvalid) {
 }
 
 TEST_P(DeviceConformance, StreamDestructorDrainsQueuedWork) {
+  auto ran = std::make_shared<std::atomic<int>>(0);
   auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
-  auto ran = std::make_shared<std::atomic<int>>(0);
   for (int i = 0; i < 3; ++i) {
     KZ_ASSERT_OK(stream->EnqueueHostCallback([ran](const Status&) {
       std::this_thread::sleep_for(10ms);
@@ -209,11 +209,11 @@ TEST_P(DeviceConformance, EventsDoNotCrossBackends) {
   for (const BackendUnderTest& b : World().backends())
     if (b.available() && b.name != under_test().name && b.slot->backend->device_count() > 0) other = &b;
   if (other == nullptr) GTEST_SKIP() << "no second available backend in this run";
-  auto stream = MustCreateStream();
   auto mine = MustCreateEvent();
+  auto theirs = other->slot->backend->device(0)->CreateEvent();
+  auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(mine);
-  auto theirs = other->slot->backend->device(0)->CreateEvent();
   KZ_ASSERT_OK(theirs.status());
   KZ_EXPECT_CODE(stream->Record(**theirs), StatusCode::kNotSupported);
   KZ_EXPECT_CODE(stream->Wait(**theirs), StatusCode::kNotSupported);
@@ -231,9 +231,7 @@ TEST_P(DataConformance, StreamOrderingOverALongDependentChain) {
   constexpr size_t kCount = 257;
   constexpr int kSteps = 500;  // two operations each
   constexpr int kCheckEvery = 50;
-  auto stream = MustCreateStream();
   auto buffer = MustAllocate(3 * kCount * sizeof(uint64_t));
-  KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(buffer);
   auto* x = static_cast<uint64_t*>(buffer->data());
   uint64_t* y = x + kCount;
@@ -252,6 +250,9 @@ TEST_P(DataConformance, StreamOrderingOverALongDependentChain) {
   std::vector<int> seen_steps;  // guarded by mu
   std::atomic<int> wrong_values{0}, not_ok{0};
   const void* srcs[] = {x, x, x, one};
+  // Created after everything its work and callbacks touch, so it is destroyed (drained) first.
+  auto stream = MustCreateStream();
+  KZ_ASSERT_NOT_NULL(stream);
   for (int s = 1; s <= kSteps; ++s) {
     KZ_ASSERT_OK(stream->Reduce(y, srcs, kCount, DataType::kUint64, ReduceOp::kSum));
     KZ_ASSERT_OK(stream->Copy(x, y, kCount * sizeof(uint64_t)));
@@ -277,12 +278,14 @@ TEST_P(DataConformance, StreamOrderingOverALongDependentChain) {
 // B would visibly run early if the Wait were ignored.
 TEST_P(DataConformance, CrossStreamWaitOrdersData) {
   constexpr size_t kBytes = (size_t{1} << 20) + 5;
-  auto a = MustCreateStream();
-  auto b = MustCreateStream();
-  auto event = MustCreateEvent();
   auto src = MustAllocate(kBytes);
   auto mid = MustAllocate(kBytes);
   auto dst = MustAllocate(kBytes);
+  auto event = MustCreateEvent();
+  auto gate = std::make_shared<Gate>();
+  auto a = MustCreateStream();
+  auto b = MustCreateStream();
+  OpenOnExit opener(gate);
   KZ_ASSERT_NOT_NULL(a);
   KZ_ASSERT_NOT_NULL(b);
   KZ_ASSERT_NOT_NULL(event);
@@ -292,8 +295,6 @@ TEST_P(DataConformance, CrossStreamWaitOrdersData) {
   FillPattern(src->data(), kBytes, 1);
   FillPattern(mid->data(), kBytes, 2);
   FillPattern(dst->data(), kBytes, 3);
-  auto gate = std::make_shared<Gate>();
-  OpenOnExit opener(gate);
   KZ_ASSERT_OK(EnqueueGate(*a, gate));
   KZ_ASSERT_OK(a->Copy(mid->data(), src->data(), kBytes));
   KZ_ASSERT_OK(a->Record(*event));
@@ -310,15 +311,15 @@ TEST_P(DataConformance, CrossStreamWaitOrdersData) {
 
 TEST_P(DataConformance, HostCallbackSeesEarlierWork) {
   constexpr size_t kBytes = (size_t{4} << 20) + 1;
-  auto stream = MustCreateStream();
   auto src = MustAllocate(kBytes);
   auto dst = MustAllocate(kBytes);
+  std::atomic<int> seen{-1};
+  auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(src);
   KZ_ASSERT_NOT_NULL(dst);
   FillPattern(src->data(), kBytes, 21);
   FillPattern(dst->data(), kBytes, 22);
-  std::atomic<int> seen{-1};
   KZ_ASSERT_OK(stream->Copy(dst->data(), src->data(), kBytes));
   KZ_ASSERT_OK(stream->EnqueueHostCallback([&](const Status& s) {
     seen.store(s.ok() && std::memcmp(dst->data(), src->data(), kBytes) == 0 ? 1 : 0);
@@ -346,8 +347,8 @@ TEST_P(DataConformance, StreamDestructorFinishesCopies) {
 TEST_P(DataConformance, ConcurrentStreamsOnOneDevice) {
   constexpr int kStreams = 4;
   constexpr size_t kBytes = (size_t{1} << 20) + 9;
-  std::vector<std::unique_ptr<Stream>> streams;
   std::vector<std::unique_ptr<Buffer>> srcs, dsts;
+  std::vector<std::unique_ptr<Stream>> streams;  // declared last: destroyed (drained) first
   for (int s = 0; s < kStreams; ++s) {
     streams.push_back(MustCreateStream());
     srcs.push_back(MustAllocate(kBytes));
@@ -368,14 +369,15 @@ TEST_P(DataConformance, ConcurrentStreamsOnOneDevice) {
 TEST_P(MultiDeviceConformance, CopyBetweenDevices) {
   Device& d0 = device(0);
   Device& d1 = device(1);
-  auto s0 = MustCreateStream(d0);
-  auto s1 = MustCreateStream(d1);
-  KZ_ASSERT_NOT_NULL(s0);
-  KZ_ASSERT_NOT_NULL(s1);
   for (size_t size : kOddSizes) {
     const size_t total = size + kMaxOffset + 64;
     auto b0 = MustAllocate(d0, total);
     auto b1 = MustAllocate(d1, total);
+    // Streams per size, after the buffers they copy between: destroyed (drained) before them.
+    auto s0 = MustCreateStream(d0);
+    auto s1 = MustCreateStream(d1);
+    KZ_ASSERT_NOT_NULL(s0);
+    KZ_ASSERT_NOT_NULL(s1);
     KZ_ASSERT_NOT_NULL(b0);
     KZ_ASSERT_NOT_NULL(b1);
     for (const OffsetPair& o : kOffsetPairs) {
@@ -410,23 +412,23 @@ TEST_P(MultiDeviceConformance, EventOrdersStreamsOfTwoDevices) {
   constexpr size_t kBytes = (size_t{1} << 20) + 17;
   Device& d0 = device(0);
   Device& d1 = device(1);
-  auto s0 = MustCreateStream(d0);
-  auto s1 = MustCreateStream(d1);
-  auto event = MustCreateEvent(d0);
   auto src = MustAllocate(d0, kBytes);
   auto dst = MustAllocate(d1, kBytes);
+  auto staging = MustAllocate(d0, kBytes);
+  auto event = MustCreateEvent(d0);
+  auto gate = std::make_shared<Gate>();
+  auto s0 = MustCreateStream(d0);
+  auto s1 = MustCreateStream(d1);
+  OpenOnExit opener(gate);
   KZ_ASSERT_NOT_NULL(s0);
   KZ_ASSERT_NOT_NULL(s1);
   KZ_ASSERT_NOT_NULL(event);
   KZ_ASSERT_NOT_NULL(src);
   KZ_ASSERT_NOT_NULL(dst);
-  auto staging = MustAllocate(d0, kBytes);
   KZ_ASSERT_NOT_NULL(staging);
   FillPattern(src->data(), kBytes, 51);
   FillPattern(staging->data(), kBytes, 52);
   FillPattern(dst->data(), kBytes, 53);
-  auto gate = std::make_shared<Gate>();
-  OpenOnExit opener(gate);
   KZ_ASSERT_OK(EnqueueGate(*s0, gate));
   KZ_ASSERT_OK(s0->Copy(staging->data(), src->data(), kBytes));
   KZ_ASSERT_OK(s0->Record(*event));

@@ -1,0 +1,125 @@
+#include "fabric/directconnect/fabric.h"
+
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "fabric/directconnect/endpoint.h"
+#include "fabric/registry.h"
+#include "runtime/logging.h"
+
+namespace kizuna::fabric::directconnect {
+namespace {
+
+// Handles name the host by its boot id (two processes share memfds exactly when they run under
+// one kernel instance); 0 when it cannot be read, which then matches only itself.
+uint64_t HostFingerprint() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!(in >> id)) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : id) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+LinkShaper::Times LinkShaper::Reserve(uint64_t bytes) {
+  if (!enabled_) return Times{};
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point start = std::max(Clock::now(), busy_until_);
+  const double seconds = bandwidth_gbps_ > 0 ? static_cast<double>(bytes) * 8.0 / (bandwidth_gbps_ * 1e9) : 0.0;
+  const Clock::time_point end =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  busy_until_ = end;
+  const auto latency = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(latency_us_));
+  return Times{end, end + latency};
+}
+
+DirectConnectFabric::DirectConnectFabric(const Config* config, FabricContext context, Topology topology, int node)
+    : Fabric(std::string(kFabricName), config, std::move(context)),
+      topology_(std::move(topology)),
+      node_(node),
+      host_fingerprint_(HostFingerprint()) {
+  const TopologyNode& me = topology_.nodes[static_cast<size_t>(node_)];
+  for (int port = 0; port < me.ports; ++port) {
+    FabricDeviceProperties p;
+    p.fabric = std::string(kFabricName);
+    p.index = port;
+    p.name = fmt::format("{}:port{}", me.name, port);
+    p.ptr_support = kPtrHost | kPtrDevice | kPtrFd;
+    p.max_requests = kMaxRequests;
+    p.max_message_bytes = kMaxMessageBytes;
+    p.write_immediate = true;
+    p.needs_flush = false;  // the CPU copies; nothing sits behind a device cache
+    // The ports belong to the accelerator itself (as DirectConnect ports do): close to all of the
+    // rank's devices.
+    p.near_device_uuids = this->context().device_uuids;
+    p.point_to_point = true;
+    double bandwidth = 0, latency = 0;
+    if (const TopologyLink* link = topology_.LinkAt(PortRef{node_, port})) {
+      const PortRef peer = *topology_.PeerOf(PortRef{node_, port});
+      const TopologyNode& other = topology_.nodes[static_cast<size_t>(peer.node)];
+      p.link_peer = LinkPeer{other.name, other.rank, peer.port};
+      bandwidth = link->bandwidth_gbps;
+      latency = link->latency_us;
+    }
+    p.speed_gbps = bandwidth;
+    p.latency_us = latency;
+    devices_.push_back(std::move(p));
+    shapers_.push_back(std::make_shared<LinkShaper>(bandwidth, latency, topology_.shaping));
+  }
+}
+
+Result<std::unique_ptr<Fabric>> DirectConnectFabric::Create(const Config& config, const FabricContext& context) {
+  if (config.topology.empty())
+    return Unavailable("KIZUNA_TOPOLOGY is not set: the directconnect fabric needs a topology file naming its links "
+                       "(see fabric/directconnect/README.md; kizuna-topo --generate writes one)");
+  KZ_ASSIGN_OR_RETURN(Topology topology, LoadTopology(config.topology));
+  int node = -1;
+  if (!context.node.empty()) {
+    node = topology.FindNode(context.node);
+    if (node < 0)
+      return InvalidArgument(fmt::format("topology {} has no node named '{}'", topology.Describe(), context.node));
+  } else {
+    node = topology.WorkerForRank(context.rank);
+    if (node < 0)
+      return InvalidArgument(fmt::format("topology {} has {} workers: rank {} has no node (world size {})",
+                                         topology.Describe(), topology.worker_count(), context.rank,
+                                         context.world_size));
+    if (context.world_size != topology.worker_count())
+      KZ_INFO(kLogFabric, "directconnect: topology {} has {} workers for a world of {} ranks", topology.Describe(),
+              topology.worker_count(), context.world_size);
+  }
+  KZ_ASSIGN_OR_RETURN(auto fabric, CreateWithTopology(config, context, std::move(topology), node));
+  return std::unique_ptr<Fabric>(std::move(fabric));
+}
+
+Result<std::unique_ptr<DirectConnectFabric>> DirectConnectFabric::CreateWithTopology(const Config& config,
+                                                                                     const FabricContext& context,
+                                                                                     Topology topology, int node) {
+  if (node < 0 || static_cast<size_t>(node) >= topology.nodes.size())
+    return InvalidArgument(fmt::format("node index {} out of range for topology {}", node, topology.Describe()));
+  // Finalize builds the port index that every lookup uses; a hand-built topology may lack it.
+  KZ_RETURN_IF_ERROR(topology.Finalize());
+  std::unique_ptr<DirectConnectFabric> f(new DirectConnectFabric(&config, context, std::move(topology), node));
+  int linked = 0;
+  for (const FabricDeviceProperties& p : f->devices_) linked += p.link_peer.has_value() ? 1 : 0;
+  KZ_INFO(kLogFabric, "directconnect: node {} of topology {}: {} port(s), {} linked{}", f->topology_.nodes[node].name,
+          f->topology_.Describe(), f->devices_.size(), linked, f->topology_.shaping ? ", links shaped" : "");
+  return f;
+}
+
+Result<std::unique_ptr<ListenComm>> DirectConnectFabric::DoListen(int dev) { return ListenOnPort(*this, dev); }
+
+Result<std::unique_ptr<SendComm>> DirectConnectFabric::DoConnect(int dev, const Handle& handle) {
+  return ConnectOnPort(*this, dev, handle);
+}
+
+KZ_REGISTER_FABRIC(directconnect, &DirectConnectFabric::Create, false);
+
+}  // namespace kizuna::fabric::directconnect

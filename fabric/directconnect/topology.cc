@@ -1,0 +1,738 @@
+#include "fabric/directconnect/topology.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kizuna::fabric::directconnect {
+namespace {
+
+using Json = nlohmann::json;
+
+// ---- Where things are in the text ----
+//
+// nlohmann's DOM keeps no source positions, so once the text has parsed, a small scanner (which
+// may assume valid JSON) records where each top-level key and each element of the "nodes" and
+// "links" arrays starts. Semantic errors then name the entry's line.
+struct SourcePositions {
+  std::map<std::string, size_t> top_keys;
+  std::vector<size_t> nodes;
+  std::vector<size_t> links;
+};
+
+SourcePositions ScanPositions(std::string_view t) {
+  SourcePositions p;
+  std::vector<char> stack;
+  std::string key;                       // the last key seen in the top-level object
+  std::vector<size_t>* elements = nullptr;  // the array of interest, while inside it
+  bool expect_element = false;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const char c = t[i];
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    if (expect_element) {
+      expect_element = false;
+      if (c != ']' && elements != nullptr) elements->push_back(i);
+    }
+    if (c == '"') {
+      const size_t start = i;
+      size_t j = i + 1;
+      while (j < t.size() && t[j] != '"') j += t[j] == '\\' ? 2 : 1;
+      const std::string_view s = t.substr(start + 1, std::min(j, t.size()) - start - 1);
+      i = j;
+      if (stack.size() == 1 && stack[0] == '{') {
+        size_t k = j + 1;
+        while (k < t.size() && (t[k] == ' ' || t[k] == '\t' || t[k] == '\n' || t[k] == '\r')) ++k;
+        if (k < t.size() && t[k] == ':') {
+          key = std::string(s);
+          p.top_keys.emplace(key, start);
+        }
+      }
+      continue;
+    }
+    if (c == '{' || c == '[') {
+      stack.push_back(c);
+      if (c == '[' && stack.size() == 2 && stack[0] == '{' && (key == "nodes" || key == "links")) {
+        elements = key == "nodes" ? &p.nodes : &p.links;
+        expect_element = true;
+      }
+    } else if (c == '}' || c == ']') {
+      if (!stack.empty()) stack.pop_back();
+      if (stack.size() < 2) elements = nullptr;
+    } else if (c == ',' && elements != nullptr && stack.size() == 2) {
+      expect_element = true;
+    }
+  }
+  return p;
+}
+
+struct LineColumn {
+  int line = 1;
+  int column = 1;
+};
+
+LineColumn LineColumnAt(std::string_view text, size_t offset) {
+  LineColumn lc;
+  offset = std::min(offset, text.size());
+  for (size_t i = 0; i < offset; ++i) {
+    if (text[i] == '\n') {
+      ++lc.line;
+      lc.column = 1;
+    } else {
+      ++lc.column;
+    }
+  }
+  return lc;
+}
+
+// Captures nlohmann's syntax error (position and message) without exceptions.
+class ErrorCapture : public nlohmann::json_sax<Json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t position, const std::string& last_token,
+                   const nlohmann::detail::exception& ex) override {
+    position_ = position;
+    last_token_ = last_token;
+    // "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..." — keep
+    // what follows the location; the location is recomputed from the byte position.
+    std::string what = ex.what();
+    const size_t colon = what.find(": ");
+    message_ = colon == std::string::npos ? what : what.substr(colon + 2);
+    return false;
+  }
+
+  size_t position() const { return position_; }
+  const std::string& last_token() const { return last_token_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  size_t position_ = 0;
+  std::string last_token_;
+  std::string message_;
+};
+
+// Errors at an entry: "t.json:14: node 'w0': ...", or without a line for generated topologies.
+Status EntryError(std::string_view source, int line, std::string_view message) {
+  if (line > 0) return InvalidArgument(fmt::format("{}:{}: {}", source, line, message));
+  return InvalidArgument(fmt::format("{}: {}", source, message));
+}
+
+std::string Compact(const Json& j) {
+  std::string s = j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (s.size() > 120) s = s.substr(0, 117) + "...";
+  return s;
+}
+
+std::string_view TypeName(const Json& j) { return j.type_name(); }
+
+Result<int64_t> GetInteger(const Json& j, std::string_view what, int64_t lo, int64_t hi) {
+  bool in_range = false;
+  int64_t v = 0;
+  if (j.is_number_unsigned()) {
+    const uint64_t u = j.get<uint64_t>();
+    in_range = u <= static_cast<uint64_t>(hi);
+    v = in_range ? static_cast<int64_t>(u) : hi;
+  } else if (j.is_number_integer()) {
+    v = j.get<int64_t>();
+    in_range = true;
+  } else {
+    return InvalidArgument(fmt::format("{} must be an integer, not {} {}", what, TypeName(j), Compact(j)));
+  }
+  if (!in_range || v < lo || v > hi)
+    return InvalidArgument(fmt::format("{} is {}, outside [{}, {}]", what, Compact(j), lo, hi));
+  return v;
+}
+
+Result<double> GetNonNegative(const Json& j, std::string_view what) {
+  if (!j.is_number()) return InvalidArgument(fmt::format("{} must be a number, not {} {}", what, TypeName(j), Compact(j)));
+  const double v = j.get<double>();
+  if (!std::isfinite(v) || v < 0) return InvalidArgument(fmt::format("{} must be finite and >= 0, not {}", what, Compact(j)));
+  return v;
+}
+
+Status CheckKeys(const Json& object, std::initializer_list<std::string_view> allowed, std::string_view what) {
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    bool ok = false;
+    for (std::string_view a : allowed) ok = ok || it.key() == a;
+    if (!ok) {
+      std::string list;
+      for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+      return InvalidArgument(fmt::format("{}: unknown key \"{}\" (known: {})", what, it.key(), list));
+    }
+  }
+  return Status::Ok();
+}
+
+// "w0:3" -> ("w0", 3); the node name may itself contain ':' (the last one separates the port).
+Result<std::pair<std::string, int>> SplitPortName(std::string_view s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == s.size())
+    return InvalidArgument(fmt::format("\"{}\" is not of the form node:port", s));
+  int port = 0;
+  for (size_t i = colon + 1; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9' || port > kMaxPortsPerNode)
+      return InvalidArgument(fmt::format("\"{}\": port \"{}\" is not a port number", s, s.substr(colon + 1)));
+    port = port * 10 + (s[i] - '0');
+  }
+  return std::pair<std::string, int>(std::string(s.substr(0, colon)), port);
+}
+
+struct Defaults {
+  double bandwidth_gbps = 0;
+  double latency_us = 0;
+};
+
+Status ParseNode(const Json& j, size_t index, int line, std::string_view source, Topology& topo) {
+  const std::string what = fmt::format("nodes[{}]", index);
+  if (!j.is_object()) return EntryError(source, line, fmt::format("{} must be an object, not {}", what, Compact(j)));
+  if (Status s = CheckKeys(j, {"name", "kind", "rank", "ports"}, what); !s.ok())
+    return EntryError(source, line, s.message());
+  TopologyNode node;
+  node.line = line;
+  auto name = j.find("name");
+  if (name == j.end() || !name->is_string() || name->get<std::string>().empty())
+    return EntryError(source, line, fmt::format("{} needs a non-empty string \"name\"", what));
+  node.name = name->get<std::string>();
+  const std::string label = fmt::format("node '{}'", node.name);
+  if (auto kind = j.find("kind"); kind != j.end()) {
+    if (!kind->is_string()) return EntryError(source, line, fmt::format("{}: \"kind\" must be a string", label));
+    const std::string k = kind->get<std::string>();
+    if (k == "worker") node.kind = NodeKind::kWorker;
+    else if (k == "aggregator") node.kind = NodeKind::kAggregator;
+    else return EntryError(source, line, fmt::format("{}: kind \"{}\" is neither \"worker\" nor \"aggregator\"", label, k));
+  }
+  auto ports = j.find("ports");
+  if (ports == j.end()) return EntryError(source, line, fmt::format("{} needs \"ports\"", label));
+  auto p = GetInteger(*ports, fmt::format("{}: ports", label), 1, kMaxPortsPerNode);
+  if (!p.ok()) return EntryError(source, line, p.status().message());
+  node.ports = static_cast<int>(*p);
+  if (auto rank = j.find("rank"); rank != j.end()) {
+    if (node.kind != NodeKind::kWorker)
+      return EntryError(source, line, fmt::format("{}: an aggregator has no rank", label));
+    auto r = GetInteger(*rank, fmt::format("{}: rank", label), 0, kMaxTopologyNodes - 1);
+    if (!r.ok()) return EntryError(source, line, r.status().message());
+    node.rank = static_cast<int>(*r);
+  }
+  topo.nodes.push_back(std::move(node));
+  return Status::Ok();
+}
+
+Status ParseLink(const Json& j, size_t index, int line, std::string_view source, const Defaults& defaults,
+                 Topology& topo) {
+  const std::string what = fmt::format("links[{}]", index);
+  if (!j.is_object()) return EntryError(source, line, fmt::format("{} must be an object, not {}", what, Compact(j)));
+  if (Status s = CheckKeys(j, {"a", "b", "bandwidth_gbps", "latency_us"}, what); !s.ok())
+    return EntryError(source, line, s.message());
+  TopologyLink link;
+  link.line = line;
+  link.bandwidth_gbps = defaults.bandwidth_gbps;
+  link.latency_us = defaults.latency_us;
+  PortRef* ends[2] = {&link.a, &link.b};
+  const char* names[2] = {"a", "b"};
+  for (int e = 0; e < 2; ++e) {
+    auto end = j.find(names[e]);
+    if (end == j.end() || !end->is_string())
+      return EntryError(source, line, fmt::format("{} needs \"{}\": \"node:port\"", what, names[e]));
+    auto split = SplitPortName(end->get<std::string>());
+    if (!split.ok()) return EntryError(source, line, fmt::format("{}.{}: {}", what, names[e], split.status().message()));
+    const int node = topo.FindNode(split->first);
+    if (node < 0)
+      return EntryError(source, line, fmt::format("link {}: node '{}' is not in \"nodes\"", Compact(j), split->first));
+    *ends[e] = PortRef{node, split->second};
+  }
+  if (auto bw = j.find("bandwidth_gbps"); bw != j.end()) {
+    auto v = GetNonNegative(*bw, fmt::format("{}: bandwidth_gbps", what));
+    if (!v.ok()) return EntryError(source, line, v.status().message());
+    link.bandwidth_gbps = *v;
+  }
+  if (auto lat = j.find("latency_us"); lat != j.end()) {
+    auto v = GetNonNegative(*lat, fmt::format("{}: latency_us", what));
+    if (!v.ok()) return EntryError(source, line, v.status().message());
+    link.latency_us = *v;
+  }
+  topo.links.push_back(link);
+  return Status::Ok();
+}
+
+uint64_t Fnv(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+template <typename T>
+uint64_t FnvValue(uint64_t h, const T& v) {
+  return Fnv(h, &v, sizeof(v));
+}
+
+Status CheckLinkParams(LinkParams link) {
+  if (!std::isfinite(link.bandwidth_gbps) || link.bandwidth_gbps < 0 || !std::isfinite(link.latency_us) ||
+      link.latency_us < 0)
+    return InvalidArgument(fmt::format("link bandwidth {} Gb/s and latency {} us must be finite and >= 0",
+                                       link.bandwidth_gbps, link.latency_us));
+  return Status::Ok();
+}
+
+void AddWorkers(Topology& t, int n, int ports) {
+  for (int i = 0; i < n; ++i) t.nodes.push_back(TopologyNode{fmt::format("w{}", i), NodeKind::kWorker, i, ports, 0});
+}
+
+void AddLink(Topology& t, PortRef a, PortRef b, LinkParams link) {
+  t.links.push_back(TopologyLink{a, b, link.bandwidth_gbps, link.latency_us, 0});
+}
+
+Result<int> ParsePositive(std::string_view s, std::string_view what) {
+  if (s.empty() || s.size() > 6) return InvalidArgument(fmt::format("{} \"{}\" is not a positive integer", what, s));
+  int v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return InvalidArgument(fmt::format("{} \"{}\" is not a positive integer", what, s));
+    v = v * 10 + (c - '0');
+  }
+  if (v <= 0) return InvalidArgument(fmt::format("{} \"{}\" is not a positive integer", what, s));
+  return v;
+}
+
+}  // namespace
+
+std::string_view NodeKindName(NodeKind kind) { return kind == NodeKind::kWorker ? "worker" : "aggregator"; }
+
+// ---- Topology ----
+
+int Topology::worker_count() const {
+  int n = 0;
+  for (const TopologyNode& node : nodes) n += node.kind == NodeKind::kWorker ? 1 : 0;
+  return n;
+}
+
+int Topology::FindNode(std::string_view node_name) const {
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].name == node_name) return static_cast<int>(i);
+  return -1;
+}
+
+int Topology::WorkerForRank(int rank) const {
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].kind == NodeKind::kWorker && nodes[i].rank == rank) return static_cast<int>(i);
+  return -1;
+}
+
+const TopologyLink* Topology::LinkAt(PortRef ref) const {
+  if (ref.node < 0 || static_cast<size_t>(ref.node) >= nodes.size() || port_base_.size() != nodes.size()) return nullptr;
+  if (ref.port < 0 || ref.port >= nodes[ref.node].ports) return nullptr;
+  const int link = port_link_[port_base_[ref.node] + ref.port];
+  return link < 0 ? nullptr : &links[link];
+}
+
+std::optional<PortRef> Topology::PeerOf(PortRef ref) const {
+  const TopologyLink* link = LinkAt(ref);
+  if (link == nullptr) return std::nullopt;
+  return link->a == ref ? link->b : link->a;
+}
+
+std::string Topology::PortName(PortRef ref) const {
+  if (ref.node < 0 || static_cast<size_t>(ref.node) >= nodes.size()) return fmt::format("node#{}:{}", ref.node, ref.port);
+  return fmt::format("{}:{}", nodes[ref.node].name, ref.port);
+}
+
+std::string Topology::Describe() const {
+  return fmt::format("'{}' ({})", name.empty() ? std::string("unnamed") : name, source);
+}
+
+uint64_t Topology::Fingerprint() const {
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = FnvValue(h, nodes.size());
+  for (const TopologyNode& n : nodes) {
+    h = Fnv(h, n.name.data(), n.name.size());
+    h = FnvValue(h, static_cast<int>(n.kind));
+    h = FnvValue(h, n.rank);
+    h = FnvValue(h, n.ports);
+  }
+  h = FnvValue(h, links.size());
+  for (const TopologyLink& l : links) {
+    h = FnvValue(h, l.a.node);
+    h = FnvValue(h, l.a.port);
+    h = FnvValue(h, l.b.node);
+    h = FnvValue(h, l.b.port);
+    h = FnvValue(h, l.bandwidth_gbps);
+    h = FnvValue(h, l.latency_us);
+  }
+  h = FnvValue(h, shaping);
+  return h;
+}
+
+Status Topology::Finalize() {
+  port_base_.clear();
+  port_link_.clear();
+  if (nodes.empty()) return EntryError(source, 0, "the topology has no nodes");
+  if (nodes.size() > static_cast<size_t>(kMaxTopologyNodes))
+    return EntryError(source, 0, fmt::format("{} nodes exceed the limit of {}", nodes.size(), kMaxTopologyNodes));
+
+  std::map<std::string_view, const TopologyNode*> names;
+  int workers = 0, with_rank = 0;
+  for (const TopologyNode& n : nodes) {
+    if (n.name.empty()) return EntryError(source, n.line, "a node has an empty name");
+    if (auto [it, fresh] = names.emplace(n.name, &n); !fresh)
+      return EntryError(source, n.line,
+                        fmt::format("node '{}' is described twice{}", n.name,
+                                    it->second->line > 0 ? fmt::format(" (first at line {})", it->second->line) : ""));
+    if (n.ports < 1 || n.ports > kMaxPortsPerNode)
+      return EntryError(source, n.line, fmt::format("node '{}': {} ports, outside [1, {}]", n.name, n.ports, kMaxPortsPerNode));
+    if (n.kind == NodeKind::kWorker) {
+      ++workers;
+      with_rank += n.rank >= 0 ? 1 : 0;
+    } else if (n.rank >= 0) {
+      return EntryError(source, n.line, fmt::format("node '{}': an aggregator has no rank", n.name));
+    }
+  }
+  if (with_rank == 0) {
+    int next = 0;  // ranks in order of appearance
+    for (TopologyNode& n : nodes)
+      if (n.kind == NodeKind::kWorker) n.rank = next++;
+  } else if (with_rank != workers) {
+    for (const TopologyNode& n : nodes)
+      if (n.kind == NodeKind::kWorker && n.rank < 0)
+        return EntryError(source, n.line,
+                          fmt::format("worker '{}' has no rank, but other workers have one: give every worker a "
+                                      "rank, or none (ranks then follow the order of \"nodes\")",
+                                      n.name));
+  }
+  std::vector<const TopologyNode*> by_rank(static_cast<size_t>(workers), nullptr);
+  for (const TopologyNode& n : nodes) {
+    if (n.kind != NodeKind::kWorker) continue;
+    if (n.rank >= workers)
+      return EntryError(source, n.line, fmt::format("worker '{}': rank {} out of range: there are {} workers (ranks 0..{})",
+                                                    n.name, n.rank, workers, workers - 1));
+    if (by_rank[n.rank] != nullptr)
+      return EntryError(source, n.line,
+                        fmt::format("worker '{}': rank {} is already worker '{}'s", n.name, n.rank, by_rank[n.rank]->name));
+    by_rank[n.rank] = &n;
+  }
+
+  std::vector<int> base(nodes.size());
+  int total = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    base[i] = total;
+    total += nodes[i].ports;
+  }
+  std::vector<int> link_of(static_cast<size_t>(total), -1);
+  for (size_t li = 0; li < links.size(); ++li) {
+    const TopologyLink& l = links[li];
+    const PortRef ends[2] = {l.a, l.b};
+    for (const PortRef& e : ends) {
+      if (e.node < 0 || static_cast<size_t>(e.node) >= nodes.size())
+        return EntryError(source, l.line, fmt::format("link #{}: node index {} does not exist", li, e.node));
+      const TopologyNode& n = nodes[e.node];
+      if (e.port < 0 || e.port >= n.ports)
+        return EntryError(source, l.line,
+                          fmt::format("link {} - {}: port {} is beyond node '{}'s {} port(s) (0..{})", PortName(l.a),
+                                      PortName(l.b), e.port, n.name, n.ports, n.ports - 1));
+      int& slot = link_of[base[e.node] + e.port];
+      if (slot >= 0) {
+        const TopologyLink& other = links[slot];
+        return EntryError(source, l.line,
+                          fmt::format("link {} - {}: port {} is already used by link {} - {}{}", PortName(l.a),
+                                      PortName(l.b), PortName(e), PortName(other.a), PortName(other.b),
+                                      other.line > 0 ? fmt::format(" (line {})", other.line) : ""));
+      }
+      slot = static_cast<int>(li);
+    }
+    if (l.a.node == l.b.node)
+      return EntryError(source, l.line, fmt::format("link {} - {} connects node '{}' to itself", PortName(l.a),
+                                                     PortName(l.b), nodes[l.a.node].name));
+    if (!std::isfinite(l.bandwidth_gbps) || l.bandwidth_gbps < 0 || !std::isfinite(l.latency_us) || l.latency_us < 0)
+      return EntryError(source, l.line, fmt::format("link {} - {}: bandwidth and latency must be finite and >= 0",
+                                                     PortName(l.a), PortName(l.b)));
+  }
+  port_base_ = std::move(base);
+  port_link_ = std::move(link_of);
+  return Status::Ok();
+}
+
+// ---- Parsing ----
+
+Result<Topology> ParseTopology(std::string_view text, std::string_view source) {
+  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    ErrorCapture capture;
+    Json::sax_parse(text.begin(), text.end(), &capture);
+    // nlohmann reports the byte after the offending token: point at the token's start when the
+    // token is the text just before that (at the end of input the reported token is a
+    // description, and the position itself is the place to name).
+    size_t at = std::min(capture.position(), text.size());
+    const std::string& token = capture.last_token();
+    if (!token.empty() && at >= token.size() && text.substr(at - token.size(), token.size()) == token)
+      at -= token.size();
+    const LineColumn lc = LineColumnAt(text, at);
+    return InvalidArgument(fmt::format("{}:{}:{}: invalid JSON: {}", source, lc.line, lc.column, capture.message()));
+  }
+  const SourcePositions pos = ScanPositions(text);
+  auto key_line = [&](const std::string& key) {
+    auto it = pos.top_keys.find(key);
+    return it == pos.top_keys.end() ? 0 : LineColumnAt(text, it->second).line;
+  };
+
+  Topology topo;
+  topo.source = std::string(source);
+  if (!j.is_object()) return EntryError(source, 1, fmt::format("the topology must be a JSON object, not {}", TypeName(j)));
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (k != "name" && k != "shaping" && k != "defaults" && k != "nodes" && k != "links" && k != "generator")
+      return EntryError(source, key_line(k),
+                        fmt::format("unknown key \"{}\" (known: name, shaping, defaults, nodes, links, generator)", k));
+  }
+  if (auto name = j.find("name"); name != j.end()) {
+    if (!name->is_string()) return EntryError(source, key_line("name"), "\"name\" must be a string");
+    topo.name = name->get<std::string>();
+  }
+  if (auto generator = j.find("generator"); generator != j.end() && !generator->is_string())
+    return EntryError(source, key_line("generator"), "\"generator\" must be a string");
+  if (auto shaping = j.find("shaping"); shaping != j.end()) {
+    if (!shaping->is_boolean()) return EntryError(source, key_line("shaping"), "\"shaping\" must be true or false");
+    topo.shaping = shaping->get<bool>();
+  }
+  Defaults defaults;
+  if (auto d = j.find("defaults"); d != j.end()) {
+    const int line = key_line("defaults");
+    if (!d->is_object()) return EntryError(source, line, "\"defaults\" must be an object");
+    if (Status s = CheckKeys(*d, {"bandwidth_gbps", "latency_us"}, "defaults"); !s.ok())
+      return EntryError(source, line, s.message());
+    if (auto bw = d->find("bandwidth_gbps"); bw != d->end()) {
+      auto v = GetNonNegative(*bw, "defaults.bandwidth_gbps");
+      if (!v.ok()) return EntryError(source, line, v.status().message());
+      defaults.bandwidth_gbps = *v;
+    }
+    if (auto lat = d->find("latency_us"); lat != d->end()) {
+      auto v = GetNonNegative(*lat, "defaults.latency_us");
+      if (!v.ok()) return EntryError(source, line, v.status().message());
+      defaults.latency_us = *v;
+    }
+  }
+
+  auto nodes = j.find("nodes");
+  if (nodes == j.end() || !nodes->is_array() || nodes->empty())
+    return EntryError(source, key_line("nodes"), "\"nodes\" must be a non-empty array");
+  if (nodes->size() > static_cast<size_t>(kMaxTopologyNodes))
+    return EntryError(source, key_line("nodes"),
+                      fmt::format("{} nodes exceed the limit of {}", nodes->size(), kMaxTopologyNodes));
+  for (size_t i = 0; i < nodes->size(); ++i) {
+    const int line = i < pos.nodes.size() ? LineColumnAt(text, pos.nodes[i]).line : 0;
+    KZ_RETURN_IF_ERROR(ParseNode((*nodes)[i], i, line, source, topo));
+    const TopologyNode& n = topo.nodes.back();
+    for (size_t k = 0; k + 1 < topo.nodes.size(); ++k)
+      if (topo.nodes[k].name == n.name)
+        return EntryError(source, line, fmt::format("node '{}' is described twice (first at line {})", n.name,
+                                                     topo.nodes[k].line));
+  }
+  if (auto links = j.find("links"); links != j.end()) {
+    if (!links->is_array()) return EntryError(source, key_line("links"), "\"links\" must be an array");
+    for (size_t i = 0; i < links->size(); ++i) {
+      const int line = i < pos.links.size() ? LineColumnAt(text, pos.links[i]).line : 0;
+      KZ_RETURN_IF_ERROR(ParseLink((*links)[i], i, line, source, defaults, topo));
+    }
+  }
+  KZ_RETURN_IF_ERROR(topo.Finalize());
+  return topo;
+}
+
+Result<Topology> LoadTopology(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgument(fmt::format("cannot read topology file {}: {}", path, std::strerror(errno)));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return InvalidArgument(fmt::format("error reading topology file {}", path));
+  return ParseTopology(text.str(), path);
+}
+
+std::string TopologyToJson(const Topology& t) {
+  using Ordered = nlohmann::ordered_json;
+  auto dump = [](const Ordered& j) { return j.dump(-1, ' ', false, Ordered::error_handler_t::replace); };
+  std::string out = "{\n";
+  out += fmt::format("  \"name\": {},\n", dump(Ordered(t.name)));
+  out += fmt::format("  \"shaping\": {},\n", t.shaping ? "true" : "false");
+  out += "  \"nodes\": [\n";
+  for (size_t i = 0; i < t.nodes.size(); ++i) {
+    const TopologyNode& n = t.nodes[i];
+    Ordered j;
+    j["name"] = n.name;
+    j["kind"] = std::string(NodeKindName(n.kind));
+    if (n.kind == NodeKind::kWorker) j["rank"] = n.rank;
+    j["ports"] = n.ports;
+    out += "    " + dump(j) + (i + 1 < t.nodes.size() ? ",\n" : "\n");
+  }
+  out += "  ],\n  \"links\": [\n";
+  for (size_t i = 0; i < t.links.size(); ++i) {
+    const TopologyLink& l = t.links[i];
+    Ordered j;
+    j["a"] = t.PortName(l.a);
+    j["b"] = t.PortName(l.b);
+    j["bandwidth_gbps"] = l.bandwidth_gbps;
+    j["latency_us"] = l.latency_us;
+    out += "    " + dump(j) + (i + 1 < t.links.size() ? ",\n" : "\n");
+  }
+  out += "  ]\n}\n";
+  return out;
+}
+
+// ---- Generators ----
+
+Result<Topology> GenerateRing(int n, LinkParams link) {
+  KZ_RETURN_IF_ERROR(CheckLinkParams(link));
+  if (n < 2 || n > kMaxTopologyNodes) return InvalidArgument(fmt::format("ring of {} workers: need 2..{}", n, kMaxTopologyNodes));
+  Topology t;
+  t.name = fmt::format("ring-{}", n);
+  AddWorkers(t, n, 2);
+  for (int i = 0; i < n; ++i) AddLink(t, PortRef{i, 0}, PortRef{(i + 1) % n, 1}, link);
+  KZ_RETURN_IF_ERROR(t.Finalize());
+  return t;
+}
+
+Result<Topology> GenerateTorus(const std::vector<int>& dims, LinkParams link) {
+  KZ_RETURN_IF_ERROR(CheckLinkParams(link));
+  if (dims.empty() || dims.size() > 3) return InvalidArgument(fmt::format("a torus has 1 to 3 dimensions, not {}", dims.size()));
+  int64_t total = 1;
+  std::string shape;
+  for (int d : dims) {
+    if (d < 1) return InvalidArgument(fmt::format("torus dimension {} must be >= 1", d));
+    total *= d;
+    if (total > kMaxTopologyNodes) return InvalidArgument(fmt::format("torus of more than {} workers", kMaxTopologyNodes));
+    shape += (shape.empty() ? "" : "x") + std::to_string(d);
+  }
+  if (total < 2) return InvalidArgument("a torus needs at least 2 workers");
+  const int n = static_cast<int>(total);
+  const int nd = static_cast<int>(dims.size());
+  Topology t;
+  t.name = fmt::format("torus{}d-{}", nd, shape);
+  AddWorkers(t, n, 2 * nd);
+  for (int r = 0; r < n; ++r) {
+    int stride = 1;
+    for (int d = 0; d < nd; ++d) {
+      const int size = dims[d];
+      const int coord = (r / stride) % size;
+      if (size > 1) {
+        const int next = r + (((coord + 1) % size) - coord) * stride;
+        AddLink(t, PortRef{r, 2 * d}, PortRef{next, 2 * d + 1}, link);
+      }
+      stride *= size;
+    }
+  }
+  KZ_RETURN_IF_ERROR(t.Finalize());
+  return t;
+}
+
+Result<Topology> GenerateFullyConnected(int n, LinkParams link) {
+  KZ_RETURN_IF_ERROR(CheckLinkParams(link));
+  if (n < 2 || n > kMaxPortsPerNode + 1)
+    return InvalidArgument(fmt::format("fully connected topology of {} workers: need 2..{}", n, kMaxPortsPerNode + 1));
+  Topology t;
+  t.name = fmt::format("full-{}", n);
+  AddWorkers(t, n, n - 1);
+  auto port_to = [](int from, int to) { return to < from ? to : to - 1; };
+  for (int i = 0; i < n; ++i)
+    for (int k = i + 1; k < n; ++k) AddLink(t, PortRef{i, port_to(i, k)}, PortRef{k, port_to(k, i)}, link);
+  KZ_RETURN_IF_ERROR(t.Finalize());
+  return t;
+}
+
+Result<Topology> GenerateOcs(const OcsSpec& spec, LinkParams link) {
+  KZ_RETURN_IF_ERROR(CheckLinkParams(link));
+  if (spec.workers < 1 || spec.workers + spec.aggregators > kMaxTopologyNodes || spec.aggregators < 0)
+    return InvalidArgument(fmt::format("OCS topology of {} workers and {} aggregators", spec.workers, spec.aggregators));
+  if (spec.worker_ports < 1 || (spec.aggregators > 0 && spec.aggregator_ports < 1))
+    return InvalidArgument("OCS topology: every node needs at least one port");
+  Topology t;
+  t.name = fmt::format("ocs-{}w-{}a", spec.workers, spec.aggregators);
+  AddWorkers(t, spec.workers, spec.worker_ports);
+  for (int i = 0; i < spec.aggregators; ++i)
+    t.nodes.push_back(TopologyNode{fmt::format("a{}", i), NodeKind::kAggregator, -1, spec.aggregator_ports, 0});
+  for (const auto& [a, b] : spec.pairs) {
+    PortRef ends[2];
+    const std::string* names[2] = {&a, &b};
+    for (int e = 0; e < 2; ++e) {
+      auto split = SplitPortName(*names[e]);
+      if (!split.ok()) return split.status().WithContext(fmt::format("OCS port map entry {}={}", a, b));
+      const int node = t.FindNode(split->first);
+      if (node < 0)
+        return InvalidArgument(fmt::format("OCS port map entry {}={}: no node '{}' (workers w0..w{}{})", a, b,
+                                           split->first, spec.workers - 1,
+                                           spec.aggregators > 0 ? fmt::format(", aggregators a0..a{}", spec.aggregators - 1)
+                                                                : std::string()));
+      ends[e] = PortRef{node, split->second};
+    }
+    AddLink(t, ends[0], ends[1], link);
+  }
+  KZ_RETURN_IF_ERROR(t.Finalize());
+  return t;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> ParsePortMap(std::string_view map) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t start = 0;
+  while (start <= map.size()) {
+    size_t end = map.find(',', start);
+    if (end == std::string_view::npos) end = map.size();
+    std::string_view item = map.substr(start, end - start);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (!item.empty()) {
+      const size_t eq = item.find('=');
+      if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size())
+        return InvalidArgument(fmt::format("port map item \"{}\" is not of the form node:port=node:port", item));
+      out.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+    }
+    start = end + 1;
+  }
+  if (out.empty()) return InvalidArgument("the port map is empty");
+  return out;
+}
+
+Result<Topology> GenerateNamed(std::string_view kind, std::string_view shape, LinkParams link) {
+  if (kind == "ring") {
+    KZ_ASSIGN_OR_RETURN(int n, ParsePositive(shape, "ring size"));
+    return GenerateRing(n, link);
+  }
+  if (kind == "full" || kind == "fully_connected") {
+    KZ_ASSIGN_OR_RETURN(int n, ParsePositive(shape, "worker count"));
+    return GenerateFullyConnected(n, link);
+  }
+  if (kind == "torus1d" || kind == "torus2d" || kind == "torus3d") {
+    const size_t want = static_cast<size_t>(kind[5] - '0');
+    std::vector<int> dims;
+    size_t start = 0;
+    while (start <= shape.size()) {
+      size_t x = shape.find('x', start);
+      if (x == std::string_view::npos) x = shape.size();
+      KZ_ASSIGN_OR_RETURN(int d, ParsePositive(shape.substr(start, x - start), "torus dimension"));
+      dims.push_back(d);
+      start = x + 1;
+    }
+    if (dims.size() != want)
+      return InvalidArgument(fmt::format("{} needs {} dimensions (like {}), got \"{}\"", kind, want,
+                                         want == 1 ? "8" : want == 2 ? "4x4" : "2x2x2", shape));
+    return GenerateTorus(dims, link);
+  }
+  if (kind == "ocs")
+    return InvalidArgument("an OCS topology needs an explicit port map (GenerateOcs; kizuna-topo --generate ocs --map ...)");
+  return InvalidArgument(fmt::format("unknown topology generator \"{}\" (ring, torus1d, torus2d, torus3d, full, ocs)", kind));
+}
+
+}  // namespace kizuna::fabric::directconnect

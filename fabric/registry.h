@@ -1,0 +1,83 @@
+// The fabric registry, like the device layer's (runtime/device/registry.h). In-tree fabrics
+// register a factory at static-initialisation time (KZ_REGISTER_FABRIC in the backend's
+// fabric.cc; its Bazel library is alwayslink); linking a fabric's library into a binary is what
+// makes it available there. The engine and the runtime only ever see the Fabric interface.
+//
+// Plugins: KIZUNA_FABRIC_PLUGINS (Config::fabric_plugins) will name shared libraries built
+// against a C ABI header shaped after NCCL's ext-net, loaded here beside the built-in fabrics
+// (FabricSlot::origin is then the library's path). That loader does not exist yet: each path
+// named is recorded as a slot with kNotSupported and a warning, so a configured plugin is never
+// ignored silently.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fabric/fabric.h"
+#include "runtime/config.h"
+#include "runtime/status.h"
+
+namespace kizuna::fabric {
+
+// Creates a fabric for the calling rank. Returns kUnavailable (with the reason: no NIC, no
+// provider, no topology) when the fabric cannot run here; any other error is a real failure
+// (a malformed topology file, a rank the topology has no node for).
+using FabricFactory = Result<std::unique_ptr<Fabric>> (*)(const Config& config, const FabricContext& context);
+
+struct FabricRegistration {
+  std::string name;
+  FabricFactory factory;
+  // true for fabrics that need hardware (roce, ofi on verbs): their unavailability is expected on
+  // machines without it, and tests skip them saying why.
+  bool needs_hardware;
+};
+
+// Called by KZ_REGISTER_FABRIC. Returns true so it can initialise a static.
+bool RegisterFabric(FabricRegistration registration);
+// The built-in factories, in registration order.
+std::vector<FabricRegistration> RegisteredFabrics();
+
+// Creates one built-in fabric by name (tests, tools, and processes that need one fabric only).
+// kInvalidArgument naming the registered fabrics when `name` is not one of them.
+Result<std::unique_ptr<Fabric>> CreateFabric(std::string_view name, const Config& config,
+                                             const FabricContext& context);
+
+// One fabric as the registry found it.
+struct FabricSlot {
+  std::string name;    // fabric name (for a plugin: its path)
+  std::string origin;  // "built-in" or the plugin's path
+  bool needs_hardware = false;
+  Status status;       // ok, or why the fabric is not usable
+  std::unique_ptr<Fabric> fabric;  // set when status is ok
+};
+
+// Every fabric linked in (and, later, every plugin), created once for the calling rank. Owns the
+// fabrics; keep it alive as long as any comm is in use.
+class FabricRegistry {
+ public:
+  // Never fails as a whole: a fabric that cannot start is recorded in its slot with the reason
+  // and logged (INFO for unavailable, WARN for other failures). `config` must outlive the registry.
+  static std::unique_ptr<FabricRegistry> Create(const Config& config, const FabricContext& context);
+
+  const std::vector<FabricSlot>& fabrics() const { return slots_; }
+  // The available fabric of that name, or nullptr.
+  Fabric* Find(std::string_view name) const;
+  // The fabric to use: the first available one named in KIZUNA_FABRIC (Config::fabric, in
+  // preference order), or, when that list is empty, the first available one in registration
+  // order. kUnavailable naming every candidate and why it is not usable when there is none.
+  Result<Fabric*> Select() const;
+
+ private:
+  explicit FabricRegistry(const Config* config) : config_(config) {}
+  const Config* config_;
+  std::vector<FabricSlot> slots_;
+};
+
+}  // namespace kizuna::fabric
+
+// Registers a built-in fabric: KZ_REGISTER_FABRIC(directconnect, &CreateFabric, false);
+#define KZ_REGISTER_FABRIC(name, factory, needs_hardware)                \
+  [[maybe_unused]] static const bool kz_fabric_registered_##name =       \
+      ::kizuna::fabric::RegisterFabric({#name, factory, needs_hardware})

@@ -95,8 +95,10 @@ struct TcpBootstrapOptions {
   // How long an accepted connection may take to authenticate and introduce itself before it is
   // dropped (also capped by the call's deadline). Strangers cost a rank at most this long.
   double handshake_timeout_s = 10.0;
-  // Connections still authenticating at one time; more are closed at once (a flood of strangers
-  // cannot exhaust this process's file descriptors).
+  // Connections still authenticating at one time (a flood of strangers cannot exhaust this
+  // process's file descriptors). When all are taken, the oldest connection that has not
+  // authenticated is closed to make room for a new one, so strangers that connect and stay silent
+  // cannot keep the ranks out.
   int max_pending_connections = 256;
 };
 
@@ -105,9 +107,10 @@ struct TcpBootstrapOptions {
 // Rank 0 is the root: it listens at id.root (adopting the socket CreateUniqueId reserved in this
 // process, if any); every other rank connects to it, retrying while the root is not yet listening.
 // Every connection, to the root or between peers, first runs the mutual handshake of auth.h with
-// id.secret; a connection that fails it (wrong secret, garbage, silence past
-// handshake_timeout_s) is closed and logged (KZ_WARN, BOOTSTRAP, naming its address), and nothing
-// it sent is used. Then each rank tells the root its rank, the size it was given and where it
+// id.secret, bound to the ranks at both ends; a connection that fails it (wrong secret, garbage,
+// silence past handshake_timeout_s, a handshake meant for another rank) is closed and logged
+// (KZ_WARN, BOOTSTRAP, naming its address; rate-limited, since strangers decide how often), and
+// nothing it sent is used. Then each rank tells the root its rank, the size it was given and where it
 // listens for peers; the root checks them (rank in range, no duplicate, same size: otherwise every
 // rank gets kInvalidArgument naming the problem) and, once all ranks have joined, sends everyone the
 // table of addresses. The call returns when this rank has the table (the root: when every rank has

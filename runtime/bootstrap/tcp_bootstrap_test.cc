@@ -10,9 +10,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -21,47 +18,19 @@
 
 #include "runtime/bootstrap/auth.h"
 #include "runtime/bootstrap/test_util.h"
-#include "runtime/logging.h"
 
 namespace kizuna::bootstrap {
 namespace {
 
+using testing::CapturedLog;
 using testing::Contains;
+using testing::Count;
 using testing::In;
 using testing::OnThreads;
 using testing::Pattern;
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// Sends this process's WARN lines to a file for the test's duration.
-class CapturedLog {
- public:
-  CapturedLog() {
-    path_ = fmt::format("{}/bootstrap_log_{}.txt", getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp", getpid());
-    std::remove(path_.c_str());
-    Config c;
-    c.debug = LogLevel::kWarn;
-    c.debug_file = path_;
-    ConfigureLogging(c);
-  }
-  ~CapturedLog() { ConfigureLogging(Config()); }
-  std::string Read() const {
-    std::ifstream f(path_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-
- private:
-  std::string path_;
-};
-
-size_t Count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
-  return n;
-}
 
 std::string CheckAllGather(Bootstrap& b) {
   auto all = b.AllGather(Pattern(10 + b.rank(), b.rank(), 1), In(20));
@@ -90,7 +59,7 @@ TEST(TcpBootstrap, StrangersAreRejectedAndLoggedWhileTheRanksComplete) {
   other.secret[0] ^= 0xff;
   std::thread wrong_job([&] {
     UniqueFd fd = testing::ConnectRaw(id.root);
-    Status s = AuthenticateAsClient(fd.get(), other.secret, In(10), "the root");
+    Status s = AuthenticateAsClient(fd.get(), other.secret, Route{1, 0}, In(10), "the root");
     EXPECT_EQ(s.code(), StatusCode::kRemoteError) << s.ToString();
     EXPECT_TRUE(Contains(s.message(), "secret")) << s.message();
   });
@@ -127,7 +96,7 @@ TEST(TcpBootstrap, AForgedProofIsRejected) {
   std::thread stranger([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     UniqueFd fd = testing::ConnectRaw(id.root);
-    auto hs = ClientHandshake::Start(other.secret);
+    auto hs = ClientHandshake::Start(other.secret, Route{1, 0});
     ASSERT_TRUE(hs.ok());
     ASSERT_EQ(write(fd.get(), hs->hello().data(), hs->hello().size()), static_cast<ssize_t>(kClientHelloBytes));
     ServerHello reply;

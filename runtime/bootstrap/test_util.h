@@ -1,4 +1,4 @@
-// Helpers of the bootstrap tests: ranks as threads, and raw sockets for strangers.
+// Helpers of the bootstrap tests: ranks as threads, raw sockets for strangers, captured logs.
 #pragma once
 
 #include <arpa/inet.h>
@@ -8,17 +8,24 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/bootstrap/unique_id.h"
+#include "runtime/config.h"
 #include "runtime/deadline.h"
+#include "runtime/logging.h"
 #include "runtime/status.h"
 #include "runtime/unique_fd.h"
 
@@ -132,6 +139,36 @@ inline Bytes Pattern(size_t bytes, int a, int b) {
 
 inline bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
+}
+
+// Sends this process's WARN (or also INFO) lines to a file for the test's duration.
+class CapturedLog {
+ public:
+  explicit CapturedLog(LogLevel level = LogLevel::kWarn) {
+    path_ = fmt::format("{}/bootstrap_log_{}.txt", getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp", getpid());
+    std::remove(path_.c_str());
+    Config c;
+    c.debug = level;
+    c.debug_file = path_;
+    ConfigureLogging(c);
+  }
+  ~CapturedLog() { ConfigureLogging(Config()); }
+  std::string Read() const {
+    std::ifstream f(path_);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  std::string path_;
+};
+
+// How often `needle` occurs in `text`.
+inline size_t Count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
+  return n;
 }
 
 }  // namespace kizuna::bootstrap::testing

@@ -41,8 +41,12 @@ bool IsIpv6Literal(std::string_view host) {
 Result<uint16_t> ParsePort(std::string_view text, std::string_view what) {
   uint32_t port = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
-  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || port == 0 || port > 65535)
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || port == 0 || port > 65535) {
+    // Quoted only when it is as short as a port: in a garbled unique id the secret may sit here.
+    if (text.size() > 5)
+      return InvalidArgument(fmt::format("{}: port of {} characters is not a number in 1..65535", what, text.size()));
     return InvalidArgument(fmt::format("{}: port '{}' is not a number in 1..65535", what, text));
+  }
   return static_cast<uint16_t>(port);
 }
 
@@ -52,8 +56,14 @@ Status SplitHost(std::string_view text, std::string_view what, std::string& host
     size_t close = text.find(']');
     if (close == std::string_view::npos) return InvalidArgument(fmt::format("{}: '[' without a closing ']'", what));
     host = std::string(text.substr(1, close - 1));
-    if (!IsIpv6Literal(host))
+    if (!IsIpv6Literal(host)) {
+      // Quoted only when it looks like an attempt at one: in a garbled unique id the secret (hex
+      // digits, no ':') may sit here.
+      if (host.find(':') == std::string::npos)
+        return InvalidArgument(fmt::format("{}: what is in brackets ({} characters, no ':') is not an IPv6 address",
+                                           what, host.size()));
       return InvalidArgument(fmt::format("{}: '{}' in brackets is not an IPv6 address", what, host));
+    }
     if (close + 1 >= text.size() || text[close + 1] != ':')
       return InvalidArgument(fmt::format("{}: expected ':' and a port after ']'", what));
     rest = text.substr(close + 2);

@@ -91,6 +91,9 @@ TEST(UniqueId, MalformedInputsSayWhatIsWrong) {
            {"kz1:127.0.0.1:1:" + hex + "0", "32 hex digits, got 33"},
            {"kz1:127.0.0.1:1:" + hex.substr(0, 31) + "g", "non-hex character at position 32"},
            {"kz1:127.0.0.1:1:" + hex + " extra", "hex digits"},
+           // The secret where the port or an IPv6 address belongs: named by its length, not quoted.
+           {"kz1:127.0.0.1:" + hex + ":29501", "port of 32 characters is not a number"},
+           {"kz1:[" + hex + "]:29501:" + hex, "not an IPv6 address"},
        }) {
     auto r = UniqueId::Parse(c.text);
     ASSERT_FALSE(r.ok()) << "accepted: " << c.text;

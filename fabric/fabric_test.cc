@@ -272,7 +272,7 @@ TEST(FabricRegistry, RecordsEveryFabricWithItsStatus) {
   EXPECT_EQ(codes["loop"], StatusCode::kOk);
   EXPECT_EQ(codes["absent"], StatusCode::kUnavailable);
   EXPECT_EQ(codes["broken"], StatusCode::kInternal);
-  EXPECT_EQ(codes["/opt/vendor/libkz_fabric_x.so"], StatusCode::kNotSupported) << "the plugin seam";
+  EXPECT_EQ(codes["/opt/vendor/libkz_fabric_x.so"], StatusCode::kInvalidArgument) << "a plugin that cannot be loaded";
   EXPECT_NE(reg->Find("loop"), nullptr);
   EXPECT_EQ(reg->Find("absent"), nullptr);
   for (const FabricSlot& s : reg->fabrics()) {

@@ -1,9 +1,11 @@
 #include "fabric/registry.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include <fmt/format.h>
 
+#include "fabric/plugin_fabric.h"
 #include "runtime/logging.h"
 
 namespace kizuna::fabric {
@@ -51,7 +53,18 @@ Result<std::unique_ptr<Fabric>> CreateFabric(std::string_view name, const Config
                                              const FabricContext& context) {
   for (const FabricRegistration& reg : RegisteredFabrics())
     if (reg.name == name) return reg.factory(config, context);
-  return InvalidArgument(fmt::format("no fabric named '{}' is linked in (registered: {})", name, RegisteredNames()));
+  // Then the configured plugins, in order: a process that needs one fabric by name (a test's
+  // second rank, a child process) finds a plugin the same way as a built-in. A plugin's name is
+  // known only once it is loaded; the ones that are not `name` are released again at once.
+  std::string plugins;
+  for (const std::string& path : config.fabric_plugins) {
+    auto fabric = LoadFabricPlugin(path, config, context);
+    if (fabric.ok() && (*fabric)->name() == name) return fabric;
+    plugins += fmt::format("{}{} ({})", plugins.empty() ? "" : ", ", path,
+                           fabric.ok() ? (*fabric)->name() : fabric.status().ToString());
+  }
+  return InvalidArgument(fmt::format("no fabric named '{}' is linked in (registered: {}){}", name, RegisteredNames(),
+                                     plugins.empty() ? "" : "; nor is it among the fabric plugins: " + plugins));
 }
 
 std::unique_ptr<FabricRegistry> FabricRegistry::Create(const Config& config, const FabricContext& context) {
@@ -67,14 +80,34 @@ std::unique_ptr<FabricRegistry> FabricRegistry::Create(const Config& config, con
     LogSlot(slot);
     registry->slots_.push_back(std::move(slot));
   }
-  // The seam for fabric plugins (see registry.h): until the loader exists, a configured plugin is
-  // a visible failure rather than a silently missing fabric.
-  for (const std::string& path : config.fabric_plugins) {
-    FabricSlot slot{path, path, false,
-                    NotSupported(fmt::format("fabric plugin {} not loaded: this build of kizuna has no fabric "
-                                             "plugin loader yet (KIZUNA_FABRIC_PLUGINS is reserved for it)",
-                                             path)),
-                    nullptr};
+  // Fabric plugins (KIZUNA_FABRIC_PLUGINS), after the built-in fabrics, in the order listed. A
+  // plugin that fails to load is a visible slot (named by its path), never a silently missing
+  // fabric; one whose name is taken would make KIZUNA_FABRIC ambiguous, so it is refused.
+  for (size_t i = 0; i < config.fabric_plugins.size(); ++i) {
+    const std::string& path = config.fabric_plugins[i];
+    if (std::find(config.fabric_plugins.begin(), config.fabric_plugins.begin() + i, path) !=
+        config.fabric_plugins.begin() + i) {
+      KZ_INFO(kLogInit, "fabric plugin {} is listed more than once; it is loaded once", path);
+      continue;
+    }
+    FabricSlot slot{path, path, false, Status::Ok(), nullptr};
+    auto fabric = LoadFabricPlugin(path, config, context);
+    if (!fabric.ok()) {
+      slot.status = fabric.status();
+    } else {
+      const std::string name = (*fabric)->name();
+      const FabricSlot* taken = nullptr;
+      for (const FabricSlot& s : registry->slots_)
+        if (s.name == name) taken = &s;
+      if (taken != nullptr) {
+        slot.status = InvalidArgument(fmt::format(
+            "fabric plugin {}: fabric name '{}' is already taken by {}", path, name,
+            taken->origin == "built-in" ? std::string("the built-in fabric") : "fabric plugin " + taken->origin));
+      } else {
+        slot.name = name;
+        slot.fabric = std::move(fabric).value();
+      }
+    }
     LogSlot(slot);
     registry->slots_.push_back(std::move(slot));
   }

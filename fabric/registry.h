@@ -3,11 +3,10 @@
 // fabric.cc; its Bazel library is alwayslink); linking a fabric's library into a binary is what
 // makes it available there. The engine and the runtime only ever see the Fabric interface.
 //
-// Plugins: KIZUNA_FABRIC_PLUGINS (Config::fabric_plugins) will name shared libraries built
-// against a C ABI header shaped after NCCL's ext-net, loaded here beside the built-in fabrics
-// (FabricSlot::origin is then the library's path). That loader does not exist yet: each path
-// named is recorded as a slot with kNotSupported and a warning, so a configured plugin is never
-// ignored silently.
+// Plugins: KIZUNA_FABRIC_PLUGINS (Config::fabric_plugins) names shared libraries built against
+// fabric/kizuna_fabric_plugin.h (a C ABI shaped after NCCL's ext-net), loaded here beside the
+// built-in fabrics by plugin_fabric.h (FabricSlot::origin is then the library's path). A plugin
+// that cannot be loaded is a visible slot with the reason; a name already taken is refused.
 #pragma once
 
 #include <memory>
@@ -39,7 +38,8 @@ bool RegisterFabric(FabricRegistration registration);
 // The built-in factories, in registration order.
 std::vector<FabricRegistration> RegisteredFabrics();
 
-// Creates one built-in fabric by name (tests, tools, and processes that need one fabric only).
+// Creates one fabric by name — a built-in one, or a plugin from config.fabric_plugins (tests,
+// tools, and processes that need one fabric only).
 // kInvalidArgument naming the registered fabrics when `name` is not one of them.
 Result<std::unique_ptr<Fabric>> CreateFabric(std::string_view name, const Config& config,
                                              const FabricContext& context);
@@ -53,7 +53,7 @@ struct FabricSlot {
   std::unique_ptr<Fabric> fabric;  // set when status is ok
 };
 
-// Every fabric linked in (and, later, every plugin), created once for the calling rank. Owns the
+// Every fabric linked in and every configured plugin, created once for the calling rank. Owns the
 // fabrics; keep it alive as long as any comm is in use.
 class FabricRegistry {
  public:

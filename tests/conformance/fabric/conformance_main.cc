@@ -2,9 +2,12 @@
 // point-to-point fabrics), lists every fabric's capability tags, then runs the suites. With
 // --fabric-child it is instead rank 1 of a cross-process test and runs no tests.
 //
-//   fabric_conformance_test [--large | --max-bytes=N] [--topology=PATH | --no-topology] [gtest flags]
+//   fabric_conformance_test [--plugin=PATH ...] [--large | --max-bytes=N] [--topology=PATH | --no-topology]
+//                           [gtest flags]
 //   fabric_conformance_test --fabric-child=<fabric>:<scenario>:<fd> --topology=PATH --max-bytes=N
 
+#include <limits.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -68,9 +71,16 @@ int main(int argc, char** argv) {
   bool child = false;
   bool no_topology = false;
   std::vector<char*> rest;
+  std::vector<std::string> plugins;
   for (int i = 0; i < argc; ++i) {
     std::string_view a = argv[i];
-    if (i > 0 && a == "--large") {
+    if (i > 0 && a.starts_with("--plugin=")) {
+      // Absolute, so that child processes (which inherit KIZUNA_FABRIC_PLUGINS) find it too.
+      std::string path(a.substr(9));
+      char resolved[PATH_MAX];
+      if (::realpath(path.c_str(), resolved) != nullptr) path = resolved;
+      plugins.push_back(path);
+    } else if (i > 0 && a == "--large") {
       options.max_bytes = kLargeMaxBytes;
     } else if (i > 0 && a.starts_with("--max-bytes=")) {
       if (!ParseBytes(a.substr(12), &options.max_bytes)) {
@@ -90,6 +100,12 @@ int main(int argc, char** argv) {
   }
 
   kizuna::Config config = kizuna::GlobalConfig();
+  if (!plugins.empty()) {
+    config.fabric_plugins.insert(config.fabric_plugins.end(), plugins.begin(), plugins.end());
+    std::string joined;
+    for (const std::string& p : config.fabric_plugins) joined += (joined.empty() ? "" : ":") + p;
+    ::setenv("KIZUNA_FABRIC_PLUGINS", joined.c_str(), 1);  // the cross-process tests' children
+  }
   // Bound the fabrics' own internal waits like the tests' waits, unless KIZUNA_TIMEOUT was set.
   if (kizuna::KizunaEnvironment().count("KIZUNA_TIMEOUT") == 0)
     config.timeout_s = std::min(config.timeout_s, kTestTimeoutSeconds);

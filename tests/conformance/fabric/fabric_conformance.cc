@@ -78,6 +78,10 @@ const std::vector<TestGroup>& TestGroups() {
        {Tag::kFdMemory},
        "needs registration by fd + offset (kPtrFd) and an emulated device that exports fds"},
       {"ProcessConformance", {}, ""},
+      {"FdProcessConformance", {Tag::kFdMemory}, "needs registration by fd + offset (kPtrFd), across processes"},
+      {"FdWriteConformance",
+       {Tag::kFdMemory, Tag::kWriteImmediate},
+       "needs both registration by fd + offset and one-sided writes"},
   };
   return groups;
 }
@@ -382,5 +386,7 @@ KZ_INSTANTIATE_GROUP(WriteConformance);
 KZ_INSTANTIATE_GROUP(NoWriteConformance);
 KZ_INSTANTIATE_GROUP(FdMemoryConformance);
 KZ_INSTANTIATE_GROUP(ProcessConformance);
+KZ_INSTANTIATE_GROUP(FdProcessConformance);
+KZ_INSTANTIATE_GROUP(FdWriteConformance);
 
 }  // namespace kizuna::fabric::conformance

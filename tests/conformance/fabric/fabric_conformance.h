@@ -192,6 +192,8 @@ class WriteConformance : public FabricTest {};
 class NoWriteConformance : public FabricTest {};
 class FdMemoryConformance : public FabricTest {};
 class ProcessConformance : public FabricTest {};
+class FdProcessConformance : public FabricTest {};
+class FdWriteConformance : public FabricTest {};
 
 // ---- The second process (parent side in process_conformance_test.cc, child in conformance_main.cc) ----
 

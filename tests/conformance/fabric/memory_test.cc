@@ -106,8 +106,7 @@ TEST_P(FdMemoryConformance, HostToDeviceAndDeviceToHost) {
   EXPECT_TRUE(HasPattern(host.data(), size, 22));
 }
 
-TEST_P(FdMemoryConformance, AWriteIntoAnExposedDeviceBuffer) {
-  if (!under_test().Has(Tag::kWriteImmediate)) GTEST_SKIP() << "no one-sided writes: " << under_test().TagList();
+TEST_P(FdWriteConformance, AWriteIntoAnExposedDeviceBuffer) {
   Connection c = MustConnect();
   ASSERT_NE(c.send, nullptr);
   const size_t size = std::min<uint64_t>(max_bytes(), uint64_t{8} << 20);

@@ -203,8 +203,7 @@ void RunEcho(Fabric& fabric, const std::string& name, bool fd_memory, uint64_t m
 
 TEST_P(ProcessConformance, EchoEverySizeWithHostMemory) { RunEcho(rank0(), under_test().name, false, max_bytes()); }
 
-TEST_P(ProcessConformance, EchoEverySizeWithDeviceMemoryByFdIsSingleCopy) {
-  if (!under_test().Has(Tag::kFdMemory)) GTEST_SKIP() << "needs fd memory: " << under_test().TagList();
+TEST_P(FdProcessConformance, EchoEverySizeWithDeviceMemoryByFdIsSingleCopy) {
   RunEcho(rank0(), under_test().name, true, max_bytes());
 }
 

@@ -126,7 +126,9 @@ Result<Fabric*> FabricRegistry::Select() const {
     reasons += fmt::format("{}{}: {}", reasons.empty() ? "" : "; ", s.name, s.status.ToString());
   };
   if (!config_->fabric.empty()) {
-    for (const std::string& wanted : config_->fabric) {
+    for (const std::string& entry : config_->fabric) {
+      // "ofi:shm" names the fabric "ofi" (the part after ':' is that fabric's own device choice).
+      const std::string wanted = entry.substr(0, entry.find(':'));
       bool known = false;
       for (const FabricSlot& s : slots_) {
         if (s.name != wanted) continue;

@@ -65,7 +65,8 @@ class FabricRegistry {
   // The available fabric of that name, or nullptr.
   Fabric* Find(std::string_view name) const;
   // The fabric to use: the first available one named in KIZUNA_FABRIC (Config::fabric, in
-  // preference order), or, when that list is empty, the first available one in registration
+  // preference order; an entry "name:device" names the fabric "name" and leaves the device part
+  // to that fabric, e.g. "ofi:shm"), or, when that list is empty, the first available one in registration
   // order. kUnavailable naming every candidate and why it is not usable when there is none.
   Result<Fabric*> Select() const;
 

@@ -227,7 +227,7 @@ const std::vector<Entry>& Entries() {
         Text(&Config::unique_id_file));
     add({"KIZUNA_ROOT", "host:port", "MASTER_ADDR:MASTER_PORT+1", "root's bootstrap address"},
         Text(&Config::root));
-    add({"KIZUNA_FABRIC", "comma list", "auto", "fabrics in preference order"}, List(&Config::fabric, ','));
+    add({"KIZUNA_FABRIC", "comma list (name or name:device)", "auto", "fabrics in preference order, e.g. ofi:shm,directconnect"}, List(&Config::fabric, ','));
     add({"KIZUNA_TOPOLOGY", "path", "", "direct-connect topology file"}, Text(&Config::topology));
     add({"KIZUNA_ALGO", "name or coll:name;coll:name", "cost model", "algorithm override"},
         Text(&Config::algo));

@@ -9,7 +9,8 @@ unset KIZUNA_TOPOLOGY
 # this test's own result file, which Bazel names in XML_OUTPUT_FILE.
 unset XML_OUTPUT_FILE GTEST_OUTPUT TEST_PREMATURE_EXIT_FILE
 
-out="$("$suite" --no-topology 2>&1)"
+# Only directconnect's tests: the other fabrics linked in (ofi) are available and would run.
+out="$("$suite" --no-topology --gtest_filter='*/directconnect' 2>&1)"
 rc=$?
 echo "$out" | tail -20
 [ "$rc" -eq 0 ] || fail "an unavailable fabric made the run fail (exit $rc)"
@@ -19,7 +20,7 @@ grep -q "\[  SKIPPED \] Fabrics/FabricConformance.DevicesDescribeThemselves/dire
 grep -q "\[  PASSED  \] 0 tests" <<<"$out" || fail "tests of an unavailable fabric ran"
 grep -q "Fabrics/WriteConformance" <<<"$out" && fail "a capability group was instantiated for an unavailable fabric"
 
-out="$("$suite" --topology=/nonexistent/kizuna-topology.json 2>&1)"
+out="$("$suite" --topology=/nonexistent/kizuna-topology.json --gtest_filter='*/directconnect' 2>&1)"
 rc=$?
 echo "$out" | tail -20
 [ "$rc" -ne 0 ] || fail "a fabric that failed to start let the run pass"

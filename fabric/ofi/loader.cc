@@ -1,0 +1,134 @@
+#include "fabric/ofi/loader.h"
+
+#include <dlfcn.h>
+#include <rdma/fi_errno.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "runtime/logging.h"
+
+namespace kizuna::fabric::ofi {
+namespace {
+
+// Two ofi_rxm defaults that do not fit how this fabric uses libfabric are changed before
+// libfabric reads its parameters (on the first fi_getinfo), unless the user set them:
+//  - FI_OFI_RXM_USE_RNDV_WRITE=1: 1.17's read-based rendezvous (the receiver reads the sender's
+//    buffer) crashes inside fi_close when an endpoint closes while such a read is in flight — a
+//    peer closing mid-transfer; the write-based one fails the peer's transfer cleanly.
+//  - FI_OFI_RXM_MSG_RX_SIZE=16 (default 128): each comm has its own endpoint, and with 128
+//    every endpoint preallocates and touches ~70 MB of receive buffers (~0.25 s to open one on
+//    the build machines); with 16, ~18 MB. Receives land in the user's buffers (rendezvous) or
+//    are few and small (eager), so the deeper queue buys nothing here.
+void PrepareProviderEnvironment() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct Default {
+      const char* name;
+      const char* value;
+    };
+    for (const Default& d : {Default{"FI_OFI_RXM_USE_RNDV_WRITE", "1"}, Default{"FI_OFI_RXM_MSG_RX_SIZE", "16"}}) {
+      if (std::getenv(d.name) != nullptr) continue;
+      ::setenv(d.name, d.value, 0);
+      KZ_INFO(kLogFabric, "ofi: {}={} (kizuna's default; set it to override)", d.name, d.value);
+    }
+  });
+}
+
+std::string VersionText(uint32_t v) { return fmt::format("{}.{}", FI_MAJOR(v), FI_MINOR(v)); }
+
+template <typename F>
+bool Resolve(void* handle, const char* name, F* out, std::string* missing) {
+  void* sym = ::dlsym(handle, name);
+  if (sym == nullptr) {
+    *missing += (missing->empty() ? "" : ", ") + std::string(name);
+    return false;
+  }
+  *out = reinterpret_cast<F>(sym);
+  return true;
+}
+
+}  // namespace
+
+StatusCode ErrorCode(int fi_errno) {
+  switch (fi_errno) {
+    case FI_ENOMEM: case FI_ENOSPC: case FI_ENOBUFS: return StatusCode::kOutOfMemory;
+    case FI_ETIMEDOUT: return StatusCode::kTimeout;
+    case FI_EINVAL: case FI_EBADF: case FI_EFAULT: case FI_EBADFLAGS: case FI_EMSGSIZE: case FI_ETRUNC:
+    case FI_ETOOSMALL: case FI_EKEYREJECTED: case FI_EADDRNOTAVAIL:
+      return StatusCode::kInvalidArgument;
+    case FI_ENOSYS: case FI_EOPNOTSUPP: case FI_ENODATA: case FI_ENOPROTOOPT:
+      return StatusCode::kNotSupported;
+    case FI_ECANCELED: return StatusCode::kAborted;
+    default: break;
+  }
+  return IsConnectionError(fi_errno) ? StatusCode::kRemoteError : StatusCode::kInternal;
+}
+
+bool IsConnectionError(int fi_errno) {
+  switch (fi_errno) {
+    case FI_ECONNREFUSED: case FI_ECONNRESET: case FI_ECONNABORTED: case FI_ENOTCONN: case FI_ESHUTDOWN:
+    case FI_EHOSTUNREACH: case FI_EHOSTDOWN: case FI_ENETUNREACH: case FI_ENETDOWN: case FI_EIO: case EPIPE:
+    case FI_EREMOTEIO:
+      return true;
+    default: return false;
+  }
+}
+
+std::string LibFabric::VersionString() const { return VersionText(runtime_version_); }
+
+Status LibFabric::Error(int rc, std::string_view what, std::source_location where) const {
+  const int err = rc < 0 ? -rc : rc;
+  return FromForeign(ErrorCode(err), "libfabric", what, -err, strerror != nullptr ? strerror(err) : "?", where);
+}
+
+Result<std::shared_ptr<const LibFabric>> LibFabric::Open(const std::string& path) {
+  ::dlerror();
+  // Never dlclose()d: providers start threads and register handlers that must outlive every
+  // object created from the library, and unloading it while any of them runs is undefined.
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = ::dlerror();
+    return Unavailable(fmt::format("libfabric is not installed here: dlopen({}) failed: {} (install libfabric1, "
+                                   "or point the loader at it)",
+                                   path, why != nullptr ? why : "unknown reason"));
+  }
+  std::shared_ptr<LibFabric> lib(new LibFabric());
+  lib->path_ = path;
+  std::string missing;
+  Resolve(handle, "fi_getinfo", &lib->getinfo, &missing);
+  Resolve(handle, "fi_freeinfo", &lib->freeinfo, &missing);
+  Resolve(handle, "fi_dupinfo", &lib->dupinfo, &missing);
+  Resolve(handle, "fi_fabric", &lib->open_fabric, &missing);
+  Resolve(handle, "fi_strerror", &lib->strerror, &missing);
+  Resolve(handle, "fi_version", &lib->version, &missing);
+  if (!missing.empty())
+    return Unavailable(fmt::format("{} is not a usable libfabric: it lacks {}", path, missing));
+  lib->runtime_version_ = lib->version();
+  if (FI_MAJOR(lib->runtime_version_) != FI_MAJOR(kApiVersion) || lib->runtime_version_ < kApiVersion)
+    return Unavailable(fmt::format("{} is libfabric {}, older than (or incompatible with) the {} this build needs",
+                                   path, VersionText(lib->runtime_version_), VersionText(kApiVersion)));
+  PrepareProviderEnvironment();
+  KZ_INFO(kLogFabric, "ofi: loaded {} (libfabric {}, API {})", path, lib->VersionString(), VersionText(kApiVersion));
+  return std::shared_ptr<const LibFabric>(std::move(lib));
+}
+
+Result<std::shared_ptr<const LibFabric>> LibFabric::Default() {
+  static std::mutex mu;
+  static std::shared_ptr<const LibFabric> loaded;
+  static Status failure;
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded != nullptr) return loaded;
+  if (!failure.ok()) return failure;
+  auto r = Open(kDefaultLibrary);
+  if (!r.ok()) {
+    failure = r.status();
+    return failure;
+  }
+  loaded = *r;
+  return loaded;
+}
+
+}  // namespace kizuna::fabric::ofi

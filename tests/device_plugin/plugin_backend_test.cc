@@ -1,5 +1,5 @@
 // LoadDevicePlugin: the example plugin through the Backend / Device / Stream / Event wrapper, and
-// every way a broken plugin is refused (runtime/device/testdata/). The generic device behaviour
+// every way a broken plugin is refused (tests/device_plugin/testdata/). The generic device behaviour
 // (dtype x op sweeps, sizes, concurrency) is the conformance suite's job; this file checks loading,
 // validation, the conversion of plugin results into Status, the wrapper's plumbing (streams
 // released from their own host callbacks, bounded teardown), and how the registry adds plugins

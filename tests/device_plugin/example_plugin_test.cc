@@ -1,35 +1,19 @@
-// LoadDevicePlugin: the example plugin through the Backend / Device / Stream / Event wrapper, and
-// every way a broken plugin is refused (tests/device_plugin/testdata/). The generic device behaviour
-// (dtype x op sweeps, sizes, concurrency) is the conformance suite's job; this file checks loading,
-// validation, the conversion of plugin results into Status, the wrapper's plumbing (streams
-// released from their own host callbacks, bounded teardown), and how the registry adds plugins
-// (each file once, each backend name once).
-//
-// Arguments: --example_plugin=PATH, then the paths of the testdata files.
+// The example plugin through the Backend / Device / Stream / Event wrapper. The generic device
+// behaviour (dtype x op sweeps, sizes, concurrency) is the conformance suite's job; this file checks
+// the conversion of plugin results into Status and the wrapper's plumbing (streams released from
+// their own host callbacks, the library outliving its backend).
 #include "runtime/device/plugin_backend.h"
 
-#include <dirent.h>
-#include <dlfcn.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <functional>
 #include <future>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -39,108 +23,14 @@
 #include "runtime/config.h"
 #include "runtime/deadline.h"
 #include "runtime/device/device.h"
-#include "runtime/device/registry.h"
 #include "runtime/status.h"
+#include "tests/device_plugin/plugin_test_util.h"
 
 namespace kizuna::device {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-std::string g_example_plugin;                  // --example_plugin
-std::map<std::string, std::string> g_testdata;  // file name -> path
-
-std::string TestData(const std::string& name) {
-  auto it = g_testdata.find(name);
-  if (it == g_testdata.end()) {
-    ADD_FAILURE() << "test data " << name << " was not passed to the test";
-    return "/nonexistent/" + name;
-  }
-  return it->second;
-}
-
-Config TestConfig() {
-  Config c;
-  c.timeout_s = 10;  // a broken wait fails the test in seconds, not minutes
-  return c;
-}
-
-// Sets an environment variable for one scope (the plugin reads its knobs in init).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
-
-// The threads of this process (the example plugin runs one per stream).
-int ThreadCount() {
-  DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return -1;
-  int n = 0;
-  while (const dirent* e = readdir(dir))
-    if (e->d_name[0] != '.') ++n;
-  closedir(dir);
-  return n;
-}
-
-// Polls `done` every few milliseconds (sleeping, not spinning) until it holds or `limit` passes.
-bool Eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
-
-// Whether the shared library at `path` is mapped in this process (without loading it).
-bool LibraryLoaded(const std::string& path) {
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (handle == nullptr) return false;
-  dlclose(handle);  // NOLOAD took a reference too
-  return true;
-}
-
-std::string Canonical(const std::string& path) {
-  char resolved[PATH_MAX];
-  return realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
-}
-
-// A copy of the example plugin under another file name: the same backend name, another file.
-std::string CopyOfExamplePlugin(const std::string& file_name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::filesystem::path dir = tmp != nullptr ? tmp : std::filesystem::temp_directory_path().string();
-  const std::filesystem::path copy = dir / file_name;
-  std::error_code ec;
-  std::filesystem::copy_file(g_example_plugin, copy, std::filesystem::copy_options::overwrite_existing, ec);
-  if (ec) ADD_FAILURE() << "copying " << g_example_plugin << " to " << copy << ": " << ec.message();
-  return copy.string();
-}
-
-// A gate a host callback blocks on, with its own deadline so a failing test cannot hang.
-class Gate {
- public:
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  bool WaitOpen(std::chrono::seconds limit) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, limit, [&] { return open_; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 class ExamplePluginTest : public ::testing::Test {
  protected:
@@ -600,200 +490,6 @@ TEST_F(ExamplePluginTest, StreamOwnedByItsCallbackIsDestroyedOffThePluginThread)
 // stream_destroy takes no timeout in api 1.0: the plugin bounds it by KIZUNA_TIMEOUT. With a host
 // callback that does not return, the destroy gives up (the worker finishes the callback later and
 // frees the stream itself), and kizuna keeps that library loaded for the worker's sake. A copy of
-// the plugin is used, so the library it leaves loaded is not the one other tests unload.
-TEST(ExamplePluginTeardown, DestroyIsBoundedByKizunaTimeoutWhenACallbackHangs) {
-  const std::string copy = CopyOfExamplePlugin("libkz_example_hung_callback.so");
-  Config config = TestConfig();
-  std::unique_ptr<Backend> backend;
-  {
-    ScopedEnv timeout("KIZUNA_TIMEOUT", "0.2");  // read by the plugin in init
-    auto loaded = LoadDevicePlugin(copy, config);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-    backend = std::move(loaded).value();
-  }
-  auto stream = backend->device(0)->CreateStream();
-  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
-  const int threads_with_stream = ThreadCount();
-
-  auto gate = std::make_shared<Gate>();
-  auto returned = std::make_shared<std::promise<Status>>();
-  auto aborted = std::make_shared<std::promise<Status>>();
-  ASSERT_TRUE((*stream)
-                  ->EnqueueHostCallback([gate, returned](const Status& s) {
-                    EXPECT_TRUE(gate->WaitOpen(std::chrono::seconds(10)));
-                    returned->set_value(s);
-                  })
-                  .ok());
-  ASSERT_TRUE((*stream)->EnqueueHostCallback([aborted](const Status& s) { aborted->set_value(s); }).ok());
-
-  const auto start = std::chrono::steady_clock::now();
-  stream->reset();  // 0.2 s for the queue, a cancel, 0.2 s for the callback: then it gives up
-  const auto waited = std::chrono::steady_clock::now() - start;
-  EXPECT_GE(waited, std::chrono::milliseconds(350));
-  EXPECT_LT(waited, std::chrono::seconds(5));
-  backend.reset();  // every object is gone, but the library must stay: its worker still runs
-  EXPECT_TRUE(LibraryLoaded(copy));
-
-  gate->Open();
-  auto r = returned->get_future();
-  ASSERT_EQ(r.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  EXPECT_TRUE(r.get().ok());
-  // The callback queued behind the hung one still ran, exactly once, told why.
-  auto a = aborted->get_future();
-  ASSERT_EQ(a.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  Status as = a.get();
-  EXPECT_EQ(as.code(), StatusCode::kAborted) << as.ToString();
-  // The worker then exits on its own (and frees the stream: ASan / valgrind runs would see it).
-  EXPECT_TRUE(Eventually([&] { return ThreadCount() < threads_with_stream; }));
-  EXPECT_TRUE(LibraryLoaded(copy)) << "an abandoned plugin must stay loaded";
-}
-
-// ---- the registry: each plugin file once, each backend name once ----
-
-TEST(PluginRegistry, APluginListedTwiceIsLoadedOnce) {
-  Config config = TestConfig();
-  // The same file spelled three ways (as KIZUNA_DEVICE_PLUGINS and --plugin may name it).
-  config.device_plugins = {g_example_plugin, "./" + g_example_plugin, Canonical(g_example_plugin)};
-  auto registry = DeviceRegistry::Create(config, {});
-  ASSERT_EQ(registry->backends().size(), 1u);
-  const BackendSlot& slot = registry->backends()[0];
-  EXPECT_TRUE(slot.status.ok()) << slot.status.ToString();
-  EXPECT_EQ(slot.name, "example");
-  EXPECT_EQ(slot.origin, Canonical(g_example_plugin));
-  EXPECT_EQ(registry->devices().size(), 2u);
-}
-
-TEST(PluginRegistry, ASecondPluginWithATakenNameIsRefused) {
-  const std::string copy = CopyOfExamplePlugin("libkz_example_copy.so");
-  Config config = TestConfig();
-  config.device_plugins = {g_example_plugin, copy};
-  auto registry = DeviceRegistry::Create(config, {});
-  ASSERT_EQ(registry->backends().size(), 2u);
-  const BackendSlot& first = registry->backends()[0];
-  const BackendSlot& second = registry->backends()[1];
-  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
-  EXPECT_EQ(second.status.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(second.status.message(),
-              AllOf(HasSubstr(Canonical(copy)),
-                    HasSubstr("backend name 'example' is already taken by device plugin " + Canonical(g_example_plugin))));
-  EXPECT_EQ(second.backend, nullptr);
-  EXPECT_EQ(second.name, Canonical(copy));
-  EXPECT_EQ(registry->Find("example"), first.backend.get());
-  EXPECT_EQ(registry->devices().size(), 2u) << "the refused copy's devices must not appear";
-}
-
-Result<std::unique_ptr<Backend>> UnavailableStandIn(const Config&) {
-  return Unavailable("test stand-in for a built-in backend without its hardware");
-}
-
-TEST(PluginRegistry, APluginCannotImpersonateABuiltInBackend) {
-  // A built-in called "example" that cannot run here: a plugin of that name must not take its
-  // place (as a plugin named host_emulated must not replace the emulated devices).
-  Config config = TestConfig();
-  config.device_plugins = {g_example_plugin};
-  auto registry = DeviceRegistry::Create(config, {BackendRegistration{"example", &UnavailableStandIn, false}});
-  ASSERT_EQ(registry->backends().size(), 2u);
-  EXPECT_EQ(registry->backends()[0].status.code(), StatusCode::kUnavailable);
-  const BackendSlot& plugin = registry->backends()[1];
-  EXPECT_EQ(plugin.status.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(plugin.status.message(), HasSubstr("backend name 'example' is already taken by the built-in backend"));
-  EXPECT_EQ(registry->Find("example"), nullptr);
-  EXPECT_TRUE(registry->devices().empty());
-}
-
-TEST(ExamplePluginConfig, NoDevicesIsUnavailable) {
-  ScopedEnv none("KZ_EXAMPLE_DEVICES", "0");
-  Config config = TestConfig();
-  auto r = LoadDevicePlugin(g_example_plugin, config);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
-  EXPECT_THAT(r.status().message(), AllOf(HasSubstr("KZ_EXAMPLE_DEVICES=0"), HasSubstr(g_example_plugin)));
-}
-
-TEST(ExamplePluginConfig, MalformedKnobIsAnError) {
-  ScopedEnv bad("KZ_EXAMPLE_DEVICES", "lots");
-  Config config = TestConfig();
-  auto r = LoadDevicePlugin(g_example_plugin, config);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), HasSubstr("KZ_EXAMPLE_DEVICES='lots'"));
-}
-
-// ---- refused plugins ----
-
-struct BrokenCase {
-  std::string name;                   // test name
-  std::string file;                   // testdata file ("" : a path that does not exist)
-  StatusCode code;
-  std::vector<std::string> mentions;  // substrings of the message
-};
-
-void PrintTo(const BrokenCase& c, std::ostream* os) { *os << c.name; }
-
-class BrokenPluginTest : public ::testing::TestWithParam<BrokenCase> {};
-
-TEST_P(BrokenPluginTest, IsRefusedWithAClearError) {
-  const BrokenCase& c = GetParam();
-  const std::string path = c.file.empty() ? "/nonexistent/libkz_missing_device.so" : TestData(c.file);
-  Config config = TestConfig();
-  auto r = LoadDevicePlugin(path, config);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), c.code) << r.status().ToString();
-  EXPECT_THAT(r.status().message(), HasSubstr(path));
-  for (const std::string& m : c.mentions) EXPECT_THAT(r.status().message(), HasSubstr(m));
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Loader, BrokenPluginTest,
-    ::testing::Values(
-        BrokenCase{"ApiMajor99", "libbroken_api_major_99.so", StatusCode::kInvalidArgument,
-                   {"plugin api version 99.0", "kizuna's device plugin api 1.0"}},
-        BrokenCase{"NoEntryPoint", "libbroken_no_entry_point.so", StatusCode::kInvalidArgument,
-                   {"does not export kzDevicePluginGetApi"}},
-        BrokenCase{"NullTable", "libbroken_null_table.so", StatusCode::kInvalidArgument, {"returned no api table"}},
-        BrokenCase{"ShortTable", "libbroken_short_table.so", StatusCode::kInvalidArgument,
-                   {"struct_size", "smaller than"}},
-        BrokenCase{"MissingFunction", "libbroken_missing_function.so", StatusCode::kInvalidArgument,
-                   {"'stream_query' is NULL"}},
-        BrokenCase{"BadName", "libbroken_bad_name.so", StatusCode::kInvalidArgument, {"'Broken-Test!'", "[a-z0-9_]"}},
-        BrokenCase{"ExportWithoutImport", "libbroken_export_without_import.so", StatusCode::kInvalidArgument,
-                   {"'mem_import_fd' is NULL"}},
-        BrokenCase{"InitUnavailable", "libbroken_init_unavailable.so", StatusCode::kUnavailable,
-                   {"init failed", "KZ_PLUGIN_ERR_UNAVAILABLE", "no broken_test hardware on this machine"}},
-        BrokenCase{"NotASharedLibrary", "broken_plugin.c", StatusCode::kInvalidArgument, {"dlopen failed"}},
-        BrokenCase{"NonexistentPath", "", StatusCode::kInvalidArgument, {"dlopen failed", "No such file"}}),
-    [](const ::testing::TestParamInfo<BrokenCase>& info) { return info.param.name; });
-
-TEST(BrokenPlugin, EmptyPath) {
-  Config config = TestConfig();
-  auto r = LoadDevicePlugin("", config);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), HasSubstr("path is empty"));
-}
 
 }  // namespace
 }  // namespace kizuna::device
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    constexpr std::string_view kPlugin = "--example_plugin=";
-    if (arg.starts_with(kPlugin)) {
-      kizuna::device::g_example_plugin = std::string(arg.substr(kPlugin.size()));
-    } else if (!arg.starts_with("-")) {
-      const size_t slash = arg.rfind('/');
-      const std::string name(slash == std::string_view::npos ? arg : arg.substr(slash + 1));
-      kizuna::device::g_testdata[name] = std::string(arg);
-    } else {
-      std::fprintf(stderr, "plugin_backend_test: unknown argument %s\n", argv[i]);
-      return 2;
-    }
-  }
-  if (kizuna::device::g_example_plugin.empty()) {
-    std::fprintf(stderr, "usage: plugin_backend_test --example_plugin=PATH [TESTDATA_FILE...]\n");
-    return 2;
-  }
-  return RUN_ALL_TESTS();
-}

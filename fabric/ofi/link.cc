@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -101,6 +102,20 @@ std::mutex& LocalMutex() {
 std::map<std::pair<uint64_t, uint8_t>, std::shared_ptr<EndpointLife>>& LocalMap() {
   static std::map<std::pair<uint64_t, uint8_t>, std::shared_ptr<EndpointLife>> map;
   return map;
+}
+
+// Every link not yet closed nor retired, for Link::ProgressOthers.
+std::mutex& OpenLinksMutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+std::set<const Link*>& OpenLinks() {
+  static auto* links = new std::set<const Link*>();
+  return *links;
+}
+void ForgetLink(const Link* link) {
+  std::lock_guard<std::mutex> lock(OpenLinksMutex());
+  OpenLinks().erase(link);
 }
 
 }  // namespace
@@ -282,11 +297,16 @@ Result<std::unique_ptr<Link>> Link::Create(std::unique_ptr<Endpoint> endpoint, i
   }
   l->recv_posted_.assign(static_cast<size_t>(recv_slots), false);
   for (int s = total - 1; s >= recv_slots; --s) l->free_send_slots_.push_back(s);
+  {
+    std::lock_guard<std::mutex> lock(OpenLinksMutex());
+    OpenLinks().insert(l.get());
+  }
   return l;
 }
 
 void Link::Retire(std::unique_ptr<Link> link) {
   if (link == nullptr) return;
+  ForgetLink(link.get());  // a kept link is progressed by nobody, as before it was retired
   {
     // One decision at a time, so that of two ends retiring together exactly one is kept.
     std::lock_guard<std::mutex> lock(TheGraveyard().mu);
@@ -307,6 +327,7 @@ void Link::Retire(std::unique_ptr<Link> link) {
 }
 
 Link::~Link() {
+  ForgetLink(this);
   // The endpoint first: once it is closed libfabric references no operation context, no arena
   // slot and no registration any more.
   endpoint_.reset();
@@ -497,6 +518,19 @@ Result<bool> Link::Block(Deadline limit, bool watch_peer) {
   const nfds_t n = watch_peer && watch_.fd() >= 0 ? 2 : 1;
   if (::ppoll(fds, n, &ts, nullptr) < 0 && errno != EINTR) return FromErrno(errno, "ppoll");
   return true;
+}
+
+void Link::ProgressOthers() const {
+  std::lock_guard<std::mutex> lock(OpenLinksMutex());
+  for (const Link* other : OpenLinks()) {
+    if (other == this) continue;
+    // Under the peer's guard, as every call that may move data towards it (shm, see the top).
+    auto guard = other->watch_.Guard();
+    if (other->watch_.closed()) continue;
+    // A read of zero entries runs the provider's progress and takes no completion.
+    fi_cq_tagged_entry unused;
+    (void)fi_cq_read(other->endpoint_->cq(), &unused, 0);
+  }
 }
 
 std::string Link::DescribeAddresses(std::string_view peer_address) const {

@@ -258,6 +258,13 @@ class Link {
   // `limit` passes: false when the provider has no wait object (the caller sleeps instead).
   // `watch_peer`: also wake when the peer's pidfd fires.
   Result<bool> Block(Deadline limit, bool watch_peer = true);
+  // Drives the provider's progress on every other open link of this process without taking any
+  // completion from their queues. With manual progress a provider may still hold work for an
+  // endpoint after the last completion its owner waited for (data a full socket refused,
+  // deferred protocol messages), and that owner need never touch the comm again (it waits on
+  // its receive comm instead). Waits call this before blocking, so such a tail leaves within one
+  // bounded block. Thread-safe (the domains are FI_THREAD_SAFE; completions stay for their owners).
+  void ProgressOthers() const;
 
   // The label's address part: "local -> peer".
   std::string DescribeAddresses(std::string_view peer_address) const;

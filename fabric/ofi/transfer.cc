@@ -135,6 +135,8 @@ Status Connection::Wait(Deadline deadline, bool deferred) {
     return Status::Ok();
   }
   const Deadline limit = Deadline::At(std::min(deadline.when(), Clock::now() + kMaxBlock));
+  // What this wait needs may be stuck in another comm's endpoint that its owner no longer drives.
+  link_->ProgressOthers();
   if (!deferred && !link_->messages_queued()) {
     KZ_ASSIGN_OR_RETURN(bool blocked, link_->Block(limit, !exit_noticed_.has_value()));
     if (blocked) return Status::Ok();

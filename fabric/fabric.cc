@@ -236,7 +236,7 @@ Result<Request*> SendComm::Write(const void* data, size_t size, Registration* re
 
 Result<std::unique_ptr<Request>> SendComm::DoWrite(const void*, size_t, Registration*, const RemoteKey&, uint64_t,
                                                    std::optional<uint32_t>) {
-  return NotSupported(fmt::format("{}: one-sided write is not implemented", label()));
+  return NotSupported(fmt::format("{}: this fabric has no one-sided write with immediate data (properties().write_immediate is false)", label()));
 }
 
 // ---- RecvComm ----
@@ -287,11 +287,11 @@ Result<uint32_t> RecvComm::WaitImmediate(Deadline deadline) {
 Status RecvComm::DoFlush(void*, size_t, Registration&, Deadline) { return Status::Ok(); }
 
 Result<RemoteKey> RecvComm::DoExpose(Registration&) {
-  return NotSupported(fmt::format("{}: one-sided write is not implemented", label()));
+  return NotSupported(fmt::format("{}: this fabric has no one-sided write with immediate data (properties().write_immediate is false)", label()));
 }
 
 Result<std::optional<uint32_t>> RecvComm::DoPollImmediate() {
-  return NotSupported(fmt::format("{}: one-sided write is not implemented", label()));
+  return NotSupported(fmt::format("{}: this fabric has no one-sided write with immediate data (properties().write_immediate is false)", label()));
 }
 
 // ---- ListenComm ----

@@ -314,18 +314,26 @@ TEST_P(TransferConformance, ReceiverClosingMidTransferFailsTheSender) {
   KZ_ASSERT_OK_AND_ASSIGN(Request * s, c.send->Send(out.data(), size, 1, sreg));
   ASSERT_NE(r, nullptr);
   ASSERT_NE(s, nullptr);
-  // Move a little of the message, then close the receiving side.
-  for (int i = 0; i < 3; ++i) {
+  // Move a little of the message, then close the receiving side. A fabric may move the whole
+  // message at once (shm in one process): then the send legitimately completed, and what is left
+  // to check is that a later post to the closed receiver fails.
+  bool moved_all = false;
+  for (int i = 0; i < 3 && !moved_all; ++i) {
     KZ_ASSERT_OK_AND_ASSIGN(Completion sc, c.send->Test(s));
     KZ_ASSERT_OK_AND_ASSIGN(Completion rc, c.recv->Test(r));
-    if (sc.done || rc.done) GTEST_SKIP() << "the whole message moved at once: nothing to interrupt";
+    moved_all = sc.done || rc.done;
+    if (sc.done) s = nullptr;  // reported done: the request is gone
   }
   c.recv.reset();
   c.listen.reset();
   const auto start = Clock::now();
-  auto sent = c.send->Wait(s, Deadline::After(10s));
-  EXPECT_EQ(sent.status().code(), StatusCode::kRemoteError)
-      << (sent.ok() ? "the send completed into a closed receiver" : sent.status().ToString());
+  if (s != nullptr) {
+    auto sent = c.send->Wait(s, Deadline::After(10s));
+    if (!moved_all || !sent.ok()) {
+      EXPECT_EQ(sent.status().code(), StatusCode::kRemoteError)
+          << (sent.ok() ? "the send completed into a closed receiver" : sent.status().ToString());
+    }
+  }
   EXPECT_LT(Clock::now() - start, 5s);
   auto later = c.send->Send(out.data(), 8, 1, sreg);
   if (later.ok() && *later != nullptr) {
@@ -348,16 +356,24 @@ TEST_P(TransferConformance, SenderClosingMidTransferFailsTheReceiver) {
   KZ_ASSERT_OK_AND_ASSIGN(Request * s, c.send->Send(out.data(), size, 1, sreg));
   ASSERT_NE(r, nullptr);
   ASSERT_NE(s, nullptr);
-  for (int i = 0; i < 3; ++i) {
+  // As above: if the whole message moved at once, the receive legitimately completed; the
+  // receive that no send matches (tag 2) must still fail once the sender is gone.
+  bool moved_all = false;
+  for (int i = 0; i < 3 && !moved_all; ++i) {
     KZ_ASSERT_OK_AND_ASSIGN(Completion sc, c.send->Test(s));
     KZ_ASSERT_OK_AND_ASSIGN(Completion rc, c.recv->Test(r));
-    if (sc.done || rc.done) GTEST_SKIP() << "the whole message moved at once: nothing to interrupt";
+    moved_all = sc.done || rc.done;
+    if (rc.done) r = nullptr;  // reported done: the request is gone
   }
   c.send.reset();
   const auto start = Clock::now();
-  auto got = c.recv->Wait(r, Deadline::After(10s));
-  EXPECT_EQ(got.status().code(), StatusCode::kRemoteError)
-      << (got.ok() ? "a receive from a closed sender completed" : got.status().ToString());
+  if (r != nullptr) {
+    auto got = c.recv->Wait(r, Deadline::After(10s));
+    if (!moved_all || !got.ok()) {
+      EXPECT_EQ(got.status().code(), StatusCode::kRemoteError)
+          << (got.ok() ? "a receive from a closed sender completed" : got.status().ToString());
+    }
+  }
   KZ_EXPECT_CODE(c.recv->Wait(r_other, Deadline::After(10s)).status(), StatusCode::kRemoteError);
   EXPECT_LT(Clock::now() - start, 5s);
 }

@@ -3,6 +3,7 @@
 // listens in turn, and the two exchange messages both ways. The kill test checks that a peer
 // dying mid-transfer fails the survivor's requests with kRemoteError, promptly.
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -30,6 +31,19 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A child that was killed cannot clean up after itself: libfabric's shm provider leaves its
+// segments in /dev/shm, named "<pid>:<n>:<m>" (16 MiB each). The test killed the child, so the
+// test removes what it left.
+void RemoveShmLeftBy(pid_t pid) {
+  const std::string prefix = std::to_string(pid) + ":";
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (dirent* e = ::readdir(dir)) {
+    if (std::string_view(e->d_name).starts_with(prefix)) ::unlinkat(::dirfd(dir), e->d_name, 0);
+  }
+  ::closedir(dir);
+}
+
 // A child process, killed and reaped if the test ends without waiting for it.
 class ChildProcess {
  public:
@@ -42,6 +56,7 @@ class ChildProcess {
       int status = 0;
       while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
       }
+      RemoveShmLeftBy(pid_);
     }
   }
 
@@ -69,6 +84,7 @@ class ChildProcess {
       int status = 0;
       const pid_t r = ::waitpid(pid_, &status, WNOHANG);
       if (r == pid_) {
+        if (WIFSIGNALED(status)) RemoveShmLeftBy(pid_);
         pid_ = -1;
         return status;
       }

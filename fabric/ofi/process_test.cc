@@ -3,6 +3,7 @@
 // Rank 1 is this test binary again, started with --ofi-child=<provider>:<fd> (main below); the
 // two exchange handles as lines on an inherited socketpair.
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -122,6 +123,13 @@ TEST_P(OfiProcess, APeerKilledMidTransferFailsTheSurvivorPromptly) {
       ::kill(pid, SIGKILL);
       int st;
       ::waitpid(pid, &st, 0);
+      // The killed child cannot clean up: the shm provider's segments are named "<pid>:<n>:<m>".
+      const std::string prefix = std::to_string(pid) + ":";
+      if (DIR* dir = ::opendir("/dev/shm")) {
+        while (dirent* e = ::readdir(dir))
+          if (std::string_view(e->d_name).starts_with(prefix)) ::unlinkat(::dirfd(dir), e->d_name, 0);
+        ::closedir(dir);
+      }
     }
   } reaper{pid};
 

@@ -1,0 +1,56 @@
+// What every rank of a communicator knows about all ranks, identically: their devices and the
+// links between them. Built at communicator creation from an allgather (every rank then has the
+// same bytes), so algorithm support, cost predictions and plans come out the same on every rank
+// (DESIGN.md section 6). Tools and tests build shapes by hand (Uniform, below).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/status.h"
+
+namespace kizuna::collectives {
+
+// One rank's device, as the cost model sees it.
+struct RankDesc {
+  std::string host_id;           // ranks with equal host ids share a host
+  std::string device;            // "host_emulated:3" (for logs)
+  double copy_gbps = 0;          // device-local copy throughput; 0: unknown (cost model default)
+  double reduce_gbps = 0;        // reduce throughput, input bytes / s / 1e9; 0: unknown
+  double launch_us = 0;          // cost of one device operation
+};
+
+// The connection from one rank to another, as the cost model sees it.
+struct LinkDesc {
+  bool reachable = false;   // a connection exists (direct-connect fabrics reach only linked peers)
+  double latency_us = 0;    // one-way latency of a small message; 0: unknown
+  double gbps = 0;          // bandwidth per direction, GB/s (bytes); 0: unknown
+  bool staged = true;       // bytes go through staging buffers on both ends (an extra device copy each)
+};
+
+struct CommShape {
+  int nranks = 1;
+  std::vector<RankDesc> ranks;  // nranks entries
+  std::vector<LinkDesc> links;  // nranks * nranks entries, [from * nranks + to]; the diagonal unused
+
+  const LinkDesc& link(int from, int to) const { return links[static_cast<size_t>(from * nranks + to)]; }
+  LinkDesc& link(int from, int to) { return links[static_cast<size_t>(from * nranks + to)]; }
+  bool Reachable(int from, int to) const { return from != to && link(from, to).reachable; }
+  // True when every ordered pair of distinct ranks is reachable.
+  bool FullyConnected() const;
+  // Number of distinct host ids.
+  int host_count() const;
+
+  // n ranks on one host, every pair linked with `link`, every device described by `rank`.
+  static CommShape Uniform(int n, const RankDesc& rank, const LinkDesc& link);
+  // kInvalidArgument when the vectors do not have nranks / nranks^2 entries or a value is
+  // negative or not finite.
+  Status Validate() const;
+
+  // A stable serialization (for the allgather at init and for tests that compare shapes).
+  std::vector<uint8_t> Serialize() const;
+  static Result<CommShape> Deserialize(const std::vector<uint8_t>& bytes);
+};
+
+}  // namespace kizuna::collectives

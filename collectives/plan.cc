@@ -187,7 +187,8 @@ Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, 
     }
     if (step.kind != StepKind::kSend) {
       if (std::string e = check_slice(step.dst, "destination"); !e.empty()) return e;
-      const bool reduction = step.kind == StepKind::kRecvReduce || step.kind == StepKind::kReduce;
+      const bool reduction = step.kind == StepKind::kRecvReduce || step.kind == StepKind::kReduce ||
+                             step.kind == StepKind::kScale;
       for (const Slice& s : step.srcs)
         if (s.Overlaps(step.dst) && !(reduction && s == step.dst))
           return fmt::format("destination {} overlaps source {}", SliceString(step.dst), SliceString(s));
@@ -224,7 +225,7 @@ std::string RankPlanToString(const RankPlan& plan) {
       if (s.peer >= 0) out += fmt::format(" peer={}", s.peer);
       if (s.kind != StepKind::kSend) out += " " + SliceString(s.dst);
       if (!s.srcs.empty()) {
-        out += s.kind == StepKind::kSend ? " " : " <-";
+        if (s.kind != StepKind::kSend) out += " <-";
         for (size_t j = 0; j < s.srcs.size(); ++j) out += (j ? ", " : " ") + SliceString(s.srcs[j]);
       }
       if (s.kind == StepKind::kScale) out += fmt::format(" / {}", plan.divisor);

@@ -33,10 +33,10 @@
 //    the executor's window is at least that. The simulator checks it.
 //  - The epilogue runs after every channel of the rank has completed.
 //  - Reductions use the request's op, except kAvg: algorithms reduce with kSum and the plan's
-//    epilogue divides the rank's results by nranks (kScale); see BuildPlan in engine.h.
+//    epilogue divides the rank's results by nranks (kScale); see BuildPlan in algorithm.h.
 //  - Every slice lies inside its buffer (input/output sizes from the table above, scratch from
 //    RankPlan::scratch_count); a step's destination overlaps none of its sources, except that a
-//    reduction's destination may be exactly one of its sources.
+//    reduction's (or a scale's) destination may be exactly one of its sources.
 #pragma once
 
 #include <cstdint>

@@ -65,6 +65,9 @@ class Transport {
   static Result<std::unique_ptr<Transport>> Create(fabric::Fabric& fabric, bootstrap::Bootstrap& bootstrap,
                                                    device::Device& device, const TransportOptions& options,
                                                    Deadline deadline);
+  // A communicator of one rank: no fabric, no peers; only the staging buffer (the executor sizes
+  // its slots from it).
+  static Result<std::unique_ptr<Transport>> CreateSingle(device::Device& device, const TransportOptions& options);
   ~Transport();
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;

@@ -1,6 +1,8 @@
 #include "runtime/host_reduce.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -138,6 +140,86 @@ template <typename T>
   }
 }
 
+// ---- Scale: the division that finishes an average (host_reduce.h) ----
+
+// Floating types: widen, divide in the accumulation type, round once on the store: Finish's kAvg
+// step with the count replaced by the divisor.
+template <typename T>
+[[gnu::always_inline]] inline void ScaleFloat(void* dst_v, const void* src_v, size_t begin, size_t end,
+                                              uint32_t divisor) {
+  using Tr = Traits<T>;
+  using S = typename Tr::Storage;
+  using Acc = typename Tr::Acc;
+  const S* s = static_cast<const S*>(src_v) + begin;
+  S* d = static_cast<S*>(dst_v) + begin;
+  const auto div = static_cast<Acc>(divisor);
+  if (std::has_single_bit(divisor)) {
+    // 2^-k is exact in Acc (k <= 31), so x * 2^-k and x / 2^k round the same real number once:
+    // the same bits, at a multiply's cost instead of a divide's (rank counts are often powers of 2).
+    const Acc inverse = Acc{1} / div;
+    for (size_t i = 0; i < end - begin; ++i) d[i] = Tr::Store(Tr::Load(s[i]) * inverse);
+    return;
+  }
+  for (size_t i = 0; i < end - begin; ++i) d[i] = Tr::Store(Tr::Load(s[i]) / div);
+}
+
+// 8- and 32-bit integers divide in double, which vectorizes (x86 has no vector integer
+// division) and is exact after truncation: x and d are exact in double, and the correctly
+// rounded quotient is off by at most |x/d| * 2^-53 < 2^32 / d * 2^-53 < 1/d, while a quotient
+// that is not an integer lies at least 1/d from every integer. So the truncated double never
+// crosses (or lands on) an integer the true quotient does not reach, and integer quotients are
+// exact. static_cast truncates toward zero, as C++ integer division does.
+template <typename T>
+[[gnu::always_inline]] inline void ScaleNarrowInt(void* dst_v, const void* src_v, size_t begin, size_t end,
+                                                  uint32_t divisor) {
+  static_assert(sizeof(T) <= 4);
+  const T* s = static_cast<const T*>(src_v) + begin;
+  T* d = static_cast<T*>(dst_v) + begin;
+  const double div = static_cast<double>(divisor);
+  for (size_t i = 0; i < end - begin; ++i) {
+    const double q = static_cast<double>(s[i]) / div;
+    if constexpr (std::is_same_v<T, uint32_t>) {
+      // Quotients up to 2^32 - 1 do not fit the int32 conversion that vectorizes (a conversion to
+      // int64 does not, before AVX-512): floor (= trunc, q >= 0), shift the exact integer into
+      // int32 range, convert, and shift back in uint32 arithmetic.
+      constexpr double kHalfRange = 2147483648.0;
+      d[i] = static_cast<uint32_t>(static_cast<int32_t>(std::floor(q) - kHalfRange)) + 0x80000000u;
+    } else {
+      d[i] = static_cast<T>(static_cast<int32_t>(q));
+    }
+  }
+}
+
+// 64-bit integers: doubles cannot hold them exactly, so the division is the integer one, except
+// for a power-of-two divisor (rank counts often are), which becomes a shift.
+template <typename T>
+[[gnu::always_inline]] inline void ScaleWideInt(void* dst_v, const void* src_v, size_t begin, size_t end,
+                                                uint32_t divisor) {
+  static_assert(sizeof(T) == 8);
+  const T* s = static_cast<const T*>(src_v) + begin;
+  T* d = static_cast<T*>(dst_v) + begin;
+  const size_t n = end - begin;
+  if (std::has_single_bit(divisor)) {
+    const int k = std::countr_zero(divisor);
+    if constexpr (std::is_signed_v<T>) {
+      // An arithmetic shift rounds toward minus infinity; adding divisor - 1 to a negative value
+      // first makes it round toward zero. Done in uint64 (wrapping, never UB); >> of a negative
+      // int64 is arithmetic since C++20.
+      const uint64_t mask = uint64_t{divisor} - 1;
+      for (size_t i = 0; i < n; ++i) {
+        const auto u = static_cast<uint64_t>(s[i]);
+        const uint64_t bias = (uint64_t{0} - (u >> 63)) & mask;
+        d[i] = static_cast<int64_t>(u + bias) >> k;
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) d[i] = s[i] >> k;
+    }
+    return;
+  }
+  const auto div = static_cast<T>(divisor);  // positive: no INT64_MIN / -1
+  for (size_t i = 0; i < n; ++i) d[i] = s[i] / div;
+}
+
 bool Overlaps(const void* a, size_t an, const void* b, size_t bn) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return x < y + bn && y < x + an;
@@ -189,6 +271,49 @@ Status HostReduce(void* dst, std::span<const void* const> srcs, size_t count, Da
   const size_t grain = std::max<size_t>(kBlock, kTaskBytes / (esize * (srcs.size() + 1)) / kBlock * kBlock);
   tbb::parallel_for(tbb::blocked_range<size_t>(0, count, grain),
                     [&](const tbb::blocked_range<size_t>& r) { HostReduceRange(dst, srcs, r.begin(), r.end(), type, op); });
+  return Status::Ok();
+}
+
+// Multiversioned like HostReduceRange: the float16 conversions and the double divisions gain the
+// most from AVX2 / F16C.
+#if defined(__x86_64__)
+[[gnu::target_clones("arch=x86-64-v3", "default")]]
+#endif
+void HostScaleRange(void* dst, const void* src, size_t begin, size_t end, DataType type, uint32_t divisor) {
+  switch (type) {
+    case DataType::kFloat16: return ScaleFloat<F16>(dst, src, begin, end, divisor);
+    case DataType::kBfloat16: return ScaleFloat<BF16>(dst, src, begin, end, divisor);
+    case DataType::kFloat32: return ScaleFloat<float>(dst, src, begin, end, divisor);
+    case DataType::kFloat64: return ScaleFloat<double>(dst, src, begin, end, divisor);
+    case DataType::kInt8: return ScaleNarrowInt<int8_t>(dst, src, begin, end, divisor);
+    case DataType::kUint8: return ScaleNarrowInt<uint8_t>(dst, src, begin, end, divisor);
+    case DataType::kInt32: return ScaleNarrowInt<int32_t>(dst, src, begin, end, divisor);
+    case DataType::kUint32: return ScaleNarrowInt<uint32_t>(dst, src, begin, end, divisor);
+    case DataType::kInt64: return ScaleWideInt<int64_t>(dst, src, begin, end, divisor);
+    case DataType::kUint64: return ScaleWideInt<uint64_t>(dst, src, begin, end, divisor);
+  }
+}
+
+Status HostScale(void* dst, const void* src, size_t count, DataType type, uint32_t divisor) {
+  if (!IsValid(type)) return InvalidArgument(fmt::format("invalid data type {}", static_cast<int>(type)));
+  if (divisor == 0) return InvalidArgument("scale divisor is 0");
+  if (count == 0) return Status::Ok();
+  const size_t esize = DataTypeSize(type);
+  if (count > SIZE_MAX / esize) return InvalidArgument(fmt::format("count {} overflows the address space", count));
+  const size_t bytes = count * esize;
+  if (dst == nullptr) return InvalidArgument("scale output is null");
+  if (src == nullptr) return InvalidArgument("scale input is null");
+  if (src != dst && Overlaps(src, bytes, dst, bytes))
+    return InvalidArgument("scale input partially overlaps the output (only dst == src is allowed)");
+  if (bytes < kParallelBytes / 2) {  // one input read, one output written
+    HostScaleRange(dst, src, 0, count, type, divisor);
+    return Status::Ok();
+  }
+  // Every task covers a whole number of elements, so in place stays element-wise.
+  const size_t grain = std::max<size_t>(kBlock, kTaskBytes / (2 * esize) / kBlock * kBlock);
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, count, grain), [&](const tbb::blocked_range<size_t>& r) {
+    HostScaleRange(dst, src, r.begin(), r.end(), type, divisor);
+  });
   return Status::Ok();
 }
 

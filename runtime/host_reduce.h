@@ -1,6 +1,6 @@
 // Element-wise reductions of N host-addressable inputs into one output, for every DataType x
-// ReduceOp: the CPU kernels behind the emulated device's streams, host staging and the CPU
-// aggregation daemon.
+// ReduceOp, and the division that finishes an average (HostScale): the CPU kernels behind the
+// emulated device's streams, host staging and the CPU aggregation daemon.
 //
 // Semantics (shared with every device backend; the conformance suite checks them):
 //  - dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[n-1][i], applied in input order.
@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "runtime/dtype.h"
@@ -24,6 +25,29 @@ Status HostReduce(void* dst, std::span<const void* const> srcs, size_t count, Da
 // The same on one thread, without validation: the caller splits the range.
 void HostReduceRange(void* dst, std::span<const void* const> srcs, size_t begin, size_t end, DataType type,
                      ReduceOp op);
+
+// dst[i] = src[i] / divisor for i < count: the second half of ReduceOp::kAvg when the sum was
+// formed elsewhere (a collective sums over all ranks, then divides once by the rank count:
+// averaging partial averages would be wrong, avg(avg(a, b), c) != avg(a, b, c)).
+//
+// Semantics: exactly dtype.h's kAvg applied to one already-summed input (the input stands for
+// kAvg's accumulator), so HostScale(HostReduce(kSum), n inputs) equals HostReduce(kAvg) bit for
+// bit for integer, float32 and float64 types; for float16 / bfloat16 it does whenever the stored
+// sum was exact (otherwise the sum was already rounded once to the type when it was stored):
+//  - float16 / bfloat16 / float32: the element widened to float32, divided by float(divisor),
+//    rounded once to the type (to nearest even); float64: divided in float64. The divisor is
+//    converted to the accumulation type first, as kAvg converts its input count (exact up to
+//    2^24 for float32).
+//  - Integer types: truncation toward zero. Signed types divide the value as the signed type
+//    (-7 / 2 = -3); unsigned types as unsigned. No overflow is possible (the divisor is >= 1).
+//  - dst may equal src (in place); any other overlap is invalid.
+//  - divisor 0 is kInvalidArgument; count 0 is valid and touches nothing.
+// Validates, then scales; large counts are split across threads with oneTBB.
+Status HostScale(void* dst, const void* src, size_t count, DataType type, uint32_t divisor);
+
+// The same on one thread over elements [begin, end), without validation (divisor >= 1, a valid
+// type): the caller splits the range.
+void HostScaleRange(void* dst, const void* src, size_t begin, size_t end, DataType type, uint32_t divisor);
 
 // Copies with oneTBB splitting large copies across threads.
 void HostCopy(void* dst, const void* src, size_t bytes);

@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +18,7 @@
 #include "example_plugin.h"
 
 #define EXAMPLE_PLUGIN_NAME "example"
-#define EXAMPLE_PLUGIN_VERSION "1.0.0 (host memory via memfd)"
+#define EXAMPLE_PLUGIN_VERSION "1.1.0 (host memory via memfd)"
 
 /* The ABI makes last_error per thread: a message belongs to the failing call on this thread. */
 static _Thread_local char example_last_error_text[512];
@@ -99,6 +101,11 @@ static kz_plugin_result_t example_init(void** context) {
   kz_plugin_result_t rc = example_env_u64("KZ_EXAMPLE_DEVICES", EXAMPLE_MAX_DEVICES, &devices);
   if (rc != KZ_PLUGIN_OK) return rc;
   rc = example_env_u64("KZ_EXAMPLE_FAIL_STREAM_OP", UINT64_MAX, &fail_stream_op);
+  if (rc != KZ_PLUGIN_OK) return rc;
+  /* Read by kzDevicePluginGetApi (which cannot report an error); checked here so a bad value fails
+   * with a message instead of silently serving the newest table. */
+  uint64_t api_minor = KZ_DEVICE_PLUGIN_API_MINOR;
+  rc = example_env_u64("KZ_EXAMPLE_API_MINOR", KZ_DEVICE_PLUGIN_API_MINOR, &api_minor);
   if (rc != KZ_PLUGIN_OK) return rc;
   if (devices == 0)
     return example_error(KZ_PLUGIN_ERR_UNAVAILABLE, "KZ_EXAMPLE_DEVICES=0: no example devices on this machine");
@@ -197,13 +204,43 @@ static const kz_device_plugin_api_t example_api = {
     .stream_wait_event = example_stream_wait_event,
     .event_query = example_event_query,
     .event_synchronize = example_event_synchronize,
+    /* api 1.1 */
+    .stream_scale = example_stream_scale,
 };
 
+/* KZ_EXAMPLE_API_MINOR=0 serves the table a plugin built against api 1.0 has (struct_size ending at
+ * event_synchronize, api_minor 0), so hosts can test that such a plugin still loads and answers
+ * "not supported" for what 1.1 added. stream_scale stays set in the bytes past struct_size: a host
+ * that read beyond struct_size would call it, and its tests would notice. */
+static kz_device_plugin_api_t example_api_1_0;
+static pthread_once_t example_api_1_0_once = PTHREAD_ONCE_INIT;
+
+/* KZ_EXAMPLE_API_MINOR parsed as init parses it (a malformed value makes init fail). */
+static int example_wants_api_1_0(void) {
+  const char* text = getenv("KZ_EXAMPLE_API_MINOR");
+  if (text == NULL || *text == '\0' || *text == '-') return 0;
+  char* end = NULL;
+  errno = 0;
+  const unsigned long long v = strtoull(text, &end, 10);
+  return errno == 0 && *end == '\0' && v == 0;
+}
+
+static void example_make_api_1_0(void) {
+  example_api_1_0 = example_api;
+  example_api_1_0.struct_size = offsetof(kz_device_plugin_api_t, stream_scale);
+  example_api_1_0.api_minor = 0;
+}
+
 /* The one exported symbol. A host of another major version gets NULL (it reports the mismatch);
- * any minor of major 1 gets this table, since minors only append fields. */
+ * any minor of major 1 gets this table, since minors only append fields (a 1.0 host ignores
+ * stream_scale). */
 __attribute__((visibility("default"))) const kz_device_plugin_api_t* kzDevicePluginGetApi(uint32_t host_api_major,
                                                                                           uint32_t host_api_minor) {
   (void)host_api_minor;
   if (host_api_major != KZ_DEVICE_PLUGIN_API_MAJOR) return NULL;
+  if (example_wants_api_1_0()) {
+    pthread_once(&example_api_1_0_once, example_make_api_1_0);
+    return &example_api_1_0;
+  }
   return &example_api;
 }

@@ -61,10 +61,10 @@ typedef struct example_context {
   uint32_t magic;
   int32_t device_count;
   example_device_t devices[EXAMPLE_MAX_DEVICES];
-  /* KZ_EXAMPLE_FAIL_STREAM_OP=k: the k-th copy or reduce enqueued in this context fails when it
-   * runs (fault injection, so the sticky-error path can be tested through kizuna). 0: never. */
+  /* KZ_EXAMPLE_FAIL_STREAM_OP=k: the k-th copy, reduce or scale enqueued in this context fails
+   * when it runs (fault injection, so the sticky-error path can be tested through kizuna). 0: never. */
   uint64_t fail_stream_op;
-  atomic_uint_fast64_t stream_ops; /* copies and reduces enqueued so far */
+  atomic_uint_fast64_t stream_ops; /* copies, reduces and scales enqueued so far */
   /* The bound of the plugin's internal waits: KIZUNA_TIMEOUT, or EXAMPLE_INTERNAL_TIMEOUT_NS. */
   uint64_t internal_timeout_ns;
 } example_context_t;
@@ -99,6 +99,8 @@ kz_plugin_result_t example_stream_copy(void* context, kz_plugin_stream_t stream,
 kz_plugin_result_t example_stream_reduce(void* context, kz_plugin_stream_t stream, void* dst,
                                          const void* const* srcs, uint32_t num_srcs, uint64_t count, int32_t dtype,
                                          int32_t op);
+kz_plugin_result_t example_stream_scale(void* context, kz_plugin_stream_t stream, void* dst, const void* src,
+                                        uint64_t count, int32_t dtype, uint32_t divisor);
 kz_plugin_result_t example_stream_host_callback(void* context, kz_plugin_stream_t stream, kz_plugin_host_fn_t fn,
                                                 void* user_data);
 kz_plugin_result_t example_stream_synchronize(void* context, kz_plugin_stream_t stream, uint64_t timeout_ns);
@@ -114,6 +116,8 @@ kz_plugin_result_t example_event_synchronize(void* context, kz_plugin_event_t ev
 /* dst[i] = srcs[0][i] op ... op srcs[n-1][i] for i < count; arguments already validated. */
 void example_reduce(void* dst, const void* const* srcs, uint32_t num_srcs, uint64_t count, int32_t dtype,
                     int32_t op);
+/* dst[i] = src[i] / divisor for i < count (dst == src allowed); arguments already validated. */
+void example_scale(void* dst, const void* src, uint64_t count, int32_t dtype, uint32_t divisor);
 /* Bytes per element; 0 for an unknown dtype. */
 uint64_t example_dtype_size(int32_t dtype);
 

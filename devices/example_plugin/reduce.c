@@ -1,6 +1,7 @@
-/* The reduction kernel, for every dtype x op the ABI lists, with the semantics of
- * runtime/host_reduce.h. Results are bit-identical to kizuna's host kernels, except that where two
- * NaNs meet, which one's payload survives is left open (as IEEE 754 leaves it):
+/* The reduction kernel, for every dtype x op the ABI lists, and the scale kernel (the division
+ * that finishes an average), with the semantics of runtime/host_reduce.h. Results are
+ * bit-identical to kizuna's host kernels, except that where two NaNs meet, which one's payload
+ * survives is left open (as IEEE 754 leaves it):
  *  - inputs combine in order: acc = src0; acc = acc op src1; ...
  *  - float16 / bfloat16 accumulate in float32 and round once, to nearest even, on the store;
  *    float32 accumulates in float32, float64 in float64;
@@ -327,6 +328,48 @@ static void example_reduce_int(void* dst, const void* const* srcs, uint32_t n, u
       }
     }
     example_store_u64(dtype, dst, b, len, acc);
+  }
+}
+
+/* ---- scale: the last step of an average whose sum was formed elsewhere ---- */
+
+/* dst[i] = src[i] / divisor, exactly KZ_PLUGIN_AVG's division applied to one already-summed
+ * input: the same widening and rounding as the reduction above. Block by block through an
+ * L1-resident buffer, so dst == src (in place) is safe. */
+void example_scale(void* dst, const void* src, uint64_t count, int32_t dtype, uint32_t divisor) {
+  if (dtype == KZ_PLUGIN_FLOAT64) {
+    const double div = (double)divisor;
+    const double* s = (const double*)src;
+    double* d = (double*)dst;
+    for (uint64_t i = 0; i < count; ++i) d[i] = s[i] / div;
+    return;
+  }
+  if (dtype == KZ_PLUGIN_FLOAT16 || dtype == KZ_PLUGIN_BFLOAT16 || dtype == KZ_PLUGIN_FLOAT32) {
+    /* Widened to float32, divided by (float)divisor, rounded once on the store. */
+    const float div = (float)divisor;
+    float buf[EXAMPLE_BLOCK];
+    for (uint64_t b = 0; b < count; b += EXAMPLE_BLOCK) {
+      const uint32_t len = (uint32_t)(count - b < EXAMPLE_BLOCK ? count - b : EXAMPLE_BLOCK);
+      example_load_f32(dtype, src, b, len, buf);
+      for (uint32_t i = 0; i < len; ++i) buf[i] /= div;
+      example_store_f32(dtype, dst, b, len, buf);
+    }
+    return;
+  }
+  /* Integers: the loads sign-extend signed types, so the widened value is the element's value;
+   * C's / truncates toward zero, and the quotient fits the type (|q| <= |x|). */
+  const int is_signed = example_is_signed(dtype);
+  uint64_t buf[EXAMPLE_BLOCK];
+  for (uint64_t b = 0; b < count; b += EXAMPLE_BLOCK) {
+    const uint32_t len = (uint32_t)(count - b < EXAMPLE_BLOCK ? count - b : EXAMPLE_BLOCK);
+    example_load_u64(dtype, src, b, len, buf);
+    if (is_signed) {
+      for (uint32_t i = 0; i < len; ++i)
+        buf[i] = (uint64_t)(example_wrap_signed(KZ_PLUGIN_INT64, buf[i]) / (int64_t)divisor);
+    } else {
+      for (uint32_t i = 0; i < len; ++i) buf[i] /= divisor;
+    }
+    example_store_u64(dtype, dst, b, len, buf);
   }
 }
 

@@ -7,8 +7,8 @@
  *
  * The ABI's semantics, and where they live:
  *  - Sticky errors: when an operation fails on the worker, the stream keeps that error. Later
- *    copies and reduces are skipped; stream_synchronize / stream_query return it; events recorded
- *    afterwards capture it; host callbacks receive it.
+ *    copies, reduces and scales are skipped; stream_synchronize / stream_query return it; events
+ *    recorded afterwards capture it; host callbacks receive it.
  *  - A stream waiting on an event whose captured work failed takes that error too: its later work
  *    depends on results that were never produced.
  *  - Events: a record is an operation in the stream's queue; when the worker reaches it, the event
@@ -37,6 +37,7 @@
 typedef enum example_op_kind {
   EXAMPLE_OP_COPY,
   EXAMPLE_OP_REDUCE,
+  EXAMPLE_OP_SCALE,
   EXAMPLE_OP_RECORD,
   EXAMPLE_OP_WAIT_EVENT,
   EXAMPLE_OP_HOST_FN,
@@ -46,7 +47,7 @@ typedef struct example_op {
   struct example_op* next;
   example_op_kind_t kind;
   int inject_fault; /* KZ_EXAMPLE_FAIL_STREAM_OP picked this operation */
-  uint64_t number;  /* copies and reduces: their 1-based number in the context (for messages) */
+  uint64_t number;  /* copies, reduces, scales: their 1-based number in the context (for messages) */
   union {
     struct {
       void* dst;
@@ -61,6 +62,13 @@ typedef struct example_op {
       int32_t dtype;
       int32_t op;
     } reduce;
+    struct {
+      void* dst;
+      const void* src;
+      uint64_t count;
+      int32_t dtype;
+      uint32_t divisor;
+    } scale;
     struct {
       struct kz_plugin_event* event; /* holds a reference */
       uint64_t generation;           /* RECORD: this record's number; WAIT: the record to wait for */
@@ -238,6 +246,7 @@ static void example_run(kz_plugin_stream_t stream, example_op_t* op) {
   switch (op->kind) {
     case EXAMPLE_OP_COPY:
     case EXAMPLE_OP_REDUCE:
+    case EXAMPLE_OP_SCALE:
       if (example_stream_failed(stream)) break; /* sticky: skipped */
       if (op->inject_fault) {
         example_stream_fail(stream, KZ_PLUGIN_ERR_INTERNAL,
@@ -247,9 +256,11 @@ static void example_run(kz_plugin_stream_t stream, example_op_t* op) {
       }
       if (op->kind == EXAMPLE_OP_COPY)
         memcpy(op->u.copy.dst, op->u.copy.src, (size_t)op->u.copy.bytes);
-      else
+      else if (op->kind == EXAMPLE_OP_REDUCE)
         example_reduce(op->u.reduce.dst, (const void* const*)op->u.reduce.srcs, op->u.reduce.num_srcs,
                        op->u.reduce.count, op->u.reduce.dtype, op->u.reduce.op);
+      else
+        example_scale(op->u.scale.dst, op->u.scale.src, op->u.scale.count, op->u.scale.dtype, op->u.scale.divisor);
       break;
     case EXAMPLE_OP_RECORD: {
       kz_plugin_event_t event = op->u.event.event;
@@ -342,8 +353,8 @@ static example_op_t* example_op_new(example_op_kind_t kind) {
   return op;
 }
 
-/* Copies and reduces are counted for fault injection when they are enqueued, so the k-th one is
- * the same operation however the workers are scheduled. */
+/* Copies, reduces and scales are counted for fault injection when they are enqueued, so the k-th
+ * one is the same operation however the workers are scheduled. */
 static void example_count_stream_op(kz_plugin_stream_t stream, example_op_t* op) {
   op->number = atomic_fetch_add(&stream->ctx->stream_ops, 1) + 1;
   op->inject_fault = stream->ctx->fail_stream_op != 0 && op->number == stream->ctx->fail_stream_op;
@@ -517,6 +528,36 @@ kz_plugin_result_t example_stream_reduce(void* context, kz_plugin_stream_t strea
   op->u.reduce.count = count;
   op->u.reduce.dtype = dtype;
   op->u.reduce.op = op_code;
+  example_count_stream_op(stream, op);
+  example_enqueue(stream, op);
+  return KZ_PLUGIN_OK;
+}
+
+kz_plugin_result_t example_stream_scale(void* context, kz_plugin_stream_t stream, void* dst, const void* src,
+                                        uint64_t count, int32_t dtype, uint32_t divisor) {
+  kz_plugin_result_t rc = example_check_stream(context, stream);
+  if (rc != KZ_PLUGIN_OK) return rc;
+  const uint64_t esize = example_dtype_size(dtype);
+  if (esize == 0) return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT, "stream_scale: unknown dtype %d", (int)dtype);
+  if (divisor == 0) return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT, "stream_scale: divisor is 0");
+  if (count == 0) return KZ_PLUGIN_OK;
+  if (dst == NULL || src == NULL)
+    return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT, "stream_scale: %s is NULL", dst == NULL ? "dst" : "src");
+  const uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+  if (count > UINT64_MAX / esize || count * esize > UINTPTR_MAX - d || count * esize > UINTPTR_MAX - s)
+    return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT, "stream_scale: count %llu overflows the address space",
+                         (unsigned long long)count);
+  const uint64_t bytes = count * esize;
+  /* In place (dst == src) is allowed; any other overlap would read what was already divided. */
+  if (s != d && d < s + bytes && s < d + bytes)
+    return example_error(KZ_PLUGIN_ERR_INVALID_ARGUMENT, "stream_scale: src partially overlaps dst");
+  example_op_t* op = example_op_new(EXAMPLE_OP_SCALE);
+  if (op == NULL) return example_error(KZ_PLUGIN_ERR_OUT_OF_MEMORY, "stream_scale: out of host memory");
+  op->u.scale.dst = dst;
+  op->u.scale.src = src;
+  op->u.scale.count = count;
+  op->u.scale.dtype = dtype;
+  op->u.scale.divisor = divisor;
   example_count_stream_op(stream, op);
   example_enqueue(stream, op);
   return KZ_PLUGIN_OK;

@@ -150,6 +150,13 @@ struct ReduceWork {
   DataType type;
   ReduceOp op;
 };
+struct ScaleWork {
+  void* dst;
+  const void* src;
+  size_t count;
+  DataType type;
+  uint32_t divisor;
+};
 struct RecordWork {
   std::shared_ptr<EventState> event;
 };
@@ -161,19 +168,21 @@ struct CallbackWork {
 };
 
 struct Op {
-  std::variant<CopyWork, ReduceWork, RecordWork, WaitWork, CallbackWork> work;
-  uint64_t number = 0;        // backend-wide number of a copy / reduce / callback; 0 otherwise
+  std::variant<CopyWork, ReduceWork, ScaleWork, RecordWork, WaitWork, CallbackWork> work;
+  uint64_t number = 0;        // backend-wide number of a copy / reduce / scale / callback; 0 otherwise
   bool inject_fault = false;  // this is the operation KIZUNA_EMU_FAIL_STREAM_OP names
 };
 
 std::string_view OpName(const Op& op) {
-  switch (op.work.index()) {
-    case 0: return "copy";
-    case 1: return "reduce";
-    case 2: return "event record";
-    case 3: return "event wait";
-    default: return "host callback";
-  }
+  struct Namer {
+    std::string_view operator()(const CopyWork&) const { return "copy"; }
+    std::string_view operator()(const ReduceWork&) const { return "reduce"; }
+    std::string_view operator()(const ScaleWork&) const { return "scale"; }
+    std::string_view operator()(const RecordWork&) const { return "event record"; }
+    std::string_view operator()(const WaitWork&) const { return "event wait"; }
+    std::string_view operator()(const CallbackWork&) const { return "host callback"; }
+  };
+  return std::visit(Namer{}, op.work);
 }
 
 // ---- The stream's shared core ----
@@ -370,7 +379,7 @@ class StreamCore {
       RunCallback(callback->fn, status);
       return;
     }
-    if (!sticky.ok()) return;  // copies, reduces and waits after an error are skipped
+    if (!sticky.ok()) return;  // copies, reduces, scales and waits after an error are skipped
     if (auto* wait = std::get_if<WaitWork>(&op.work)) {
       Status status = WaitFor(wait->event);
       if (!status.ok()) Fail(status);
@@ -392,6 +401,12 @@ class StreamCore {
         const size_t read = reduce->count * DataTypeSize(reduce->type) * reduce->srcs.size();
         status = Throttled(read, s_.reduce_bytes_per_s, [&] {
           return HostReduce(reduce->dst, reduce->srcs, reduce->count, reduce->type, reduce->op);
+        });
+      } else if (auto* scale = std::get_if<ScaleWork>(&op.work)) {
+        // The arithmetic unit's rate, like a reduce: bytes of input read.
+        const size_t read = scale->count * DataTypeSize(scale->type);
+        status = Throttled(read, s_.reduce_bytes_per_s, [&] {
+          return HostScale(scale->dst, scale->src, scale->count, scale->type, scale->divisor);
         });
       }
     } catch (const std::exception& e) {  // oneTBB may throw (e.g. std::bad_alloc)
@@ -529,6 +544,11 @@ class EmuStream final : public device::Stream {
     return Status::Ok();
   }
 
+  Status DoScale(void* dst, const void* src, size_t count, DataType type, uint32_t divisor) override {
+    EnqueueNumbered(Op{ScaleWork{dst, src, count, type, divisor}});
+    return Status::Ok();
+  }
+
   Status DoRecord(device::Event& event) override {
     auto* mine = dynamic_cast<EmuEvent*>(&event);
     if (mine == nullptr) return InvalidArgument(fmt::format("{}: event is not a host_emulated event", label()));
@@ -565,7 +585,7 @@ class EmuStream final : public device::Stream {
   const std::string& label() const { return core_->settings().label; }
   bool OnWorker() const { return std::this_thread::get_id() == worker_.get_id(); }
 
-  // Copies, reduces and host callbacks get the backend-wide number fault injection counts.
+  // Copies, reduces, scales and host callbacks get the backend-wide number fault injection counts.
   void EnqueueNumbered(Op op) {
     op.number = env_->NextOperation();
     const std::optional<uint64_t>& fail = env_->config().emu_fail_stream_op;

@@ -1,13 +1,13 @@
 // Streams and events of the emulated accelerator.
 //
 // Each stream owns one worker thread that executes an in-order queue of operations: copy
-// (HostCopy), reduce (HostReduce), record event, wait event, host callback. Enqueueing never
-// blocks on the work; the worker does it.
+// (HostCopy), reduce (HostReduce), scale (HostScale), record event, wait event, host callback.
+// Enqueueing never blocks on the work; the worker does it.
 //
 // Contract beyond runtime/device/device.h:
 //  - Sticky errors: the first failing operation's Status stays with the stream. Later copies,
-//    reduces and event waits are skipped; host callbacks still run and receive the error; events
-//    recorded afterwards complete with it; Synchronize and Query return it.
+//    reduces, scales and event waits are skipped; host callbacks still run and receive the
+//    error; events recorded afterwards complete with it; Synchronize and Query return it.
 //  - A stream that waits on an event whose captured work failed takes that error as its own
 //    (its later work would read what the failed work did not write).
 //  - Event waits on the worker are bounded by Config::timeout_s: on expiry the stream fails with
@@ -15,20 +15,20 @@
 //    instance, even: the completion state is plain shared memory of this process).
 //  - Record captures the work enqueued so far in a fresh completion state, so re-recording an
 //    event behaves as in CUDA: earlier Waits keep waiting for what they captured.
-//  - Fault injection: Config::emu_fail_stream_op = k fails the k-th copy / reduce / host callback
-//    enqueued on any stream of the backend instance (numbered from 1 at enqueue time, so the
-//    choice is deterministic in program order) with kInternal "injected fault: stream operation
-//    #k failed".
-//  - Throttles: Config::emu_launch_us delays each copy, reduce and host callback by that much;
-//    emu_copy_gbps / emu_reduce_gbps make a copy (bytes copied) or a reduce (bytes of input read)
-//    last at least bytes / rate. The rate is shared by all streams of one device (a device has
-//    one memory system): concurrent operations on a device queue for it.
+//  - Fault injection: Config::emu_fail_stream_op = k fails the k-th copy / reduce / scale / host
+//    callback enqueued on any stream of the backend instance (numbered from 1 at enqueue time,
+//    so the choice is deterministic in program order) with kInternal "injected fault: stream
+//    operation #k failed".
+//  - Throttles: Config::emu_launch_us delays each copy, reduce, scale and host callback by that
+//    much; emu_copy_gbps / emu_reduce_gbps make a copy (bytes copied) or a reduce or scale (bytes
+//    of input read) last at least bytes / rate. The rate is shared by all streams of one device
+//    (a device has one memory system): concurrent operations on a device queue for it.
 //  - Waiting never burns a core: every wait spins for a few microseconds, then blocks.
 //  - Destruction waits (up to Config::timeout_s) for the queued work. If it does not finish, the
-//    stream is aborted: queued copies and reduces are dropped, queued events complete with
-//    kAborted and queued host callbacks are called with kAborted on the destroying thread; then
-//    the worker is joined (or, if it is stuck inside a host callback that ignores the contract,
-//    left to finish on its own, holding only its own state).
+//    stream is aborted: queued copies, reduces and scales are dropped, queued events complete
+//    with kAborted and queued host callbacks are called with kAborted on the destroying thread;
+//    then the worker is joined (or, if it is stuck inside a host callback that ignores the
+//    contract, left to finish on its own, holding only its own state).
 #pragma once
 
 #include <atomic>
@@ -52,7 +52,7 @@ class StreamEnvironment {
   explicit StreamEnvironment(const Config& config) : config_(config) {}
 
   const Config& config() const { return config_; }
-  // The backend-wide number (from 1) of the next copy / reduce / host callback.
+  // The backend-wide number (from 1) of the next copy / reduce / scale / host callback.
   uint64_t NextOperation() { return operations_.fetch_add(1, std::memory_order_relaxed) + 1; }
   uint64_t NextStreamId() { return streams_.fetch_add(1, std::memory_order_relaxed) + 1; }
   uint64_t NextEventId() { return events_.fetch_add(1, std::memory_order_relaxed) + 1; }

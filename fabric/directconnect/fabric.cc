@@ -1,7 +1,10 @@
 #include "fabric/directconnect/fabric.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -24,6 +27,53 @@ uint64_t HostFingerprint() {
     h *= 0x100000001b3ull;
   }
   return h;
+}
+
+constexpr std::string_view kAcceptedForms =
+    "a topology file, or a generator: full, ring, full:N, ring:N, torus1d:X, torus2d:XxY, torus3d:XxYxZ "
+    "(full and ring without a size span the job's world size)";
+
+// KIZUNA_TOPOLOGY's value as "<kind>[:<shape>]" (GenerateNamed's kinds): a direct-connect network
+// for a job on one host without writing a file. Generated links have unknown bandwidth and latency
+// and no shaping: nothing says what a modelled link should be, and a file can say it.
+Result<Topology> GenerateFromSpec(std::string_view spec, const FabricContext& context) {
+  const size_t colon = spec.find(':');
+  const std::string_view kind = spec.substr(0, colon);
+  std::string shape = colon == std::string_view::npos ? std::string() : std::string(spec.substr(colon + 1));
+  const bool sized_by_world = kind == "ring" || kind == "full" || kind == "fully_connected";
+  const bool torus = kind == "torus1d" || kind == "torus2d" || kind == "torus3d";
+  auto refuse = [&](std::string_view why) {
+    return InvalidArgument(fmt::format(
+        "KIZUNA_TOPOLOGY=\"{}\" is neither an existing file nor a valid generator spec ({}); accepted: {}", spec, why,
+        kAcceptedForms));
+  };
+  if (!sized_by_world && !torus)
+    return refuse(fmt::format("no file of that name, and \"{}\" is not a generator", kind));
+  if (colon != std::string_view::npos && shape.empty()) return refuse("the shape after ':' is empty");
+  if (shape.empty()) {
+    if (torus) return refuse(fmt::format("{} needs a shape, e.g. {}:4x4", kind, kind));
+    // One rank has no one to link to; a network of one node is not a direct-connect network.
+    if (context.world_size < 2)
+      return Unavailable(fmt::format("KIZUNA_TOPOLOGY=\"{}\" spans the world size, and a world of {} rank(s) has no "
+                                     "links to make",
+                                     spec, context.world_size));
+    shape = std::to_string(context.world_size);
+  }
+  Result<Topology> topology = GenerateNamed(kind, shape, LinkParams{});
+  if (!topology.ok()) return refuse(topology.status().message());
+  topology->source = fmt::format("generated from KIZUNA_TOPOLOGY={}", spec);
+  return topology;
+}
+
+// A value naming an existing path is a file, even when it also reads as a generator spec (a file
+// called "full" in the working directory wins): the file is the more deliberate of the two.
+Result<Topology> TopologyFromConfig(const std::string& value, const FabricContext& context) {
+  struct stat st {};
+  if (::stat(value.c_str(), &st) == 0) return LoadTopology(value);
+  // A value that can only be a path (a generator spec has no '/' and no ".json"): say the file
+  // cannot be read, with the system's reason.
+  if (value.find('/') != std::string::npos || value.ends_with(".json")) return LoadTopology(value);
+  return GenerateFromSpec(value, context);
 }
 
 }  // namespace
@@ -77,9 +127,9 @@ DirectConnectFabric::DirectConnectFabric(const Config* config, FabricContext con
 
 Result<std::unique_ptr<Fabric>> DirectConnectFabric::Create(const Config& config, const FabricContext& context) {
   if (config.topology.empty())
-    return Unavailable("KIZUNA_TOPOLOGY is not set: the directconnect fabric needs a topology file naming its links "
-                       "(see fabric/directconnect/README.md; kizuna-topo --generate writes one)");
-  KZ_ASSIGN_OR_RETURN(Topology topology, LoadTopology(config.topology));
+    return Unavailable("KIZUNA_TOPOLOGY is not set: the directconnect fabric needs a topology file naming its links, "
+                       "or a generator spec such as \"full\" or \"torus2d:4x4\" (see fabric/directconnect/README.md)");
+  KZ_ASSIGN_OR_RETURN(Topology topology, TopologyFromConfig(config.topology, context));
   int node = -1;
   if (!context.node.empty()) {
     node = topology.FindNode(context.node);

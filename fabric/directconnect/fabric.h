@@ -9,8 +9,9 @@
 // transfer.h, registration in memory.h. With "shaping": true in the topology, transfers on a port
 // are paced to its link's bandwidth and latency (shaper below).
 //
-// Configuration: KIZUNA_TOPOLOGY names the topology file. Without it the fabric is unavailable,
-// saying so (there is no default topology: a direct-connect network is whatever its cables say).
+// Configuration: KIZUNA_TOPOLOGY names the topology file, or a generator spec ("full", "ring:8",
+// "torus2d:4x4"; README.md). Without it the fabric is unavailable, saying so (there is no default
+// topology: a direct-connect network is whatever its cables say).
 #pragma once
 
 #include <chrono>

@@ -60,6 +60,25 @@ Status Stream::Reduce(void* dst, std::span<const void* const> srcs, size_t count
   return DoReduce(dst, srcs, count, type, op);
 }
 
+Status Stream::Scale(void* dst, const void* src, size_t count, DataType type, uint32_t divisor) {
+  if (!IsValid(type)) return InvalidArgument(fmt::format("invalid data type {}", static_cast<int>(type)));
+  if (divisor == 0) return InvalidArgument("scale divisor is 0");
+  if (count == 0) return Status::Ok();
+  const size_t esize = DataTypeSize(type);
+  if (count > SIZE_MAX / esize) return InvalidArgument(fmt::format("scale count {} overflows", count));
+  const size_t bytes = count * esize;
+  KZ_RETURN_IF_ERROR(CheckAddressable(device(), dst, bytes, "scale output"));
+  KZ_RETURN_IF_ERROR(CheckAddressable(device(), src, bytes, "scale input"));
+  if (src != dst && Overlaps(src, bytes, dst, bytes))
+    return InvalidArgument("scale input partially overlaps the output (only dst == src is allowed)");
+  KZ_TRACE(kLogDevice, "{} scale {} {} / {} {} -> {}", device().label(), count, DataTypeName(type), divisor, src, dst);
+  return DoScale(dst, src, count, type, divisor);
+}
+
+Status Stream::DoScale(void*, const void*, size_t, DataType, uint32_t) {
+  return NotSupported(fmt::format("{} has no scale operation", device().properties().backend));
+}
+
 Status Stream::Record(Event& event) {
   KZ_RETURN_IF_ERROR(CheckSameBackend(device(), event.device(), "event"));
   return DoRecord(event);

@@ -114,6 +114,19 @@ class Stream {
   // operation runs.
   Status Reduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type, ReduceOp op);
 
+  // dst[i] = src[i] / divisor for i < count: the division that finishes ReduceOp::kAvg after a
+  // sum over all ranks (averages of partial averages would be wrong). Rounding is dtype.h's kAvg
+  // applied to one already-summed input (runtime/host_reduce.h, HostScale): floating types divide
+  // in the accumulation type (float32 for float16 / bfloat16 / float32, float64 for float64) and
+  // round once to the type; integer types truncate toward zero (signed types divide the value as
+  // the signed type: -7 / 2 = -3). dst may equal src (in place); any other overlap is invalid.
+  // kInvalidArgument, with nothing enqueued, for divisor 0 (even with count 0), a bad type, null
+  // or unaddressable pointers and partial overlap; count 0 is ok and enqueues nothing (the backend
+  // is not asked). kNotSupported when the backend has no scale operation (an optional capability,
+  // like a device plugin built against plugin api 1.0): the caller falls back, e.g. to a host
+  // staging path. Ordered with the stream's other work, and subject to its sticky error.
+  Status Scale(void* dst, const void* src, size_t count, DataType type, uint32_t divisor);
+
   // Captures all work enqueued so far; the event completes when that work has.
   Status Record(Event& event);
   // Later work on this stream waits until `event` completes (an unrecorded event: no wait).
@@ -135,6 +148,10 @@ class Stream {
   virtual Status DoCopy(void* dst, const void* src, size_t bytes) = 0;
   virtual Status DoReduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type,
                           ReduceOp op) = 0;
+  // Arguments already checked (divisor >= 1, count >= 1, valid type, addressable, dst == src or
+  // disjoint). The default answers kNotSupported ("<backend> has no scale operation"), so a
+  // backend that predates the operation says so instead of failing to build.
+  virtual Status DoScale(void* dst, const void* src, size_t count, DataType type, uint32_t divisor);
   virtual Status DoRecord(Event& event) = 0;
   virtual Status DoWait(const Event& event) = 0;
   virtual Status DoHostCallback(HostCallback fn) = 0;

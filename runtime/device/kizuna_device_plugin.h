@@ -13,6 +13,9 @@
  *    (with an error naming both versions). api_minor grows when fields are appended; a plugin
  *    with a newer minor works with an older kizuna (the extra fields are ignored), and an older
  *    one works with a newer kizuna (missing fields count as "not supported").
+ *  - History: 1.0 the first table (up to event_synchronize). 1.1 appends stream_scale (optional).
+ *    A plugin built against 1.0 has the smaller struct_size and so no stream_scale: kizuna then
+ *    answers kNotSupported to Stream::Scale (and a caller falls back), everything else unchanged.
  *
  * Conventions:
  *  - Every function returns KZ_PLUGIN_OK or an error code; after an error, last_error() called on
@@ -24,7 +27,7 @@
  *    and host callbacks (sticky, like a CUDA stream error).
  *  - A stream that waits on an event whose captured work failed takes that error (sticky).
  *  - Every wait takes a timeout in nanoseconds and returns KZ_PLUGIN_ERR_TIMEOUT when it passes.
- *    The one exception in api 1.0 is stream_destroy (see there): the plugin bounds it itself.
+ *    The one exception (since api 1.0) is stream_destroy (see there): the plugin bounds it itself.
  *  - Functions may be called from several threads at once.
  *  - No C++ exceptions, no longjmp across this boundary.
  *
@@ -51,7 +54,7 @@ extern "C" {
 #endif
 
 #define KZ_DEVICE_PLUGIN_API_MAJOR 1
-#define KZ_DEVICE_PLUGIN_API_MINOR 0
+#define KZ_DEVICE_PLUGIN_API_MINOR 1
 #define KZ_DEVICE_PLUGIN_ENTRY_POINT "kzDevicePluginGetApi"
 
 typedef int32_t kz_plugin_result_t;
@@ -162,7 +165,7 @@ typedef struct kz_device_plugin_api {
    * stream to its own thread and return KZ_PLUGIN_ERR_TIMEOUT: after any failed stream_destroy
    * kizuna assumes plugin code may still be running, so it never calls finalize for that context
    * and never unloads the library. A stream_destroy variant that takes a timeout_ns is a
-   * candidate for api 1.1. */
+   * candidate for a later minor. */
   kz_plugin_result_t (*stream_destroy)(void* context, kz_plugin_stream_t stream);
   kz_plugin_result_t (*stream_copy)(void* context, kz_plugin_stream_t stream, void* dst, const void* src,
                                     uint64_t bytes);
@@ -183,7 +186,23 @@ typedef struct kz_device_plugin_api {
   /* KZ_PLUGIN_OK when the captured work is done (or never recorded), KZ_PLUGIN_NOT_READY, or its error. */
   kz_plugin_result_t (*event_query)(void* context, kz_plugin_event_t event);
   kz_plugin_result_t (*event_synchronize)(void* context, kz_plugin_event_t event, uint64_t timeout_ns);
-  /* ---- append api 1.1 fields below this line ---- */
+
+  /* ---- api 1.1 ---- */
+  /* Optional (NULL, or absent from a table whose struct_size ends before it, i.e. a plugin built
+   * against api 1.0: kizuna then answers kNotSupported and never calls it).
+   * Enqueues dst[i] = src[i] / divisor for i < count: the division that finishes an average
+   * (KZ_PLUGIN_AVG) after a sum over all ranks. Rounding is exactly KZ_PLUGIN_AVG's applied to
+   * one already-summed input: float16 / bfloat16 / float32 are widened to float32, divided by
+   * (float)divisor and rounded once to the type (to nearest even); float64 divides in double;
+   * integer types truncate toward zero (signed types divide the value as the signed type:
+   * -7 / 2 = -3). dst == src is allowed (in place); any other overlap is invalid.
+   * kizuna has already checked the arguments (divisor >= 1, count >= 1, a known dtype, non-null
+   * pointers, no partial overlap) and never calls it with count 0; a plugin still refuses bad
+   * ones with KZ_PLUGIN_ERR_INVALID_ARGUMENT and enqueues nothing. Ordered, failing and skipped
+   * like stream_copy and stream_reduce (sticky errors). */
+  kz_plugin_result_t (*stream_scale)(void* context, kz_plugin_stream_t stream, void* dst, const void* src,
+                                     uint64_t count, int32_t dtype, uint32_t divisor);
+  /* ---- append api 1.2 fields below this line ---- */
 } kz_device_plugin_api_t;
 
 /* The entry point. kizuna passes its own api version; a plugin may return NULL when it cannot

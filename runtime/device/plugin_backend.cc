@@ -29,6 +29,9 @@ namespace {
 // least a major-1 plugin must provide however far the header grows.
 constexpr size_t kApi10TableSize =
     offsetof(kz_device_plugin_api_t, event_synchronize) + sizeof(kz_device_plugin_api_t::event_synchronize);
+// api 1.1 appends stream_scale: a table at least this large has the field (which may be NULL).
+constexpr size_t kApi11TableSize =
+    offsetof(kz_device_plugin_api_t, stream_scale) + sizeof(kz_device_plugin_api_t::stream_scale);
 // struct_size, api_major and api_minor must be present before anything else can be judged.
 constexpr size_t kVersionFieldsSize = offsetof(kz_device_plugin_api_t, api_minor) + sizeof(uint32_t);
 // Likewise the api 1.0 device properties end with flags.
@@ -125,6 +128,17 @@ struct DlCloser {
 };
 using DlHandle = std::unique_ptr<void, DlCloser>;
 
+// The plugin's table as kizuna's version of the struct: only the struct_size bytes the plugin
+// declared are read (a table built against an older header ends there, and reading further would
+// read past its object); the fields it lacks stay zero, i.e. NULL, which every call site already
+// treats as "not supported". Called after CheckTable, so struct_size covers at least api 1.0.
+kz_device_plugin_api_t CopyTable(const kz_device_plugin_api_t& table) {
+  kz_device_plugin_api_t copy;
+  std::memset(&copy, 0, sizeof copy);
+  std::memcpy(&copy, &table, std::min(table.struct_size, sizeof copy));
+  return copy;
+}
+
 // Everything the plugin's objects need: the dlopen handle, the function table and the context.
 // The backend and every device, buffer, stream and event hold it through a shared_ptr, so
 // finalize and dlclose run after the last of them is gone, in whatever order they are destroyed,
@@ -132,24 +146,27 @@ using DlHandle = std::unique_ptr<void, DlCloser>;
 // abandoned: a plugin thread may still be running its code, so it is never finalized or closed.
 class PluginLibrary {
  public:
-  PluginLibrary(DlHandle handle, const kz_device_plugin_api_t* api, std::string path, std::string name,
+  PluginLibrary(DlHandle handle, const kz_device_plugin_api_t& api, std::string path, std::string name,
                 std::string version)
       : handle_(std::move(handle)),
-        api_(api),
+        api_(CopyTable(api)),
         path_(std::move(path)),
         name_(std::move(name)),
         version_(std::move(version)),
         domain_(fmt::format("device plugin '{}'", name_)) {}
 
   ~PluginLibrary() {
-    if (initialized_) api_->finalize(context_);
+    if (initialized_) api_.finalize(context_);
     // handle_ is closed after this body: the table and all plugin code stay mapped until here.
   }
 
   PluginLibrary(const PluginLibrary&) = delete;
   PluginLibrary& operator=(const PluginLibrary&) = delete;
 
-  const kz_device_plugin_api_t& api() const { return *api_; }
+  // The plugin's table, copied (CopyTable): fields beyond the plugin's struct_size are NULL.
+  const kz_device_plugin_api_t& api() const { return api_; }
+  // Whether the plugin's table reaches `table_size` bytes (it was built against that minor or later).
+  bool HasFieldsUpTo(size_t table_size) const { return api_.struct_size >= table_size; }
   void* context() const { return context_; }
   const std::string& path() const { return path_; }
   const std::string& name() const { return name_; }
@@ -169,7 +186,7 @@ class PluginLibrary {
 
   Status Init() {
     void* context = nullptr;
-    kz_plugin_result_t rc = api_->init(&context);
+    kz_plugin_result_t rc = api_.init(&context);
     if (rc != KZ_PLUGIN_OK) return ToStatus(rc, "init");
     context_ = context;
     initialized_ = true;
@@ -183,7 +200,7 @@ class PluginLibrary {
                   std::source_location where = std::source_location::current()) const {
     if (rc == KZ_PLUGIN_OK) return Status::Ok();
     std::string detail(ResultCodeName(rc));
-    std::string last = BoundedString(api_->last_error(), kMaxLastErrorLength);
+    std::string last = BoundedString(api_.last_error(), kMaxLastErrorLength);
     if (!last.empty()) detail += ": " + last;
     return FromForeign(ResultStatusCode(rc), domain_, what, rc, detail, where);
   }
@@ -197,7 +214,7 @@ class PluginLibrary {
 
  private:
   DlHandle handle_;
-  const kz_device_plugin_api_t* api_;
+  const kz_device_plugin_api_t api_;  // copied from the plugin; handle_ keeps the code it points to mapped
   std::string path_;
   std::string name_;
   std::string version_;
@@ -378,6 +395,20 @@ class PluginStream final : public Stream {
                                            static_cast<uint32_t>(srcs.size()), count, static_cast<int32_t>(type),
                                            static_cast<int32_t>(op)),
                  "stream_reduce");
+  }
+
+  Status DoScale(void* dst, const void* src, size_t count, DataType type, uint32_t divisor) override {
+    // Optional since api 1.1: a plugin built against 1.0 has a smaller table and no such field.
+    if (!lib_->HasFieldsUpTo(kApi11TableSize))
+      return NotSupported(fmt::format("{}: {} has no scale operation (stream_scale needs plugin api 1.1; the plugin "
+                                      "was built against {}.{})",
+                                      label_, lib_->domain(), lib_->api().api_major, lib_->api().api_minor));
+    if (lib_->api().stream_scale == nullptr)
+      return NotSupported(fmt::format("{}: {} has no scale operation (its stream_scale is NULL)", label_,
+                                      lib_->domain()));
+    return Check(lib_->api().stream_scale(lib_->context(), handle_, dst, src, count, static_cast<int32_t>(type),
+                                          divisor),
+                 "stream_scale");
   }
 
   Status DoRecord(Event& event) override {
@@ -672,7 +703,7 @@ Result<std::unique_ptr<Backend>> LoadDevicePlugin(const std::string& path, const
 
   // Through DeleteLibrary, so that the last release never finalizes or unloads on a plugin thread.
   std::shared_ptr<PluginLibrary> lib(
-      new PluginLibrary(std::move(handle), api, path, BoundedString(api->name, kMaxNameLength),
+      new PluginLibrary(std::move(handle), *api, path, BoundedString(api->name, kMaxNameLength),
                         api->version != nullptr ? BoundedString(api->version, kMaxVersionLength)
                                                 : std::string("unknown")),
       &DeleteLibrary);
@@ -692,9 +723,12 @@ Result<std::unique_ptr<Backend>> LoadDevicePlugin(const std::string& path, const
     devices.push_back(std::make_unique<PluginDevice>(std::move(props), &config, lib, i));
   }
 
-  KZ_INFO(kLogPlugin, "loaded device plugin {}: name {}, version {}, plugin api {}.{}, kizuna api {}.{}, {} device(s)",
+  KZ_INFO(kLogPlugin,
+          "loaded device plugin {}: name {}, version {}, plugin api {}.{}, kizuna api {}.{}, {} device(s), "
+          "stream_scale {}",
           path, lib->name(), lib->version(), api->api_major, api->api_minor, KZ_DEVICE_PLUGIN_API_MAJOR,
-          KZ_DEVICE_PLUGIN_API_MINOR, count);
+          KZ_DEVICE_PLUGIN_API_MINOR, count,
+          lib->HasFieldsUpTo(kApi11TableSize) && lib->api().stream_scale != nullptr ? "yes" : "no (kNotSupported)");
   for (const auto& d : devices) {
     const DeviceProperties& p = d->properties();
     KZ_INFO(kLogPlugin, "{}: {} ({}), {} bytes, host accessible {}, fd export {}", d->label(), p.name, p.uuid,

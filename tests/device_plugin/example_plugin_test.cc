@@ -4,14 +4,18 @@
 // their own host callbacks, the library outliving its backend).
 #include "runtime/device/plugin_backend.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <future>
+#include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,6 +27,8 @@
 #include "runtime/config.h"
 #include "runtime/deadline.h"
 #include "runtime/device/device.h"
+#include "runtime/device/kizuna_device_plugin.h"
+#include "runtime/dtype.h"
 #include "runtime/status.h"
 #include "tests/device_plugin/plugin_test_util.h"
 
@@ -138,6 +144,149 @@ TEST_F(ExamplePluginTest, AllocateCopyAndReduce) {
   EXPECT_EQ(z[0], 0x3f80);
   EXPECT_EQ(z[1], 0x3f82);
   EXPECT_EQ(stream->Query().value(), true);
+}
+
+// Little-endian bytes of typed values, so that one table of cases covers every dtype.
+template <typename T>
+std::vector<uint8_t> AsBytes(std::initializer_list<T> values) {
+  std::vector<uint8_t> out(values.size() * sizeof(T));
+  std::memcpy(out.data(), std::data(values), out.size());
+  return out;
+}
+
+// stream_scale (api 1.1) through the wrapper: truncation toward zero for negative integers,
+// float16 / bfloat16 divided in float32 and rounded once (a subnormal tie goes to even), in place,
+// and ordered after a copy on the same stream. The conformance suite sweeps the rest.
+TEST_F(ExamplePluginTest, ScaleEveryTypeInPlaceAndInOrder) {
+  struct Case {
+    DataType type;
+    uint32_t divisor;
+    std::vector<uint8_t> in, expected;
+  };
+  const Case cases[] = {
+      {DataType::kInt8, 2, AsBytes<int8_t>({-7, 7, -128, 127, -1}), AsBytes<int8_t>({-3, 3, -64, 63, 0})},
+      {DataType::kUint8, 2, AsBytes<uint8_t>({255, 7, 0}), AsBytes<uint8_t>({127, 3, 0})},
+      {DataType::kInt32, 3, AsBytes<int32_t>({-7, INT32_MIN, INT32_MAX}),
+       AsBytes<int32_t>({-2, INT32_MIN / 3, INT32_MAX / 3})},
+      {DataType::kUint32, 3, AsBytes<uint32_t>({UINT32_MAX, 5}), AsBytes<uint32_t>({UINT32_MAX / 3, 1})},
+      {DataType::kInt64, 4, AsBytes<int64_t>({-9, INT64_MIN, 9}), AsBytes<int64_t>({-2, INT64_MIN / 4, 2})},
+      {DataType::kUint64, 3, AsBytes<uint64_t>({UINT64_MAX, 2}), AsBytes<uint64_t>({UINT64_MAX / 3, 0})},
+      // 1/3 = 0x3555; 3 * 2^-24 / 2 = 1.5 * 2^-24, a tie between subnormals 1 and 2: even (2).
+      {DataType::kFloat16, 3, AsBytes<uint16_t>({0x3c00, 0xbc00}), AsBytes<uint16_t>({0x3555, 0xb555})},
+      {DataType::kFloat16, 2, AsBytes<uint16_t>({0x0003, 0x0001}), AsBytes<uint16_t>({0x0002, 0x0000})},
+      // float32 1/3 = 0x3eaaaaab rounds up to bfloat16 0x3eab.
+      {DataType::kBfloat16, 3, AsBytes<uint16_t>({0x3f80}), AsBytes<uint16_t>({0x3eab})},
+      {DataType::kBfloat16, 2, AsBytes<uint16_t>({0x0003, 0xc040}), AsBytes<uint16_t>({0x0002, 0xbfc0})},
+      {DataType::kFloat32, 3, AsBytes<float>({1.0f, -6.0f}), AsBytes<float>({1.0f / 3.0f, -2.0f})},
+      {DataType::kFloat64, 3, AsBytes<double>({1.0, -6.0}), AsBytes<double>({1.0 / 3.0, -2.0})},
+  };
+  auto staging = Allocate(0, 64);
+  auto work = Allocate(0, 64);
+  auto stream = CreateStream(0);
+  ASSERT_TRUE(staging && work && stream);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(DataTypeName(c.type)) + " / " + std::to_string(c.divisor));
+    const size_t count = c.in.size() / DataTypeSize(c.type);
+    std::memcpy(staging->data(), c.in.data(), c.in.size());
+    std::memset(work->data(), 0xee, 64);
+    // The scale reads what the copy before it wrote: the stream keeps them in order.
+    ASSERT_TRUE(stream->Copy(work->data(), staging->data(), c.in.size()).ok());
+    Status s = stream->Scale(work->data(), work->data(), count, c.type, c.divisor);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_TRUE(stream->Synchronize().ok());
+    EXPECT_EQ(std::memcmp(work->data(), c.expected.data(), c.expected.size()), 0);
+    EXPECT_EQ(static_cast<const uint8_t*>(work->data())[c.in.size()], 0xee) << "wrote past the count";
+  }
+
+  // Several of the plugin's blocks, out of place.
+  constexpr size_t kCount = 5000;
+  auto a = Allocate(0, kCount * sizeof(float));
+  auto b = Allocate(0, kCount * sizeof(float));
+  ASSERT_TRUE(a && b);
+  auto* fa = static_cast<float*>(a->data());
+  auto* fb = static_cast<float*>(b->data());
+  for (size_t i = 0; i < kCount; ++i) fa[i] = static_cast<float>(i) - 2500.0f;
+  ASSERT_TRUE(stream->Scale(b->data(), a->data(), kCount, DataType::kFloat32, 7).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(fb[i], fa[i] / 7.0f) << "element " << i;
+}
+
+TEST_F(ExamplePluginTest, FailedScaleIsSticky) {
+  // KZ_EXAMPLE_FAIL_STREAM_OP counts scales too: here the first one fails.
+  std::unique_ptr<Backend> faulty;
+  {
+    ScopedEnv fail("KZ_EXAMPLE_FAIL_STREAM_OP", "2");
+    auto loaded = LoadDevicePlugin(g_example_plugin, config_);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    faulty = std::move(loaded).value();
+  }
+  Device& dev = *faulty->device(0);
+  auto buffer = dev.Allocate(3 * 64);
+  auto stream = dev.CreateStream();
+  ASSERT_TRUE(buffer.ok() && stream.ok());
+  auto* p = static_cast<int8_t*>((*buffer)->data());
+  std::memset(p, -8, 64);
+  std::memset(p + 64, 1, 2 * 64);
+  ASSERT_TRUE((*stream)->Copy(p + 64, p, 32).ok());                      // op 1: runs
+  ASSERT_TRUE((*stream)->Scale(p + 64, p, 64, DataType::kInt8, 2).ok());   // op 2: fails
+  ASSERT_TRUE((*stream)->Scale(p + 128, p, 64, DataType::kInt8, 4).ok());  // op 3: skipped
+  Status s = (*stream)->Synchronize();
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("injected fault: stream operation #2"), HasSubstr("stream_synchronize")));
+  EXPECT_EQ(p[64], -8);   // the copy ran
+  EXPECT_EQ(p[100], 1);   // the failed scale wrote nothing (it would have written -4)
+  EXPECT_EQ(p[128], 1);   // the later one was skipped (-2)
+}
+
+// The plugin's own checks of stream_scale, straight through its api table (kizuna's wrapper
+// refuses these before they reach a plugin): each is KZ_PLUGIN_ERR_INVALID_ARGUMENT with a message
+// and enqueues nothing.
+TEST(ExamplePluginAbi, StreamScaleRefusesBadArgumentsAndEnqueuesNothing) {
+  struct Closer {
+    void* handle;
+    ~Closer() {
+      if (handle != nullptr) dlclose(handle);
+    }
+  } lib{dlopen(g_example_plugin.c_str(), RTLD_NOW | RTLD_LOCAL)};
+  ASSERT_NE(lib.handle, nullptr) << dlerror();
+  auto get_api = reinterpret_cast<kz_device_plugin_get_api_fn>(dlsym(lib.handle, KZ_DEVICE_PLUGIN_ENTRY_POINT));
+  ASSERT_NE(get_api, nullptr);
+  const kz_device_plugin_api_t* api = get_api(KZ_DEVICE_PLUGIN_API_MAJOR, KZ_DEVICE_PLUGIN_API_MINOR);
+  ASSERT_NE(api, nullptr);
+  EXPECT_EQ(api->api_minor, 1u);
+  ASSERT_GE(api->struct_size, offsetof(kz_device_plugin_api_t, stream_scale) + sizeof(api->stream_scale));
+  ASSERT_NE(api->stream_scale, nullptr);
+
+  void* ctx = nullptr;
+  ASSERT_EQ(api->init(&ctx), KZ_PLUGIN_OK) << api->last_error();
+  void* mem = nullptr;
+  kz_plugin_stream_t stream = nullptr;
+  ASSERT_EQ(api->mem_alloc(ctx, 0, 64 * sizeof(int32_t), &mem), KZ_PLUGIN_OK);
+  ASSERT_EQ(api->stream_create(ctx, 0, &stream), KZ_PLUGIN_OK);
+  auto* v = static_cast<int32_t*>(mem);
+  for (int i = 0; i < 64; ++i) v[i] = -i;
+
+  auto refused = [&](kz_plugin_result_t rc, const char* why) {
+    EXPECT_EQ(rc, KZ_PLUGIN_ERR_INVALID_ARGUMENT) << why;
+    EXPECT_THAT(api->last_error(), HasSubstr(why));
+  };
+  refused(api->stream_scale(ctx, stream, v + 32, v, 32, KZ_PLUGIN_INT32, 0), "divisor is 0");
+  refused(api->stream_scale(ctx, stream, v + 32, v, 32, 99, 2), "unknown dtype 99");
+  refused(api->stream_scale(ctx, stream, nullptr, v, 32, KZ_PLUGIN_INT32, 2), "dst is NULL");
+  refused(api->stream_scale(ctx, stream, v + 32, nullptr, 32, KZ_PLUGIN_INT32, 2), "src is NULL");
+  refused(api->stream_scale(ctx, stream, v + 1, v, 32, KZ_PLUGIN_INT32, 2), "partially overlaps");
+  refused(api->stream_scale(ctx, nullptr, v + 32, v, 32, KZ_PLUGIN_INT32, 2), "is not a stream");
+  EXPECT_EQ(api->stream_scale(ctx, stream, v + 32, v, 0, KZ_PLUGIN_INT32, 2), KZ_PLUGIN_OK);
+  EXPECT_EQ(api->stream_synchronize(ctx, stream, 10'000'000'000ull), KZ_PLUGIN_OK);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(v[i], -i) << "a refused scale wrote element " << i;
+
+  EXPECT_EQ(api->stream_scale(ctx, stream, v, v, 64, KZ_PLUGIN_INT32, 2), KZ_PLUGIN_OK);
+  EXPECT_EQ(api->stream_synchronize(ctx, stream, 10'000'000'000ull), KZ_PLUGIN_OK);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(v[i], -i / 2) << "element " << i;
+
+  EXPECT_EQ(api->stream_destroy(ctx, stream), KZ_PLUGIN_OK);
+  EXPECT_EQ(api->mem_free(ctx, 0, mem), KZ_PLUGIN_OK);
+  api->finalize(ctx);
 }
 
 TEST_F(ExamplePluginTest, EmptyAndImpossibleAllocations) {

@@ -15,6 +15,8 @@
 
 #include "runtime/config.h"
 #include "runtime/device/device.h"
+#include "runtime/device/kizuna_device_plugin.h"
+#include "runtime/dtype.h"
 #include "runtime/status.h"
 #include "tests/device_plugin/plugin_test_util.h"
 
@@ -95,6 +97,75 @@ TEST(ExamplePluginConfig, MalformedKnobIsAnError) {
   EXPECT_THAT(r.status().message(), HasSubstr("KZ_EXAMPLE_DEVICES='lots'"));
 }
 
+TEST(ExamplePluginConfig, MalformedApiMinorIsAnError) {
+  ScopedEnv bad("KZ_EXAMPLE_API_MINOR", "7");
+  Config config = TestConfig();
+  auto r = LoadDevicePlugin(g_example_plugin, config);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("KZ_EXAMPLE_API_MINOR='7'"));
+}
+
+// ---- minor versions ----
+
+// A plugin built against api 1.0 has the smaller table (struct_size ends at event_synchronize) and
+// no stream_scale. It still loads and works; Scale answers kNotSupported and enqueues nothing. The
+// example plugin serves exactly such a table with KZ_EXAMPLE_API_MINOR=0, and leaves its
+// stream_scale pointer in the bytes past struct_size: kizuna must not read (or call) it.
+TEST(PluginApiMinor, AMinor0PluginLoadsAndAnswersNotSupportedForScale) {
+  Config config = TestConfig();
+  std::unique_ptr<Backend> backend;
+  {
+    ScopedEnv minor0("KZ_EXAMPLE_API_MINOR", "0");  // read by the entry point and by init
+    auto loaded = LoadDevicePlugin(g_example_plugin, config);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    backend = std::move(loaded).value();
+  }
+  Device& dev = *backend->device(0);
+  auto buffer = dev.Allocate(3 * 64 * sizeof(int32_t));
+  ASSERT_TRUE(buffer.ok()) << buffer.status().ToString();
+  auto* v = static_cast<int32_t*>((*buffer)->data());
+  for (int i = 0; i < 3 * 64; ++i) v[i] = -i;
+  auto stream = dev.CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+
+  Status s = (*stream)->Scale(v + 64, v, 64, DataType::kInt32, 2);
+  EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s.ToString();
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("example:0"), HasSubstr("has no scale operation"),
+                                 HasSubstr("plugin api 1.1"), HasSubstr("built against 1.0")));
+  // Argument checks come first, whatever the backend supports; count 0 never reaches it.
+  EXPECT_EQ((*stream)->Scale(v + 64, v, 64, DataType::kInt32, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*stream)->Scale(v + 64, v, 0, DataType::kInt32, 2).ok());
+
+  // Nothing was enqueued, the stream is healthy, and the api 1.0 operations work.
+  const void* srcs[] = {v, v + 64};
+  ASSERT_TRUE((*stream)->Reduce(v + 128, srcs, 64, DataType::kInt32, ReduceOp::kSum).ok());
+  Status sync = (*stream)->Synchronize();
+  ASSERT_TRUE(sync.ok()) << sync.ToString();
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_EQ(v[64 + i], -(64 + i)) << "the refused scale wrote element " << i;
+    ASSERT_EQ(v[128 + i], -i - (64 + i)) << "element " << i;
+  }
+}
+
+// The same library without the knob serves api 1.1, stream_scale included.
+TEST(PluginApiMinor, AMinor1PluginScales) {
+  Config config = TestConfig();
+  auto loaded = LoadDevicePlugin(g_example_plugin, config);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  std::unique_ptr<Backend> backend = std::move(loaded).value();
+  auto buffer = backend->device(0)->Allocate(64 * sizeof(int32_t));
+  ASSERT_TRUE(buffer.ok());
+  auto* v = static_cast<int32_t*>((*buffer)->data());
+  for (int i = 0; i < 64; ++i) v[i] = -i;
+  auto stream = backend->device(0)->CreateStream();
+  ASSERT_TRUE(stream.ok());
+  Status s = (*stream)->Scale(v, v, 64, DataType::kInt32, 3);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE((*stream)->Synchronize().ok());
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(v[i], -i / 3) << "element " << i;
+}
+
 // ---- refused plugins ----
 
 struct BrokenCase {
@@ -123,7 +194,9 @@ INSTANTIATE_TEST_SUITE_P(
     Loader, BrokenPluginTest,
     ::testing::Values(
         BrokenCase{"ApiMajor99", "libbroken_api_major_99.so", StatusCode::kInvalidArgument,
-                   {"plugin api version 99.0", "kizuna's device plugin api 1.0"}},
+                   {"plugin api version 99.0",
+                    "kizuna's device plugin api " + std::to_string(KZ_DEVICE_PLUGIN_API_MAJOR) + "." +
+                        std::to_string(KZ_DEVICE_PLUGIN_API_MINOR)}},
         BrokenCase{"NoEntryPoint", "libbroken_no_entry_point.so", StatusCode::kInvalidArgument,
                    {"does not export kzDevicePluginGetApi"}},
         BrokenCase{"NullTable", "libbroken_null_table.so", StatusCode::kInvalidArgument, {"returned no api table"}},

@@ -22,8 +22,10 @@
 #include <gtest/gtest.h>
 
 #include "runtime/config.h"
+#include "runtime/device/device.h"
 #include "runtime/device/exported_memory.h"
 #include "runtime/device/registry.h"
+#include "runtime/dtype.h"
 #include "runtime/logging.h"
 #include "runtime/unique_fd.h"
 #include "tests/conformance/device/device_conformance.h"
@@ -101,6 +103,20 @@ std::string MissingTags(const TestGroup& g, const BackendUnderTest& b) {
     for (size_t i = 0; i < g.requires_any.size(); ++i) out += (i ? "|" : "") + std::string(TagName(g.requires_any[i]));
   }
   return out;
+}
+
+// Stream::Scale is an optional operation (the default DoScale, and a plugin built against api
+// 1.0, answer kNotSupported), so it is no property to read: the listing asks the backend's first
+// device with one in-place scale of a single byte (one allocation and one stream operation, which
+// KIZUNA_EMU_FAIL_* numbering counts). Ok: supported; kNotSupported: the Scale tests skip;
+// anything else: they will fail, and the listing already says why.
+Status ProbeScale(Backend& backend) {
+  Device* d = backend.device(0);
+  if (d == nullptr) return Internal("device(0) is null");
+  KZ_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> byte, d->Allocate(1));
+  KZ_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, d->CreateStream());  // after the buffer: drained first
+  KZ_RETURN_IF_ERROR(stream->Scale(byte->data(), byte->data(), 1, DataType::kUint8, 1));
+  return stream->Synchronize(TestDeadline());
 }
 
 // ---- The import child ----
@@ -319,7 +335,17 @@ void PrintCapabilities(std::FILE* out) {
       text += fmt::format("[ kizuna ]     unsupported: {}.* — lacks {}: {}\n", g.suite, MissingTags(g, b), g.reason);
       any = true;
     }
+    const Status scale = ProbeScale(*slot.backend);
+    if (scale.code() == StatusCode::kNotSupported) {
+      text += fmt::format("[ kizuna ]     unsupported: Stream::Scale (optional) — {}: the Scale tests skip\n",
+                          scale.ToString());
+      any = true;
+    }
     if (!any) text += "[ kizuna ]     unsupported: (none)\n";
+    if (!scale.ok() && scale.code() != StatusCode::kNotSupported)
+      text += fmt::format(
+          "[ kizuna ]     BROKEN: a one-byte Stream::Scale probe failed: {}; the Scale tests will fail\n",
+          scale.ToString());
   }
   text += "[ kizuna ]   fault injection: host_emulated only (HostEmulatedFaultInjection.*), through its own "
           "factory with emu_fail_alloc / emu_fail_stream_op\n";

@@ -5,6 +5,7 @@
 // Not parameterized over the registry; PrintCapabilities (conformance_main.cc) lists it.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,11 +26,13 @@ namespace {
 class HostEmulatedFaultInjection : public ::testing::Test {
  protected:
   // Config first: the backend keeps a reference to it.
-  void Start(std::optional<uint64_t> fail_alloc, std::optional<uint64_t> fail_stream_op) {
+  void Start(std::optional<uint64_t> fail_alloc, std::optional<uint64_t> fail_stream_op,
+             std::optional<double> reduce_gbps = std::nullopt) {
     config_ = World().config();
     config_.emulated_devices = 2;
     config_.emu_fail_alloc = fail_alloc;
     config_.emu_fail_stream_op = fail_stream_op;
+    config_.emu_reduce_gbps = reduce_gbps;
     auto b = host_emulated::CreateHostEmulatedBackend(config_);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     backend_ = std::move(b).value();
@@ -138,6 +141,57 @@ TEST_F(HostEmulatedFaultInjection, FailedReduceLeavesItsOutputAlone) {
   EXPECT_TRUE(HasPattern(f, 3 * kCount * sizeof(float), 91));
   auto q = stream->Query();
   EXPECT_FALSE(q.ok());
+}
+
+// A scale is a numbered stream operation like a copy or a reduce: the injected fault hits it, it
+// writes nothing, and the stream's later work (another scale included) is skipped.
+TEST_F(HostEmulatedFaultInjection, FailedScaleIsStickyAndLeavesItsOutputAlone) {
+  ASSERT_NO_FATAL_FAILURE(Start(std::nullopt, /*fail_stream_op=*/2));
+  constexpr size_t kCount = 1000;
+  KZ_ASSERT_OK_AND_ASSIGN(auto buffer, device(0).Allocate(4 * kCount * sizeof(int32_t)));
+  auto* v = static_cast<int32_t*>(buffer->data());
+  for (size_t i = 0; i < kCount; ++i) v[i] = -static_cast<int32_t>(i) * 7;
+  FillPattern(v + kCount, 3 * kCount * sizeof(int32_t), 93);
+  KZ_ASSERT_OK_AND_ASSIGN(auto after, device(0).CreateEvent());
+  std::atomic<int> callback_code{-1};
+  KZ_ASSERT_OK_AND_ASSIGN(auto stream, device(0).CreateStream());  // after what its work touches
+  KZ_ASSERT_OK(stream->Scale(v + kCount, v, kCount, DataType::kInt32, 2));      // #1: runs
+  KZ_ASSERT_OK(stream->Scale(v + 2 * kCount, v, kCount, DataType::kInt32, 3));  // #2: fails
+  KZ_ASSERT_OK(stream->Scale(v + 3 * kCount, v, kCount, DataType::kInt32, 4));  // #3: skipped
+  KZ_ASSERT_OK(stream->Record(*after));
+  KZ_ASSERT_OK(stream->EnqueueHostCallback([&](const Status& s) { callback_code.store(static_cast<int>(s.code())); }));
+  const Status sync = stream->Synchronize(TestDeadline());
+  EXPECT_EQ(sync.code(), StatusCode::kInternal) << sync.ToString();
+  EXPECT_NE(sync.message().find("injected fault: stream operation #2 failed (scale"), std::string::npos)
+      << sync.ToString();
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(v[kCount + i], v[i] / 2) << "scale #1 (before the fault), " << i;
+  std::vector<uint8_t> untouched(2 * kCount * sizeof(int32_t));
+  for (size_t i = 0; i < untouched.size(); ++i) untouched[i] = PatternByte(93, kCount * sizeof(int32_t) + i);
+  EXPECT_TRUE(BytesEqual(v + 2 * kCount, untouched.data(), untouched.size())) << "the failed or skipped scale wrote";
+  KZ_EXPECT_CODE(after->Synchronize(TestDeadline()), StatusCode::kInternal);
+  EXPECT_EQ(callback_code.load(), static_cast<int>(StatusCode::kInternal));
+  EXPECT_FALSE(stream->Query().ok());
+}
+
+// KIZUNA_EMU_REDUCE_GBPS throttles a scale like a reduce (bytes of input read): 4 MiB at
+// 0.1 GB/s occupy the device for at least 42 ms. (The device timeline is shared host-wide, so
+// other users of the device can only make it longer.)
+TEST_F(HostEmulatedFaultInjection, ScaleIsThrottledByTheReduceRate) {
+  constexpr double kGbps = 0.1;
+  ASSERT_NO_FATAL_FAILURE(Start(std::nullopt, std::nullopt, kGbps));
+  constexpr size_t kCount = size_t{1} << 20;
+  constexpr size_t kBytes = kCount * sizeof(float);
+  KZ_ASSERT_OK_AND_ASSIGN(auto buffer, device(0).Allocate(kBytes));
+  auto* f = static_cast<float*>(buffer->data());
+  for (size_t i = 0; i < kCount; ++i) f[i] = static_cast<float>(i);
+  KZ_ASSERT_OK_AND_ASSIGN(auto stream, device(0).CreateStream());
+  const auto start = std::chrono::steady_clock::now();
+  KZ_ASSERT_OK(stream->Scale(f, f, kCount, DataType::kFloat32, 4));
+  KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+  const auto took = std::chrono::steady_clock::now() - start;
+  const auto floor = std::chrono::duration<double>(static_cast<double>(kBytes) / (kGbps * 1e9));
+  EXPECT_GE(took, floor) << "a scale of " << kBytes << " bytes finished faster than " << kGbps << " GB/s";
+  EXPECT_EQ(f[kCount - 1], static_cast<float>(kCount - 1) / 4.0f);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Streams and events: DeviceConformance (every backend) semantics observed through host callbacks
 // (completion, event query and re-record, timeouts, cross-stream waits, callback order, draining
 // destructors, events of another backend); DataConformance (host_accessible) ordering checked on
-// data (long dependent chains, cross-stream dependencies, concurrent streams); and
+// data (long dependent chains, of reduces and copies and of reduces and scales, cross-stream
+// dependencies, concurrent streams); and
 // MultiDeviceConformance (host_accessible, multi_device): copies and events across two devices.
 // What the groups check and need: README.md.
 
@@ -307,6 +308,92 @@ TEST_P(DataConformance, CrossStreamWaitOrdersData) {
   KZ_ASSERT_OK(b->Synchronize(TestDeadline()));
   EXPECT_TRUE(HasPattern(dst->data(), kBytes, 1));
   KZ_EXPECT_OK(a->Synchronize(TestDeadline()));
+}
+
+// A scale is ordered like any other operation: 80 steps of x <- (x + x + x) / 2 on int64 (a reduce
+// into y, then a scale of y back into x; truncation toward zero, negative values included). Doing
+// either half out of order, twice or not at all changes the values; host callbacks check them
+// every 10 steps. A backend without the (optional) scale operation skips, saying so.
+TEST_P(DataConformance, ScaleIsOrderedInADependentChain) {
+  constexpr size_t kCount = 257;
+  constexpr int kSteps = 80;  // |x| grows by 1.5 per step: 5500 * 1.5^80 stays well inside int64
+  constexpr int kCheckEvery = 10;
+  auto buffer = MustAllocate(2 * kCount * sizeof(int64_t));
+  KZ_ASSERT_NOT_NULL(buffer);
+  auto* x = static_cast<int64_t*>(buffer->data());
+  int64_t* y = x + kCount;
+  for (size_t i = 0; i < kCount; ++i) x[i] = static_cast<int64_t>(i) * 37 - 4001;
+  std::vector<std::vector<int64_t>> expected(kSteps + 1, std::vector<int64_t>(x, x + kCount));
+  for (int s = 1; s <= kSteps; ++s)
+    for (size_t i = 0; i < kCount; ++i) expected[s][i] = (3 * expected[s - 1][i]) / 2;
+
+  std::atomic<int> wrong_values{0}, not_ok{0}, checks{0};
+  const void* srcs[] = {x, x, x};
+  auto stream = MustCreateStream();  // after everything its work and callbacks touch
+  KZ_ASSERT_NOT_NULL(stream);
+  for (int s = 1; s <= kSteps; ++s) {
+    KZ_ASSERT_OK(stream->Reduce(y, srcs, kCount, DataType::kInt64, ReduceOp::kSum));
+    const Status scaled = stream->Scale(x, y, kCount, DataType::kInt64, 2);
+    if (s == 1 && scaled.code() == StatusCode::kNotSupported)
+      GTEST_SKIP() << "the backend has no scale operation (optional): " << scaled.ToString();
+    KZ_ASSERT_OK(scaled);
+    if (s % kCheckEvery == 0) {
+      KZ_ASSERT_OK(stream->EnqueueHostCallback([&, s](const Status& st) {
+        if (!st.ok()) not_ok.fetch_add(1);
+        if (std::memcmp(x, expected[s].data(), kCount * sizeof(int64_t)) != 0) wrong_values.fetch_add(1);
+        checks.fetch_add(1);
+      }));
+    }
+  }
+  KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+  EXPECT_TRUE(BytesEqual(x, expected[kSteps].data(), kCount * sizeof(int64_t)));
+  EXPECT_EQ(wrong_values.load(), 0) << "a host callback saw a scale after it, or missed one before it";
+  EXPECT_EQ(not_ok.load(), 0);
+  EXPECT_EQ(checks.load(), kSteps / kCheckEvery);
+}
+
+// Stream B scales what stream A scaled, ordered only by an event; A is held behind a gate so B
+// would visibly run early if the Wait were ignored.
+TEST_P(DataConformance, CrossStreamWaitOrdersScale) {
+  constexpr size_t kCount = (size_t{1} << 18) + 5;
+  constexpr size_t kBytes = kCount * sizeof(int32_t);
+  auto src = MustAllocate(kBytes);
+  auto mid = MustAllocate(kBytes);
+  auto dst = MustAllocate(kBytes);
+  auto event = MustCreateEvent();
+  auto gate = std::make_shared<Gate>();
+  auto a = MustCreateStream();
+  auto b = MustCreateStream();
+  OpenOnExit opener(gate);
+  KZ_ASSERT_NOT_NULL(a);
+  KZ_ASSERT_NOT_NULL(b);
+  KZ_ASSERT_NOT_NULL(event);
+  KZ_ASSERT_NOT_NULL(src);
+  KZ_ASSERT_NOT_NULL(mid);
+  KZ_ASSERT_NOT_NULL(dst);
+  auto* in = static_cast<int32_t*>(src->data());
+  for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<int32_t>(i * 2654435761u);  // both signs
+  FillPattern(mid->data(), kBytes, 12);
+  FillPattern(dst->data(), kBytes, 13);
+  KZ_ASSERT_OK(EnqueueGate(*a, gate));
+  const Status first = a->Scale(mid->data(), src->data(), kCount, DataType::kInt32, 3);
+  if (first.code() == StatusCode::kNotSupported)
+    GTEST_SKIP() << "the backend has no scale operation (optional): " << first.ToString();
+  KZ_ASSERT_OK(first);
+  KZ_ASSERT_OK(a->Record(*event));
+  KZ_ASSERT_OK(b->Wait(*event));
+  KZ_ASSERT_OK(b->Scale(dst->data(), mid->data(), kCount, DataType::kInt32, 5));
+  ASSERT_TRUE(gate->WaitReached(TestDeadline()));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(HasPattern(dst->data(), kBytes, 13)) << "stream B scaled before the event it waits on completed";
+  EXPECT_TRUE(HasPattern(mid->data(), kBytes, 12)) << "stream A scaled before the gate ahead of it opened";
+  gate->Open();
+  KZ_ASSERT_OK(b->Synchronize(TestDeadline()));
+  KZ_EXPECT_OK(a->Synchronize(TestDeadline()));
+  const auto* out = static_cast<const int32_t*>(dst->data());
+  size_t wrong = 0;
+  for (size_t i = 0; i < kCount; ++i) wrong += out[i] != in[i] / 3 / 5;
+  EXPECT_EQ(wrong, 0u) << "of " << kCount << " elements";
 }
 
 TEST_P(DataConformance, HostCallbackSeesEarlierWork) {

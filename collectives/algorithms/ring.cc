@@ -1,0 +1,226 @@
+// Ring: every rank sends only to rank+1 and receives only from rank-1.
+//
+//   AllReduce      reduce-scatter then allgather around the ring: the channel's slice is cut into
+//                  nranks parts; per round of chunks, nranks-1 steps "send part r-s, receive and
+//                  reduce part r-s-1", after which rank r holds part r+1 reduced, then nranks-1
+//                  steps passing the reduced parts on. 2(p-1) messages of n/p per rank.
+//   ReduceScatter  the same reduce-scatter on the input's nranks parts, shifted so that rank r
+//                  ends with part r; the running partial sums live in scratch slots.
+//   AllGather      the allgather half: rank r's input goes around the ring.
+//   Broadcast      a pipelined chain from the root: root, root+1, ..., root-1, chunk by chunk.
+//   Reduce         a pipelined chain ending at the root: root+1 sends, every next rank adds its
+//                  input (in scratch slots) and passes on, the root adds into its output.
+//
+// Deterministic mode (reductions): the ring's reduction order depends on the rank, so instead
+// every rank sends its contribution to each part straight to the part's owner, which reduces all
+// of them in rank order (DirectExchange), and for AllReduce the ring allgather then distributes
+// the reduced parts; Reduce gathers everything at the root. Cost: (p-1) messages per rank and
+// part per round instead of one, the owner's scratch for (p-1) chunks per slot, and a fully
+// connected shape (kNotSupported otherwise).
+#include <utility>
+#include <vector>
+
+#include "collectives/algorithms/algorithms.h"
+
+namespace kizuna::collectives::algo {
+namespace {
+
+constexpr std::string_view kName = "ring";
+
+class Ring final : public AlgorithmImpl {
+ public:
+  Algorithm id() const override { return Algorithm::kRing; }
+
+  Status Supports(const CollectiveRequest& request, const CommShape& shape) const override {
+    switch (request.collective) {
+      case Collective::kAllReduce:
+      case Collective::kReduceScatter:
+      case Collective::kAllGather:
+      case Collective::kBroadcast:
+      case Collective::kReduce:
+        break;
+      default:
+        return NotImplemented(id(), request);
+    }
+    for (int r = 0; r < shape.nranks; ++r)
+      KZ_RETURN_IF_ERROR(RequireLink(shape, r, (r + 1) % shape.nranks, kName, "each rank sends to the next one"));
+    return Status::Ok();
+  }
+
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+                         int rank) const override {
+    const bool ordered = options.deterministic && IsReduction(request.collective) && request.nranks > 1;
+    if (ordered)
+      KZ_RETURN_IF_ERROR(RequireFullyConnected(
+          shape, kName, "deterministic mode sends every contribution straight to the rank that reduces it"));
+    Builder b(request, options, rank, ChannelsFor(options, request.count));
+    for (int c = 0; c < b.channels(); ++c) {
+      const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
+      if (b.p == 1) {
+        b.CopyChunked(c, b.In(R), Builder::Out(R));  // every collective is a copy on one rank
+        continue;
+      }
+      switch (request.collective) {
+        case Collective::kAllReduce:
+          ordered ? OrderedAllReduce(b, c, R) : AllReduce(b, c, R);
+          break;
+        case Collective::kReduceScatter:
+          ordered ? OrderedReduceScatter(b, c, R) : ReduceScatter(b, c, R);
+          break;
+        case Collective::kAllGather:
+          AllGather(b, c, R);
+          break;
+        case Collective::kBroadcast:
+          Broadcast(b, c, R);
+          break;
+        case Collective::kReduce:
+          ordered ? OrderedReduce(b, c, R) : Reduce(b, c, R);
+          break;
+        default:
+          break;  // Supports admitted nothing else
+      }
+    }
+    return std::move(b.plan);
+  }
+
+ private:
+  static int Next(const Builder& b) { return Mod(b.rank + 1, b.p); }
+  static int Prev(const Builder& b) { return Mod(b.rank - 1, b.p); }
+
+  // Part j of the channel's slice R of an AllReduce vector.
+  static Range Part(const Builder& b, Range R, int j) {
+    return SplitEven(R, static_cast<uint64_t>(b.p), static_cast<uint64_t>(j));
+  }
+
+  // Allgather half of AllReduce, chunk k of every part: rank r starts with part r+shift reduced
+  // in its output.
+  static void AllGatherParts(Builder& b, int c, Range R, uint64_t k, int shift) {
+    const int r = b.rank;
+    for (int s = 0; s + 1 < b.p; ++s) {
+      const Range sp = Piece(Part(b, R, Mod(r + shift - s, b.p)), b.chunk, k);
+      const Range rp = Piece(Part(b, R, Mod(r + shift - s - 1, b.p)), b.chunk, k);
+      b.Send(c, Next(b), Builder::Out(sp));
+      b.Recv(c, Prev(b), Builder::Out(rp));
+    }
+  }
+
+  static void AllReduce(Builder& b, int c, Range R) {
+    const int r = b.rank;
+    const uint64_t rounds = PieceCount(Part(b, R, 0).count, b.chunk);  // part 0 is the largest
+    for (uint64_t k = 0; k < rounds; ++k) {
+      // Reduce-scatter: at step s, part r-s leaves (the rank's own input at s = 0, its running
+      // sum after) and part r-s-1 arrives to be added to the rank's input in the output.
+      for (int s = 0; s + 1 < b.p; ++s) {
+        const Range sp = Piece(Part(b, R, Mod(r - s, b.p)), b.chunk, k);
+        const Range rp = Piece(Part(b, R, Mod(r - s - 1, b.p)), b.chunk, k);
+        b.Send(c, Next(b), s == 0 ? b.In(sp) : Builder::Out(sp));
+        b.RecvReduce(c, Prev(b), b.In(rp), Builder::Out(rp));
+      }
+      AllGatherParts(b, c, R, k, 1);
+    }
+  }
+
+  static void OrderedAllReduce(Builder& b, int c, Range R) {
+    std::vector<OwnedPart> parts;
+    for (int j = 0; j < b.p; ++j) parts.push_back({j, Part(b, R, j), Builder::Out(Part(b, R, j))});
+    DirectExchange x(b, c, std::move(parts));
+    for (uint64_t k = 0; k < x.rounds(); ++k) {
+      x.Reduce(k);
+      AllGatherParts(b, c, R, k, 0);
+    }
+  }
+
+  static void ReduceScatter(Builder& b, int c, Range R) {
+    const int r = b.rank, p = b.p;
+    const uint64_t n = b.req.count;
+    auto seg = [&](int j) { return Range{static_cast<uint64_t>(j) * n + R.offset, R.count}; };
+    const uint64_t rounds = PieceCount(R.count, b.chunk);
+    // Steps 0..p-3 of each round leave a running sum that step s+1 sends: scratch slots, used
+    // round-robin (accumulator g = k*(p-2) + s); the last step adds into the output.
+    const uint64_t per_round = static_cast<uint64_t>(p - 2);
+    const uint64_t slots = std::min(kScratchSlots, rounds * per_round);
+    const uint64_t slot_size = std::min(b.chunk, R.count);
+    const uint64_t base = b.AllocScratch(slots * slot_size);
+    auto acc = [&](uint64_t g, uint64_t count) { return Builder::Scratch(base + (g % slots) * slot_size, count); };
+    for (uint64_t k = 0; k < rounds; ++k) {
+      const Range rel = Piece({0, R.count}, b.chunk, k);
+      for (int s = 0; s + 1 < p; ++s) {
+        const uint64_t g = k * per_round + static_cast<uint64_t>(s);
+        const Slice src = s == 0 ? Builder::Sub(b.In(seg(Mod(r - 1, p))), rel) : acc(g - 1, rel.count);
+        const Slice dst = s + 2 == p ? Builder::Sub(Builder::Out(R), rel) : acc(g, rel.count);
+        b.Send(c, Next(b), src);
+        b.RecvReduce(c, Prev(b), Builder::Sub(b.In(seg(Mod(r - s - 2, p))), rel), dst);
+      }
+    }
+  }
+
+  static void OrderedReduceScatter(Builder& b, int c, Range R) {
+    const uint64_t n = b.req.count;
+    std::vector<OwnedPart> parts;
+    for (int j = 0; j < b.p; ++j)
+      parts.push_back({j, Range{static_cast<uint64_t>(j) * n + R.offset, R.count}, Builder::Out(R)});
+    DirectExchange x(b, c, std::move(parts));
+    for (uint64_t k = 0; k < x.rounds(); ++k) x.Reduce(k);
+  }
+
+  static void AllGather(Builder& b, int c, Range R) {
+    const int r = b.rank, p = b.p;
+    const uint64_t n = b.req.count;
+    auto seg = [&](int j) { return Range{static_cast<uint64_t>(j) * n + R.offset, R.count}; };
+    for (uint64_t k = 0; k < PieceCount(R.count, b.chunk); ++k) {
+      const Range rel = Piece({0, R.count}, b.chunk, k);
+      b.Copy(c, Builder::Sub(b.In(R), rel), Builder::Sub(Builder::Out(seg(r)), rel));
+      for (int s = 0; s + 1 < p; ++s) {
+        b.Send(c, Next(b), s == 0 ? Builder::Sub(b.In(R), rel) : Builder::Sub(Builder::Out(seg(Mod(r - s, p))), rel));
+        b.Recv(c, Prev(b), Builder::Sub(Builder::Out(seg(Mod(r - s - 1, p))), rel));
+      }
+    }
+  }
+
+  // Chain position i: the root is 0; chunk k crosses the link into position i in phase k+i-1.
+  static void Broadcast(Builder& b, int c, Range R) {
+    const int i = Mod(b.rank - b.req.root, b.p);
+    for (uint64_t k = 0; k < PieceCount(R.count, b.chunk); ++k) {
+      const Range pc = Piece(R, b.chunk, k);
+      if (i == 0) b.Copy(c, b.In(pc), Builder::Out(pc));
+      if (i > 0) b.Recv(c, Prev(b), Builder::Out(pc));
+      if (i + 1 < b.p) b.Send(c, Next(b), i == 0 ? b.In(pc) : Builder::Out(pc));
+    }
+  }
+
+  // Chain position i: root+1 is 0, the root is p-1.
+  static void Reduce(Builder& b, int c, Range R) {
+    const int i = Mod(b.rank - b.req.root - 1, b.p);
+    const uint64_t pieces = PieceCount(R.count, b.chunk);
+    const bool middle = i > 0 && i + 1 < b.p;
+    const uint64_t slots = middle ? std::min(kScratchSlots, pieces) : 0;
+    const uint64_t slot_size = std::min(b.chunk, R.count);
+    const uint64_t base = b.AllocScratch(slots * slot_size);
+    for (uint64_t k = 0; k < pieces; ++k) {
+      const Range pc = Piece(R, b.chunk, k);
+      if (i == 0) {
+        b.Send(c, Next(b), b.In(pc));
+      } else if (middle) {
+        const Slice acc = Builder::Scratch(base + (k % slots) * slot_size, pc.count);
+        b.RecvReduce(c, Prev(b), b.In(pc), acc);
+        b.Send(c, Next(b), acc);
+      } else {
+        b.RecvReduce(c, Prev(b), b.In(pc), Builder::Out(pc));
+      }
+    }
+  }
+
+  static void OrderedReduce(Builder& b, int c, Range R) {
+    DirectExchange x(b, c, {OwnedPart{b.req.root, R, Builder::Out(R)}});
+    for (uint64_t k = 0; k < x.rounds(); ++k) x.Reduce(k);
+  }
+};
+
+}  // namespace
+
+const AlgorithmImpl& RingAlgorithm() {
+  static const Ring impl;
+  return impl;
+}
+
+}  // namespace kizuna::collectives::algo

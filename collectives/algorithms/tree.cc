@@ -1,0 +1,251 @@
+// Double binary tree (NCCL's): two binary trees over the ranks, built so that most leaves of one
+// are inner nodes of the other, each carrying half of every channel's slice, pipelined in chunks.
+//
+//   AllReduce  per tree: reduce up (a node adds its children's chunks to its input, in its
+//              output, and passes the sum to its parent), then broadcast the root's result down.
+//              O(log p) depth; every rank sends and receives about n per tree half.
+//   Broadcast  both trees rooted at the requested root (ranks rotated so the root is the trees'
+//              root 0), the root feeding half of the data into each.
+//   Reduce     both trees rooted at the root, reducing up; inner nodes keep running sums in
+//              scratch slots, the root adds into its output.
+//
+// Tree shape: NCCL's btree over labels 0..n-1 (root 0 with a single child, the largest power of
+// two below n; other nodes' parent found from their lowest set bit). AllReduce's second tree is
+// the first mirrored (n even) or shifted by one (n odd), as in NCCL; the rooted trees keep the
+// root at label 0 and mirror (odd) or shift (even) the other ranks' labels, so the second tree's
+// leaves are again mostly the first one's inner nodes.
+//
+// Ordering: every transfer gets a key (phase, direction, tree, child rank) that both of its ends
+// compute alike, and each rank issues its transfers sorted by key, so all ranks follow one global
+// order: the plans complete even with a window of 1. Chunk k moves up from depth d at phase
+// k + D - d and down into depth d at phase k + D + d - 1 (D the tree's depth), so it flows up
+// and down the tree while later chunks follow.
+//
+// Deterministic mode: AllReduce sends every rank's contribution to each half straight to that
+// tree's root, which reduces them in rank order (DirectExchange), then the tree broadcasts the
+// result down as above; Reduce gathers everything at the root and reduces it there in rank
+// order. Cost: each tree's root receives (p-1) x n/2 (every rank's half) where the reduction
+// tree has it receive at most 2 x n/2, and a fully connected shape is needed (kNotSupported
+// otherwise).
+#include <algorithm>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "collectives/algorithms/algorithms.h"
+
+namespace kizuna::collectives::algo {
+namespace {
+
+constexpr std::string_view kName = "tree";
+
+// NCCL's btree: the parent of `label` among labels 0..n-1 (-1 for the root, label 0).
+int BtreeParent(int n, int label) {
+  if (label == 0) return -1;
+  const int bit = label & -label;
+  const int up = (label ^ bit) | (bit << 1);
+  return up < n ? up : label ^ bit;
+}
+
+struct Tree {
+  std::vector<int> parent;                 // per rank; -1 at the root
+  std::vector<std::vector<int>> children;  // per rank, ascending
+  std::vector<int> depth;                  // per rank; 0 at the root
+  int root = 0;
+  int height = 0;  // the largest depth
+};
+
+// The btree with rank r at label label_of[r].
+Tree MakeTree(const std::vector<int>& label_of) {
+  const int n = static_cast<int>(label_of.size());
+  std::vector<int> rank_of(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) rank_of[static_cast<size_t>(label_of[static_cast<size_t>(r)])] = r;
+  Tree t;
+  t.parent.resize(static_cast<size_t>(n));
+  t.children.resize(static_cast<size_t>(n));
+  t.depth.assign(static_cast<size_t>(n), 0);
+  for (int r = 0; r < n; ++r) {
+    const int up = BtreeParent(n, label_of[static_cast<size_t>(r)]);
+    t.parent[static_cast<size_t>(r)] = up < 0 ? -1 : rank_of[static_cast<size_t>(up)];
+    if (up < 0) t.root = r;
+  }
+  for (int r = 0; r < n; ++r)
+    if (const int up = t.parent[static_cast<size_t>(r)]; up >= 0) t.children[static_cast<size_t>(up)].push_back(r);
+  // A parent's label has a higher lowest set bit than its child's (or is 0), so walking up ends.
+  for (int r = 0; r < n; ++r) {
+    int d = 0;
+    for (int x = r; t.parent[static_cast<size_t>(x)] >= 0; x = t.parent[static_cast<size_t>(x)]) ++d;
+    t.depth[static_cast<size_t>(r)] = d;
+    t.height = std::max(t.height, d);
+  }
+  return t;
+}
+
+// The two trees: AllReduce (root < 0) as NCCL builds them; Broadcast / Reduce both rooted at root.
+std::vector<Tree> MakeTrees(int n, int root) {
+  std::vector<int> first(static_cast<size_t>(n)), second(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    auto& a = first[static_cast<size_t>(r)];
+    auto& b = second[static_cast<size_t>(r)];
+    if (root < 0) {
+      a = r;
+      b = n % 2 == 0 ? n - 1 - r : Mod(r - 1, n);
+    } else {
+      const int v = Mod(r - root, n);
+      a = v;
+      b = v == 0 ? 0 : (n % 2 == 1 ? n - v : Mod(v - 2, n - 1) + 1);
+    }
+  }
+  return {MakeTree(first), MakeTree(second)};
+}
+
+// Orders a rank's transfers: (phase, direction 0 up / 1 down, tree, the edge's child rank).
+using Key = std::tuple<uint64_t, int, int, int>;
+
+class Keyed {
+ public:
+  void Add(Key key, Step step) {
+    if (step.count() > 0) steps_.emplace_back(key, std::move(step));
+  }
+  void EmitTo(Builder& b, int c) {
+    std::sort(steps_.begin(), steps_.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    for (auto& [key, step] : steps_) b.steps(c).push_back(std::move(step));
+    steps_.clear();
+  }
+
+ private:
+  std::vector<std::pair<Key, Step>> steps_;
+};
+
+class TreeAlgo final : public AlgorithmImpl {
+ public:
+  Algorithm id() const override { return Algorithm::kTree; }
+
+  Status Supports(const CollectiveRequest& request, const CommShape& shape) const override {
+    int root = 0;
+    switch (request.collective) {
+      case Collective::kAllReduce:
+        root = -1;
+        break;
+      case Collective::kBroadcast:
+      case Collective::kReduce:
+        root = request.root;
+        break;
+      default:
+        return NotImplemented(id(), request);
+    }
+    for (const Tree& t : MakeTrees(shape.nranks, root))
+      for (int r = 0; r < shape.nranks; ++r)
+        if (const int up = t.parent[static_cast<size_t>(r)]; up >= 0) {
+          KZ_RETURN_IF_ERROR(RequireLink(shape, r, up, kName, "a tree edge, child to parent"));
+          KZ_RETURN_IF_ERROR(RequireLink(shape, up, r, kName, "a tree edge, parent to child"));
+        }
+    return Status::Ok();
+  }
+
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+                         int rank) const override {
+    const bool ordered = options.deterministic && IsReduction(request.collective) && request.nranks > 1;
+    if (ordered)
+      KZ_RETURN_IF_ERROR(RequireFullyConnected(
+          shape, kName, "deterministic mode sends every contribution straight to the rank that reduces it"));
+    const bool rooted = request.collective != Collective::kAllReduce;
+    const std::vector<Tree> trees = MakeTrees(request.nranks, rooted ? request.root : -1);
+    Builder b(request, options, rank, ChannelsFor(options, request.count));
+    for (int c = 0; c < b.channels(); ++c) {
+      const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
+      if (b.p == 1) {
+        b.CopyChunked(c, b.In(R), Builder::Out(R));
+        continue;
+      }
+      const Range half[2] = {SplitEven(R, 2, 0), SplitEven(R, 2, 1)};
+      Keyed keyed;
+      switch (request.collective) {
+        case Collective::kAllReduce:
+          if (ordered) {
+            DirectExchange x(b, c,
+                             {OwnedPart{trees[0].root, half[0], Builder::Out(half[0])},
+                              OwnedPart{trees[1].root, half[1], Builder::Out(half[1])}});
+            for (uint64_t k = 0; k < x.rounds(); ++k) x.Reduce(k);
+            for (int t = 0; t < 2; ++t) Down(b, trees[t], t, half[t], /*root_from_input=*/false, keyed);
+          } else {
+            for (int t = 0; t < 2; ++t) {
+              Up(b, trees[t], t, half[t], /*sum_in_output=*/true, keyed);
+              Down(b, trees[t], t, half[t], /*root_from_input=*/false, keyed);
+            }
+          }
+          break;
+        case Collective::kBroadcast:
+          for (int t = 0; t < 2; ++t) {
+            if (rank == request.root) b.CopyChunked(c, b.In(half[t]), Builder::Out(half[t]));
+            Down(b, trees[t], t, half[t], /*root_from_input=*/true, keyed);
+          }
+          break;
+        case Collective::kReduce:
+          if (ordered) {
+            DirectExchange x(b, c, {OwnedPart{request.root, R, Builder::Out(R)}});
+            for (uint64_t k = 0; k < x.rounds(); ++k) x.Reduce(k);
+          } else {
+            for (int t = 0; t < 2; ++t) Up(b, trees[t], t, half[t], /*sum_in_output=*/false, keyed);
+          }
+          break;
+        default:
+          break;  // Supports admitted nothing else
+      }
+      keyed.EmitTo(b, c);
+    }
+    return std::move(b.plan);
+  }
+
+ private:
+  // Reduce up tree t over `data`: a node adds its children's chunks (in ascending child order)
+  // to its input, into its output when sum_in_output (AllReduce) or scratch slots (Reduce; the
+  // root always sums into its output), and sends the sum to its parent; a leaf sends its input.
+  static void Up(Builder& b, const Tree& t, int tree, Range data, bool sum_in_output, Keyed& keyed) {
+    const size_t r = static_cast<size_t>(b.rank);
+    const int parent = t.parent[r];
+    const std::vector<int>& children = t.children[r];
+    const uint64_t D = static_cast<uint64_t>(t.height), d = static_cast<uint64_t>(t.depth[r]);
+    const uint64_t pieces = PieceCount(data.count, b.chunk);
+    const bool scratch = !sum_in_output && parent >= 0 && !children.empty();
+    const uint64_t slots = scratch ? std::min(kScratchSlots, pieces) : 0;
+    const uint64_t slot_size = std::min(b.chunk, data.count);
+    const uint64_t base = b.AllocScratch(slots * slot_size);
+    for (uint64_t k = 0; k < pieces; ++k) {
+      const Range pc = Piece(data, b.chunk, k);
+      const Slice sum = scratch ? Builder::Scratch(base + (k % slots) * slot_size, pc.count) : Builder::Out(pc);
+      bool first = true;
+      for (int child : children) {
+        keyed.Add({k + D - d - 1, 0, tree, child}, Step::RecvReduce(child, first ? b.In(pc) : sum, sum));
+        first = false;
+      }
+      if (parent >= 0)
+        keyed.Add({k + D - d, 0, tree, b.rank}, Step::Send(parent, children.empty() ? b.In(pc) : sum));
+    }
+  }
+
+  // Broadcast down tree t over `data`: the root sends its input (Broadcast) or its output (the
+  // AllReduce sum), every other node receives into its output and passes the chunk on.
+  static void Down(Builder& b, const Tree& t, int tree, Range data, bool root_from_input, Keyed& keyed) {
+    const size_t r = static_cast<size_t>(b.rank);
+    const int parent = t.parent[r];
+    // Phases start after the reduction's (AllReduce); a Broadcast has none before, and an offset
+    // shared by all ranks changes no order.
+    const uint64_t D = static_cast<uint64_t>(t.height), d = static_cast<uint64_t>(t.depth[r]);
+    for (uint64_t k = 0; k < PieceCount(data.count, b.chunk); ++k) {
+      const Range pc = Piece(data, b.chunk, k);
+      if (parent >= 0) keyed.Add({k + D + d - 1, 1, tree, b.rank}, Step::Recv(parent, Builder::Out(pc)));
+      const Slice src = parent < 0 && root_from_input ? b.In(pc) : Builder::Out(pc);
+      for (int child : t.children[r]) keyed.Add({k + D + d, 1, tree, child}, Step::Send(child, src));
+    }
+  }
+};
+
+}  // namespace
+
+const AlgorithmImpl& TreeAlgorithm() {
+  static const TreeAlgo impl;
+  return impl;
+}
+
+}  // namespace kizuna::collectives::algo

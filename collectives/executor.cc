@@ -1,0 +1,956 @@
+#include "collectives/executor.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "runtime/logging.h"
+
+namespace kizuna::collectives {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Control messages travel on their own tag, beside the data tags (member * kMaxChannels + channel).
+constexpr int kControlTag = 1 << 30;
+constexpr int kMaxChannels = 64;
+// Point-to-point members of a group take tags from here up (see Run::Setup).
+constexpr int kP2pTagBase = 1 << 29;
+constexpr uint32_t kControlMagic = 0x6b7a4354;  // "kzCT"
+constexpr size_t kControlSlotBytes = 256;       // one control message; control_bytes holds several
+// A slot is at least this big: smaller chunks would be all overhead (and the staging split below
+// rounds to it).
+constexpr size_t kMinSlotBytes = 64;
+// The largest chunk when KIZUNA_CHUNK_BYTES does not say: large enough that per-step overhead
+// (a stream round trip and a fabric post, ~10-30 us here) is small against the copy of the chunk
+// at memory speed, small enough that a 2-channel window of 4 fits the default 8 MiB staging.
+constexpr size_t kDefaultChunkBytes = 512 << 10;
+// How long the executor blocks on one thing before looking at everything again: short, so a
+// completion elsewhere is not left waiting, long enough not to burn a core.
+constexpr auto kWaitSlice = std::chrono::microseconds(200);
+
+enum class ControlKind : uint32_t { kHeader = 1, kAbort = 2 };
+
+// What a rank says about the operation it is at; compared field by field with the receiver's own.
+struct ControlMessage {
+  uint32_t magic = kControlMagic;
+  ControlKind kind = ControlKind::kHeader;
+  uint64_t seq = 0;
+  uint64_t signature = 0;  // hash over every member's signature
+  uint32_t members = 0;
+  uint8_t collective = 0, dtype = 0, op = 0, algorithm = 0;
+  int32_t root = 0;
+  int32_t nranks = 0;
+  uint64_t count = 0;
+  uint64_t chunk_count = 0;
+  uint32_t channels = 0;
+  char reason[kControlSlotBytes - 64] = {};  // kAbort: why, NUL-terminated
+};
+static_assert(sizeof(ControlMessage) == kControlSlotBytes);
+
+uint64_t Mix(uint64_t h, uint64_t v) {
+  // FNV-1a over the value's bytes: stable across processes and builds of one version.
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// What must agree between ranks for one member. in_place may differ between ranks (as in NCCL),
+// so plans never let it change a rank's transfers, and it is not part of the signature.
+uint64_t MemberSignature(const Plan& plan) {
+  const CollectiveRequest& r = plan.request;
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = Mix(h, static_cast<uint64_t>(r.collective));
+  h = Mix(h, r.count);
+  h = Mix(h, static_cast<uint64_t>(r.dtype));
+  h = Mix(h, IsReduction(r.collective) ? static_cast<uint64_t>(r.op) : 0);
+  h = Mix(h, static_cast<uint64_t>(r.root));
+  h = Mix(h, static_cast<uint64_t>(r.nranks));
+  h = Mix(h, static_cast<uint64_t>(plan.algorithm));
+  h = Mix(h, plan.chunk_count);
+  h = Mix(h, static_cast<uint64_t>(plan.channels));
+  return h;
+}
+
+std::string DescribeHeader(const ControlMessage& m) {
+  CollectiveRequest r;
+  r.collective = static_cast<Collective>(m.collective);
+  r.nranks = m.nranks;
+  r.count = m.count;
+  r.dtype = static_cast<DataType>(m.dtype);
+  r.op = static_cast<ReduceOp>(m.op);
+  r.root = m.root;
+  std::string s = fmt::format("operation {}: {} ({}, chunk {}, {} channels)", m.seq, r.ToString(),
+                              AlgorithmName(static_cast<Algorithm>(m.algorithm)), m.chunk_count, m.channels);
+  if (m.members > 1) s += fmt::format(" and {} more in a group", m.members - 1);
+  return s;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Operations
+
+struct Executor::ControlState {
+  std::vector<fabric::Request*> recv;                 // the control receive posted per peer
+  std::vector<std::deque<ControlMessage>> inbox;      // received, not yet consumed, per peer
+  std::map<int, std::deque<fabric::Request*>> pending;  // header sends in flight, per peer
+  std::map<int, uint64_t> next;                       // the next control slot to use, per peer
+  std::vector<Status> gone;                           // per peer: why its control connection ended
+};
+
+struct Executor::Operation {
+  uint64_t seq = 0;
+  size_t slot_bytes = 0;
+  int slots = 0;
+  std::vector<OperationMember> members;
+  ControlMessage header;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool inputs_ready = false;  // guarded by mu
+  Status stream_status;       // guarded by mu: the user stream's state when it reached the call
+  bool done = false;          // guarded by mu
+};
+
+// ---------------------------------------------------------------------------------------------
+// Running one operation
+
+class Executor::Run {
+ public:
+  Run(Executor& ex, Operation& op, size_t slot_bytes, int slots)
+      : ex_(ex), op_(op), tr_(*ex.transport_), slot_bytes_(slot_bytes), slots_(slots) {}
+
+  Status Execute(Deadline deadline);
+
+ private:
+  enum class Phase : uint8_t { kWaiting, kCopyIn, kReadyToPost, kPosted, kReceived, kConsume, kDone };
+
+  struct StepState {
+    Phase phase = Phase::kWaiting;
+    int slot = -1;
+    fabric::Request* request = nullptr;
+    device::Event* event = nullptr;
+  };
+
+  struct ChannelRun {
+    int member = 0;
+    int channel = 0;
+    const std::vector<Step>* steps = nullptr;
+    std::vector<StepState> states;
+    size_t next = 0;              // the next step to start
+    std::vector<size_t> active;   // started, not done, in order
+    device::Stream* stream = nullptr;
+    int tag = 0;
+    bool epilogue = false;
+    bool done() const { return next == steps->size() && active.empty(); }
+  };
+
+  Status Setup();
+  Status SendHeaders();
+  Result<bool> PollControl();
+  Result<bool> Advance(ChannelRun& ch);
+  Result<bool> Drive(ChannelRun& ch, size_t index, std::set<int>& send_blocked, std::set<int>& recv_blocked);
+  Status Start(ChannelRun& ch, size_t index);
+  Status EnqueueLocal(ChannelRun& ch, const Step& step);
+  Status EnqueueConsume(ChannelRun& ch, const Step& step, StepState& st);
+  Result<bool> EventDone(StepState& st);
+  Status CompleteRecv(ChannelRun& ch, size_t index, size_t size);
+  void WaitBriefly();
+  Status CheckHeader(int peer, const ControlMessage& m);
+  std::string Waiting() const;
+  void Release();
+
+  const OperationMember& member(const ChannelRun& ch) const { return op_.members[static_cast<size_t>(ch.member)]; }
+  size_t elem(const ChannelRun& ch) const { return DataTypeSize(member(ch).plan->request.dtype); }
+  const void* Address(const ChannelRun& ch, const Slice& s) const;
+  void* MutableAddress(const ChannelRun& ch, const Slice& s) const { return const_cast<void*>(Address(ch, s)); }
+  uint8_t* SlotAddress(int slot) const {
+    return static_cast<uint8_t*>(tr_.staging().data()) + static_cast<size_t>(slot) * slot_bytes_;
+  }
+  std::string StepName(const ChannelRun& ch, size_t index) const;
+
+  Executor& ex_;
+  Operation& op_;
+  Transport& tr_;
+  const size_t slot_bytes_;
+  const int slots_;
+
+  std::vector<ChannelRun> channels_;
+  std::vector<ChannelRun> epilogues_;  // one per member that has an epilogue
+  std::vector<int> free_slots_;
+  std::vector<std::unique_ptr<device::Event>> events_;  // the pool's storage
+  std::vector<device::Event*> free_events_;
+  std::vector<size_t> scratch_offsets_;  // bytes into the scratch buffer, per member
+
+  // Headers: which peers this rank must hear from, and what it heard.
+  std::set<int> expect_from_;
+  std::set<int> verified_;
+};
+
+const void* Executor::Run::Address(const ChannelRun& ch, const Slice& s) const {
+  const OperationMember& m = member(ch);
+  const size_t off = static_cast<size_t>(s.offset) * elem(ch);
+  switch (s.buffer) {
+    case BufferKind::kInput:
+      return static_cast<const uint8_t*>(m.input) + off;
+    case BufferKind::kOutput:
+      return static_cast<uint8_t*>(m.output) + off;
+    case BufferKind::kScratch:
+      return static_cast<uint8_t*>(ex_.scratch_->data()) + scratch_offsets_[static_cast<size_t>(ch.member)] + off;
+  }
+  return nullptr;
+}
+
+std::string Executor::Run::StepName(const ChannelRun& ch, size_t index) const {
+  const Step& s = (*ch.steps)[index];
+  std::string where = ch.epilogue ? "epilogue" : fmt::format("channel {}", ch.channel);
+  if (op_.members.size() > 1) where = fmt::format("member {} {}", ch.member, where);
+  std::string text = fmt::format("{} step {} ({}", where, index, StepKindName(s.kind));
+  if (s.peer >= 0) text += fmt::format(" {} rank {}", s.kind == StepKind::kSend ? "to" : "from", s.peer);
+  return text + ")";
+}
+
+Status Executor::Run::Setup() {
+  // Scratch: one region per member, grown when too small (every earlier operation is finished,
+  // so the old buffer is unused).
+  size_t scratch_bytes = 0;
+  for (const OperationMember& m : op_.members) {
+    scratch_offsets_.push_back(scratch_bytes);
+    const RankPlan& rp = m.plan->ranks[0];
+    scratch_bytes += (rp.scratch_count * DataTypeSize(m.plan->request.dtype) + 255) / 256 * 256;
+  }
+  if (scratch_bytes > 0 && (!ex_.scratch_ || ex_.scratch_->size() < scratch_bytes)) {
+    ex_.scratch_.reset();
+    KZ_ASSIGN_OR_RETURN(ex_.scratch_, ex_.device_->Allocate(scratch_bytes));
+  }
+
+  int stream_index = 0;
+  auto stream_for = [&]() -> Result<device::Stream*> {
+    const size_t i = static_cast<size_t>(stream_index++ % kMaxChannels);
+    while (ex_.streams_.size() <= i) {
+      KZ_ASSIGN_OR_RETURN(auto s, ex_.device_->CreateStream());
+      ex_.streams_.push_back(std::move(s));
+    }
+    return ex_.streams_[i].get();
+  };
+  // Tags: the sender's and the receiver's must agree. Collective members are numbered alike on
+  // every rank (the signature checks it); a point-to-point member's position differs between the
+  // two ranks (one lists a send where the other lists a receive), so it takes the next tag of its
+  // (peer, direction) pair instead: the k-th send to q meets q's k-th receive from this rank.
+  int collective_index = 0;
+  std::map<std::pair<int, bool>, int> p2p_index;
+  for (size_t mi = 0; mi < op_.members.size(); ++mi) {
+    const RankPlan& rp = op_.members[mi].plan->ranks[0];
+    const CollectiveRequest& req = op_.members[mi].plan->request;
+    int tag_base = 0;
+    if (req.collective == Collective::kSend || req.collective == Collective::kRecv) {
+      const int k = p2p_index[{req.root, req.collective == Collective::kSend}]++;
+      tag_base = kP2pTagBase + k * kMaxChannels;
+    } else {
+      tag_base = collective_index++ * kMaxChannels;
+    }
+    if (tag_base >= kControlTag) return InvalidArgument("too many collectives in one group");
+    if (rp.channels.size() > static_cast<size_t>(kMaxChannels))
+      return Internal(fmt::format("plan with {} channels (at most {})", rp.channels.size(), kMaxChannels));
+    for (size_t c = 0; c < rp.channels.size(); ++c) {
+      if (rp.channels[c].empty()) continue;
+      ChannelRun ch;
+      ch.member = static_cast<int>(mi);
+      ch.channel = static_cast<int>(c);
+      ch.steps = &rp.channels[c];
+      ch.states.resize(ch.steps->size());
+      ch.tag = tag_base + static_cast<int>(c);
+      KZ_ASSIGN_OR_RETURN(ch.stream, stream_for());
+      for (const Step& s : *ch.steps) {
+        if (s.kind == StepKind::kRecv || s.kind == StepKind::kRecvReduce) expect_from_.insert(s.peer);
+        if (s.peer >= 0 && tr_.peer(s.peer) == nullptr)
+          return Internal(fmt::format("the plan needs rank {}, which this rank has no connection to", s.peer));
+      }
+      channels_.push_back(std::move(ch));
+    }
+    if (!rp.epilogue.empty()) {
+      ChannelRun ch;
+      ch.member = static_cast<int>(mi);
+      ch.steps = &rp.epilogue;
+      ch.states.resize(ch.steps->size());
+      ch.epilogue = true;
+      KZ_ASSIGN_OR_RETURN(ch.stream, stream_for());
+      epilogues_.push_back(std::move(ch));
+    }
+  }
+  if (static_cast<size_t>(tr_.staging().size()) < slot_bytes_ * static_cast<size_t>(slots_))
+    return Internal(fmt::format("staging of {} bytes holds no {} slots of {} bytes", tr_.staging().size(), slots_,
+                                slot_bytes_));
+  for (int s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
+  return Status::Ok();
+}
+
+Status Executor::Run::SendHeaders() {
+  std::set<int> send_to;
+  for (const ChannelRun& ch : channels_)
+    for (const Step& s : *ch.steps)
+      if (s.kind == StepKind::kSend) send_to.insert(s.peer);
+  for (int peer : send_to) {
+    Transport::Peer* p = tr_.peer(peer);
+    // A message slot that no earlier header send still uses (they complete as the peer reposts
+    // its control receive, one message at a time).
+    const size_t nslots = p->control_out.size() / kControlSlotBytes;
+    auto& pending = ex_.control_->pending[peer];
+    Deadline deadline = Deadline::AfterSeconds(ex_.options_.timeout_s);
+    while (pending.size() >= nslots) {
+      fabric::Request* r = pending.front();
+      KZ_ASSIGN_OR_RETURN(size_t n, p->send->Wait(r, deadline));
+      (void)n;
+      pending.pop_front();
+    }
+    const size_t slot = ex_.control_->next[peer]++ % nslots;
+    uint8_t* where = p->control_out.data() + slot * kControlSlotBytes;
+    std::memcpy(where, &op_.header, sizeof op_.header);
+    fabric::Request* r = nullptr;
+    while (r == nullptr) {
+      KZ_ASSIGN_OR_RETURN(r, p->send->Send(where, sizeof op_.header, kControlTag, p->send_control));
+      if (r == nullptr) {
+        if (deadline.Expired()) return Timeout(fmt::format("could not post the operation header to rank {}", peer));
+        std::this_thread::sleep_for(kWaitSlice);
+      }
+    }
+    pending.push_back(r);
+  }
+  return Status::Ok();
+}
+
+Status Executor::Run::CheckHeader(int peer, const ControlMessage& m) {
+  if (m.magic != kControlMagic) return RemoteError(fmt::format("rank {} sent a malformed control message", peer));
+  if (m.kind == ControlKind::kAbort) {
+    std::string why(m.reason, strnlen(m.reason, sizeof m.reason));
+    return RemoteError(fmt::format("rank {} failed: {}", peer, why));
+  }
+  if (m.seq != op_.seq || m.signature != op_.header.signature) {
+    return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at {}; rank {} is at {}",
+                                       tr_.rank(), DescribeHeader(op_.header), peer, DescribeHeader(m)));
+  }
+  return Status::Ok();
+}
+
+Result<bool> Executor::Run::PollControl() {
+  bool progress = false;
+  // Header sends: reap completed ones.
+  for (auto& [peer, pending] : ex_.control_->pending) {
+    Transport::Peer* p = tr_.peer(peer);
+    while (!pending.empty()) {
+      KZ_ASSIGN_OR_RETURN(fabric::Completion c, p->send->Test(pending.front()));
+      if (!c.done) break;
+      pending.pop_front();
+      progress = true;
+    }
+  }
+  // Control receives: one posted per peer, always; each message is queued and the receive
+  // reposted.
+  for (int q = 0; q < tr_.nranks(); ++q) {
+    Transport::Peer* p = tr_.peer(q);
+    if (p == nullptr) continue;
+    fabric::Request*& r = ex_.control_->recv[static_cast<size_t>(q)];
+    Status& gone = ex_.control_->gone[static_cast<size_t>(q)];
+    if (!gone.ok()) continue;
+    if (r != nullptr) {
+      auto c = p->recv->Test(r);
+      if (!c.ok()) {
+        // The peer closed its side (it finished and left, or failed). That matters only if this
+        // operation still needs the peer: its data steps then fail on their own, and a header
+        // still expected from it fails below with this reason.
+        r = nullptr;
+        gone = c.status().WithContext(fmt::format("control connection from rank {}", q));
+        continue;
+      }
+      if (!c->done) continue;
+      r = nullptr;
+      progress = true;
+      ControlMessage m;
+      if (c->size != sizeof m)
+        return RemoteError(fmt::format("rank {} sent a control message of {} bytes", q, c->size));
+      std::memcpy(&m, p->control_in.data(), sizeof m);
+      ex_.control_->inbox[static_cast<size_t>(q)].push_back(m);
+    }
+    KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(p->control_in.data(), kControlSlotBytes, kControlTag, p->recv_control));
+  }
+  // Headers waited for.
+  for (int q : expect_from_) {
+    if (verified_.count(q)) continue;
+    auto& inbox = ex_.control_->inbox[static_cast<size_t>(q)];
+    if (inbox.empty()) {
+      const Status& gone = ex_.control_->gone[static_cast<size_t>(q)];
+      if (!gone.ok()) return gone;
+      continue;
+    }
+    ControlMessage m = inbox.front();
+    inbox.pop_front();
+    KZ_RETURN_IF_ERROR(CheckHeader(q, m));
+    verified_.insert(q);
+    progress = true;
+  }
+  // An abort from any peer ends the operation, whether or not this rank talks to it now.
+  for (int q = 0; q < tr_.nranks(); ++q) {
+    const auto& inbox = ex_.control_->inbox[static_cast<size_t>(q)];
+    for (const ControlMessage& m : inbox)
+      if (m.kind == ControlKind::kAbort) KZ_RETURN_IF_ERROR(CheckHeader(q, m));
+  }
+  return progress;
+}
+
+Result<bool> Executor::Run::EventDone(StepState& st) {
+  KZ_ASSIGN_OR_RETURN(bool done, st.event->Query());
+  if (done) {
+    free_events_.push_back(st.event);
+    st.event = nullptr;
+  }
+  return done;
+}
+
+Status Executor::Run::EnqueueLocal(ChannelRun& ch, const Step& step) {
+  const CollectiveRequest& r = member(ch).plan->request;
+  const size_t bytes = static_cast<size_t>(step.dst.count) * elem(ch);
+  switch (step.kind) {
+    case StepKind::kCopy:
+      KZ_RETURN_IF_ERROR(ch.stream->Copy(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), bytes));
+      break;
+    case StepKind::kReduce: {
+      std::vector<const void*> srcs;
+      for (const Slice& s : step.srcs) srcs.push_back(Address(ch, s));
+      KZ_RETURN_IF_ERROR(ch.stream->Reduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype,
+                                           r.op == ReduceOp::kAvg ? ReduceOp::kSum : r.op));
+      break;
+    }
+    case StepKind::kScale:
+      KZ_RETURN_IF_ERROR(ch.stream->Scale(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), step.dst.count,
+                                          r.dtype, member(ch).plan->ranks[0].divisor));
+      break;
+    default:
+      return Internal("not a local step");
+  }
+  return Status::Ok();
+}
+
+Status Executor::Run::EnqueueConsume(ChannelRun& ch, const Step& step, StepState& st) {
+  const CollectiveRequest& r = member(ch).plan->request;
+  const size_t bytes = static_cast<size_t>(step.dst.count) * elem(ch);
+  const uint8_t* slot = SlotAddress(st.slot);
+  if (step.kind == StepKind::kRecv) {
+    if (bytes > 0) KZ_RETURN_IF_ERROR(ch.stream->Copy(MutableAddress(ch, step.dst), slot, bytes));
+  } else {
+    const std::array<const void*, 2> srcs = {Address(ch, step.srcs[0]), slot};
+    KZ_RETURN_IF_ERROR(ch.stream->Reduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype,
+                                         r.op == ReduceOp::kAvg ? ReduceOp::kSum : r.op));
+  }
+  return Status::Ok();
+}
+
+Status Executor::Run::Start(ChannelRun& ch, size_t index) {
+  const Step& step = (*ch.steps)[index];
+  StepState& st = ch.states[index];
+  const bool moves_bytes = step.count() > 0;
+  if ((step.kind == StepKind::kSend || step.kind == StepKind::kRecv || step.kind == StepKind::kRecvReduce) &&
+      moves_bytes) {
+    st.slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  auto record = [&]() -> Status {
+    if (free_events_.empty()) {
+      KZ_ASSIGN_OR_RETURN(auto e, ex_.device_->CreateEvent());
+      free_events_.push_back(e.get());
+      events_.push_back(std::move(e));
+    }
+    st.event = free_events_.back();
+    free_events_.pop_back();
+    return ch.stream->Record(*st.event);
+  };
+  switch (step.kind) {
+    case StepKind::kSend:
+      if (moves_bytes) {
+        KZ_RETURN_IF_ERROR(ch.stream->Copy(SlotAddress(st.slot), Address(ch, step.srcs[0]),
+                                           static_cast<size_t>(step.count()) * elem(ch)));
+        KZ_RETURN_IF_ERROR(record());
+        st.phase = Phase::kCopyIn;
+      } else {
+        st.phase = Phase::kReadyToPost;
+      }
+      break;
+    case StepKind::kRecv:
+    case StepKind::kRecvReduce:
+      st.phase = Phase::kReadyToPost;
+      break;
+    default:
+      KZ_RETURN_IF_ERROR(EnqueueLocal(ch, step));
+      KZ_RETURN_IF_ERROR(record());
+      st.phase = Phase::kConsume;
+      break;
+  }
+  ch.active.push_back(index);
+  return Status::Ok();
+}
+
+Status Executor::Run::CompleteRecv(ChannelRun& ch, size_t index, size_t size) {
+  const Step& step = (*ch.steps)[index];
+  const size_t want = static_cast<size_t>(step.dst.count) * elem(ch);
+  if (size != want) {
+    return InvalidArgument(fmt::format(
+        "collective mismatch between ranks: rank {} sent {} bytes where rank {} expects {} at {} of {}", step.peer,
+        size, tr_.rank(), want, StepName(ch, index), DescribeHeader(op_.header)));
+  }
+  ch.states[index].phase = Phase::kReceived;
+  return Status::Ok();
+}
+
+Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& send_blocked,
+                                  std::set<int>& recv_blocked) {
+  const Step& step = (*ch.steps)[index];
+  StepState& st = ch.states[index];
+  const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
+  bool progress = false;
+  const bool is_send = step.kind == StepKind::kSend;
+  const bool is_recv = step.kind == StepKind::kRecv || step.kind == StepKind::kRecvReduce;
+
+  if (st.phase == Phase::kCopyIn) {
+    KZ_ASSIGN_OR_RETURN(bool done, EventDone(st));
+    if (done) {
+      st.phase = Phase::kReadyToPost;
+      progress = true;
+    }
+  }
+  if (st.phase == Phase::kReadyToPost || st.phase == Phase::kCopyIn) {
+    // Posts to one peer on one tag go out in step order: an earlier step that has not posted
+    // blocks the later ones.
+    std::set<int>& blocked = is_send ? send_blocked : recv_blocked;
+    if (st.phase == Phase::kCopyIn || blocked.count(step.peer)) {
+      blocked.insert(step.peer);
+      return progress;
+    }
+    Transport::Peer* p = tr_.peer(step.peer);
+    fabric::Request* r = nullptr;
+    if (is_send) {
+      void* data = bytes > 0 ? SlotAddress(st.slot) : p->control_out.data();
+      KZ_ASSIGN_OR_RETURN(r, p->send->Send(data, bytes, ch.tag, bytes > 0 ? p->send_staging : nullptr));
+    } else {
+      void* data = bytes > 0 ? SlotAddress(st.slot) : nullptr;
+      // Capacity is the whole slot, so that a peer sending more than expected is reported here,
+      // with both operations named, rather than as a bare length error.
+      KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(data, bytes > 0 ? slot_bytes_ : 0, ch.tag,
+                                           bytes > 0 ? p->recv_staging : nullptr));
+    }
+    if (r == nullptr) {
+      blocked.insert(step.peer);
+      return progress;
+    }
+    st.request = r;
+    st.phase = Phase::kPosted;
+    progress = true;
+  }
+  if (st.phase == Phase::kPosted) {
+    Transport::Peer* p = tr_.peer(step.peer);
+    fabric::Comm& comm = is_send ? static_cast<fabric::Comm&>(*p->send) : static_cast<fabric::Comm&>(*p->recv);
+    auto c = comm.Test(st.request);
+    if (!c.ok()) {
+      st.request = nullptr;
+      return c.status().WithContext(fmt::format("{} of {}", StepName(ch, index), DescribeHeader(op_.header)));
+    }
+    if (!c->done) return progress;
+    st.request = nullptr;
+    progress = true;
+    if (is_send) {
+      st.phase = Phase::kDone;
+    } else {
+      KZ_RETURN_IF_ERROR(CompleteRecv(ch, index, c->size));
+    }
+  }
+  if (st.phase == Phase::kReceived) {
+    (void)is_recv;
+    if (!verified_.count(step.peer)) return progress;  // its data is not trusted before its header
+    if (bytes > 0) {
+      KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st));
+      if (free_events_.empty()) {
+        KZ_ASSIGN_OR_RETURN(auto e, ex_.device_->CreateEvent());
+        free_events_.push_back(e.get());
+        events_.push_back(std::move(e));
+      }
+      st.event = free_events_.back();
+      free_events_.pop_back();
+      KZ_RETURN_IF_ERROR(ch.stream->Record(*st.event));
+      st.phase = Phase::kConsume;
+    } else {
+      st.phase = Phase::kDone;
+    }
+    progress = true;
+  }
+  if (st.phase == Phase::kConsume) {
+    KZ_ASSIGN_OR_RETURN(bool done, EventDone(st));
+    if (done) {
+      st.phase = Phase::kDone;
+      progress = true;
+    }
+  }
+  if (st.phase == Phase::kDone && st.slot >= 0) {
+    free_slots_.push_back(st.slot);
+    st.slot = -1;
+  }
+  return progress;
+}
+
+Result<bool> Executor::Run::Advance(ChannelRun& ch) {
+  bool progress = false;
+  std::set<int> send_blocked, recv_blocked;
+  for (size_t index : ch.active) {
+    KZ_ASSIGN_OR_RETURN(bool p, Drive(ch, index, send_blocked, recv_blocked));
+    progress |= p;
+  }
+  std::erase_if(ch.active, [&](size_t i) { return ch.states[i].phase == Phase::kDone; });
+  const size_t window = static_cast<size_t>(ex_.options_.window);
+  while (ch.next < ch.steps->size() && ch.active.size() < window) {
+    const Step& step = (*ch.steps)[ch.next];
+    bool conflict = false;
+    for (size_t a : ch.active)
+      if ((*ch.steps)[a].ConflictsWith(step)) conflict = true;
+    if (conflict) break;
+    const bool needs_slot = step.kind != StepKind::kCopy && step.kind != StepKind::kReduce &&
+                            step.kind != StepKind::kScale && step.count() > 0;
+    if (needs_slot && free_slots_.empty()) break;
+    KZ_RETURN_IF_ERROR(Start(ch, ch.next));
+    ++ch.next;
+    progress = true;
+    // A receive posts at once (after any earlier one to the same peer that has not).
+    KZ_ASSIGN_OR_RETURN(bool p, Drive(ch, ch.active.back(), send_blocked, recv_blocked));
+    (void)p;
+    std::erase_if(ch.active, [&](size_t i) { return ch.states[i].phase == Phase::kDone; });
+  }
+  return progress;
+}
+
+void Executor::Run::WaitBriefly() {
+  // Block on the first thing the operation waits for: a device event, else a fabric request.
+  for (ChannelRun* ch : [&] {
+         std::vector<ChannelRun*> all;
+         for (auto& c : channels_) all.push_back(&c);
+         for (auto& c : epilogues_) all.push_back(&c);
+         return all;
+       }()) {
+    for (size_t i : ch->active) {
+      StepState& st = ch->states[i];
+      if (st.event != nullptr) {
+        st.event->Synchronize(Deadline::After(kWaitSlice)).IgnoreError();  // the loop reads the verdict
+        return;
+      }
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
+std::string Executor::Run::Waiting() const {
+  std::vector<std::string> items;
+  std::set<int> peers;
+  for (const auto* list : {&channels_, &epilogues_})
+    for (const ChannelRun& ch : *list)
+      for (size_t i : ch.active) {
+        const Step& s = (*ch.steps)[i];
+        if (s.peer >= 0) peers.insert(s.peer);
+        if (items.size() < 6) items.push_back(StepName(ch, i));
+      }
+  for (int q : expect_from_)
+    if (!verified_.count(q)) {
+      peers.insert(q);
+      if (items.size() < 6) items.push_back(fmt::format("the operation header of rank {}", q));
+    }
+  std::string ranks;
+  for (int q : peers) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", q);
+  return fmt::format("waiting on rank(s) {} ({})", ranks.empty() ? "none" : ranks, fmt::join(items, "; "));
+}
+
+void Executor::Run::Release() {
+  // Device work still queued reads or writes memory this run owns (slots, scratch): let it
+  // finish, bounded, before the slots are reused by the next operation.
+  for (auto& s : ex_.streams_) s->Synchronize(Deadline::AfterSeconds(10)).IgnoreError();
+}
+
+Status Executor::Run::Execute(Deadline deadline) {
+  Status status = [&]() -> Status {
+    KZ_RETURN_IF_ERROR(Setup());
+    KZ_RETURN_IF_ERROR(SendHeaders());
+    bool epilogue_started = false;
+    while (true) {
+      if (ex_.abort_.load()) return Aborted("the communicator was aborted");
+      bool progress = false;
+      KZ_ASSIGN_OR_RETURN(bool p, PollControl());
+      progress |= p;
+      bool all_done = true;
+      for (ChannelRun& ch : channels_) {
+        if (ch.done()) continue;
+        KZ_ASSIGN_OR_RETURN(bool q, Advance(ch));
+        progress |= q;
+        all_done &= ch.done();
+      }
+      if (all_done) {
+        epilogue_started = true;
+        bool epilogue_done = true;
+        for (ChannelRun& ch : epilogues_) {
+          if (ch.done()) continue;
+          KZ_ASSIGN_OR_RETURN(bool q, Advance(ch));
+          progress |= q;
+          epilogue_done &= ch.done();
+        }
+        if (epilogue_done && verified_.size() == expect_from_.size()) return Status::Ok();
+      }
+      (void)epilogue_started;
+      if (deadline.Expired())
+        return Timeout(fmt::format("{} did not complete within {} s: rank {} is {}", DescribeHeader(op_.header),
+                                   ex_.options_.timeout_s, tr_.rank(), Waiting()));
+      if (!progress) WaitBriefly();
+    }
+  }();
+  // Requests still outstanding after a failure belong to the comms, which the failure path
+  // closes; device work still queued is waited for here.
+  Release();
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The executor
+
+Executor::Executor(Transport* transport, device::Device* device, const ExecutorOptions& options)
+    : transport_(transport), device_(device), options_(options) {
+  control_ = std::make_unique<ControlState>();
+  control_->recv.assign(static_cast<size_t>(transport->nranks()), nullptr);
+  control_->inbox.resize(static_cast<size_t>(transport->nranks()));
+  control_->gone.resize(static_cast<size_t>(transport->nranks()));
+}
+
+Result<std::unique_ptr<Executor>> Executor::Create(Transport* transport, device::Device* device,
+                                                   const ExecutorOptions& options) {
+  if (transport == nullptr || device == nullptr) return InvalidArgument("executor: null transport or device");
+  if (options.window < 2) return InvalidArgument(fmt::format("executor: window {} (at least 2)", options.window));
+  if (!(options.timeout_s > 0)) return InvalidArgument("executor: timeout must be positive");
+  for (int q = 0; q < transport->nranks(); ++q) {
+    Transport::Peer* p = transport->peer(q);
+    if (p != nullptr && p->control_out.size() < kControlSlotBytes)
+      return InvalidArgument(fmt::format("executor: control buffers of {} bytes (at least {})", p->control_out.size(),
+                                         kControlSlotBytes));
+  }
+  std::unique_ptr<Executor> ex(new Executor(transport, device, options));
+  ex->thread_ = std::thread([e = ex.get()] { e->Loop(); });
+  return ex;
+}
+
+Executor::~Executor() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Control receives and header sends still posted are released with the comms (the
+  // transport's); nothing here refers to them after this point.
+  for (auto& s : streams_) s->Synchronize(Deadline::AfterSeconds(10)).IgnoreError();
+}
+
+size_t Executor::slot_bytes_for(int total_channels, size_t chunk_bytes) const {
+  const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
+  size_t bytes = transport_->staging().size() / slots;
+  bytes = std::min(bytes, chunk_bytes > 0 ? chunk_bytes : kDefaultChunkBytes);
+  bytes = bytes / kMinSlotBytes * kMinSlotBytes;
+  return bytes;
+}
+
+Status Executor::Submit(std::vector<OperationMember> members, device::Stream& stream, size_t slot_bytes) {
+  if (members.empty()) return InvalidArgument("an operation with no collective");
+  if (slot_bytes < kMinSlotBytes)
+    return InvalidArgument(fmt::format("staging slots of {} bytes (at least {}): too many channels for the staging "
+                                       "buffer",
+                                       slot_bytes, kMinSlotBytes));
+  auto op = std::make_shared<Operation>();
+  op->members = std::move(members);
+  op->slot_bytes = slot_bytes;
+  uint64_t signature = 0xcbf29ce484222325ull;
+  int total_channels = 0;
+  // Point-to-point members differ between ranks by nature (rank 0 sends to 1 while 1 receives
+  // from 0): they are checked pairwise, by the receiver comparing the bytes that arrive with the
+  // bytes it expects, and stay out of the signature, which must be equal on every rank.
+  const OperationMember* described = nullptr;
+  for (const OperationMember& m : op->members) {
+    if (!m.plan || m.plan->ranks.size() != 1) return Internal("an operation member without this rank's plan");
+    const Collective c = m.plan->request.collective;
+    if (c != Collective::kSend && c != Collective::kRecv) {
+      signature = Mix(signature, MemberSignature(*m.plan));
+      if (described == nullptr) described = &m;
+    }
+    total_channels += static_cast<int>(m.plan->ranks[0].channels.size());
+  }
+  if (described == nullptr) described = &op->members[0];
+  const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
+  if (slots * slot_bytes > transport_->staging().size())
+    return Internal(fmt::format("{} slots of {} bytes exceed the staging buffer of {} bytes", slots, slot_bytes,
+                                transport_->staging().size()));
+  op->slots = static_cast<int>(slots);
+  const Plan& first = *described->plan;
+  ControlMessage& h = op->header;
+  h.signature = signature;
+  h.members = static_cast<uint32_t>(op->members.size());
+  h.collective = static_cast<uint8_t>(first.request.collective);
+  h.dtype = static_cast<uint8_t>(first.request.dtype);
+  h.op = static_cast<uint8_t>(first.request.op);
+  h.algorithm = static_cast<uint8_t>(first.algorithm);
+  h.root = first.request.root;
+  h.nranks = first.request.nranks;
+  h.count = first.request.count;
+  h.chunk_count = first.chunk_count;
+  h.channels = static_cast<uint32_t>(first.channels);
+  {
+    std::lock_guard lock(mu_);
+    if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
+    op->seq = next_seq_++;
+    h.seq = op->seq;
+  }
+  const double hold_s = options_.timeout_s + 30;
+  Status enq = stream.EnqueueHostCallback([op, hold_s](const Status& stream_status) {
+    std::unique_lock lock(op->mu);
+    op->inputs_ready = true;
+    op->stream_status = stream_status;
+    op->cv.notify_all();
+    // Hold the stream until the operation is done: later work on it sees the results. Bounded:
+    // the executor finishes every operation by its deadline, so this never expires in practice.
+    if (!op->cv.wait_for(lock, std::chrono::duration<double>(hold_s), [&] { return op->done; }))
+      KZ_WARN(kLogColl, "operation {} still not finished after {} s; releasing its stream", op->seq, hold_s);
+  });
+  if (!enq.ok()) {
+    // Sequence numbers must stay dense across ranks: a call that was numbered but never runs
+    // would make every later header disagree. Fail the communicator, saying why.
+    Fail(enq.WithContext("enqueueing a collective on the caller's stream"));
+    return enq;
+  }
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(op);
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+void Executor::FinishOperation(Operation& op, const Status& status) {
+  if (!status.ok()) KZ_WARN(kLogColl, "operation {} failed: {}", op.seq, status.ToString());
+  {
+    std::lock_guard lock(op.mu);
+    op.done = true;
+  }
+  op.cv.notify_all();
+  std::lock_guard lock(mu_);
+  --pending_;
+}
+
+void Executor::Fail(const Status& status) {
+  {
+    std::lock_guard lock(mu_);
+    if (!error_.ok()) return;
+    error_ = status;
+  }
+  failed_.store(true);
+  cv_.notify_all();
+}
+
+void Executor::Abort(std::string_view why) {
+  Fail(Aborted(fmt::format("aborted: {}", why)));
+  abort_.store(true);
+  cv_.notify_all();
+}
+
+Status Executor::AsyncError() const {
+  std::lock_guard lock(mu_);
+  return error_;
+}
+
+int Executor::pending() const {
+  std::lock_guard lock(mu_);
+  return pending_ + static_cast<int>(queue_.size());
+}
+
+void Executor::TellPeersAndClose(const Status& status) {
+  // Best effort: one abort message per peer, then the connections close, so that peers waiting on
+  // this rank fail at once (kRemoteError) with the first cause in hand.
+  ControlMessage m;
+  m.kind = ControlKind::kAbort;
+  const std::string why = fmt::format("{}", status.ToString());
+  std::memcpy(m.reason, why.data(), std::min(why.size(), sizeof m.reason - 1));
+  std::vector<std::pair<Transport::Peer*, fabric::Request*>> sent;
+  for (int q = 0; q < transport_->nranks(); ++q) {
+    Transport::Peer* p = transport_->peer(q);
+    if (p == nullptr || !p->send) continue;
+    auto& pending = control_->pending[q];
+    const size_t nslots = p->control_out.size() / kControlSlotBytes;
+    if (pending.size() >= nslots) continue;
+    const size_t slot = control_->next[q]++ % nslots;
+    uint8_t* where = p->control_out.data() + slot * kControlSlotBytes;
+    std::memcpy(where, &m, sizeof m);
+    auto r = p->send->Send(where, sizeof m, kControlTag, p->send_control);
+    if (r.ok() && *r != nullptr) sent.emplace_back(p, *r);
+  }
+  const Deadline grace = Deadline::After(std::chrono::milliseconds(200));
+  for (auto& [p, r] : sent) p->send->Wait(r, grace).status().IgnoreError();
+  control_->pending.clear();
+  for (int q = 0; q < transport_->nranks(); ++q) {
+    Transport::Peer* p = transport_->peer(q);
+    if (p == nullptr) continue;
+    control_->recv[static_cast<size_t>(q)] = nullptr;
+    p->send.reset();
+    p->recv.reset();
+  }
+  closed_ = true;
+}
+
+void Executor::Loop() {
+  while (true) {
+    std::shared_ptr<Operation> op;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) break;
+      op = queue_.front();
+      queue_.pop_front();
+      ++pending_;
+    }
+    Status status;
+    // Wait for the caller's stream to reach the call.
+    {
+      const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
+      std::unique_lock lock(op->mu);
+      while (!op->inputs_ready && !abort_.load() && !deadline.Expired())
+        op->cv.wait_for(lock, std::chrono::milliseconds(10));
+      if (!op->inputs_ready)
+        status = abort_.load() ? Aborted("the communicator was aborted")
+                               : Timeout(fmt::format("the caller's stream did not reach operation {} within {} s",
+                                                     op->seq, options_.timeout_s));
+      else if (!op->stream_status.ok())
+        status = op->stream_status.WithContext("the caller's stream failed before the collective");
+    }
+    if (status.ok()) {
+      std::lock_guard lock(mu_);
+      if (!error_.ok()) status = Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
+    }
+    if (status.ok()) {
+      Run run(*this, *op, op->slot_bytes, op->slots);
+      status = run.Execute(Deadline::AfterSeconds(options_.timeout_s));
+    }
+    if (!status.ok()) {
+      Fail(status);
+      if (!closed_) TellPeersAndClose(status);
+    }
+    FinishOperation(*op, status);
+  }
+  if (!closed_) {
+    // Control receives stay posted on the comms; the transport releases them with the comms.
+  }
+}
+
+}  // namespace kizuna::collectives

@@ -1,0 +1,127 @@
+// The executor: one thread per communicator (NCCL's proxy thread) that runs operations — a
+// collective call, or a group of calls fused by GroupStart/GroupEnd — by driving their plans'
+// steps over the transport's fabric connections and the device's streams (DESIGN.md section 3).
+//
+// How one operation flows:
+//  1. Submit (on the caller's thread, returns at once) queues the operation and enqueues on the
+//     caller's stream a host callback that (a) tells the executor the stream has reached the
+//     call — the inputs are ready — and (b) holds the stream until the operation is done, so
+//     later work on the stream sees the results (NCCL's semantics; a device with stream memory
+//     operations could do this without holding a host thread, later).
+//  2. The executor takes operations in submission order. For each: it sends an operation header
+//     (sequence number and signature) to every peer it will send data to, and checks the header
+//     of every peer it receives from before consuming that peer's data; a rank at another
+//     operation, or at the same sequence number with another signature, fails the operation
+//     with an error naming both signatures and both ranks (mismatch detection).
+//  3. Steps run as plan.h specifies: each channel in order, with a window of started steps;
+//     sends copy their source into a staging slot on the channel's device stream, then post a
+//     fabric send from the slot; receives land in a staging slot, then a device copy or reduce
+//     moves them to their destination; local steps are device operations. Tags keep channels
+//     and group members apart on the shared connections.
+//  4. When every step has completed (device work included), the operation is done: the held
+//     stream continues. On failure the held stream continues too and the stream's later
+//     Synchronize does not see an error (the device did nothing wrong): the error is the
+//     communicator's (AsyncError), as with NCCL's ncclCommGetAsyncError.
+//
+// Failures are sticky: after one operation fails, every queued and later operation fails with
+// that error (kAborted wrapping it), and the executor closes its connections so that peers waiting
+// on this rank fail promptly with kRemoteError instead of waiting for their timeout. Before
+// closing, it tells every peer why (a control message), so their errors name the first cause.
+//
+// Deadlines: an operation that has not completed KIZUNA_TIMEOUT after its inputs were ready fails
+// with kTimeout naming the peers it still waits on and the steps.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/plan.h"
+#include "collectives/transport.h"
+#include "runtime/config.h"
+#include "runtime/device/device.h"
+#include "runtime/status.h"
+
+namespace kizuna::collectives {
+
+// One collective of an operation: its plan (this rank's part) and the caller's buffers.
+struct OperationMember {
+  std::shared_ptr<const Plan> plan;  // ranks[0] is this rank's RankPlan
+  const void* input = nullptr;       // device addresses, per plan.h's buffer table
+  void* output = nullptr;
+};
+
+struct ExecutorOptions {
+  double timeout_s = 600;  // per operation, from its inputs being ready
+  int window = 4;          // started steps per channel (>= 2, plan.h)
+};
+
+class Executor {
+ public:
+  // Starts the executor thread. `transport` and `device` must outlive the executor.
+  static Result<std::unique_ptr<Executor>> Create(Transport* transport, device::Device* device,
+                                                  const ExecutorOptions& options);
+  // Finishes the queued operations (bounded by their deadlines), then stops the thread and
+  // releases the device resources. Never throws, never hangs past the deadlines.
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // The staging slot size (bytes) for an operation whose members have `total_channels` channels
+  // in all: the staging buffer split into total_channels x window slots, at most `chunk_bytes`
+  // (0: the default chunk), a multiple of 64. Plans submitted with it must have no step larger.
+  size_t slot_bytes_for(int total_channels, size_t chunk_bytes) const;
+
+  // Queues one operation (a group: several members, run concurrently) behind `stream`'s current
+  // work, with staging slots of `slot_bytes` (from slot_bytes_for). kAborted (nothing queued)
+  // when the executor has failed or been aborted.
+  Status Submit(std::vector<OperationMember> members, device::Stream& stream, size_t slot_bytes);
+
+  // Fails the current and queued operations with kAborted, releases held streams, closes the
+  // connections. Returns promptly (does not wait for peers).
+  void Abort(std::string_view why);
+  // The first failure, or ok.
+  Status AsyncError() const;
+  // Operations submitted and not yet finished.
+  int pending() const;
+
+ private:
+  struct Operation;
+  class Run;
+  Executor(Transport* transport, device::Device* device, const ExecutorOptions& options);
+  void Loop();
+  void Fail(const Status& status);
+  void FinishOperation(Operation& op, const Status& status);
+  void TellPeersAndClose(const Status& status);
+
+  Transport* const transport_;
+  device::Device* const device_;
+  const ExecutorOptions options_;
+
+  std::vector<std::unique_ptr<device::Stream>> streams_;  // one per channel, grown on demand
+  std::unique_ptr<device::Buffer> scratch_;               // grown on demand
+
+  // Control traffic (operation headers, abort notices), used by the executor thread only.
+  struct ControlState;
+  std::unique_ptr<ControlState> control_;
+  bool closed_ = false;  // executor thread only: the connections were closed after a failure
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Operation>> queue_;  // guarded by mu_
+  Status error_;                                   // guarded by mu_; first failure
+  bool stopping_ = false;                          // guarded by mu_
+  std::atomic<bool> abort_{false};
+  std::atomic<bool> failed_{false};
+  uint64_t next_seq_ = 1;  // guarded by mu_
+  int pending_ = 0;        // guarded by mu_: taken from the queue, not finished
+  std::thread thread_;
+};
+
+}  // namespace kizuna::collectives

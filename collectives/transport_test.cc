@@ -1,0 +1,436 @@
+// The transport: N ranks as threads of one process over in-process bootstraps, each with its own
+// emulated device and its own fabric from the registry (directconnect on a generated topology,
+// ofi over tcp;ofi_rxm), exchanging bytes between staging buffers and control buffers; ring
+// reachability; deadlines when a peer never shows up or never answers.
+#include "collectives/transport.h"
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "devices/host_emulated/backend.h"
+#include "fabric/fabric.h"
+#include "fabric/registry.h"
+#include "runtime/bootstrap/in_process.h"
+#include "runtime/config.h"
+#include "runtime/logging.h"
+#include "runtime/status.h"
+
+namespace kizuna::collectives {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kStagingBytes = size_t{1} << 20;
+
+Deadline Soon() { return Deadline::AfterSeconds(20); }
+
+// N ranks' bootstraps, devices and fabrics; the Config and backend outlive every fabric and
+// transport made from them.
+struct World {
+  Config config;
+  std::unique_ptr<device::Backend> backend;
+  std::vector<std::unique_ptr<bootstrap::Bootstrap>> bootstraps;
+  std::vector<std::unique_ptr<fabric::Fabric>> fabrics;
+  Status status;  // why the fabric could not be created, when it could not
+
+  World(int n, const std::string& fabric_name, const std::string& topology,
+        std::vector<std::string> fabric_pref = {}) {
+    config.timeout_s = 20;
+    config.emulated_devices = n;
+    config.topology = topology;
+    config.fabric = std::move(fabric_pref);
+    auto b = host_emulated::CreateHostEmulatedBackend(config);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    if (!b.ok()) {
+      status = b.status();
+      return;
+    }
+    backend = std::move(b).value();
+    auto boots = bootstrap::CreateInProcessBootstraps(n);
+    EXPECT_TRUE(boots.ok()) << boots.status().ToString();
+    if (!boots.ok()) {
+      status = boots.status();
+      return;
+    }
+    bootstraps = std::move(boots).value();
+    for (int r = 0; r < n; ++r) {
+      fabric::FabricContext ctx;
+      ctx.rank = r;
+      ctx.world_size = n;
+      ctx.local_rank = r;
+      ctx.host_id = "transport-test";
+      ctx.device_uuids = {device(r).properties().uuid};
+      auto f = fabric::CreateFabric(fabric_name, config, ctx);
+      if (!f.ok()) {
+        status = f.status();
+        return;
+      }
+      fabrics.push_back(std::move(f).value());
+    }
+  }
+  int size() const { return static_cast<int>(bootstraps.size()); }
+  device::Device& device(int r) { return *backend->device(r); }
+  fabric::Fabric& fabric(int r) { return *fabrics[static_cast<size_t>(r)]; }
+  bootstrap::Bootstrap& boot(int r) { return *bootstraps[static_cast<size_t>(r)]; }
+};
+
+// Runs fn(rank) on one thread per rank and joins them all.
+void OnEveryRank(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&fn, r] {
+      SetLogRank(r);
+      fn(r);
+    });
+  for (std::thread& t : threads) t.join();
+}
+
+// A pattern distinct per (sender, receiver).
+uint8_t PatternByte(int from, int to, size_t i) {
+  return static_cast<uint8_t>((i * 131 + static_cast<size_t>(from) * 7 + static_cast<size_t>(to) * 29 + (i >> 9)) ^
+                              0x5a);
+}
+
+// Tests `requests` (all posted by this thread) round-robin until every one is done; sleeps a
+// little between rounds that changed nothing. `comms[i]` owns `requests[i]`.
+Status WaitAll(std::vector<fabric::Comm*> comms, std::vector<fabric::Request*> requests, Deadline deadline) {
+  auto sleep = std::chrono::microseconds(20);
+  size_t left = requests.size();
+  while (left > 0) {
+    bool progressed = false;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (requests[i] == nullptr) continue;
+      auto c = comms[i]->Test(requests[i]);
+      if (!c.ok()) return c.status().WithContext(comms[i]->label());
+      if (c->done) {
+        requests[i] = nullptr;
+        --left;
+        progressed = true;
+      }
+    }
+    if (left == 0) break;
+    if (deadline.Expired()) return Timeout(fmt::format("{} request(s) not done by the deadline", left));
+    if (!progressed) {
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::milliseconds(1));
+    } else {
+      sleep = std::chrono::microseconds(20);
+    }
+  }
+  return Status::Ok();
+}
+
+// Whether ranks a and b are linked; everyone is, unless a test says otherwise.
+using Linked = std::function<bool(int, int)>;
+bool AllLinked(int, int) { return true; }
+
+// Every rank sends slot `to` of its staging buffer to each peer and receives each peer's into
+// slot n + from; checks the bytes (and, when `single_copy`, that nothing was staged in between).
+// Pairs that are not `linked` must have no connection.
+// `inspect`, when given, looks at each rank's transport first.
+void ExchangeOnEveryRank(World& w, bool single_copy, const Linked& linked = AllLinked,
+                         const std::function<void(Transport&)>& inspect = nullptr) {
+  const int n = w.size();
+  OnEveryRank(n, [&](int r) {
+    auto created = Transport::Create(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    Transport& t = **created;
+    EXPECT_EQ(t.rank(), r);
+    EXPECT_EQ(t.nranks(), n);
+    EXPECT_EQ(t.peer(r), nullptr);
+    if (inspect) inspect(t);
+    const size_t slot = (kStagingBytes / (2 * static_cast<size_t>(n))) & ~size_t{63};
+    auto* base = static_cast<uint8_t*>(t.staging().data());
+    ASSERT_GE(t.staging().size(), kStagingBytes);
+
+    std::vector<fabric::Comm*> comms;
+    std::vector<fabric::Request*> requests;
+    for (int q = 0; q < n; ++q) {
+      if (q == r) continue;
+      Transport::Peer* p = t.peer(q);
+      if (!linked(r, q)) {
+        EXPECT_EQ(p, nullptr) << "rank " << r << " is connected to rank " << q << ", which it has no link to";
+        EXPECT_FALSE(t.link_row()[static_cast<size_t>(q)].reachable);
+        continue;
+      }
+      ASSERT_NE(p, nullptr) << "rank " << r << " has no connection to rank " << q;
+      EXPECT_EQ(p->rank, q);
+      EXPECT_TRUE(t.link_row()[static_cast<size_t>(q)].reachable);
+      uint8_t* in = base + (static_cast<size_t>(n) + static_cast<size_t>(q)) * slot;
+      std::memset(in, 0, slot);
+      auto recv = p->recv->Recv(in, slot, 7, p->recv_staging);
+      ASSERT_TRUE(recv.ok()) << recv.status().ToString();
+      ASSERT_NE(*recv, nullptr);
+      comms.push_back(p->recv.get());
+      requests.push_back(*recv);
+    }
+    EXPECT_FALSE(t.link_row()[static_cast<size_t>(r)].reachable);
+    for (int q = 0; q < n; ++q) {
+      if (q == r || !linked(r, q)) continue;
+      Transport::Peer* p = t.peer(q);
+      uint8_t* out = base + static_cast<size_t>(q) * slot;
+      for (size_t i = 0; i < slot; ++i) out[i] = PatternByte(r, q, i);
+      auto send = p->send->Send(out, slot, 7, p->send_staging);
+      ASSERT_TRUE(send.ok()) << send.status().ToString();
+      ASSERT_NE(*send, nullptr);
+      comms.push_back(p->send.get());
+      requests.push_back(*send);
+    }
+    Status s = WaitAll(comms, requests, Soon());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    for (int q = 0; q < n; ++q) {
+      if (q == r || !linked(r, q)) continue;
+      const uint8_t* in = base + (static_cast<size_t>(n) + static_cast<size_t>(q)) * slot;
+      for (size_t i = 0; i < slot; ++i)
+        ASSERT_EQ(in[i], PatternByte(q, r, i)) << "rank " << r << ": byte " << i << " from rank " << q;
+      Transport::Peer* p = t.peer(q);
+      EXPECT_EQ(p->recv->stats().bytes, slot);
+      if (single_copy) {
+        EXPECT_EQ(p->send->stats().staged_bytes, 0u) << p->send->label();
+        EXPECT_EQ(p->recv->stats().staged_bytes, 0u) << p->recv->label();
+      }
+    }
+    if (single_copy) {
+      EXPECT_NE(t.description().find("by fd"), std::string::npos) << t.description();
+    }
+    // Nobody destroys its comms while a peer may still be reading its staging buffer.
+    ASSERT_TRUE(w.boot(r).Barrier(Soon()).ok());
+  });
+}
+
+class DirectConnectFull : public ::testing::TestWithParam<int> {};
+
+TEST_P(DirectConnectFull, EveryPairExchangesStagingBytesInOneCopy) {
+  World w(GetParam(), "directconnect", "full");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  ExchangeOnEveryRank(w, /*single_copy=*/true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, DirectConnectFull, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return "n" + std::to_string(info.param); });
+
+TEST(Ofi, ThreeRanksOverTcp) {
+  World w(3, "ofi", "", {"ofi:tcp"});
+  if (w.status.code() == StatusCode::kUnavailable) GTEST_SKIP() << "ofi is not available here: " << w.status.ToString();
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  ExchangeOnEveryRank(w, /*single_copy=*/false);
+}
+
+TEST(DirectConnectRing, OnlyNeighboursArePeers) {
+  World w(4, "directconnect", "ring:4");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  OnEveryRank(4, [&](int r) {
+    auto created = Transport::Create(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    Transport& t = **created;
+    const int next = (r + 1) % 4, prev = (r + 3) % 4, across = (r + 2) % 4;
+    EXPECT_NE(t.peer(next), nullptr);
+    EXPECT_NE(t.peer(prev), nullptr);
+    EXPECT_EQ(t.peer(across), nullptr);
+    EXPECT_EQ(t.peer(r), nullptr);
+    ASSERT_EQ(t.link_row().size(), 4u);
+    EXPECT_TRUE(t.link_row()[static_cast<size_t>(next)].reachable);
+    EXPECT_TRUE(t.link_row()[static_cast<size_t>(prev)].reachable);
+    EXPECT_FALSE(t.link_row()[static_cast<size_t>(across)].reachable);
+    EXPECT_FALSE(t.link_row()[static_cast<size_t>(r)].reachable);
+    EXPECT_TRUE(t.link_row()[static_cast<size_t>(next)].staged);
+    EXPECT_EQ(t.link_row()[static_cast<size_t>(next)].gbps, 0.0);  // generated links: unknown speed
+    // Port 0 goes to the next rank, port 1 to the previous one.
+    EXPECT_NE(t.peer(next)->send->label().find(fmt::format("w{}:0->w{}:1", r, next)), std::string::npos)
+        << t.peer(next)->send->label();
+    ASSERT_TRUE(w.boot(r).Barrier(Soon()).ok());
+  });
+}
+
+TEST(DirectConnectTorus, TwoLinksBetweenAPairServeOneDirectionEach) {
+  // In a 2x2 torus each pair of x-neighbours is cabled twice: the transport listens on the first
+  // link, and the peer must connect over exactly the far end of that link.
+  World w(4, "directconnect", "torus2d:2x2");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  // rank = x + 2y: the diagonal pairs (0, 3) and (1, 2) are not linked.
+  // Rank 0 listens for rank 1 on its port 0 (cabled to w1's port 1), so rank 1 connects from its
+  // port 1; rank 1 listens on its port 0 (cabled to w0's port 1), so rank 0 connects from port 1.
+  auto uses_both_links = [](Transport& t) {
+    if (t.rank() != 0) return;
+    EXPECT_EQ(t.peer(1)->send->label(), "directconnect w0:1->w1:0");
+    EXPECT_EQ(t.peer(1)->recv->label(), "directconnect w0:0<-w1:1");
+  };
+  ExchangeOnEveryRank(w, /*single_copy=*/true, [](int a, int b) { return a + b != 3; }, uses_both_links);
+}
+
+TEST(Transport, LinkSpeedIsConvertedToBytes) {
+  // A 2-rank ring written as a file, at 100 Gb/s and 3 us: LinkDesc wants GB/s.
+  const std::string path = ::testing::TempDir() + "/transport-ring2.json";
+  {
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"({"name": "ring-2", "defaults": {"bandwidth_gbps": 100, "latency_us": 3},
+"nodes": [{"name": "w0", "rank": 0, "ports": 1}, {"name": "w1", "rank": 1, "ports": 1}],
+"links": [{"a": "w0:0", "b": "w1:0"}]})",
+               f);
+    std::fclose(f);
+  }
+  World w(2, "directconnect", path);
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  OnEveryRank(2, [&](int r) {
+    auto created = Transport::Create(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    const LinkDesc& link = (*created)->link_row()[static_cast<size_t>(1 - r)];
+    EXPECT_TRUE(link.reachable);
+    EXPECT_DOUBLE_EQ(link.gbps, 12.5);
+    EXPECT_DOUBLE_EQ(link.latency_us, 3.0);
+    ASSERT_TRUE(w.boot(r).Barrier(Soon()).ok());
+  });
+}
+
+TEST(Transport, ControlBuffersCarrySmallHostMessages) {
+  World w(3, "directconnect", "full");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  OnEveryRank(3, [&](int r) {
+    auto created = Transport::Create(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 128}, Soon());
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    Transport& t = **created;
+    const int to = (r + 1) % 3, from = (r + 2) % 3;
+    Transport::Peer* out = t.peer(to);
+    Transport::Peer* in = t.peer(from);
+    ASSERT_TRUE(out != nullptr && in != nullptr);
+    ASSERT_EQ(out->control_out.size(), 128u);
+    ASSERT_EQ(in->control_in.size(), 128u);
+    const std::string msg = fmt::format("header from rank {} to rank {}", r, to);
+    std::memcpy(out->control_out.data(), msg.data(), msg.size());
+    auto recv = in->recv->Recv(in->control_in.data(), in->control_in.size(), 1, in->recv_control);
+    ASSERT_TRUE(recv.ok()) << recv.status().ToString();
+    auto send = out->send->Send(out->control_out.data(), msg.size(), 1, out->send_control);
+    ASSERT_TRUE(send.ok()) << send.status().ToString();
+    ASSERT_TRUE(*recv != nullptr && *send != nullptr);
+    Status s = WaitAll({in->recv.get(), out->send.get()}, {*recv, *send}, Soon());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(in->control_in.data())),
+              fmt::format("header from rank {} to rank {}", from, r));
+    ASSERT_TRUE(w.boot(r).Barrier(Soon()).ok());
+  });
+}
+
+TEST(Transport, APeerThatNeverShowsUpIsATimeoutNamingIt) {
+  World w(3, "directconnect", "full");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  // Rank 2 exists (its bootstrap lives) but never calls Create.
+  OnEveryRank(2, [&](int r) {
+    const auto t0 = Clock::now();
+    auto created = Transport::Create(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256},
+                                     Deadline::AfterSeconds(2));
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    ASSERT_FALSE(created.ok());
+    EXPECT_EQ(created.status().code(), StatusCode::kTimeout) << created.status().ToString();
+    EXPECT_NE(created.status().message().find("rank 2"), std::string::npos) << created.status().message();
+    EXPECT_NE(created.status().message().find("directconnect"), std::string::npos) << created.status().message();
+    EXPECT_LT(seconds, 3.0);
+  });
+}
+
+TEST(Transport, AMalformedRecordFromAPeerIsRefusedNamingIt) {
+  World w(2, "directconnect", "full");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  OnEveryRank(2, [&](int r) {
+    if (r == 1) {
+      // Rank 1 takes part in the exchange with bytes that are not a connection record.
+      const std::vector<uint8_t> garbage = {'n', 'o', 't', ' ', 'a', ' ', 'r', 'e', 'c', 'o', 'r', 'd'};
+      EXPECT_TRUE(w.boot(1).AllGather(garbage, Soon()).ok());
+      return;
+    }
+    auto created = Transport::Create(w.fabric(0), w.boot(0), w.device(0), TransportOptions{kStagingBytes, 256}, Soon());
+    ASSERT_FALSE(created.ok());
+    EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument) << created.status().ToString();
+    EXPECT_NE(created.status().message().find("malformed connection record from rank 1"), std::string::npos)
+        << created.status().message();
+  });
+}
+
+// A fabric whose connections never complete: Connect is always "in progress", Accept finds no one.
+class StuckListen : public fabric::ListenComm {
+ public:
+  StuckListen(fabric::FabricDeviceProperties p, fabric::Handle h) : ListenComm(std::move(p), h) {}
+
+ protected:
+  Result<std::unique_ptr<fabric::RecvComm>> DoAccept() override { return std::unique_ptr<fabric::RecvComm>(); }
+  Status DoWaitAcceptable(Deadline deadline) override {
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(deadline.Remaining(), std::chrono::milliseconds(1)));
+    return Status::Ok();
+  }
+};
+
+class StuckFabric : public fabric::Fabric {
+ public:
+  StuckFabric(const Config* config, fabric::FabricContext ctx) : Fabric("stuck", config, std::move(ctx)) {
+    fabric::FabricDeviceProperties p;
+    p.fabric = "stuck";
+    p.name = "stuck0";
+    devices_.push_back(p);
+  }
+
+ protected:
+  Result<std::unique_ptr<fabric::ListenComm>> DoListen(int dev) override {
+    auto h = fabric::Handle::FromBytes(std::vector<uint8_t>{1, 2, 3, 4});
+    if (!h.ok()) return h.status();
+    return std::unique_ptr<fabric::ListenComm>(new StuckListen(devices_[static_cast<size_t>(dev)], *h));
+  }
+  Result<std::unique_ptr<fabric::SendComm>> DoConnect(int, const fabric::Handle&) override {
+    return std::unique_ptr<fabric::SendComm>();
+  }
+};
+
+TEST(Transport, ConnectionsThatNeverCompleteAreATimeoutNamingThePeers) {
+  World w(2, "directconnect", "full");  // for the bootstraps and devices only
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  OnEveryRank(2, [&](int r) {
+    fabric::FabricContext ctx;
+    ctx.rank = r;
+    ctx.world_size = 2;
+    StuckFabric stuck(&w.config, ctx);
+    const auto t0 = Clock::now();
+    auto created = Transport::Create(stuck, w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256},
+                                     Deadline::AfterSeconds(1));
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    ASSERT_FALSE(created.ok());
+    EXPECT_EQ(created.status().code(), StatusCode::kTimeout) << created.status().ToString();
+    const std::string other = fmt::format("rank {}", 1 - r);
+    EXPECT_NE(created.status().message().find("no connection to " + other), std::string::npos)
+        << created.status().message();
+    EXPECT_NE(created.status().message().find("no connection from " + other), std::string::npos)
+        << created.status().message();
+    EXPECT_NE(created.status().message().find("stuck"), std::string::npos) << created.status().message();
+    EXPECT_LT(seconds, 2.0);
+  });
+}
+
+TEST(Transport, BadArgumentsAreRefused) {
+  World w(2, "directconnect", "full");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  // The fabric of rank 1 with the bootstrap of rank 0.
+  auto wrong = Transport::Create(w.fabric(1), w.boot(0), w.device(0), TransportOptions{}, Soon());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument) << wrong.status().ToString();
+  auto empty = Transport::Create(w.fabric(0), w.boot(0), w.device(0), TransportOptions{0, 256}, Soon());
+  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument) << empty.status().ToString();
+}
+
+TEST(Transport, OneRankHasNoPeers) {
+  World w(1, "ofi", "", {"ofi:tcp"});
+  if (w.status.code() == StatusCode::kUnavailable) GTEST_SKIP() << "ofi is not available here: " << w.status.ToString();
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  auto created = Transport::Create(w.fabric(0), w.boot(0), w.device(0), TransportOptions{kStagingBytes, 256}, Soon());
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_EQ((*created)->peer(0), nullptr);
+  EXPECT_EQ((*created)->staging().size(), kStagingBytes);
+  EXPECT_FALSE((*created)->link_row()[0].reachable);
+}
+
+}  // namespace
+}  // namespace kizuna::collectives

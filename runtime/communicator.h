@@ -1,0 +1,185 @@
+// Communicators and collectives: kizuna's public C++ API (the C API in kizuna.h wraps it).
+//
+// A Communicator is one rank of a group of ranks, each driving one device (NCCL's ncclComm_t).
+// Create one per rank from a UniqueId (ncclCommInitRank), from the launcher's environment, for N
+// local devices in one process (ncclCommInitAll), or by splitting another (ncclCommSplit).
+//
+// Collectives follow NCCL's semantics (counts in elements of `type`; see collectives/plan.h for
+// the buffer sizes of each):
+//   AllReduce(send, recv, count)          every rank gets the reduction of all ranks' send
+//   ReduceScatter(send, recv, recvcount)  rank r gets the reduction of part r of all sends
+//   AllGather(send, recv, sendcount)      recv = every rank's send, in rank order
+//   Broadcast(send, recv, count, root)    recv = root's send
+//   Reduce(send, recv, count, op, root)   root's recv = the reduction
+//   AllToAll(send, recv, count)           recv part j = rank j's send part r
+//   Send / Recv(count, peer)              point to point; pair them in a group to avoid deadlock
+//   Barrier()                             returns (on the stream) once every rank has called it
+// In place: AllReduce, Broadcast, Reduce with send == recv; ReduceScatter with send + rank *
+// recvcount == recv; AllGather with send == recv + rank * sendcount (element offsets). Any other
+// overlap of send and recv is rejected. AllToAll is out of place only.
+//
+// Every call validates its arguments (nothing is enqueued on bad input: kInvalidArgument naming
+// the argument), picks an algorithm (cost model, KIZUNA_ALGO, or CallOptions), enqueues the
+// operation behind `stream`'s current work and returns at once. The operation runs when the
+// stream reaches it; the stream's later work sees the results (wait on the stream, or record an
+// event after the call). Buffers must stay valid until then. Every rank must call the same
+// collectives in the same order with matching arguments; a rank that does not gets an error
+// naming both calls and both ranks (mismatch detection), never a hang or a silent wrong result.
+//
+// Errors while an operation runs (a peer that went away, a mismatch, a timeout after
+// KIZUNA_TIMEOUT) make the communicator unusable: AsyncError() reports the first, every later call
+// returns kAborted, and the other ranks are told. Abort() stops everything promptly.
+//
+// Groups (thread-local, like ncclGroupStart/End): calls between GroupStart and GroupEnd are
+// validated at once and run together as one operation per communicator at GroupEnd, so that,
+// e.g., a Send and a Recv between two ranks cannot deadlock. Groups nest (only the outermost End
+// launches). All calls of one communicator in a group must use the same stream.
+//
+// Threading: a communicator's calls may come from any thread, one at a time (as with NCCL).
+// Different communicators are independent.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "collectives/plan.h"
+#include "collectives/shape.h"
+#include "runtime/bootstrap/bootstrap.h"
+#include "runtime/bootstrap/unique_id.h"
+#include "runtime/config.h"
+#include "runtime/device/device.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace kizuna {
+
+namespace collectives {
+class Executor;
+class Transport;
+}  // namespace collectives
+namespace fabric {
+class FabricRegistry;
+}
+namespace device {
+class DeviceRegistry;
+}
+
+struct CommOptions {
+  // The configuration to use; nullptr: the process's (GlobalConfig()). Must outlive the
+  // communicator.
+  const Config* config = nullptr;
+  // Staging memory per rank on its device for the engine's transfers.
+  size_t staging_bytes = 8u << 20;
+};
+
+struct CallOptions {
+  // Use this algorithm when it can serve the call (else the model's choice, logged), over
+  // KIZUNA_ALGO.
+  std::optional<collectives::Algorithm> algorithm;
+};
+
+// Split's color for ranks that join no new communicator (NCCL_SPLIT_NOCOLOR).
+inline constexpr int kSplitNoColor = -1;
+
+class Communicator {
+ public:
+  // ncclCommInitRank: rank `rank` of `size` ranks that share `id` (from bootstrap::GetUniqueId on
+  // one rank, distributed by the application). Collective: every rank must call it.
+  static Result<std::unique_ptr<Communicator>> Create(const bootstrap::UniqueId& id, int rank, int size,
+                                                      device::Device& device, const CommOptions& options = {});
+  // Over an existing bootstrap (in-process ranks, a parent's split). Collective.
+  static Result<std::unique_ptr<Communicator>> Create(std::shared_ptr<bootstrap::Bootstrap> bootstrap,
+                                                      device::Device& device, const CommOptions& options = {});
+  // Rank, size and rendezvous from the launcher (kizuna-run, torchrun, mpirun, srun: see
+  // runtime/bootstrap/launch_env.h); the device from the device registry: KIZUNA_DEVICE, else
+  // local rank modulo the first available backend's device count. The communicator owns the
+  // registry it created.
+  static Result<std::unique_ptr<Communicator>> CreateFromEnvironment(const CommOptions& options = {});
+  // ncclCommInitAll: one communicator per device, ranks 0..n-1 in the order given, as threads of
+  // this process over an in-memory bootstrap.
+  static Result<std::vector<std::unique_ptr<Communicator>>> CreateLocal(std::span<device::Device* const> devices,
+                                                                       const CommOptions& options = {});
+
+  // Waits for queued operations (bounded by KIZUNA_TIMEOUT each), then releases everything
+  // (ncclCommDestroy). Use Abort first to give up on operations that cannot finish.
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  device::Device& device() const { return *device_; }
+  // What every rank knows about every rank's device and links (the cost model's inputs).
+  const collectives::CommShape& shape() const { return shape_; }
+
+  Status AllReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op, device::Stream& stream,
+                   const CallOptions& options = {});
+  Status ReduceScatter(const void* send, void* recv, size_t recvcount, DataType type, ReduceOp op,
+                       device::Stream& stream, const CallOptions& options = {});
+  Status AllGather(const void* send, void* recv, size_t sendcount, DataType type, device::Stream& stream,
+                   const CallOptions& options = {});
+  Status Broadcast(const void* send, void* recv, size_t count, DataType type, int root, device::Stream& stream,
+                   const CallOptions& options = {});
+  Status Reduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op, int root,
+                device::Stream& stream, const CallOptions& options = {});
+  Status AllToAll(const void* send, void* recv, size_t count, DataType type, device::Stream& stream,
+                  const CallOptions& options = {});
+  Status Send(const void* send, size_t count, DataType type, int peer, device::Stream& stream);
+  Status Recv(void* recv, size_t count, DataType type, int peer, device::Stream& stream);
+  Status Barrier(device::Stream& stream);
+
+  // Thread-local groups; see above. GroupEnd returns the first launch error.
+  static Status GroupStart();
+  static Status GroupEnd();
+
+  // ncclCommSplit: collective over this communicator. Ranks with the same color form a new
+  // communicator on the same devices, ordered by (key, rank); color kSplitNoColor gives nullptr.
+  Result<std::unique_ptr<Communicator>> Split(int color, int key);
+
+  // Fails queued and running operations with kAborted, releases held streams, tells the peers.
+  // Returns promptly. The communicator is then unusable (destroy it).
+  void Abort();
+  // The first error of an operation, or ok (ncclCommGetAsyncError).
+  Status AsyncError() const;
+
+  // The algorithm and predicted times the engine chooses for a request on this communicator,
+  // as logged at INFO (tools and tests).
+  Result<std::string> ExplainChoice(collectives::Collective collective, size_t count, DataType type) const;
+
+ private:
+  struct Call;
+  struct PlanCache;
+  Communicator() = default;
+  static Result<std::unique_ptr<Communicator>> Init(std::shared_ptr<bootstrap::Bootstrap> bootstrap,
+                                                    device::Device& device, const CommOptions& options);
+  Status Enqueue(Call call);
+  Status Launch(std::vector<Call> calls);
+  Result<std::shared_ptr<const collectives::Plan>> PlanFor(const collectives::CollectiveRequest& request,
+                                                           const CallOptions& options, size_t slot_bytes,
+                                                           int channels);
+  friend struct GroupState;
+
+  int rank_ = 0;
+  int size_ = 1;
+  const Config* config_ = nullptr;
+  CommOptions options_;
+  std::unique_ptr<device::DeviceRegistry> owned_devices_;  // CreateFromEnvironment only
+  device::Device* device_ = nullptr;
+  std::shared_ptr<bootstrap::Bootstrap> bootstrap_;
+  Config fabric_config_;  // the configuration the fabrics see (outlives them)
+  std::unique_ptr<fabric::FabricRegistry> fabrics_;
+  std::unique_ptr<collectives::Transport> transport_;
+  std::unique_ptr<collectives::Executor> executor_;
+  collectives::CommShape shape_;
+  std::unique_ptr<PlanCache> plans_;
+  uint32_t splits_ = 0;  // splits made from this communicator (tags for their bootstraps)
+  std::mutex call_mu_;   // one call at a time
+};
+
+}  // namespace kizuna

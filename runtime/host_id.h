@@ -1,0 +1,14 @@
+// Which host this process runs on, as a string every process of the host computes alike and no
+// other host does: the host name and the kernel's boot id (two VMs cloned from one image share a
+// host name but not a boot id; a container shares its host's boot id and, with host networking,
+// its name).
+#pragma once
+
+#include <string>
+
+namespace kizuna {
+
+// "nodeA:3f2a9c1e". Never fails: a missing boot id leaves the host name alone.
+std::string HostId();
+
+}  // namespace kizuna

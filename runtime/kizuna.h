@@ -1,0 +1,127 @@
+/* kizuna's C API: NCCL's names and semantics with a kz prefix, so that a framework that calls
+ * NCCL switches with little more than a rename (ncclAllReduce -> kzAllReduce, ncclComm_t ->
+ * kzComm_t, ncclFloat32 -> kzFloat32, ...). The C++ API (runtime/communicator.h) is the
+ * reference for semantics; this header repeats what differs.
+ *
+ * Devices and streams. kizuna drives many kinds of device, so where NCCL takes a cudaStream_t
+ * this API takes a kzStream_t created on one of kizuna's devices (kzDeviceGet, kzStreamCreate).
+ * Device memory comes from kzMalloc; for host-accessible devices (the emulated accelerator) the
+ * pointers may be read and written by the CPU directly.
+ *
+ * Errors. Every function returns kzResult_t. kzGetErrorString names the code; kzGetLastError
+ * returns the full message of the calling thread's last failure (which argument, which rank,
+ * which peer), valid until the thread's next failing call.
+ *
+ * Threading and lifetimes are as in the C++ API. Values of the enums are stable (append only).
+ */
+#ifndef KIZUNA_H_
+#define KIZUNA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KZ_MAJOR 0
+#define KZ_MINOR 1
+#define KZ_PATCH 0
+#define KZ_VERSION_CODE (KZ_MAJOR * 10000 + KZ_MINOR * 100 + KZ_PATCH)
+
+typedef enum {
+  kzSuccess = 0,
+  kzInvalidArgument = 1,
+  kzUnavailable = 2,
+  kzNotSupported = 3,
+  kzOutOfMemory = 4,
+  kzTimeout = 5,
+  kzAborted = 6,
+  kzRemoteError = 7,
+  kzInternalError = 8,
+} kzResult_t;
+
+typedef enum {
+  kzFloat16 = 0,
+  kzBfloat16 = 1,
+  kzFloat32 = 2,
+  kzFloat64 = 3,
+  kzInt8 = 4,
+  kzUint8 = 5,
+  kzInt32 = 6,
+  kzUint32 = 7,
+  kzInt64 = 8,
+  kzUint64 = 9,
+} kzDataType_t;
+
+typedef enum { kzSum = 0, kzProd = 1, kzMin = 2, kzMax = 3, kzAvg = 4 } kzRedOp_t;
+
+#define KZ_UNIQUE_ID_BYTES 128
+/* The rendezvous id: printable text (NUL-terminated) naming the root's address and a secret. */
+typedef struct {
+  char internal[KZ_UNIQUE_ID_BYTES];
+} kzUniqueId;
+
+#define KZ_SPLIT_NOCOLOR (-1)
+
+typedef struct kzComm* kzComm_t;
+typedef struct kzDevice* kzDevice_t;
+typedef struct kzStream* kzStream_t;
+
+/* ---- Library ---- */
+const char* kzGetErrorString(kzResult_t result);
+const char* kzGetLastError(void);
+kzResult_t kzGetVersion(int* version);
+
+/* ---- Devices, memory, streams ---- */
+/* Devices of the first available backend (the emulated accelerator when nothing else is). */
+kzResult_t kzDeviceCount(int* count);
+kzResult_t kzDeviceGet(int index, kzDevice_t* device);
+/* "host_emulated:3" */
+const char* kzDeviceName(kzDevice_t device);
+kzResult_t kzMalloc(kzDevice_t device, size_t bytes, void** ptr);
+kzResult_t kzFree(kzDevice_t device, void* ptr);
+kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream);
+kzResult_t kzStreamDestroy(kzStream_t stream);
+kzResult_t kzStreamSynchronize(kzStream_t stream);
+
+/* ---- Communicators ---- */
+kzResult_t kzGetUniqueId(kzUniqueId* id);
+kzResult_t kzCommInitRank(kzComm_t* comm, int nranks, kzUniqueId id, int rank, kzDevice_t device);
+/* One communicator per device, in one process: devlist indexes kzDeviceGet's devices (NULL: 0..ndev-1). */
+kzResult_t kzCommInitAll(kzComm_t* comms, int ndev, const int* devlist);
+/* Rank, size and rendezvous from the launcher (kizuna-run, torchrun, mpirun, srun). */
+kzResult_t kzCommInitFromEnv(kzComm_t* comm);
+kzResult_t kzCommSplit(kzComm_t comm, int color, int key, kzComm_t* newcomm);
+kzResult_t kzCommDestroy(kzComm_t comm);
+kzResult_t kzCommAbort(kzComm_t comm);
+kzResult_t kzCommGetAsyncError(kzComm_t comm, kzResult_t* async_error);
+kzResult_t kzCommCount(const kzComm_t comm, int* count);
+kzResult_t kzCommUserRank(const kzComm_t comm, int* rank);
+kzResult_t kzCommDevice(const kzComm_t comm, kzDevice_t* device);
+
+/* ---- Collectives (enqueued on `stream`; return at once) ---- */
+kzResult_t kzAllReduce(const void* sendbuff, void* recvbuff, size_t count, kzDataType_t datatype, kzRedOp_t op,
+                       kzComm_t comm, kzStream_t stream);
+kzResult_t kzBroadcast(const void* sendbuff, void* recvbuff, size_t count, kzDataType_t datatype, int root,
+                       kzComm_t comm, kzStream_t stream);
+kzResult_t kzReduce(const void* sendbuff, void* recvbuff, size_t count, kzDataType_t datatype, kzRedOp_t op, int root,
+                    kzComm_t comm, kzStream_t stream);
+kzResult_t kzAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, kzDataType_t datatype, kzComm_t comm,
+                       kzStream_t stream);
+kzResult_t kzReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, kzDataType_t datatype,
+                           kzRedOp_t op, kzComm_t comm, kzStream_t stream);
+kzResult_t kzAllToAll(const void* sendbuff, void* recvbuff, size_t count, kzDataType_t datatype, kzComm_t comm,
+                      kzStream_t stream);
+kzResult_t kzSend(const void* sendbuff, size_t count, kzDataType_t datatype, int peer, kzComm_t comm,
+                  kzStream_t stream);
+kzResult_t kzRecv(void* recvbuff, size_t count, kzDataType_t datatype, int peer, kzComm_t comm, kzStream_t stream);
+kzResult_t kzBarrier(kzComm_t comm, kzStream_t stream);
+kzResult_t kzGroupStart(void);
+kzResult_t kzGroupEnd(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KIZUNA_H_ */

@@ -1,0 +1,278 @@
+// The communicator's behaviour around the collectives: argument checks (nothing enqueued on bad
+// input), mismatch detection, timeouts, Abort, Split, groups, deterministic mode.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "tests/collectives/world.h"
+
+namespace kizuna::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+testing::AssertionResult HasCode(const Status& s, StatusCode code) {
+  if (s.code() == code) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "expected " << StatusCodeName(code) << ", got " << s.ToString();
+}
+
+testing::AssertionResult Mentions(const Status& s, const std::string& text) {
+  if (s.message().find(text) != std::string::npos) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "'" << s.ToString() << "' does not mention '" << text << "'";
+}
+
+std::unique_ptr<device::Buffer> Alloc(World& w, int r, size_t bytes) {
+  auto b = w.device(r).Allocate(bytes);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+TEST(Communicator, RejectsBadArgumentsWithoutEnqueueing) {
+  World w(2, WorldConfig(2));
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  auto buf = Alloc(w, 0, 4096);
+  Communicator& c = w.comm(0);
+  device::Stream& s = w.stream(0);
+  EXPECT_TRUE(HasCode(c.AllReduce(nullptr, buf->data(), 4, DataType::kFloat32, ReduceOp::kSum, s),
+                      StatusCode::kInvalidArgument));
+  EXPECT_TRUE(Mentions(c.AllReduce(buf->data(), buf->data(), 4, static_cast<DataType>(42), ReduceOp::kSum, s),
+                       "data type"));
+  EXPECT_TRUE(Mentions(c.AllReduce(buf->data(), buf->data(), 4, DataType::kFloat32, static_cast<ReduceOp>(9), s),
+                       "reduction op"));
+  EXPECT_TRUE(Mentions(c.Broadcast(buf->data(), buf->data(), 4, DataType::kFloat32, 2, s), "root 2"));
+  EXPECT_TRUE(Mentions(c.Send(buf->data(), 4, DataType::kFloat32, 5, s), "peer 5"));
+  // Partial overlap of send and receive.
+  auto* p = static_cast<uint8_t*>(buf->data());
+  EXPECT_TRUE(Mentions(c.AllReduce(p, p + 4, 16, DataType::kFloat32, ReduceOp::kSum, s), "overlap"));
+  // AllToAll in place.
+  EXPECT_TRUE(HasCode(c.AllToAll(p, p, 4, DataType::kFloat32, s), StatusCode::kInvalidArgument));
+  // A stream of another device.
+  EXPECT_TRUE(Mentions(c.AllReduce(p, p, 4, DataType::kFloat32, ReduceOp::kSum, w.stream(1)), "stream belongs"));
+  // Host memory that is not the device's (host_emulated tells its allocations apart).
+  std::vector<float> host(16);
+  Status st = c.AllReduce(host.data(), host.data(), 16, DataType::kFloat32, ReduceOp::kSum, s);
+  if (!st.ok()) {
+    EXPECT_TRUE(Mentions(st, "not memory of"));
+  }
+  // Nothing was enqueued: a matching pair of calls now still works on both ranks.
+  auto b0 = Alloc(w, 0, 64), b1 = Alloc(w, 1, 64);
+  std::memset(b0->data(), 0, 64);
+  std::memset(b1->data(), 0, 64);
+  static_cast<float*>(b0->data())[0] = 1;
+  static_cast<float*>(b1->data())[0] = 2;
+  ASSERT_TRUE(w.comm(0).AllReduce(b0->data(), b0->data(), 16, DataType::kFloat32, ReduceOp::kSum, w.stream(0)).ok());
+  ASSERT_TRUE(w.comm(1).AllReduce(b1->data(), b1->data(), 16, DataType::kFloat32, ReduceOp::kSum, w.stream(1)).ok());
+  ASSERT_TRUE(w.SyncAll().ok());
+  EXPECT_EQ(static_cast<float*>(b0->data())[0], 3);
+  EXPECT_EQ(static_cast<float*>(b1->data())[0], 3);
+}
+
+TEST(Communicator, MismatchNamesBothCallsAndRanks) {
+  Config config = WorldConfig(2);
+  config.timeout_s = 10;
+  World w(2, config);
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  auto b0 = Alloc(w, 0, 4096), b1 = Alloc(w, 1, 4096);
+  const auto start = Clock::now();
+  ASSERT_TRUE(w.comm(0).AllReduce(b0->data(), b0->data(), 100, DataType::kFloat32, ReduceOp::kSum, w.stream(0)).ok());
+  ASSERT_TRUE(w.comm(1).AllReduce(b1->data(), b1->data(), 200, DataType::kFloat32, ReduceOp::kSum, w.stream(1)).ok());
+  Status s = w.SyncAll();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0) << "detected by the headers, not a timeout";
+  ASSERT_FALSE(s.ok());
+  Status e0 = w.comm(0).AsyncError(), e1 = w.comm(1).AsyncError();
+  // At least one rank names the mismatch with both counts; the other learns of it.
+  const std::string both = e0.ToString() + " | " + e1.ToString();
+  EXPECT_NE(both.find("mismatch"), std::string::npos) << both;
+  EXPECT_NE(both.find("count=100"), std::string::npos) << both;
+  EXPECT_NE(both.find("count=200"), std::string::npos) << both;
+  // The communicator is now unusable, saying why.
+  EXPECT_TRUE(HasCode(w.comm(0).AllReduce(b0->data(), b0->data(), 1, DataType::kFloat32, ReduceOp::kSum, w.stream(0)),
+                      StatusCode::kAborted));
+}
+
+TEST(Communicator, DifferentCollectivesAreAMismatch) {
+  World w(3, WorldConfig(3));
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  std::vector<std::unique_ptr<device::Buffer>> b;
+  for (int r = 0; r < 3; ++r) b.push_back(Alloc(w, r, 4096));
+  for (int r = 0; r < 3; ++r) {
+    if (r == 1)
+      ASSERT_TRUE(w.comm(r).Broadcast(b[1]->data(), b[1]->data(), 64, DataType::kFloat32, 0, w.stream(r)).ok());
+    else
+      ASSERT_TRUE(w.comm(r).AllReduce(b[r]->data(), b[r]->data(), 64, DataType::kFloat32, ReduceOp::kSum, w.stream(r)).ok());
+  }
+  EXPECT_FALSE(w.SyncAll().ok());
+  std::string all;
+  for (int r = 0; r < 3; ++r) all += w.comm(r).AsyncError().ToString() + " | ";
+  EXPECT_NE(all.find("broadcast"), std::string::npos) << all;
+  EXPECT_NE(all.find("allreduce"), std::string::npos) << all;
+}
+
+TEST(Communicator, MissingRankTimesOutNamingIt) {
+  Config config = WorldConfig(3);
+  config.timeout_s = 2;
+  World w(3, config);
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  std::vector<std::unique_ptr<device::Buffer>> b;
+  for (int r = 0; r < 3; ++r) b.push_back(Alloc(w, r, 4096));
+  const auto start = Clock::now();
+  for (int r = 0; r < 2; ++r)  // rank 2 never calls
+    ASSERT_TRUE(w.comm(r).AllReduce(b[r]->data(), b[r]->data(), 64, DataType::kFloat32, ReduceOp::kSum, w.stream(r)).ok());
+  for (int r = 0; r < 2; ++r) w.stream(r).Synchronize(Deadline::AfterSeconds(30)).IgnoreError();
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_LT(took, 10.0);
+  std::string all = w.comm(0).AsyncError().ToString() + " | " + w.comm(1).AsyncError().ToString();
+  EXPECT_NE(all.find("rank"), std::string::npos) << all;
+  EXPECT_TRUE(w.comm(0).AsyncError().code() == StatusCode::kTimeout ||
+              w.comm(1).AsyncError().code() == StatusCode::kTimeout)
+      << all;
+  EXPECT_NE(all.find("2"), std::string::npos) << all;
+}
+
+TEST(Communicator, AbortReleasesWaitingStreamsPromptly) {
+  Config config = WorldConfig(2);
+  config.timeout_s = 60;
+  World w(2, config);
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  auto b0 = Alloc(w, 0, 4096);
+  ASSERT_TRUE(w.comm(0).AllReduce(b0->data(), b0->data(), 64, DataType::kFloat32, ReduceOp::kSum, w.stream(0)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto start = Clock::now();
+  w.comm(0).Abort();
+  EXPECT_TRUE(w.stream(0).Synchronize(Deadline::AfterSeconds(10)).ok());
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 3.0);
+  EXPECT_TRUE(HasCode(w.comm(0).AsyncError(), StatusCode::kAborted));
+  // The peer that is told fails promptly too when it arrives.
+  auto b1 = Alloc(w, 1, 4096);
+  ASSERT_TRUE(w.comm(1).AllReduce(b1->data(), b1->data(), 64, DataType::kFloat32, ReduceOp::kSum, w.stream(1)).ok());
+  EXPECT_TRUE(w.stream(1).Synchronize(Deadline::AfterSeconds(20)).ok());
+  EXPECT_FALSE(w.comm(1).AsyncError().ok());
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+}
+
+TEST(Communicator, GroupFusesCallsAndPairsSendRecv) {
+  World w(4, WorldConfig(4));
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  const int n = 4;
+  const size_t count = 1000;
+  std::vector<std::unique_ptr<device::Buffer>> a, b, c;
+  for (int r = 0; r < n; ++r) {
+    a.push_back(Alloc(w, r, count * 4));
+    b.push_back(Alloc(w, r, count * 4));
+    c.push_back(Alloc(w, r, count * 4 * n));
+    for (size_t i = 0; i < count; ++i) {
+      static_cast<float*>(a[r]->data())[i] = static_cast<float>(r + 1);
+      static_cast<int32_t*>(b[r]->data())[i] = r * 10;
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(Communicator::GroupStart().ok());
+    ASSERT_TRUE(w.comm(r).AllReduce(a[r]->data(), a[r]->data(), count, DataType::kFloat32, ReduceOp::kSum, w.stream(r)).ok());
+    ASSERT_TRUE(w.comm(r).AllGather(b[r]->data(), c[r]->data(), count, DataType::kInt32, w.stream(r)).ok());
+    ASSERT_TRUE(Communicator::GroupEnd().ok());
+  }
+  ASSERT_TRUE(w.SyncAll().ok()) << w.SyncAll().ToString();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(static_cast<float*>(a[r]->data())[count - 1], 10.0f);
+    for (int q = 0; q < n; ++q) EXPECT_EQ(static_cast<int32_t*>(c[r]->data())[q * count + 5], q * 10);
+  }
+  // Send/Recv both ways between 0 and 1 in one group (without the group, each rank's send would
+  // wait for a receive the other has not posted).
+  ASSERT_TRUE(Communicator::GroupStart().ok());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.comm(r).Send(a[r]->data(), count, DataType::kFloat32, 1 - r, w.stream(r)).ok());
+    ASSERT_TRUE(w.comm(r).Recv(b[r]->data(), count, DataType::kFloat32, 1 - r, w.stream(r)).ok());
+  }
+  ASSERT_TRUE(Communicator::GroupEnd().ok());
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(w.stream(r).Synchronize(Deadline::AfterSeconds(30)).ok());
+  EXPECT_EQ(static_cast<float*>(b[0]->data())[3], 10.0f);
+}
+
+TEST(Communicator, SplitMakesWorkingSubCommunicators) {
+  World w(5, WorldConfig(5));
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  // Colors: even ranks 0, odd ranks 1, rank 4 none. Keys reverse the order.
+  std::vector<Result<std::unique_ptr<Communicator>>> subs;
+  for (int r = 0; r < 5; ++r) subs.emplace_back(Internal("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 5; ++r)
+    threads.emplace_back([&, r] { subs[r] = w.comm(r).Split(r == 4 ? kSplitNoColor : r % 2, 10 - r); });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 5; ++r) ASSERT_TRUE(subs[r].ok()) << subs[r].status().ToString();
+  EXPECT_EQ(*subs[4], nullptr);
+  // Even: ranks 0, 2 -> keys 10, 8 -> new order 2, 0.
+  EXPECT_EQ((*subs[2])->rank(), 0);
+  EXPECT_EQ((*subs[0])->rank(), 1);
+  EXPECT_EQ((*subs[0])->size(), 2);
+  EXPECT_EQ((*subs[1])->size(), 2);
+  // An AllReduce on the odd communicator.
+  std::vector<std::unique_ptr<device::Buffer>> b;
+  for (int r = 0; r < 5; ++r) {
+    b.push_back(Alloc(w, r, 64));
+    static_cast<float*>(b[r]->data())[0] = static_cast<float>(r);
+  }
+  for (int r : {1, 3})
+    ASSERT_TRUE((*subs[r])->AllReduce(b[r]->data(), b[r]->data(), 1, DataType::kFloat32, ReduceOp::kSum, w.stream(r)).ok());
+  for (int r : {1, 3}) ASSERT_TRUE(w.stream(r).Synchronize(Deadline::AfterSeconds(30)).ok());
+  EXPECT_EQ(static_cast<float*>(b[1]->data())[0], 4.0f);
+  EXPECT_EQ(static_cast<float*>(b[3]->data())[0], 4.0f);
+}
+
+// KIZUNA_DETERMINISTIC=1: random float32 and float16 inputs give bitwise identical AllReduce and
+// ReduceScatter results for every algorithm and chunk size.
+TEST(Communicator, DeterministicModeIsBitwiseStable) {
+  const int n = 5;
+  const size_t count = 3001;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<std::vector<float>> inputs(n, std::vector<float>(count));
+  for (auto& v : inputs)
+    for (float& x : v) x = dist(rng);
+  std::vector<std::vector<uint8_t>> reference;
+  for (uint64_t chunk : {uint64_t{0}, uint64_t{256}}) {
+    Config config = WorldConfig(n);
+    config.deterministic = true;
+    if (chunk) config.chunk_bytes = chunk;
+    World w(n, config);
+    ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+    for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd, Algorithm::kRd, Algorithm::kPairwise}) {
+      std::vector<std::unique_ptr<device::Buffer>> b;
+      CallOptions options;
+      options.algorithm = algo;
+      for (int r = 0; r < n; ++r) {
+        b.push_back(Alloc(w, r, count * 4));
+        std::memcpy(b[r]->data(), inputs[r].data(), count * 4);
+      }
+      for (int r = 0; r < n; ++r)
+        ASSERT_TRUE(w.comm(r).AllReduce(b[r]->data(), b[r]->data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                        w.stream(r), options)
+                        .ok());
+      ASSERT_TRUE(w.SyncAll().ok());
+      for (int r = 0; r < n; ++r) {
+        std::vector<uint8_t> got(static_cast<uint8_t*>(b[r]->data()), static_cast<uint8_t*>(b[r]->data()) + count * 4);
+        if (reference.empty()) {
+          // The reference: every element reduced in rank order, in float32.
+          std::vector<float> want(count);
+          for (size_t i = 0; i < count; ++i) {
+            float acc = inputs[0][i];
+            for (int q = 1; q < n; ++q) acc += inputs[q][i];
+            want[i] = acc;
+          }
+          reference.emplace_back(reinterpret_cast<uint8_t*>(want.data()),
+                                 reinterpret_cast<uint8_t*>(want.data()) + count * 4);
+        }
+        EXPECT_EQ(got, reference[0]) << "algorithm " << collectives::AlgorithmName(algo) << " chunk " << chunk
+                                     << " rank " << r;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kizuna::test

@@ -1,0 +1,303 @@
+// The collective engine's correctness matrix, in one process (ranks as communicators over
+// emulated devices, issued from one thread since calls return at once): every collective x
+// algorithm x dtype somewhere, rank counts 1, 2, 3, 4, 5, 7, 8, counts 0, 1, 7, 1,000,003 and one
+// of 16 MiB, in place and out of place, against results computed in world.h.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "collectives/algorithm.h"
+#include "tests/collectives/world.h"
+
+namespace kizuna::test {
+namespace {
+
+using collectives::CollectiveRequest;
+
+struct Case {
+  Collective coll = Collective::kAllReduce;
+  std::optional<Algorithm> algo;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  uint64_t count = 0;
+  bool in_place = false;
+  int root = 0;
+
+  std::string ToString() const {
+    return fmt::format("{} algo={} {} {} count={} {} root={}", collectives::CollectiveName(coll),
+                       algo ? collectives::AlgorithmName(*algo) : "auto", DataTypeName(dtype), ReduceOpName(op), count,
+                       in_place ? "in-place" : "out-of-place", root);
+  }
+};
+
+struct RankBuffers {
+  std::unique_ptr<device::Buffer> a, b;  // a: input (or the shared in-place buffer), b: output
+  const void* input = nullptr;
+  void* output = nullptr;
+};
+
+// Checks every output element; stops at the first few wrong ones.
+testing::AssertionResult Check(World& w, const Case& c, std::vector<RankBuffers>& bufs) {
+  const int n = w.size();
+  const uint64_t count = c.count;
+  int wrong = 0;
+  std::string first;
+  auto expect = [&](int r, uint64_t j, double want, ReduceOp op) {
+    const double got = LoadValue(bufs[static_cast<size_t>(r)].output, j, c.dtype);
+    if (!Matches(got, want, c.dtype, op)) {
+      if (wrong++ == 0) first = fmt::format("rank {} element {}: got {}, expected {}", r, j, got, want);
+    }
+  };
+  for (int r = 0; r < n && wrong < 5; ++r) {
+    switch (c.coll) {
+      case Collective::kAllReduce:
+        for (uint64_t j = 0; j < count; ++j) expect(r, j, Reduced(c.op, n, j, c.dtype), c.op);
+        break;
+      case Collective::kReduceScatter:
+        for (uint64_t j = 0; j < count; ++j) expect(r, j, Reduced(c.op, n, r * count + j, c.dtype), c.op);
+        break;
+      case Collective::kAllGather:
+        for (uint64_t j = 0; j < count * n; ++j)
+          expect(r, j, static_cast<double>(InputValue(ReduceOp::kSum, static_cast<int>(j / count), j % count)),
+                 ReduceOp::kSum);
+        break;
+      case Collective::kBroadcast:
+        for (uint64_t j = 0; j < count; ++j)
+          expect(r, j, static_cast<double>(InputValue(ReduceOp::kSum, c.root, j)), ReduceOp::kSum);
+        break;
+      case Collective::kReduce:
+        if (r == c.root)
+          for (uint64_t j = 0; j < count; ++j) expect(r, j, Reduced(c.op, n, j, c.dtype), c.op);
+        break;
+      case Collective::kAllToAll:
+        for (uint64_t j = 0; j < count * n; ++j)
+          expect(r, j,
+                 static_cast<double>(InputValue(ReduceOp::kSum, static_cast<int>(j / count), r * count + j % count)),
+                 ReduceOp::kSum);
+        break;
+      case Collective::kRecv:
+        for (uint64_t j = 0; j < count; ++j)
+          expect(r, j, static_cast<double>(InputValue(ReduceOp::kSum, (r + n - 1) % n, j)), ReduceOp::kSum);
+        break;
+      default:
+        break;
+    }
+  }
+  if (wrong > 0) return testing::AssertionFailure() << c.ToString() << " on " << n << " ranks: " << first;
+  return testing::AssertionSuccess();
+}
+
+// Runs one case on every rank of `w` and checks it. Collective::kRecv stands for a ring of
+// Send/Recv pairs in a group (rank r sends to r+1, receives from r-1).
+testing::AssertionResult RunCase(World& w, const Case& c) {
+  const int n = w.size();
+  const size_t elem = DataTypeSize(c.dtype);
+  CollectiveRequest req;
+  req.collective = c.coll == Collective::kRecv ? Collective::kSend : c.coll;
+  req.nranks = n;
+  req.count = c.count;
+  const uint64_t in_count = c.coll == Collective::kRecv ? c.count : req.input_count();
+  const uint64_t out_count = c.coll == Collective::kRecv ? c.count : std::max<uint64_t>(req.output_count(), 1);
+  std::vector<RankBuffers> bufs(static_cast<size_t>(n));
+  const ReduceOp value_op = collectives::IsReduction(c.coll) ? c.op : ReduceOp::kSum;
+  for (int r = 0; r < n; ++r) {
+    RankBuffers& b = bufs[static_cast<size_t>(r)];
+    auto alloc = [&](uint64_t elems) -> std::unique_ptr<device::Buffer> {
+      auto buf = w.device(r).Allocate(std::max<uint64_t>(elems, 1) * elem);
+      EXPECT_TRUE(buf.ok()) << buf.status().ToString();
+      return buf.ok() ? std::move(*buf) : nullptr;
+    };
+    // Input element i of rank r sits at input + i.
+    uint64_t input_offset = 0;  // elements into `a` where the input starts
+    if (c.in_place) {
+      b.a = alloc(std::max(in_count, out_count));
+      if (!b.a) return testing::AssertionFailure() << "allocation failed";
+      b.output = b.a->data();
+      if (c.coll == Collective::kAllGather) input_offset = static_cast<uint64_t>(r) * c.count;
+      b.input = static_cast<uint8_t*>(b.a->data()) + input_offset * elem;
+      if (c.coll == Collective::kReduceScatter)
+        b.output = static_cast<uint8_t*>(b.a->data()) + static_cast<uint64_t>(r) * c.count * elem;
+    } else {
+      b.a = alloc(in_count);
+      b.b = alloc(out_count);
+      if (!b.a || !b.b) return testing::AssertionFailure() << "allocation failed";
+      b.input = b.a->data();
+      b.output = b.b->data();
+      for (uint64_t j = 0; j < out_count; ++j) StoreValue(b.output, j, c.dtype, 99);  // visible if untouched
+    }
+    for (uint64_t i = 0; i < in_count; ++i)
+      StoreValue(const_cast<void*>(b.input), i, c.dtype, static_cast<double>(InputValue(value_op, r, i)));
+  }
+  CallOptions options;
+  options.algorithm = c.algo;
+  for (int r = 0; r < n; ++r) {
+    RankBuffers& b = bufs[static_cast<size_t>(r)];
+    Communicator& comm = w.comm(r);
+    device::Stream& s = w.stream(r);
+    Status st;
+    switch (c.coll) {
+      case Collective::kAllReduce:
+        st = comm.AllReduce(b.input, b.output, c.count, c.dtype, c.op, s, options);
+        break;
+      case Collective::kReduceScatter:
+        st = comm.ReduceScatter(b.input, b.output, c.count, c.dtype, c.op, s, options);
+        break;
+      case Collective::kAllGather:
+        st = comm.AllGather(b.input, b.output, c.count, c.dtype, s, options);
+        break;
+      case Collective::kBroadcast:
+        st = comm.Broadcast(b.input, b.output, c.count, c.dtype, c.root, s, options);
+        break;
+      case Collective::kReduce:
+        st = comm.Reduce(b.input, b.output, c.count, c.dtype, c.op, c.root, s, options);
+        break;
+      case Collective::kAllToAll:
+        st = comm.AllToAll(b.input, b.output, c.count, c.dtype, s, options);
+        break;
+      case Collective::kBarrier:
+        st = comm.Barrier(s);
+        break;
+      case Collective::kRecv:
+        EXPECT_TRUE(Communicator::GroupStart().ok());
+        st = comm.Send(b.input, c.count, c.dtype, (r + 1) % n, s);
+        if (st.ok()) st = comm.Recv(b.output, c.count, c.dtype, (r + n - 1) % n, s);
+        EXPECT_TRUE(Communicator::GroupEnd().ok());
+        break;
+      default:
+        return testing::AssertionFailure() << "case not handled";
+    }
+    if (!st.ok()) return testing::AssertionFailure() << c.ToString() << ": rank " << r << ": " << st.ToString();
+  }
+  if (Status s = w.SyncAll(); !s.ok())
+    return testing::AssertionFailure() << c.ToString() << " on " << n << " ranks: " << s.ToString();
+  return Check(w, c, bufs);
+}
+
+constexpr Collective kCollectives[] = {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
+                                       Collective::kBroadcast, Collective::kReduce,        Collective::kAllToAll,
+                                       Collective::kBarrier};
+
+// The algorithms that serve `coll` on this world (the matrix runs each of them by name).
+std::vector<Algorithm> Serving(World& w, Collective coll) {
+  std::vector<Algorithm> out;
+  CollectiveRequest r;
+  r.collective = coll;
+  r.nranks = w.size();
+  r.count = 7;
+  for (const collectives::AlgorithmImpl* a : collectives::AllAlgorithms())
+    if (a->Supports(r, w.comm(0).shape()).ok()) out.push_back(a->id());
+  return out;
+}
+
+class Matrix : public testing::TestWithParam<int> {};
+
+// Every served (collective, algorithm) pair x every dtype, with small counts, ops and placements
+// rotating through the cells.
+TEST_P(Matrix, EveryCollectiveAlgorithmAndType) {
+  const int n = GetParam();
+  World w(n, WorldConfig(8));
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  const uint64_t counts[] = {0, 1, 7, 1003};
+  int k = n;  // rotation start differs per rank count, so cells see different combinations
+  for (Collective coll : kCollectives) {
+    for (Algorithm algo : Serving(w, coll)) {
+      for (DataType t : AllDataTypes()) {
+        Case c;
+        c.coll = coll;
+        c.algo = algo;
+        c.dtype = t;
+        c.op = AllReduceOps()[static_cast<size_t>(k % kNumReduceOps)];
+        c.count = counts[static_cast<size_t>(k % 4)];
+        c.in_place = (k / 4) % 2 == 1 && coll != Collective::kAllToAll;
+        c.root = k % n;
+        ++k;
+        ASSERT_TRUE(RunCase(w, c));
+      }
+    }
+  }
+  // Point to point: a ring of Send/Recv in a group.
+  if (n > 1) {
+    for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{1003}}) {
+      Case c;
+      c.coll = Collective::kRecv;
+      c.count = count;
+      ASSERT_TRUE(RunCase(w, c));
+    }
+  }
+}
+
+// 1,000,003 elements through every served algorithm of the reductions and gathers (float32 and one
+// other type), so that multi-chunk, multi-channel paths run with a count no rank count divides.
+TEST_P(Matrix, LargeCounts) {
+  const int n = GetParam();
+  if (n != 3 && n != 8) GTEST_SKIP() << "large counts run at 3 and 8 ranks";
+  World w(n, WorldConfig(8));
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  int k = 0;
+  for (Collective coll : kCollectives) {
+    if (coll == Collective::kBarrier) continue;
+    for (Algorithm algo : Serving(w, coll)) {
+      Case c;
+      c.coll = coll;
+      c.algo = algo;
+      c.dtype = (k % 2) ? DataType::kBfloat16 : DataType::kFloat32;
+      c.op = (k % 3) ? ReduceOp::kSum : ReduceOp::kMax;
+      c.count = coll == Collective::kAllToAll || coll == Collective::kAllGather || coll == Collective::kReduceScatter
+                    ? 1000003 / static_cast<uint64_t>(n)
+                    : 1000003;
+      c.in_place = k % 2 == 0 && coll != Collective::kAllToAll;
+      c.root = n - 1;
+      ++k;
+      ASSERT_TRUE(RunCase(w, c));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Matrix, testing::Values(1, 2, 3, 4, 5, 7, 8),
+                         [](const testing::TestParamInfo<int>& p) { return fmt::format("n{}", p.param); });
+
+// One message of at least 16 MiB per collective (the engine's choice of algorithm), 4 ranks.
+TEST(MatrixLarge, SixteenMiB) {
+  World w(4, WorldConfig(4));
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  for (Collective coll : kCollectives) {
+    if (coll == Collective::kBarrier) continue;
+    Case c;
+    c.coll = coll;
+    c.dtype = DataType::kFloat32;
+    c.count = (16u << 20) / 4;
+    ASSERT_TRUE(RunCase(w, c));
+  }
+}
+
+// Tiny chunks (KIZUNA_CHUNK_BYTES=64): every step is a chunk, so the pipelined multi-chunk paths
+// run on small data, with 5 ranks over 2 devices (several ranks per device).
+TEST(MatrixChunks, TinyChunksSharedDevices) {
+  Config config = WorldConfig(2);
+  config.chunk_bytes = 64;
+  World w(5, config, /*max_devices=*/2);
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  int k = 0;
+  for (Collective coll : kCollectives) {
+    for (Algorithm algo : Serving(w, coll)) {
+      Case c;
+      c.coll = coll;
+      c.algo = algo;
+      c.dtype = AllDataTypes()[static_cast<size_t>(k % kNumDataTypes)];
+      c.op = AllReduceOps()[static_cast<size_t>(k % kNumReduceOps)];
+      c.count = 301;
+      c.in_place = k % 2 == 1 && coll != Collective::kAllToAll;
+      c.root = k % 5;
+      ++k;
+      ASSERT_TRUE(RunCase(w, c));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kizuna::test

@@ -19,19 +19,6 @@
 
 namespace kizuna::collectives {
 
-struct PlanOptions {
-  // The largest step, in elements (>= 1). Larger transfers are split into chunks of at most this
-  // many elements so that they pipeline; the executor's staging slots hold one chunk.
-  uint64_t chunk_count = 1;
-  // Channels to spread the work over (>= 1): independent step sequences that run concurrently,
-  // each over its own tag. An algorithm may use fewer (a tiny message needs one).
-  int channels = 1;
-  // KIZUNA_DETERMINISTIC: every element's reduction is srcs in rank order 0, 1, ..., nranks-1,
-  // as one kReduce over all ranks' contributions (so one rounding for float16/bfloat16), whatever
-  // the algorithm, chunk size or placement: results are bitwise identical across all of them.
-  bool deterministic = false;
-};
-
 class AlgorithmImpl {
  public:
   virtual ~AlgorithmImpl() = default;

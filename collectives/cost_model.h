@@ -47,7 +47,6 @@
 #include <string>
 #include <string_view>
 
-#include "collectives/algorithm.h"
 #include "collectives/plan.h"
 #include "collectives/shape.h"
 #include "runtime/status.h"

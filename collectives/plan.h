@@ -155,6 +155,20 @@ struct RankPlan {
   size_t step_count() const;
 };
 
+// How to cut a request into steps; part of a plan cache key.
+struct PlanOptions {
+  // The largest step, in elements (>= 1). Larger transfers are split into chunks of at most this
+  // many elements so that they pipeline; the executor's staging slots hold one chunk.
+  uint64_t chunk_count = 1;
+  // Channels to spread the work over (>= 1): independent step sequences that run concurrently,
+  // each over its own tag. An algorithm may use fewer (a tiny message needs one).
+  int channels = 1;
+  // KIZUNA_DETERMINISTIC: every element's reduction is srcs in rank order 0, 1, ..., nranks-1,
+  // as one kReduce over all ranks' contributions (so one rounding for float16/bfloat16), whatever
+  // the algorithm, chunk size or placement: results are bitwise identical across all of them.
+  bool deterministic = false;
+};
+
 // What a plan was built from and for, and every rank's steps (or only the one rank's, when built
 // for execution: `ranks` then holds exactly that rank).
 struct Plan {

@@ -26,9 +26,8 @@
 #include <string_view>
 #include <vector>
 
-#include "collectives/algorithm.h"
-#include "collectives/cost_model.h"
 #include "collectives/plan.h"
+#include "collectives/cost_model.h"
 #include "collectives/shape.h"
 #include "runtime/status.h"
 

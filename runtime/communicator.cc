@@ -219,6 +219,12 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   KZ_RETURN_IF_ERROR(shape.Validate());
   c->shape_ = std::move(shape);
 
+  // KIZUNA_ALGO, parsed once: a malformed value fails creation, naming the bad item, instead of
+  // every call; names not available yet are logged once.
+  KZ_ASSIGN_OR_RETURN(c->overrides_, collectives::ParseAlgoOverrides(config.algo));
+  if (c->rank_ == 0)
+    for (const std::string& w : c->overrides_.warnings) KZ_WARN(kLogTune, "KIZUNA_ALGO: {}", w);
+
   collectives::ExecutorOptions eopts;
   eopts.timeout_s = config.timeout_s;
   KZ_ASSIGN_OR_RETURN(c->executor_, collectives::Executor::Create(c->transport_.get(), &device, eopts));
@@ -325,21 +331,50 @@ Result<std::shared_ptr<const Plan>> Communicator::PlanFor(const CollectiveReques
     auto it = plans_->plans.find(key);
     if (it != plans_->plans.end()) return it->second;
   }
-  KZ_ASSIGN_OR_RETURN(auto overrides, collectives::ParseAlgoOverrides(config_->algo));
-  KZ_ASSIGN_OR_RETURN(
-      collectives::Selection sel,
-      collectives::SelectAlgorithm(request, shape_, popts, collectives::CostConstants{}, overrides, options.algorithm,
-                                   [](Algorithm a, const CollectiveRequest& r, const collectives::CommShape& s) {
-                                     return collectives::GetAlgorithm(a).Supports(r, s);
-                                   }));
-  KZ_ASSIGN_OR_RETURN(Plan plan, collectives::BuildPlan(sel.chosen, request, shape_, popts, rank_));
-  KZ_INFO(kLogTune, "{}", collectives::SelectionToString(sel));
+  KZ_ASSIGN_OR_RETURN(collectives::Selection sel, Select(request, popts, options.algorithm));
+  // The model's choice, or the next supported candidate by predicted time when building says no
+  // (what only the build can tell: a deterministic plan on links that are not all there, a
+  // point-to-point peer out of reach).
+  std::vector<const collectives::Candidate*> order;
+  for (const collectives::Candidate& cand : sel.candidates)
+    if (cand.supported() && cand.algorithm != sel.chosen) order.push_back(&cand);
+  std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) { return a->seconds() < b->seconds(); });
+  Result<Plan> built = collectives::BuildPlan(sel.chosen, request, shape_, popts, rank_);
+  std::string refused;
+  for (const collectives::Candidate* next : order) {
+    if (built.ok() || built.status().code() != StatusCode::kNotSupported) break;
+    refused += fmt::format("{}{}: {}", refused.empty() ? "" : "; ", collectives::AlgorithmName(sel.chosen),
+                           built.status().message());
+    sel.chosen = next->algorithm;
+    built = collectives::BuildPlan(sel.chosen, request, shape_, popts, rank_);
+  }
+  if (!built.ok()) return built.status().WithContext(request.ToString());
+  Plan plan = std::move(*built);
+  const bool log = rank_ == 0 || !refused.empty();
+  if (log) {
+    KZ_INFO(kLogTune, "{}{}", collectives::SelectionToString(sel),
+            refused.empty() ? "" : fmt::format(" [building refused: {}; using {}]", refused,
+                                               collectives::AlgorithmName(sel.chosen)));
+  }
+  size_t steps = plan.ranks[0].step_count();
+  KZ_INFO(kLogColl, "rank {} plan: {} via {}, chunk {} elements, {} channel(s), {} steps, scratch {} elements",
+          rank_, request.ToString(), collectives::AlgorithmName(plan.algorithm), plan.chunk_count, plan.channels,
+          steps, plan.ranks[0].scratch_count);
   KZ_TRACE(kLogColl, "{}", collectives::PlanToString(plan));
   auto shared = std::make_shared<const Plan>(std::move(plan));
   std::lock_guard lock(plans_->mu);
   if (plans_->plans.size() >= kPlanCacheEntries) plans_->plans.clear();
   plans_->plans[key] = shared;
   return shared;
+}
+
+Result<collectives::Selection> Communicator::Select(const CollectiveRequest& request,
+                                                   const collectives::PlanOptions& options,
+                                                   std::optional<Algorithm> per_call) const {
+  return collectives::SelectAlgorithm(request, shape_, options, collectives::CostConstants{}, overrides_, per_call,
+                                      [](Algorithm a, const CollectiveRequest& r, const collectives::CommShape& s) {
+                                        return collectives::GetAlgorithm(a).Supports(r, s);
+                                      });
 }
 
 Result<std::string> Communicator::ExplainChoice(Collective collective, size_t count, DataType type) const {
@@ -353,13 +388,7 @@ Result<std::string> Communicator::ExplainChoice(Collective collective, size_t co
   popts.chunk_count = std::max<uint64_t>(
       1, executor_->slot_bytes_for(1, config_->chunk_bytes.value_or(0)) / elem);
   popts.deterministic = config_->deterministic;
-  KZ_ASSIGN_OR_RETURN(auto overrides, collectives::ParseAlgoOverrides(config_->algo));
-  KZ_ASSIGN_OR_RETURN(
-      collectives::Selection sel,
-      collectives::SelectAlgorithm(r, shape_, popts, collectives::CostConstants{}, overrides, std::nullopt,
-                                   [](Algorithm a, const CollectiveRequest& req, const collectives::CommShape& s) {
-                                     return collectives::GetAlgorithm(a).Supports(req, s);
-                                   }));
+  KZ_ASSIGN_OR_RETURN(collectives::Selection sel, Select(r, popts, std::nullopt));
   return collectives::SelectionToString(sel);
 }
 

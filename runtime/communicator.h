@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "collectives/plan.h"
+#include "collectives/selector.h"
 #include "collectives/shape.h"
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/bootstrap/unique_id.h"
@@ -160,6 +161,9 @@ class Communicator {
                                                     device::Device& device, const CommOptions& options);
   Status Enqueue(Call call);
   Status Launch(std::vector<Call> calls);
+  Result<collectives::Selection> Select(const collectives::CollectiveRequest& request,
+                                       const collectives::PlanOptions& options,
+                                       std::optional<collectives::Algorithm> per_call) const;
   Result<std::shared_ptr<const collectives::Plan>> PlanFor(const collectives::CollectiveRequest& request,
                                                            const CallOptions& options, size_t slot_bytes,
                                                            int channels);
@@ -177,6 +181,7 @@ class Communicator {
   std::unique_ptr<collectives::Transport> transport_;
   std::unique_ptr<collectives::Executor> executor_;
   collectives::CommShape shape_;
+  collectives::AlgoOverrides overrides_;  // KIZUNA_ALGO, parsed at creation
   std::unique_ptr<PlanCache> plans_;
   uint32_t splits_ = 0;  // splits made from this communicator (tags for their bootstraps)
   std::mutex call_mu_;   // one call at a time

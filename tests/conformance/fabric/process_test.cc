@@ -203,8 +203,14 @@ void RunEcho(Fabric& fabric, const std::string& name, bool fd_memory, uint64_t m
     ASSERT_NE(w, nullptr);
     KZ_ASSERT_OK_AND_ASSIGN(size_t sent, s.send->Wait(w, deadline));
     EXPECT_EQ(sent, size);
-    KZ_ASSERT_OK_AND_ASSIGN(size_t got, s.recv->Wait(r, deadline));
-    ASSERT_EQ(got, size);
+    auto got = s.recv->Wait(r, deadline);
+    if (!got.ok()) {
+      // Say how the child ended: an echo that never came back is the child's story.
+      auto status = s.child.Wait(Deadline::AfterSeconds(2));
+      FAIL() << "the " << size << "-byte echo: " << got.status().ToString() << "; the child "
+             << (status.ok() ? DescribeWaitStatus(*status) : status.status().ToString());
+    }
+    ASSERT_EQ(*got, size);
     ASSERT_TRUE(HasPattern(in, size, size)) << "the " << size << "-byte echo came back corrupted";
   }
   KZ_ASSERT_OK_AND_ASSIGN(std::string verdict, ReceiveLine(s.ctl.get(), deadline));

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -133,6 +134,8 @@ struct Case {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   bool deterministic = false;
+  std::optional<CommShape> shape;  // default: Full(p)
+  bool balance = true;
 
   CollectiveRequest Request() const { return {coll, p, count, dtype, op, root, in_place}; }
   std::string Name() const {
@@ -163,7 +166,8 @@ testing::AssertionResult Simulate(const Case& c, const Fill& fill, std::vector<B
   options.chunk_count = c.chunk;
   options.channels = c.channels;
   options.deterministic = c.deterministic;
-  Result<Plan> plan = BuildPlan(c.algo, req, Full(c.p), options, -1);
+  options.balance = c.balance;
+  Result<Plan> plan = BuildPlan(c.algo, req, c.shape ? *c.shape : Full(c.p), options, -1);
   if (!plan.ok()) return testing::AssertionFailure() << c.Name() << ": " << plan.status().ToString();
   const size_t es = DataTypeSize(c.dtype);
   const size_t in_bytes = req.input_count() * es, out_bytes = req.output_count() * es;
@@ -605,6 +609,88 @@ Status BuildStatus(Algorithm algo, const CollectiveRequest& req, const CommShape
 void ExpectStatus(const Status& s, StatusCode code, const std::string& part) {
   EXPECT_EQ(s.code(), code) << s.ToString();
   EXPECT_NE(s.message().find(part), std::string::npos) << "'" << part << "' not in: " << s.ToString();
+}
+
+// ---- Heterogeneity ----
+
+// Six ranks whose links and devices report speeds; rank 2 reduces 4x slower than the others.
+CommShape SlowReducer() {
+  CommShape shape = Full(6);
+  for (RankDesc& r : shape.ranks) r.reduce_gbps = 20;
+  shape.ranks[2].reduce_gbps = 5;
+  for (int a = 0; a < 6; ++a)
+    for (int b = 0; b < 6; ++b)
+      if (a != b) shape.link(a, b).gbps = 10;
+  return shape;
+}
+
+// Elements rank r reduces (destination counts of its reduction steps).
+uint64_t ReducedElements(const RankPlan& plan) {
+  uint64_t n = 0;
+  for (const auto& ch : plan.channels)
+    for (const Step& s : ch)
+      if (s.kind == StepKind::kReduce || s.kind == StepKind::kRecvReduce) n += s.dst.count;
+  return n;
+}
+
+TEST(HeterogeneousTest, PairwiseGivesTheSlowReducerASmallerPart) {
+  const CollectiveRequest req{Collective::kAllReduce, 6, 6000, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  PlanOptions options;
+  options.chunk_count = 512;
+  auto plan = BuildPlan(Algorithm::kPairwise, req, SlowReducer(), options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  // Part j is reduced by rank j from 6 inputs: weights 20,20,5,20,20,20 give rank 2 a part 4x
+  // smaller (285 of 6000 elements, the others 1143).
+  const uint64_t slow = ReducedElements(plan->ranks[2]), fast = ReducedElements(plan->ranks[0]);
+  EXPECT_GT(fast, 3 * slow) << "rank 0 reduces " << fast << ", rank 2 " << slow;
+  options.balance = false;
+  auto even = BuildPlan(Algorithm::kPairwise, req, SlowReducer(), options, -1);
+  ASSERT_TRUE(even.ok());
+  EXPECT_EQ(ReducedElements(even->ranks[2]), ReducedElements(even->ranks[0]));
+  // Results are right either way.
+  for (bool balance : {true, false}) {
+    Case c;
+    c.coll = Collective::kAllReduce;
+    c.algo = Algorithm::kPairwise;
+    c.p = 6;
+    c.count = 6000;
+    c.chunk = 512;
+    c.shape = SlowReducer();
+    c.balance = balance;
+    EXPECT_TRUE(RunExact(c));
+  }
+}
+
+TEST(HeterogeneousTest, TreesShareTheDataByTheirStreamingRates) {
+  for (Collective coll : {Collective::kAllReduce, Collective::kBroadcast, Collective::kReduce}) {
+    const CollectiveRequest req{coll, 6, 6000, DataType::kFloat32, ReduceOp::kSum, 1, false};
+    PlanOptions options;
+    options.chunk_count = 512;
+    CommShape shape = SlowReducer();
+    // A slow link too, so that Broadcast (which reduces nothing) sees a difference.
+    shape.link(0, 1).gbps = shape.link(1, 0).gbps = 1;
+    auto balanced = BuildPlan(Algorithm::kTree, req, shape, options, -1);
+    options.balance = false;
+    auto even = BuildPlan(Algorithm::kTree, req, shape, options, -1);
+    ASSERT_TRUE(balanced.ok() && even.ok());
+    EXPECT_NE(PlanToString(*balanced), PlanToString(*even)) << CollectiveName(coll);
+    // Equal speeds: balance changes nothing.
+    options.balance = true;
+    auto uniform = BuildPlan(Algorithm::kTree, req, Full(6), options, -1);
+    options.balance = false;
+    auto uniform_even = BuildPlan(Algorithm::kTree, req, Full(6), options, -1);
+    ASSERT_TRUE(uniform.ok() && uniform_even.ok());
+    EXPECT_EQ(PlanToString(*uniform), PlanToString(*uniform_even));
+    Case c;
+    c.coll = coll;
+    c.algo = Algorithm::kTree;
+    c.p = 6;
+    c.count = 6000;
+    c.chunk = 512;
+    c.root = 1;
+    c.shape = shape;
+    EXPECT_TRUE(RunExact(c)) << CollectiveName(coll);
+  }
 }
 
 TEST(SupportsTest, RingNeedsEveryNextLink) {

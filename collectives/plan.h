@@ -167,6 +167,11 @@ struct PlanOptions {
   // as one kReduce over all ranks' contributions (so one rounding for float16/bfloat16), whatever
   // the algorithm, chunk size or placement: results are bitwise identical across all of them.
   bool deterministic = false;
+  // Heterogeneity: where an algorithm can split work unevenly (the double binary tree's two
+  // halves, pairwise AllReduce's parts), split it in proportion to the capability the shape
+  // reports (link and reduce speeds), so faster ranks and links carry more. Equal or unknown
+  // speeds give the even split. false: always the even split (for comparisons).
+  bool balance = true;
 };
 
 // What a plan was built from and for, and every rank's steps (or only the one rank's, when built

@@ -129,7 +129,7 @@ thread_local GroupState g_group;
 
 struct Communicator::PlanCache {
   std::mutex mu;
-  using Key = std::tuple<int, uint64_t, int, int, int, bool, int, uint64_t, int, bool>;
+  using Key = std::tuple<int, uint64_t, int, int, int, bool, int, uint64_t, int, bool, bool>;
   std::map<Key, std::shared_ptr<const Plan>> plans;
   std::map<std::tuple<int, uint64_t, int, int, int, int>, bool> logged;  // selections logged once
 };
@@ -322,10 +322,11 @@ Result<std::shared_ptr<const Plan>> Communicator::PlanFor(const CollectiveReques
   popts.chunk_count = std::max<uint64_t>(1, slot_bytes / elem);
   popts.channels = channels;
   popts.deterministic = config_->deterministic;
+  popts.balance = options.balance;
   const int forced = options.algorithm ? static_cast<int>(*options.algorithm) : -1;
   PlanCache::Key key{static_cast<int>(request.collective), request.count, static_cast<int>(request.dtype),
                      static_cast<int>(request.op), request.root, request.in_place, forced, popts.chunk_count,
-                     channels, popts.deterministic};
+                     channels, popts.deterministic, popts.balance};
   {
     std::lock_guard lock(plans_->mu);
     auto it = plans_->plans.find(key);

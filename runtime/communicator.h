@@ -83,6 +83,9 @@ struct CallOptions {
   // Use this algorithm when it can serve the call (else the model's choice, logged), over
   // KIZUNA_ALGO.
   std::optional<collectives::Algorithm> algorithm;
+  // Split work by the ranks' reported speeds where the algorithm allows (PlanOptions::balance);
+  // false forces the even split, for comparisons.
+  bool balance = true;
 };
 
 // Split's color for ranks that join no new communicator (NCCL_SPLIT_NOCOLOR).

@@ -50,6 +50,43 @@ inline Range SplitEven(Range whole, uint64_t parts, uint64_t i) {
   return {whole.offset + i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
 }
 
+// Part i of contiguous parts of `whole` in proportion to `weights` (all finite and > 0): each
+// part gets floor(count * w_i / sum) elements and the remainder goes one element each to the
+// first parts, so equal weights give exactly SplitEven's parts. A pure function of its inputs:
+// every rank computes the same parts from the same shape.
+inline Range SplitWeighted(Range whole, const std::vector<double>& weights, size_t i) {
+  const size_t parts = weights.size();
+  bool equal = true;
+  double sum = 0;
+  for (double w : weights) {
+    sum += w;
+    equal &= w == weights[0];
+  }
+  if (equal) return SplitEven(whole, parts, i);
+  std::vector<uint64_t> size(parts);
+  uint64_t given = 0;
+  for (size_t j = 0; j < parts; ++j) {
+    const double share = static_cast<double>(whole.count) * (weights[j] / sum);
+    size[j] = std::min<uint64_t>(static_cast<uint64_t>(share), whole.count - given);
+    given += size[j];
+  }
+  for (size_t j = 0; given < whole.count; j = (j + 1) % parts, ++given) ++size[j];
+  uint64_t offset = whole.offset;
+  for (size_t j = 0; j < i; ++j) offset += size[j];
+  return {offset, size[i]};
+}
+
+// Per rank, how much reduction work it should take: its device's reduce speed when
+// options.balance is on and every rank's speed is known, otherwise equal weights.
+inline std::vector<double> ReduceWeights(const CommShape& shape, const PlanOptions& options) {
+  std::vector<double> w(static_cast<size_t>(shape.nranks), 1.0);
+  if (!options.balance) return w;
+  for (const RankDesc& r : shape.ranks)
+    if (!(r.reduce_gbps > 0)) return w;
+  for (int i = 0; i < shape.nranks; ++i) w[static_cast<size_t>(i)] = shape.ranks[static_cast<size_t>(i)].reduce_gbps;
+  return w;
+}
+
 // Number of chunks of at most `chunk` elements that cover n elements.
 inline uint64_t PieceCount(uint64_t n, uint64_t chunk) { return n == 0 ? 0 : (n - 1) / chunk + 1; }
 

@@ -103,9 +103,10 @@ class Pairwise final : public AlgorithmImpl {
     return RequireFullyConnected(shape, kName, "every rank exchanges with every other rank");
   }
 
-  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape&, const PlanOptions& options,
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
                          int rank) const override {
     const CollectiveRequest& q = request;
+    const std::vector<double> weights = ReduceWeights(shape, options);
     if (q.collective == Collective::kBarrier) {
       Builder b(q, options, rank, 1);
       for (int d = 1; d < q.nranks; ++d) {
@@ -115,12 +116,14 @@ class Pairwise final : public AlgorithmImpl {
       return std::move(b.plan);
     }
     Builder b(q, options, rank, ChannelsFor(options, q.count));
-    for (int c = 0; c < b.channels(); ++c) BuildChannel(b, c, SplitEven({0, q.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c)));
+    for (int c = 0; c < b.channels(); ++c)
+      BuildChannel(b, c, SplitEven({0, q.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c)),
+                   weights);
     return std::move(b.plan);
   }
 
  private:
-  static void BuildChannel(Builder& b, int c, Range R) {
+  static void BuildChannel(Builder& b, int c, Range R, const std::vector<double>& weights) {
     const int r = b.rank, p = b.p;
     const uint64_t n = b.req.count;
     // Block / part j of this channel: elements [j*count + R.offset, +R.count).
@@ -163,9 +166,12 @@ class Pairwise final : public AlgorithmImpl {
         return;
       }
       case Collective::kAllReduce: {
+        // Part j is reduced by rank j (p inputs of it): with balance, in proportion to each
+        // rank's reduce speed, so a slow device reduces less (ReduceScatter's parts are the
+        // API's and cannot move).
         std::vector<OwnedPart> parts;
         for (int j = 0; j < p; ++j) {
-          const Range part = SplitEven(R, static_cast<uint64_t>(p), static_cast<uint64_t>(j));
+          const Range part = SplitWeighted(R, weights, static_cast<size_t>(j));
           parts.push_back({j, part, Builder::Out(part)});
         }
         DirectExchange x(b, c, std::move(parts));

@@ -9,6 +9,10 @@
 //   Reduce     both trees rooted at the root, reducing up; inner nodes keep running sums in
 //              scratch slots, the root adds into its output.
 //
+// Heterogeneity: the two trees need not carry half each. When the shape reports every link and
+// reduce speed, each tree's share is proportional to its streaming rate (TreeWeights), so a slow
+// device or link that is an inner node or edge of one tree moves data to the other.
+//
 // Tree shape: NCCL's btree over labels 0..n-1 (root 0 with a single child, the largest power of
 // two below n; other nodes' parent found from their lowest set bit). AllReduce's second tree is
 // the first mirrored (n even) or shifted by one (n odd), as in NCCL; the rooted trees keep the
@@ -28,6 +32,7 @@
 // tree has it receive at most 2 x n/2, and a fully connected shape is needed (kNotSupported
 // otherwise).
 #include <algorithm>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -82,6 +87,49 @@ Tree MakeTree(const std::vector<int>& label_of) {
 }
 
 // The two trees: AllReduce (root < 0) as NCCL builds them; Broadcast / Reduce both rooted at root.
+// Seconds per byte of a tree in steady state: a pipelined tree streams at the pace of its slowest
+// stage — the slowest edge (both directions used: reduce up, broadcast down), or the node whose
+// reductions (one chunk per child) take longest. nullopt when a reducing node's speed is unknown;
+// 0 when nothing limits it that the shape reports.
+std::optional<double> TreeSecondsPerByte(const Tree& t, const CommShape& shape, bool up, bool down, bool reduces) {
+  double worst = 0;
+  const int n = static_cast<int>(t.parent.size());
+  for (int v = 0; v < n; ++v) {
+    const int parent = t.parent[static_cast<size_t>(v)];
+    if (parent >= 0) {
+      for (const auto& [from, to, used] : {std::tuple{v, parent, up}, std::tuple{parent, v, down}}) {
+        if (!used) continue;
+        // A fabric that does not report link speeds (0) reports none: links then do not tell
+        // the trees apart, and the devices decide.
+        const double gbps = shape.link(from, to).gbps;
+        if (gbps > 0) worst = std::max(worst, 1e-9 / gbps);
+      }
+    }
+    const size_t children = t.children[static_cast<size_t>(v)].size();
+    if (reduces && children > 0) {
+      const double gbps = shape.ranks[static_cast<size_t>(v)].reduce_gbps;
+      if (!(gbps > 0)) return std::nullopt;
+      worst = std::max(worst, 1e-9 * static_cast<double>(children) / gbps);
+    }
+  }
+  return worst;
+}
+
+// How much of the data each of the two trees carries: with balance and every speed known, in
+// proportion to the trees' streaming rates (a slow link or device inside one tree shifts data to
+// the other); otherwise half each.
+std::vector<double> TreeWeights(const std::vector<Tree>& trees, const CommShape& shape, const PlanOptions& options,
+                                Collective collective) {
+  std::vector<double> w = {1.0, 1.0};
+  if (!options.balance || shape.nranks < 3) return w;
+  const bool up = collective != Collective::kBroadcast, down = collective != Collective::kReduce;
+  const bool reduces = collective != Collective::kBroadcast;
+  const auto c0 = TreeSecondsPerByte(trees[0], shape, up, down, reduces);
+  const auto c1 = TreeSecondsPerByte(trees[1], shape, up, down, reduces);
+  if (!c0 || !c1 || !(*c0 > 0) || !(*c1 > 0)) return w;
+  return {1.0 / *c0, 1.0 / *c1};
+}
+
 std::vector<Tree> MakeTrees(int n, int root) {
   std::vector<int> first(static_cast<size_t>(n)), second(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
@@ -151,48 +199,67 @@ class TreeAlgo final : public AlgorithmImpl {
           shape, kName, "deterministic mode sends every contribution straight to the rank that reduces it"));
     const bool rooted = request.collective != Collective::kAllReduce;
     const std::vector<Tree> trees = MakeTrees(request.nranks, rooted ? request.root : -1);
+    const std::vector<double> weights = TreeWeights(trees, shape, options, request.collective);
     Builder b(request, options, rank, ChannelsFor(options, request.count));
-    for (int c = 0; c < b.channels(); ++c) {
-      const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
+    // With two or more channels each tree gets channels of its own (tree t of slice s on channel
+    // 2s + t), so the trees stream independently, each at its own pace: that is what lets an
+    // uneven split pay off when one tree is slower. With one channel both trees share it, in
+    // one global order.
+    const bool separate = b.channels() >= 2;
+    const int slices = separate ? b.channels() / 2 : b.channels();
+    for (int s = 0; s < slices; ++s) {
+      const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(slices), static_cast<uint64_t>(s));
+      const int c0 = separate ? 2 * s : s;
+      const int channel_of[2] = {c0, separate ? c0 + 1 : c0};
       if (b.p == 1) {
-        b.CopyChunked(c, b.In(R), Builder::Out(R));
+        b.CopyChunked(c0, b.In(R), Builder::Out(R));
         continue;
       }
-      const Range half[2] = {SplitEven(R, 2, 0), SplitEven(R, 2, 1)};
-      Keyed keyed;
+      const Range half[2] = {SplitWeighted(R, weights, 0), SplitWeighted(R, weights, 1)};
+      Keyed keyed[2];
+      Keyed& k1 = separate ? keyed[1] : keyed[0];
+      Keyed* of_tree[2] = {&keyed[0], &k1};
       switch (request.collective) {
         case Collective::kAllReduce:
           if (ordered) {
-            DirectExchange x(b, c,
-                             {OwnedPart{trees[0].root, half[0], Builder::Out(half[0])},
-                              OwnedPart{trees[1].root, half[1], Builder::Out(half[1])}});
-            for (uint64_t k = 0; k < x.rounds(); ++k) x.Reduce(k);
-            for (int t = 0; t < 2; ++t) Down(b, trees[t], t, half[t], /*root_from_input=*/false, keyed);
+            if (separate) {
+              for (int t = 0; t < 2; ++t) {
+                DirectExchange x(b, channel_of[t], {OwnedPart{trees[t].root, half[t], Builder::Out(half[t])}});
+                for (uint64_t k = 0; k < x.rounds(); ++k) x.Reduce(k);
+              }
+            } else {
+              DirectExchange x(b, c0,
+                               {OwnedPart{trees[0].root, half[0], Builder::Out(half[0])},
+                                OwnedPart{trees[1].root, half[1], Builder::Out(half[1])}});
+              for (uint64_t k = 0; k < x.rounds(); ++k) x.Reduce(k);
+            }
+            for (int t = 0; t < 2; ++t) Down(b, trees[t], t, half[t], /*root_from_input=*/false, *of_tree[t]);
           } else {
             for (int t = 0; t < 2; ++t) {
-              Up(b, trees[t], t, half[t], /*sum_in_output=*/true, keyed);
-              Down(b, trees[t], t, half[t], /*root_from_input=*/false, keyed);
+              Up(b, trees[t], t, half[t], /*sum_in_output=*/true, *of_tree[t]);
+              Down(b, trees[t], t, half[t], /*root_from_input=*/false, *of_tree[t]);
             }
           }
           break;
         case Collective::kBroadcast:
           for (int t = 0; t < 2; ++t) {
-            if (rank == request.root) b.CopyChunked(c, b.In(half[t]), Builder::Out(half[t]));
-            Down(b, trees[t], t, half[t], /*root_from_input=*/true, keyed);
+            if (rank == request.root) b.CopyChunked(channel_of[t], b.In(half[t]), Builder::Out(half[t]));
+            Down(b, trees[t], t, half[t], /*root_from_input=*/true, *of_tree[t]);
           }
           break;
         case Collective::kReduce:
           if (ordered) {
-            DirectExchange x(b, c, {OwnedPart{request.root, R, Builder::Out(R)}});
+            DirectExchange x(b, c0, {OwnedPart{request.root, R, Builder::Out(R)}});
             for (uint64_t k = 0; k < x.rounds(); ++k) x.Reduce(k);
           } else {
-            for (int t = 0; t < 2; ++t) Up(b, trees[t], t, half[t], /*sum_in_output=*/false, keyed);
+            for (int t = 0; t < 2; ++t) Up(b, trees[t], t, half[t], /*sum_in_output=*/false, *of_tree[t]);
           }
           break;
         default:
           break;  // Supports admitted nothing else
       }
-      keyed.EmitTo(b, c);
+      keyed[0].EmitTo(b, channel_of[0]);
+      if (separate) keyed[1].EmitTo(b, channel_of[1]);
     }
     return std::move(b.plan);
   }

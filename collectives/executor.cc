@@ -139,6 +139,9 @@ class Executor::Run {
     int slot = -1;
     fabric::Request* request = nullptr;
     device::Event* event = nullptr;
+    // What WaitBriefly found for the posted request: its completion, or its failure (the request
+    // is then already released).
+    std::optional<Result<fabric::Completion>> waited;
   };
 
   struct ChannelRun {
@@ -556,7 +559,9 @@ Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& s
   if (st.phase == Phase::kPosted) {
     Transport::Peer* p = tr_.peer(step.peer);
     fabric::Comm& comm = is_send ? static_cast<fabric::Comm&>(*p->send) : static_cast<fabric::Comm&>(*p->recv);
-    auto c = comm.Test(st.request);
+    // A completion WaitBriefly already collected, or a fresh test.
+    Result<fabric::Completion> c = st.waited ? *st.waited : comm.Test(st.request);
+    st.waited.reset();
     if (!c.ok()) {
       st.request = nullptr;
       return c.status().WithContext(fmt::format("{} of {}", StepName(ch, index), DescribeHeader(op_.header)));
@@ -633,21 +638,34 @@ Result<bool> Executor::Run::Advance(ChannelRun& ch) {
 }
 
 void Executor::Run::WaitBriefly() {
-  // Block on the first thing the operation waits for: a device event, else a fabric request.
-  for (ChannelRun* ch : [&] {
-         std::vector<ChannelRun*> all;
-         for (auto& c : channels_) all.push_back(&c);
-         for (auto& c : epilogues_) all.push_back(&c);
-         return all;
-       }()) {
-    for (size_t i : ch->active) {
-      StepState& st = ch->states[i];
-      if (st.event != nullptr) {
+  // Block on the first thing the operation waits for — a device event, else a posted fabric
+  // request — in that backend's own primitive (futex, eventfd), so that its completion wakes this
+  // thread at once; a timed sleep would cost the timer slack (~50 us) per wait.
+  std::vector<ChannelRun*> all;
+  for (auto& c : channels_) all.push_back(&c);
+  for (auto& c : epilogues_) all.push_back(&c);
+  for (ChannelRun* ch : all)
+    for (size_t i : ch->active)
+      if (StepState& st = ch->states[i]; st.event != nullptr) {
         st.event->Synchronize(Deadline::After(kWaitSlice)).IgnoreError();  // the loop reads the verdict
         return;
       }
+  for (ChannelRun* ch : all)
+    for (size_t i : ch->active) {
+      StepState& st = ch->states[i];
+      if (st.phase != Phase::kPosted || st.request == nullptr || st.waited) continue;
+      const Step& step = (*ch->steps)[i];
+      Transport::Peer* p = tr_.peer(step.peer);
+      fabric::Comm& comm = step.kind == StepKind::kSend ? static_cast<fabric::Comm&>(*p->send)
+                                                        : static_cast<fabric::Comm&>(*p->recv);
+      auto got = comm.Wait(st.request, Deadline::After(kWaitSlice));
+      if (got.ok()) {
+        st.waited = Result<fabric::Completion>(fabric::Completion{true, *got});
+      } else if (got.status().code() != StatusCode::kTimeout) {
+        st.waited = Result<fabric::Completion>(got.status());  // failed, and released by the comm
+      }
+      return;
     }
-  }
   std::this_thread::sleep_for(std::chrono::microseconds(20));
 }
 

@@ -1,12 +1,14 @@
 // AllReduce on emulated devices, the README's example.
 //
-//   bazel-bin/examples/allreduce/allreduce                 8 ranks: the host's 8 emulated
+//   bazel-bin/examples/allreduce/allreduce [COUNT [ITERS]]  8 ranks: the host's 8 emulated
 //                                                          devices, one process (ncclCommInitAll)
 //   bazel-bin/tools/run/kizuna-run -n 8 -- bazel-bin/examples/allreduce/allreduce
 //                                                          8 processes, one rank each
 //
 // Every rank fills its buffer with rank + 1, the sum over n ranks is n(n+1)/2 everywhere; the
-// program checks every element and prints the time of one call.
+// program checks every element and prints the time of one call (with ITERS > 1: the mean of
+// ITERS calls after the first, each on freshly filled buffers).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +33,7 @@ int Fail(const kizuna::Status& s) {
 
 // Runs one AllReduce of `count` floats on each communicator, issued from this thread (calls
 // return at once), then waits for every stream and checks the results.
-int Run(std::vector<std::unique_ptr<Communicator>>& comms, size_t count) {
+int Run(std::vector<std::unique_ptr<Communicator>>& comms, size_t count, int iters) {
   const int n = comms[0]->size();
   std::vector<std::unique_ptr<kizuna::device::Buffer>> buffers;
   std::vector<std::unique_ptr<kizuna::device::Stream>> streams;
@@ -45,15 +47,23 @@ int Run(std::vector<std::unique_ptr<Communicator>>& comms, size_t count) {
     buffers.push_back(std::move(*buffer));
     streams.push_back(std::move(*stream));
   }
-  const auto start = std::chrono::steady_clock::now();
-  for (size_t r = 0; r < comms.size(); ++r) {
-    void* data = buffers[r]->data();
-    if (auto s = comms[r]->AllReduce(data, data, count, DataType::kFloat32, ReduceOp::kSum, *streams[r]); !s.ok())
-      return Fail(s);
+  double ms = 0;
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0)
+      for (size_t r = 0; r < comms.size(); ++r)
+        for (size_t i = 0; i < count; ++i)
+          static_cast<float*>(buffers[r]->data())[i] = static_cast<float>(comms[r]->rank() + 1);
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t r = 0; r < comms.size(); ++r) {
+      void* data = buffers[r]->data();
+      if (auto s = comms[r]->AllReduce(data, data, count, DataType::kFloat32, ReduceOp::kSum, *streams[r]); !s.ok())
+        return Fail(s);
+    }
+    for (auto& stream : streams)
+      if (auto s = stream->Synchronize(); !s.ok()) return Fail(s);
+    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (iters == 1 || it > 0) ms += t / (iters == 1 ? 1 : iters - 1);
   }
-  for (auto& stream : streams)
-    if (auto s = stream->Synchronize(); !s.ok()) return Fail(s);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   for (auto& comm : comms)
     if (auto s = comm->AsyncError(); !s.ok()) return Fail(s);
   const float want = static_cast<float>(n * (n + 1) / 2);
@@ -78,6 +88,7 @@ int Run(std::vector<std::unique_ptr<Communicator>>& comms, size_t count) {
 
 int main(int argc, char** argv) {
   const size_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (1u << 20);
+  const int iters = argc > 2 ? std::max(1, std::atoi(argv[2])) : 1;
   auto launch = kizuna::bootstrap::DetectLaunch(kizuna::bootstrap::ProcessEnvironment());
   if (!launch.ok()) return Fail(launch.status());
   std::vector<std::unique_ptr<Communicator>> comms;
@@ -96,7 +107,7 @@ int main(int argc, char** argv) {
     if (!local.ok()) return Fail(local.status());
     comms = std::move(*local);
   }
-  const int rc = Run(comms, count);
+  const int rc = Run(comms, count, iters);
   comms.clear();  // before the registry that owns the devices
   return rc;
 }

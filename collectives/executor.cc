@@ -932,7 +932,13 @@ void Executor::Loop() {
     std::shared_ptr<Operation> op;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || (abort_.load() && !closed_); });
+      if (queue_.empty() && abort_.load() && !closed_) {
+        // Aborted while idle: tell the peers now, so that they do not wait for this rank.
+        lock.unlock();
+        TellPeersAndClose(AsyncError());
+        continue;
+      }
       if (queue_.empty()) break;
       op = queue_.front();
       queue_.pop_front();

@@ -1,31 +1,39 @@
-// A communicator's connections (DESIGN.md section 3, step 4): for every peer the fabric reaches,
+// A communicator's connections (DESIGN.md section 3, step 4): for every peer some fabric reaches,
 // one SendComm (bytes to the peer) and one RecvComm (bytes from it), a registered staging region
 // on the rank's device through which plan steps move data, and small host control buffers for the
 // executor's per-operation headers.
 //
+// Several fabrics, one per pair: Create takes the fabrics in preference order (every rank passes
+// fabrics of the same names in the same order). A pair of ranks (a, b) is served by the FIRST
+// fabric in which a has a device serving b and b has a device serving a — both ranks compute the
+// same answer from what they allgathered, so they never need to agree in another round. As with
+// NCCL's transports (P2P/SHM inside a node, NET between nodes): direct links (directconnect)
+// between the ranks of one host, a network fabric (ofi, roce) between hosts. A pair no fabric
+// serves is unreachable (LinkDesc::reachable false in the row this rank contributes to the shape).
+//
 // Which fabric device serves which peer follows the fabric's properties, never its name: a
 // switched device (FabricDeviceProperties::point_to_point false) reaches every peer — the device
 // nearest the rank's accelerator (near_device_uuids, then numa_node) is used, device 0 when none
-// is nearer; a point-to-point device reaches only its link_peer, so a peer with no link is simply
-// unreachable (LinkDesc::reachable false in the row this rank contributes to the shape).
+// is nearer; a point-to-point device reaches only its link_peer.
 //
 // Memory: the staging buffer is device memory of the rank's device. It is registered on every
-// comm by fd + offset when the device exports fds and the fabric takes them (kPtrFd: a
-// direct-connect peer then copies straight between the two staging regions), else by device
-// pointer (kPtrDevice), else by host pointer when the device is host accessible and the fabric
-// takes host memory (kPtrHost). A fabric that can reach the device's memory none of these ways
-// makes Create fail with kNotSupported naming both (host staging for such pairs is future work).
-// The path chosen is logged at INFO (subsystem COLL): "staging 8 MiB on host_emulated:3,
-// registered by fd (DMA-BUF/memfd) on directconnect".
+// comm (so by each comm's own fabric) by fd + offset when the device exports fds and the comm
+// takes them (kPtrFd: a direct-connect peer then copies straight between the two staging
+// regions), else by device pointer (kPtrDevice), else by host pointer when the device is host
+// accessible and the comm takes host memory (kPtrHost). A fabric that can reach the device's
+// memory none of these ways makes Create fail with kNotSupported naming both (host staging for
+// such pairs is future work). The paths chosen are logged at INFO (subsystem COLL): "staging
+// 8 MiB on host_emulated:3, registered by fd (DMA-BUF/memfd) on directconnect, ofi".
 //
 // Lifetime: the Transport owns its comms, listen comms and registrations; it must be destroyed
-// before the Fabric, the Device and the staging Buffer's device. Not thread-safe: one thread (the
+// before the Fabrics, the Device and the staging Buffer's device. Not thread-safe: one thread (the
 // communicator's executor) uses it after Create.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -47,6 +55,7 @@ class Transport {
  public:
   struct Peer {
     int rank = -1;
+    fabric::Fabric* fabric = nullptr;        // the fabric that serves the pair (one of Create's)
     std::unique_ptr<fabric::SendComm> send;  // to the peer
     std::unique_ptr<fabric::RecvComm> recv;  // from the peer
     fabric::Registration* send_staging = nullptr;  // the staging buffer, registered on `send`
@@ -57,14 +66,20 @@ class Transport {
     fabric::Registration* recv_control = nullptr;
   };
 
-  // Collective: every rank of `bootstrap` calls it with the same options. Listens, exchanges the
-  // handles through the bootstrap (one allgather), connects to and accepts from every reachable
-  // peer (connects and accepts are interleaved, non-blocking, so no pair waits on another), then
-  // allocates and registers the staging buffer and the control buffers. Fails as a whole (every
-  // comm released) on any error; kTimeout at the deadline naming the peers not yet connected.
-  static Result<std::unique_ptr<Transport>> Create(fabric::Fabric& fabric, bootstrap::Bootstrap& bootstrap,
-                                                   device::Device& device, const TransportOptions& options,
-                                                   Deadline deadline);
+  // Collective: every rank of `bootstrap` calls it with the same options and fabrics of the same
+  // names in the same order (each rank its own Fabric objects, created for its rank). Two
+  // allgathers through the bootstrap: first which peers each rank can serve on each fabric (from
+  // which every rank computes the fabric of every pair), then the handles, each rank listening only
+  // on the fabric and device chosen for each of its peers. Then it connects to and accepts from
+  // every reachable peer (connects and accepts are interleaved, non-blocking, so no pair waits on
+  // another) and allocates and registers the staging buffer and the control buffers.
+  // kInvalidArgument when `fabrics` is empty, holds a null, a fabric twice, or a fabric created for
+  // another rank, or when the ranks pass different fabric lists (naming both lists). Fails as a
+  // whole (every comm released) on any error; kTimeout at the deadline naming the peers not yet
+  // connected.
+  static Result<std::unique_ptr<Transport>> Create(std::span<fabric::Fabric* const> fabrics,
+                                                   bootstrap::Bootstrap& bootstrap, device::Device& device,
+                                                   const TransportOptions& options, Deadline deadline);
   // A communicator of one rank: no fabric, no peers; only the staging buffer (the executor sizes
   // its slots from it).
   static Result<std::unique_ptr<Transport>> CreateSingle(device::Device& device, const TransportOptions& options);
@@ -80,7 +95,9 @@ class Transport {
   // This rank's row of the shape's links: links[to] for every rank (unreachable for itself),
   // from the fabric device's latency and speed (0 when the fabric does not say), staged = true.
   const std::vector<LinkDesc>& link_row() const { return link_row_; }
-  // "directconnect (device w0:port1 ...), staging by fd": for logs.
+  // Which fabric serves which peers, the devices it uses, and how staging is registered, for logs
+  // and tests: "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3 (device tcp;ofi_rxm:lo);
+  // staging by fd (DMA-BUF/memfd)". Unreachable peers are listed as "unreachable: ranks ...".
   const std::string& description() const { return description_; }
 
  private:

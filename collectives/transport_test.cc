@@ -1,7 +1,8 @@
 // The transport: N ranks as threads of one process over in-process bootstraps, each with its own
-// emulated device and its own fabric from the registry (directconnect on a generated topology,
-// ofi over tcp;ofi_rxm), exchanging bytes between staging buffers and control buffers; ring
-// reachability; deadlines when a peer never shows up or never answers.
+// emulated device and its own fabrics from the registry (directconnect on a generated topology,
+// ofi over tcp;ofi_rxm, or both, a pair taking the first that serves it), exchanging bytes between
+// staging buffers and control buffers; ring reachability; the registry's list of every available
+// fabric; deadlines when a peer never shows up or never answers.
 #include "collectives/transport.h"
 
 #include <chrono>
@@ -32,17 +33,20 @@ constexpr size_t kStagingBytes = size_t{1} << 20;
 
 Deadline Soon() { return Deadline::AfterSeconds(20); }
 
-// N ranks' bootstraps, devices and fabrics; the Config and backend outlive every fabric and
-// transport made from them.
+// N ranks' bootstraps, devices and fabrics (one or more per rank, in preference order); the
+// Config and backend outlive every fabric and transport made from them.
 struct World {
   Config config;
   std::unique_ptr<device::Backend> backend;
   std::vector<std::unique_ptr<bootstrap::Bootstrap>> bootstraps;
-  std::vector<std::unique_ptr<fabric::Fabric>> fabrics;
-  Status status;  // why the fabric could not be created, when it could not
+  std::vector<std::vector<std::unique_ptr<fabric::Fabric>>> fabrics;  // [rank][preference]
+  Status status;  // why a fabric could not be created, when one could not
 
   World(int n, const std::string& fabric_name, const std::string& topology,
-        std::vector<std::string> fabric_pref = {}) {
+        std::vector<std::string> fabric_pref = {})
+      : World(n, std::vector<std::string>{fabric_name}, topology, std::move(fabric_pref)) {}
+  World(int n, const std::vector<std::string>& fabric_names, const std::string& topology,
+        std::vector<std::string> fabric_pref) {
     config.timeout_s = 20;
     config.emulated_devices = n;
     config.topology = topology;
@@ -61,26 +65,46 @@ struct World {
       return;
     }
     bootstraps = std::move(boots).value();
+    fabrics.resize(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
-      fabric::FabricContext ctx;
-      ctx.rank = r;
-      ctx.world_size = n;
-      ctx.local_rank = r;
-      ctx.host_id = "transport-test";
-      ctx.device_uuids = {device(r).properties().uuid};
-      auto f = fabric::CreateFabric(fabric_name, config, ctx);
-      if (!f.ok()) {
-        status = f.status();
-        return;
+      for (const std::string& name : fabric_names) {
+        auto f = fabric::CreateFabric(name, config, Context(r));
+        if (!f.ok()) {
+          status = f.status();
+          return;
+        }
+        fabrics[static_cast<size_t>(r)].push_back(std::move(f).value());
       }
-      fabrics.push_back(std::move(f).value());
     }
+  }
+  fabric::FabricContext Context(int r) {
+    fabric::FabricContext ctx;
+    ctx.rank = r;
+    ctx.world_size = size();
+    ctx.local_rank = r;
+    ctx.host_id = "transport-test";
+    ctx.device_uuids = {device(r).properties().uuid};
+    return ctx;
   }
   int size() const { return static_cast<int>(bootstraps.size()); }
   device::Device& device(int r) { return *backend->device(r); }
-  fabric::Fabric& fabric(int r) { return *fabrics[static_cast<size_t>(r)]; }
+  fabric::Fabric& fabric(int r) { return *fabrics[static_cast<size_t>(r)][0]; }
+  // Rank r's fabrics, in preference order, as Transport::Create takes them.
+  std::vector<fabric::Fabric*> list(int r) {
+    std::vector<fabric::Fabric*> out;
+    for (const auto& f : fabrics[static_cast<size_t>(r)]) out.push_back(f.get());
+    return out;
+  }
   bootstrap::Bootstrap& boot(int r) { return *bootstraps[static_cast<size_t>(r)]; }
 };
+
+// The transport over one fabric.
+Result<std::unique_ptr<Transport>> CreateOver(fabric::Fabric& fabric, bootstrap::Bootstrap& boot,
+                                              device::Device& device, const TransportOptions& options,
+                                              Deadline deadline) {
+  fabric::Fabric* const one[] = {&fabric};
+  return Transport::Create(one, boot, device, options, deadline);
+}
 
 // Runs fn(rank) on one thread per rank and joins them all.
 void OnEveryRank(int n, const std::function<void(int)>& fn) {
@@ -140,7 +164,7 @@ void ExchangeOnEveryRank(World& w, bool single_copy, const Linked& linked = AllL
                          const std::function<void(Transport&)>& inspect = nullptr) {
   const int n = w.size();
   OnEveryRank(n, [&](int r) {
-    auto created = Transport::Create(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
+    auto created = Transport::Create(w.list(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
     ASSERT_TRUE(created.ok()) << created.status().ToString();
     Transport& t = **created;
     EXPECT_EQ(t.rank(), r);
@@ -224,11 +248,95 @@ TEST(Ofi, ThreeRanksOverTcp) {
   ExchangeOnEveryRank(w, /*single_copy=*/false);
 }
 
+TEST(TwoFabrics, NeighboursOverDirectLinksEveryOtherPairOverOfi) {
+  // Directconnect first, on a ring: each rank's two neighbours are served by their direct links;
+  // the rank across the ring has no link, so the pair takes the next fabric that serves both ends.
+  World w(4, std::vector<std::string>{"directconnect", "ofi"}, "ring:4", {"ofi:tcp"});
+  if (w.status.code() == StatusCode::kUnavailable) GTEST_SKIP() << "ofi is not available here: " << w.status.ToString();
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  auto check = [](Transport& t) {
+    const int r = t.rank(), next = (r + 1) % 4, prev = (r + 3) % 4, across = (r + 2) % 4;
+    for (int q : {next, prev}) {
+      ASSERT_NE(t.peer(q), nullptr);
+      ASSERT_NE(t.peer(q)->fabric, nullptr);
+      EXPECT_EQ(t.peer(q)->fabric->name(), "directconnect") << "rank " << r << " to rank " << q;
+    }
+    ASSERT_NE(t.peer(across), nullptr);
+    ASSERT_NE(t.peer(across)->fabric, nullptr);
+    EXPECT_EQ(t.peer(across)->fabric->name(), "ofi") << "rank " << r << " to rank " << across;
+    EXPECT_NE(t.peer(across)->send->label().find("ofi"), std::string::npos) << t.peer(across)->send->label();
+    const std::string d = t.description();
+    EXPECT_NE(d.find(fmt::format("directconnect: ranks {}, {} (", std::min(next, prev), std::max(next, prev))),
+              std::string::npos)
+        << d;
+    EXPECT_NE(d.find(fmt::format("ofi: rank {} (", across)), std::string::npos) << d;
+    EXPECT_EQ(d.find("unreachable"), std::string::npos) << d;
+  };
+  ExchangeOnEveryRank(w, /*single_copy=*/false, AllLinked, check);
+}
+
+TEST(TwoFabrics, TheFirstFabricThatServesAPairWins) {
+  // Ofi first: it reaches every peer, so the direct links are never used.
+  World w(3, std::vector<std::string>{"ofi", "directconnect"}, "full", {"ofi:tcp"});
+  if (w.status.code() == StatusCode::kUnavailable) GTEST_SKIP() << "ofi is not available here: " << w.status.ToString();
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  ExchangeOnEveryRank(w, /*single_copy=*/false, AllLinked, [](Transport& t) {
+    for (int q = 0; q < 3; ++q) {
+      if (q == t.rank()) continue;
+      ASSERT_NE(t.peer(q), nullptr);
+      EXPECT_EQ(t.peer(q)->fabric->name(), "ofi");
+    }
+    EXPECT_EQ(t.description().find("directconnect"), std::string::npos) << t.description();
+  });
+}
+
+TEST(FabricRegistry, SelectAllListsTheAvailableFabricsInPreferenceOrder) {
+  auto names_of = [](const std::vector<fabric::Fabric*>& fabrics) {
+    std::vector<std::string> names;
+    for (const fabric::Fabric* f : fabrics) names.push_back(f->name());
+    return names;
+  };
+  fabric::FabricContext ctx;
+  ctx.rank = 0;
+  ctx.world_size = 2;
+  // KIZUNA_FABRIC's order; "ofi:tcp" and "ofi:shm" both name ofi, listed once; unknown names skipped.
+  Config listed;
+  listed.topology = "full";
+  listed.fabric = {"ofi:tcp", "nowhere", "directconnect", "ofi:shm"};
+  auto reg = fabric::FabricRegistry::Create(listed, ctx);
+  const bool ofi = reg->Find("ofi") != nullptr;
+  auto all = reg->SelectAll();
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(names_of(*all), ofi ? (std::vector<std::string>{"ofi", "directconnect"})
+                                : (std::vector<std::string>{"directconnect"}));
+
+  // No list: every available fabric, direct ones (directconnect: point-to-point ports) first, then
+  // the others in registration order, whatever order the linker gave the registrations.
+  Config unlisted;
+  unlisted.topology = "full";
+  auto reg2 = fabric::FabricRegistry::Create(unlisted, ctx);
+  std::vector<std::string> expected = {"directconnect"};
+  for (const fabric::FabricRegistration& r : fabric::RegisteredFabrics())
+    if (r.name != "directconnect" && reg2->Find(r.name) != nullptr) expected.push_back(r.name);
+  auto all2 = reg2->SelectAll();
+  ASSERT_TRUE(all2.ok()) << all2.status().ToString();
+  EXPECT_EQ(names_of(*all2), expected);
+
+  // Nothing usable: unavailable, naming each candidate.
+  Config none;
+  none.fabric = {"nowhere", "directconnect"};  // directconnect without a topology is unavailable
+  auto reg3 = fabric::FabricRegistry::Create(none, ctx);
+  auto all3 = reg3->SelectAll();
+  EXPECT_EQ(all3.status().code(), StatusCode::kUnavailable) << all3.status().ToString();
+  EXPECT_NE(all3.status().message().find("nowhere: not linked in"), std::string::npos) << all3.status().message();
+  EXPECT_NE(all3.status().message().find("KIZUNA_TOPOLOGY"), std::string::npos) << all3.status().message();
+}
+
 TEST(DirectConnectRing, OnlyNeighboursArePeers) {
   World w(4, "directconnect", "ring:4");
   ASSERT_TRUE(w.status.ok()) << w.status.ToString();
   OnEveryRank(4, [&](int r) {
-    auto created = Transport::Create(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
+    auto created = CreateOver(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
     ASSERT_TRUE(created.ok()) << created.status().ToString();
     Transport& t = **created;
     const int next = (r + 1) % 4, prev = (r + 3) % 4, across = (r + 2) % 4;
@@ -281,7 +389,7 @@ TEST(Transport, LinkSpeedIsConvertedToBytes) {
   World w(2, "directconnect", path);
   ASSERT_TRUE(w.status.ok()) << w.status.ToString();
   OnEveryRank(2, [&](int r) {
-    auto created = Transport::Create(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
+    auto created = CreateOver(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
     ASSERT_TRUE(created.ok()) << created.status().ToString();
     const LinkDesc& link = (*created)->link_row()[static_cast<size_t>(1 - r)];
     EXPECT_TRUE(link.reachable);
@@ -295,7 +403,7 @@ TEST(Transport, ControlBuffersCarrySmallHostMessages) {
   World w(3, "directconnect", "full");
   ASSERT_TRUE(w.status.ok()) << w.status.ToString();
   OnEveryRank(3, [&](int r) {
-    auto created = Transport::Create(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 128}, Soon());
+    auto created = CreateOver(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 128}, Soon());
     ASSERT_TRUE(created.ok()) << created.status().ToString();
     Transport& t = **created;
     const int to = (r + 1) % 3, from = (r + 2) % 3;
@@ -325,7 +433,7 @@ TEST(Transport, APeerThatNeverShowsUpIsATimeoutNamingIt) {
   // Rank 2 exists (its bootstrap lives) but never calls Create.
   OnEveryRank(2, [&](int r) {
     const auto t0 = Clock::now();
-    auto created = Transport::Create(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256},
+    auto created = CreateOver(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256},
                                      Deadline::AfterSeconds(2));
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     ASSERT_FALSE(created.ok());
@@ -346,7 +454,7 @@ TEST(Transport, AMalformedRecordFromAPeerIsRefusedNamingIt) {
       EXPECT_TRUE(w.boot(1).AllGather(garbage, Soon()).ok());
       return;
     }
-    auto created = Transport::Create(w.fabric(0), w.boot(0), w.device(0), TransportOptions{kStagingBytes, 256}, Soon());
+    auto created = CreateOver(w.fabric(0), w.boot(0), w.device(0), TransportOptions{kStagingBytes, 256}, Soon());
     ASSERT_FALSE(created.ok());
     EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument) << created.status().ToString();
     EXPECT_NE(created.status().message().find("malformed connection record from rank 1"), std::string::npos)
@@ -396,7 +504,7 @@ TEST(Transport, ConnectionsThatNeverCompleteAreATimeoutNamingThePeers) {
     ctx.world_size = 2;
     StuckFabric stuck(&w.config, ctx);
     const auto t0 = Clock::now();
-    auto created = Transport::Create(stuck, w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256},
+    auto created = CreateOver(stuck, w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256},
                                      Deadline::AfterSeconds(1));
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     ASSERT_FALSE(created.ok());
@@ -411,21 +519,49 @@ TEST(Transport, ConnectionsThatNeverCompleteAreATimeoutNamingThePeers) {
   });
 }
 
+TEST(Transport, RanksThatPassDifferentFabricListsAreRefusedNamingBoth) {
+  World w(2, "directconnect", "full");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  OnEveryRank(2, [&](int r) {
+    // Rank 0 offers a second fabric that rank 1 does not pass.
+    StuckFabric stuck(&w.config, w.Context(r));
+    std::vector<fabric::Fabric*> list = {&w.fabric(r)};
+    if (r == 0) list.push_back(&stuck);
+    auto created = Transport::Create(list, w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
+    ASSERT_FALSE(created.ok());
+    EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument) << created.status().ToString();
+    EXPECT_NE(created.status().message().find("[directconnect, stuck]"), std::string::npos)
+        << created.status().message();
+    EXPECT_NE(created.status().message().find("[directconnect]"), std::string::npos) << created.status().message();
+  });
+}
+
 TEST(Transport, BadArgumentsAreRefused) {
   World w(2, "directconnect", "full");
   ASSERT_TRUE(w.status.ok()) << w.status.ToString();
   // The fabric of rank 1 with the bootstrap of rank 0.
-  auto wrong = Transport::Create(w.fabric(1), w.boot(0), w.device(0), TransportOptions{}, Soon());
+  auto wrong = CreateOver(w.fabric(1), w.boot(0), w.device(0), TransportOptions{}, Soon());
   EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument) << wrong.status().ToString();
-  auto empty = Transport::Create(w.fabric(0), w.boot(0), w.device(0), TransportOptions{0, 256}, Soon());
+  auto empty = CreateOver(w.fabric(0), w.boot(0), w.device(0), TransportOptions{0, 256}, Soon());
   EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument) << empty.status().ToString();
+  // No fabric, a null one, one fabric twice.
+  auto none = Transport::Create({}, w.boot(0), w.device(0), TransportOptions{}, Soon());
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument) << none.status().ToString();
+  fabric::Fabric* const with_null[] = {&w.fabric(0), nullptr};
+  auto null = Transport::Create(with_null, w.boot(0), w.device(0), TransportOptions{}, Soon());
+  EXPECT_EQ(null.status().code(), StatusCode::kInvalidArgument) << null.status().ToString();
+  EXPECT_NE(null.status().message().find("null"), std::string::npos) << null.status().message();
+  fabric::Fabric* const twice[] = {&w.fabric(0), &w.fabric(0)};
+  auto dup = Transport::Create(twice, w.boot(0), w.device(0), TransportOptions{}, Soon());
+  EXPECT_EQ(dup.status().code(), StatusCode::kInvalidArgument) << dup.status().ToString();
+  EXPECT_NE(dup.status().message().find("listed twice"), std::string::npos) << dup.status().message();
 }
 
 TEST(Transport, OneRankHasNoPeers) {
   World w(1, "ofi", "", {"ofi:tcp"});
   if (w.status.code() == StatusCode::kUnavailable) GTEST_SKIP() << "ofi is not available here: " << w.status.ToString();
   ASSERT_TRUE(w.status.ok()) << w.status.ToString();
-  auto created = Transport::Create(w.fabric(0), w.boot(0), w.device(0), TransportOptions{kStagingBytes, 256}, Soon());
+  auto created = CreateOver(w.fabric(0), w.boot(0), w.device(0), TransportOptions{kStagingBytes, 256}, Soon());
   ASSERT_TRUE(created.ok()) << created.status().ToString();
   EXPECT_EQ((*created)->peer(0), nullptr);
   EXPECT_EQ((*created)->staging().size(), kStagingBytes);

@@ -151,6 +151,11 @@ struct FabricContext {
   int world_size = 1;
   int local_rank = 0;
   std::string host_id;  // identical for every rank on one host (the bootstrap's host id)
+  // The host id of every rank of the job, indexed by rank (rank_hosts[rank] == host_id); empty
+  // when unknown (a process that creates a fabric without a communicator). Fabrics that can only
+  // link ranks of one host (directconnect's generated topologies) use it to see which ranks share
+  // this one.
+  std::vector<std::string> rank_hosts;
   // The rank's accelerators (DeviceProperties::uuid); a fabric lists the ones its devices are
   // close to in FabricDeviceProperties::near_device_uuids.
   std::vector<std::string> device_uuids;

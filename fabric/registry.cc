@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -152,6 +155,66 @@ Result<Fabric*> FabricRegistry::Select() const {
   }
   return Unavailable(slots_.empty() ? std::string("no fabric is linked in")
                                     : fmt::format("no fabric is usable ({})", reasons));
+}
+
+Result<std::vector<Fabric*>> FabricRegistry::SelectAll() const {
+  std::vector<Fabric*> chosen;
+  std::string names, reasons;
+  auto take = [&](const FabricSlot& s) {
+    if (std::find(chosen.begin(), chosen.end(), s.fabric.get()) != chosen.end()) return;
+    chosen.push_back(s.fabric.get());
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", s.name);
+  };
+  auto note = [&reasons](std::string_view name, std::string_view why) {
+    reasons += fmt::format("{}{}: {}", reasons.empty() ? "" : "; ", name, why);
+  };
+  if (!config_->fabric.empty()) {
+    std::vector<std::string> seen;
+    for (const std::string& entry : config_->fabric) {
+      // "ofi:shm" names the fabric "ofi"; "ofi:shm,ofi:tcp" lists it once.
+      const std::string wanted = entry.substr(0, entry.find(':'));
+      if (std::find(seen.begin(), seen.end(), wanted) != seen.end()) continue;
+      seen.push_back(wanted);
+      bool known = false;
+      for (const FabricSlot& s : slots_) {
+        if (s.name != wanted) continue;
+        known = true;
+        if (s.fabric != nullptr) {
+          take(s);
+        } else {
+          note(s.name, s.status.ToString());
+        }
+      }
+      if (!known) note(wanted, "not linked in");
+    }
+    if (chosen.empty())
+      return Unavailable(fmt::format("none of the fabrics named in KIZUNA_FABRIC is usable ({})", reasons));
+    KZ_INFO(kLogInit, "fabrics selected, in preference order: {} (KIZUNA_FABRIC)", names);
+    return chosen;
+  }
+  // Direct fabrics first, then the others, each group in registration order. Registration order
+  // alone follows the link order of the binary, which says nothing about which fabric is better;
+  // a fabric whose devices are all point-to-point (direct links) serves only the pairs it is
+  // cabled for, and for those it is the shorter path (NCCL likewise tries P2P/SHM before NET).
+  auto direct = [](const Fabric& f) {
+    if (f.device_count() == 0) return false;
+    for (int d = 0; d < f.device_count(); ++d) {
+      auto p = f.properties(d);
+      if (!p.ok() || !p->point_to_point) return false;
+    }
+    return true;
+  };
+  for (bool want_direct : {true, false}) {
+    for (const FabricSlot& s : slots_) {
+      if (s.fabric != nullptr && direct(*s.fabric) == want_direct) take(s);
+      if (s.fabric == nullptr && !want_direct) note(s.name, s.status.ToString());
+    }
+  }
+  if (chosen.empty())
+    return Unavailable(slots_.empty() ? std::string("no fabric is linked in")
+                                      : fmt::format("no fabric is usable ({})", reasons));
+  KZ_INFO(kLogInit, "fabrics selected, in preference order: {} (every available one, direct links first)", names);
+  return chosen;
 }
 
 }  // namespace kizuna::fabric

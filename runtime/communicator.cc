@@ -151,13 +151,15 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   const Deadline deadline = Deadline::AfterSeconds(config.timeout_s);
   const device::DeviceProperties& props = device.properties();
 
-  // Who shares this host (local rank for the fabric).
-  const std::string host = HostId();
+  // Who shares this host (local rank for the fabric; which pairs direct links can join).
+  const std::string host = options.host_id.empty() ? HostId() : options.host_id;
   KZ_ASSIGN_OR_RETURN(auto hosts, c->bootstrap_->AllGather(
                                       std::span(reinterpret_cast<const uint8_t*>(host.data()), host.size()), deadline));
+  std::vector<std::string> rank_hosts;
+  for (const auto& h : hosts) rank_hosts.emplace_back(h.begin(), h.end());
   int local_rank = 0;
   for (int r = 0; r < c->rank_; ++r)
-    if (std::string(hosts[static_cast<size_t>(r)].begin(), hosts[static_cast<size_t>(r)].end()) == host) ++local_rank;
+    if (rank_hosts[static_cast<size_t>(r)] == host) ++local_rank;
 
   if (c->size_ == 1) {
     // Nothing to connect: no fabric is needed (or wanted: a one-rank job must work anywhere).
@@ -170,32 +172,63 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
     context.world_size = c->size_;
     context.local_rank = local_rank;
     context.host_id = host;
+    context.rank_hosts = std::move(rank_hosts);
     context.device_uuids = {props.uuid};
-    // On one host with no topology given, every pair of ranks is one hop of shared memory away:
-    // describe that to the fabrics as a fully connected direct-connect network, so that they
-    // can use direct links (single-copy, mapped peer memory) instead of a network stack.
-    bool single_host = true;
-    for (const auto& h : hosts) single_host &= std::string(h.begin(), h.end()) == host;
+    // With no topology given, every pair of ranks on one host is one hop of shared memory away:
+    // describe that to the fabrics as direct-connect links ("full" links the ranks of each host,
+    // since the fabric knows every rank's host), so that they can use direct links (single-copy,
+    // mapped peer memory) instead of a network stack; pairs across hosts take a network fabric.
     c->fabric_config_ = config;
-    if (single_host && c->fabric_config_.topology.empty()) c->fabric_config_.topology = "full";
+    if (c->fabric_config_.topology.empty()) c->fabric_config_.topology = "full";
     c->fabrics_ = fabric::FabricRegistry::Create(c->fabric_config_, context);
-    // Every rank must use the same fabric: agree on the first one available everywhere.
-    KZ_ASSIGN_OR_RETURN(fabric::Fabric * fabric, c->fabrics_->Select());
-    const std::string name = fabric->name();
-    KZ_ASSIGN_OR_RETURN(auto names, c->bootstrap_->AllGather(
-                                        std::span(reinterpret_cast<const uint8_t*>(name.data()), name.size()), deadline));
+    // A rank with no usable fabric still takes part in the exchange (with an empty list), so that
+    // every rank fails at once with the reason instead of waiting for it until the deadline.
+    Result<std::vector<fabric::Fabric*>> selected = c->fabrics_->SelectAll();
+    const std::vector<fabric::Fabric*> available = selected.ok() ? *selected : std::vector<fabric::Fabric*>{};
+    // Every rank must pass the same fabrics in the same order: keep those every rank has, in rank
+    // 0's order.
+    bootstrap::Bytes mine;
+    for (const fabric::Fabric* f : available) PutString(mine, f->name());
+    KZ_ASSIGN_OR_RETURN(auto lists, c->bootstrap_->AllGather(mine, deadline));
+    std::vector<std::vector<std::string>> names(static_cast<size_t>(c->size_));
     for (int r = 0; r < c->size_; ++r) {
-      std::string other(names[static_cast<size_t>(r)].begin(), names[static_cast<size_t>(r)].end());
-      if (other != name)
-        return InvalidArgument(fmt::format("ranks chose different fabrics: rank {} uses {}, rank {} uses {} (set "
-                                           "KIZUNA_FABRIC alike on every rank)",
-                                           c->rank_, name, r, other));
+      RowReader reader(lists[static_cast<size_t>(r)]);
+      while (!reader.done()) {
+        std::string name;
+        if (!reader.GetString(&name))
+          return Internal(fmt::format("rank {} sent a malformed list of its fabrics", r));
+        names[static_cast<size_t>(r)].push_back(std::move(name));
+      }
     }
+    std::vector<fabric::Fabric*> common;
+    std::string common_names;
+    for (const std::string& name : names[0]) {
+      bool everywhere = true;
+      for (const auto& list : names) everywhere &= std::find(list.begin(), list.end(), name) != list.end();
+      if (!everywhere) continue;
+      common.push_back(*std::find_if(available.begin(), available.end(),
+                                     [&](const fabric::Fabric* f) { return f->name() == name; }));
+      common_names += (common_names.empty() ? "" : ", ") + name;
+    }
+    if (common.empty()) {
+      if (!selected.ok()) return selected.status();
+      std::string each;
+      for (int r = 0; r < c->size_ && r < 8; ++r) {
+        std::string list;
+        for (const std::string& name : names[static_cast<size_t>(r)]) list += (list.empty() ? "" : ", ") + name;
+        each += fmt::format("{}rank {}: {}", each.empty() ? "" : "; ", r, list.empty() ? "none" : list);
+      }
+      if (c->size_ > 8) each += fmt::format("; and {} more ranks", c->size_ - 8);
+      return InvalidArgument(fmt::format("no fabric is available on every rank ({}); make one available everywhere, "
+                                         "or set KIZUNA_FABRIC alike on every rank",
+                                         each));
+    }
+    if (c->rank_ == 0) KZ_INFO(kLogInit, "fabrics on every rank, in preference order: {}", common_names);
 
     collectives::TransportOptions topts;
     topts.staging_bytes = options.staging_bytes;
     KZ_ASSIGN_OR_RETURN(c->transport_,
-                        collectives::Transport::Create(*fabric, *c->bootstrap_, device, topts, deadline));
+                        collectives::Transport::Create(common, *c->bootstrap_, device, topts, deadline));
   }
 
   // The shape: every rank's device and link row, allgathered, so every rank holds the same.
@@ -233,6 +266,8 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
           props.name, c->transport_->description(), c->shape_.host_count());
   return c;
 }
+
+std::string Communicator::DescribeConnections() const { return transport_->description(); }
 
 Result<std::unique_ptr<Communicator>> Communicator::Create(std::shared_ptr<bootstrap::Bootstrap> bootstrap,
                                                            device::Device& device, const CommOptions& options) {

@@ -77,6 +77,9 @@ struct CommOptions {
   const Config* config = nullptr;
   // Staging memory per rank on its device for the engine's transfers.
   size_t staging_bytes = 8u << 20;
+  // The host this rank runs on, as ranks compare it: ranks of one host are linked directly
+  // (directconnect), ranks of different hosts through a network fabric.
+  std::string host_id;  // "" = HostId(); tests that pretend ranks are on different hosts set it
 };
 
 struct CallOptions {
@@ -121,6 +124,13 @@ class Communicator {
   device::Device& device() const { return *device_; }
   // What every rank knows about every rank's device and links (the cost model's inputs).
   const collectives::CommShape& shape() const { return shape_; }
+  // This rank's connections: which fabric serves which peers, over which devices, and how the
+  // staging memory is registered — "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3
+  // (device tcp;ofi_rxm:lo); staging by fd (DMA-BUF/memfd)" (collectives/transport.h). Every
+  // available fabric that all ranks have is used, in KIZUNA_FABRIC's order (else direct fabrics
+  // first, then registration order: FabricRegistry::SelectAll); each pair of ranks uses the first
+  // that connects the two.
+  std::string DescribeConnections() const;
 
   Status AllReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op, device::Stream& stream,
                    const CallOptions& options = {});

@@ -2,9 +2,12 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -33,6 +36,49 @@ constexpr std::string_view kAcceptedForms =
     "a topology file, or a generator: full, ring, full:N, ring:N, torus1d:X, torus2d:XxY, torus3d:XxYxZ "
     "(full and ring without a size span the job's world size)";
 
+// "full" over the job's world when the host of every rank is known. A link of this fabric is
+// shared memory, so it can only join ranks of one host: each host's ranks form one fully connected
+// clique. Workers keep their rank numbers (node w<r> is rank r), and rank r's port j goes to the
+// j-th other rank of its host in rank order, as GenerateFullyConnected numbers them on one host.
+// A rank alone on its host has nothing to link to, yet must be a node (every rank finds its worker),
+// and Topology::Finalize wants at least one port per node: it gets one port with no cable, which
+// serves no peer (no link_peer). A job on one host gets exactly the topology of "full:<world size>".
+Result<Topology> GenerateFullPerHost(const FabricContext& context) {
+  const int n = context.world_size;
+  if (context.rank_hosts.size() != static_cast<size_t>(n))
+    return InvalidArgument(fmt::format("the fabric context names the hosts of {} ranks, the world has {}",
+                                       context.rank_hosts.size(), n));
+  std::map<std::string_view, std::vector<int>> by_host;  // ranks in ascending order per host
+  for (int r = 0; r < n; ++r) {
+    const std::string& host = context.rank_hosts[static_cast<size_t>(r)];
+    if (host.empty()) return InvalidArgument(fmt::format("the fabric context gives rank {} an empty host id", r));
+    by_host[host].push_back(r);
+  }
+  if (by_host.size() == 1) return GenerateFullyConnected(n, LinkParams{});
+  Topology t;
+  t.name = fmt::format("full-{}-on-{}-hosts", n, by_host.size());
+  t.nodes.resize(static_cast<size_t>(n));
+  for (const auto& [host, ranks] : by_host) {
+    const int local = static_cast<int>(ranks.size());
+    if (local - 1 > kMaxPortsPerNode)
+      return InvalidArgument(fmt::format("{} ranks on host {}: a fully connected clique needs at most {}", local,
+                                         host, kMaxPortsPerNode + 1));
+    for (int i = 0; i < local; ++i) {
+      const int r = ranks[static_cast<size_t>(i)];
+      t.nodes[static_cast<size_t>(r)] =
+          TopologyNode{fmt::format("w{}", r), NodeKind::kWorker, r, std::max(local - 1, 1), 0};
+    }
+    // Port of the i-th local rank towards the k-th: the others in rank order, skipping itself.
+    auto port_to = [](int from, int to) { return to < from ? to : to - 1; };
+    for (int i = 0; i < local; ++i)
+      for (int k = i + 1; k < local; ++k)
+        t.links.push_back(TopologyLink{PortRef{ranks[static_cast<size_t>(i)], port_to(i, k)},
+                                       PortRef{ranks[static_cast<size_t>(k)], port_to(k, i)}, 0, 0, 0});
+  }
+  KZ_RETURN_IF_ERROR(t.Finalize());
+  return t;
+}
+
 // KIZUNA_TOPOLOGY's value as "<kind>[:<shape>]" (GenerateNamed's kinds): a direct-connect network
 // for a job on one host without writing a file. Generated links have unknown bandwidth and latency
 // and no shaping: nothing says what a modelled link should be, and a file can say it.
@@ -57,6 +103,13 @@ Result<Topology> GenerateFromSpec(std::string_view spec, const FabricContext& co
       return Unavailable(fmt::format("KIZUNA_TOPOLOGY=\"{}\" spans the world size, and a world of {} rank(s) has no "
                                      "links to make",
                                      spec, context.world_size));
+    // "full" over the world links only ranks that share a host, when the hosts are known.
+    if (kind != "ring" && !context.rank_hosts.empty()) {
+      Result<Topology> per_host = GenerateFullPerHost(context);
+      if (!per_host.ok()) return per_host.status().WithContext(fmt::format("KIZUNA_TOPOLOGY=\"{}\"", spec));
+      per_host->source = fmt::format("generated from KIZUNA_TOPOLOGY={}", spec);
+      return per_host;
+    }
     shape = std::to_string(context.world_size);
   }
   Result<Topology> topology = GenerateNamed(kind, shape, LinkParams{});

@@ -1,6 +1,7 @@
 // KIZUNA_TOPOLOGY as a generator spec ("full", "ring:4", "torus2d:2x2"): the factory builds the
-// topology instead of reading a file; a file of the same name still wins; bad specs name the value
-// and the accepted forms.
+// topology instead of reading a file; "full" links only the ranks of one host when the hosts of the
+// ranks are known; a file of the same name still wins; bad specs name the value and the accepted
+// forms.
 #include <unistd.h>
 
 #include <climits>
@@ -64,6 +65,79 @@ TEST(GeneratedTopology, FullSpansTheWorldSize) {
   auto eight = CreateWith("full:8", RankOf(1, 4));
   ASSERT_TRUE(eight.ok()) << eight.status().ToString();
   EXPECT_EQ(PeerRanks(**eight), (std::vector<int>{0, 2, 3, 4, 5, 6, 7}));
+}
+
+FabricContext OnHosts(int rank, std::vector<std::string> rank_hosts) {
+  FabricContext ctx = RankOf(rank, static_cast<int>(rank_hosts.size()));
+  ctx.host_id = rank_hosts[static_cast<size_t>(rank)];
+  ctx.rank_hosts = std::move(rank_hosts);
+  return ctx;
+}
+
+TEST(GeneratedTopology, FullLinksOnlyTheRanksOfOneHost) {
+  // Ranks 0, 1 on host A, 2, 3 on host B: one clique per host, ranks keep their numbers.
+  const std::vector<std::string> hosts = {"A", "A", "B", "B"};
+  auto r0 = CreateWith("full", OnHosts(0, hosts));
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  EXPECT_EQ(PeerRanks(**r0), (std::vector<int>{1}));
+  EXPECT_EQ((*r0)->properties(0)->link_peer->port, 0);
+  auto r2 = CreateWith("full", OnHosts(2, hosts));
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(PeerRanks(**r2), (std::vector<int>{3}));
+  EXPECT_EQ((*r2)->properties(0)->name, "w2:port0");
+  auto* dc = static_cast<DirectConnectFabric*>(r2->get());
+  EXPECT_EQ(dc->topology().worker_count(), 4);
+  EXPECT_EQ(dc->topology().links.size(), 2u);
+  EXPECT_NE(dc->topology().Describe().find("KIZUNA_TOPOLOGY=full"), std::string::npos) << dc->topology().Describe();
+
+  // Hosts interleaved: a host's ranks in rank order, port j to the j-th other rank of the host.
+  const std::vector<std::string> mixed = {"A", "B", "A", "B", "A"};
+  auto r2m = CreateWith("full", OnHosts(2, mixed));
+  ASSERT_TRUE(r2m.ok()) << r2m.status().ToString();
+  EXPECT_EQ(PeerRanks(**r2m), (std::vector<int>{0, 4}));
+  auto r3m = CreateWith("full", OnHosts(3, mixed));
+  ASSERT_TRUE(r3m.ok()) << r3m.status().ToString();
+  EXPECT_EQ(PeerRanks(**r3m), (std::vector<int>{1}));
+}
+
+TEST(GeneratedTopology, ARankAloneOnItsHostHasOneUnconnectedPort) {
+  // A node needs at least one port; the lone rank's port has no cable and serves no one.
+  const std::vector<std::string> hosts = {"A", "A", "B"};
+  auto lone = CreateWith("full", OnHosts(2, hosts));
+  ASSERT_TRUE(lone.ok()) << lone.status().ToString();
+  EXPECT_EQ(PeerRanks(**lone), (std::vector<int>{-1}));
+  auto r1 = CreateWith("full", OnHosts(1, hosts));
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_EQ(PeerRanks(**r1), (std::vector<int>{0}));
+  // Every rank on its own host: still a valid topology, with no links at all.
+  auto apart = CreateWith("full", OnHosts(0, {"A", "B"}));
+  ASSERT_TRUE(apart.ok()) << apart.status().ToString();
+  EXPECT_EQ(PeerRanks(**apart), (std::vector<int>{-1}));
+}
+
+TEST(GeneratedTopology, FullOnOneKnownHostIsTheFullTopology) {
+  auto known = CreateWith("full", OnHosts(1, {"A", "A", "A", "A"}));
+  auto unknown = CreateWith("full", RankOf(1, 4));
+  ASSERT_TRUE(known.ok() && unknown.ok());
+  EXPECT_EQ(PeerRanks(**known), PeerRanks(**unknown));
+  EXPECT_EQ(static_cast<DirectConnectFabric*>(known->get())->topology().Fingerprint(),
+            static_cast<DirectConnectFabric*>(unknown->get())->topology().Fingerprint());
+  // An explicit size ignores the hosts.
+  auto sized = CreateWith("full:4", OnHosts(0, {"A", "A", "B", "B"}));
+  ASSERT_TRUE(sized.ok()) << sized.status().ToString();
+  EXPECT_EQ(PeerRanks(**sized), (std::vector<int>{1, 2, 3}));
+}
+
+TEST(GeneratedTopology, HostsThatDoNotMatchTheWorldAreRefused) {
+  FabricContext ctx = RankOf(0, 4);
+  ctx.rank_hosts = {"A", "A", "B"};
+  auto f = CreateWith("full", ctx);
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << f.status().ToString();
+  EXPECT_NE(f.status().message().find("hosts of 3 ranks, the world has 4"), std::string::npos) << f.status().message();
+  ctx.rank_hosts = {"A", "", "B", "B"};
+  auto empty = CreateWith("full", ctx);
+  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument) << empty.status().ToString();
+  EXPECT_NE(empty.status().message().find("rank 1 an empty host id"), std::string::npos) << empty.status().message();
 }
 
 TEST(GeneratedTopology, Ring) {
@@ -142,6 +216,20 @@ TEST(GeneratedTopology, RanksOfAGeneratedTopologyConnect) {
   auto listen = (*b)->Listen(0);
   ASSERT_TRUE(listen.ok()) << listen.status().ToString();
   auto send = (*a)->Connect(1, (*listen)->handle(), Deadline::AfterSeconds(10));
+  ASSERT_TRUE(send.ok()) << send.status().ToString();
+  auto recv = (*listen)->Accept(Deadline::AfterSeconds(10));
+  ASSERT_TRUE(recv.ok()) << recv.status().ToString();
+}
+
+TEST(GeneratedTopology, RanksOfAPerHostTopologyConnect) {
+  // Ranks 2 and 3 share host B: each generates the per-host topology on its own, and they connect.
+  const std::vector<std::string> hosts = {"A", "A", "B", "B"};
+  auto a = CreateWith("full", OnHosts(2, hosts));
+  auto b = CreateWith("full", OnHosts(3, hosts));
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto listen = (*b)->Listen(0);
+  ASSERT_TRUE(listen.ok()) << listen.status().ToString();
+  auto send = (*a)->Connect(0, (*listen)->handle(), Deadline::AfterSeconds(10));
   ASSERT_TRUE(send.ok()) << send.status().ToString();
   auto recv = (*listen)->Accept(Deadline::AfterSeconds(10));
   ASSERT_TRUE(recv.ok()) << recv.status().ToString();

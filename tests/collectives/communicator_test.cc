@@ -1,7 +1,9 @@
 // The communicator's behaviour around the collectives: argument checks (nothing enqueued on bad
-// input), mismatch detection, timeouts, Abort, Split, groups, deterministic mode.
+// input), mismatch detection, timeouts, Abort, Split, groups, deterministic mode, ranks on two
+// hosts over two fabrics.
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -10,6 +12,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "fabric/registry.h"
+#include "runtime/bootstrap/in_process.h"
 #include "tests/collectives/world.h"
 
 namespace kizuna::test {
@@ -154,6 +158,20 @@ TEST(Communicator, AbortReleasesWaitingStreamsPromptly) {
   EXPECT_TRUE(w.stream(1).Synchronize(Deadline::AfterSeconds(20)).ok());
   EXPECT_FALSE(w.comm(1).AsyncError().ok());
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+}
+
+TEST(Communicator, AbortWhileIdleTellsThePeers) {
+  Config config = WorldConfig(2);
+  config.timeout_s = 60;
+  World w(2, config);
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  w.comm(0).Abort();  // no operation running
+  auto b1 = Alloc(w, 1, 4096);
+  const auto start = Clock::now();
+  ASSERT_TRUE(w.comm(1).AllReduce(b1->data(), b1->data(), 64, DataType::kFloat32, ReduceOp::kSum, w.stream(1)).ok());
+  EXPECT_TRUE(w.stream(1).Synchronize(Deadline::AfterSeconds(30)).ok());
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0) << "the peer waited for its timeout";
+  EXPECT_FALSE(w.comm(1).AsyncError().ok());
 }
 
 TEST(Communicator, GroupFusesCallsAndPairsSendRecv) {
@@ -325,6 +343,98 @@ TEST(Communicator, DeterministicModeIsBitwiseStable) {
       }
     }
   }
+}
+
+// Four ranks that say they run on two hosts (ranks 0, 1 on hostA, 2, 3 on hostB), with no fabric
+// list and no topology: every available fabric is used, pairs inside a host over direct links
+// (directconnect's "full" links the ranks of each host), pairs across hosts over ofi; every
+// algorithm's AllReduce is exact over the mixed connections.
+TEST(Communicator, RanksOnTwoHostsUseDirectLinksInsideAHostAndOfiBetween) {
+  // The pretend hosts are one machine: libfabric's tcp provider stays on the loopback interface.
+  ASSERT_EQ(::setenv("FI_TCP_IFACE", "lo", 1), 0);
+  const int n = 4;
+  Config config;
+  config.emulated_devices = n;
+  config.timeout_s = 30;
+  {
+    fabric::FabricContext ctx;
+    ctx.world_size = n;
+    auto ofi = fabric::CreateFabric("ofi", config, ctx);
+    if (ofi.status().code() == StatusCode::kUnavailable)
+      GTEST_SKIP() << "ofi is not available here: " << ofi.status().ToString();
+    ASSERT_TRUE(ofi.ok()) << ofi.status().ToString();
+  }
+  auto backend = host_emulated::CreateHostEmulatedBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  auto boots = bootstrap::CreateInProcessBootstraps(n);
+  ASSERT_TRUE(boots.ok()) << boots.status().ToString();
+  std::vector<Result<std::unique_ptr<Communicator>>> created;
+  for (int r = 0; r < n; ++r) created.emplace_back(Internal("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      CommOptions options;
+      options.config = &config;
+      options.staging_bytes = 2u << 20;
+      options.host_id = r < 2 ? "hostA" : "hostB";
+      created[r] = Communicator::Create(std::shared_ptr<bootstrap::Bootstrap>(std::move((*boots)[r])),
+                                        *(*backend)->device(r), options);
+    });
+  for (auto& t : threads) t.join();
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(created[r].ok()) << "rank " << r << ": " << created[r].status().ToString();
+    comms.push_back(std::move(*created[r]));
+  }
+
+  // Which fabric serves which peers: "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3 (...".
+  for (int r = 0; r < n; ++r) {
+    const std::string d = comms[r]->DescribeConnections();
+    const int partner = r ^ 1;
+    const std::string across = r < 2 ? "ranks 2, 3" : "ranks 0, 1";
+    EXPECT_NE(d.find(fmt::format("directconnect: rank {} (", partner)), std::string::npos) << "rank " << r << ": " << d;
+    EXPECT_NE(d.find(fmt::format("ofi: {} (", across)), std::string::npos) << "rank " << r << ": " << d;
+    EXPECT_EQ(d.find("unreachable"), std::string::npos) << "rank " << r << ": " << d;
+    EXPECT_EQ(comms[r]->shape().host_count(), 2);
+  }
+
+  // AllReduce with every algorithm that spans the ranks, for a small and a multi-chunk count (not
+  // a multiple of the world size).
+  std::vector<std::unique_ptr<device::Stream>> streams;
+  for (int r = 0; r < n; ++r) {
+    auto s = (*backend)->device(r)->CreateStream();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    streams.push_back(std::move(*s));
+  }
+  for (size_t count : {size_t{1001}, size_t{300007}}) {
+    std::vector<std::unique_ptr<device::Buffer>> bufs;
+    for (int r = 0; r < n; ++r) {
+      auto b = (*backend)->device(r)->Allocate(count * 4);
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      bufs.push_back(std::move(*b));
+    }
+    for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd, Algorithm::kPairwise}) {
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i)
+          static_cast<float*>(bufs[r]->data())[i] = static_cast<float>(InputValue(ReduceOp::kSum, r, i));
+      CallOptions call;
+      call.algorithm = algo;
+      for (int r = 0; r < n; ++r)
+        ASSERT_TRUE(comms[r]->AllReduce(bufs[r]->data(), bufs[r]->data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                        *streams[r], call).ok());
+      for (int r = 0; r < n; ++r) {
+        Status s = streams[r]->Synchronize(Deadline::AfterSeconds(60));
+        ASSERT_TRUE(s.ok()) << collectives::AlgorithmName(algo) << " rank " << r << ": " << s.ToString();
+        ASSERT_TRUE(comms[r]->AsyncError().ok()) << comms[r]->AsyncError().ToString();
+      }
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(static_cast<float*>(bufs[r]->data())[i], Reduced(ReduceOp::kSum, n, i, DataType::kFloat32))
+              << collectives::AlgorithmName(algo) << " count " << count << " rank " << r << " element " << i;
+    }
+  }
+  streams.clear();
+  comms.clear();
 }
 
 }  // namespace

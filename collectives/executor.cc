@@ -698,6 +698,9 @@ void Executor::Run::Release() {
 Status Executor::Run::Execute(Deadline deadline) {
   Status status = [&]() -> Status {
     KZ_RETURN_IF_ERROR(Setup());
+    // Control messages first: an abort notice a peer sent while this rank was idle names the
+    // cause better than the closed connection the headers would run into.
+    KZ_RETURN_IF_ERROR(PollControl().status());
     KZ_RETURN_IF_ERROR(SendHeaders());
     bool epilogue_started = false;
     while (true) {
@@ -928,6 +931,14 @@ void Executor::TellPeersAndClose(const Status& status) {
 }
 
 void Executor::Loop() {
+  // One control receive per peer from the start, so that a notice a peer sends before this rank's
+  // first operation (an abort while idle) is delivered, not lost with the peer's connection.
+  for (int q = 0; q < transport_->nranks(); ++q) {
+    Transport::Peer* p = transport_->peer(q);
+    if (p == nullptr || !p->recv) continue;
+    auto r = p->recv->Recv(p->control_in.data(), kControlSlotBytes, kControlTag, p->recv_control);
+    if (r.ok()) control_->recv[static_cast<size_t>(q)] = *r;
+  }
   while (true) {
     std::shared_ptr<Operation> op;
     {

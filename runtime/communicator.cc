@@ -105,6 +105,54 @@ Status DecodeRankRow(const bootstrap::Bytes& bytes, int rank, collectives::CommS
   return Status::Ok();
 }
 
+// The fabrics every rank can use, in rank 0's preference order: each pair of ranks must see the
+// same list, or they would pick different fabrics for one connection. Collective over `boot`.
+// A rank with no usable fabric still takes part in the exchange (with an empty list), so that
+// every rank fails at once with the reason instead of waiting for it until the deadline.
+Result<std::vector<fabric::Fabric*>> AgreeOnFabrics(const fabric::FabricRegistry& registry,
+                                                    bootstrap::Bootstrap& boot, int rank, Deadline deadline) {
+  const int size = boot.size();
+  Result<std::vector<fabric::Fabric*>> selected = registry.SelectAll();
+  const std::vector<fabric::Fabric*> available = selected.ok() ? *selected : std::vector<fabric::Fabric*>{};
+  bootstrap::Bytes mine;
+  for (const fabric::Fabric* f : available) PutString(mine, f->name());
+  KZ_ASSIGN_OR_RETURN(auto lists, boot.AllGather(mine, deadline));
+  std::vector<std::vector<std::string>> names(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    RowReader reader(lists[static_cast<size_t>(r)]);
+    while (!reader.done()) {
+      std::string name;
+      if (!reader.GetString(&name)) return Internal(fmt::format("rank {} sent a malformed list of its fabrics", r));
+      names[static_cast<size_t>(r)].push_back(std::move(name));
+    }
+  }
+  std::vector<fabric::Fabric*> common;
+  std::string common_names;
+  for (const std::string& name : names[0]) {
+    bool everywhere = true;
+    for (const auto& list : names) everywhere &= std::find(list.begin(), list.end(), name) != list.end();
+    if (!everywhere) continue;
+    common.push_back(*std::find_if(available.begin(), available.end(),
+                                   [&](const fabric::Fabric* f) { return f->name() == name; }));
+    common_names += (common_names.empty() ? "" : ", ") + name;
+  }
+  if (common.empty()) {
+    if (!selected.ok()) return selected.status();
+    std::string each;
+    for (int r = 0; r < size && r < 8; ++r) {
+      std::string list;
+      for (const std::string& name : names[static_cast<size_t>(r)]) list += (list.empty() ? "" : ", ") + name;
+      each += fmt::format("{}rank {}: {}", each.empty() ? "" : "; ", r, list.empty() ? "none" : list);
+    }
+    if (size > 8) each += fmt::format("; and {} more ranks", size - 8);
+    return InvalidArgument(fmt::format("no fabric is available on every rank ({}); make one available everywhere, "
+                                       "or set KIZUNA_FABRIC alike on every rank",
+                                       each));
+  }
+  if (rank == 0) KZ_INFO(kLogInit, "fabrics on every rank, in preference order: {}", common_names);
+  return common;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -181,49 +229,8 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
     c->fabric_config_ = config;
     if (c->fabric_config_.topology.empty()) c->fabric_config_.topology = "full";
     c->fabrics_ = fabric::FabricRegistry::Create(c->fabric_config_, context);
-    // A rank with no usable fabric still takes part in the exchange (with an empty list), so that
-    // every rank fails at once with the reason instead of waiting for it until the deadline.
-    Result<std::vector<fabric::Fabric*>> selected = c->fabrics_->SelectAll();
-    const std::vector<fabric::Fabric*> available = selected.ok() ? *selected : std::vector<fabric::Fabric*>{};
-    // Every rank must pass the same fabrics in the same order: keep those every rank has, in rank
-    // 0's order.
-    bootstrap::Bytes mine;
-    for (const fabric::Fabric* f : available) PutString(mine, f->name());
-    KZ_ASSIGN_OR_RETURN(auto lists, c->bootstrap_->AllGather(mine, deadline));
-    std::vector<std::vector<std::string>> names(static_cast<size_t>(c->size_));
-    for (int r = 0; r < c->size_; ++r) {
-      RowReader reader(lists[static_cast<size_t>(r)]);
-      while (!reader.done()) {
-        std::string name;
-        if (!reader.GetString(&name))
-          return Internal(fmt::format("rank {} sent a malformed list of its fabrics", r));
-        names[static_cast<size_t>(r)].push_back(std::move(name));
-      }
-    }
-    std::vector<fabric::Fabric*> common;
-    std::string common_names;
-    for (const std::string& name : names[0]) {
-      bool everywhere = true;
-      for (const auto& list : names) everywhere &= std::find(list.begin(), list.end(), name) != list.end();
-      if (!everywhere) continue;
-      common.push_back(*std::find_if(available.begin(), available.end(),
-                                     [&](const fabric::Fabric* f) { return f->name() == name; }));
-      common_names += (common_names.empty() ? "" : ", ") + name;
-    }
-    if (common.empty()) {
-      if (!selected.ok()) return selected.status();
-      std::string each;
-      for (int r = 0; r < c->size_ && r < 8; ++r) {
-        std::string list;
-        for (const std::string& name : names[static_cast<size_t>(r)]) list += (list.empty() ? "" : ", ") + name;
-        each += fmt::format("{}rank {}: {}", each.empty() ? "" : "; ", r, list.empty() ? "none" : list);
-      }
-      if (c->size_ > 8) each += fmt::format("; and {} more ranks", c->size_ - 8);
-      return InvalidArgument(fmt::format("no fabric is available on every rank ({}); make one available everywhere, "
-                                         "or set KIZUNA_FABRIC alike on every rank",
-                                         each));
-    }
-    if (c->rank_ == 0) KZ_INFO(kLogInit, "fabrics on every rank, in preference order: {}", common_names);
+    KZ_ASSIGN_OR_RETURN(std::vector<fabric::Fabric*> common,
+                        AgreeOnFabrics(*c->fabrics_, *c->bootstrap_, c->rank_, deadline));
 
     collectives::TransportOptions topts;
     topts.staging_bytes = options.staging_bytes;

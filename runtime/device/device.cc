@@ -120,17 +120,41 @@ Result<std::unique_ptr<Buffer>> Device::Allocate(size_t bytes) {
   return r;
 }
 
+Result<std::unique_ptr<Buffer>> Device::AllocateHost(size_t bytes) {
+  auto r = DoAllocateHost(bytes);
+  if (r.ok()) {
+    KZ_TRACE(kLogDevice, "{} allocated {} bytes of host memory at {}", label(), bytes, (*r)->data());
+  } else {
+    KZ_INFO(kLogDevice, "{} host allocation of {} bytes failed: {}", label(), bytes, r.status().ToString());
+  }
+  return r;
+}
+
+Result<std::unique_ptr<Buffer>> Device::DoAllocateHost(size_t bytes) {
+  if (properties_.host_accessible) return DoAllocate(bytes);
+  return NotSupported(fmt::format("{} has no host memory its streams can use", label()));
+}
+
 Result<std::unique_ptr<Stream>> Device::CreateStream() { return DoCreateStream(); }
 Result<std::unique_ptr<Event>> Device::CreateEvent() { return DoCreateEvent(); }
 
-Result<ExportedMemory> Device::Export(const Buffer& buffer, size_t offset, size_t size) {
-  if (&buffer.device() != this)
-    return InvalidArgument(fmt::format("buffer belongs to {}, not {}", buffer.device().label(), label()));
-  if (buffer.imported()) return NotSupported(fmt::format("{}: re-exporting imported memory", label()));
+namespace {
+
+Status CheckExportRange(const Device& d, const Buffer& buffer, size_t offset, size_t size) {
+  if (&buffer.device() != &d)
+    return InvalidArgument(fmt::format("buffer belongs to {}, not {}", buffer.device().label(), d.label()));
+  if (buffer.imported()) return NotSupported(fmt::format("{}: re-exporting imported memory", d.label()));
   if (offset > buffer.size() || size > buffer.size() - offset)
     return InvalidArgument(
         fmt::format("export range [{}, +{}) exceeds the buffer's {} bytes", offset, size, buffer.size()));
   if (size == 0) return InvalidArgument("export of an empty range");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ExportedMemory> Device::Export(const Buffer& buffer, size_t offset, size_t size) {
+  KZ_RETURN_IF_ERROR(CheckExportRange(*this, buffer, offset, size));
   if (!properties_.export_fd && !properties_.export_opaque)
     return NotSupported(fmt::format("{} cannot export memory", label()));
   auto r = DoExport(buffer, offset, size);
@@ -143,6 +167,26 @@ Result<ExportedMemory> Device::Export(const Buffer& buffer, size_t offset, size_
             r->kind == ExportKind::kFd ? "an fd" : "an opaque IPC handle");
   }
   return r;
+}
+
+Result<ExportedMemory> Device::ExportDmaBuf(const Buffer& buffer, size_t offset, size_t size) {
+  KZ_RETURN_IF_ERROR(CheckExportRange(*this, buffer, offset, size));
+  if (!properties_.export_dmabuf) return NotSupported(fmt::format("{} cannot export DMA-BUF", label()));
+  auto r = DoExportDmaBuf(buffer, offset, size);
+  if (r.ok()) {
+    r->kind = ExportKind::kFd;
+    r->dmabuf = true;
+    r->backend = properties_.backend;
+    r->device_uuid = properties_.uuid;
+    r->device_index = properties_.index;
+    r->size = size;
+    KZ_INFO(kLogDevice, "{} exported {} bytes as a DMA-BUF", label(), size);
+  }
+  return r;
+}
+
+Result<ExportedMemory> Device::DoExportDmaBuf(const Buffer&, size_t, size_t) {
+  return NotSupported(fmt::format("{} cannot export DMA-BUF", label()));
 }
 
 Result<std::unique_ptr<Buffer>> Device::Import(const ExportedMemory& exported) {

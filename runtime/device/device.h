@@ -49,6 +49,7 @@ struct DeviceProperties {
   bool host_accessible = false;  // the CPU may dereference device pointers
   bool export_fd = false;        // Export() yields an fd (memfd or DMA-BUF) plus offset
   bool export_opaque = false;    // Export() yields a vendor IPC handle
+  bool export_dmabuf = false;    // ExportDmaBuf() yields a DMA-BUF fd (what an RDMA NIC registers)
   std::string pci_bus_id;        // "" when not a PCI device
   int numa_node = -1;            // -1: unknown
 };
@@ -87,6 +88,7 @@ struct ExportedMemory {
   std::vector<uint8_t> opaque;  // kOpaque: a vendor IPC handle, copied as bytes
   uint64_t offset = 0;          // kFd: where the region starts within the fd's object
   uint64_t size = 0;            // bytes in the region
+  bool dmabuf = false;          // kFd: the fd is a DMA-BUF (ExportDmaBuf), not the backend's own handle
   std::string backend;          // the exporting backend's registry name
   std::string device_uuid;      // the exporting device (DeviceProperties::uuid)
   int device_index = 0;
@@ -199,6 +201,13 @@ class Device {
   // Allocates `bytes` of device memory (0 is valid and yields an empty buffer).
   // kOutOfMemory when the device has no room; never a crash.
   Result<std::unique_ptr<Buffer>> Allocate(size_t bytes);
+  // Allocates `bytes` of host memory for this device, as cudaMallocHost does: the CPU reads and
+  // writes data() directly, and this device's streams take it wherever they take device memory
+  // (copy source and destination, reduce and scale inputs and output) — the way bytes get in and
+  // out of memory the CPU cannot reach, and the staging memory of fabrics that cannot reach the
+  // device. A host-accessible device returns ordinary device memory (the default). kNotSupported
+  // when the device has no such memory; kOutOfMemory when the host has no room.
+  Result<std::unique_ptr<Buffer>> AllocateHost(size_t bytes);
   Result<std::unique_ptr<Stream>> CreateStream();
   Result<std::unique_ptr<Event>> CreateEvent();
 
@@ -206,6 +215,12 @@ class Device {
   // kNotSupported when the device exports nothing (properties().export_fd/export_opaque false).
   Result<ExportedMemory> Export(const Buffer& buffer, size_t offset, size_t size);
   Result<ExportedMemory> Export(const Buffer& buffer) { return Export(buffer, 0, buffer.size()); }
+
+  // Exports [offset, offset + size) as a DMA-BUF fd (ExportedMemory::dmabuf), the form an RDMA NIC
+  // registers (ibv_reg_dmabuf_mr) — not necessarily one Import() takes. The same range checks as
+  // Export; backends may also require page alignment (the error says so). kNotSupported when
+  // properties().export_dmabuf is false.
+  Result<ExportedMemory> ExportDmaBuf(const Buffer& buffer, size_t offset, size_t size);
 
   // Maps memory exported by another process (or this one) into this device's address space.
   // The returned buffer keeps its own reference to the memory: the ExportedMemory may be dropped.
@@ -219,10 +234,13 @@ class Device {
   Device(DeviceProperties properties, const Config* config)
       : properties_(std::move(properties)), config_(config) {}
   virtual Result<std::unique_ptr<Buffer>> DoAllocate(size_t bytes) = 0;
+  // The default: DoAllocate when the device is host accessible, else kNotSupported.
+  virtual Result<std::unique_ptr<Buffer>> DoAllocateHost(size_t bytes);
   virtual Result<std::unique_ptr<Stream>> DoCreateStream() = 0;
   virtual Result<std::unique_ptr<Event>> DoCreateEvent() = 0;
   virtual Result<ExportedMemory> DoExport(const Buffer& buffer, size_t offset, size_t size);
   virtual Result<std::unique_ptr<Buffer>> DoImport(const ExportedMemory& exported);
+  virtual Result<ExportedMemory> DoExportDmaBuf(const Buffer& buffer, size_t offset, size_t size);
 
   DeviceProperties properties_;
 

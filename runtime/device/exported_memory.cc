@@ -21,7 +21,7 @@ struct WireHeader {
   uint32_t magic;
   uint16_t version;
   uint8_t kind;
-  uint8_t has_fd;
+  uint8_t has_fd;  // bit 0: an fd travels beside the message; bit 1: it is a DMA-BUF
   uint64_t offset;
   uint64_t size;
   int32_t device_index;
@@ -131,7 +131,7 @@ Status SendExportedMemory(int socket_fd, const ExportedMemory& e, Deadline deadl
   h.magic = kMagic;
   h.version = kVersion;
   h.kind = static_cast<uint8_t>(e.kind);
-  h.has_fd = e.kind == ExportKind::kFd ? 1 : 0;
+  h.has_fd = e.kind == ExportKind::kFd ? static_cast<uint8_t>(1 | (e.dmabuf ? 2 : 0)) : 0;
   h.offset = e.offset;
   h.size = e.size;
   h.device_index = e.device_index;
@@ -156,10 +156,11 @@ Result<ExportedMemory> ReceiveExportedMemory(int socket_fd, Deadline deadline) {
     return InvalidArgument(fmt::format("exported-memory message of unknown kind {}", h.kind));
   if (h.backend_len > kMaxName || h.uuid_len > kMaxName || h.opaque_len > kMaxOpaque)
     return InvalidArgument("exported-memory message is too large");
-  if (h.has_fd && !e.fd.valid()) return InvalidArgument("exported-memory message arrived without its fd");
+  if ((h.has_fd & 1) != 0 && !e.fd.valid()) return InvalidArgument("exported-memory message arrived without its fd");
   std::string rest(h.backend_len + h.uuid_len + h.opaque_len, '\0');
   if (!rest.empty()) KZ_RETURN_IF_ERROR(RecvAll(socket_fd, rest.data(), rest.size(), deadline, nullptr));
   e.kind = static_cast<ExportKind>(h.kind);
+  e.dmabuf = (h.has_fd & 2) != 0;
   e.offset = h.offset;
   e.size = h.size;
   e.device_index = h.device_index;

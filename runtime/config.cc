@@ -221,6 +221,14 @@ const std::vector<Entry>& Entries() {
         PositiveSize(&Config::emu_fail_alloc));
     add({"KIZUNA_EMU_FAIL_STREAM_OP", "k (1-based)", "off", "fail the k-th emulated stream operation"},
         PositiveSize(&Config::emu_fail_stream_op));
+    add({"KIZUNA_EMU_OPAQUE", "0|1", "0", "emulated device memory the CPU cannot dereference, as GPU memory"},
+        [](std::string_view v, Config& c) -> std::string {
+          std::string s = Trim(v);
+          if (s == "0") c.emu_opaque = false;
+          else if (s == "1") c.emu_opaque = true;
+          else return Expect("0 or 1");
+          return "";
+        });
     add({"KIZUNA_UNIQUE_ID", "printable id", "", "rendezvous id (address, port, secret)"},
         Text(&Config::unique_id));
     add({"KIZUNA_UNIQUE_ID_FILE", "path", "", "rank 0 writes the id here, others wait for it"},

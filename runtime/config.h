@@ -55,6 +55,9 @@ struct Config {
   std::optional<double> emu_launch_us;
   std::optional<uint64_t> emu_fail_alloc;      // fail the k-th allocation (1-based)
   std::optional<uint64_t> emu_fail_stream_op;  // fail the k-th stream operation (1-based)
+  // Emulated device memory the CPU may not dereference (as GPU memory): device addresses are
+  // PROT_NONE reservations, so code that touches them on the CPU faults in CI.
+  bool emu_opaque = false;
 
   // Rendezvous.
   std::string unique_id;

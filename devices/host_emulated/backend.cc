@@ -102,7 +102,18 @@ class EmuDevice final : public device::Device {
 
  protected:
   Result<std::unique_ptr<device::Buffer>> DoAllocate(size_t bytes) override { return memory_->Allocate(this, bytes); }
-  Result<std::unique_ptr<device::Stream>> DoCreateStream() override { return MakeStream(this, streams_, pacer_); }
+  // Host-accessible (the default mode): device memory is host memory already, as the base class
+  // answers. Opaque: a separate mapping the CPU reads directly.
+  Result<std::unique_ptr<device::Buffer>> DoAllocateHost(size_t bytes) override {
+    if (!memory_->opaque()) return Device::DoAllocateHost(bytes);
+    return memory_->AllocateHost(this, bytes);
+  }
+  Result<std::unique_ptr<device::Stream>> DoCreateStream() override {
+    // Only opaque streams translate addresses; the others never look one up.
+    std::shared_ptr<const MemoryManager> translator;
+    if (memory_->opaque()) translator = memory_->shared_from_this();
+    return MakeStream(this, streams_, pacer_, std::move(translator));
+  }
   Result<std::unique_ptr<device::Event>> DoCreateEvent() override { return MakeEvent(this, streams_); }
   Result<device::ExportedMemory> DoExport(const device::Buffer& buffer, size_t offset, size_t size) override {
     return memory_->Export(buffer, offset, size);
@@ -135,7 +146,7 @@ class EmuBackend final : public device::Backend {
       p.copy_gbps = config.emu_copy_gbps.value_or(0.0);
       p.reduce_gbps = config.emu_reduce_gbps.value_or(0.0);
       p.launch_latency_us = config.emu_launch_us.value_or(0.0);
-      p.host_accessible = true;
+      p.host_accessible = !config.emu_opaque;
       p.export_fd = true;
       p.numa_node = numa_node;
       devices_.push_back(std::make_unique<EmuDevice>(std::move(p), &config, memory_.get(), &streams_, host));
@@ -172,9 +183,11 @@ Result<std::unique_ptr<device::Backend>> CreateHostEmulatedBackend(const Config&
   RaiseDescriptorLimit();
   auto backend = std::make_unique<EmuBackend>(config);
   const device::DeviceProperties& p = backend->device(0)->properties();
-  KZ_INFO(kLogDevice, "host_emulated: {} device(s) ({} ... {}), {:.1f} GiB each, memfd-backed; throttles:{}",
+  KZ_INFO(kLogDevice, "host_emulated: {} device(s) ({} ... {}), {:.1f} GiB each, memfd-backed{}; throttles:{}",
           backend->device_count(), p.uuid, backend->device(backend->device_count() - 1)->properties().uuid,
-          static_cast<double>(p.memory_bytes) / double(uint64_t{1} << 30), Throttles(config));
+          static_cast<double>(p.memory_bytes) / double(uint64_t{1} << 30),
+          config.emu_opaque ? ", opaque (the CPU cannot dereference device memory; KIZUNA_EMU_OPAQUE=1)" : "",
+          Throttles(config));
   if (config.emu_fail_alloc)
     KZ_INFO(kLogDevice, "host_emulated: allocation #{} will fail (KIZUNA_EMU_FAIL_ALLOC)", *config.emu_fail_alloc);
   if (config.emu_fail_stream_op)

@@ -7,12 +7,15 @@
 // own memory budget and throttle timeline per device (see README.md, "Limits").
 //
 // Device memory is memfd-backed host memory (memory.h): host-accessible, exportable as a real fd
-// that another process maps onto the same pages. Streams run on one worker thread each
-// (stream.h). Properties:
+// that another process maps onto the same pages. With Config::emu_opaque (KIZUNA_EMU_OPAQUE=1)
+// it is not host-accessible: device addresses fault on any CPU access, as GPU memory does, and
+// Device::AllocateHost gives the host memory that bytes travel through (memory.h). Streams run on
+// one worker thread each (stream.h). Properties:
 //   backend "host_emulated", name "emulated accelerator <i>", memory_bytes KIZUNA_EMU_MEM_BYTES
 //   (default: the host's physical memory), copy_gbps / reduce_gbps / launch_latency_us from the
-//   KIZUNA_EMU_* throttles (0 when unthrottled), host_accessible, export_fd, numa_node when the
-//   host has a single NUMA node (otherwise -1: pages land wherever they are first touched).
+//   KIZUNA_EMU_* throttles (0 when unthrottled), host_accessible (unless opaque), export_fd (never
+//   export_opaque or export_dmabuf), numa_node when the host has a single NUMA node (otherwise -1:
+//   pages land wherever they are first touched).
 #pragma once
 
 #include <memory>

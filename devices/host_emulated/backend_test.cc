@@ -1,6 +1,6 @@
 // Behaviour specific to the emulated backend, and the main of its test binary (with memory_test.cc
-// and stream_test.cc): registration, the KIZUNA_EMULATED_DEVICES=0 switch, device properties and
-// host-wide uuids. The generic contract is the device conformance suite's job
+// and stream_test.cc): registration, the KIZUNA_EMULATED_DEVICES=0 switch, device properties
+// (also in opaque mode) and host-wide uuids. The generic contract is the device conformance suite's job
 // (tests/conformance/device/).
 
 #include <cstdint>
@@ -83,6 +83,7 @@ TEST(HostEmulatedBackend, PropertiesAndHostWideUuids) {
     EXPECT_TRUE(p.host_accessible);
     EXPECT_TRUE(p.export_fd);
     EXPECT_FALSE(p.export_opaque);
+    EXPECT_FALSE(p.export_dmabuf);
     EXPECT_EQ(a.dev(i).label(), "host_emulated:" + std::to_string(i));
   }
   EXPECT_EQ(uuids.size(), 3u);
@@ -95,10 +96,36 @@ TEST(HostEmulatedBackend, PropertiesAndHostWideUuids) {
   EXPECT_EQ(p.launch_latency_us, 0);
 }
 
+TEST(HostEmulatedBackend, OpaqueModeIsNotHostAccessible) {
+  const ParsedConfig parsed = ParseConfig({{"KIZUNA_EMU_OPAQUE", "1"}, {"KIZUNA_EMULATED_DEVICES", "2"}});
+  EXPECT_TRUE(parsed.warnings.empty());
+  ASSERT_TRUE(parsed.config.emu_opaque);
+  Emu emu(parsed.config);
+  for (int i = 0; i < 2; ++i) {
+    const auto& p = emu.dev(i).properties();
+    EXPECT_FALSE(p.host_accessible);
+    EXPECT_TRUE(p.export_fd);  // export and import keep working (memory_test.cc)
+    EXPECT_FALSE(p.export_opaque);
+    EXPECT_FALSE(p.export_dmabuf);
+    EXPECT_EQ(p.uuid, Emu(SmallConfig()).dev(i).properties().uuid) << "the mode does not change the device";
+  }
+  // A DMA-BUF export is not something a memfd can be: refused in both modes.
+  auto buf = emu.Alloc(0, 4096);
+  ASSERT_NE(buf, nullptr);
+  EXPECT_TRUE(HasCode(emu.dev(0).ExportDmaBuf(*buf, 0, 4096).status(), StatusCode::kNotSupported));
+
+  EXPECT_FALSE(ParseConfig({}).config.emu_opaque);  // off unless asked for
+  EXPECT_FALSE(ParseConfig({{"KIZUNA_EMU_OPAQUE", "yes"}}).warnings.empty());
+}
+
 }  // namespace
 }  // namespace kizuna::host_emulated::test
 
 int main(int argc, char** argv) {
+  // The opaque-memory death tests would fork a process that has stream threads (and oneTBB's):
+  // the threadsafe style re-executes the binary for each death test instead. Set before
+  // InitGoogleTest, so --gtest_death_test_style still overrides it.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -19,10 +19,10 @@ namespace kizuna::host_emulated {
 
 // ---- AddressMap ----
 
-void AddressMap::Insert(const void* start, size_t bytes) {
+void AddressMap::Insert(const void* start, size_t bytes, void* real) {
   const auto s = reinterpret_cast<uintptr_t>(start);
   std::unique_lock lock(mu_);
-  ranges_[s] = s + bytes;
+  ranges_[s] = Range{s + bytes, reinterpret_cast<uintptr_t>(real)};
 }
 
 void AddressMap::Erase(const void* start) {
@@ -30,47 +30,102 @@ void AddressMap::Erase(const void* start) {
   ranges_.erase(reinterpret_cast<uintptr_t>(start));
 }
 
-bool AddressMap::Contains(const void* ptr, size_t bytes) const {
-  const auto p = reinterpret_cast<uintptr_t>(ptr);
-  if (p > std::numeric_limits<uintptr_t>::max() - bytes) return false;  // wraps around
-  std::shared_lock lock(mu_);
+const std::pair<const uintptr_t, AddressMap::Range>* AddressMap::Find(uintptr_t p, size_t bytes) const {
+  if (p > std::numeric_limits<uintptr_t>::max() - bytes) return nullptr;  // wraps around
   auto it = ranges_.upper_bound(p);  // first range starting after p
-  if (it == ranges_.begin()) return false;
+  if (it == ranges_.begin()) return nullptr;
   --it;  // the last range starting at or before p
-  return p + bytes <= it->second;
+  return p + bytes <= it->second.end ? &*it : nullptr;
 }
+
+bool AddressMap::Contains(const void* ptr, size_t bytes) const {
+  std::shared_lock lock(mu_);
+  return Find(reinterpret_cast<uintptr_t>(ptr), bytes) != nullptr;
+}
+
+void* AddressMap::Translate(const void* ptr, size_t bytes) const {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::shared_lock lock(mu_);
+  const auto* range = Find(p, bytes);
+  if (range == nullptr) return nullptr;
+  return reinterpret_cast<void*>(range->second.real + (p - range->first));
+}
+
+// ---- Mapping ----
+
+namespace {
+
+// One mmap'ed region, unmapped on destruction (or Reset).
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
+  Mapping(Mapping&& o) noexcept : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  Mapping& operator=(Mapping&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      base_ = std::exchange(o.base_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() { Reset(); }
+
+  void* base() const { return base_; }
+  bool mapped() const { return base_ != nullptr; }
+  void Reset() {
+    if (base_ == nullptr) return;
+    if (::munmap(base_, bytes_) != 0)
+      KZ_WARN(kLogDevice, "host_emulated: munmap of {} bytes at {} failed: {}", bytes_, base_,
+              FromErrno(errno, "munmap").message());
+    base_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace
 
 // ---- MemoryBuffer ----
 
-// One allocation (owning its memfd) or one import (owning only its mapping).
+// One allocation (owning its memfd), host allocation (the same, outside the budget) or import
+// (owning only its mapping). In opaque mode a device allocation or import also owns the PROT_NONE
+// reservation that is its device address.
 class MemoryBuffer final : public device::Buffer {
  public:
-  MemoryBuffer(device::Device* device, void* data, size_t size, bool imported, UniqueFd fd, void* map_base,
-               size_t map_bytes, std::shared_ptr<MemoryManager> owner)
+  MemoryBuffer(device::Device* device, void* data, size_t size, bool imported, bool budgeted, UniqueFd fd,
+               Mapping real, Mapping reservation, std::shared_ptr<MemoryManager> owner)
       : Buffer(device, data, size, imported),
+        budgeted_(budgeted),
         fd_(std::move(fd)),
-        map_base_(map_base),
-        map_bytes_(map_bytes),
+        real_(std::move(real)),
+        reservation_(std::move(reservation)),
         device_index_(device->properties().index),
         owner_(std::move(owner)) {}
 
   ~MemoryBuffer() override {
-    if (map_base_ == nullptr) return;  // 0-byte buffer: nothing mapped, nothing reserved
+    if (!real_.mapped()) return;  // 0-byte buffer: nothing mapped, nothing reserved
     // Forget the range before unmapping, so that the address can never be reported addressable
-    // while nothing is mapped there (and a new mapping at the same address can be inserted).
+    // (or translated) while nothing is mapped there, and a new mapping at the same address can
+    // be inserted.
     owner_->addresses_.Erase(data());
-    if (::munmap(map_base_, map_bytes_) != 0)
-      KZ_WARN(kLogDevice, "host_emulated: munmap of {} bytes at {} failed: {}", map_bytes_, map_base_,
-              FromErrno(errno, "munmap").message());
-    if (!imported()) owner_->Unreserve(device_index_, size());
+    real_.Reset();
+    reservation_.Reset();
+    if (budgeted_) owner_->Unreserve(device_index_, size());
   }
 
   int fd() const { return fd_.get(); }
 
  private:
-  UniqueFd fd_;  // allocations only; imports need no fd once mapped
-  void* map_base_;
-  size_t map_bytes_;
+  const bool budgeted_;  // counts against the device's budget (device allocations only)
+  UniqueFd fd_;          // allocations only; imports need no fd once mapped
+  Mapping real_;         // where the bytes are
+  Mapping reservation_;  // opaque mode: the PROT_NONE device address; else unmapped
   int device_index_;
   std::shared_ptr<MemoryManager> owner_;
 };
@@ -101,10 +156,21 @@ size_t PageSize() {
   return page;
 }
 
+// Opaque mode's device address for `bytes`: address space the CPU cannot touch (PROT_NONE) and
+// the kernel does not back or account (MAP_NORESERVE), so a CPU access faults at once.
+Result<Mapping> ReserveDeviceAddresses(const device::Device& device, size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return KernelError(errno, "mmap(PROT_NONE)", device, bytes);
+  return Mapping(p, bytes);
+}
+
 }  // namespace
 
 MemoryManager::MemoryManager(const Config& config, int device_count, uint64_t capacity_bytes)
-    : capacity_(capacity_bytes), fail_alloc_(config.emu_fail_alloc), used_(static_cast<size_t>(device_count)) {}
+    : capacity_(capacity_bytes),
+      fail_alloc_(config.emu_fail_alloc),
+      opaque_(config.emu_opaque),
+      used_(static_cast<size_t>(device_count)) {}
 
 std::shared_ptr<MemoryManager> MemoryManager::Create(const Config& config, int device_count,
                                                      uint64_t capacity_bytes) {
@@ -133,20 +199,32 @@ void MemoryManager::Unreserve(int device_index, size_t bytes) {
 }
 
 Result<std::unique_ptr<device::Buffer>> MemoryManager::Allocate(device::Device* device, size_t bytes) {
+  return AllocateKind(device, bytes, Kind::kDevice);
+}
+
+Result<std::unique_ptr<device::Buffer>> MemoryManager::AllocateHost(device::Device* device, size_t bytes) {
+  return AllocateKind(device, bytes, Kind::kHost);
+}
+
+Result<std::unique_ptr<device::Buffer>> MemoryManager::AllocateKind(device::Device* device, size_t bytes,
+                                                                    Kind kind) {
+  const std::string_view what = kind == Kind::kHost ? "host allocation" : "allocation";
   const uint64_t number = allocations_.fetch_add(1, std::memory_order_relaxed) + 1;
   if (fail_alloc_.has_value() && number == *fail_alloc_)
-    return OutOfMemory(fmt::format("injected fault: allocation #{} ({} bytes on {}) failed (KIZUNA_EMU_FAIL_ALLOC={})",
-                                   number, bytes, device->label(), *fail_alloc_));
+    return OutOfMemory(fmt::format("injected fault: allocation #{} ({} of {} bytes on {}) failed "
+                                   "(KIZUNA_EMU_FAIL_ALLOC={})",
+                                   number, what, bytes, device->label(), *fail_alloc_));
+  const bool budgeted = kind == Kind::kDevice;
   if (bytes == 0)
-    return std::unique_ptr<device::Buffer>(
-        new MemoryBuffer(device, nullptr, 0, false, UniqueFd(), nullptr, 0, shared_from_this()));
+    return std::unique_ptr<device::Buffer>(new MemoryBuffer(device, nullptr, 0, false, budgeted, UniqueFd(),
+                                                            Mapping(), Mapping(), shared_from_this()));
 
   if (bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max()))
     return OutOfMemory(fmt::format("{}: {} bytes exceed the largest memory object the kernel can make", device->label(),
                                    bytes));
-  KZ_RETURN_IF_ERROR(Reserve(*device, bytes));
+  if (budgeted) KZ_RETURN_IF_ERROR(Reserve(*device, bytes));
   // Until the buffer owns the reservation, every early return must give it back.
-  bool handed_over = false;
+  bool handed_over = !budgeted;
   struct ReservationGuard {
     MemoryManager* self;
     int index;
@@ -157,7 +235,8 @@ Result<std::unique_ptr<device::Buffer>> MemoryManager::Allocate(device::Device* 
     }
   } guard{this, device->properties().index, bytes, &handed_over};
 
-  const std::string name = fmt::format("kizuna-emu{}", device->properties().index);
+  const std::string name =
+      fmt::format("kizuna-emu{}{}", device->properties().index, kind == Kind::kHost ? "-host" : "");
   UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return KernelError(errno, "memfd_create", *device, bytes);
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) return KernelError(errno, "ftruncate", *device, bytes);
@@ -176,11 +255,21 @@ Result<std::unique_ptr<device::Buffer>> MemoryManager::Allocate(device::Device* 
     return KernelError(errno, "fcntl(F_ADD_SEALS)", *device, bytes);
   void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (data == MAP_FAILED) return KernelError(errno, "mmap", *device, bytes);
+  Mapping real(data, bytes);
 
-  addresses_.Insert(data, bytes);
+  // Opaque device memory: the address handed out is a reservation the CPU cannot touch. Host
+  // memory is reached by the CPU and the streams at the same address.
+  Mapping reservation;
+  if (opaque_ && kind == Kind::kDevice) {
+    KZ_ASSIGN_OR_RETURN(reservation, ReserveDeviceAddresses(*device, bytes));
+  }
+  void* address = reservation.mapped() ? reservation.base() : data;
+
+  addresses_.Insert(address, bytes, data);
   handed_over = true;
-  return std::unique_ptr<device::Buffer>(
-      new MemoryBuffer(device, data, bytes, false, std::move(fd), data, bytes, shared_from_this()));
+  return std::unique_ptr<device::Buffer>(new MemoryBuffer(device, address, bytes, false, budgeted, std::move(fd),
+                                                          std::move(real), std::move(reservation),
+                                                          shared_from_this()));
 }
 
 Result<device::ExportedMemory> MemoryManager::Export(const device::Buffer& buffer, size_t offset,
@@ -238,10 +327,17 @@ Result<std::unique_ptr<device::Buffer>> MemoryManager::Import(device::Device* de
       return InvalidArgument(fmt::format("{}: fd {} is not open for reading and writing", device->label(), fd));
     return KernelError(err, "mmap", *device, map_bytes);
   }
+  Mapping real(base, map_bytes);
   void* data = static_cast<char*>(base) + slack;
-  addresses_.Insert(data, size);
-  return std::unique_ptr<device::Buffer>(
-      new MemoryBuffer(device, data, size, true, UniqueFd(), base, map_bytes, shared_from_this()));
+  Mapping reservation;
+  if (opaque_) {
+    KZ_ASSIGN_OR_RETURN(reservation, ReserveDeviceAddresses(*device, size));
+  }
+  void* address = reservation.mapped() ? reservation.base() : data;
+  addresses_.Insert(address, size, data);
+  return std::unique_ptr<device::Buffer>(new MemoryBuffer(device, address, size, true, false, UniqueFd(),
+                                                          std::move(real), std::move(reservation),
+                                                          shared_from_this()));
 }
 
 }  // namespace kizuna::host_emulated

@@ -1,8 +1,10 @@
 // The emulated backend's memory (memory.h): empty allocations, the per-device budget, allocation
-// fault injection, Device::Addressable, and memfd export and import (unaligned windows, bad
-// exports, sharing with another process).
+// fault injection, Device::Addressable, memfd export and import (unaligned windows, bad exports,
+// sharing with another process), and opaque mode (device addresses the CPU cannot dereference,
+// host memory from AllocateHost, export and import between two backend instances).
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -232,6 +234,159 @@ TEST(HostEmulatedMemory, ExportIsSharedWithAnotherProcess) {
   auto imported = emu.dev(1).Import(*received);
   ASSERT_TRUE(imported.ok()) << imported.status().ToString();
   EXPECT_EQ(static_cast<uint8_t*>((*imported)->data())[5], 0xAB);
+}
+
+TEST(HostEmulatedMemory, AllocateHostIsDeviceMemoryWhenHostAccessible) {
+  Config c = SmallConfig();
+  c.emu_mem_bytes = 1 << 20;
+  Emu emu(c);
+  auto host = emu.AllocHost(0, 1 << 20);
+  ASSERT_NE(host, nullptr);
+  Bytes(host)[0] = 1;  // the CPU reaches it, as all memory of a host-accessible device
+  Bytes(host)[(1 << 20) - 1] = 2;
+  EXPECT_TRUE(emu.dev(0).Addressable(host->data(), 1 << 20));
+  // Ordinary device memory (Device's default): it took the device's budget.
+  EXPECT_TRUE(HasCode(emu.dev(0).Allocate(1).status(), StatusCode::kOutOfMemory));
+  EXPECT_TRUE(emu.dev(0).Export(*host).ok());
+}
+
+// ---- Opaque mode ----
+
+// Death tests first (GoogleTest runs *DeathTest suites before the others): a CPU access to a
+// device address must fault at once, which is what makes opaque mode a real check.
+TEST(HostEmulatedOpaqueDeathTest, CpuAccessToDeviceMemoryFaults) {
+  Emu emu(OpaqueConfig());
+  auto buf = emu.Alloc(0, 3 * 4096 + 5);
+  ASSERT_NE(buf, nullptr);
+  auto* device_bytes = static_cast<volatile uint8_t*>(buf->data());
+  // SIGSEGV exactly: dying of anything else (an abort in the setup) would prove nothing.
+  EXPECT_EXIT(device_bytes[0] = 1, testing::KilledBySignal(SIGSEGV), "");
+  EXPECT_EXIT(static_cast<void>(device_bytes[3 * 4096 + 4]), testing::KilledBySignal(SIGSEGV), "");
+
+  // An import gets a device address of its own, just as untouchable.
+  auto exported = emu.dev(0).Export(*buf, 4096 + 3, 100);
+  ASSERT_TRUE(exported.ok()) << exported.status().ToString();
+  auto imported = emu.dev(1).Import(*exported);
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  auto* imported_bytes = static_cast<volatile uint8_t*>((*imported)->data());
+  EXPECT_EXIT(static_cast<void>(imported_bytes[0]), testing::KilledBySignal(SIGSEGV), "");
+
+  // Host memory is the CPU's.
+  auto host = emu.AllocHost(0, 4096);
+  ASSERT_NE(host, nullptr);
+  std::memset(host->data(), 0x5A, 4096);
+  EXPECT_EQ(Bytes(host)[4095], 0x5A);
+}
+
+TEST(HostEmulatedOpaque, AddressableAnswersForDeviceAndHostMemory) {
+  Emu emu(OpaqueConfig());
+  Emu stranger(OpaqueConfig());
+  auto device = emu.Alloc(0, 4096);
+  auto host = emu.AllocHost(1, 4096);
+  auto foreign = stranger.AllocHost(0, 4096);
+  ASSERT_NE(device, nullptr);
+  ASSERT_NE(host, nullptr);
+  ASSERT_NE(foreign, nullptr);
+  EXPECT_FALSE(host->imported());
+  for (int d = 0; d < 2; ++d) {
+    SCOPED_TRACE(d);
+    const Device& dev = emu.dev(d);
+    EXPECT_TRUE(dev.Addressable(device->data(), 4096));
+    EXPECT_TRUE(dev.Addressable(Bytes(device) + 4095, 1));
+    EXPECT_FALSE(dev.Addressable(device->data(), 4097));
+    EXPECT_FALSE(dev.Addressable(Bytes(device) - 1, 2));
+    EXPECT_TRUE(dev.Addressable(host->data(), 4096));  // host memory of any device of the instance
+    EXPECT_FALSE(dev.Addressable(host->data(), 4097));
+    EXPECT_FALSE(dev.Addressable(foreign->data(), 4096));  // another instance's
+  }
+  std::vector<uint8_t> plain(4096);
+  EXPECT_FALSE(emu.dev(0).Addressable(plain.data(), plain.size()));
+  void* freed_device = device->data();
+  void* freed_host = host->data();
+  device.reset();
+  host.reset();
+  EXPECT_FALSE(emu.dev(0).Addressable(freed_device, 1));
+  EXPECT_FALSE(emu.dev(0).Addressable(freed_host, 1));
+}
+
+TEST(HostEmulatedOpaque, HostMemoryIsOutsideTheBudgetButNumberedForFaults) {
+  Config c = OpaqueConfig();
+  c.emu_mem_bytes = 1 << 20;
+  c.emu_fail_alloc = 3;
+  Emu emu(c);
+  auto full = emu.Alloc(0, 1 << 20);        // #1: the whole budget
+  auto host = emu.AllocHost(0, 2 << 20);    // #2: more than the budget, and fine
+  ASSERT_NE(full, nullptr);
+  ASSERT_NE(host, nullptr);
+  auto injected = emu.dev(0).AllocateHost(64);  // #3
+  EXPECT_TRUE(HasCode(injected.status(), StatusCode::kOutOfMemory));
+  EXPECT_TRUE(Mentions(injected.status(), "injected fault: allocation #3 (host allocation of 64 bytes"));
+  auto empty = emu.AllocHost(0, 0);  // #4
+  ASSERT_NE(empty, nullptr);
+  EXPECT_EQ(empty->size(), 0u);
+  EXPECT_TRUE(HasCode(emu.dev(0).Allocate(1).status(), StatusCode::kOutOfMemory));  // the device is full
+  host.reset();
+  EXPECT_TRUE(HasCode(emu.dev(0).Allocate(1).status(), StatusCode::kOutOfMemory))
+      << "freeing host memory gave device memory back";
+}
+
+TEST(HostEmulatedOpaque, ExportImportBetweenTwoBackendInstances) {
+  // Two instances share nothing, like two processes: the importer maps the exporter's memfd and
+  // gets a device address of its own.
+  Emu exporter(OpaqueConfig());
+  Emu importer(OpaqueConfig());
+  constexpr size_t kBytes = 3 * 4096 + 17, kOffset = 4096 + 100, kWindow = 5000;
+  auto device = exporter.Alloc(0, kBytes);
+  auto staging = exporter.AllocHost(0, kBytes);
+  auto window = importer.AllocHost(1, kWindow);
+  ASSERT_NE(device, nullptr);
+  ASSERT_NE(staging, nullptr);
+  ASSERT_NE(window, nullptr);
+  for (size_t i = 0; i < kBytes; ++i) Bytes(staging)[i] = static_cast<uint8_t>(i * 7);
+  const std::vector<uint8_t> original(Bytes(staging), Bytes(staging) + kBytes);
+  auto up = exporter.NewStream(0);
+  ASSERT_TRUE(up->Copy(device->data(), staging->data(), kBytes).ok());
+  ASSERT_TRUE(up->Synchronize().ok());
+
+  auto exported = exporter.dev(0).Export(*device, kOffset, kWindow);
+  ASSERT_TRUE(exported.ok()) << exported.status().ToString();
+  auto imported = importer.dev(1).Import(*exported);
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  std::unique_ptr<Buffer> view = std::move(imported).value();
+  EXPECT_TRUE(view->imported());
+  EXPECT_EQ(view->size(), kWindow);
+  EXPECT_TRUE(importer.dev(0).Addressable(view->data(), kWindow));
+  EXPECT_FALSE(importer.dev(0).Addressable(view->data(), kWindow + 1));
+  EXPECT_FALSE(exporter.dev(0).Addressable(view->data(), 1)) << "the importer's address is its own";
+
+  // The importer reads the window through a stream, then writes its own bytes back.
+  auto stream = importer.NewStream(1);
+  ASSERT_TRUE(stream->Copy(window->data(), view->data(), kWindow).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(std::memcmp(window->data(), original.data() + kOffset, kWindow), 0);
+  std::memset(window->data(), 0xEE, kWindow);
+  ASSERT_TRUE(stream->Copy(view->data(), window->data(), kWindow).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+
+  // The exporter sees them in the window, and nothing else changed.
+  ASSERT_TRUE(up->Copy(staging->data(), device->data(), kBytes).ok());
+  ASSERT_TRUE(up->Synchronize().ok());
+  std::vector<uint8_t> expected = original;
+  std::memset(expected.data() + kOffset, 0xEE, kWindow);
+  EXPECT_EQ(std::memcmp(staging->data(), expected.data(), kBytes), 0);
+
+  // Host memory exports too (it is a memfd); imported, it is opaque device memory like any import.
+  auto host_export = exporter.dev(0).Export(*staging, 0, 4096);
+  ASSERT_TRUE(host_export.ok()) << host_export.status().ToString();
+  auto host_import = importer.dev(0).Import(*host_export);
+  ASSERT_TRUE(host_import.ok()) << host_import.status().ToString();
+  ASSERT_TRUE(stream->Copy(window->data(), (*host_import)->data(), 4096).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(std::memcmp(window->data(), expected.data(), 4096), 0);
+
+  void* mapped = view->data();
+  view.reset();
+  EXPECT_FALSE(importer.dev(1).Addressable(mapped, 1));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -200,8 +201,9 @@ struct StreamSettings {
 // state; it never touches the device or the backend.
 class StreamCore {
  public:
-  StreamCore(StreamSettings settings, std::shared_ptr<DevicePacer> pacer)
-      : s_(std::move(settings)), pacer_(std::move(pacer)) {}
+  StreamCore(StreamSettings settings, std::shared_ptr<DevicePacer> pacer,
+             std::shared_ptr<const MemoryManager> translator)
+      : s_(std::move(settings)), pacer_(std::move(pacer)), translator_(std::move(translator)) {}
 
   const StreamSettings& settings() const { return s_; }
 
@@ -390,6 +392,14 @@ class StreamCore {
       Fail(InjectedFault(op));
       return;
     }
+    // Opaque memory: reach the bytes through their real mappings. (Null otherwise: the addresses
+    // are the mappings, and the hot path looks nothing up.)
+    if (translator_ != nullptr) {
+      if (Status translated = Translate(op); !translated.ok()) {
+        Fail(translated);
+        return;
+      }
+    }
     Status status;
     try {
       if (auto* copy = std::get_if<CopyWork>(&op.work)) {
@@ -413,6 +423,45 @@ class StreamCore {
       status = Internal(fmt::format("{} threw: {}", OpName(op), e.what()));
     }
     if (!status.ok()) Fail(status.WithContext(s_.label));
+  }
+
+  // Replaces every device address of a copy, reduce or scale with the address of its real
+  // mapping, or says which one no longer has memory behind it. One overload per kind of work: an
+  // operation added to Op without one does not compile, so none can slip past untranslated.
+  Status Translate(Op& op) const {
+    const std::string_view name = OpName(op);
+    auto translate = [&](auto*& ptr, size_t bytes, std::string_view what) -> Status {
+      void* real = translator_->Translate(ptr, bytes);
+      if (real == nullptr)
+        return Internal(fmt::format("{}: illegal address: {} {} (+{} bytes) of a {} is not live memory of this "
+                                    "backend (freed before the operation ran?)",
+                                    s_.label, what, static_cast<const void*>(ptr), bytes, name));
+      ptr = static_cast<std::remove_reference_t<decltype(ptr)>>(real);
+      return Status::Ok();
+    };
+    struct Translator {
+      decltype(translate)& one;
+      Status operator()(CopyWork& w) const {
+        KZ_RETURN_IF_ERROR(one(w.dst, w.bytes, "destination"));
+        return one(w.src, w.bytes, "source");
+      }
+      Status operator()(ReduceWork& w) const {
+        const size_t bytes = w.count * DataTypeSize(w.type);
+        KZ_RETURN_IF_ERROR(one(w.dst, bytes, "output"));
+        for (const void*& src : w.srcs) KZ_RETURN_IF_ERROR(one(src, bytes, "input"));
+        return Status::Ok();
+      }
+      Status operator()(ScaleWork& w) const {
+        const size_t bytes = w.count * DataTypeSize(w.type);
+        KZ_RETURN_IF_ERROR(one(w.dst, bytes, "output"));
+        return one(w.src, bytes, "input");
+      }
+      // No device memory in these.
+      Status operator()(RecordWork&) const { return Status::Ok(); }
+      Status operator()(WaitWork&) const { return Status::Ok(); }
+      Status operator()(CallbackWork&) const { return Status::Ok(); }
+    };
+    return std::visit(Translator{translate}, op.work);
   }
 
   // Runs `work`, then holds the operation until the device's throttled memory time for `bytes`
@@ -471,6 +520,7 @@ class StreamCore {
 
   const StreamSettings s_;
   const std::shared_ptr<DevicePacer> pacer_;
+  const std::shared_ptr<const MemoryManager> translator_;  // opaque mode only; null otherwise
 
   std::mutex mu_;
   std::condition_variable wake_cv_;  // the worker waits here: new work, Stop, Abort, throttle delays
@@ -603,7 +653,8 @@ class EmuStream final : public device::Stream {
 // ---- Public ----
 
 Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, StreamEnvironment* env,
-                                                   std::shared_ptr<DevicePacer> pacer) {
+                                                   std::shared_ptr<DevicePacer> pacer,
+                                                   std::shared_ptr<const MemoryManager> translator) {
   const Config& config = env->config();
   const uint64_t id = env->NextStreamId();
   StreamSettings settings;
@@ -612,7 +663,7 @@ Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, Strea
   settings.launch = ToNanos(config.emu_launch_us.value_or(0.0) * 1e-6);
   settings.copy_bytes_per_s = config.emu_copy_gbps.value_or(0.0) * 1e9;
   settings.reduce_bytes_per_s = config.emu_reduce_gbps.value_or(0.0) * 1e9;
-  auto core = std::make_shared<StreamCore>(std::move(settings), std::move(pacer));
+  auto core = std::make_shared<StreamCore>(std::move(settings), std::move(pacer), std::move(translator));
   auto stream = std::make_unique<EmuStream>(device, env, std::move(core));
   KZ_RETURN_IF_ERROR(stream->Start(fmt::format("kz-emu{}-s{}", device->properties().index, id)));
   KZ_TRACE(kLogDevice, "{} stream #{} created", device->label(), id);

@@ -24,6 +24,10 @@
 //    of input read) last at least bytes / rate. The rate is shared by all streams of one device
 //    (a device has one memory system): concurrent operations on a device queue for it.
 //  - Waiting never burns a core: every wait spins for a few microseconds, then blocks.
+//  - Opaque mode (memory.h): the worker translates every device address of a copy, reduce or
+//    scale to the real mapping when the operation runs. An address whose memory is gone by then
+//    (freed with the operation still queued, against the contract) fails the stream with
+//    kInternal "illegal address" instead of touching whatever is mapped there now.
 //  - Destruction waits (up to Config::timeout_s) for the queued work. If it does not finish, the
 //    stream is aborted: queued copies, reduces and scales are dropped, queued events complete
 //    with kAborted and queued host callbacks are called with kAborted on the destroying thread;
@@ -37,6 +41,7 @@
 #include <memory>
 #include <mutex>
 
+#include "devices/host_emulated/memory.h"
 #include "devices/host_emulated/pacer.h"
 #include "runtime/config.h"
 #include "runtime/deadline.h"
@@ -65,10 +70,13 @@ class StreamEnvironment {
 };
 
 // A stream on `device` (an emulated device), with its worker thread started. `env` outlives the
-// stream; the pacer is shared with the device's other streams. kInternal when the thread cannot
-// be started.
+// stream; the pacer is shared with the device's other streams. `translator` is the backend's
+// memory in opaque mode (the worker translates device addresses through it and keeps it alive)
+// and null otherwise (addresses are used as they are, with no lookup). kInternal when the thread
+// cannot be started.
 Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, StreamEnvironment* env,
-                                                   std::shared_ptr<DevicePacer> pacer);
+                                                   std::shared_ptr<DevicePacer> pacer,
+                                                   std::shared_ptr<const MemoryManager> translator);
 
 // An event on `device`; never recorded yet (queries report it complete).
 Result<std::unique_ptr<device::Event>> MakeEvent(device::Device* device, StreamEnvironment* env);

@@ -1,6 +1,9 @@
 // The emulated backend's streams and events (stream.h): stream fault injection and sticky errors,
-// pointer checks, throttles, ordering, event waits across devices, timeouts, and stream teardown.
+// pointer checks, throttles, ordering, event waits across devices, timeouts, stream teardown, and
+// opaque mode (copies, reduces and scales between device and host memory through translated
+// addresses; memory freed under queued work).
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -382,6 +385,88 @@ TEST(HostEmulatedStream, DestructionAbortsWorkThatNeverFinishes) {
   EXPECT_TRUE(HasCode(*seen, StatusCode::kAborted));
   EXPECT_TRUE(HasCode(event->Query().status(), StatusCode::kAborted));
   gate->Open();  // lets the left-behind worker finish on its own state
+}
+
+// ---- Opaque mode: the worker translates device addresses ----
+
+TEST(HostEmulatedOpaque, CopiesMoveBytesBetweenDeviceAndHostMemory) {
+  Emu emu(OpaqueConfig());
+  for (size_t n : {size_t{1}, size_t{4095}, size_t{65537}, (size_t{1} << 20) + 7}) {
+    SCOPED_TRACE(n);
+    auto in = emu.AllocHost(0, n + 3);
+    auto d0 = emu.Alloc(0, n + 5);
+    auto d1 = emu.Alloc(1, n + 5);
+    auto out = emu.AllocHost(1, n + 3);
+    auto s0 = emu.NewStream(0);
+    auto s1 = emu.NewStream(1);
+    auto moved = emu.NewEvent(0);
+    for (size_t i = 0; i < n + 3; ++i) Bytes(in)[i] = static_cast<uint8_t>(i * 13 + n);
+    std::memset(out->data(), 0, n + 3);
+    // host -> device 0 -> device 1 (a peer copy) on device 0's stream, then device 1 -> host on
+    // device 1's stream, ordered by an event; odd offsets throughout.
+    ASSERT_TRUE(s0->Copy(Bytes(d0) + 5, Bytes(in) + 3, n).ok());
+    ASSERT_TRUE(s0->Copy(Bytes(d1) + 1, Bytes(d0) + 5, n).ok());
+    ASSERT_TRUE(s0->Record(*moved).ok());
+    ASSERT_TRUE(s1->Wait(*moved).ok());
+    ASSERT_TRUE(s1->Copy(Bytes(out) + 2, Bytes(d1) + 1, n).ok());
+    ASSERT_TRUE(s1->Synchronize().ok());
+    EXPECT_EQ(std::memcmp(Bytes(out) + 2, Bytes(in) + 3, n), 0);
+    EXPECT_EQ(Bytes(out)[0], 0);
+    EXPECT_EQ(Bytes(out)[1], 0);
+    EXPECT_EQ(Bytes(out)[n + 2], 0);
+  }
+}
+
+TEST(HostEmulatedOpaque, ReduceAndScaleTakeDeviceAndHostMemory) {
+  Emu emu(OpaqueConfig());
+  constexpr size_t kCount = 1031;
+  constexpr size_t kBytes = kCount * sizeof(int32_t);
+  auto a = emu.AllocHost(0, kBytes);
+  auto b = emu.Alloc(0, kBytes);
+  auto sum = emu.Alloc(0, kBytes);
+  auto out = emu.AllocHost(0, 2 * kBytes);
+  auto stream = emu.NewStream(0);
+  auto* av = static_cast<int32_t*>(a->data());
+  auto* ov = static_cast<int32_t*>(out->data());
+  for (size_t i = 0; i < kCount; ++i) {
+    av[i] = static_cast<int32_t>(i) - 500;
+    ov[i] = 3 * av[i];  // staged for b
+  }
+  ASSERT_TRUE(stream->Copy(b->data(), out->data(), kBytes).ok());
+  // A host input and a device input into device memory, halved in place on the device, then back;
+  // and a reduce whose output is host memory.
+  const void* mixed[] = {a->data(), b->data()};
+  ASSERT_TRUE(stream->Reduce(sum->data(), mixed, kCount, DataType::kInt32, ReduceOp::kSum).ok());
+  ASSERT_TRUE(stream->Scale(sum->data(), sum->data(), kCount, DataType::kInt32, 2).ok());
+  ASSERT_TRUE(stream->Copy(out->data(), sum->data(), kBytes).ok());
+  const void* device_only[] = {b->data(), sum->data()};
+  ASSERT_TRUE(stream->Reduce(ov + kCount, device_only, kCount, DataType::kInt32, ReduceOp::kMax).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  size_t wrong = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    const int32_t x = av[i];
+    wrong += ov[i] != (x + 3 * x) / 2;
+    wrong += ov[kCount + i] != std::max(3 * x, (x + 3 * x) / 2);
+  }
+  EXPECT_EQ(wrong, 0u);
+}
+
+TEST(HostEmulatedOpaque, MemoryFreedUnderQueuedWorkIsAnIllegalAddress) {
+  // Against the contract (free only after synchronizing), but it must surface as the stream's
+  // error, never as a write into whatever is mapped at the address later.
+  Emu emu(OpaqueConfig());
+  auto host = emu.AllocHost(0, 4096);
+  auto device = emu.Alloc(0, 4096);
+  auto gate = std::make_shared<Gate>();
+  auto stream = emu.NewStream(0);
+  ASSERT_TRUE(stream->EnqueueHostCallback([gate](const Status&) { gate->Wait(); }).ok());
+  ASSERT_TRUE(stream->Copy(host->data(), device->data(), 4096).ok());
+  device.reset();
+  gate->Open();
+  const Status sync = stream->Synchronize();
+  EXPECT_TRUE(HasCode(sync, StatusCode::kInternal));
+  EXPECT_TRUE(Mentions(sync, "illegal address"));
+  EXPECT_TRUE(Mentions(sync, "source"));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Helpers shared by this backend's tests (backend_test.cc, memory_test.cc, stream_test.cc): status
-// matchers, a gate that holds a stream, and Emu, a backend instance built from a test's own Config.
+// matchers, a gate that holds a stream, and Emu, a backend instance built from a test's own Config
+// (SmallConfig, or OpaqueConfig for device memory the CPU cannot reach).
 #pragma once
 
 #include <chrono>
@@ -82,6 +83,11 @@ class Emu {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? std::move(r).value() : nullptr;
   }
+  std::unique_ptr<Buffer> AllocHost(int device, size_t bytes) {
+    auto r = dev(device).AllocateHost(bytes);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::move(r).value() : nullptr;
+  }
   std::unique_ptr<Stream> NewStream(int device) {
     auto r = dev(device).CreateStream();
     EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -102,6 +108,13 @@ inline Config SmallConfig() {
   Config c;
   c.emulated_devices = 2;
   c.timeout_s = 10;
+  return c;
+}
+
+// SmallConfig with device memory the CPU cannot dereference (KIZUNA_EMU_OPAQUE=1).
+inline Config OpaqueConfig() {
+  Config c = SmallConfig();
+  c.emu_opaque = true;
   return c;
 }
 

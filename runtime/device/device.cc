@@ -60,6 +60,40 @@ Status Stream::Reduce(void* dst, std::span<const void* const> srcs, size_t count
   return DoReduce(dst, srcs, count, type, op);
 }
 
+Status Stream::ReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count,
+                           DataType type, ReduceOp op) {
+  if (!IsValid(type)) return InvalidArgument(fmt::format("invalid data type {}", static_cast<int>(type)));
+  if (!IsValid(op)) return InvalidArgument(fmt::format("invalid reduce op {}", static_cast<int>(op)));
+  if (srcs.empty()) return InvalidArgument("reduce needs at least one input");
+  if (dsts.empty()) return InvalidArgument("reduce needs at least one output");
+  if (count == 0) return Status::Ok();
+  const size_t esize = DataTypeSize(type);
+  if (count > SIZE_MAX / esize) return InvalidArgument(fmt::format("reduce count {} overflows", count));
+  const size_t bytes = count * esize;
+  for (size_t k = 0; k < srcs.size(); ++k)
+    KZ_RETURN_IF_ERROR(CheckAddressable(device(), srcs[k], bytes, fmt::format("reduce input {}", k)));
+  for (size_t j = 0; j < dsts.size(); ++j) {
+    KZ_RETURN_IF_ERROR(CheckAddressable(device(), dsts[j], bytes, fmt::format("reduce output {}", j)));
+    for (size_t k = 0; k < srcs.size(); ++k)
+      if (srcs[k] != dsts[j] && Overlaps(srcs[k], bytes, dsts[j], bytes))
+        return InvalidArgument(fmt::format("reduce input {} partially overlaps output {}", k, j));
+    for (size_t i = 0; i < j; ++i)
+      if (Overlaps(dsts[i], bytes, dsts[j], bytes))
+        return InvalidArgument(fmt::format("reduce outputs {} and {} overlap", i, j));
+  }
+  KZ_TRACE(kLogDevice, "{} reduce {} x {} {} ({}) -> {} outputs", device().label(), srcs.size(), count,
+           DataTypeName(type), ReduceOpName(op), dsts.size());
+  return DoReduceMulti(dsts, srcs, count, type, op);
+}
+
+Status Stream::DoReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count,
+                             DataType type, ReduceOp op) {
+  KZ_RETURN_IF_ERROR(DoReduce(dsts[0], srcs, count, type, op));
+  for (size_t j = 1; j < dsts.size(); ++j)
+    KZ_RETURN_IF_ERROR(DoCopy(dsts[j], dsts[0], count * DataTypeSize(type)));
+  return Status::Ok();
+}
+
 Status Stream::Scale(void* dst, const void* src, size_t count, DataType type, uint32_t divisor) {
   if (!IsValid(type)) return InvalidArgument(fmt::format("invalid data type {}", static_cast<int>(type)));
   if (divisor == 0) return InvalidArgument("scale divisor is 0");

@@ -106,8 +106,9 @@ class Stream {
 
   Device& device() const { return *device_; }
 
-  // dst[0..bytes) = src[0..bytes). Both are device addresses of this backend (or host addresses
-  // when the device is host_accessible and the backend says so); they must not overlap.
+  // dst[0..bytes) = src[0..bytes). Both are memory this device's streams take (Addressable): device
+  // memory of this backend (allocated or imported) or host memory from AllocateHost; they must not
+  // overlap.
   Status Copy(void* dst, const void* src, size_t bytes);
 
   // dst[i] = srcs[0][i] op ... op srcs[n-1][i] for i < count (semantics: runtime/host_reduce.h).
@@ -115,6 +116,14 @@ class Stream {
   // during the call only (the pointers are copied); the memory it points to is read when the
   // operation runs.
   Status Reduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type, ReduceOp op);
+
+  // The same reduction written to several outputs in one pass: dsts[j][i] = srcs[0][i] op ... op
+  // srcs[n-1][i] for every j (the single-host fused AllReduce: each rank reduces its slice of
+  // every rank's input into that slice of every rank's output). Each output is either exactly one
+  // of the inputs or disjoint from all of them; outputs are pairwise disjoint. At least one
+  // output. Backends without a one-pass kernel get the default: Reduce into dsts[0], then copies.
+  Status ReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count, DataType type,
+                     ReduceOp op);
 
   // dst[i] = src[i] / divisor for i < count: the division that finishes ReduceOp::kAvg after a
   // sum over all ranks (averages of partial averages would be wrong). Rounding is dtype.h's kAvg
@@ -150,6 +159,10 @@ class Stream {
   virtual Status DoCopy(void* dst, const void* src, size_t bytes) = 0;
   virtual Status DoReduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type,
                           ReduceOp op) = 0;
+  // Arguments already checked (as Reduce, for every output). The default reduces into dsts[0]
+  // and copies it to the other outputs.
+  virtual Status DoReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count,
+                               DataType type, ReduceOp op);
   // Arguments already checked (divisor >= 1, count >= 1, valid type, addressable, dst == src or
   // disjoint). The default answers kNotSupported ("<backend> has no scale operation"), so a
   // backend that predates the operation says so instead of failing to build.

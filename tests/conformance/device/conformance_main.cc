@@ -88,21 +88,17 @@ Status WaitFd(int fd, short events, Deadline deadline, std::string_view what) {
   }
 }
 
-// "host_accessible" or "multi_device, export_fd|export_opaque": what `b` lacks for `g`.
-std::string MissingTags(const TestGroup& g, const BackendUnderTest& b) {
-  std::string out;
-  for (Tag t : g.requires_all) {
-    if (b.Has(t)) continue;
-    if (!out.empty()) out += ", ";
-    out += TagName(t);
+// Device::AllocateHost on a backend whose memory the CPU cannot reach: one small allocation on
+// its first device (host-accessible backends have host memory by definition and are not asked).
+bool ProbeHostMemory(Backend& backend) {
+  Device* d = backend.device(0);
+  if (d == nullptr) return false;
+  Result<std::unique_ptr<Buffer>> host = d->AllocateHost(64);
+  if (!host.ok()) {
+    KZ_INFO(kLogDevice, "device conformance: {} has no host memory: {}", d->label(), host.status().ToString());
+    return false;
   }
-  bool any = g.requires_any.empty();
-  for (Tag t : g.requires_any) any = any || b.Has(t);
-  if (!any) {
-    if (!out.empty()) out += ", ";
-    for (size_t i = 0; i < g.requires_any.size(); ++i) out += (i ? "|" : "") + std::string(TagName(g.requires_any[i]));
-  }
-  return out;
+  return (*host)->size() == 64 && (*host)->data() != nullptr;
 }
 
 // Stream::Scale is an optional operation (the default DoScale, and a plugin built against api
@@ -148,8 +144,10 @@ Result<ChildSpec> ParseChildSpec(std::string_view spec) {
   return out;
 }
 
-// Imports what the parent exported, checks the parent's bytes (directly and through a stream
-// copy), overwrites the region with the child's bytes through a stream copy and synchronizes.
+// Imports what the parent exported, checks the parent's bytes (through the CPU's view of the
+// import, and through a stream copy), overwrites the region with the child's bytes through a
+// stream copy and synchronizes. Works on every backend the parent's ExportConformance runs on:
+// host-accessible ones are read directly, the others through host memory (DeviceBytes).
 Status ImportAndExchange(const ChildSpec& spec, int sock, const Config& config, Deadline deadline) {
   std::unique_ptr<DeviceRegistry> registry = DeviceRegistry::Create(config);
   Backend* backend = registry->Find(spec.backend);
@@ -161,9 +159,6 @@ Status ImportAndExchange(const ChildSpec& spec, int sock, const Config& config, 
   Device* device = backend->device(spec.device);
   if (device == nullptr)
     return InvalidArgument(fmt::format("backend '{}' has no device {}", spec.backend, spec.device));
-  if (!device->properties().host_accessible)
-    return NotSupported(fmt::format("{} is not host accessible: the child cannot check bytes", device->label()));
-
   KZ_ASSIGN_OR_RETURN(ExportedMemory exported, ReceiveExportedMemory(sock, deadline));
   KZ_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> imported, device->Import(exported));
   const size_t size = exported.size;
@@ -171,26 +166,32 @@ Status ImportAndExchange(const ChildSpec& spec, int sock, const Config& config, 
     return Internal(fmt::format("imported buffer has {} bytes, the export said {}", imported->size(), size));
   if (!imported->imported()) return Internal("Import returned a buffer that does not say imported()");
 
-  const auto* mapped = static_cast<const uint8_t*>(imported->data());
+  // The parent's bytes, read through the CPU's view of the import (directly on a host-accessible
+  // device, else staged through host memory) ...
+  KZ_ASSIGN_OR_RETURN(DeviceBytes imported_bytes, DeviceBytes::Create(*imported));
+  KZ_RETURN_IF_ERROR(imported_bytes.Download(deadline));
   for (size_t i = 0; i < size; ++i)
-    if (mapped[i] != ParentByte(i))
+    if (imported_bytes.host()[i] != ParentByte(i))
       return Internal(fmt::format("child read byte {} of the import as {:#04x}, the parent wrote {:#04x}", i,
-                                  mapped[i], ParentByte(i)));
+                                  imported_bytes.host()[i], ParentByte(i)));
 
-  // The stream after the buffer its work writes: on an early return it is destroyed (drained) first.
-  KZ_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> staging, device->Allocate(size));
+  // ... and through a stream copy into a buffer of the child's own. The stream after the buffers
+  // its work touches: on an early return it is destroyed (drained) first.
+  KZ_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> local, device->Allocate(size));
+  KZ_ASSIGN_OR_RETURN(DeviceBytes local_bytes, DeviceBytes::Create(*local));
   KZ_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->CreateStream());
-  KZ_RETURN_IF_ERROR(stream->Copy(staging->data(), imported->data(), size));
+  KZ_RETURN_IF_ERROR(stream->Copy(local->data(), imported->data(), size));
   KZ_RETURN_IF_ERROR(stream->Synchronize(deadline));
-  const auto* copied = static_cast<const uint8_t*>(staging->data());
+  KZ_RETURN_IF_ERROR(local_bytes.Download(deadline));
   for (size_t i = 0; i < size; ++i)
-    if (copied[i] != ParentByte(i))
+    if (local_bytes.host()[i] != ParentByte(i))
       return Internal(fmt::format("child's stream copy of the import has byte {} = {:#04x}, expected {:#04x}", i,
-                                  copied[i], ParentByte(i)));
+                                  local_bytes.host()[i], ParentByte(i)));
 
-  auto* local = static_cast<uint8_t*>(staging->data());
-  for (size_t i = 0; i < size; ++i) local[i] = ChildByte(i);
-  KZ_RETURN_IF_ERROR(stream->Copy(imported->data(), staging->data(), size));
+  // The child's bytes go into its own buffer, then through a stream copy into the import.
+  for (size_t i = 0; i < size; ++i) local_bytes.host()[i] = ChildByte(i);
+  KZ_RETURN_IF_ERROR(local_bytes.Upload(deadline));
+  KZ_RETURN_IF_ERROR(stream->Copy(imported->data(), local->data(), size));
   return stream->Synchronize(deadline);
 }
 
@@ -217,6 +218,7 @@ int RunImportChild(std::string_view spec_text, const Config& config) {
 std::string_view TagName(Tag tag) {
   switch (tag) {
     case Tag::kHostAccessible: return "host_accessible";
+    case Tag::kHostMemory: return "host_memory";
     case Tag::kExportFd: return "export_fd";
     case Tag::kExportOpaque: return "export_opaque";
     case Tag::kMultiDevice: return "multi_device";
@@ -240,13 +242,20 @@ std::string BackendUnderTest::TagList() const {
 }
 
 bool TestGroup::AppliesTo(const BackendUnderTest& b) const {
-  if (!b.available()) return requires_all.empty() && requires_any.empty();
-  for (Tag t : requires_all)
-    if (!b.Has(t)) return false;
-  if (requires_any.empty()) return true;
-  for (Tag t : requires_any)
-    if (b.Has(t)) return true;
-  return false;
+  if (!b.available()) return needs.empty();
+  return Missing(b).empty();
+}
+
+std::string TestGroup::Missing(const BackendUnderTest& b) const {
+  std::string out;
+  for (const std::vector<Tag>& clause : needs) {
+    bool met = false;
+    for (Tag t : clause) met = met || b.Has(t);
+    if (met) continue;
+    if (!out.empty()) out += ", ";
+    for (size_t i = 0; i < clause.size(); ++i) out += (i ? "|" : "") + std::string(TagName(clause[i]));
+  }
+  return out;
 }
 
 void PrintTo(const BackendParam& param, std::ostream* os) {
@@ -269,6 +278,7 @@ ConformanceWorld::ConformanceWorld(Config config)
       if (d0 != nullptr) {
         const DeviceProperties& p = d0->properties();
         if (p.host_accessible) b.tags.push_back(Tag::kHostAccessible);
+        if (p.host_accessible || ProbeHostMemory(*slot.backend)) b.tags.push_back(Tag::kHostMemory);
         if (p.export_fd) b.tags.push_back(Tag::kExportFd);
         if (p.export_opaque) b.tags.push_back(Tag::kExportOpaque);
       }
@@ -332,7 +342,7 @@ void PrintCapabilities(std::FILE* out) {
     bool any = false;
     for (const TestGroup& g : TestGroups()) {
       if (g.AppliesTo(b)) continue;
-      text += fmt::format("[ kizuna ]     unsupported: {}.* — lacks {}: {}\n", g.suite, MissingTags(g, b), g.reason);
+      text += fmt::format("[ kizuna ]     unsupported: {}.* — lacks {}: {}\n", g.suite, g.Missing(b), g.reason);
       any = true;
     }
     const Status scale = ProbeScale(*slot.backend);

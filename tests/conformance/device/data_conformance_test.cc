@@ -1,9 +1,9 @@
-// Copies, reductions and scales, byte for byte: DataConformance (host_accessible) copies of odd
-// sizes at odd offsets, reductions of every dtype x op against reference_reduce.h, and scales of
-// every dtype x divisor (in place, large counts, sum-then-scale averages) against the kAvg
-// division; and the argument checks of Stream::Copy / Reduce / Scale (DeviceConformance: every
-// backend; DataConformance: rejected calls change no memory). What the groups check and need:
-// README.md.
+// Copies, reductions and scales, byte for byte: DataConformance (host_accessible or host_memory)
+// copies of odd sizes at odd offsets, reductions of every dtype x op against reference_reduce.h,
+// and scales of every dtype x divisor (in place, large counts, sum-then-scale averages) against
+// the kAvg division; and the argument checks of Stream::Copy / Reduce / Scale (DeviceConformance:
+// every backend; DataConformance: rejected calls change no memory). Device bytes are written and
+// read through DeviceBytes (device_conformance.h). What the groups check and need: README.md.
 
 #include <cstdint>
 #include <cstring>
@@ -32,26 +32,31 @@ TEST_P(DataConformance, CopyOddSizesAndOffsetsBetweenBuffers) {
     const size_t total = size + kMaxOffset + 64;  // 64 guard bytes past the farthest end
     auto src = MustAllocate(total);
     auto dst = MustAllocate(total);
+    KZ_ASSERT_NOT_NULL(src);
+    KZ_ASSERT_NOT_NULL(dst);
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes src_bytes, DeviceBytes::Create(*src));
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes dst_bytes, DeviceBytes::Create(*dst));
     // A stream per size, after the buffers it copies between: destroyed (drained) before them.
     auto stream = MustCreateStream();
     KZ_ASSERT_NOT_NULL(stream);
-    KZ_ASSERT_NOT_NULL(src);
-    KZ_ASSERT_NOT_NULL(dst);
-    FillPattern(src->data(), total, 1000 + size);
+    KZ_ASSERT_OK(src_bytes.Fill(1000 + size));
+    std::vector<uint8_t> source(total), before(total);
+    FillPattern(source.data(), total, 1000 + size);
+    FillPattern(before.data(), total, 7);
     for (const OffsetPair& o : kOffsetPairs) {
       SCOPED_TRACE(fmt::format("{} bytes, src offset {}, dst offset {}", size, o.src, o.dst));
-      FillPattern(dst->data(), total, 7);
-      KZ_ASSERT_OK(stream->Copy(Bytes(*dst) + o.dst, Bytes(*src) + o.src, size));
+      KZ_ASSERT_OK(dst_bytes.Fill(7));
+      KZ_ASSERT_OK(stream->Copy(At(*dst, o.dst), At(*src, o.src), size));
       KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-      EXPECT_TRUE(BytesEqual(Bytes(*dst) + o.dst, Bytes(*src) + o.src, size));
+      KZ_ASSERT_OK(dst_bytes.Download());
+      const uint8_t* got = dst_bytes.host();
+      EXPECT_TRUE(BytesEqual(got + o.dst, source.data() + o.src, size));
       // Nothing outside the destination range was touched.
-      std::vector<uint8_t> expect(total);
-      FillPattern(expect.data(), total, 7);
-      EXPECT_TRUE(BytesEqual(Bytes(*dst), expect.data(), o.dst)) << "bytes before the destination";
-      EXPECT_TRUE(BytesEqual(Bytes(*dst) + o.dst + size, expect.data() + o.dst + size, total - o.dst - size))
+      EXPECT_TRUE(BytesEqual(got, before.data(), o.dst)) << "bytes before the destination";
+      EXPECT_TRUE(BytesEqual(got + o.dst + size, before.data() + o.dst + size, total - o.dst - size))
           << "bytes after the destination";
     }
-    EXPECT_TRUE(HasPattern(src->data(), total, 1000 + size)) << "the source changed";
+    EXPECT_TRUE(src_bytes.HasPattern(1000 + size)) << "the source changed";
   }
 }
 
@@ -61,27 +66,29 @@ TEST_P(DataConformance, CopyWithinOneBuffer) {
     // [guard][src at 5][gap 3][dst][guard]: odd offsets, adjacent but not overlapping.
     const size_t src_off = 5, dst_off = src_off + size + 3, total = dst_off + size + 11;
     auto buffer = MustAllocate(total);
+    KZ_ASSERT_NOT_NULL(buffer);
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes bytes, DeviceBytes::Create(*buffer));
     auto stream = MustCreateStream();  // after the buffer: destroyed (drained) before it
     KZ_ASSERT_NOT_NULL(stream);
-    KZ_ASSERT_NOT_NULL(buffer);
-    FillPattern(buffer->data(), total, size);
-    std::vector<uint8_t> expect(Bytes(*buffer), Bytes(*buffer) + total);
+    KZ_ASSERT_OK(bytes.Fill(size));
+    std::vector<uint8_t> expect(bytes.host(), bytes.host() + total);
     std::memcpy(expect.data() + dst_off, expect.data() + src_off, size);
-    KZ_ASSERT_OK(stream->Copy(Bytes(*buffer) + dst_off, Bytes(*buffer) + src_off, size));
-    // Adjacent ranges (dst ends where src begins) are not an overlap either.
+    KZ_ASSERT_OK(stream->Copy(At(*buffer, dst_off), At(*buffer, src_off), size));
     KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-    EXPECT_TRUE(BytesEqual(Bytes(*buffer), expect.data(), total));
+    EXPECT_TRUE(bytes.Equals(0, expect.data(), total));
   }
+  // Adjacent ranges (dst ends where src begins) are not an overlap either.
   auto adjacent = MustAllocate(64);
+  KZ_ASSERT_NOT_NULL(adjacent);
+  KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes bytes, DeviceBytes::Create(*adjacent));
   auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
-  KZ_ASSERT_NOT_NULL(adjacent);
-  FillPattern(adjacent->data(), 64, 3);
-  std::vector<uint8_t> expect(Bytes(*adjacent), Bytes(*adjacent) + 64);
+  KZ_ASSERT_OK(bytes.Fill(3));
+  std::vector<uint8_t> expect(bytes.host(), bytes.host() + 64);
   std::memcpy(expect.data(), expect.data() + 32, 32);
-  KZ_ASSERT_OK(stream->Copy(Bytes(*adjacent), Bytes(*adjacent) + 32, 32));
+  KZ_ASSERT_OK(stream->Copy(At(*adjacent), At(*adjacent, 32), 32));
   KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-  EXPECT_TRUE(BytesEqual(Bytes(*adjacent), expect.data(), 64));
+  EXPECT_TRUE(bytes.Equals(0, expect.data(), 64));
 }
 
 // ---- Argument checks ----
@@ -91,7 +98,7 @@ TEST_P(DeviceConformance, InvalidCopyArgumentsAreRejected) {
   auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
   KZ_ASSERT_NOT_NULL(buffer);
-  auto* p = Bytes(*buffer);
+  uint8_t* p = At(*buffer);
   KZ_EXPECT_CODE(stream->Copy(nullptr, p, 16), StatusCode::kInvalidArgument);
   KZ_EXPECT_CODE(stream->Copy(p, nullptr, 16), StatusCode::kInvalidArgument);
   KZ_EXPECT_CODE(stream->Copy(p + 8, p, 16), StatusCode::kInvalidArgument);  // overlap
@@ -140,12 +147,12 @@ TEST_P(DeviceConformance, InvalidReduceArgumentsAreRejected) {
 TEST_P(DataConformance, RejectedCallsEnqueueNothing) {
   constexpr size_t kCount = 256;
   auto buffer = MustAllocate(4 * kCount * sizeof(int32_t));
+  KZ_ASSERT_NOT_NULL(buffer);
+  KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes bytes, DeviceBytes::Create(*buffer));
   auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
-  KZ_ASSERT_NOT_NULL(buffer);
-  const size_t total = buffer->size();
-  FillPattern(buffer->data(), total, 99);
-  auto* v = static_cast<int32_t*>(buffer->data());
+  KZ_ASSERT_OK(bytes.Fill(99));
+  auto* v = static_cast<int32_t*>(buffer->data());  // device addresses: never dereferenced here
   const void* in[] = {v, v + kCount};
   const void* partial[] = {v + 2 * kCount + 3, v + kCount};
   EXPECT_FALSE(stream->Copy(v + 10, v, kCount * sizeof(int32_t)).ok());
@@ -156,7 +163,7 @@ TEST_P(DataConformance, RejectedCallsEnqueueNothing) {
                               ReduceOp::kSum).ok());
   KZ_EXPECT_OK(stream->Reduce(v + 2 * kCount, in, 0, DataType::kInt32, ReduceOp::kSum));
   KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-  EXPECT_TRUE(HasPattern(buffer->data(), total, 99)) << "a rejected (or empty) call changed memory";
+  EXPECT_TRUE(bytes.HasPattern(99)) << "a rejected (or empty) call changed memory";
 }
 
 
@@ -175,8 +182,10 @@ TEST_P(DataConformance, ReduceEveryTypeOpAndInputCount) {
     const size_t stride = kMaxCount * esize;
     auto inputs = MustAllocate(kMaxInputs * stride);
     KZ_ASSERT_NOT_NULL(inputs);
-    for (size_t k = 0; k < kMaxInputs; ++k) FillInputs(Bytes(*inputs) + k * stride, kMaxCount, type, rng);
-    const std::vector<uint8_t> host(Bytes(*inputs), Bytes(*inputs) + inputs->size());
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes in_bytes, DeviceBytes::Create(*inputs));
+    for (size_t k = 0; k < kMaxInputs; ++k) FillInputs(in_bytes.host() + k * stride, kMaxCount, type, rng);
+    KZ_ASSERT_OK(in_bytes.Upload());
+    const std::vector<uint8_t> host(in_bytes.host(), in_bytes.host() + inputs->size());
 
     struct Case {
       ReduceOp op;
@@ -191,31 +200,33 @@ TEST_P(DataConformance, ReduceEveryTypeOpAndInputCount) {
           out_bytes += count * esize + 8 * esize;  // a small gap keeps neighbours apart
         }
     auto outputs = MustAllocate(out_bytes);
+    KZ_ASSERT_NOT_NULL(outputs);
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes out_bytes_view, DeviceBytes::Create(*outputs));
     // A stream per type, after the buffers its batch uses: destroyed (drained) before them.
     auto stream = MustCreateStream();
     KZ_ASSERT_NOT_NULL(stream);
-    KZ_ASSERT_NOT_NULL(outputs);
-    FillPattern(outputs->data(), out_bytes, 5);
+    KZ_ASSERT_OK(out_bytes_view.Fill(5));
     for (const Case& c : cases) {
       std::vector<const void*> srcs;
-      for (size_t k = 0; k < c.n; ++k) srcs.push_back(Bytes(*inputs) + k * stride);
-      KZ_ASSERT_OK(stream->Reduce(Bytes(*outputs) + c.out_offset, srcs, c.count, type, c.op))
+      for (size_t k = 0; k < c.n; ++k) srcs.push_back(At(*inputs, k * stride));
+      KZ_ASSERT_OK(stream->Reduce(At(*outputs, c.out_offset), srcs, c.count, type, c.op))
           << CaseName(type, c.op, c.n, c.count);
     }
     KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+    KZ_ASSERT_OK(out_bytes_view.Download());
     for (const Case& c : cases) {
       std::vector<const void*> srcs;
       for (size_t k = 0; k < c.n; ++k) srcs.push_back(host.data() + k * stride);
-      EXPECT_TRUE(CheckReduce(Bytes(*outputs) + c.out_offset, srcs, c.count, type, c.op))
+      EXPECT_TRUE(CheckReduce(out_bytes_view.host() + c.out_offset, srcs, c.count, type, c.op))
           << CaseName(type, c.op, c.n, c.count);
       // The gap after each output is untouched.
       std::vector<uint8_t> gap(8 * esize);
       const size_t gap_at = c.out_offset + c.count * esize;
       for (size_t i = 0; i < gap.size(); ++i) gap[i] = PatternByte(5, gap_at + i);
-      EXPECT_TRUE(BytesEqual(Bytes(*outputs) + gap_at, gap.data(), gap.size()))
+      EXPECT_TRUE(BytesEqual(out_bytes_view.host() + gap_at, gap.data(), gap.size()))
           << CaseName(type, c.op, c.n, c.count) << " wrote past its output";
     }
-    EXPECT_TRUE(BytesEqual(Bytes(*inputs), host.data(), host.size())) << "a reduce changed its inputs";
+    EXPECT_TRUE(in_bytes.Equals(0, host.data(), host.size())) << "a reduce changed its inputs";
   }
 }
 
@@ -229,21 +240,26 @@ TEST_P(DataConformance, ReduceLargeCount) {
     const size_t bytes = kCount * DataTypeSize(type);
     auto inputs = MustAllocate(kInputs * bytes);
     auto outputs = MustAllocate(kNumReduceOps * bytes);
+    KZ_ASSERT_NOT_NULL(inputs);
+    KZ_ASSERT_NOT_NULL(outputs);
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes in_bytes, DeviceBytes::Create(*inputs));
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes out_bytes, DeviceBytes::Create(*outputs));
     // A stream per type, after the buffers its reduces use: destroyed (drained) before them.
     auto stream = MustCreateStream();
     KZ_ASSERT_NOT_NULL(stream);
-    KZ_ASSERT_NOT_NULL(inputs);
-    KZ_ASSERT_NOT_NULL(outputs);
-    std::vector<const void*> srcs;
+    std::vector<const void*> srcs, host_srcs;  // the inputs on the device, and as the CPU wrote them
     for (size_t k = 0; k < kInputs; ++k) {
-      FillInputs(Bytes(*inputs) + k * bytes, kCount, type, rng);
-      srcs.push_back(Bytes(*inputs) + k * bytes);
+      FillInputs(in_bytes.host() + k * bytes, kCount, type, rng);
+      srcs.push_back(At(*inputs, k * bytes));
+      host_srcs.push_back(in_bytes.host() + k * bytes);
     }
+    KZ_ASSERT_OK(in_bytes.Upload());
     for (size_t o = 0; o < AllReduceOps().size(); ++o)
-      KZ_ASSERT_OK(stream->Reduce(Bytes(*outputs) + o * bytes, srcs, kCount, type, AllReduceOps()[o]));
+      KZ_ASSERT_OK(stream->Reduce(At(*outputs, o * bytes), srcs, kCount, type, AllReduceOps()[o]));
     KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+    KZ_ASSERT_OK(out_bytes.Download());
     for (size_t o = 0; o < AllReduceOps().size(); ++o)
-      EXPECT_TRUE(CheckReduce(Bytes(*outputs) + o * bytes, srcs, kCount, type, AllReduceOps()[o]))
+      EXPECT_TRUE(CheckReduce(out_bytes.host() + o * bytes, host_srcs, kCount, type, AllReduceOps()[o]))
           << CaseName(type, AllReduceOps()[o], kInputs, kCount);
   }
 }
@@ -259,59 +275,71 @@ TEST_P(DataConformance, ReduceInPlace) {
         SCOPED_TRACE(CaseName(type, op, n, kCount) + fmt::format(", output is input {}", inplace_at));
         const size_t bytes = kCount * DataTypeSize(type);
         auto buffer = MustAllocate(n * bytes);
+        KZ_ASSERT_NOT_NULL(buffer);
+        KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes view, DeviceBytes::Create(*buffer));
         auto stream = MustCreateStream();  // after the buffer: destroyed (drained) before it
         KZ_ASSERT_NOT_NULL(stream);
-        KZ_ASSERT_NOT_NULL(buffer);
-        for (size_t k = 0; k < n; ++k) FillInputs(Bytes(*buffer) + k * bytes, kCount, type, rng);
-        const std::vector<uint8_t> host(Bytes(*buffer), Bytes(*buffer) + n * bytes);
+        for (size_t k = 0; k < n; ++k) FillInputs(view.host() + k * bytes, kCount, type, rng);
+        KZ_ASSERT_OK(view.Upload());
+        const std::vector<uint8_t> host(view.host(), view.host() + n * bytes);
         std::vector<const void*> srcs, host_srcs;
         for (size_t k = 0; k < n; ++k) {
-          srcs.push_back(Bytes(*buffer) + k * bytes);
+          srcs.push_back(At(*buffer, k * bytes));
           host_srcs.push_back(host.data() + k * bytes);
         }
-        void* dst = Bytes(*buffer) + inplace_at * bytes;
-        KZ_ASSERT_OK(stream->Reduce(dst, srcs, kCount, type, op));
+        KZ_ASSERT_OK(stream->Reduce(At(*buffer, inplace_at * bytes), srcs, kCount, type, op));
         KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-        EXPECT_TRUE(CheckReduce(dst, host_srcs, kCount, type, op));
+        KZ_ASSERT_OK(view.Download());
+        EXPECT_TRUE(CheckReduce(view.host() + inplace_at * bytes, host_srcs, kCount, type, op));
       }
     }
   }
   // In place at a large count (the parallel path reads and writes the same memory).
   constexpr size_t kLarge = (size_t{1} << 20) + 3;
   auto big = MustAllocate(3 * kLarge * sizeof(float));
+  KZ_ASSERT_NOT_NULL(big);
+  KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes view, DeviceBytes::Create(*big));
   auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
-  KZ_ASSERT_NOT_NULL(big);
-  auto* f = static_cast<float*>(big->data());
+  auto* f = reinterpret_cast<float*>(view.host());
   FillInputs(f, 3 * kLarge, DataType::kFloat32, rng);
+  KZ_ASSERT_OK(view.Upload());
   const std::vector<float> host(f, f + 3 * kLarge);
-  const void* srcs[] = {f, f + kLarge, f + 2 * kLarge};
+  auto* d = static_cast<float*>(big->data());  // device addresses
+  const void* srcs[] = {d, d + kLarge, d + 2 * kLarge};
   const void* host_srcs[] = {host.data(), host.data() + kLarge, host.data() + 2 * kLarge};
-  KZ_ASSERT_OK(stream->Reduce(f, srcs, kLarge, DataType::kFloat32, ReduceOp::kSum));
+  KZ_ASSERT_OK(stream->Reduce(d, srcs, kLarge, DataType::kFloat32, ReduceOp::kSum));
   KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+  KZ_ASSERT_OK(view.Download());
   EXPECT_TRUE(CheckReduce(f, host_srcs, kLarge, DataType::kFloat32, ReduceOp::kSum));
 }
 
 TEST_P(DataConformance, ReduceCountZeroAndRepeatedInputs) {
   constexpr size_t kCount = 333;
-  auto buffer = MustAllocate(3 * kCount * sizeof(int64_t));
+  constexpr size_t kBytes = kCount * sizeof(int64_t);
+  auto buffer = MustAllocate(3 * kBytes);
+  KZ_ASSERT_NOT_NULL(buffer);
+  KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes view, DeviceBytes::Create(*buffer));
   auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
-  KZ_ASSERT_NOT_NULL(buffer);
-  auto* v = static_cast<int64_t*>(buffer->data());
   Rng rng(5);
-  FillInputs(v, 2 * kCount, DataType::kInt64, rng);
-  FillPattern(v + 2 * kCount, kCount * sizeof(int64_t), 17);
+  FillInputs(view.host(), 2 * kCount, DataType::kInt64, rng);
+  FillPattern(view.host() + 2 * kBytes, kBytes, 17);
+  KZ_ASSERT_OK(view.Upload());
+  const std::vector<uint8_t> host(view.host(), view.host() + 2 * kBytes);
+  auto* v = static_cast<int64_t*>(buffer->data());  // device addresses
   const void* in[] = {v, v + kCount};
   KZ_ASSERT_OK(stream->Reduce(v + 2 * kCount, in, 0, DataType::kInt64, ReduceOp::kSum));
   KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-  EXPECT_TRUE(HasPattern(v + 2 * kCount, kCount * sizeof(int64_t), 17)) << "count 0 wrote memory";
+  EXPECT_TRUE(view.HasPattern(2 * kBytes, kBytes, 17)) << "count 0 wrote memory";
 
   // The same input may appear several times (only the output's overlap is restricted).
   const void* repeated[] = {v, v + kCount, v, v};
+  const void* host_repeated[] = {host.data(), host.data() + kBytes, host.data(), host.data()};
   KZ_ASSERT_OK(stream->Reduce(v + 2 * kCount, repeated, kCount, DataType::kInt64, ReduceOp::kSum));
   KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-  EXPECT_TRUE(CheckReduce(v + 2 * kCount, repeated, kCount, DataType::kInt64, ReduceOp::kSum));
+  KZ_ASSERT_OK(view.Download());
+  EXPECT_TRUE(CheckReduce(view.host() + 2 * kBytes, host_repeated, kCount, DataType::kInt64, ReduceOp::kSum));
 }
 
 // ---- Scale: the division that finishes an average ----
@@ -434,21 +462,21 @@ TEST_P(DeviceConformance, InvalidScaleArgumentsAreRejected) {
 TEST_P(DataConformance, RejectedScaleCallsEnqueueNothing) {
   constexpr size_t kCount = 256;
   auto buffer = MustAllocate(3 * kCount * sizeof(int32_t));
+  KZ_ASSERT_NOT_NULL(buffer);
+  KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes bytes, DeviceBytes::Create(*buffer));
   auto stream = MustCreateStream();
   KZ_ASSERT_NOT_NULL(stream);
-  KZ_ASSERT_NOT_NULL(buffer);
-  const size_t total = buffer->size();
-  FillPattern(buffer->data(), total, 98);
-  auto* v = static_cast<int32_t*>(buffer->data());
+  KZ_ASSERT_OK(bytes.Fill(98));
+  auto* v = static_cast<int32_t*>(buffer->data());  // device addresses
   EXPECT_FALSE(stream->Scale(v + kCount, v, kCount, DataType::kInt32, 0).ok());
   EXPECT_FALSE(stream->Scale(v + 3, v, kCount, DataType::kInt32, 2).ok());
   EXPECT_FALSE(stream->Scale(v + kCount, v, kCount, static_cast<DataType>(200), 2).ok());
   KZ_EXPECT_OK(stream->Scale(v + kCount, v, 0, DataType::kInt32, 2));
   KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-  EXPECT_TRUE(HasPattern(buffer->data(), total, 98)) << "a rejected (or empty) scale changed memory";
   auto q = stream->Query();
   KZ_ASSERT_OK(q.status());
   EXPECT_TRUE(*q);
+  EXPECT_TRUE(bytes.HasPattern(98)) << "a rejected (or empty) scale changed memory";
 }
 
 // One batch per data type: every divisor x counts {1, 3, 1031}, out of place, into one output
@@ -462,8 +490,10 @@ TEST_P(DataConformance, ScaleEveryTypeAndDivisor) {
     const size_t esize = DataTypeSize(type);
     auto input = MustAllocate(kMaxCount * esize);
     KZ_ASSERT_NOT_NULL(input);
-    FillScaleInputs(input->data(), kMaxCount, type, rng);
-    const std::vector<uint8_t> host(Bytes(*input), Bytes(*input) + input->size());
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes in_bytes, DeviceBytes::Create(*input));
+    FillScaleInputs(in_bytes.host(), kMaxCount, type, rng);
+    KZ_ASSERT_OK(in_bytes.Upload());
+    const std::vector<uint8_t> host(in_bytes.host(), in_bytes.host() + input->size());
 
     struct Case {
       uint32_t divisor;
@@ -477,27 +507,29 @@ TEST_P(DataConformance, ScaleEveryTypeAndDivisor) {
         out_bytes += count * esize + 8 * esize;
       }
     auto outputs = MustAllocate(out_bytes);
+    KZ_ASSERT_NOT_NULL(outputs);
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes out_view, DeviceBytes::Create(*outputs));
     auto stream = MustCreateStream();  // after the buffers: destroyed (drained) before them
     KZ_ASSERT_NOT_NULL(stream);
-    KZ_ASSERT_NOT_NULL(outputs);
-    FillPattern(outputs->data(), out_bytes, 6);
+    KZ_ASSERT_OK(out_view.Fill(6));
     for (const Case& c : cases) {
-      const Status s = stream->Scale(Bytes(*outputs) + c.out_offset, input->data(), c.count, type, c.divisor);
+      const Status s = stream->Scale(At(*outputs, c.out_offset), At(*input), c.count, type, c.divisor);
       if (s.code() == StatusCode::kNotSupported && &c == &cases.front())
         GTEST_SKIP() << "the backend has no scale operation (optional): " << s.ToString();
       KZ_ASSERT_OK(s) << fmt::format("{} / {}, count {}", DataTypeName(type), c.divisor, c.count);
     }
     KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+    KZ_ASSERT_OK(out_view.Download());
     for (const Case& c : cases) {
-      EXPECT_TRUE(CheckScale(Bytes(*outputs) + c.out_offset, host.data(), c.count, type, c.divisor))
+      EXPECT_TRUE(CheckScale(out_view.host() + c.out_offset, host.data(), c.count, type, c.divisor))
           << fmt::format("{} / {}, count {}", DataTypeName(type), c.divisor, c.count);
       std::vector<uint8_t> gap(8 * esize);
       const size_t gap_at = c.out_offset + c.count * esize;
       for (size_t i = 0; i < gap.size(); ++i) gap[i] = PatternByte(6, gap_at + i);
-      EXPECT_TRUE(BytesEqual(Bytes(*outputs) + gap_at, gap.data(), gap.size()))
+      EXPECT_TRUE(BytesEqual(out_view.host() + gap_at, gap.data(), gap.size()))
           << fmt::format("{} / {}, count {} wrote past its output", DataTypeName(type), c.divisor, c.count);
     }
-    EXPECT_TRUE(BytesEqual(Bytes(*input), host.data(), host.size())) << "a scale changed its input";
+    EXPECT_TRUE(in_bytes.Equals(0, host.data(), host.size())) << "a scale changed its input";
   }
 }
 
@@ -511,35 +543,43 @@ TEST_P(DataConformance, ScaleInPlaceAndLargeCount) {
     const size_t bytes = kLarge * DataTypeSize(type);
     auto a = MustAllocate(bytes);
     auto b = MustAllocate(bytes);
-    auto stream = MustCreateStream();  // after the buffers: destroyed (drained) before them
-    KZ_ASSERT_NOT_NULL(stream);
     KZ_ASSERT_NOT_NULL(a);
     KZ_ASSERT_NOT_NULL(b);
-    FillScaleInputs(a->data(), kLarge, type, rng);
-    const std::vector<uint8_t> host(Bytes(*a), Bytes(*a) + bytes);
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes a_bytes, DeviceBytes::Create(*a));
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes b_bytes, DeviceBytes::Create(*b));
+    auto stream = MustCreateStream();  // after the buffers: destroyed (drained) before them
+    KZ_ASSERT_NOT_NULL(stream);
+    FillScaleInputs(a_bytes.host(), kLarge, type, rng);
+    KZ_ASSERT_OK(a_bytes.Upload());
+    const std::vector<uint8_t> host(a_bytes.host(), a_bytes.host() + bytes);
 
-    const Status first = stream->Scale(b->data(), a->data(), kLarge, type, 3);
+    const Status first = stream->Scale(At(*b), At(*a), kLarge, type, 3);
     if (first.code() == StatusCode::kNotSupported)
       GTEST_SKIP() << "the backend has no scale operation (optional): " << first.ToString();
     KZ_ASSERT_OK(first);
     KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-    EXPECT_TRUE(CheckScale(b->data(), host.data(), kLarge, type, 3)) << "out of place, large";
+    KZ_ASSERT_OK(b_bytes.Download());
+    EXPECT_TRUE(CheckScale(b_bytes.host(), host.data(), kLarge, type, 3)) << "out of place, large";
 
-    KZ_ASSERT_OK(stream->Scale(a->data(), a->data(), kLarge, type, 8));
+    KZ_ASSERT_OK(stream->Scale(At(*a), At(*a), kLarge, type, 8));
     KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-    EXPECT_TRUE(CheckScale(a->data(), host.data(), kLarge, type, 8)) << "in place, large";
+    KZ_ASSERT_OK(a_bytes.Download());
+    EXPECT_TRUE(CheckScale(a_bytes.host(), host.data(), kLarge, type, 8)) << "in place, large";
 
     constexpr size_t kSmall = 1031;
-    std::memcpy(a->data(), host.data(), bytes);  // the stream is idle: synchronized above
-    const std::vector<uint8_t> b_before(Bytes(*b), Bytes(*b) + bytes);
-    KZ_ASSERT_OK(stream->Scale(a->data(), a->data(), kSmall, type, 7));
-    KZ_ASSERT_OK(stream->Scale(b->data(), b->data(), kLarge, type, 1));
+    const size_t small_bytes = kSmall * DataTypeSize(type);
+    std::memcpy(a_bytes.host(), host.data(), bytes);  // the stream is idle: synchronized above
+    KZ_ASSERT_OK(a_bytes.Upload());
+    const std::vector<uint8_t> b_before = b_bytes.Read();
+    KZ_ASSERT_OK(stream->Scale(At(*a), At(*a), kSmall, type, 7));
+    KZ_ASSERT_OK(stream->Scale(At(*b), At(*b), kLarge, type, 1));
     KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-    EXPECT_TRUE(CheckScale(a->data(), host.data(), kSmall, type, 7)) << "in place, small";
-    EXPECT_TRUE(BytesEqual(Bytes(*a) + kSmall * DataTypeSize(type), host.data() + kSmall * DataTypeSize(type),
-                           bytes - kSmall * DataTypeSize(type)))
+    KZ_ASSERT_OK(a_bytes.Download());
+    EXPECT_TRUE(CheckScale(a_bytes.host(), host.data(), kSmall, type, 7)) << "in place, small";
+    EXPECT_TRUE(BytesEqual(a_bytes.host() + small_bytes, host.data() + small_bytes, bytes - small_bytes))
         << "an in-place scale wrote past its count";
-    EXPECT_TRUE(BytesEqual(Bytes(*b), b_before.data(), bytes)) << "divisor 1 changed the data";
+    ASSERT_EQ(b_before.size(), bytes);
+    EXPECT_TRUE(b_bytes.Equals(0, b_before.data(), bytes)) << "divisor 1 changed the data";
   }
 }
 
@@ -558,33 +598,39 @@ TEST_P(DataConformance, ScaleOfASumIsTheAverage) {
     auto inputs = MustAllocate(kMaxInputs * bytes);
     auto sums = MustAllocate(std::size(kInputCounts) * bytes);
     auto averages = MustAllocate(std::size(kInputCounts) * bytes);
-    auto stream = MustCreateStream();  // after the buffers: destroyed (drained) before them
-    KZ_ASSERT_NOT_NULL(stream);
     KZ_ASSERT_NOT_NULL(inputs);
     KZ_ASSERT_NOT_NULL(sums);
     KZ_ASSERT_NOT_NULL(averages);
-    for (size_t k = 0; k < kMaxInputs; ++k) FillInputs(Bytes(*inputs) + k * bytes, kCount, type, rng);
-    const std::vector<uint8_t> host(Bytes(*inputs), Bytes(*inputs) + inputs->size());
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes in_bytes, DeviceBytes::Create(*inputs));
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes sum_bytes, DeviceBytes::Create(*sums));
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes avg_bytes, DeviceBytes::Create(*averages));
+    auto stream = MustCreateStream();  // after the buffers: destroyed (drained) before them
+    KZ_ASSERT_NOT_NULL(stream);
+    for (size_t k = 0; k < kMaxInputs; ++k) FillInputs(in_bytes.host() + k * bytes, kCount, type, rng);
+    KZ_ASSERT_OK(in_bytes.Upload());
+    const std::vector<uint8_t> host(in_bytes.host(), in_bytes.host() + inputs->size());
     for (size_t c = 0; c < std::size(kInputCounts); ++c) {
       const size_t n = kInputCounts[c];
       std::vector<const void*> srcs;
-      for (size_t k = 0; k < n; ++k) srcs.push_back(Bytes(*inputs) + k * bytes);
-      uint8_t* sum = Bytes(*sums) + c * bytes;
+      for (size_t k = 0; k < n; ++k) srcs.push_back(At(*inputs, k * bytes));
+      uint8_t* sum = At(*sums, c * bytes);
       KZ_ASSERT_OK(stream->Reduce(sum, srcs, kCount, type, ReduceOp::kSum));
-      const Status s = stream->Scale(Bytes(*averages) + c * bytes, sum, kCount, type, static_cast<uint32_t>(n));
+      const Status s = stream->Scale(At(*averages, c * bytes), sum, kCount, type, static_cast<uint32_t>(n));
       if (s.code() == StatusCode::kNotSupported)
         GTEST_SKIP() << "the backend has no scale operation (optional): " << s.ToString();
       KZ_ASSERT_OK(s);
       KZ_ASSERT_OK(stream->Scale(sum, sum, kCount, type, static_cast<uint32_t>(n)));  // and in place
     }
     KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+    KZ_ASSERT_OK(sum_bytes.Download());
+    KZ_ASSERT_OK(avg_bytes.Download());
     for (size_t c = 0; c < std::size(kInputCounts); ++c) {
       const size_t n = kInputCounts[c];
       std::vector<const void*> host_srcs;
       for (size_t k = 0; k < n; ++k) host_srcs.push_back(host.data() + k * bytes);
-      EXPECT_TRUE(CheckReduce(Bytes(*averages) + c * bytes, host_srcs, kCount, type, ReduceOp::kAvg))
+      EXPECT_TRUE(CheckReduce(avg_bytes.host() + c * bytes, host_srcs, kCount, type, ReduceOp::kAvg))
           << CaseName(type, ReduceOp::kAvg, n, kCount) << " as sum, then scale";
-      EXPECT_TRUE(BytesEqual(Bytes(*sums) + c * bytes, Bytes(*averages) + c * bytes, bytes))
+      EXPECT_TRUE(BytesEqual(sum_bytes.host() + c * bytes, avg_bytes.host() + c * bytes, bytes))
           << CaseName(type, ReduceOp::kAvg, n, kCount) << ": in place and out of place differ";
     }
   }

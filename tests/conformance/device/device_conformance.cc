@@ -1,21 +1,24 @@
 // The test-side half of device_conformance.h (conformance_main.cc holds the world and the import
-// child): the group table, the byte checks, the gate callback, the fixture, and the instantiation
-// of every parameterized group. Every TEST_P runs once per backend whose capability tags the group
-// needs; test names end in the backend's name.
+// child): the group table, the byte checks, DeviceBytes, the gate callback, the fixture, and the
+// instantiation of every parameterized group. Every TEST_P runs once per backend whose capability
+// tags the group needs; test names end in the backend's name.
 //
 // Groups, and the files that hold their tests:
 //  - DeviceConformance: every backend (unavailable ones skip, broken ones fail): properties,
-//    allocation and out-of-memory (memory_conformance_test.cc), argument checks
-//    (data_conformance_test.cc), stream and event semantics through host callbacks, cross-backend
-//    events (stream_conformance_test.cc), export range checks and cross-backend imports
+//    allocation and out-of-memory, host memory (AllocateHost) or its kNotSupported
+//    (memory_conformance_test.cc), argument checks (data_conformance_test.cc), stream and event
+//    semantics through host callbacks, cross-backend events (stream_conformance_test.cc), export
+//    range checks, DMA-BUF export or its kNotSupported, cross-backend imports
 //    (export_conformance_test.cc).
-//  - DataConformance (host_accessible): copies and reductions checked byte for byte
-//    (data_conformance_test.cc), stream ordering over long dependent chains, cross-stream data
-//    dependencies (stream_conformance_test.cc).
-//  - MultiDeviceConformance (host_accessible, multi_device): copies and events across devices
+//  - DataConformance (host_accessible or host_memory): copies and reductions checked byte for
+//    byte (data_conformance_test.cc), stream ordering over long dependent chains, cross-stream
+//    data dependencies (stream_conformance_test.cc).
+//  - HostAccessConformance (host_accessible): the CPU reading and writing device memory directly
 //    (stream_conformance_test.cc).
-//  - ExportConformance (host_accessible, export_fd or export_opaque): import in this process and
-//    in a second process spawned from this binary (export_conformance_test.cc).
+//  - MultiDeviceConformance (host_accessible or host_memory, and multi_device): copies and events
+//    across devices (stream_conformance_test.cc).
+//  - ExportConformance (host_accessible or host_memory, and export_fd or export_opaque): import in
+//    this process and in a second process spawned from this binary (export_conformance_test.cc).
 //  - HostEmulatedFaultInjection: host_emulated only, through its factory with fault injection set
 //    (fault_injection_test.cc); not parameterized over the registry.
 
@@ -26,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "runtime/deadline.h"
@@ -37,21 +41,22 @@ namespace kizuna::device::conformance {
 
 const std::vector<TestGroup>& TestGroups() {
   static const std::vector<TestGroup> groups = {
-      {"DeviceConformance", {}, {}, ""},
+      {"DeviceConformance", {}, ""},
       {"DataConformance",
-       {Tag::kHostAccessible},
-       {},
-       "bytes are checked by reading device memory from the CPU, and the device API has no host-copy "
-       "call to stage them through"},
+       {{Tag::kHostAccessible, Tag::kHostMemory}},
+       "bytes are checked through the CPU: directly on host-accessible memory, or staged through "
+       "Device::AllocateHost memory with stream copies, and the backend has neither"},
+      {"HostAccessConformance",
+       {{Tag::kHostAccessible}},
+       "these tests are about the CPU dereferencing device memory (plain loads and stores, also from "
+       "host callbacks)"},
       {"MultiDeviceConformance",
-       {Tag::kHostAccessible, Tag::kMultiDevice},
-       {},
-       "needs a second device of the same backend, and host access to check the bytes"},
+       {{Tag::kHostAccessible, Tag::kHostMemory}, {Tag::kMultiDevice}},
+       "needs a second device of the same backend, and host access or host memory to check the bytes"},
       {"ExportConformance",
-       {Tag::kHostAccessible},
-       {Tag::kExportFd, Tag::kExportOpaque},
-       "needs memory export (an fd or an opaque IPC handle), and host access to check the bytes on "
-       "both sides"},
+       {{Tag::kHostAccessible, Tag::kHostMemory}, {Tag::kExportFd, Tag::kExportOpaque}},
+       "needs memory export (an fd or an opaque IPC handle), and host access or host memory to check "
+       "the bytes on both sides"},
   };
   return groups;
 }
@@ -84,6 +89,70 @@ const std::vector<TestGroup>& TestGroups() {
   }
   return ::testing::AssertionFailure() << wrong << " of " << bytes << " bytes differ; first at " << first << ": "
                                        << int{a[first]} << " instead of " << int{e[first]};
+}
+
+// ---- DeviceBytes ----
+
+Result<DeviceBytes> DeviceBytes::Create(Buffer& buffer) {
+  Device& device = buffer.device();
+  if (device.properties().host_accessible)
+    return DeviceBytes(&buffer, static_cast<uint8_t*>(buffer.data()), nullptr, nullptr);
+  KZ_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> image, device.AllocateHost(buffer.size()));
+  if (image->size() != buffer.size())
+    return Internal(fmt::format("{}: AllocateHost({}) returned {} bytes", device.label(), buffer.size(),
+                                image->size()));
+  KZ_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.CreateStream());
+  auto* host = static_cast<uint8_t*>(image->data());
+  return DeviceBytes(&buffer, host, std::move(image), std::move(stream));
+}
+
+Status DeviceBytes::CheckRange(size_t offset, size_t bytes) const {
+  if (offset > size() || bytes > size() - offset)
+    return InvalidArgument(fmt::format("range [{}, +{}) exceeds the viewed buffer's {} bytes", offset, bytes, size()));
+  return Status::Ok();
+}
+
+Status DeviceBytes::Upload(size_t offset, size_t bytes, Deadline deadline) {
+  KZ_RETURN_IF_ERROR(CheckRange(offset, bytes));
+  if (!staged() || bytes == 0) return Status::Ok();
+  KZ_RETURN_IF_ERROR(stream_->Copy(At(*buffer_, offset), host_ + offset, bytes).WithContext("upload"));
+  return stream_->Synchronize(deadline).WithContext("upload");
+}
+
+Status DeviceBytes::Download(size_t offset, size_t bytes, Deadline deadline) {
+  KZ_RETURN_IF_ERROR(CheckRange(offset, bytes));
+  if (!staged() || bytes == 0) return Status::Ok();
+  KZ_RETURN_IF_ERROR(stream_->Copy(host_ + offset, At(*buffer_, offset), bytes).WithContext("download"));
+  return stream_->Synchronize(deadline).WithContext("download");
+}
+
+Status DeviceBytes::EnqueueDownload(Stream& stream, size_t offset, size_t bytes) {
+  KZ_RETURN_IF_ERROR(CheckRange(offset, bytes));
+  if (!staged() || bytes == 0) return Status::Ok();
+  return stream.Copy(host_ + offset, At(*buffer_, offset), bytes).WithContext("download");
+}
+
+Status DeviceBytes::Fill(uint64_t seed) {
+  FillPattern(host_, size(), seed);
+  return Upload();
+}
+
+::testing::AssertionResult DeviceBytes::HasPattern(size_t offset, size_t bytes, uint64_t seed) {
+  if (Status s = Download(offset, bytes); !s.ok()) return ::testing::AssertionFailure() << s.ToString();
+  return conformance::HasPattern(host_ + offset, bytes, seed);
+}
+
+::testing::AssertionResult DeviceBytes::Equals(size_t offset, const void* expected, size_t bytes) {
+  if (Status s = Download(offset, bytes); !s.ok()) return ::testing::AssertionFailure() << s.ToString();
+  return BytesEqual(host_ + offset, expected, bytes);
+}
+
+std::vector<uint8_t> DeviceBytes::Read() {
+  if (Status s = Download(); !s.ok()) {
+    ADD_FAILURE() << buffer_->device().label() << ": " << s.ToString();
+    return {};
+  }
+  return std::vector<uint8_t>(host_, host_ + size());
 }
 
 Status EnqueueGate(Stream& stream, std::shared_ptr<Gate> gate) {
@@ -139,6 +208,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, DeviceConformance, ::testing::ValuesIn(World(
                          BackendTestName);
 INSTANTIATE_TEST_SUITE_P(Backends, DataConformance, ::testing::ValuesIn(World().ParamsFor("DataConformance")),
                          BackendTestName);
+INSTANTIATE_TEST_SUITE_P(Backends, HostAccessConformance,
+                         ::testing::ValuesIn(World().ParamsFor("HostAccessConformance")), BackendTestName);
 INSTANTIATE_TEST_SUITE_P(Backends, MultiDeviceConformance,
                          ::testing::ValuesIn(World().ParamsFor("MultiDeviceConformance")), BackendTestName);
 INSTANTIATE_TEST_SUITE_P(Backends, ExportConformance, ::testing::ValuesIn(World().ParamsFor("ExportConformance")),
@@ -146,6 +217,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, ExportConformance, ::testing::ValuesIn(World(
 // A run whose backends lack a capability leaves its group empty; that is reported at startup.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(DeviceConformance);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(DataConformance);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(HostAccessConformance);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MultiDeviceConformance);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(ExportConformance);
 

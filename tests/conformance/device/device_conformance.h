@@ -6,9 +6,12 @@
 //  - conformance_main.cc calls InitConformance() once, before InitGoogleTest (the suites'
 //    INSTANTIATE generators run inside InitGoogleTest and read the backend list), and keeps the
 //    world alive until the tests have run. Tests reach it through World().
-//  - Each backend carries capability tags derived from its first device's properties. A test
-//    group needing a tag is instantiated only for backends that have it; PrintCapabilities()
-//    lists, per backend, its tags and the groups left out with the reason.
+//  - Each backend carries capability tags derived from its first device's properties (and one
+//    probe: host_memory). A test group needing a tag is instantiated only for backends that have
+//    it; PrintCapabilities() lists, per backend, its tags and the groups left out with the reason.
+//  - Tests read and write device bytes only through DeviceBytes: directly on host-accessible
+//    backends, staged through Device::AllocateHost memory and stream copies on the others, so the
+//    same test checks bytes on both.
 //  - A backend whose registry slot is not ok is instantiated in the groups that need no tag:
 //    kUnavailable skips each test with the reason; any other status fails each test.
 //  - Every helper that waits takes a deadline (TestDeadline() unless stated), so a broken backend
@@ -19,7 +22,7 @@
 //    then each stream's destructor drains (or aborts) its queue, and only then is that memory
 //    freed: a failed assertion stays a failed test, never a use-after-free that takes the binary
 //    (and every other test's result) down. Buffers allocated per loop iteration get a stream
-//    created in the same iteration, after them.
+//    created in the same iteration, after them. A DeviceBytes view comes after its buffer.
 #pragma once
 
 #include <chrono>
@@ -32,6 +35,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -53,6 +57,7 @@ inline Deadline TestDeadline() { return Deadline::AfterSeconds(kTestTimeoutSecon
 
 enum class Tag : uint8_t {
   kHostAccessible,  // DeviceProperties::host_accessible: the CPU may read and write device memory
+  kHostMemory,      // Device::AllocateHost works (probed once at world creation; implied by the above)
   kExportFd,        // DeviceProperties::export_fd: Export() yields an fd (memfd / DMA-BUF)
   kExportOpaque,    // DeviceProperties::export_opaque: Export() yields a vendor IPC handle
   kMultiDevice,     // the backend has at least two devices
@@ -71,14 +76,17 @@ struct BackendUnderTest {
   std::string TagList() const;  // "host_accessible, export_fd" or "(none)"
 };
 
-// A test group and what a backend needs for it to apply; `reason` says why it is left out.
+// A test group and what a backend needs for it to apply: every clause of `needs`, each met by any
+// one of its tags ({{host_accessible, host_memory}, {multi_device}} reads "host_accessible or
+// host_memory, and multi_device"). `reason` says why it is left out.
 struct TestGroup {
   std::string_view suite;
-  std::vector<Tag> requires_all;
-  std::vector<Tag> requires_any;  // empty: no alternative set is needed
+  std::vector<std::vector<Tag>> needs;
   std::string_view reason;
 
   bool AppliesTo(const BackendUnderTest& b) const;
+  // "host_accessible|host_memory, multi_device": the clauses `b` does not meet.
+  std::string Missing(const BackendUnderTest& b) const;
 };
 
 // The parameter of every TEST_P: an index into World().backends().
@@ -279,11 +287,81 @@ class BackendTest : public ::testing::TestWithParam<BackendParam> {
 // TestGroups() selects.
 class DeviceConformance : public BackendTest {};
 class DataConformance : public BackendTest {};
+class HostAccessConformance : public BackendTest {};
 class MultiDeviceConformance : public BackendTest {};
 class ExportConformance : public BackendTest {};
 
-// Device memory as bytes (only for host-accessible backends).
-inline uint8_t* Bytes(const Buffer& b) { return static_cast<uint8_t*>(b.data()); }
+// The device address `offset` bytes into a buffer, for stream operations. The CPU may dereference
+// it only on a host-accessible backend: tests reach the bytes through DeviceBytes.
+inline uint8_t* At(const Buffer& b, size_t offset = 0) { return static_cast<uint8_t*>(b.data()) + offset; }
+
+// ---- The CPU's view of a device buffer ----
+//
+// host() is where the test reads and writes the buffer's bytes; Upload() makes the device see
+// what was written there, Download() makes host() show what the device holds:
+//
+//   KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes src_bytes, DeviceBytes::Create(*src));
+//   FillPattern(src_bytes.host(), src_bytes.size(), 1);
+//   KZ_ASSERT_OK(src_bytes.Upload());
+//   ... stream work on At(*src), At(*dst); synchronize ...
+//   EXPECT_TRUE(dst_bytes.HasPattern(1));  // downloads, then compares
+//
+// On a host-accessible backend host() is the device memory itself and Upload / Download do
+// nothing, so those backends are checked by direct CPU access exactly as before. On any other
+// backend host() is an image of the whole buffer in Device::AllocateHost memory of the buffer's
+// device, and Upload / Download copy a range between image and buffer (same offsets) on a stream
+// of the view's own and synchronize it. Transfers are bounded by `deadline`; an error (the
+// backend's, or kTimeout) is returned, never a hang.
+//
+// The view neither orders itself with other streams nor knows when they write: download after
+// the test's streams have synchronized (or use EnqueueDownload on the stream itself). Declare it
+// after its buffer: its stream is destroyed (drained) before the buffer is freed. Not thread-safe.
+class DeviceBytes {
+ public:
+  // kNotSupported (from AllocateHost) when the backend is neither host-accessible nor has host
+  // memory; other errors as Device::AllocateHost and Device::CreateStream return them.
+  static Result<DeviceBytes> Create(Buffer& buffer);
+
+  DeviceBytes(DeviceBytes&&) noexcept = default;
+  DeviceBytes& operator=(DeviceBytes&&) noexcept = default;
+  ~DeviceBytes() = default;
+
+  uint8_t* host() const { return host_; }
+  size_t size() const { return buffer_->size(); }
+  Buffer& buffer() const { return *buffer_; }
+  // True when transfers go through host memory (the backend is not host-accessible).
+  bool staged() const { return stream_ != nullptr; }
+
+  Status Upload(Deadline deadline = TestDeadline()) { return Upload(0, size(), deadline); }
+  Status Upload(size_t offset, size_t bytes, Deadline deadline = TestDeadline());
+  Status Download(Deadline deadline = TestDeadline()) { return Download(0, size(), deadline); }
+  Status Download(size_t offset, size_t bytes, Deadline deadline = TestDeadline());
+  // Enqueues the download of a range on `stream` (of the buffer's device) and returns: a host
+  // callback enqueued after it on that stream sees the range in host(). Nothing to enqueue on a
+  // host-accessible backend, where the callback reads the device memory itself.
+  Status EnqueueDownload(Stream& stream, size_t offset, size_t bytes);
+
+  // FillPattern over the whole buffer, then Upload.
+  Status Fill(uint64_t seed);
+  // Download the range, then the free functions' checks (a failed download is a failed check):
+  // the range holds pattern `seed` as FillPattern(host() + offset, bytes, seed) writes it; the
+  // range equals `expected`.
+  ::testing::AssertionResult HasPattern(uint64_t seed) { return HasPattern(0, size(), seed); }
+  ::testing::AssertionResult HasPattern(size_t offset, size_t bytes, uint64_t seed);
+  ::testing::AssertionResult Equals(size_t offset, const void* expected, size_t bytes);
+  // Download, then a copy of the whole buffer (empty on a failed download, with a test failure).
+  std::vector<uint8_t> Read();
+
+ private:
+  DeviceBytes(Buffer* buffer, uint8_t* host, std::unique_ptr<Buffer> image, std::unique_ptr<Stream> stream)
+      : buffer_(buffer), host_(host), image_(std::move(image)), stream_(std::move(stream)) {}
+  Status CheckRange(size_t offset, size_t bytes) const;
+
+  Buffer* buffer_;
+  uint8_t* host_;
+  std::unique_ptr<Buffer> image_;   // staged only: AllocateHost memory, buffer-sized
+  std::unique_ptr<Stream> stream_;  // staged only; after image_, so destroyed (drained) first
+};
 
 // Copy shapes of the data and multi-device copy tests: odd sizes at odd source and destination
 // offsets (kMaxOffset is the largest offset in kOffsetPairs).

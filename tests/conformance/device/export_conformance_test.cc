@@ -1,7 +1,8 @@
-// Export and import: DeviceConformance (every backend) export range checks, or kNotSupported, and
-// refusal of another backend's memory; ExportConformance (host_accessible, export_fd or
-// export_opaque) import in this process and in a child process (this binary run with
-// --child-import; the child's side is in conformance_main.cc). What the groups check: README.md.
+// Export and import: DeviceConformance (every backend) export range checks, or kNotSupported,
+// DMA-BUF export or its kNotSupported, and refusal of another backend's memory; ExportConformance
+// (host_accessible or host_memory, and export_fd or export_opaque) import in this process and in a
+// child process (this binary run with --child-import; the child's side is in conformance_main.cc),
+// bytes checked through DeviceBytes on both sides. What the groups check: README.md.
 
 #include <fcntl.h>
 #include <poll.h>
@@ -9,6 +10,7 @@
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -134,6 +136,42 @@ TEST_P(DeviceConformance, ExportIsRangeCheckedOrNotSupported) {
   else EXPECT_FALSE(ok->opaque.empty());
 }
 
+// ExportDmaBuf: kNotSupported unless the device says export_dmabuf; when it does, a real DMA-BUF
+// fd (what an RDMA NIC registers) describing the range. The range is a whole 2 MiB buffer and a
+// page-aligned window of it, since backends may require page alignment.
+TEST_P(DeviceConformance, ExportDmaBufOrNotSupported) {
+  constexpr size_t kBytes = size_t{2} << 20;
+  auto buffer = MustAllocate(kBytes);
+  KZ_ASSERT_NOT_NULL(buffer);
+  const DeviceProperties& p = device().properties();
+  // The range checks come first, whatever the support.
+  KZ_EXPECT_CODE(device().ExportDmaBuf(*buffer, 0, kBytes + 1).status(), StatusCode::kInvalidArgument);
+  KZ_EXPECT_CODE(device().ExportDmaBuf(*buffer, 0, 0).status(), StatusCode::kInvalidArgument);
+  if (!p.export_dmabuf) {
+    KZ_EXPECT_CODE(device().ExportDmaBuf(*buffer, 0, kBytes).status(), StatusCode::kNotSupported);
+    return;
+  }
+  struct Range {
+    size_t offset, size;
+  };
+  for (const Range& r : {Range{0, kBytes}, Range{size_t{1} << 20, 64 << 10}}) {
+    SCOPED_TRACE(fmt::format("range [{}, +{})", r.offset, r.size));
+    auto exported = device().ExportDmaBuf(*buffer, r.offset, r.size);
+    KZ_ASSERT_OK(exported.status());
+    EXPECT_EQ(exported->kind, ExportKind::kFd);
+    EXPECT_TRUE(exported->dmabuf) << "a DMA-BUF export must say so";
+    ASSERT_TRUE(exported->fd.valid());
+    EXPECT_EQ(exported->size, r.size);
+    EXPECT_EQ(exported->backend, backend().name());
+    EXPECT_EQ(exported->device_uuid, p.uuid);
+    EXPECT_EQ(exported->device_index, p.index);
+    struct stat st {};
+    EXPECT_EQ(::fstat(exported->fd.get(), &st), 0) << "fstat on the DMA-BUF fd: " << std::strerror(errno);
+    EXPECT_GE(static_cast<uint64_t>(st.st_size), exported->offset + exported->size)
+        << "the DMA-BUF object is smaller than the range it carries";
+  }
+}
+
 TEST_P(DeviceConformance, ImportFromAnotherBackendIsNotSupported) {
   // A well-formed fd export that names another backend.
   ExportedMemory foreign;
@@ -171,13 +209,16 @@ TEST_P(ExportConformance, ImportInTheSameProcess) {
   const Range ranges[] = {{0, kBytes}, {4096, 8192}, {4096 + 7, 1003}};
   std::vector<int> importers = {0};
   if (backend().device_count() > 1) importers.push_back(1);
+  std::vector<uint8_t> expect(kBytes);
+  FillPattern(expect.data(), kBytes, 61);
   for (int importer : importers) {
     for (const Range& r : ranges) {
       SCOPED_TRACE(fmt::format("range [{}, +{}) imported on device {}", r.offset, r.size, importer));
       Device& target = device(importer);
       auto buffer = MustAllocate(kBytes);
       KZ_ASSERT_NOT_NULL(buffer);
-      FillPattern(buffer->data(), kBytes, 61);
+      KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes buffer_bytes, DeviceBytes::Create(*buffer));
+      KZ_ASSERT_OK(buffer_bytes.Fill(61));
       std::unique_ptr<Buffer> imported;
       {
         auto exported = device().Export(*buffer, r.offset, r.size);
@@ -190,23 +231,24 @@ TEST_P(ExportConformance, ImportInTheSameProcess) {
       ASSERT_EQ(imported->size(), r.size);
       EXPECT_TRUE(imported->imported());
       EXPECT_EQ(&imported->device(), &target);
-      std::vector<uint8_t> expect(kBytes);
-      FillPattern(expect.data(), kBytes, 61);
-      EXPECT_TRUE(BytesEqual(imported->data(), expect.data() + r.offset, r.size)) << "import shows other bytes";
+      KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes imported_bytes, DeviceBytes::Create(*imported));
+      EXPECT_TRUE(imported_bytes.Equals(0, expect.data() + r.offset, r.size)) << "import shows other bytes";
 
       // Writes through the import (a stream copy on the importing device) land in the original.
       auto staging = MustAllocate(target, r.size);
+      KZ_ASSERT_NOT_NULL(staging);
+      KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes staging_bytes, DeviceBytes::Create(*staging));
       // After the buffers its copy uses (the import, its original, the staging): destroyed first.
       auto stream = MustCreateStream(target);
-      KZ_ASSERT_NOT_NULL(staging);
       KZ_ASSERT_NOT_NULL(stream);
-      FillPattern(staging->data(), r.size, 62);
+      KZ_ASSERT_OK(staging_bytes.Fill(62));
       KZ_ASSERT_OK(stream->Copy(imported->data(), staging->data(), r.size));
       KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
-      EXPECT_TRUE(HasPattern(Bytes(*buffer) + r.offset, r.size, 62));
-      EXPECT_TRUE(BytesEqual(Bytes(*buffer), expect.data(), r.offset)) << "bytes before the exported range";
-      EXPECT_TRUE(BytesEqual(Bytes(*buffer) + r.offset + r.size, expect.data() + r.offset + r.size,
-                             kBytes - r.offset - r.size))
+      KZ_ASSERT_OK(buffer_bytes.Download());
+      const uint8_t* got = buffer_bytes.host();
+      EXPECT_TRUE(HasPattern(got + r.offset, r.size, 62));
+      EXPECT_TRUE(BytesEqual(got, expect.data(), r.offset)) << "bytes before the exported range";
+      EXPECT_TRUE(BytesEqual(got + r.offset + r.size, expect.data() + r.offset + r.size, kBytes - r.offset - r.size))
           << "bytes after the exported range";
       // Imported memory is not exported again.
       KZ_EXPECT_CODE(target.Export(*imported).status(), StatusCode::kNotSupported);
@@ -224,9 +266,11 @@ TEST_P(ExportConformance, ImportInAChildProcess) {
   constexpr size_t kSize = (size_t{1} << 20) + 11;
   auto buffer = MustAllocate(kBytes);
   KZ_ASSERT_NOT_NULL(buffer);
-  uint8_t* p = Bytes(*buffer);
+  KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes bytes, DeviceBytes::Create(*buffer));
+  uint8_t* p = bytes.host();
   FillPattern(p, kBytes, 71);
   for (size_t i = 0; i < kSize; ++i) p[kOffset + i] = ParentByte(i);
+  KZ_ASSERT_OK(bytes.Upload());
   std::vector<uint8_t> outside(p, p + kBytes);
 
   auto exported = device().Export(*buffer, kOffset, kSize);
@@ -256,6 +300,7 @@ TEST_P(ExportConformance, ImportInAChildProcess) {
   EXPECT_TRUE(WIFEXITED(*waited) && WEXITSTATUS(*waited) == 0) << "child: " << DescribeWaitStatus(*waited);
 
   // The child's writes are visible here; bytes outside the exported window are untouched.
+  KZ_ASSERT_OK(bytes.Download());
   size_t wrong = 0, first = 0;
   for (size_t i = 0; i < kSize; ++i)
     if (p[kOffset + i] != ChildByte(i) && wrong++ == 0) first = i;

@@ -1,6 +1,9 @@
 // HostEmulatedFaultInjection: host_emulated only. Fault injection is a property of that backend's
 // factory (Config::emu_fail_alloc / emu_fail_stream_op), so these tests build their own instance
-// instead of using the registry's.
+// instead of using the registry's. That instance is always host-accessible, also when the run
+// sets KIZUNA_EMU_OPAQUE=1: the tests check that failed work wrote nothing with plain CPU reads,
+// and staging those bytes through host memory would add stream operations and allocations to
+// the very numbering the faults are placed by. Opaque memory is covered by the other groups.
 //
 // Not parameterized over the registry; PrintCapabilities (conformance_main.cc) lists it.
 
@@ -33,6 +36,7 @@ class HostEmulatedFaultInjection : public ::testing::Test {
     config_.emu_fail_alloc = fail_alloc;
     config_.emu_fail_stream_op = fail_stream_op;
     config_.emu_reduce_gbps = reduce_gbps;
+    config_.emu_opaque = false;  // see the top of this file
     auto b = host_emulated::CreateHostEmulatedBackend(config_);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     backend_ = std::move(b).value();
@@ -61,7 +65,7 @@ TEST_F(HostEmulatedFaultInjection, StreamFailureIsStickyAndReachesEventsAndCallb
   ASSERT_NO_FATAL_FAILURE(Start(std::nullopt, /*fail_stream_op=*/2));
   constexpr size_t kBytes = 4096;
   KZ_ASSERT_OK_AND_ASSIGN(auto buffer, device(0).Allocate(6 * kBytes));
-  uint8_t* p = Bytes(*buffer);
+  uint8_t* p = At(*buffer);  // host-accessible: see the top of this file
   FillPattern(p, 6 * kBytes, 81);
   std::vector<uint8_t> before(p, p + 6 * kBytes);
   KZ_ASSERT_OK_AND_ASSIGN(auto healthy_event, device(0).CreateEvent());

@@ -1,6 +1,7 @@
 // DeviceConformance, memory (every backend): device properties, allocation (zero bytes, 1,000
-// live buffers without overlap) and out-of-memory that leaves the device usable. What the groups
-// check and need: README.md; the fixture and instantiation: device_conformance.cc.
+// live buffers without overlap), out-of-memory that leaves the device usable, and host memory
+// (Device::AllocateHost) or its kNotSupported. What the groups check and need: README.md; the
+// fixture and instantiation: device_conformance.cc.
 
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "runtime/dtype.h"
 #include "tests/conformance/device/device_conformance.h"
 
 namespace kizuna::device::conformance {
@@ -68,10 +70,17 @@ TEST_P(DeviceConformance, AllocateManyBuffersWithoutOverlap) {
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
     ASSERT_LE(ranges[i - 1].first + ranges[i - 1].second, ranges[i].first) << "two live buffers overlap";
-  if (under_test().Has(Tag::kHostAccessible)) {
-    for (size_t i = 0; i < buffers.size(); ++i) FillPattern(buffers[i]->data(), buffers[i]->size(), i);
-    for (size_t i = 0; i < buffers.size(); ++i)
-      ASSERT_TRUE(HasPattern(buffers[i]->data(), buffers[i]->size(), i)) << "buffer " << i;
+  // Every buffer keeps its own bytes (written to all first, then read back), where the bytes can
+  // be reached. One view at a time: a staged view holds host memory and a stream.
+  if (under_test().Has(Tag::kHostAccessible) || under_test().Has(Tag::kHostMemory)) {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes bytes, DeviceBytes::Create(*buffers[i]));
+      KZ_ASSERT_OK(bytes.Fill(i)) << "buffer " << i;
+    }
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes bytes, DeviceBytes::Create(*buffers[i]));
+      ASSERT_TRUE(bytes.HasPattern(i)) << "buffer " << i;
+    }
   }
   // Free in a scrambled order, then the device must still allocate.
   for (size_t i = buffers.size(); i > 1; --i) std::swap(buffers[i - 1], buffers[rng.Next() % i]);
@@ -89,6 +98,52 @@ TEST_P(DeviceConformance, AllocationBeyondMemoryIsOutOfMemory) {
   // A failed allocation leaves the device usable.
   auto b = MustAllocate(4096);
   EXPECT_NE(b, nullptr);
+}
+
+// Device::AllocateHost: memory the CPU reads and writes and the device's streams take as copy
+// source and destination and as reduce input and output. Host-accessible backends answer with
+// device memory; others either have host memory (the host_memory tag) or say kNotSupported.
+TEST_P(DeviceConformance, AllocateHostOrNotSupported) {
+  if (!under_test().Has(Tag::kHostMemory)) {
+    KZ_EXPECT_CODE(device().AllocateHost(4096).status(), StatusCode::kNotSupported);
+    return;
+  }
+  auto empty = device().AllocateHost(0);
+  KZ_ASSERT_OK(empty.status());
+  EXPECT_EQ((*empty)->size(), 0u);
+  EXPECT_EQ(&(*empty)->device(), &device());
+  EXPECT_FALSE((*empty)->imported());
+
+  // A pattern written by the CPU survives host -> device -> host through stream copies, at odd
+  // sizes and offsets; the host buffers are addressable by the device's streams.
+  constexpr size_t kBytes = (size_t{1} << 20) + 13;
+  KZ_ASSERT_OK_AND_ASSIGN(auto in, device().AllocateHost(kBytes));
+  KZ_ASSERT_OK_AND_ASSIGN(auto out, device().AllocateHost(kBytes));
+  auto middle = MustAllocate(kBytes);
+  auto stream = MustCreateStream();  // after the buffers its work touches
+  KZ_ASSERT_NOT_NULL(stream);
+  KZ_ASSERT_NOT_NULL(middle);
+  ASSERT_EQ(in->size(), kBytes);
+  ASSERT_EQ(out->size(), kBytes);
+  EXPECT_TRUE(device().Addressable(in->data(), kBytes));
+  EXPECT_TRUE(device().Addressable(out->data(), kBytes));
+  FillPattern(in->data(), kBytes, 301);
+  FillPattern(out->data(), kBytes, 302);
+  KZ_ASSERT_OK(stream->Copy(At(*middle), At(*in), kBytes));
+  KZ_ASSERT_OK(stream->Copy(At(*out, 3), At(*middle, 5), kBytes - 8));
+  KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+  EXPECT_TRUE(BytesEqual(At(*out, 3), At(*in, 5), kBytes - 8)) << "the round trip lost bytes";
+  EXPECT_TRUE(HasPattern(out->data(), 3, 302)) << "bytes before the destination";
+  EXPECT_TRUE(HasPattern(in->data(), kBytes, 301)) << "the source changed";
+
+  // Host memory as reduce inputs and output, beside device memory: out = in + middle (= 2 x in).
+  constexpr size_t kCount = 1031;
+  const void* srcs[] = {At(*in), At(*middle)};
+  KZ_ASSERT_OK(stream->Reduce(At(*out), srcs, kCount, DataType::kUint8, ReduceOp::kSum));
+  KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+  size_t wrong = 0;
+  for (size_t i = 0; i < kCount; ++i) wrong += At(*out)[i] != static_cast<uint8_t>(2 * PatternByte(301, i));
+  EXPECT_EQ(wrong, 0u) << "of " << kCount << " bytes of a reduce into host memory";
 }
 
 }  // namespace

@@ -314,6 +314,60 @@ TEST_P(DataConformance, ReduceInPlace) {
   EXPECT_TRUE(CheckReduce(f, host_srcs, kLarge, DataType::kFloat32, ReduceOp::kSum));
 }
 
+// ReduceMulti: one pass, several outputs — each output either one of the inputs (the in-place
+// fused AllReduce: rank q's slice is input q and output q) or separate memory.
+TEST_P(DataConformance, ReduceMultiEveryTypeAndOp) {
+  constexpr size_t kCount = 1031;
+  Rng rng(23);
+  for (DataType type : AllDataTypes()) {
+    for (ReduceOp op : AllReduceOps()) {
+      for (bool in_place : {false, true}) {
+        constexpr size_t n = 4;
+        SCOPED_TRACE(CaseName(type, op, n, kCount) + (in_place ? ", outputs are the inputs" : ", separate outputs"));
+        const size_t bytes = kCount * DataTypeSize(type);
+        auto buffer = MustAllocate(2 * n * bytes);  // n inputs, then n separate outputs
+        KZ_ASSERT_NOT_NULL(buffer);
+        KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes view, DeviceBytes::Create(*buffer));
+        auto stream = MustCreateStream();
+        KZ_ASSERT_NOT_NULL(stream);
+        for (size_t k = 0; k < 2 * n; ++k) FillInputs(view.host() + k * bytes, kCount, type, rng);
+        KZ_ASSERT_OK(view.Upload());
+        const std::vector<uint8_t> host(view.host(), view.host() + n * bytes);
+        std::vector<const void*> srcs, host_srcs;
+        std::vector<void*> dsts;
+        for (size_t k = 0; k < n; ++k) {
+          srcs.push_back(At(*buffer, k * bytes));
+          host_srcs.push_back(host.data() + k * bytes);
+          dsts.push_back(At(*buffer, (in_place ? k : n + k) * bytes));
+        }
+        KZ_ASSERT_OK(stream->ReduceMulti(dsts, srcs, kCount, type, op));
+        KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+        KZ_ASSERT_OK(view.Download());
+        for (size_t k = 0; k < n; ++k) {
+          SCOPED_TRACE(fmt::format("output {}", k));
+          EXPECT_TRUE(CheckReduce(view.host() + (in_place ? k : n + k) * bytes, host_srcs, kCount, type, op));
+        }
+      }
+    }
+  }
+  // Bad outputs: none, overlapping each other, partially overlapping an input.
+  auto buffer = MustAllocate(4096);
+  KZ_ASSERT_NOT_NULL(buffer);
+  auto stream = MustCreateStream();
+  KZ_ASSERT_NOT_NULL(stream);
+  const void* srcs[] = {At(*buffer, 0)};
+  void* none[] = {nullptr};
+  KZ_EXPECT_CODE(stream->ReduceMulti(std::span<void* const>(none, 0), srcs, 16, DataType::kFloat32, ReduceOp::kSum),
+                 StatusCode::kInvalidArgument);
+  void* overlapping[] = {At(*buffer, 1024), At(*buffer, 1024 + 32)};
+  KZ_EXPECT_CODE(stream->ReduceMulti(overlapping, srcs, 16, DataType::kFloat32, ReduceOp::kSum),
+                 StatusCode::kInvalidArgument);
+  void* partial[] = {At(*buffer, 8)};
+  KZ_EXPECT_CODE(stream->ReduceMulti(partial, srcs, 16, DataType::kFloat32, ReduceOp::kSum),
+                 StatusCode::kInvalidArgument);
+  KZ_EXPECT_OK(stream->Synchronize(TestDeadline()));
+}
+
 TEST_P(DataConformance, ReduceCountZeroAndRepeatedInputs) {
   constexpr size_t kCount = 333;
   constexpr size_t kBytes = kCount * sizeof(int64_t);

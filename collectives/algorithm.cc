@@ -85,6 +85,7 @@ std::span<const AlgorithmImpl* const> AllAlgorithms() {
   static const std::array<const AlgorithmImpl*, kNumAlgorithms> table = {
       &algo::RingAlgorithm(), &algo::TreeAlgorithm(),     &algo::RhdAlgorithm(),
       &algo::RdAlgorithm(),   &algo::PairwiseAlgorithm(), &algo::P2pAlgorithm(),
+      &algo::FusedAlgorithm(),
   };
   return table;
 }
@@ -117,7 +118,8 @@ Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, co
     Result<RankPlan> built = impl.Build(build, shape, options, r);
     if (!built.ok()) return built.status().WithContext(request.ToString());
     RankPlan rp = std::move(built).value();
-    if (avg) AddAvgEpilogue(request, options.chunk_count, rp);
+    // fused divides in its one pass (fused.cc): no epilogue.
+    if (avg && algorithm != Algorithm::kFused) AddAvgEpilogue(request, options.chunk_count, rp);
     KZ_RETURN_IF_ERROR(ValidateRankPlan(request, rp, options.chunk_count)
                            .WithContext(fmt::format("{} built a bad plan", AlgorithmName(algorithm))));
     plan.ranks.push_back(std::move(rp));

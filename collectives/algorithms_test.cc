@@ -260,6 +260,7 @@ const std::vector<std::pair<Algorithm, Collective>>& SupportedPairs() {
       {Algorithm::kPairwise, Collective::kAllGather},  {Algorithm::kPairwise, Collective::kReduceScatter},
       {Algorithm::kPairwise, Collective::kAllReduce},  {Algorithm::kPairwise, Collective::kBarrier},
       {Algorithm::kP2p, Collective::kSend},            {Algorithm::kP2p, Collective::kRecv},
+      {Algorithm::kFused, Collective::kAllReduce},
   };
   return pairs;
 }
@@ -279,7 +280,9 @@ TEST(AlgorithmsTest, SupportsExactlyTheDocumentedCollectives) {
       const auto coll = static_cast<Collective>(c);
       CollectiveRequest req{coll, 4, 16, DataType::kFloat32, ReduceOp::kSum, 1, false};
       if (coll == Collective::kBarrier) req.count = 0;
-      const Status s = GetAlgorithm(algo).Supports(req, Full(4));
+      CommShape shape = Full(4);
+      shape.direct = true;  // fused needs it; nothing else looks at it
+      const Status s = GetAlgorithm(algo).Supports(req, shape);
       const bool listed = std::find(SupportedPairs().begin(), SupportedPairs().end(), std::pair(algo, coll)) !=
                           SupportedPairs().end();
       EXPECT_EQ(s.ok(), listed) << AlgorithmName(algo) << " " << CollectiveName(coll) << ": " << s.ToString();
@@ -288,6 +291,23 @@ TEST(AlgorithmsTest, SupportsExactlyTheDocumentedCollectives) {
         EXPECT_NE(s.message().find(CollectiveName(coll)), std::string::npos) << s.message();
       }
     }
+}
+
+TEST(AlgorithmsTest, FusedNeedsDirectAccessAndCarriesNoSteps) {
+  CollectiveRequest req{Collective::kAllReduce, 4, 16, DataType::kFloat32, ReduceOp::kAvg, 0, false};
+  const Status s = GetAlgorithm(Algorithm::kFused).Supports(req, Full(4));
+  EXPECT_EQ(s.code(), StatusCode::kNotSupported);
+  EXPECT_NE(s.message().find("directly"), std::string::npos) << s.message();
+  CommShape shape = Full(4);
+  shape.direct = true;
+  PlanOptions options;
+  Result<Plan> plan = BuildPlan(Algorithm::kFused, req, shape, options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->request.op, ReduceOp::kAvg);  // divided in its one pass: the executor reads it here
+  for (const RankPlan& r : plan->ranks) {
+    EXPECT_EQ(r.step_count(), 0u);
+    EXPECT_TRUE(r.epilogue.empty());
+  }
 }
 
 // The structural matrix: every rank count, count, placement, chunk, channel count and window,
@@ -340,7 +360,8 @@ TEST_P(MatrixTest, MatchesReference) {
 std::vector<std::pair<Algorithm, Collective>> SimulatedPairs() {
   std::vector<std::pair<Algorithm, Collective>> v;
   for (const auto& pair : SupportedPairs())
-    if (pair.first != Algorithm::kP2p) v.push_back(pair);
+    // p2p pairs ranks; fused has no steps (the executor runs it directly, tests/collectives).
+    if (pair.first != Algorithm::kP2p && pair.first != Algorithm::kFused) v.push_back(pair);
   return v;
 }
 
@@ -489,7 +510,7 @@ TEST(AlgorithmsTest, SendAndRecvMatchChunkByChunk) {
 std::vector<Algorithm> ReductionAlgorithms(Collective coll) {
   std::vector<Algorithm> v;
   for (const auto& [a, c] : SupportedPairs())
-    if (c == coll) v.push_back(a);
+    if (c == coll && a != Algorithm::kFused) v.push_back(a);
   return v;
 }
 

@@ -81,6 +81,8 @@ bool Serves(Algorithm a, Collective c) {
              c == Collective::kAllReduce || c == Collective::kBarrier;
     case Algorithm::kP2p:
       return c == Collective::kSend || c == Collective::kRecv;
+    case Algorithm::kFused:
+      return c == Collective::kAllReduce;
   }
   return false;
 }
@@ -167,6 +169,7 @@ class Model {
   void RingReduceScatter(uint64_t part_elems);
   void RingAllGather(uint64_t part_elems);
   void TreeAllReduce();
+  void FusedAllReduce();
   void TreeRooted(bool reduce);
   int Real(int nr) const { return nr < rem_ ? 2 * nr + 1 : nr + rem_; }  // rhd/rd fold numbering
   void Fold(std::string_view label, uint64_t parts, uint64_t elems, bool reduce);
@@ -603,7 +606,32 @@ void Model::Body(Algorithm a) {
       }
     case Algorithm::kP2p:
       return PointToPoint(req_.collective == Collective::kSend);
+    case Algorithm::kFused:
+      return FusedAllReduce();
   }
+}
+
+// fused.cc: rank r reads its slice of all p inputs and writes it to all p outputs in one device
+// operation: count x size bytes read and as many written per rank (a copy's traffic, counted at
+// the copy speed, which moves each byte read and written). Ranks that share a device share its
+// memory system, so a device's ranks take that many times as long. Two in-process rendezvous and
+// a stream synchronization per operation (direct_rendezvous_us), one launch.
+void Model::FusedAllReduce() {
+  const uint64_t slice = CeilDiv(req_.count, static_cast<uint64_t>(p_));
+  const double traffic_bytes = static_cast<double>(slice) * static_cast<double>(p_) * elem_;
+  StageCost worst;
+  for (int r = 0; r < p_; ++r) {
+    int sharing = 0;
+    for (int q = 0; q < p_; ++q)
+      if (shape_.ranks[static_cast<size_t>(q)].host_id == shape_.ranks[static_cast<size_t>(r)].host_id &&
+          shape_.ranks[static_cast<size_t>(q)].device == shape_.ranks[static_cast<size_t>(r)].device)
+        ++sharing;
+    StageCost c;
+    c.alpha = launch_[static_cast<size_t>(r)] + k_.direct_rendezvous_us * 1e-6;
+    c.gamma = static_cast<double>(sharing) * traffic_bytes * copy_[static_cast<size_t>(r)];
+    if (c.total() > worst.total()) worst = c;
+  }
+  Add("one-pass reduce into every output", worst, 1);
 }
 
 // KIZUNA_DETERMINISTIC (algorithm.h and the algorithms' files): every part's raw contributions go
@@ -691,12 +719,12 @@ Prediction Model::Run(Algorithm a) {
     if (p_ == 1) {
       if (!req_.in_place && c != Collective::kAllToAll && req_.output_count() > 0)
         Local("copy", LocalKind::kCopy, 1, req_.output_count(), -1);
-    } else if (opt_.deterministic && IsReduction(c)) {
+    } else if (opt_.deterministic && IsReduction(c) && a != Algorithm::kFused) {  // fused: rank order already
       Deterministic(a);
     } else {
       Body(a);
     }
-    if (req_.op == ReduceOp::kAvg && IsReduction(c))
+    if (req_.op == ReduceOp::kAvg && IsReduction(c) && a != Algorithm::kFused)  // fused divides in its pass
       Local("avg epilogue", LocalKind::kScale, 1, req_.count, c == Collective::kReduce ? req_.root : -1);
   }
   if (failed_) {
@@ -716,7 +744,7 @@ Prediction Model::Run(Algorithm a) {
   return pred_;
 }
 
-constexpr std::array<CostConstantInfo, 8> kConstantTable = {{
+constexpr std::array<CostConstantInfo, 9> kConstantTable = {{
     {"unknown_link_latency_us", "us", "directconnect 8-byte one-way latency, 1.12-1.16 us (PERFORMANCE.md)",
      &CostConstants::unknown_link_latency_us},
     {"unknown_link_gbps", "GB/s", "directconnect single-copy bandwidth, 25.3 GB/s at 1 MiB (PERFORMANCE.md)",
@@ -733,6 +761,8 @@ constexpr std::array<CostConstantInfo, 8> kConstantTable = {{
      &CostConstants::step_overhead_us},
     {"staging_copy_max_gbps", "GB/s", "H100 pinned host<->device copy, 55 GB/s per direction (DESIGN.md section 10)",
      &CostConstants::staging_copy_max_gbps},
+    {"direct_rendezvous_us", "us", "estimate, not measured yet: fused's two in-process rendezvous and stream sync",
+     &CostConstants::direct_rendezvous_us},
 }};
 
 std::string Trim(std::string_view s) {

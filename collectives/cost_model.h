@@ -88,6 +88,10 @@ struct CostConstants {
   // pinned host<->device copy per direction (DESIGN.md section 10); emulated devices, whose memory
   // is host memory (28-43 GB/s), are below it and unaffected.
   double staging_copy_max_gbps = 55.0;
+  // Estimate, not measured yet: what a fused (single-host direct) operation costs besides its one
+  // device pass — two rendezvous of the ranks' executor threads in one process (condition
+  // variables) and a stream synchronization before the ranks proceed.
+  double direct_rendezvous_us = 20.0;
 };
 
 // One constant as documented: the table behind CostConstantsToString / ParseCostConstants.

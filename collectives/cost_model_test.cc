@@ -47,6 +47,26 @@ CommShape DefaultShape(int n) {
 // The constants' software overheads, per message at one rank: message + step.
 double MessageOverhead(const CostConstants& k) { return (k.message_overhead_us + k.step_overhead_us) * 1e-6; }
 
+TEST(CostModelTest, FusedAllReduceByHand) {
+  const CostConstants k;
+  // 4 ranks, 4096 float32: each rank reads its 1024-element slice of 4 inputs and writes it to 4
+  // outputs, 16384 bytes each way, at the copy speed (20 GB/s); one launch (2 us) and the
+  // rendezvous; avg is divided in the same pass (no epilogue).
+  CollectiveRequest r = Request(Collective::kAllReduce, 4, 4096);
+  r.op = ReduceOp::kAvg;
+  const CommShape separate = HandShape(4);  // devices dev0..dev3
+  CommShape one_device = HandShape(4);
+  for (int q = 0; q < 4; ++q) one_device.ranks[static_cast<size_t>(q)].device = "dev";
+  const Prediction alone = Predict(Algorithm::kFused, r, separate, Options(), k);
+  EXPECT_NEAR(alone.alpha_s, 2e-6 + k.direct_rendezvous_us * 1e-6, 1e-12);
+  EXPECT_NEAR(alone.gamma_s, 16384 / 20e9, 1e-12);
+  EXPECT_EQ(alone.beta_s, 0);
+  // The same four ranks on one device share its memory: four times the device time.
+  const Prediction shared = Predict(Algorithm::kFused, r, one_device, Options(), k);
+  EXPECT_NEAR(shared.gamma_s, 4 * 16384 / 20e9, 1e-12);
+  EXPECT_FALSE(Predict(Algorithm::kFused, Request(Collective::kAllGather, 4, 4096), separate, Options(), k).finite());
+}
+
 TEST(CostModelTest, RingAllReduceByHand) {
   const CostConstants k;
   // 4 ranks, 4096 float32: parts of 1024 elements = 4096 bytes, one chunk: 3 reduce-scatter and
@@ -207,8 +227,8 @@ std::vector<std::pair<Algorithm, Collective>> ServedPairs() {
 }
 
 TEST(CostModelTest, ServesWhatTheAlgorithmsServe) {
-  // algorithm.h: ring 5, tree 3, rhd 3, rd 2, pairwise 5, p2p 2.
-  EXPECT_EQ(ServedPairs().size(), 20u);
+  // algorithm.h: ring 5, tree 3, rhd 3, rd 2, pairwise 5, p2p 2, fused 1.
+  EXPECT_EQ(ServedPairs().size(), 21u);
   CollectiveRequest r = Request(Collective::kAllToAll, 4, 8);
   const Prediction p = Predict(Algorithm::kTree, r, HandShape(4), Options(), CostConstants{});
   EXPECT_FALSE(p.finite());
@@ -465,7 +485,7 @@ TEST(CostModelTest, ConstantsRoundTripAndOverride) {
   const CostConstants defaults;
   const std::string text = CostConstantsToString(defaults);
   EXPECT_NE(text.find("unknown_link_gbps=25"), std::string::npos) << text;
-  EXPECT_EQ(CostConstantTable().size(), 8u);
+  EXPECT_EQ(CostConstantTable().size(), 9u);
   auto back = ParseCostConstants(text);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(CostConstantsToString(*back), text);

@@ -113,17 +113,25 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
     op->seq = next_seq_++;
     h.seq = op->seq;
   }
-  const double hold_s = options_.timeout_s + 30;
-  Status enq = stream.EnqueueHostCallback([op, hold_s](const Status& stream_status) {
-    std::unique_lock lock(op->mu);
+  // The stream tells the executor when it reaches the call (the inputs are ready), then is held
+  // until the operation is done, so later work on it sees the results. The hold blocks no host
+  // thread where the device can wait on memory (several ranks' streams in one process must not
+  // wait behind each other's held callbacks: CUDA runs them all on one thread).
+  Status enq = stream.EnqueueHostCallback([op](const Status& stream_status) {
+    std::lock_guard lock(op->mu);
     op->inputs_ready = true;
     op->stream_status = stream_status;
     op->cv.notify_all();
-    // Hold the stream until the operation is done: later work on it sees the results. Bounded:
-    // the executor finishes every operation by its deadline, so this never expires in practice.
-    if (!op->cv.wait_for(lock, std::chrono::duration<double>(hold_s), [&] { return op->done; }))
-      KZ_WARN(kLogColl, "operation {} still not finished after {} s; releasing its stream", op->seq, hold_s);
   });
+  if (enq.ok()) {
+    auto hold = stream.EnqueueHold();
+    if (hold.ok()) {
+      std::lock_guard lock(op->mu);
+      op->hold = std::move(*hold);
+    } else {
+      enq = hold.status();
+    }
+  }
   if (!enq.ok()) {
     // Sequence numbers must stay dense across ranks: a call that was numbered but never runs
     // would make every later header disagree. Fail the communicator, saying why.
@@ -143,6 +151,7 @@ void Executor::FinishOperation(Operation& op, const Status& status) {
   {
     std::lock_guard lock(op.mu);
     op.done = true;
+    if (op.hold) op.hold->Release();
   }
   op.cv.notify_all();
   std::lock_guard lock(mu_);
@@ -155,6 +164,10 @@ void Executor::Fail(const Status& status) {
     if (!error_.ok()) return;
     error_ = status;
   }
+  // The other ranks of an in-process group may be waiting for this one: they fail now, naming
+  // this rank's error, instead of at their deadline.
+  if (options_.direct_group)
+    options_.direct_group->Fail(status.WithContext(fmt::format("rank {} failed", options_.rank)));
   failed_.store(true);
   cv_.notify_all();
 }
@@ -252,8 +265,18 @@ void Executor::Loop() {
       if (!error_.ok()) status = Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
     }
     if (status.ok()) {
-      Run run(*this, *op, op->slot_bytes, op->slots);
-      status = run.Execute(Deadline::AfterSeconds(options_.timeout_s));
+      const bool direct = op->members.size() == 1 && op->members[0].plan->algorithm == Algorithm::kFused;
+      if (direct) {
+        status = RunDirect(*op, Deadline::AfterSeconds(options_.timeout_s));
+      } else {
+        if (options_.direct_group) {
+          std::string call = op->members[0].plan->request.ToString();
+          if (op->members.size() > 1) call += fmt::format(" and {} more calls in a group", op->members.size() - 1);
+          options_.direct_group->Publish(op->seq, options_.rank, op->header.signature, std::move(call));
+        }
+        Run run(*this, *op, op->slot_bytes, op->slots);
+        status = run.Execute(Deadline::AfterSeconds(options_.timeout_s));
+      }
     }
     if (!status.ok()) {
       Fail(status);

@@ -36,6 +36,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,9 +58,65 @@ struct OperationMember {
   void* output = nullptr;
 };
 
+// The ranks of one communicator that live in this process and address each other's buffers
+// directly (CommShape::direct): where their executors meet to run the single-host direct
+// algorithms (fused.cc), which need every rank's buffer addresses and a common finish. Shared by
+// the ranks' executors; thread-safe.
+class DirectGroup {
+ public:
+  explicit DirectGroup(int nranks);
+  int nranks() const { return nranks_; }
+
+  struct Entry {
+    const void* input = nullptr;
+    void* output = nullptr;
+    uint64_t signature = 0;  // the operation's header signature (every rank's must be equal)
+    bool direct = false;     // a fused operation (it exchanges and finishes); else only published
+    std::string call;        // the call, for the mismatch message ("allreduce count=64 ...")
+  };
+  // Publishes `rank`'s entry for operation `seq` and waits until every rank has published its
+  // own; returns them indexed by rank. kInvalidArgument as soon as a rank published another
+  // signature for `seq` (ranks called different collectives: the mismatch is named at once, not
+  // at the deadline), kTimeout at the deadline naming the ranks that never came, kAborted when
+  // `abort` is set, the group's failure when another rank failed.
+  Result<std::vector<Entry>> Exchange(uint64_t seq, int rank, const Entry& entry, Deadline deadline,
+                                      const std::atomic<bool>& abort);
+  // Every operation that is not fused publishes its signature too, without waiting, so that a
+  // rank waiting in Exchange sees a mismatch at once.
+  void Publish(uint64_t seq, int rank, uint64_t signature, std::string call);
+  // Waits until every rank has finished operation `seq` (its device work complete), so no rank
+  // proceeds while another still writes into its output. Same errors as Exchange.
+  Status Finish(uint64_t seq, int rank, Deadline deadline, const std::atomic<bool>& abort);
+  // A rank failed: every wait, now and later, fails with `why`.
+  void Fail(const Status& why);
+
+ private:
+  struct Slot {
+    std::vector<Entry> entries;
+    std::vector<char> published, finished;
+    int npublished = 0, nfinished = 0, departed = 0;
+    bool any_direct = false;
+  };
+  Slot& SlotFor(uint64_t seq);  // mu_ held
+  // Records `entry`; the first rank whose signature differs from it, or -1. mu_ held.
+  int PublishLocked(uint64_t seq, int rank, const Entry& entry);
+  Status WaitLocked(std::unique_lock<std::mutex>& lock, uint64_t seq, bool finish, Deadline deadline,
+                    const std::atomic<bool>& abort);
+
+  const int nranks_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Slot> slots_;  // guarded by mu_
+  Status failure_;                  // guarded by mu_
+};
+
 struct ExecutorOptions {
   double timeout_s = 600;  // per operation, from its inputs being ready
   int window = 4;          // started steps per channel (>= 2, plan.h)
+  // The in-process group for the direct algorithms, and this rank's place in it; null when the
+  // communicator's ranks do not address each other's memory (CommShape::direct is false).
+  std::shared_ptr<DirectGroup> direct_group;
+  int rank = 0;
 };
 
 class Executor {
@@ -96,6 +153,8 @@ class Executor {
   class Run;
   Executor(Transport* transport, device::Device* device, const ExecutorOptions& options);
   void Loop();
+  // A fused member (fused.cc), run through the direct group (executor_direct.cc).
+  Status RunDirect(Operation& op, Deadline deadline);
   void Fail(const Status& status);
   void FinishOperation(Operation& op, const Status& status);
   void TellPeersAndClose(const Status& status);
@@ -106,6 +165,7 @@ class Executor {
 
   std::vector<std::unique_ptr<device::Stream>> streams_;  // one per channel, grown on demand
   std::unique_ptr<device::Buffer> scratch_;               // grown on demand
+  std::vector<std::unique_ptr<device::Buffer>> retired_scratch_;  // outgrown, freed with the executor
 
   // Control traffic (operation headers, abort notices), used by the executor thread only.
   struct ControlState;

@@ -128,6 +128,7 @@ struct Executor::Operation {
   bool inputs_ready = false;  // guarded by mu
   Status stream_status;       // guarded by mu: the user stream's state when it reached the call
   bool done = false;          // guarded by mu
+  std::unique_ptr<device::StreamHold> hold;  // guarded by mu: the caller's stream, held until done
 };
 
 // ---------------------------------------------------------------------------------------------

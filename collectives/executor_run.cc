@@ -49,7 +49,13 @@ Status Executor::Run::Setup() {
     scratch_bytes += (rp.scratch_count * DataTypeSize(m.plan->request.dtype) + 255) / 256 * 256;
   }
   if (scratch_bytes > 0 && (!ex_.scratch_ || ex_.scratch_->size() < scratch_bytes)) {
-    ex_.scratch_.reset();
+    // The old buffer is kept until the executor goes away: freeing device memory can wait for the
+    // whole device (CUDA), and the caller's stream — held until this operation is done — is part
+    // of it. Growth at least doubles, so the kept buffers add up to less than the current one.
+    if (ex_.scratch_) {
+      scratch_bytes = std::max(scratch_bytes, 2 * ex_.scratch_->size());
+      ex_.retired_scratch_.push_back(std::move(ex_.scratch_));
+    }
     KZ_ASSIGN_OR_RETURN(ex_.scratch_, ex_.device_->Allocate(scratch_bytes));
   }
 

@@ -10,8 +10,8 @@ namespace {
 
 constexpr std::array<std::string_view, kNumCollectives> kCollectiveNames = {
     "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "send", "recv", "barrier"};
-constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {"ring", "tree",     "rhd",
-                                                                          "rd",   "pairwise", "p2p"};
+constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {"ring", "tree",     "rhd",  "rd",
+                                                                          "pairwise", "p2p", "fused"};
 
 std::string Lower(std::string_view s) {
   std::string out;
@@ -62,6 +62,7 @@ std::optional<Algorithm> ParseAlgorithm(std::string_view name) {
   if (n == "halvingdoubling" || n == "rabenseifner") return Algorithm::kRhd;
   if (n == "recursivedoubling") return Algorithm::kRd;
   if (n == "direct") return Algorithm::kPairwise;
+  if (n == "onepass") return Algorithm::kFused;
   return std::nullopt;
 }
 

@@ -77,9 +77,13 @@ enum class Algorithm : uint8_t {
   kRd = 3,        // rd.cc: recursive doubling, small AllReduce; dissemination Barrier
   kPairwise = 4,  // pairwise.cc: direct exchange; AllToAll, AllGather, ReduceScatter, Barrier
   kP2p = 5,       // p2p.cc: Send, Recv
+  // fused.cc: single-host direct AllReduce. Every rank reads its slice of every rank's input and
+  // writes the result into that slice of every rank's output, in one device pass over directly
+  // addressed memory (CommShape::direct); the minimum traffic, 2 x the bytes of each rank.
+  kFused = 6,
 };
-inline constexpr int kNumAlgorithms = 6;
-std::string_view AlgorithmName(Algorithm a);  // "ring", "tree", "rhd", "rd", "pairwise", "p2p"
+inline constexpr int kNumAlgorithms = 7;
+std::string_view AlgorithmName(Algorithm a);  // "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused"
 std::optional<Algorithm> ParseAlgorithm(std::string_view name);
 
 struct CollectiveRequest {

@@ -29,8 +29,8 @@ PlanOptions Options() {
   return o;
 }
 
-// What algorithm.h says the algorithms serve, with reachability: the ring needs r -> r+1, the
-// others every pair.
+// What algorithm.h says the algorithms serve, with reachability: the ring needs r -> r+1, fused
+// direct access, the others every pair.
 Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const CommShape& s) {
   static const std::vector<std::vector<Collective>> serves = {
       {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather, Collective::kBroadcast,
@@ -41,7 +41,9 @@ Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const Comm
       {Collective::kAllToAll, Collective::kAllGather, Collective::kReduceScatter, Collective::kAllReduce,
        Collective::kBarrier},
       {Collective::kSend, Collective::kRecv},
+      {Collective::kAllReduce},
   };
+  if (a == Algorithm::kFused && !s.direct) return NotSupported("fused needs ranks that address each other directly");
   bool ok = false;
   for (Collective c : serves[static_cast<size_t>(a)]) ok = ok || c == r.collective;
   if (!ok)
@@ -110,7 +112,9 @@ TEST(AlgoOverridesTest, NamesNotAvailableYetWarnAndLeaveTheChoiceToTheModel) {
   EXPECT_TRUE(Contains(o.warnings[0], "'ina' is not available yet")) << o.warnings[0];
 
   const AlgoOverrides mixed = Parse("ring;allreduce:twoshot;allgather:ONESHOT;broadcast:fused;reduce:pina");
-  EXPECT_EQ(mixed.warnings.size(), 4u);
+  EXPECT_EQ(mixed.warnings.size(), 3u);
+  // fused exists: listed for broadcast it is that collective's override (Supports then says no).
+  EXPECT_EQ(mixed.For(Collective::kBroadcast), Algorithm::kFused);
   // allreduce is listed (with a name not available): the model chooses, not the single name.
   EXPECT_FALSE(mixed.For(Collective::kAllReduce));
   EXPECT_FALSE(mixed.For(Collective::kReduce));

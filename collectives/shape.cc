@@ -119,6 +119,7 @@ std::vector<uint8_t> CommShape::Serialize() const {
     w.F64(l.latency_us);
     w.F64(l.gbps);
   }
+  w.U32(direct ? 1u : 0u);
   return std::move(w.bytes);
 }
 
@@ -141,6 +142,9 @@ Result<CommShape> CommShape::Deserialize(const std::vector<uint8_t>& bytes) {
     l.reachable = (flags & 1u) != 0;
     l.staged = (flags & 2u) != 0;
   }
+  uint32_t direct = 0;
+  if (!r.U32(&direct)) return InvalidArgument("shape: truncated (no direct-access flag)");
+  s.direct = direct != 0;
   if (!r.done()) return InvalidArgument("shape: trailing bytes");
   KZ_RETURN_IF_ERROR(s.Validate());
   return s;

@@ -33,6 +33,10 @@ struct CommShape {
   int nranks = 1;
   std::vector<RankDesc> ranks;  // nranks entries
   std::vector<LinkDesc> links;  // nranks * nranks entries, [from * nranks + to]; the diagonal unused
+  // Every rank can address every other rank's buffers directly in its device operations (the
+  // ranks live in one process, on one device or on devices whose memory the others reach): the
+  // single-host direct algorithms (fused) apply.
+  bool direct = false;
 
   const LinkDesc& link(int from, int to) const { return links[static_cast<size_t>(from * nranks + to)]; }
   LinkDesc& link(int from, int to) { return links[static_cast<size_t>(from * nranks + to)]; }

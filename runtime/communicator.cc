@@ -177,7 +177,7 @@ thread_local GroupState g_group;
 
 struct Communicator::PlanCache {
   std::mutex mu;
-  using Key = std::tuple<int, uint64_t, int, int, int, bool, int, uint64_t, int, bool, bool>;
+  using Key = std::tuple<int, uint64_t, int, int, int, bool, int, uint64_t, int, bool, bool, bool>;
   std::map<Key, std::shared_ptr<const Plan>> plans;
   std::map<std::tuple<int, uint64_t, int, int, int, int>, bool> logged;  // selections logged once
 };
@@ -186,7 +186,8 @@ struct Communicator::PlanCache {
 // Creation
 
 Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstrap::Bootstrap> boot,
-                                                         device::Device& device, const CommOptions& options) {
+                                                         device::Device& device, const CommOptions& options,
+                                                         std::shared_ptr<collectives::DirectGroup> direct) {
   std::unique_ptr<Communicator> c(new Communicator());
   c->config_ = options.config != nullptr ? options.config : &GlobalConfig();
   c->options_ = options;
@@ -213,6 +214,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
     // Nothing to connect: no fabric is needed (or wanted: a one-rank job must work anywhere).
     collectives::TransportOptions topts;
     topts.staging_bytes = options.staging_bytes;
+    topts.force_host_staging = options.force_host_staging;
     KZ_ASSIGN_OR_RETURN(c->transport_, collectives::Transport::CreateSingle(device, topts));
   } else {
     fabric::FabricContext context;
@@ -234,6 +236,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
 
     collectives::TransportOptions topts;
     topts.staging_bytes = options.staging_bytes;
+    topts.force_host_staging = options.force_host_staging;
     KZ_ASSIGN_OR_RETURN(c->transport_,
                         collectives::Transport::Create(common, *c->bootstrap_, device, topts, deadline));
   }
@@ -256,6 +259,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   for (int a = 0; a < c->size_; ++a)
     for (int b = 0; b < c->size_; ++b)
       if (a == b || !shape.link(a, b).reachable || !shape.link(b, a).reachable) shape.link(a, b).reachable = false;
+  shape.direct = direct != nullptr;
   KZ_RETURN_IF_ERROR(shape.Validate());
   c->shape_ = std::move(shape);
 
@@ -267,6 +271,8 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
 
   collectives::ExecutorOptions eopts;
   eopts.timeout_s = config.timeout_s;
+  eopts.direct_group = std::move(direct);
+  eopts.rank = c->rank_;
   KZ_ASSIGN_OR_RETURN(c->executor_, collectives::Executor::Create(c->transport_.get(), &device, eopts));
 
   KZ_INFO(kLogInit, "communicator rank {} of {} on {} ({}), {}; {} host(s)", c->rank_, c->size_, device.label(),
@@ -303,8 +309,17 @@ Result<std::unique_ptr<Communicator>> Communicator::CreateFromEnvironment(const 
     for (const auto& slot : registry->backends()) why += fmt::format("; {}: {}", slot.name, slot.status.ToString());
     return Unavailable(fmt::format("no device for rank {}{}", launch.rank, why));
   }
-  // The first available backend's devices (the registry lists backends in order).
-  const std::string backend = devices[0]->properties().backend;
+  // Real accelerators first (a GPU machine uses its GPUs, as NCCL users expect), else the first
+  // available backend in registry order (the emulated devices on a machine without hardware).
+  std::string backend = devices[0]->properties().backend;
+  for (const auto& slot : registry->backends()) {
+    if (slot.status.ok() && slot.needs_hardware && slot.backend->device_count() > 0) {
+      backend = slot.name;
+      break;
+    }
+  }
+  KZ_INFO(kLogInit, "rank {}: devices of backend {} (KIZUNA_EMULATED_DEVICES=0 leaves out the emulated ones)",
+          launch.rank, backend);
   std::erase_if(devices, [&](device::Device* d) { return d->properties().backend != backend; });
   int index = launch.local_rank % static_cast<int>(devices.size());
   if (config.device) {
@@ -327,6 +342,17 @@ Result<std::vector<std::unique_ptr<Communicator>>> Communicator::CreateLocal(std
     if (devices[i] == nullptr) return InvalidArgument(fmt::format("Communicator::CreateLocal: device {} is null", i));
   const int n = static_cast<int>(devices.size());
   KZ_ASSIGN_OR_RETURN(auto boots, bootstrap::CreateInProcessBootstraps(n));
+  // Ranks of one process address each other's buffers directly when they share one device, or
+  // when their devices are of one backend whose memory the CPU addresses (emulated devices: any
+  // of their streams takes any of their memory). GPUs of one process would need peer access.
+  bool direct = options.direct_access;
+  for (device::Device* d : devices)
+    direct = direct && d->properties().backend == devices[0]->properties().backend &&
+             (d == devices[0] || (d->properties().host_accessible && devices[0]->properties().host_accessible));
+  auto group = direct ? std::make_shared<collectives::DirectGroup>(n) : nullptr;
+  KZ_INFO(kLogInit, "{} local ranks: {}", n,
+          direct ? "they address each other's memory directly (fused algorithms available)"
+                 : "no direct access between them (fused algorithms not available)");
   std::vector<Result<std::unique_ptr<Communicator>>> results;
   for (int r = 0; r < n; ++r) results.emplace_back(Internal("not created"));
   std::vector<std::thread> threads;
@@ -334,7 +360,7 @@ Result<std::vector<std::unique_ptr<Communicator>>> Communicator::CreateLocal(std
     threads.emplace_back([&, r] {
       results[static_cast<size_t>(r)] =
           Init(std::shared_ptr<bootstrap::Bootstrap>(std::move(boots[static_cast<size_t>(r)])),
-               *devices[static_cast<size_t>(r)], options);
+               *devices[static_cast<size_t>(r)], options, group);
     });
   }
   for (auto& t : threads) t.join();
@@ -358,7 +384,7 @@ Communicator::~Communicator() {
 
 Result<std::shared_ptr<const Plan>> Communicator::PlanFor(const CollectiveRequest& request,
                                                           const CallOptions& options, size_t slot_bytes,
-                                                          int channels) {
+                                                          int channels, bool grouped) {
   const size_t elem = DataTypeSize(request.dtype);
   collectives::PlanOptions popts;
   popts.chunk_count = std::max<uint64_t>(1, slot_bytes / elem);
@@ -368,13 +394,13 @@ Result<std::shared_ptr<const Plan>> Communicator::PlanFor(const CollectiveReques
   const int forced = options.algorithm ? static_cast<int>(*options.algorithm) : -1;
   PlanCache::Key key{static_cast<int>(request.collective), request.count, static_cast<int>(request.dtype),
                      static_cast<int>(request.op), request.root, request.in_place, forced, popts.chunk_count,
-                     channels, popts.deterministic, popts.balance};
+                     channels, popts.deterministic, popts.balance, grouped};
   {
     std::lock_guard lock(plans_->mu);
     auto it = plans_->plans.find(key);
     if (it != plans_->plans.end()) return it->second;
   }
-  KZ_ASSIGN_OR_RETURN(collectives::Selection sel, Select(request, popts, options.algorithm));
+  KZ_ASSIGN_OR_RETURN(collectives::Selection sel, Select(request, popts, options.algorithm, grouped));
   // The model's choice, or the next supported candidate by predicted time when building says no
   // (what only the build can tell: a deterministic plan on links that are not all there, a
   // point-to-point peer out of reach).
@@ -413,11 +439,14 @@ Result<std::shared_ptr<const Plan>> Communicator::PlanFor(const CollectiveReques
 
 Result<collectives::Selection> Communicator::Select(const CollectiveRequest& request,
                                                    const collectives::PlanOptions& options,
-                                                   std::optional<Algorithm> per_call) const {
-  return collectives::SelectAlgorithm(request, shape_, options, collectives::CostConstants{}, overrides_, per_call,
-                                      [](Algorithm a, const CollectiveRequest& r, const collectives::CommShape& s) {
-                                        return collectives::GetAlgorithm(a).Supports(r, s);
-                                      });
+                                                   std::optional<Algorithm> per_call, bool grouped) const {
+  return collectives::SelectAlgorithm(
+      request, shape_, options, collectives::CostConstants{}, overrides_, per_call,
+      [grouped](Algorithm a, const CollectiveRequest& r, const collectives::CommShape& s) {
+        if (grouped && a == Algorithm::kFused)
+          return NotSupported("fused runs alone, not as one of several calls of a group");
+        return collectives::GetAlgorithm(a).Supports(r, s);
+      });
 }
 
 Result<std::string> Communicator::ExplainChoice(Collective collective, size_t count, DataType type) const {
@@ -457,7 +486,8 @@ Status Communicator::Launch(std::vector<Call> calls) {
   const size_t slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
   std::vector<collectives::OperationMember> members;
   for (size_t i = 0; i < calls.size(); ++i) {
-    KZ_ASSIGN_OR_RETURN(auto plan, PlanFor(calls[i].request, calls[i].options, slot_bytes, channels[i]));
+    KZ_ASSIGN_OR_RETURN(auto plan,
+                        PlanFor(calls[i].request, calls[i].options, slot_bytes, channels[i], calls.size() > 1));
     members.push_back({std::move(plan), calls[i].input, calls[i].output});
   }
   return executor_->Submit(std::move(members), *stream, slot_bytes);

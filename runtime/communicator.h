@@ -61,6 +61,7 @@
 namespace kizuna {
 
 namespace collectives {
+class DirectGroup;
 class Executor;
 class Transport;
 }  // namespace collectives
@@ -80,6 +81,12 @@ struct CommOptions {
   // The host this rank runs on, as ranks compare it: ranks of one host are linked directly
   // (directconnect), ranks of different hosts through a network fabric.
   std::string host_id;  // "" = HostId(); tests that pretend ranks are on different hosts set it
+  // CreateLocal: let ranks that address each other's memory use the single-host direct
+  // algorithms (fused). false forces every transfer through the transport (for comparisons).
+  bool direct_access = true;
+  // Stage every transfer through host memory from Device::AllocateHost, even where a fabric could
+  // reach the device's memory (the path taken for GPU memory a fabric cannot register; tests).
+  bool force_host_staging = false;
 };
 
 struct CallOptions {
@@ -126,7 +133,7 @@ class Communicator {
   const collectives::CommShape& shape() const { return shape_; }
   // This rank's connections: which fabric serves which peers, over which devices, and how the
   // staging memory is registered — "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3
-  // (device tcp;ofi_rxm:lo); staging by fd (DMA-BUF/memfd)" (collectives/transport.h). Every
+  // (device tcp;ofi_rxm:lo); staging by fd (device export)" (collectives/transport.h). Every
   // available fabric that all ranks have is used, in KIZUNA_FABRIC's order (else direct fabrics
   // first, then registration order: FabricRegistry::SelectAll); each pair of ranks uses the first
   // that connects the two.
@@ -170,16 +177,20 @@ class Communicator {
   struct Call;
   struct PlanCache;
   Communicator() = default;
+  // `direct`: the in-process group of CreateLocal when its ranks address each other's memory
+  // (the single-host direct algorithms then apply); null otherwise.
   static Result<std::unique_ptr<Communicator>> Init(std::shared_ptr<bootstrap::Bootstrap> bootstrap,
-                                                    device::Device& device, const CommOptions& options);
+                                                    device::Device& device, const CommOptions& options,
+                                                    std::shared_ptr<collectives::DirectGroup> direct = nullptr);
   Status Enqueue(Call call);
   Status Launch(std::vector<Call> calls);
+  // `grouped`: the call is one of several in a group (the direct algorithms run alone).
   Result<collectives::Selection> Select(const collectives::CollectiveRequest& request,
                                        const collectives::PlanOptions& options,
-                                       std::optional<collectives::Algorithm> per_call) const;
+                                       std::optional<collectives::Algorithm> per_call, bool grouped = false) const;
   Result<std::shared_ptr<const collectives::Plan>> PlanFor(const collectives::CollectiveRequest& request,
                                                            const CallOptions& options, size_t slot_bytes,
-                                                           int channels);
+                                                           int channels, bool grouped);
   friend struct GroupState;
 
   int rank_ = 0;

@@ -18,6 +18,7 @@ const AlgorithmImpl& RhdAlgorithm();       // rhd.cc
 const AlgorithmImpl& RdAlgorithm();        // rd.cc
 const AlgorithmImpl& PairwiseAlgorithm();  // pairwise.cc
 const AlgorithmImpl& P2pAlgorithm();       // p2p.cc
+const AlgorithmImpl& FusedAlgorithm();     // fused.cc
 
 // A part of the data that one rank reduces.
 struct OwnedPart {

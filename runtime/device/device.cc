@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
 #include "runtime/logging.h"
 
 namespace kizuna::device {
@@ -126,6 +130,46 @@ Status Stream::Wait(const Event& event) {
 Status Stream::EnqueueHostCallback(HostCallback fn) {
   if (!fn) return InvalidArgument("host callback is empty");
   return DoHostCallback(std::move(fn));
+}
+
+Result<std::unique_ptr<StreamHold>> Stream::EnqueueHold() { return DoEnqueueHold(); }
+
+namespace {
+
+// The default hold: a host callback that blocks until released.
+class CallbackHold final : public StreamHold {
+ public:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool released = false;  // guarded by mu
+  };
+  explicit CallbackHold(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  ~CallbackHold() override { Release(); }
+  void Release() override {
+    {
+      std::lock_guard lock(state_->mu);
+      state_->released = true;
+    }
+    state_->cv.notify_all();
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<StreamHold>> Stream::DoEnqueueHold() {
+  auto state = std::make_shared<CallbackHold::State>();
+  const double hold_s = device().config().timeout_s + 30;
+  const std::string where = device().label();
+  KZ_RETURN_IF_ERROR(DoHostCallback([state, hold_s, where](const Status&) {
+    std::unique_lock lock(state->mu);
+    if (!state->cv.wait_for(lock, std::chrono::duration<double>(hold_s), [&] { return state->released; }))
+      KZ_WARN(kLogDevice, "{}: a stream hold was not released after {} s; letting the stream go on", where, hold_s);
+  }));
+  return std::unique_ptr<StreamHold>(new CallbackHold(std::move(state)));
 }
 
 Status Stream::Synchronize(Deadline deadline) { return DoSynchronize(deadline); }

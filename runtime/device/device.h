@@ -97,6 +97,15 @@ struct ExportedMemory {
 // Host callbacks receive the stream's status when they run: ok, or the error that stopped it.
 using HostCallback = std::function<void(const Status&)>;
 
+// A stream held at a point (Stream::EnqueueHold): work enqueued after the hold waits until
+// Release() is called, from any thread. Release is idempotent; destroying an unreleased hold
+// releases it. The engine holds a caller's stream until a collective is done.
+class StreamHold {
+ public:
+  virtual ~StreamHold() = default;
+  virtual void Release() = 0;
+};
+
 class Stream {
  public:
   // Waits (up to the configured timeout) for queued work, then releases the stream.
@@ -148,6 +157,13 @@ class Stream {
   // another thread).
   Status EnqueueHostCallback(HostCallback fn);
 
+  // Holds the stream at this point until the returned hold is released: later work waits, earlier
+  // work is unaffected, no host thread is blocked where the device can wait on memory (CUDA:
+  // cuStreamWaitValue32 on pinned memory). The default is a host callback that blocks until the
+  // release (bounded by the configured timeout, plus 30 s): on a backend that runs all host
+  // callbacks on one thread (CUDA), holding several streams that way would serialize them.
+  Result<std::unique_ptr<StreamHold>> EnqueueHold();
+
   // Waits until all enqueued work is done; returns the stream's error, if any; kTimeout at the deadline.
   Status Synchronize(Deadline deadline);
   Status Synchronize();  // deadline: the configured KIZUNA_TIMEOUT
@@ -170,6 +186,7 @@ class Stream {
   virtual Status DoRecord(Event& event) = 0;
   virtual Status DoWait(const Event& event) = 0;
   virtual Status DoHostCallback(HostCallback fn) = 0;
+  virtual Result<std::unique_ptr<StreamHold>> DoEnqueueHold();
   virtual Status DoSynchronize(Deadline deadline) = 0;
   virtual Result<bool> DoQuery() = 0;
 

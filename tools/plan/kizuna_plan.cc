@@ -4,7 +4,7 @@
 //   kizuna-plan --coll allreduce --ranks 8 [--min-bytes 8 --max-bytes 1G --factor 4]
 //               [--dtype float32] [--op sum] [--root 0] [--in-place] [--deterministic]
 //               [--link-gbps X --latency-us Y --reduce-gbps Z --copy-gbps W --launch-us L]
-//               [--zero-copy] [--links full|ring]
+//               [--zero-copy] [--links full|ring] [--direct [--shared-device]]
 //               [--slow-rank R --slow-factor F --slow link|device|both --slow-peer Q]
 //               [--chunk-bytes 512K --channels 1] [--algo NAME | --algo 'coll:name;coll:name']
 //               [--cost 'name=value,...'] [--json]
@@ -67,6 +67,8 @@ struct Options {
   bool in_place = false, deterministic = false;
   double link_gbps = 0, latency_us = 0, reduce_gbps = 0, copy_gbps = 0, launch_us = 0;
   bool zero_copy = false;
+  bool direct = false;         // ranks address each other's buffers (one process): fused applies
+  bool shared_device = false;  // every rank on one device (several ranks per GPU)
   std::string links = "full";
   int slow_rank = -1;
   int slow_peer = -1;
@@ -194,6 +196,9 @@ Result<Setup> Resolve(const Options& o) {
   // The unknown speeds stay 0: the cost model's defaults apply to them.
   s.shape = CommShape::Uniform(o.ranks, collectives::RankDesc{"host", "dev", o.copy_gbps, o.reduce_gbps, o.launch_us},
                                collectives::LinkDesc{true, o.latency_us, o.link_gbps, !o.zero_copy});
+  s.shape.direct = o.direct;
+  if (o.shared_device)
+    for (auto& rank : s.shape.ranks) rank.device = "dev";
   if (o.links == "ring")
     for (int a = 0; a < o.ranks; ++a)
       for (int b = 0; b < o.ranks; ++b)
@@ -300,6 +305,9 @@ std::string Describe(const Setup& s, const Options& o) {
       fmt::format("# links: {}, {}, {}, {}\n", o.links == "ring" ? "neighbours only (ring)" : "every pair",
                   value(o.link_gbps, k.unknown_link_gbps, "GB/s"), value(o.latency_us, k.unknown_link_latency_us, "us"),
                   o.zero_copy ? "zero-copy" : "staged at both ends");
+  if (o.direct)
+    out += fmt::format("# direct: the ranks address each other's buffers (one process){}\n",
+                       o.shared_device ? ", all on one device" : "");
   out +=
       fmt::format("# devices: copy {}, reduce {}, launch {}\n", value(o.copy_gbps, k.unknown_copy_gbps, "GB/s"),
                   value(o.reduce_gbps, k.unknown_reduce_gbps, "GB/s"), value(o.launch_us, k.unknown_launch_us, "us"));
@@ -409,7 +417,8 @@ void PrintJson(const Setup& s, const Options& o, const std::vector<Row>& rows) {
   j["shape"] = {{"links", o.links},         {"link_gbps", o.link_gbps}, {"latency_us", o.latency_us},
                 {"staged", !o.zero_copy},   {"copy_gbps", o.copy_gbps}, {"reduce_gbps", o.reduce_gbps},
                 {"launch_us", o.launch_us}, {"slow_rank", o.slow_rank}, {"slow_factor", o.slow_factor},
-                {"slow", o.slow},           {"slow_peer", o.slow_peer}};
+                {"slow", o.slow},           {"slow_peer", o.slow_peer}, {"direct", o.direct},
+                {"shared_device", o.shared_device}};
   json constants = json::object();
   for (const collectives::CostConstantInfo& c : collectives::CostConstantTable())
     constants[std::string(c.name)] = s.constants.*c.field;
@@ -510,6 +519,8 @@ int Main(int argc, char** argv) {
   app.add_option("--copy-gbps", o.copy_gbps, "device copy throughput, GB/s (0: unknown)")->capture_default_str();
   app.add_option("--launch-us", o.launch_us, "device operation launch cost, us (0: unknown)")->capture_default_str();
   app.add_flag("--zero-copy", o.zero_copy, "links move device memory directly (default: staged at both ends)");
+  app.add_flag("--direct", o.direct, "the ranks address each other's buffers (ranks of one process): fused applies");
+  app.add_flag("--shared-device", o.shared_device, "every rank on one device (several ranks per GPU)");
   app.add_option("--links", o.links, "full (every pair linked) or ring (neighbours only)")->capture_default_str();
   app.add_option("--slow-rank", o.slow_rank, "make this rank slower (-1: none)")->capture_default_str();
   app.add_option("--slow-factor", o.slow_factor, "how much slower (>= 1)")->capture_default_str();

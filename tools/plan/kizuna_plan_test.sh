@@ -10,8 +10,16 @@ fail() { echo "FAIL: $*"; exit 1; }
 # The default sweep: allreduce over 8 ranks, 8 bytes to 512 MiB.
 out="$("$plan" --coll allreduce --ranks 8 2>&1)" || fail "default sweep: exit $?: $out"
 echo "$out"
-grep -Eq '^ +bytes +count +ring +tree +rhd +rd +pairwise +p2p +choice +by$' <<<"$out" || fail "no header row"
+grep -Eq '^ +bytes +count +ring +tree +rhd +rd +pairwise +p2p +fused +choice +by$' <<<"$out" || fail "no header row"
+grep -q 'fused: fused needs ranks that address each other' <<<"$out" || fail "fused not explained as unsupported"
+
 [ "$(grep -Ec '^ *[0-9]+ +[0-9]+ ' <<<"$out")" -eq 14 ] || fail "expected 14 size rows (8 B to 512 MiB by 4)"
+
+# Ranks of one process on one device: fused is predicted and chosen for a large allreduce.
+direct="$("$plan" --coll allreduce --ranks 4 --direct --shared-device --min-bytes 256M --max-bytes 256M 2>&1)" ||
+  fail "direct sweep: exit $?: $direct"
+echo "$direct"
+grep -Eq '^ *268435456 .* fused +model *$' <<<"$direct" || fail "fused not chosen for 256 MiB with --direct"
 grep -Eq '^ *8 +2 +.* rd +model$' <<<"$out" || fail "8 bytes: rd not chosen by the model"
 grep -Eq '^ *536870912 +134217728 .* (ring|rhd|tree|pairwise) +model$' <<<"$out" || fail "512 MiB: rd chosen"
 grep -Eq 'n/s \[1\]' <<<"$out" || fail "p2p not marked as not supported"
@@ -60,7 +68,7 @@ rows = d["rows"]
 assert len(rows) == 5, len(rows)
 for r in rows:
     names = [a["name"] for a in r["algorithms"]]
-    assert names == ["ring", "tree", "rhd", "rd", "pairwise", "p2p"], names
+    assert names == ["ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused"], names
     assert r["chosen"] in names
     p2p = r["algorithms"][5]
     assert p2p["supported"] is False and "does not implement" in p2p["reason"], p2p

@@ -1,0 +1,170 @@
+// The executor's direct path: operations whose plan is a single-host direct algorithm (fused.cc)
+// run here instead of through steps and the transport. The ranks of one process meet in their
+// DirectGroup: each publishes its buffer addresses, reduces its slice of every rank's input into
+// that slice of every rank's output with one device operation, waits for it, and waits for every
+// other rank to have done the same before its held stream continues (another rank writes into
+// this rank's output until then).
+#include <fmt/format.h>
+
+#include "collectives/executor_internal.h"
+#include "runtime/logging.h"
+
+namespace kizuna::collectives {
+
+
+namespace {
+
+// Rank r's slice of `count` elements split evenly over n ranks (the first count % n ranks take
+// one more): every rank computes the same partition.
+std::pair<uint64_t, uint64_t> FusedSlice(uint64_t count, int n, int r) {
+  const auto un = static_cast<uint64_t>(n), ur = static_cast<uint64_t>(r);
+  const uint64_t base = count / un, extra = count % un;
+  return {ur * base + std::min(ur, extra), base + (ur < extra ? 1 : 0)};
+}
+
+}  // namespace
+
+// ---- DirectGroup ----
+
+DirectGroup::DirectGroup(int nranks) : nranks_(nranks) {}
+
+void DirectGroup::Fail(const Status& why) {
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_.ok()) return;
+    failure_ = why;
+  }
+  cv_.notify_all();
+}
+
+Status DirectGroup::WaitLocked(std::unique_lock<std::mutex>& lock, uint64_t seq, bool finish, Deadline deadline,
+                               const std::atomic<bool>& abort) {
+  const char* what = finish ? "finish" : "arrive at";
+  while (true) {
+    if (!failure_.ok()) return Aborted(fmt::format("another rank of this process failed: {}", failure_.ToString()));
+    Slot& s = slots_[seq];
+    if ((finish ? s.nfinished : s.npublished) == nranks_) return Status::Ok();
+    if (abort.load()) return Aborted("the communicator was aborted");
+    if (deadline.Expired()) {
+      std::string missing;
+      const std::vector<char>& seen = finish ? s.finished : s.published;
+      for (int r = 0; r < nranks_; ++r)
+        if (!seen[static_cast<size_t>(r)]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
+      return Timeout(fmt::format("operation {}: rank(s) {} of this process did not {} the fused collective by the "
+                                 "deadline",
+                                 seq, missing, what));
+    }
+    // Bounded slices so that an abort flag set without a notification is seen.
+    cv_.wait_for(lock, std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(10), deadline.Remaining()));
+  }
+}
+
+DirectGroup::Slot& DirectGroup::SlotFor(uint64_t seq) {
+  Slot& s = slots_[seq];
+  if (s.entries.empty()) {
+    s.entries.resize(static_cast<size_t>(nranks_));
+    s.published.assign(static_cast<size_t>(nranks_), 0);
+    s.finished.assign(static_cast<size_t>(nranks_), 0);
+  }
+  return s;
+}
+
+int DirectGroup::PublishLocked(uint64_t seq, int rank, const Entry& entry) {
+  Slot& s = SlotFor(seq);
+  if (!s.published[static_cast<size_t>(rank)]) {
+    s.entries[static_cast<size_t>(rank)] = entry;
+    s.published[static_cast<size_t>(rank)] = 1;
+    s.any_direct = s.any_direct || entry.direct;
+    ++s.npublished;
+    cv_.notify_all();
+  }
+  for (int q = 0; q < nranks_; ++q)
+    if (s.published[static_cast<size_t>(q)] && s.entries[static_cast<size_t>(q)].signature != entry.signature)
+      return q;
+  return -1;
+}
+
+void DirectGroup::Publish(uint64_t seq, int rank, uint64_t signature, std::string call) {
+  std::lock_guard lock(mu_);
+  PublishLocked(seq, rank, Entry{nullptr, nullptr, signature, false, std::move(call)});
+  // Nobody waits on an operation that no rank runs fused: forget it once every rank has been.
+  Slot& s = slots_[seq];
+  if (s.npublished == nranks_ && !s.any_direct) slots_.erase(seq);
+}
+
+Result<std::vector<DirectGroup::Entry>> DirectGroup::Exchange(uint64_t seq, int rank, const Entry& entry,
+                                                              Deadline deadline, const std::atomic<bool>& abort) {
+  std::unique_lock lock(mu_);
+  while (true) {
+    const int other = PublishLocked(seq, rank, entry);
+    if (other >= 0)
+      return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at operation {}: {}; rank {} "
+                                         "is at operation {}: {}",
+                                         rank, seq, entry.call, other, seq,
+                                         slots_[seq].entries[static_cast<size_t>(other)].call));
+    if (slots_[seq].npublished == nranks_) break;
+    // Wait a slice for more ranks (each one's arrival is checked against this rank's signature).
+    if (!failure_.ok()) return Aborted(fmt::format("another rank of this process failed: {}", failure_.ToString()));
+    if (abort.load()) return Aborted("the communicator was aborted");
+    if (deadline.Expired()) return WaitLocked(lock, seq, /*finish=*/false, deadline, abort);  // names the missing
+    cv_.wait_for(lock, std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(10), deadline.Remaining()));
+  }
+  return slots_[seq].entries;
+}
+
+Status DirectGroup::Finish(uint64_t seq, int rank, Deadline deadline, const std::atomic<bool>& abort) {
+  std::unique_lock lock(mu_);
+  Slot& s = slots_[seq];
+  if (s.finished.empty()) return Internal(fmt::format("operation {}: finish before exchange", seq));
+  if (!s.finished[static_cast<size_t>(rank)]) {
+    s.finished[static_cast<size_t>(rank)] = 1;
+    if (++s.nfinished == nranks_) cv_.notify_all();
+  }
+  KZ_RETURN_IF_ERROR(WaitLocked(lock, seq, /*finish=*/true, deadline, abort));
+  // The last rank to leave forgets the operation.
+  if (++slots_[seq].departed == nranks_) slots_.erase(seq);
+  return Status::Ok();
+}
+
+// ---- Executor::RunDirect ----
+
+Status Executor::RunDirect(Operation& op, Deadline deadline) {
+  DirectGroup* group = options_.direct_group.get();
+  const OperationMember& m = op.members[0];
+  const Plan& plan = *m.plan;
+  const CollectiveRequest& req = plan.request;
+  if (group == nullptr || group->nranks() != req.nranks)
+    return Internal(fmt::format("operation {}: a {} plan on a communicator without an in-process group", op.seq,
+                                AlgorithmName(plan.algorithm)));
+  const int rank = options_.rank;
+  DirectGroup::Entry mine{m.input, m.output, op.header.signature, true, req.ToString()};
+  auto exchanged = group->Exchange(op.seq, rank, mine, deadline, abort_);
+  if (!exchanged.ok()) return exchanged.status();
+  const std::vector<DirectGroup::Entry>& all = *exchanged;
+  const auto [slice_offset, slice_count] = FusedSlice(req.count, req.nranks, rank);
+  if (slice_count > 0) {
+    if (streams_.empty()) {
+      KZ_ASSIGN_OR_RETURN(auto s, device_->CreateStream());
+      streams_.push_back(std::move(s));
+    }
+    device::Stream& stream = *streams_[0];
+    const size_t offset = slice_offset * DataTypeSize(req.dtype);
+    std::vector<const void*> srcs;
+    std::vector<void*> dsts;
+    for (const DirectGroup::Entry& e : all) {
+      srcs.push_back(static_cast<const uint8_t*>(e.input) + offset);
+      dsts.push_back(static_cast<uint8_t*>(e.output) + offset);
+    }
+    Status s = stream.ReduceMulti(dsts, srcs, slice_count, req.dtype, req.op);
+    if (s.ok()) s = stream.Synchronize(deadline);
+    if (!s.ok()) {
+      Status failed = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, rank,
+                                                req.ToString()));
+      group->Fail(failed);
+      return failed;
+    }
+  }
+  return group->Finish(op.seq, rank, deadline, abort_);
+}
+
+}  // namespace kizuna::collectives

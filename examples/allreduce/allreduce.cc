@@ -1,4 +1,4 @@
-// AllReduce on emulated devices, the README's example.
+// AllReduce on the devices of this host (emulated ones, or GPUs), the README's example.
 //
 //   bazel-bin/examples/allreduce/allreduce [COUNT [ITERS]]  8 ranks: the host's 8 emulated
 //                                                          devices, one process (ncclCommInitAll)
@@ -31,28 +31,43 @@ int Fail(const kizuna::Status& s) {
   return 1;
 }
 
+// Every rank's buffer filled with rank + 1 through host memory its device's streams use
+// (AllocateHost: pinned memory for a GPU, the device memory itself for an emulated device).
+kizuna::Status Fill(Communicator& comm, kizuna::device::Buffer& buffer, kizuna::device::Buffer& host,
+                    kizuna::device::Stream& stream, size_t count) {
+  auto* h = static_cast<float*>(host.data());
+  for (size_t i = 0; i < count; ++i) h[i] = static_cast<float>(comm.rank() + 1);
+  if (host.data() == buffer.data()) return kizuna::Status::Ok();
+  KZ_RETURN_IF_ERROR(stream.Copy(buffer.data(), host.data(), count * sizeof(float)));
+  return stream.Synchronize();
+}
+
 // Runs one AllReduce of `count` floats on each communicator, issued from this thread (calls
 // return at once), then waits for every stream and checks the results.
 int Run(std::vector<std::unique_ptr<Communicator>>& comms, size_t count, int iters) {
   const int n = comms[0]->size();
-  std::vector<std::unique_ptr<kizuna::device::Buffer>> buffers;
+  const size_t bytes = count * sizeof(float);
+  std::vector<std::unique_ptr<kizuna::device::Buffer>> buffers, hosts;
   std::vector<std::unique_ptr<kizuna::device::Stream>> streams;
   for (auto& comm : comms) {
-    auto buffer = comm->device().Allocate(count * sizeof(float));
-    auto stream = comm->device().CreateStream();
+    kizuna::device::Device& device = comm->device();
+    auto buffer = device.Allocate(bytes);
     if (!buffer.ok()) return Fail(buffer.status());
+    // The CPU reads emulated device memory directly; a GPU's goes through pinned host memory.
+    auto host = device.properties().host_accessible ? kizuna::Result<std::unique_ptr<kizuna::device::Buffer>>(nullptr)
+                                                    : device.AllocateHost(bytes);
+    if (!host.ok()) return Fail(host.status());
+    auto stream = device.CreateStream();
     if (!stream.ok()) return Fail(stream.status());
-    auto* data = static_cast<float*>((*buffer)->data());  // emulated device memory: host accessible
-    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(comm->rank() + 1);
     buffers.push_back(std::move(*buffer));
+    hosts.push_back(std::move(*host));
     streams.push_back(std::move(*stream));
   }
+  auto host_of = [&](size_t r) -> kizuna::device::Buffer& { return hosts[r] ? *hosts[r] : *buffers[r]; };
   double ms = 0;
   for (int it = 0; it < iters; ++it) {
-    if (it > 0)
-      for (size_t r = 0; r < comms.size(); ++r)
-        for (size_t i = 0; i < count; ++i)
-          static_cast<float*>(buffers[r]->data())[i] = static_cast<float>(comms[r]->rank() + 1);
+    for (size_t r = 0; r < comms.size(); ++r)
+      if (auto s = Fill(*comms[r], *buffers[r], host_of(r), *streams[r], count); !s.ok()) return Fail(s);
     const auto start = std::chrono::steady_clock::now();
     for (size_t r = 0; r < comms.size(); ++r) {
       void* data = buffers[r]->data();
@@ -68,7 +83,12 @@ int Run(std::vector<std::unique_ptr<Communicator>>& comms, size_t count, int ite
     if (auto s = comm->AsyncError(); !s.ok()) return Fail(s);
   const float want = static_cast<float>(n * (n + 1) / 2);
   for (size_t r = 0; r < comms.size(); ++r) {
-    const auto* data = static_cast<const float*>(buffers[r]->data());
+    if (hosts[r]) {
+      auto s = streams[r]->Copy(hosts[r]->data(), buffers[r]->data(), bytes);
+      if (s.ok()) s = streams[r]->Synchronize();
+      if (!s.ok()) return Fail(s);
+    }
+    const auto* data = static_cast<const float*>(host_of(r).data());
     for (size_t i = 0; i < count; ++i)
       if (data[i] != want) {
         std::fprintf(stderr, "allreduce: rank %d element %zu is %g, expected %g\n", comms[r]->rank(), i, data[i], want);

@@ -1,6 +1,9 @@
 // The communicator's behaviour around the collectives: argument checks (nothing enqueued on bad
 // input), mismatch detection, timeouts, Abort, Split, groups, deterministic mode, ranks on two
-// hosts over two fabrics.
+// hosts over two fabrics; the World's choice of backend. Tests over a World run on
+// KIZUNA_TEST_BACKEND's devices when it is set (world.h) and move bytes with Upload / Download;
+// the ones that build emulated backends of their own (speeds, two hosts) stay on the emulated
+// accelerator.
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -39,7 +42,7 @@ std::unique_ptr<device::Buffer> Alloc(World& w, int r, size_t bytes) {
 
 TEST(Communicator, RejectsBadArgumentsWithoutEnqueueing) {
   World w(2, WorldConfig(2));
-  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  KZ_ASSERT_WORLD(w);
   auto buf = Alloc(w, 0, 4096);
   Communicator& c = w.comm(0);
   device::Stream& s = w.stream(0);
@@ -56,32 +59,48 @@ TEST(Communicator, RejectsBadArgumentsWithoutEnqueueing) {
   EXPECT_TRUE(Mentions(c.AllReduce(p, p + 4, 16, DataType::kFloat32, ReduceOp::kSum, s), "overlap"));
   // AllToAll in place.
   EXPECT_TRUE(HasCode(c.AllToAll(p, p, 4, DataType::kFloat32, s), StatusCode::kInvalidArgument));
-  // A stream of another device.
-  EXPECT_TRUE(Mentions(c.AllReduce(p, p, 4, DataType::kFloat32, ReduceOp::kSum, w.stream(1)), "stream belongs"));
-  // Host memory that is not the device's (host_emulated tells its allocations apart).
-  std::vector<float> host(16);
+  // A stream of another device (where the world has two: other backends may put every rank on
+  // one device).
+  if (&w.device(0) != &w.device(1)) {
+    EXPECT_TRUE(Mentions(c.AllReduce(p, p, 4, DataType::kFloat32, ReduceOp::kSum, w.stream(1)), "stream belongs"));
+  }
+  // Host memory that is not the device's: refused where the backend tells its allocations apart
+  // (host_emulated does). A backend that cannot tell accepts it and must then run it: rank 1
+  // joins with a matching call, so the ranks stay in step.
+  std::vector<float> host(16, 1.0f);
   Status st = c.AllReduce(host.data(), host.data(), 16, DataType::kFloat32, ReduceOp::kSum, s);
   if (!st.ok()) {
     EXPECT_TRUE(Mentions(st, "not memory of"));
+  } else {
+    auto other = Alloc(w, 1, 64);
+    ASSERT_TRUE(w.Upload(1, other->data(), std::vector<float>(16, 2.0f)).ok());
+    ASSERT_TRUE(w.comm(1).AllReduce(other->data(), other->data(), 16, DataType::kFloat32, ReduceOp::kSum,
+                                    w.stream(1)).ok());
+    ASSERT_TRUE(w.SyncAll().ok()) << w.SyncAll().ToString();
+    EXPECT_EQ(host[15], 3.0f);
   }
   // Nothing was enqueued: a matching pair of calls now still works on both ranks.
   auto b0 = Alloc(w, 0, 64), b1 = Alloc(w, 1, 64);
-  std::memset(b0->data(), 0, 64);
-  std::memset(b1->data(), 0, 64);
-  static_cast<float*>(b0->data())[0] = 1;
-  static_cast<float*>(b1->data())[0] = 2;
+  std::vector<float> v0(16, 0.0f), v1(16, 0.0f);
+  v0[0] = 1;
+  v1[0] = 2;
+  ASSERT_TRUE(w.Upload(0, b0->data(), v0).ok());
+  ASSERT_TRUE(w.Upload(1, b1->data(), v1).ok());
   ASSERT_TRUE(w.comm(0).AllReduce(b0->data(), b0->data(), 16, DataType::kFloat32, ReduceOp::kSum, w.stream(0)).ok());
   ASSERT_TRUE(w.comm(1).AllReduce(b1->data(), b1->data(), 16, DataType::kFloat32, ReduceOp::kSum, w.stream(1)).ok());
   ASSERT_TRUE(w.SyncAll().ok());
-  EXPECT_EQ(static_cast<float*>(b0->data())[0], 3);
-  EXPECT_EQ(static_cast<float*>(b1->data())[0], 3);
+  for (int r = 0; r < 2; ++r) {
+    auto got = w.Download<float>(r, (r == 0 ? b0 : b1)->data(), 16);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ((*got)[0], 3) << "rank " << r;
+  }
 }
 
 TEST(Communicator, MismatchNamesBothCallsAndRanks) {
   Config config = WorldConfig(2);
   config.timeout_s = 10;
   World w(2, config);
-  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  KZ_ASSERT_WORLD(w);
   auto b0 = Alloc(w, 0, 4096), b1 = Alloc(w, 1, 4096);
   const auto start = Clock::now();
   ASSERT_TRUE(w.comm(0).AllReduce(b0->data(), b0->data(), 100, DataType::kFloat32, ReduceOp::kSum, w.stream(0)).ok());
@@ -102,7 +121,7 @@ TEST(Communicator, MismatchNamesBothCallsAndRanks) {
 
 TEST(Communicator, DifferentCollectivesAreAMismatch) {
   World w(3, WorldConfig(3));
-  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  KZ_ASSERT_WORLD(w);
   std::vector<std::unique_ptr<device::Buffer>> b;
   for (int r = 0; r < 3; ++r) b.push_back(Alloc(w, r, 4096));
   for (int r = 0; r < 3; ++r) {
@@ -122,7 +141,7 @@ TEST(Communicator, MissingRankTimesOutNamingIt) {
   Config config = WorldConfig(3);
   config.timeout_s = 2;
   World w(3, config);
-  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  KZ_ASSERT_WORLD(w);
   std::vector<std::unique_ptr<device::Buffer>> b;
   for (int r = 0; r < 3; ++r) b.push_back(Alloc(w, r, 4096));
   const auto start = Clock::now();
@@ -143,7 +162,7 @@ TEST(Communicator, AbortReleasesWaitingStreamsPromptly) {
   Config config = WorldConfig(2);
   config.timeout_s = 60;
   World w(2, config);
-  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  KZ_ASSERT_WORLD(w);
   auto b0 = Alloc(w, 0, 4096);
   ASSERT_TRUE(w.comm(0).AllReduce(b0->data(), b0->data(), 64, DataType::kFloat32, ReduceOp::kSum, w.stream(0)).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -164,7 +183,7 @@ TEST(Communicator, AbortWhileIdleTellsThePeers) {
   Config config = WorldConfig(2);
   config.timeout_s = 60;
   World w(2, config);
-  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  KZ_ASSERT_WORLD(w);
   w.comm(0).Abort();  // no operation running
   auto b1 = Alloc(w, 1, 4096);
   const auto start = Clock::now();
@@ -176,7 +195,7 @@ TEST(Communicator, AbortWhileIdleTellsThePeers) {
 
 TEST(Communicator, GroupFusesCallsAndPairsSendRecv) {
   World w(4, WorldConfig(4));
-  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  KZ_ASSERT_WORLD(w);
   const int n = 4;
   const size_t count = 1000;
   std::vector<std::unique_ptr<device::Buffer>> a, b, c;
@@ -184,10 +203,8 @@ TEST(Communicator, GroupFusesCallsAndPairsSendRecv) {
     a.push_back(Alloc(w, r, count * 4));
     b.push_back(Alloc(w, r, count * 4));
     c.push_back(Alloc(w, r, count * 4 * n));
-    for (size_t i = 0; i < count; ++i) {
-      static_cast<float*>(a[r]->data())[i] = static_cast<float>(r + 1);
-      static_cast<int32_t*>(b[r]->data())[i] = r * 10;
-    }
+    ASSERT_TRUE(w.Upload(r, a[r]->data(), std::vector<float>(count, static_cast<float>(r + 1))).ok());
+    ASSERT_TRUE(w.Upload(r, b[r]->data(), std::vector<int32_t>(count, r * 10)).ok());
   }
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(Communicator::GroupStart().ok());
@@ -197,8 +214,11 @@ TEST(Communicator, GroupFusesCallsAndPairsSendRecv) {
   }
   ASSERT_TRUE(w.SyncAll().ok()) << w.SyncAll().ToString();
   for (int r = 0; r < n; ++r) {
-    EXPECT_EQ(static_cast<float*>(a[r]->data())[count - 1], 10.0f);
-    for (int q = 0; q < n; ++q) EXPECT_EQ(static_cast<int32_t*>(c[r]->data())[q * count + 5], q * 10);
+    auto sum = w.Download<float>(r, a[r]->data(), count);
+    auto gathered = w.Download<int32_t>(r, c[r]->data(), count * n);
+    ASSERT_TRUE(sum.ok() && gathered.ok());
+    EXPECT_EQ((*sum)[count - 1], 10.0f);
+    for (int q = 0; q < n; ++q) EXPECT_EQ((*gathered)[q * count + 5], q * 10);
   }
   // Send/Recv both ways between 0 and 1 in one group (without the group, each rank's send would
   // wait for a receive the other has not posted).
@@ -209,12 +229,14 @@ TEST(Communicator, GroupFusesCallsAndPairsSendRecv) {
   }
   ASSERT_TRUE(Communicator::GroupEnd().ok());
   for (int r = 0; r < 2; ++r) ASSERT_TRUE(w.stream(r).Synchronize(Deadline::AfterSeconds(30)).ok());
-  EXPECT_EQ(static_cast<float*>(b[0]->data())[3], 10.0f);
+  auto received = w.Download<float>(0, b[0]->data(), count);
+  ASSERT_TRUE(received.ok()) << received.status().ToString();
+  EXPECT_EQ((*received)[3], 10.0f);
 }
 
 TEST(Communicator, SplitMakesWorkingSubCommunicators) {
   World w(5, WorldConfig(5));
-  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  KZ_ASSERT_WORLD(w);
   // Colors: even ranks 0, odd ranks 1, rank 4 none. Keys reverse the order.
   std::vector<Result<std::unique_ptr<Communicator>>> subs;
   for (int r = 0; r < 5; ++r) subs.emplace_back(Internal("not run"));
@@ -233,13 +255,16 @@ TEST(Communicator, SplitMakesWorkingSubCommunicators) {
   std::vector<std::unique_ptr<device::Buffer>> b;
   for (int r = 0; r < 5; ++r) {
     b.push_back(Alloc(w, r, 64));
-    static_cast<float*>(b[r]->data())[0] = static_cast<float>(r);
+    ASSERT_TRUE(w.Upload(r, b[r]->data(), std::vector<float>{static_cast<float>(r)}).ok());
   }
   for (int r : {1, 3})
     ASSERT_TRUE((*subs[r])->AllReduce(b[r]->data(), b[r]->data(), 1, DataType::kFloat32, ReduceOp::kSum, w.stream(r)).ok());
   for (int r : {1, 3}) ASSERT_TRUE(w.stream(r).Synchronize(Deadline::AfterSeconds(30)).ok());
-  EXPECT_EQ(static_cast<float*>(b[1]->data())[0], 4.0f);
-  EXPECT_EQ(static_cast<float*>(b[3]->data())[0], 4.0f);
+  for (int r : {1, 3}) {
+    auto got = w.Download<float>(r, b[r]->data(), 1);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ((*got)[0], 4.0f) << "rank " << r;
+  }
 }
 
 // Ranks on devices of different speeds in one communicator (two emulated backends with different
@@ -311,14 +336,14 @@ TEST(Communicator, DeterministicModeIsBitwiseStable) {
     config.deterministic = true;
     if (chunk) config.chunk_bytes = chunk;
     World w(n, config);
-    ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+    KZ_ASSERT_WORLD(w);
     for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd, Algorithm::kRd, Algorithm::kPairwise}) {
       std::vector<std::unique_ptr<device::Buffer>> b;
       CallOptions options;
       options.algorithm = algo;
       for (int r = 0; r < n; ++r) {
         b.push_back(Alloc(w, r, count * 4));
-        std::memcpy(b[r]->data(), inputs[r].data(), count * 4);
+        ASSERT_TRUE(w.Upload(r, b[r]->data(), inputs[r]).ok());
       }
       for (int r = 0; r < n; ++r)
         ASSERT_TRUE(w.comm(r).AllReduce(b[r]->data(), b[r]->data(), count, DataType::kFloat32, ReduceOp::kSum,
@@ -326,7 +351,9 @@ TEST(Communicator, DeterministicModeIsBitwiseStable) {
                         .ok());
       ASSERT_TRUE(w.SyncAll().ok());
       for (int r = 0; r < n; ++r) {
-        std::vector<uint8_t> got(static_cast<uint8_t*>(b[r]->data()), static_cast<uint8_t*>(b[r]->data()) + count * 4);
+        auto downloaded = w.Download<uint8_t>(r, b[r]->data(), count * 4);
+        ASSERT_TRUE(downloaded.ok()) << downloaded.status().ToString();
+        const std::vector<uint8_t>& got = *downloaded;
         if (reference.empty()) {
           // The reference: every element reduced in rank order, in float32.
           std::vector<float> want(count);
@@ -435,6 +462,47 @@ TEST(Communicator, RanksOnTwoHostsUseDirectLinksInsideAHostAndOfiBetween) {
   }
   streams.clear();
   comms.clear();
+}
+
+// KIZUNA_TEST_BACKEND (world.h): the named backend's devices from the registry, round-robin; a
+// backend the registry reports unavailable makes the world skip with the registry's reason; a
+// name no backend in the binary has is an error naming the ones there are.
+TEST(World, BackendFromTheEnvironment) {
+  const char* before = std::getenv("KIZUNA_TEST_BACKEND");
+  const std::string saved = before != nullptr ? before : "";
+  struct Restore {
+    bool had;
+    std::string value;
+    ~Restore() {
+      if (had) ::setenv("KIZUNA_TEST_BACKEND", value.c_str(), 1);
+      else ::unsetenv("KIZUNA_TEST_BACKEND");
+    }
+  } restore{before != nullptr, saved};
+
+  ASSERT_EQ(::setenv("KIZUNA_TEST_BACKEND", "host_emulated", 1), 0);
+  {
+    World w(3, WorldConfig(2));
+    ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+    EXPECT_TRUE(w.skip_reason().empty());
+    EXPECT_EQ(w.device(0).properties().backend, "host_emulated");
+    EXPECT_EQ(&w.device(2), &w.device(0)) << "3 ranks on 2 devices: round-robin";
+    EXPECT_NE(&w.device(1), &w.device(0));
+  }
+  {
+    Config config = WorldConfig(2);
+    config.emulated_devices = 0;  // the backend reports itself unavailable
+    World w(2, config);
+    EXPECT_NE(w.skip_reason().find("KIZUNA_TEST_BACKEND=host_emulated: unavailable"), std::string::npos)
+        << w.skip_reason();
+    EXPECT_NE(w.skip_reason().find("KIZUNA_EMULATED_DEVICES=0"), std::string::npos) << w.skip_reason();
+  }
+  ASSERT_EQ(::setenv("KIZUNA_TEST_BACKEND", "no_such_backend", 1), 0);
+  {
+    World w(2, WorldConfig(2));
+    EXPECT_TRUE(w.skip_reason().empty());
+    EXPECT_TRUE(HasCode(w.status(), StatusCode::kInvalidArgument));
+    EXPECT_TRUE(Mentions(w.status(), "no backend of that name in this binary (backends: "));
+  }
 }
 
 }  // namespace

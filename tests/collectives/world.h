@@ -1,11 +1,25 @@
 // Test support for the collective engine: a "world" of N ranks in this process (communicators
-// over emulated devices, several ranks per device when N exceeds the devices), element values
-// every dtype represents exactly, and the expected result of every collective computed here,
-// independently of the engine (straight loops, wide arithmetic, one conversion at the end).
+// over one backend's devices, several ranks per device when N exceeds the devices), element
+// values every dtype represents exactly, and the expected result of every collective computed
+// here, independently of the engine (straight loops, wide arithmetic, one conversion at the end).
+//
+// Which devices a World uses:
+//  - KIZUNA_TEST_BACKEND=<name> in the environment: the devices of that backend of the device
+//    registry (DeviceRegistry::Create(config)->Find(name)), ranks round-robin over them (on a
+//    machine with one GPU, KIZUNA_TEST_BACKEND=cuda puts every rank on GPU 0). A backend the
+//    registry reports unavailable (no driver, no device) makes the world skipped, with the
+//    registry's reason; a name no linked backend or plugin has is an error.
+//  - otherwise the emulated accelerator (host_emulated), configured by the Config: with
+//    Config::emu_opaque its memory is opaque to the CPU, as GPU memory is.
+// Tests never dereference device memory: they move bytes with Upload / Download, which copy
+// directly where the CPU may address the device's memory and through host memory from
+// Device::AllocateHost and a stream copy everywhere else.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -18,6 +32,7 @@
 #include "devices/host_emulated/backend.h"
 #include "runtime/communicator.h"
 #include "runtime/config.h"
+#include "runtime/device/registry.h"
 #include "runtime/half.h"
 
 namespace kizuna::test {
@@ -36,20 +51,107 @@ inline Config WorldConfig(int devices) {
   return c;
 }
 
+// The backend named by KIZUNA_TEST_BACKEND, or "" (the emulated accelerator).
+inline std::string TestBackendName() {
+  const char* name = std::getenv("KIZUNA_TEST_BACKEND");
+  return name != nullptr ? std::string(name) : std::string();
+}
+
+// Moves bytes between host memory and one device's memory as a test needs them: memcpy where the
+// CPU may address the device's memory, else a copy on `stream` through a host buffer from
+// Device::AllocateHost (kept and grown as needed), waited for with a deadline.
+class DeviceIo {
+ public:
+  DeviceIo(device::Device& device, device::Stream& stream) : device_(device), stream_(stream) {}
+
+  // dst: device memory; src: host memory.
+  Status Upload(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return Status::Ok();
+    if (device_.properties().host_accessible) {
+      std::memcpy(dst, src, bytes);
+      return Status::Ok();
+    }
+    KZ_RETURN_IF_ERROR(Reserve(bytes));
+    std::memcpy(bounce_->data(), src, bytes);
+    KZ_RETURN_IF_ERROR(stream_.Copy(dst, bounce_->data(), bytes));
+    return stream_.Synchronize(Deadline::AfterSeconds(60));
+  }
+  // dst: host memory; src: device memory.
+  Status Download(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return Status::Ok();
+    if (device_.properties().host_accessible) {
+      std::memcpy(dst, src, bytes);
+      return Status::Ok();
+    }
+    KZ_RETURN_IF_ERROR(Reserve(bytes));
+    KZ_RETURN_IF_ERROR(stream_.Copy(bounce_->data(), src, bytes));
+    KZ_RETURN_IF_ERROR(stream_.Synchronize(Deadline::AfterSeconds(60)));
+    std::memcpy(dst, bounce_->data(), bytes);
+    return Status::Ok();
+  }
+
+ private:
+  Status Reserve(size_t bytes) {
+    if (bounce_ != nullptr && bounce_->size() >= bytes) return Status::Ok();
+    bounce_.reset();
+    auto b = device_.AllocateHost(bytes);
+    if (!b.ok()) return b.status().WithContext(fmt::format("host memory to reach {} through", device_.label()));
+    bounce_ = std::move(b).value();
+    return Status::Ok();
+  }
+
+  device::Device& device_;
+  device::Stream& stream_;
+  std::unique_ptr<device::Buffer> bounce_;
+};
+
 class World {
  public:
-  // n ranks over min(n, max_devices) emulated devices (rank r on device r % devices).
+  // n ranks over min(n, max_devices, the backend's devices) devices, rank r on device r % that.
   World(int n, Config config, int max_devices = 8) : config_(std::move(config)) {
-    const int ndev = std::min(n, max_devices);
-    config_.emulated_devices = ndev;
-    auto backend = host_emulated::CreateHostEmulatedBackend(config_);
-    if (!backend.ok()) {
-      status_ = backend.status();
-      return;
-    }
-    backend_ = std::move(*backend);
     std::vector<device::Device*> devices;
-    for (int r = 0; r < n; ++r) devices.push_back(backend_->device(r % ndev));
+    const std::string named = TestBackendName();
+    device::Backend* backend = nullptr;
+    if (!named.empty()) {
+      registry_ = device::DeviceRegistry::Create(config_);
+      backend = registry_->Find(named);
+      if (backend == nullptr) {
+        std::string known;
+        for (const device::BackendSlot& slot : registry_->backends()) {
+          if (slot.name == named && slot.status.code() == StatusCode::kUnavailable) {
+            skip_reason_ = fmt::format("KIZUNA_TEST_BACKEND={}: {}", named, slot.status.ToString());
+            status_ = slot.status;
+            return;
+          }
+          if (slot.name == named) {
+            status_ = slot.status.WithContext(fmt::format("KIZUNA_TEST_BACKEND={}", named));
+            return;
+          }
+          known += fmt::format("{}{}", known.empty() ? "" : ", ", slot.name);
+        }
+        status_ = InvalidArgument(fmt::format(
+            "KIZUNA_TEST_BACKEND={}: no backend of that name in this binary (backends: {}); link its library or "
+            "name its plugin in KIZUNA_DEVICE_PLUGINS",
+            named, known.empty() ? std::string("none") : known));
+        return;
+      }
+      if (backend->device_count() == 0) {
+        skip_reason_ = fmt::format("KIZUNA_TEST_BACKEND={}: the backend has no devices here", named);
+        status_ = Unavailable(skip_reason_);
+        return;
+      }
+    } else {
+      config_.emulated_devices = std::min(n, max_devices);
+      auto created = host_emulated::CreateHostEmulatedBackend(config_);
+      if (!created.ok()) {
+        status_ = created.status();
+        return;
+      }
+      backend_ = std::move(created).value();
+      backend = backend_.get();
+    }
+    const int ndev = std::max(1, std::min({n, max_devices, backend->device_count()}));
+    for (int r = 0; r < n; ++r) devices.push_back(backend->device(r % ndev));
     CommOptions options;
     options.config = &config_;
     options.staging_bytes = 2u << 20;
@@ -66,18 +168,46 @@ class World {
         return;
       }
       streams_.push_back(std::move(*s));
+      io_.push_back(std::make_unique<DeviceIo>(*devices[static_cast<size_t>(r)], *streams_.back()));
     }
   }
   ~World() {
+    io_.clear();
     streams_.clear();
     comms_.clear();
   }
 
   const Status& status() const { return status_; }
+  // Non-empty when the backend asked for is unavailable here: the test skips, saying this.
+  const std::string& skip_reason() const { return skip_reason_; }
+  const Config& config() const { return config_; }
   int size() const { return static_cast<int>(comms_.size()); }
   Communicator& comm(int r) { return *comms_[static_cast<size_t>(r)]; }
   device::Stream& stream(int r) { return *streams_[static_cast<size_t>(r)]; }
   device::Device& device(int r) { return comm(r).device(); }
+  bool host_accessible(int r) { return device(r).properties().host_accessible; }
+
+  // Device memory on rank r's device; kOutOfMemory and the like as the device says.
+  Result<std::unique_ptr<device::Buffer>> Allocate(int r, size_t bytes) { return device(r).Allocate(bytes); }
+  // Host bytes into rank r's device memory, and back (see DeviceIo). Not while an operation
+  // of rank r still uses the memory.
+  Status Upload(int r, void* dst, const void* src, size_t bytes) {
+    return io_[static_cast<size_t>(r)]->Upload(dst, src, bytes);
+  }
+  Status Download(int r, void* dst, const void* src, size_t bytes) {
+    return io_[static_cast<size_t>(r)]->Download(dst, src, bytes);
+  }
+  // Typed forms for whole vectors.
+  template <typename T>
+  Status Upload(int r, void* dst, const std::vector<T>& src) {
+    return Upload(r, dst, src.data(), src.size() * sizeof(T));
+  }
+  template <typename T>
+  Result<std::vector<T>> Download(int r, const void* src, size_t count) {
+    std::vector<T> out(count);
+    KZ_RETURN_IF_ERROR(Download(r, out.data(), src, count * sizeof(T)));
+    return out;
+  }
 
   // Waits for every rank's stream; the first error (a stream's, then a communicator's).
   Status SyncAll() {
@@ -94,12 +224,23 @@ class World {
   }
 
  private:
-  Config config_;
+  Config config_;  // outlives the registry, the backend and the communicators (they keep pointers)
   Status status_;
-  std::unique_ptr<device::Backend> backend_;
+  std::string skip_reason_;
+  std::unique_ptr<device::DeviceRegistry> registry_;  // KIZUNA_TEST_BACKEND
+  std::unique_ptr<device::Backend> backend_;          // the emulated accelerator otherwise
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<std::unique_ptr<device::Stream>> streams_;
+  std::vector<std::unique_ptr<DeviceIo>> io_;
 };
+
+// In a test body: skips the test when the world's backend is unavailable here (saying why), and
+// fails it when the world could not be built.
+#define KZ_ASSERT_WORLD(w)                                                   \
+  do {                                                                       \
+    if (!(w).skip_reason().empty()) GTEST_SKIP() << (w).skip_reason();       \
+    ASSERT_TRUE((w).status().ok()) << (w).status().ToString();               \
+  } while (0)
 
 // ---- Values ----
 

@@ -19,8 +19,7 @@ namespace {
 
 Result<const DriverApi*> Load() {
   static DriverApi api;
-  const char* env = std::getenv("KIZUNA_CUDA_DRIVER");
-  const std::string name = env != nullptr && *env != '\0' ? env : "libcuda.so.1";
+  const std::string name = "libcuda.so.1";
   void* handle = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* err = ::dlerror();

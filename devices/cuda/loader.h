@@ -83,7 +83,7 @@ struct DriverApi {
   std::string library;     // the path dlopen resolved, for logs
 };
 
-// Loads libcuda.so.1 (KIZUNA_CUDA_DRIVER overrides the name, for tests and odd installs) and calls
+// Loads libcuda.so.1 (the driver's soname, found by the dynamic loader's search) and calls
 // cuInit(0), once. kUnavailable naming the reason when there is no driver, no symbol, or cuInit
 // fails (CUDA_ERROR_NO_DEVICE on a machine without a GPU). The same result every call.
 Result<const DriverApi*> Driver();

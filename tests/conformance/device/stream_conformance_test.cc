@@ -165,6 +165,54 @@ TEST_P(DeviceConformance, CrossStreamWaitOrdersWork) {
   KZ_EXPECT_OK(a->Synchronize(TestDeadline()));
 }
 
+// Stream::EnqueueHold: later work waits until the release, earlier work does not; several
+// streams held at once go on independently (a backend that holds with blocking host callbacks on
+// one thread would serialize them: the engine holds every rank's stream of a process); destroying
+// an unreleased hold releases it.
+TEST_P(DeviceConformance, HoldsStopLaterWorkUntilReleased) {
+  constexpr int kStreams = 3;
+  std::vector<std::unique_ptr<Event>> before, after;
+  for (int i = 0; i < kStreams; ++i) {
+    before.push_back(MustCreateEvent());
+    after.push_back(MustCreateEvent());
+    KZ_ASSERT_NOT_NULL(before.back());
+    KZ_ASSERT_NOT_NULL(after.back());
+  }
+  std::vector<std::unique_ptr<StreamHold>> holds;
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    streams.push_back(MustCreateStream());
+    KZ_ASSERT_NOT_NULL(streams.back());
+  }
+  for (int i = 0; i < kStreams; ++i) {
+    KZ_ASSERT_OK(streams[i]->Record(*before[i]));
+    KZ_ASSERT_OK_AND_ASSIGN(auto hold, streams[i]->EnqueueHold());
+    ASSERT_NE(hold, nullptr);
+    holds.push_back(std::move(hold));
+    KZ_ASSERT_OK(streams[i]->Record(*after[i]));
+  }
+  for (int i = 0; i < kStreams; ++i) KZ_EXPECT_OK(before[i]->Synchronize(TestDeadline())) << "stream " << i;
+  std::this_thread::sleep_for(20ms);  // give a hold that does not hold time to let work through
+  for (int i = 0; i < kStreams; ++i) {
+    auto done = after[i]->Query();
+    KZ_ASSERT_OK(done.status());
+    EXPECT_FALSE(*done) << "stream " << i << " ran past its hold before the release";
+  }
+  // Released in reverse order: each stream goes on by itself.
+  for (int i = kStreams - 1; i >= 0; --i) {
+    holds[i]->Release();
+    holds[i]->Release();  // idempotent
+    KZ_EXPECT_OK(after[i]->Synchronize(TestDeadline())) << "stream " << i << " after its release";
+  }
+  // A hold destroyed unreleased lets the stream go on.
+  {
+    KZ_ASSERT_OK_AND_ASSIGN(auto hold, streams[0]->EnqueueHold());
+    KZ_ASSERT_OK(streams[0]->Record(*after[0]));
+  }
+  KZ_EXPECT_OK(after[0]->Synchronize(TestDeadline()));
+  for (auto& s : streams) KZ_EXPECT_OK(s->Synchronize(TestDeadline()));
+}
+
 TEST_P(DeviceConformance, HostCallbacksRunInOrderWithOkStatus) {
   constexpr int kCallbacks = 1000;
   std::mutex mu;

@@ -84,9 +84,13 @@ class DirectGroup {
   // Every operation that is not fused publishes its signature too, without waiting, so that a
   // rank waiting in Exchange sees a mismatch at once.
   void Publish(uint64_t seq, int rank, uint64_t signature, std::string call);
-  // Waits until every rank has finished operation `seq` (its device work complete), so no rank
-  // proceeds while another still writes into its output. Same errors as Exchange.
-  Status Finish(uint64_t seq, int rank, Deadline deadline, const std::atomic<bool>& abort);
+  // Publishes the event that completes `rank`'s device work of operation `seq` and waits until
+  // every rank has published its own (host bookkeeping only: nobody waits for a device here);
+  // returns them indexed by rank. Each rank's stream then waits on the others' events before it
+  // releases its caller's stream, so no rank proceeds while another still writes into its
+  // output. Same errors as Exchange.
+  Result<std::vector<const device::Event*>> Finish(uint64_t seq, int rank, const device::Event* done,
+                                                   Deadline deadline, const std::atomic<bool>& abort);
   // A rank failed: every wait, now and later, fails with `why`.
   void Fail(const Status& why);
 
@@ -94,6 +98,7 @@ class DirectGroup {
   struct Slot {
     std::vector<Entry> entries;
     std::vector<char> published, finished;
+    std::vector<const device::Event*> events;  // Finish: each rank's completion event
     int npublished = 0, nfinished = 0, departed = 0;
     bool any_direct = false;
   };
@@ -165,6 +170,7 @@ class Executor {
 
   std::vector<std::unique_ptr<device::Stream>> streams_;  // one per channel, grown on demand
   std::unique_ptr<device::Buffer> scratch_;               // grown on demand
+  std::unique_ptr<device::Event> direct_done_;            // RunDirect: this rank's part is done
   std::vector<std::unique_ptr<device::Buffer>> retired_scratch_;  // outgrown, freed with the executor
 
   // Control traffic (operation headers, abort notices), used by the executor thread only.

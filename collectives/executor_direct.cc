@@ -65,6 +65,7 @@ DirectGroup::Slot& DirectGroup::SlotFor(uint64_t seq) {
     s.entries.resize(static_cast<size_t>(nranks_));
     s.published.assign(static_cast<size_t>(nranks_), 0);
     s.finished.assign(static_cast<size_t>(nranks_), 0);
+    s.events.assign(static_cast<size_t>(nranks_), nullptr);
   }
   return s;
 }
@@ -112,18 +113,21 @@ Result<std::vector<DirectGroup::Entry>> DirectGroup::Exchange(uint64_t seq, int 
   return slots_[seq].entries;
 }
 
-Status DirectGroup::Finish(uint64_t seq, int rank, Deadline deadline, const std::atomic<bool>& abort) {
+Result<std::vector<const device::Event*>> DirectGroup::Finish(uint64_t seq, int rank, const device::Event* done,
+                                                             Deadline deadline, const std::atomic<bool>& abort) {
   std::unique_lock lock(mu_);
   Slot& s = slots_[seq];
   if (s.finished.empty()) return Internal(fmt::format("operation {}: finish before exchange", seq));
   if (!s.finished[static_cast<size_t>(rank)]) {
     s.finished[static_cast<size_t>(rank)] = 1;
+    s.events[static_cast<size_t>(rank)] = done;
     if (++s.nfinished == nranks_) cv_.notify_all();
   }
   KZ_RETURN_IF_ERROR(WaitLocked(lock, seq, /*finish=*/true, deadline, abort));
+  std::vector<const device::Event*> events = slots_[seq].events;
   // The last rank to leave forgets the operation.
   if (++slots_[seq].departed == nranks_) slots_.erase(seq);
-  return Status::Ok();
+  return events;
 }
 
 // ---- Executor::RunDirect ----
@@ -142,12 +146,20 @@ Status Executor::RunDirect(Operation& op, Deadline deadline) {
   if (!exchanged.ok()) return exchanged.status();
   const std::vector<DirectGroup::Entry>& all = *exchanged;
   const auto [slice_offset, slice_count] = FusedSlice(req.count, req.nranks, rank);
+  if (streams_.empty()) {
+    KZ_ASSIGN_OR_RETURN(auto s, device_->CreateStream());
+    streams_.push_back(std::move(s));
+  }
+  if (!direct_done_) {
+    KZ_ASSIGN_OR_RETURN(direct_done_, device_->CreateEvent());
+  }
+  device::Stream& stream = *streams_[0];
+  auto failed = [&](const Status& s) {
+    Status f = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, rank, req.ToString()));
+    group->Fail(f);
+    return f;
+  };
   if (slice_count > 0) {
-    if (streams_.empty()) {
-      KZ_ASSIGN_OR_RETURN(auto s, device_->CreateStream());
-      streams_.push_back(std::move(s));
-    }
-    device::Stream& stream = *streams_[0];
     const size_t offset = slice_offset * DataTypeSize(req.dtype);
     std::vector<const void*> srcs;
     std::vector<void*> dsts;
@@ -155,16 +167,25 @@ Status Executor::RunDirect(Operation& op, Deadline deadline) {
       srcs.push_back(static_cast<const uint8_t*>(e.input) + offset);
       dsts.push_back(static_cast<uint8_t*>(e.output) + offset);
     }
-    Status s = stream.ReduceMulti(dsts, srcs, slice_count, req.dtype, req.op);
-    if (s.ok()) s = stream.Synchronize(deadline);
-    if (!s.ok()) {
-      Status failed = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, rank,
-                                                req.ToString()));
-      group->Fail(failed);
-      return failed;
-    }
+    if (Status s = stream.ReduceMulti(dsts, srcs, slice_count, req.dtype, req.op); !s.ok()) return failed(s);
   }
-  return group->Finish(op.seq, rank, deadline, abort_);
+  if (Status s = stream.Record(*direct_done_); !s.ok()) return failed(s);
+  // The finish stays on the device: this rank's stream waits for every other rank's part, then
+  // releases the caller's stream itself. No host thread waits for the device pass.
+  KZ_ASSIGN_OR_RETURN(std::vector<const device::Event*> events,
+                      group->Finish(op.seq, rank, direct_done_.get(), deadline, abort_));
+  for (int q = 0; q < req.nranks; ++q)
+    if (q != rank)
+      if (Status s = stream.Wait(*events[static_cast<size_t>(q)]); !s.ok()) return failed(s);
+  std::unique_ptr<device::StreamHold> hold;
+  {
+    std::lock_guard lock(op.mu);
+    hold = std::move(op.hold);
+  }
+  if (hold) {
+    if (Status s = stream.EnqueueRelease(std::move(hold)); !s.ok()) return failed(s);
+  }
+  return Status::Ok();
 }
 
 }  // namespace kizuna::collectives

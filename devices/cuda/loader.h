@@ -62,6 +62,7 @@ namespace kizuna::cuda {
   X(cuStreamWaitEvent)                \
   X(cuStreamAddCallback)              \
   X(cuStreamWaitValue32)              \
+  X(cuStreamWriteValue32)             \
   X(cuEventCreate)                    \
   X(cuEventDestroy)                   \
   X(cuEventRecord)                    \

@@ -105,6 +105,9 @@ class CudaHold final : public device::StreamHold {
  public:
   CudaHold(std::shared_ptr<HoldSlots> slots, size_t slot, uint32_t generation)
       : slots_(std::move(slots)), slot_(slot), generation_(generation) {}
+  // The word the held stream waits on, and the value that releases it.
+  CUdeviceptr word() const { return reinterpret_cast<CUdeviceptr>(&slots_->words[slot_]); }
+  uint32_t generation() const { return generation_; }
   ~CudaHold() override { Release(); }
   void Release() override {
     std::lock_guard lock(slots_->mu);
@@ -169,6 +172,34 @@ Result<std::unique_ptr<device::StreamHold>> CudaStream::DoEnqueueHold() {
     return Refused(r, "cuStreamWaitValue32");
   }
   return std::unique_ptr<device::StreamHold>(new CudaHold(holds_, slot, generation));
+}
+
+Status CudaStream::DoEnqueueRelease(std::unique_ptr<device::StreamHold> hold) {
+  auto* cuda_hold = dynamic_cast<CudaHold*>(hold.get());
+  if (cuda_hold == nullptr) return Stream::DoEnqueueRelease(std::move(hold));  // a callback hold
+  ScopedContext scope(core_->api, core_->ctx);
+  CUresult r = core_->api.cuStreamWriteValue32(stream_, cuda_hold->word(), cuda_hold->generation(), 0);
+  if (r != CUDA_SUCCESS) {
+    hold->Release();  // never leave the other stream held
+    return Refused(r, "cuStreamWriteValue32 (releasing a held stream)");
+  }
+  // The hold object goes when this stream has passed the write: its Release then stores the value
+  // the device already wrote, and frees the slot for reuse. Should this stream fail before the
+  // write, that callback (which runs with the error) releases the held stream from the host.
+  auto* boxed = new std::unique_ptr<device::StreamHold>(std::move(hold));
+  r = core_->api.cuStreamAddCallback(
+      stream_,
+      [](CUstream, CUresult, void* p) {
+        auto* h = static_cast<std::unique_ptr<device::StreamHold>*>(p);
+        (*h)->Release();
+        delete h;
+      },
+      boxed, 0);
+  if (r != CUDA_SUCCESS) {
+    (*boxed)->Release();
+    delete boxed;
+  }
+  return Status::Ok();
 }
 
 // ---- CudaDevice: kernels, streams, events ----

@@ -49,6 +49,7 @@ class CudaStream final : public device::Stream {
   Status DoWait(const device::Event& event) override;
   Status DoHostCallback(device::HostCallback fn) override;
   Result<std::unique_ptr<device::StreamHold>> DoEnqueueHold() override;
+  Status DoEnqueueRelease(std::unique_ptr<device::StreamHold> hold) override;
   Status DoSynchronize(Deadline deadline) override;
   Result<bool> DoQuery() override;
 

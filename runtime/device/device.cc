@@ -172,6 +172,18 @@ Result<std::unique_ptr<StreamHold>> Stream::DoEnqueueHold() {
   return std::unique_ptr<StreamHold>(new CallbackHold(std::move(state)));
 }
 
+Status Stream::EnqueueRelease(std::unique_ptr<StreamHold> hold) {
+  if (!hold) return InvalidArgument("no hold to release");
+  return DoEnqueueRelease(std::move(hold));
+}
+
+Status Stream::DoEnqueueRelease(std::unique_ptr<StreamHold> hold) {
+  std::shared_ptr<StreamHold> shared(std::move(hold));
+  Status s = DoHostCallback([shared](const Status&) { shared->Release(); });
+  if (!s.ok()) shared->Release();  // never leave the other stream held
+  return s;
+}
+
 Status Stream::Synchronize(Deadline deadline) { return DoSynchronize(deadline); }
 Status Stream::Synchronize() { return DoSynchronize(Deadline::AfterSeconds(device().config().timeout_s)); }
 Result<bool> Stream::Query() { return DoQuery(); }

@@ -163,6 +163,12 @@ class Stream {
   // release (bounded by the configured timeout, plus 30 s): on a backend that runs all host
   // callbacks on one thread (CUDA), holding several streams that way would serialize them.
   Result<std::unique_ptr<StreamHold>> EnqueueHold();
+  // Releases `hold` (from any stream of this backend) when this stream reaches this point, so one
+  // stream lets another go on without a host thread waiting for it (CUDA: a stream write to the
+  // word the hold waits on). The stream owns the hold until then. The default enqueues a host
+  // callback that releases it. Should this stream fail first, the hold is still released (a
+  // held stream never waits for ever).
+  Status EnqueueRelease(std::unique_ptr<StreamHold> hold);
 
   // Waits until all enqueued work is done; returns the stream's error, if any; kTimeout at the deadline.
   Status Synchronize(Deadline deadline);
@@ -187,6 +193,7 @@ class Stream {
   virtual Status DoWait(const Event& event) = 0;
   virtual Status DoHostCallback(HostCallback fn) = 0;
   virtual Result<std::unique_ptr<StreamHold>> DoEnqueueHold();
+  virtual Status DoEnqueueRelease(std::unique_ptr<StreamHold> hold);
   virtual Status DoSynchronize(Deadline deadline) = 0;
   virtual Result<bool> DoQuery() = 0;
 

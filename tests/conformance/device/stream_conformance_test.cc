@@ -167,8 +167,8 @@ TEST_P(DeviceConformance, CrossStreamWaitOrdersWork) {
 
 // Stream::EnqueueHold: later work waits until the release, earlier work does not; several
 // streams held at once go on independently (a backend that holds with blocking host callbacks on
-// one thread would serialize them: the engine holds every rank's stream of a process); destroying
-// an unreleased hold releases it.
+// one thread would serialize them: the engine holds every rank's stream of a process); a release
+// enqueued on another stream; destroying an unreleased hold releases it.
 TEST_P(DeviceConformance, HoldsStopLaterWorkUntilReleased) {
   constexpr int kStreams = 3;
   std::vector<std::unique_ptr<Event>> before, after;
@@ -203,6 +203,25 @@ TEST_P(DeviceConformance, HoldsStopLaterWorkUntilReleased) {
     holds[i]->Release();
     holds[i]->Release();  // idempotent
     KZ_EXPECT_OK(after[i]->Synchronize(TestDeadline())) << "stream " << i << " after its release";
+  }
+  // A release enqueued on another stream lets the held stream go on once that stream gets there.
+  {
+    auto gate = std::make_shared<Gate>();
+    auto releaser = MustCreateStream();
+    OpenOnExit opener(gate);
+    KZ_ASSERT_NOT_NULL(releaser);
+    KZ_ASSERT_OK_AND_ASSIGN(auto hold, streams[1]->EnqueueHold());
+    KZ_ASSERT_OK(streams[1]->Record(*after[1]));
+    KZ_ASSERT_OK(EnqueueGate(*releaser, gate));
+    KZ_ASSERT_OK(releaser->EnqueueRelease(std::move(hold)));
+    ASSERT_TRUE(gate->WaitReached(TestDeadline()));
+    std::this_thread::sleep_for(20ms);
+    auto done = after[1]->Query();
+    KZ_ASSERT_OK(done.status());
+    EXPECT_FALSE(*done) << "the held stream went on before the releasing stream reached the release";
+    gate->Open();
+    KZ_EXPECT_OK(after[1]->Synchronize(TestDeadline()));
+    KZ_EXPECT_OK(releaser->Synchronize(TestDeadline()));
   }
   // A hold destroyed unreleased lets the stream go on.
   {

@@ -1,0 +1,338 @@
+// Creating communicators: from a unique id, a bootstrap, the launcher's environment, or N local
+// devices (communicator.h). Every rank allgathers its host, agrees with the others on the fabrics
+// they all have, connects (collectives/transport.h), and builds the shape the engine plans with.
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "collectives/executor.h"
+#include "collectives/selector.h"
+#include "collectives/transport.h"
+#include "fabric/registry.h"
+#include "runtime/bootstrap/in_process.h"
+#include "runtime/bootstrap/launch_env.h"
+#include "runtime/communicator.h"
+#include "runtime/communicator_internal.h"
+#include "runtime/device/registry.h"
+#include "runtime/host_id.h"
+#include "runtime/logging.h"
+
+namespace kizuna {
+namespace {
+
+// One rank's part of the shape, for the allgather at creation: its device and its row of links.
+// Internal format (every rank runs the same build): strings as u32 length + bytes, numbers as
+// their bytes.
+void Put(bootstrap::Bytes& out, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  out.insert(out.end(), b, b + n);
+}
+void PutString(bootstrap::Bytes& out, const std::string& s) {
+  const auto n = static_cast<uint32_t>(s.size());
+  Put(out, &n, sizeof n);
+  Put(out, s.data(), s.size());
+}
+
+bootstrap::Bytes EncodeRankRow(const collectives::RankDesc& me, const std::vector<collectives::LinkDesc>& row) {
+  bootstrap::Bytes out;
+  PutString(out, me.host_id);
+  PutString(out, me.device);
+  for (double v : {me.copy_gbps, me.reduce_gbps, me.launch_us}) Put(out, &v, sizeof v);
+  for (const collectives::LinkDesc& l : row) {
+    const uint8_t flags = (l.reachable ? 1 : 0) | (l.staged ? 2 : 0);
+    Put(out, &flags, 1);
+    Put(out, &l.latency_us, sizeof l.latency_us);
+    Put(out, &l.gbps, sizeof l.gbps);
+  }
+  return out;
+}
+
+class RowReader {
+ public:
+  explicit RowReader(const bootstrap::Bytes& b) : b_(b) {}
+  bool Get(void* p, size_t n) {
+    if (n > b_.size() - pos_) return false;
+    std::memcpy(p, b_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool GetString(std::string* s) {
+    uint32_t n = 0;
+    if (!Get(&n, sizeof n) || n > b_.size() - pos_) return false;
+    s->assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  bool done() const { return pos_ == b_.size(); }
+
+ private:
+  const bootstrap::Bytes& b_;
+  size_t pos_ = 0;
+};
+
+Status DecodeRankRow(const bootstrap::Bytes& bytes, int rank, collectives::CommShape& shape) {
+  RowReader r(bytes);
+  collectives::RankDesc& d = shape.ranks[static_cast<size_t>(rank)];
+  bool ok = r.GetString(&d.host_id) && r.GetString(&d.device) && r.Get(&d.copy_gbps, 8) &&
+            r.Get(&d.reduce_gbps, 8) && r.Get(&d.launch_us, 8);
+  for (int q = 0; ok && q < shape.nranks; ++q) {
+    collectives::LinkDesc& l = shape.link(rank, q);
+    uint8_t flags = 0;
+    ok = r.Get(&flags, 1) && r.Get(&l.latency_us, 8) && r.Get(&l.gbps, 8);
+    l.reachable = (flags & 1) != 0;
+    l.staged = (flags & 2) != 0;
+  }
+  if (!ok || !r.done()) return Internal(fmt::format("rank {} sent a malformed description of its links", rank));
+  return Status::Ok();
+}
+
+// The fabrics every rank can use, in rank 0's preference order: each pair of ranks must see the
+// same list, or they would pick different fabrics for one connection. Collective over `boot`.
+// A rank with no usable fabric still takes part in the exchange (with an empty list), so that
+// every rank fails at once with the reason instead of waiting for it until the deadline.
+Result<std::vector<fabric::Fabric*>> AgreeOnFabrics(const fabric::FabricRegistry& registry,
+                                                    bootstrap::Bootstrap& boot, int rank, Deadline deadline) {
+  const int size = boot.size();
+  Result<std::vector<fabric::Fabric*>> selected = registry.SelectAll();
+  const std::vector<fabric::Fabric*> available = selected.ok() ? *selected : std::vector<fabric::Fabric*>{};
+  bootstrap::Bytes mine;
+  for (const fabric::Fabric* f : available) PutString(mine, f->name());
+  KZ_ASSIGN_OR_RETURN(auto lists, boot.AllGather(mine, deadline));
+  std::vector<std::vector<std::string>> names(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    RowReader reader(lists[static_cast<size_t>(r)]);
+    while (!reader.done()) {
+      std::string name;
+      if (!reader.GetString(&name)) return Internal(fmt::format("rank {} sent a malformed list of its fabrics", r));
+      names[static_cast<size_t>(r)].push_back(std::move(name));
+    }
+  }
+  std::vector<fabric::Fabric*> common;
+  std::string common_names;
+  for (const std::string& name : names[0]) {
+    bool everywhere = true;
+    for (const auto& list : names) everywhere &= std::find(list.begin(), list.end(), name) != list.end();
+    if (!everywhere) continue;
+    common.push_back(*std::find_if(available.begin(), available.end(),
+                                   [&](const fabric::Fabric* f) { return f->name() == name; }));
+    common_names += (common_names.empty() ? "" : ", ") + name;
+  }
+  if (common.empty()) {
+    if (!selected.ok()) return selected.status();
+    std::string each;
+    for (int r = 0; r < size && r < 8; ++r) {
+      std::string list;
+      for (const std::string& name : names[static_cast<size_t>(r)]) list += (list.empty() ? "" : ", ") + name;
+      each += fmt::format("{}rank {}: {}", each.empty() ? "" : "; ", r, list.empty() ? "none" : list);
+    }
+    if (size > 8) each += fmt::format("; and {} more ranks", size - 8);
+    return InvalidArgument(fmt::format("no fabric is available on every rank ({}); make one available everywhere, "
+                                       "or set KIZUNA_FABRIC alike on every rank",
+                                       each));
+  }
+  if (rank == 0) KZ_INFO(kLogInit, "fabrics on every rank, in preference order: {}", common_names);
+  return common;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Creation
+
+Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstrap::Bootstrap> boot,
+                                                         device::Device& device, const CommOptions& options,
+                                                         std::shared_ptr<collectives::DirectGroup> direct) {
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->config_ = options.config != nullptr ? options.config : &GlobalConfig();
+  c->options_ = options;
+  c->rank_ = boot->rank();
+  c->size_ = boot->size();
+  c->device_ = &device;
+  c->bootstrap_ = std::move(boot);
+  c->plans_ = std::make_unique<PlanCache>();
+  const Config& config = *c->config_;
+  const Deadline deadline = Deadline::AfterSeconds(config.timeout_s);
+  const device::DeviceProperties& props = device.properties();
+
+  // Who shares this host (local rank for the fabric; which pairs direct links can join).
+  const std::string host = options.host_id.empty() ? HostId() : options.host_id;
+  KZ_ASSIGN_OR_RETURN(auto hosts, c->bootstrap_->AllGather(
+                                      std::span(reinterpret_cast<const uint8_t*>(host.data()), host.size()), deadline));
+  std::vector<std::string> rank_hosts;
+  for (const auto& h : hosts) rank_hosts.emplace_back(h.begin(), h.end());
+  int local_rank = 0;
+  for (int r = 0; r < c->rank_; ++r)
+    if (rank_hosts[static_cast<size_t>(r)] == host) ++local_rank;
+
+  if (c->size_ == 1) {
+    // Nothing to connect: no fabric is needed (or wanted: a one-rank job must work anywhere).
+    collectives::TransportOptions topts;
+    topts.staging_bytes = options.staging_bytes;
+    topts.force_host_staging = options.force_host_staging;
+    KZ_ASSIGN_OR_RETURN(c->transport_, collectives::Transport::CreateSingle(device, topts));
+  } else {
+    fabric::FabricContext context;
+    context.rank = c->rank_;
+    context.world_size = c->size_;
+    context.local_rank = local_rank;
+    context.host_id = host;
+    context.rank_hosts = std::move(rank_hosts);
+    context.device_uuids = {props.uuid};
+    // With no topology given, every pair of ranks on one host is one hop of shared memory away:
+    // describe that to the fabrics as direct-connect links ("full" links the ranks of each host,
+    // since the fabric knows every rank's host), so that they can use direct links (single-copy,
+    // mapped peer memory) instead of a network stack; pairs across hosts take a network fabric.
+    c->fabric_config_ = config;
+    if (c->fabric_config_.topology.empty()) c->fabric_config_.topology = "full";
+    c->fabrics_ = fabric::FabricRegistry::Create(c->fabric_config_, context);
+    KZ_ASSIGN_OR_RETURN(std::vector<fabric::Fabric*> common,
+                        AgreeOnFabrics(*c->fabrics_, *c->bootstrap_, c->rank_, deadline));
+
+    collectives::TransportOptions topts;
+    topts.staging_bytes = options.staging_bytes;
+    topts.force_host_staging = options.force_host_staging;
+    KZ_ASSIGN_OR_RETURN(c->transport_,
+                        collectives::Transport::Create(common, *c->bootstrap_, device, topts, deadline));
+  }
+
+  // The shape: every rank's device and link row, allgathered, so every rank holds the same.
+  collectives::RankDesc me;
+  me.host_id = host;
+  me.device = device.label();
+  me.copy_gbps = props.copy_gbps;
+  me.reduce_gbps = props.reduce_gbps;
+  me.launch_us = props.launch_latency_us;
+  KZ_ASSIGN_OR_RETURN(auto rows,
+                      c->bootstrap_->AllGather(EncodeRankRow(me, c->transport_->link_row()), deadline));
+  collectives::CommShape shape;
+  shape.nranks = c->size_;
+  shape.ranks.resize(static_cast<size_t>(c->size_));
+  shape.links.resize(static_cast<size_t>(c->size_) * static_cast<size_t>(c->size_));
+  for (int r = 0; r < c->size_; ++r) KZ_RETURN_IF_ERROR(DecodeRankRow(rows[static_cast<size_t>(r)], r, shape));
+  // A link is usable only when both directions are (every transfer needs its connection).
+  for (int a = 0; a < c->size_; ++a)
+    for (int b = 0; b < c->size_; ++b)
+      if (a == b || !shape.link(a, b).reachable || !shape.link(b, a).reachable) shape.link(a, b).reachable = false;
+  shape.direct = direct != nullptr;
+  KZ_RETURN_IF_ERROR(shape.Validate());
+  c->shape_ = std::move(shape);
+
+  // KIZUNA_ALGO, parsed once: a malformed value fails creation, naming the bad item, instead of
+  // every call; names not available yet are logged once.
+  KZ_ASSIGN_OR_RETURN(c->overrides_, collectives::ParseAlgoOverrides(config.algo));
+  if (c->rank_ == 0)
+    for (const std::string& w : c->overrides_.warnings) KZ_WARN(kLogTune, "KIZUNA_ALGO: {}", w);
+
+  collectives::ExecutorOptions eopts;
+  eopts.timeout_s = config.timeout_s;
+  eopts.direct_group = std::move(direct);
+  eopts.rank = c->rank_;
+  KZ_ASSIGN_OR_RETURN(c->executor_, collectives::Executor::Create(c->transport_.get(), &device, eopts));
+
+  KZ_INFO(kLogInit, "communicator rank {} of {} on {} ({}), {}; {} host(s)", c->rank_, c->size_, device.label(),
+          props.name, c->transport_->description(), c->shape_.host_count());
+  return c;
+}
+
+std::string Communicator::DescribeConnections() const { return transport_->description(); }
+
+Result<std::unique_ptr<Communicator>> Communicator::Create(std::shared_ptr<bootstrap::Bootstrap> bootstrap,
+                                                           device::Device& device, const CommOptions& options) {
+  if (!bootstrap) return InvalidArgument("Communicator::Create: no bootstrap");
+  return Init(std::move(bootstrap), device, options);
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::Create(const bootstrap::UniqueId& id, int rank, int size,
+                                                           device::Device& device, const CommOptions& options) {
+  const Config& config = options.config != nullptr ? *options.config : GlobalConfig();
+  if (size < 1 || rank < 0 || rank >= size)
+    return InvalidArgument(fmt::format("Communicator::Create: rank {} of {} ranks", rank, size));
+  KZ_ASSIGN_OR_RETURN(auto boot,
+                      bootstrap::CreateTcpBootstrap(id, rank, size, Deadline::AfterSeconds(config.timeout_s)));
+  return Init(std::shared_ptr<bootstrap::Bootstrap>(std::move(boot)), device, options);
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::CreateFromEnvironment(const CommOptions& options) {
+  const Config& config = options.config != nullptr ? *options.config : GlobalConfig();
+  const bootstrap::Environment env = bootstrap::ProcessEnvironment();
+  KZ_ASSIGN_OR_RETURN(bootstrap::LaunchInfo launch, bootstrap::DetectLaunch(env));
+  auto registry = device::DeviceRegistry::Create(config);
+  std::vector<device::Device*> devices = registry->devices();
+  if (devices.empty()) {
+    std::string why;
+    for (const auto& slot : registry->backends()) why += fmt::format("; {}: {}", slot.name, slot.status.ToString());
+    return Unavailable(fmt::format("no device for rank {}{}", launch.rank, why));
+  }
+  // Real accelerators first (a GPU machine uses its GPUs, as NCCL users expect), else the first
+  // available backend in registry order (the emulated devices on a machine without hardware).
+  std::string backend = devices[0]->properties().backend;
+  for (const auto& slot : registry->backends()) {
+    if (slot.status.ok() && slot.needs_hardware && slot.backend->device_count() > 0) {
+      backend = slot.name;
+      break;
+    }
+  }
+  KZ_INFO(kLogInit, "rank {}: devices of backend {} (KIZUNA_EMULATED_DEVICES=0 leaves out the emulated ones)",
+          launch.rank, backend);
+  std::erase_if(devices, [&](device::Device* d) { return d->properties().backend != backend; });
+  int index = launch.local_rank % static_cast<int>(devices.size());
+  if (config.device) {
+    if (*config.device < 0 || *config.device >= static_cast<int>(devices.size()))
+      return InvalidArgument(fmt::format("KIZUNA_DEVICE={} but {} has {} devices", *config.device, backend,
+                                         devices.size()));
+    index = *config.device;
+  }
+  device::Device* device = devices[static_cast<size_t>(index)];
+  KZ_ASSIGN_OR_RETURN(auto boot, bootstrap::BootstrapFromEnvironment());
+  KZ_ASSIGN_OR_RETURN(auto comm, Init(std::shared_ptr<bootstrap::Bootstrap>(std::move(boot)), *device, options));
+  comm->owned_devices_ = std::move(registry);
+  return comm;
+}
+
+Result<std::vector<std::unique_ptr<Communicator>>> Communicator::CreateLocal(std::span<device::Device* const> devices,
+                                                                           const CommOptions& options) {
+  if (devices.empty()) return InvalidArgument("Communicator::CreateLocal: no devices");
+  for (size_t i = 0; i < devices.size(); ++i)
+    if (devices[i] == nullptr) return InvalidArgument(fmt::format("Communicator::CreateLocal: device {} is null", i));
+  const int n = static_cast<int>(devices.size());
+  KZ_ASSIGN_OR_RETURN(auto boots, bootstrap::CreateInProcessBootstraps(n));
+  // Ranks of one process address each other's buffers directly when they share one device, or
+  // when their devices are of one backend whose memory the CPU addresses (emulated devices: any
+  // of their streams takes any of their memory). GPUs of one process would need peer access.
+  bool direct = options.direct_access;
+  for (device::Device* d : devices)
+    direct = direct && d->properties().backend == devices[0]->properties().backend &&
+             (d == devices[0] || (d->properties().host_accessible && devices[0]->properties().host_accessible));
+  auto group = direct ? std::make_shared<collectives::DirectGroup>(n) : nullptr;
+  KZ_INFO(kLogInit, "{} local ranks: {}", n,
+          direct ? "they address each other's memory directly (fused algorithms available)"
+                 : "no direct access between them (fused algorithms not available)");
+  std::vector<Result<std::unique_ptr<Communicator>>> results;
+  for (int r = 0; r < n; ++r) results.emplace_back(Internal("not created"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      results[static_cast<size_t>(r)] =
+          Init(std::shared_ptr<bootstrap::Bootstrap>(std::move(boots[static_cast<size_t>(r)])),
+               *devices[static_cast<size_t>(r)], options, group);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < n; ++r) {
+    auto& res = results[static_cast<size_t>(r)];
+    if (!res.ok()) return res.status().WithContext(fmt::format("rank {}", r));
+    comms.push_back(std::move(*res));
+  }
+  return comms;
+}
+
+Communicator::~Communicator() {
+  executor_.reset();
+  transport_.reset();
+  fabrics_.reset();
+}
+
+}  // namespace kizuna

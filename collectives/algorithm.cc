@@ -10,9 +10,12 @@
 #include <fmt/format.h>
 
 #include "collectives/algorithms/algorithms.h"
+#include "collectives/ina/layout.h"
 
 namespace kizuna::collectives {
 namespace {
+
+int AggregatorCount(const CommShape& shape) { return shape.ina ? shape.ina->aggregators : 0; }
 
 // The largest buffer a request may describe, in bytes: offsets and sizes stay far from overflow
 // when multiplied out (elements x element size, plus offsets) anywhere downstream.
@@ -34,7 +37,11 @@ Status ValidateRequest(Algorithm algorithm, const CollectiveRequest& request, co
   if (shape.nranks != request.nranks)
     return InvalidArgument(fmt::format("the request has {} ranks, the communicator shape {}", request.nranks, shape.nranks));
   KZ_RETURN_IF_ERROR(shape.Validate());
-  if (rank >= request.nranks) return InvalidArgument(fmt::format("rank {} is not below nranks {}", rank, request.nranks));
+  const int aggregators = algorithm == Algorithm::kIna ? AggregatorCount(shape) : 0;
+  if (rank >= request.nranks + aggregators)
+    return InvalidArgument(aggregators > 0 ? fmt::format("rank {} is not below nranks {} + {} aggregation devices", rank,
+                                                         request.nranks, aggregators)
+                                           : fmt::format("rank {} is not below nranks {}", rank, request.nranks));
   if (!IsValid(request.dtype))
     return InvalidArgument(fmt::format("data type {} does not exist", static_cast<int>(request.dtype)));
   if (IsReduction(request.collective) && !IsValid(request.op))
@@ -66,7 +73,8 @@ Status ValidateRequest(Algorithm algorithm, const CollectiveRequest& request, co
 // The avg epilogue: the rank's results (its whole output, or the root's for Reduce) divided by
 // nranks, in place, in chunks.
 void AddAvgEpilogue(const CollectiveRequest& request, uint64_t chunk, RankPlan& plan) {
-  if (request.nranks == 1) return;  // dividing by 1 changes no value
+  if (request.nranks == 1) return;        // dividing by 1 changes no value
+  if (plan.rank >= request.nranks) return;  // an aggregation device has no output
   if (request.collective == Collective::kReduce && plan.rank != request.root) return;
   const uint64_t n = request.output_count();
   if (n == 0) return;
@@ -85,7 +93,7 @@ std::span<const AlgorithmImpl* const> AllAlgorithms() {
   static const std::array<const AlgorithmImpl*, kNumAlgorithms> table = {
       &algo::RingAlgorithm(), &algo::TreeAlgorithm(),     &algo::RhdAlgorithm(),
       &algo::RdAlgorithm(),   &algo::PairwiseAlgorithm(), &algo::P2pAlgorithm(),
-      &algo::FusedAlgorithm(),
+      &algo::FusedAlgorithm(), &algo::InaAlgorithm(),
   };
   return table;
 }
@@ -114,13 +122,14 @@ Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, co
   plan.algorithm = algorithm;
   plan.chunk_count = options.chunk_count;
   plan.channels = options.channels;
-  for (int r = rank < 0 ? 0 : rank; r < (rank < 0 ? request.nranks : rank + 1); ++r) {
+  plan.aggregators = algorithm == Algorithm::kIna ? AggregatorCount(shape) : 0;
+  for (int r = rank < 0 ? 0 : rank; r < (rank < 0 ? plan.world() : rank + 1); ++r) {
     Result<RankPlan> built = impl.Build(build, shape, options, r);
     if (!built.ok()) return built.status().WithContext(request.ToString());
     RankPlan rp = std::move(built).value();
     // fused divides in its one pass (fused.cc): no epilogue.
     if (avg && algorithm != Algorithm::kFused) AddAvgEpilogue(request, options.chunk_count, rp);
-    KZ_RETURN_IF_ERROR(ValidateRankPlan(request, rp, options.chunk_count)
+    KZ_RETURN_IF_ERROR(ValidateRankPlan(request, rp, options.chunk_count, plan.aggregators)
                            .WithContext(fmt::format("{} built a bad plan", AlgorithmName(algorithm))));
     plan.ranks.push_back(std::move(rp));
   }

@@ -1,5 +1,7 @@
 #include "collectives/cost_model.h"
 
+#include "collectives/cost_model_ina.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -82,6 +84,7 @@ bool Serves(Algorithm a, Collective c) {
     case Algorithm::kP2p:
       return c == Collective::kSend || c == Collective::kRecv;
     case Algorithm::kFused:
+    case Algorithm::kIna:
       return c == Collective::kAllReduce;
   }
   return false;
@@ -170,6 +173,7 @@ class Model {
   void RingAllGather(uint64_t part_elems);
   void TreeAllReduce();
   void FusedAllReduce();
+  void InaAllReduce();  // cost_model_ina.cc
   void TreeRooted(bool reduce);
   int Real(int nr) const { return nr < rem_ ? 2 * nr + 1 : nr + rem_; }  // rhd/rd fold numbering
   void Fold(std::string_view label, uint64_t parts, uint64_t elems, bool reduce);
@@ -608,6 +612,8 @@ void Model::Body(Algorithm a) {
       return PointToPoint(req_.collective == Collective::kSend);
     case Algorithm::kFused:
       return FusedAllReduce();
+    case Algorithm::kIna:
+      return InaAllReduce();
   }
 }
 
@@ -632,6 +638,37 @@ void Model::FusedAllReduce() {
     if (c.total() > worst.total()) worst = c;
   }
   Add("one-pass reduce into every output", worst, 1);
+}
+
+// ina.cc, through the layout's parts (cost_model_ina.cc): the slowest worker and the slowest link
+// between workers stand for the aggregation devices and their cables.
+void Model::InaAllReduce() {
+  cost_internal::InaResolved r;
+  r.elem = elem_;
+  r.latency_s = 0;
+  r.wire_per_byte = 0;
+  for (int a = 0; a < p_; ++a) {
+    const auto i = static_cast<size_t>(a);
+    r.staging_per_byte = std::max(r.staging_per_byte, staging_[i]);
+    r.reduce_per_byte = std::max(r.reduce_per_byte, reduce_[i]);
+    r.launch_s = std::max(r.launch_s, launch_[i]);
+    for (int b = 0; b < p_; ++b)
+      if (shape_.Reachable(a, b)) {
+        r.latency_s = std::max(r.latency_s, Latency(shape_.link(a, b)));
+        r.wire_per_byte = std::max(r.wire_per_byte, WirePerByte(shape_.link(a, b)));
+      }
+  }
+  if (r.latency_s == 0) r.latency_s = k_.unknown_link_latency_us * 1e-6;
+  if (r.wire_per_byte == 0) r.wire_per_byte = 1.0 / (k_.unknown_link_gbps * 1e9);
+  Result<std::vector<cost_internal::InaStage>> stages = cost_internal::InaStages(req_, shape_, opt_, k_, r);
+  if (!stages.ok()) return Fail(stages.status().message());
+  for (const cost_internal::InaStage& st : *stages) {
+    StageCost c;
+    c.alpha = st.alpha;
+    c.beta = st.beta;
+    c.gamma = st.gamma;
+    Add(st.label, c, st.repeat);
+  }
 }
 
 // KIZUNA_DETERMINISTIC (algorithm.h and the algorithms' files): every part's raw contributions go

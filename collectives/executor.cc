@@ -64,40 +64,27 @@ size_t Executor::slot_bytes_for(int total_channels, size_t chunk_bytes) const {
   return bytes;
 }
 
-Status Executor::Submit(std::vector<OperationMember> members, device::Stream& stream, size_t slot_bytes) {
-  if (members.empty()) return InvalidArgument("an operation with no collective");
-  if (slot_bytes < kMinSlotBytes)
-    return InvalidArgument(fmt::format("staging slots of {} bytes (at least {}): too many channels for the staging "
-                                       "buffer",
-                                       slot_bytes, kMinSlotBytes));
-  auto op = std::make_shared<Operation>();
-  op->members = std::move(members);
-  op->slot_bytes = slot_bytes;
+Status Executor::FillHeader(Operation& op, int* total_channels) {
   uint64_t signature = 0xcbf29ce484222325ull;
-  int total_channels = 0;
+  *total_channels = 0;
   // Point-to-point members differ between ranks by nature (rank 0 sends to 1 while 1 receives
   // from 0): they are checked pairwise, by the receiver comparing the bytes that arrive with the
   // bytes it expects, and stay out of the signature, which must be equal on every rank.
   const OperationMember* described = nullptr;
-  for (const OperationMember& m : op->members) {
+  for (const OperationMember& m : op.members) {
     if (!m.plan || m.plan->ranks.size() != 1) return Internal("an operation member without this rank's plan");
     const Collective c = m.plan->request.collective;
     if (c != Collective::kSend && c != Collective::kRecv) {
       signature = Mix(signature, MemberSignature(*m.plan));
       if (described == nullptr) described = &m;
     }
-    total_channels += static_cast<int>(m.plan->ranks[0].channels.size());
+    *total_channels += static_cast<int>(m.plan->ranks[0].channels.size());
   }
-  if (described == nullptr) described = &op->members[0];
-  const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
-  if (slots * slot_bytes > transport_->staging().size())
-    return Internal(fmt::format("{} slots of {} bytes exceed the staging buffer of {} bytes", slots, slot_bytes,
-                                transport_->staging().size()));
-  op->slots = static_cast<int>(slots);
+  if (described == nullptr) described = &op.members[0];
   const Plan& first = *described->plan;
-  ControlMessage& h = op->header;
+  ControlMessage& h = op.header;
   h.signature = signature;
-  h.members = static_cast<uint32_t>(op->members.size());
+  h.members = static_cast<uint32_t>(op.members.size());
   h.collective = static_cast<uint8_t>(first.request.collective);
   h.dtype = static_cast<uint8_t>(first.request.dtype);
   h.op = static_cast<uint8_t>(first.request.op);
@@ -107,6 +94,26 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
   h.count = first.request.count;
   h.chunk_count = first.chunk_count;
   h.channels = static_cast<uint32_t>(first.channels);
+  return Status::Ok();
+}
+
+Status Executor::Submit(std::vector<OperationMember> members, device::Stream& stream, size_t slot_bytes) {
+  if (members.empty()) return InvalidArgument("an operation with no collective");
+  if (slot_bytes < kMinSlotBytes)
+    return InvalidArgument(fmt::format("staging slots of {} bytes (at least {}): too many channels for the staging "
+                                       "buffer",
+                                       slot_bytes, kMinSlotBytes));
+  auto op = std::make_shared<Operation>();
+  op->members = std::move(members);
+  op->slot_bytes = slot_bytes;
+  int total_channels = 0;
+  KZ_RETURN_IF_ERROR(FillHeader(*op, &total_channels));
+  const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
+  if (slots * slot_bytes > transport_->staging().size())
+    return Internal(fmt::format("{} slots of {} bytes exceed the staging buffer of {} bytes", slots, slot_bytes,
+                                transport_->staging().size()));
+  op->slots = static_cast<int>(slots);
+  ControlMessage& h = op->header;
   {
     std::lock_guard lock(mu_);
     if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
@@ -188,7 +195,7 @@ int Executor::pending() const {
   return pending_ + static_cast<int>(queue_.size());
 }
 
-void Executor::TellPeersAndClose(const Status& status) {
+void Executor::TellPeersAndClose(const Status& status, bool tell) {
   // Best effort: one abort message per peer, then the connections close, so that peers waiting on
   // this rank fail at once (kRemoteError) with the first cause in hand.
   ControlMessage m;
@@ -196,7 +203,7 @@ void Executor::TellPeersAndClose(const Status& status) {
   const std::string why = fmt::format("{}", status.ToString());
   std::memcpy(m.reason, why.data(), std::min(why.size(), sizeof m.reason - 1));
   std::vector<std::pair<Transport::Peer*, fabric::Request*>> sent;
-  for (int q = 0; q < transport_->nranks(); ++q) {
+  for (int q = 0; tell && q < transport_->nranks(); ++q) {
     Transport::Peer* p = transport_->peer(q);
     if (p == nullptr || !p->send) continue;
     auto& pending = control_->pending[q];
@@ -229,6 +236,12 @@ void Executor::Loop() {
     if (p == nullptr || !p->recv) continue;
     auto r = p->recv->Recv(p->control_in.data(), kControlSlotBytes, kControlTag, p->recv_control);
     if (r.ok()) control_->recv[static_cast<size_t>(q)] = *r;
+  }
+  if (options_.serve) {
+    Serve();
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return stopping_; });
+    return;
   }
   while (true) {
     std::shared_ptr<Operation> op;

@@ -36,6 +36,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -122,6 +123,16 @@ struct ExecutorOptions {
   // communicator's ranks do not address each other's memory (CommShape::direct is false).
   std::shared_ptr<DirectGroup> direct_group;
   int rank = 0;
+  // An aggregation device of an INA job (algorithms/ina.cc): it makes no calls of its own. Set,
+  // the executor runs an operation whenever one of its peers' operation headers arrives, with the
+  // plan this returns for the request the header describes, until the job ends (every peer has
+  // closed its connections: kUnavailable) or an operation fails. Submit is not used.
+  std::function<Result<std::shared_ptr<const Plan>>(const CollectiveRequest& request, Algorithm algorithm,
+                                                    uint64_t chunk_count, int channels)>
+      serve;
+  // Serve: the job's workers are ranks 0..workers-1 (the other aggregation devices follow them);
+  // the job has ended when every worker has closed its connections.
+  int workers = 0;
 };
 
 class Executor {
@@ -152,17 +163,28 @@ class Executor {
   Status AsyncError() const;
   // Operations submitted and not yet finished.
   int pending() const;
+  // ExecutorOptions::serve: blocks until the executor stops serving — the job ended (kUnavailable)
+  // or failed, or Abort — and returns why; operations served so far in `served`.
+  Status WaitServing(uint64_t* served = nullptr);
 
  private:
   struct Operation;
   class Run;
   Executor(Transport* transport, device::Device* device, const ExecutorOptions& options);
   void Loop();
+  // ExecutorOptions::serve's loop (executor_serve.cc).
+  void Serve();
+  // Takes every control message that arrived into the inbox and reposts the receives; a peer
+  // whose control connection ended is recorded in `gone`. True when anything arrived.
+  Result<bool> ReceiveControl();
+  // The operation header every rank computes for the same members (Submit, Serve).
+  static Status FillHeader(Operation& op, int* total_channels);
   // A fused member (fused.cc), run through the direct group (executor_direct.cc).
   Status RunDirect(Operation& op, Deadline deadline);
   void Fail(const Status& status);
   void FinishOperation(Operation& op, const Status& status);
-  void TellPeersAndClose(const Status& status);
+  // `tell` false: close without the abort notice (an aggregation device whose job ended normally).
+  void TellPeersAndClose(const Status& status, bool tell = true);
 
   Transport* const transport_;
   device::Device* const device_;
@@ -186,6 +208,7 @@ class Executor {
   std::atomic<bool> abort_{false};
   std::atomic<bool> failed_{false};
   uint64_t next_seq_ = 1;  // guarded by mu_
+  uint64_t served_ = 0;    // guarded by mu_: operations run by Serve
   int pending_ = 0;        // guarded by mu_: taken from the queue, not finished
   std::thread thread_;
 };

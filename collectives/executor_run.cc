@@ -167,25 +167,13 @@ Status Executor::Run::CheckHeader(int peer, const ControlMessage& m) {
   return Status::Ok();
 }
 
-Result<bool> Executor::Run::PollControl() {
+Result<bool> Executor::ReceiveControl() {
   bool progress = false;
-  // Header sends: reap completed ones.
-  for (auto& [peer, pending] : ex_.control_->pending) {
-    Transport::Peer* p = tr_.peer(peer);
-    while (!pending.empty()) {
-      KZ_ASSIGN_OR_RETURN(fabric::Completion c, p->send->Test(pending.front()));
-      if (!c.done) break;
-      pending.pop_front();
-      progress = true;
-    }
-  }
-  // Control receives: one posted per peer, always; each message is queued and the receive
-  // reposted.
-  for (int q = 0; q < tr_.nranks(); ++q) {
-    Transport::Peer* p = tr_.peer(q);
-    if (p == nullptr) continue;
-    fabric::Request*& r = ex_.control_->recv[static_cast<size_t>(q)];
-    Status& gone = ex_.control_->gone[static_cast<size_t>(q)];
+  for (int q = 0; q < transport_->nranks(); ++q) {
+    Transport::Peer* p = transport_->peer(q);
+    if (p == nullptr || !p->recv) continue;
+    fabric::Request*& r = control_->recv[static_cast<size_t>(q)];
+    Status& gone = control_->gone[static_cast<size_t>(q)];
     if (!gone.ok()) continue;
     if (r != nullptr) {
       auto c = p->recv->Test(r);
@@ -204,10 +192,29 @@ Result<bool> Executor::Run::PollControl() {
       if (c->size != sizeof m)
         return RemoteError(fmt::format("rank {} sent a control message of {} bytes", q, c->size));
       std::memcpy(&m, p->control_in.data(), sizeof m);
-      ex_.control_->inbox[static_cast<size_t>(q)].push_back(m);
+      control_->inbox[static_cast<size_t>(q)].push_back(m);
     }
     KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(p->control_in.data(), kControlSlotBytes, kControlTag, p->recv_control));
   }
+  return progress;
+}
+
+Result<bool> Executor::Run::PollControl() {
+  bool progress = false;
+  // Header sends: reap completed ones.
+  for (auto& [peer, pending] : ex_.control_->pending) {
+    Transport::Peer* p = tr_.peer(peer);
+    while (!pending.empty()) {
+      KZ_ASSIGN_OR_RETURN(fabric::Completion c, p->send->Test(pending.front()));
+      if (!c.done) break;
+      pending.pop_front();
+      progress = true;
+    }
+  }
+  // Control receives: one posted per peer, always; each message is queued and the receive
+  // reposted.
+  KZ_ASSIGN_OR_RETURN(bool received, ex_.ReceiveControl());
+  progress |= received;
   // Headers waited for.
   for (int q : expect_from_) {
     if (verified_.count(q)) continue;

@@ -1,5 +1,6 @@
 #include "collectives/plan.h"
 
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -11,7 +12,7 @@ namespace {
 constexpr std::array<std::string_view, kNumCollectives> kCollectiveNames = {
     "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "send", "recv", "barrier"};
 constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {"ring", "tree",     "rhd",  "rd",
-                                                                          "pairwise", "p2p", "fused"};
+                                                                          "pairwise", "p2p", "fused", "ina"};
 
 std::string Lower(std::string_view s) {
   std::string out;
@@ -63,6 +64,8 @@ std::optional<Algorithm> ParseAlgorithm(std::string_view name) {
   if (n == "recursivedoubling") return Algorithm::kRd;
   if (n == "direct") return Algorithm::kPairwise;
   if (n == "onepass") return Algorithm::kFused;
+  // DESIGN.md section 11 names partial INA `pina`: the same algorithm (the layout decides).
+  if (n == "pina" || n == "innetwork") return Algorithm::kIna;
   return std::nullopt;
 }
 
@@ -155,8 +158,12 @@ size_t RankPlan::step_count() const {
   return n;
 }
 
-Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, uint64_t max_step_count) {
-  const uint64_t sizes[3] = {request.input_count(), request.output_count(), plan.scratch_count};
+Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, uint64_t max_step_count,
+                        int aggregators) {
+  const bool aggregator = plan.rank >= request.nranks;
+  const uint64_t sizes[3] = {aggregator ? 0 : request.input_count(), aggregator ? 0 : request.output_count(),
+                             plan.scratch_count};
+  const int world = request.nranks + std::max(aggregators, 0);
   auto check_slice = [&](const Slice& s, std::string_view role) -> std::string {
     const auto b = static_cast<size_t>(s.buffer);
     if (b >= 3) return fmt::format("{} names no buffer", role);
@@ -169,7 +176,7 @@ Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, 
     const bool transfer =
         step.kind == StepKind::kSend || step.kind == StepKind::kRecv || step.kind == StepKind::kRecvReduce;
     if (transfer) {
-      if (step.peer < 0 || step.peer >= request.nranks) return fmt::format("peer {} out of range", step.peer);
+      if (step.peer < 0 || step.peer >= world) return fmt::format("peer {} out of range", step.peer);
       if (step.peer == plan.rank) return "a transfer to the rank itself";
     } else if (step.peer != -1) {
       return "a local step with a peer";
@@ -241,6 +248,8 @@ std::string RankPlanToString(const RankPlan& plan) {
 std::string PlanToString(const Plan& plan) {
   std::string out = fmt::format("plan: {} algorithm={} chunk={} elements channels={}\n", plan.request.ToString(),
                                 AlgorithmName(plan.algorithm), plan.chunk_count, plan.channels);
+  if (plan.aggregators > 0)
+    out += fmt::format("aggregation devices: ranks {}..{}\n", plan.request.nranks, plan.world() - 1);
   for (const RankPlan& r : plan.ranks) out += RankPlanToString(r);
   return out;
 }

@@ -81,9 +81,14 @@ enum class Algorithm : uint8_t {
   // writes the result into that slice of every rank's output, in one device pass over directly
   // addressed memory (CommShape::direct); the minimum traffic, 2 x the bytes of each rank.
   kFused = 6,
+  // ina.cc: in-network aggregation, AllReduce only. Runs the communicator's INA layout
+  // (collectives/ina/layout.h; CommShape::ina): trees through aggregation devices, partial trees,
+  // lines and rings at once, each on its share of the data. The aggregation devices are ranks
+  // nranks..nranks+aggregators-1 of the plan (Plan::aggregators), with plans of their own.
+  kIna = 7,
 };
-inline constexpr int kNumAlgorithms = 7;
-std::string_view AlgorithmName(Algorithm a);  // "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused"
+inline constexpr int kNumAlgorithms = 8;
+std::string_view AlgorithmName(Algorithm a);  // "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina"
 std::optional<Algorithm> ParseAlgorithm(std::string_view name);
 
 struct CollectiveRequest {
@@ -185,14 +190,22 @@ struct Plan {
   Algorithm algorithm = Algorithm::kRing;
   uint64_t chunk_count = 0;  // the largest step, in elements (from PlanOptions)
   int channels = 1;
+  // Ranks beyond the request's: the aggregation devices of an INA plan (Algorithm::kIna), ranks
+  // nranks..nranks+aggregators-1, which have no input or output buffer (scratch only).
+  int aggregators = 0;
   std::vector<RankPlan> ranks;
+
+  int world() const { return request.nranks + aggregators; }
 };
 
 // Per-rank checks that need no other rank: slices inside their buffers, source/destination
 // overlap rules, step shapes (srcs counts, peer in range and not the rank itself, counts equal
 // between sources and destination), and no step larger than `max_step_count` (0: no limit).
 // kInternal naming the channel, step and problem: a plan that fails is an algorithm bug.
-Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, uint64_t max_step_count);
+// `aggregators`: Plan::aggregators (peers may be below nranks + aggregators; a rank at or beyond
+// nranks is an aggregation device and has no input or output buffer).
+Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, uint64_t max_step_count,
+                        int aggregators = 0);
 
 // One line per step: "c0 #3 recv-reduce peer=2 out[100+50] <- in[100+50]".
 std::string RankPlanToString(const RankPlan& plan);

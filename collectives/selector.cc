@@ -6,7 +6,7 @@ namespace kizuna::collectives {
 namespace {
 
 // DESIGN.md section 11's names that have no implementation yet.
-constexpr std::string_view kNotYetAvailable[] = {"oneshot", "twoshot", "ina", "pina"};
+constexpr std::string_view kNotYetAvailable[] = {"oneshot", "twoshot"};
 
 std::string Trim(std::string_view s) {
   size_t b = 0, e = s.size();
@@ -105,7 +105,7 @@ Result<AlgoOverrides> ParseAlgoOverrides(std::string_view text) {
     std::optional<Algorithm> algo = ParseAlgorithm(algo_name);
     if (!algo && !NotYetAvailable(algo_name))
       return bad(
-          fmt::format("unknown algorithm '{}' (known: {}; not available yet: oneshot, twoshot, ina, pina)",
+          fmt::format("unknown algorithm '{}' (known: {}; not available yet: oneshot, twoshot)",
                       algo_name, AlgorithmNames()));
 
     if (colon == std::string::npos) {

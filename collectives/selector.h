@@ -41,7 +41,7 @@ namespace kizuna::collectives {
 //   "ring;allgather:rhd"            both: the single name for every collective not listed
 // Names as ParseAlgorithm accepts them, case-insensitively; spaces around items are ignored, and
 // so are empty items ("ring;"). The names of algorithms kizuna does not implement yet (oneshot,
-// twoshot, ina, pina) are accepted with a warning, and the model chooses instead.
+// twoshot) are accepted with a warning, and the model chooses instead.
 struct AlgoOverrides {
   std::string text;                                                      // as given, for messages
   std::optional<Algorithm> all;                                          // the single name

@@ -42,8 +42,10 @@ Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const Comm
        Collective::kBarrier},
       {Collective::kSend, Collective::kRecv},
       {Collective::kAllReduce},
+      {Collective::kAllReduce},
   };
   if (a == Algorithm::kFused && !s.direct) return NotSupported("fused needs ranks that address each other directly");
+  if (a == Algorithm::kIna && !s.ina) return NotSupported("ina needs aggregation devices");
   bool ok = false;
   for (Collective c : serves[static_cast<size_t>(a)]) ok = ok || c == r.collective;
   if (!ok)
@@ -106,12 +108,12 @@ TEST(AlgoOverridesTest, PerCollective) {
 }
 
 TEST(AlgoOverridesTest, NamesNotAvailableYetWarnAndLeaveTheChoiceToTheModel) {
-  const AlgoOverrides o = Parse("ina");
+  const AlgoOverrides o = Parse("twoshot");
   EXPECT_TRUE(o.empty());
   ASSERT_EQ(o.warnings.size(), 1u);
-  EXPECT_TRUE(Contains(o.warnings[0], "'ina' is not available yet")) << o.warnings[0];
+  EXPECT_TRUE(Contains(o.warnings[0], "'twoshot' is not available yet")) << o.warnings[0];
 
-  const AlgoOverrides mixed = Parse("ring;allreduce:twoshot;allgather:ONESHOT;broadcast:fused;reduce:pina");
+  const AlgoOverrides mixed = Parse("ring;allreduce:twoshot;allgather:ONESHOT;broadcast:fused;reduce:oneshot");
   EXPECT_EQ(mixed.warnings.size(), 3u);
   // fused exists: listed for broadcast it is that collective's override (Supports then says no).
   EXPECT_EQ(mixed.For(Collective::kBroadcast), Algorithm::kFused);

@@ -5,12 +5,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/status.h"
 
 namespace kizuna::collectives {
+namespace ina {
+struct Layout;  // collectives/ina/layout.h
+}
 
 // One rank's device, as the cost model sees it.
 struct RankDesc {
@@ -37,6 +41,11 @@ struct CommShape {
   // ranks live in one process, on one device or on devices whose memory the others reach): the
   // single-host direct algorithms (fused) apply.
   bool direct = false;
+  // In-network aggregation (collectives/ina/layout.h): the layout of the job's aggregation
+  // devices, which are ranks nranks..nranks+ina->aggregators-1 of the transport (not of the
+  // communicator); null without any. Not serialized: every rank derives the same layout from the
+  // same configuration.
+  std::shared_ptr<const ina::Layout> ina;
 
   const LinkDesc& link(int from, int to) const { return links[static_cast<size_t>(from * nranks + to)]; }
   LinkDesc& link(int from, int to) { return links[static_cast<size_t>(from * nranks + to)]; }

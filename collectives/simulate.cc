@@ -108,11 +108,11 @@ class Simulator {
   Simulator(const Plan& plan, std::span<const SimRankBuffers> buffers, const SimOptions& options)
       : plan_(plan), req_(plan.request), buffers_(buffers), window_(static_cast<size_t>(options.window)),
         esize_(DataTypeSize(plan.request.dtype)),
-        op_(plan.request.op == ReduceOp::kAvg ? ReduceOp::kSum : plan.request.op) {}
+        op_(plan.request.op == ReduceOp::kAvg ? ReduceOp::kSum : plan.request.op), world_(plan.world()) {}
 
   Result<SimStats> Run() {
     KZ_RETURN_IF_ERROR(Setup());
-    const int p = req_.nranks;
+    const int p = world_;
     size_t finished = 0;
     while (finished < static_cast<size_t>(p)) {
       ++stats_.rounds;
@@ -164,22 +164,23 @@ class Simulator {
   }
 
   Status Setup() {
-    const int p = req_.nranks;
+    const int p = world_;
     if (!IsValid(req_.dtype)) return InvalidArgument(fmt::format("plan for {}: no such data type", req_.ToString()));
-    if (p < 1 || plan_.ranks.size() != static_cast<size_t>(p))
+    if (req_.nranks < 1 || plan_.aggregators < 0 || plan_.ranks.size() != static_cast<size_t>(p))
       return InvalidArgument(fmt::format("plan for {} holds {} ranks; the simulator runs all of them",
                                          req_.ToString(), plan_.ranks.size()));
-    if (buffers_.size() != static_cast<size_t>(p))
-      return InvalidArgument(fmt::format("{} rank buffers for {} ranks", buffers_.size(), p));
+    if (buffers_.size() != static_cast<size_t>(req_.nranks))
+      return InvalidArgument(fmt::format("{} rank buffers for {} ranks", buffers_.size(), req_.nranks));
     ranks_.resize(static_cast<size_t>(p));
     for (int r = 0; r < p; ++r) {
       const RankPlan& rp = RankOf(r);
       if (rp.rank != r) return InvalidArgument(fmt::format("plan.ranks[{}] is the plan of rank {}", r, rp.rank));
-      KZ_RETURN_IF_ERROR(ValidateRankPlan(req_, rp, plan_.chunk_count));
-      const SimRankBuffers& b = buffers_[static_cast<size_t>(r)];
-      if (req_.input_count() > 0 && b.input == nullptr)
+      KZ_RETURN_IF_ERROR(ValidateRankPlan(req_, rp, plan_.chunk_count, plan_.aggregators));
+      // An aggregation device (beyond nranks) has scratch only.
+      const SimRankBuffers b = r < req_.nranks ? buffers_[static_cast<size_t>(r)] : SimRankBuffers{};
+      if (r < req_.nranks && req_.input_count() > 0 && b.input == nullptr)
         return InvalidArgument(fmt::format("rank {}: no input buffer for {} elements", r, req_.input_count()));
-      if (req_.output_count() > 0 && b.output == nullptr)
+      if (r < req_.nranks && req_.output_count() > 0 && b.output == nullptr)
         return InvalidArgument(fmt::format("rank {}: no output buffer for {} elements", r, req_.output_count()));
       RankState& rs = ranks_[static_cast<size_t>(r)];
       rs.scratch.assign(rp.scratch_count * esize_, std::byte{kScratchPoison});
@@ -195,7 +196,7 @@ class Simulator {
   }
 
   uint64_t LinkKey(int from, int to, int channel) const {
-    return (static_cast<uint64_t>(from) * static_cast<uint64_t>(req_.nranks) + static_cast<uint64_t>(to)) *
+    return (static_cast<uint64_t>(from) * static_cast<uint64_t>(world_) + static_cast<uint64_t>(to)) *
                static_cast<uint64_t>(max_channels_) +
            static_cast<uint64_t>(channel);
   }
@@ -204,7 +205,7 @@ class Simulator {
   // a missing partner or a count mismatch is reported by name.
   Status CheckMatching() const {
     std::unordered_map<uint64_t, std::pair<std::vector<StepRef>, std::vector<StepRef>>> links;
-    for (int r = 0; r < req_.nranks; ++r) {
+    for (int r = 0; r < world_; ++r) {
       const RankPlan& rp = RankOf(r);
       for (int c = 0; c < static_cast<int>(rp.channels.size()); ++c) {
         const auto& steps = rp.channels[static_cast<size_t>(c)];
@@ -388,7 +389,7 @@ class Simulator {
     std::string msg = fmt::format("plan for {} ({}) deadlocks with a window of {} after {} rounds:",
                                   req_.ToString(), AlgorithmName(plan_.algorithm), window_, stats_.rounds);
     size_t stuck = 0;
-    for (int r = 0; r < req_.nranks; ++r) {
+    for (int r = 0; r < world_; ++r) {
       const RankState& rs = ranks_[static_cast<size_t>(r)];
       if (rs.finished) continue;
       for (int c = 0; c < static_cast<int>(rs.next.size()); ++c) {
@@ -416,6 +417,7 @@ class Simulator {
   const size_t window_;
   const size_t esize_;
   const ReduceOp op_;
+  const int world_;  // workers and aggregation devices (Plan::world)
   size_t max_channels_ = 1;
   std::vector<RankState> ranks_;
   std::unordered_map<uint64_t, Link> links_;

@@ -53,6 +53,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -162,6 +163,10 @@ struct FabricContext {
   // A topology node to act as, for a process that is not a worker rank (an aggregation daemon);
   // empty: the worker node of `rank`.
   std::string node;
+  // The job's ranks of topology nodes that are not workers (an INA job's aggregation devices,
+  // "a0" -> rank N): a point-to-point fabric reports them as its links' peers (LinkPeer::rank),
+  // so that the transport connects those ranks over the node's cables. Empty: none are ranks.
+  std::map<std::string, int> node_ranks;
 };
 
 // ---- Memory ----

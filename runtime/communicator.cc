@@ -154,6 +154,10 @@ Status Communicator::Launch(std::vector<Call> calls) {
 }
 
 Status Communicator::Enqueue(Call call) {
+  if (aggregation_device_)
+    return InvalidArgument(fmt::format("rank {} is an aggregation device of the INA layout: it serves the workers' "
+                                       "operations (ServeAggregation) and calls none",
+                                       rank_));
   if (g_group.depth > 0) {
     g_group.calls.emplace_back(this, std::move(call));
     return Status::Ok();

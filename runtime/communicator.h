@@ -169,6 +169,16 @@ class Communicator {
   // The first error of an operation, or ok (ncclCommGetAsyncError).
   Status AsyncError() const;
 
+  // In-network aggregation (KIZUNA_INA_LAYOUT, collectives/ina/layout.h): the ranks after the
+  // layout's workers are its aggregation devices. They are not ranks of the communicator (size()
+  // counts the workers) and make no calls: true here, they run ServeAggregation instead.
+  bool aggregation_device() const { return aggregation_device_; }
+  // An aggregation device's life: runs the INA operations the workers start, as their headers
+  // arrive, until the job ends (kUnavailable: every worker closed its connections) or fails (a
+  // worker died mid-operation, an abort), and returns why; `served` counts the operations.
+  // kFailedPrecondition on a worker.
+  Status ServeAggregation(uint64_t* served = nullptr);
+
   // The algorithm and predicted times the engine chooses for a request on this communicator,
   // as logged at INFO (tools and tests).
   Result<std::string> ExplainChoice(collectives::Collective collective, size_t count, DataType type) const;
@@ -195,6 +205,7 @@ class Communicator {
 
   int rank_ = 0;
   int size_ = 1;
+  bool aggregation_device_ = false;
   const Config* config_ = nullptr;
   CommOptions options_;
   std::unique_ptr<device::DeviceRegistry> owned_devices_;  // CreateFromEnvironment only

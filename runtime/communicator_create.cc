@@ -1,13 +1,20 @@
 // Creating communicators: from a unique id, a bootstrap, the launcher's environment, or N local
 // devices (communicator.h). Every rank allgathers its host, agrees with the others on the fabrics
 // they all have, connects (collectives/transport.h), and builds the shape the engine plans with.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "collectives/algorithm.h"
 #include "collectives/executor.h"
+#include "collectives/ina/layout.h"
 #include "collectives/selector.h"
 #include "collectives/transport.h"
 #include "fabric/registry.h"
@@ -47,6 +54,34 @@ bootstrap::Bytes EncodeRankRow(const collectives::RankDesc& me, const std::vecto
     Put(out, &l.gbps, sizeof l.gbps);
   }
   return out;
+}
+
+// KIZUNA_INA_LAYOUT: the layout file, read and validated (ina::FromJson names the problem).
+Result<std::shared_ptr<const collectives::ina::Layout>> LoadInaLayout(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return InvalidArgument(fmt::format("KIZUNA_INA_LAYOUT {}: cannot read the file", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  KZ_ASSIGN_OR_RETURN(collectives::ina::Layout layout, collectives::ina::FromJson(text.str(), path));
+  return std::make_shared<const collectives::ina::Layout>(std::move(layout));
+}
+
+// The layout's cables as a directconnect topology file of this process (removed once the fabrics
+// have read it). Every rank writes the same content, so their topology fingerprints agree.
+Result<std::string> WriteLayoutTopology(const collectives::ina::Layout& layout) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = fmt::format("{}/kizuna-ina-topology-XXXXXX", tmp != nullptr && *tmp != 0 ? tmp : "/tmp");
+  const int fd = ::mkstemp(path.data());
+  if (fd < 0) return FromErrno(errno, "mkstemp " + path);
+  const std::string json = collectives::ina::TopologyJson(layout, 0, 0, false);
+  const ssize_t n = ::write(fd, json.data(), json.size());
+  const int err = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(json.size())) {
+    ::unlink(path.c_str());
+    return FromErrno(n < 0 ? err : EIO, "write " + path);
+  }
+  return path;
 }
 
 class RowReader {
@@ -149,6 +184,19 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   c->options_ = options;
   c->rank_ = boot->rank();
   c->size_ = boot->size();
+  const Config& cfg = options.config != nullptr ? *options.config : GlobalConfig();
+  // In-network aggregation: the layout names the job's aggregation devices, the ranks after its
+  // workers. The communicator is the workers'; the devices join its transport.
+  std::shared_ptr<const collectives::ina::Layout> layout;
+  if (!cfg.ina_layout.empty()) {
+    KZ_ASSIGN_OR_RETURN(layout, LoadInaLayout(cfg.ina_layout));
+    if (boot->size() != layout->workers + layout->aggregators)
+      return InvalidArgument(fmt::format("KIZUNA_INA_LAYOUT {}: {} workers and {} aggregation devices, but the job has "
+                                         "{} ranks (workers first, then the devices)",
+                                         cfg.ina_layout, layout->workers, layout->aggregators, boot->size()));
+    c->size_ = layout->workers;
+    c->aggregation_device_ = c->rank_ >= layout->workers;
+  }
   c->device_ = &device;
   c->bootstrap_ = std::move(boot);
   c->plans_ = std::make_unique<PlanCache>();
@@ -166,7 +214,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   for (int r = 0; r < c->rank_; ++r)
     if (rank_hosts[static_cast<size_t>(r)] == host) ++local_rank;
 
-  if (c->size_ == 1) {
+  if (c->bootstrap_->size() == 1) {
     // Nothing to connect: no fabric is needed (or wanted: a one-rank job must work anywhere).
     collectives::TransportOptions topts;
     topts.staging_bytes = options.staging_bytes;
@@ -175,7 +223,12 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   } else {
     fabric::FabricContext context;
     context.rank = c->rank_;
-    context.world_size = c->size_;
+    context.world_size = c->bootstrap_->size();
+    if (c->aggregation_device_)
+      context.node = collectives::ina::Node::Aggregator(c->rank_ - layout->workers).Name();
+    if (layout)
+      for (int a = 0; a < layout->aggregators; ++a)
+        context.node_ranks[collectives::ina::Node::Aggregator(a).Name()] = layout->workers + a;
     context.local_rank = local_rank;
     context.host_id = host;
     context.rank_hosts = std::move(rank_hosts);
@@ -186,7 +239,14 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
     // mapped peer memory) instead of a network stack; pairs across hosts take a network fabric.
     c->fabric_config_ = config;
     if (c->fabric_config_.topology.empty()) c->fabric_config_.topology = "full";
+    // An INA job without a topology file runs on the layout's cables (the circuit switch's map).
+    std::string layout_topology;
+    if (layout && config.topology.empty()) {
+      KZ_ASSIGN_OR_RETURN(layout_topology, WriteLayoutTopology(*layout));
+      c->fabric_config_.topology = layout_topology;
+    }
     c->fabrics_ = fabric::FabricRegistry::Create(c->fabric_config_, context);
+    if (!layout_topology.empty()) ::unlink(layout_topology.c_str());
     KZ_ASSIGN_OR_RETURN(std::vector<fabric::Fabric*> common,
                         AgreeOnFabrics(*c->fabrics_, *c->bootstrap_, c->rank_, deadline));
 
@@ -204,8 +264,11 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   me.copy_gbps = props.copy_gbps;
   me.reduce_gbps = props.reduce_gbps;
   me.launch_us = props.launch_latency_us;
-  KZ_ASSIGN_OR_RETURN(auto rows,
-                      c->bootstrap_->AllGather(EncodeRankRow(me, c->transport_->link_row()), deadline));
+  // The links among the workers (an aggregation device's cables are the layout's).
+  const std::vector<collectives::LinkDesc>& full_row = c->transport_->link_row();
+  const std::vector<collectives::LinkDesc> row(full_row.begin(),
+                                               full_row.begin() + std::min<ptrdiff_t>(c->size_, std::ssize(full_row)));
+  KZ_ASSIGN_OR_RETURN(auto rows, c->bootstrap_->AllGather(EncodeRankRow(me, row), deadline));
   collectives::CommShape shape;
   shape.nranks = c->size_;
   shape.ranks.resize(static_cast<size_t>(c->size_));
@@ -216,6 +279,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
     for (int b = 0; b < c->size_; ++b)
       if (a == b || !shape.link(a, b).reachable || !shape.link(b, a).reachable) shape.link(a, b).reachable = false;
   shape.direct = direct != nullptr;
+  shape.ina = layout;
   KZ_RETURN_IF_ERROR(shape.Validate());
   c->shape_ = std::move(shape);
 
@@ -229,14 +293,43 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   eopts.timeout_s = config.timeout_s;
   eopts.direct_group = std::move(direct);
   eopts.rank = c->rank_;
+  if (c->aggregation_device_) {
+    eopts.workers = c->size_;
+    // Plans for what the workers start (their operation headers say what): this device's part.
+    Communicator* self = c.get();
+    eopts.serve = [self](const collectives::CollectiveRequest& request, collectives::Algorithm algorithm,
+                         uint64_t chunk_count, int channels) -> Result<std::shared_ptr<const collectives::Plan>> {
+      if (algorithm != collectives::Algorithm::kIna)
+        return InvalidArgument(fmt::format("an aggregation device serves ina, not {}", AlgorithmName(algorithm)));
+      collectives::PlanOptions po;
+      po.chunk_count = chunk_count;
+      po.channels = channels;
+      KZ_ASSIGN_OR_RETURN(collectives::Plan plan, collectives::BuildPlan(algorithm, request, self->shape_, po, self->rank_));
+      return std::make_shared<const collectives::Plan>(std::move(plan));
+    };
+  }
   KZ_ASSIGN_OR_RETURN(c->executor_, collectives::Executor::Create(c->transport_.get(), &device, eopts));
 
-  KZ_INFO(kLogInit, "communicator rank {} of {} on {} ({}), {}; {} host(s)", c->rank_, c->size_, device.label(),
-          props.name, c->transport_->description(), c->shape_.host_count());
+  if (c->aggregation_device_)
+    KZ_INFO(kLogInit, "aggregation device {} (rank {} of a job of {} workers) on {}, {}",
+            collectives::ina::Node::Aggregator(c->rank_ - layout->workers).Name(), c->rank_, c->size_, device.label(),
+            c->transport_->description());
+  else
+    KZ_INFO(kLogInit, "communicator rank {} of {} on {} ({}), {}; {} host(s){}", c->rank_, c->size_, device.label(),
+            props.name, c->transport_->description(), c->shape_.host_count(),
+            layout ? fmt::format("; INA layout {} with {} aggregation devices, {:.3g} x b", cfg.ina_layout,
+                                 layout->aggregators, layout->bandwidth())
+                   : std::string());
   return c;
 }
 
 std::string Communicator::DescribeConnections() const { return transport_->description(); }
+
+Status Communicator::ServeAggregation(uint64_t* served) {
+  if (!aggregation_device_)
+    return InvalidArgument(fmt::format("rank {} is a worker, not an aggregation device", rank_));
+  return executor_->WaitServing(served);
+}
 
 Result<std::unique_ptr<Communicator>> Communicator::Create(std::shared_ptr<bootstrap::Bootstrap> bootstrap,
                                                            device::Device& device, const CommOptions& options) {

@@ -239,6 +239,8 @@ const std::vector<Entry>& Entries() {
     add({"KIZUNA_TOPOLOGY", "path or spec", "", "direct-connect topology file, or full|ring[:N]|torus{1,2,3}d:shape"}, Text(&Config::topology));
     add({"KIZUNA_ALGO", "name or coll:name;coll:name", "cost model", "algorithm override"},
         Text(&Config::algo));
+    add({"KIZUNA_INA_LAYOUT", "path", "", "INA layout (kizuna-plan --layout): ranks after its workers are aggregation devices"},
+        Text(&Config::ina_layout));
     add({"KIZUNA_DETERMINISTIC", "0|1", "0", "same reduction order on every run"},
         [](std::string_view v, Config& c) -> std::string {
           std::string s = Trim(v);

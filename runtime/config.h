@@ -70,6 +70,9 @@ struct Config {
 
   // Collectives.
   std::string algo;
+  // In-network aggregation: the layout file (kizuna-plan --layout) naming the job's aggregation
+  // devices, which are the ranks after its workers (collectives/ina/layout.h).
+  std::string ina_layout;
   bool deterministic = false;
   std::optional<uint64_t> chunk_bytes;
 

@@ -19,6 +19,7 @@ const AlgorithmImpl& RdAlgorithm();        // rd.cc
 const AlgorithmImpl& PairwiseAlgorithm();  // pairwise.cc
 const AlgorithmImpl& P2pAlgorithm();       // p2p.cc
 const AlgorithmImpl& FusedAlgorithm();     // fused.cc
+const AlgorithmImpl& InaAlgorithm();       // ina.cc
 
 // A part of the data that one rank reduces.
 struct OwnedPart {

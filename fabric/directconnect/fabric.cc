@@ -167,7 +167,11 @@ DirectConnectFabric::DirectConnectFabric(const Config* config, FabricContext con
     if (const TopologyLink* link = topology_.LinkAt(PortRef{node_, port})) {
       const PortRef peer = *topology_.PeerOf(PortRef{node_, port});
       const TopologyNode& other = topology_.nodes[static_cast<size_t>(peer.node)];
-      p.link_peer = LinkPeer{other.name, other.rank, peer.port};
+      int peer_rank = other.rank;
+      if (peer_rank < 0)
+        if (auto it = this->context().node_ranks.find(other.name); it != this->context().node_ranks.end())
+          peer_rank = it->second;
+      p.link_peer = LinkPeer{other.name, peer_rank, peer.port};
       bandwidth = link->bandwidth_gbps;
       latency = link->latency_us;
     }
@@ -194,7 +198,7 @@ Result<std::unique_ptr<Fabric>> DirectConnectFabric::Create(const Config& config
       return InvalidArgument(fmt::format("topology {} has {} workers: rank {} has no node (world size {})",
                                          topology.Describe(), topology.worker_count(), context.rank,
                                          context.world_size));
-    if (context.world_size != topology.worker_count())
+    if (context.world_size - static_cast<int>(context.node_ranks.size()) != topology.worker_count())
       KZ_INFO(kLogFabric, "directconnect: topology {} has {} workers for a world of {} ranks", topology.Describe(),
               topology.worker_count(), context.world_size);
   }

@@ -17,11 +17,17 @@
 // reports none. --algo takes KIZUNA_ALGO's forms; names not available yet warn and let the model
 // choose.
 //
-// The partial-INA planner (DESIGN.md section 6: --workers, --aggregators, --worker-ports,
-// --agg-ports) belongs to this tool too; those flag names are kept free for it.
+// The partial in-network-aggregation planner (DESIGN.md section 6, seed 003) is this tool's INA
+// mode (ina_mode.h), selected by its own flags:
 //
-// Exit status: 0 success; 1 a plan could not be built (--dump); 2 bad command line (CLI11's
-// parse errors included), with a message naming the flag.
+//   kizuna-plan --workers N --aggregators M --worker-ports D --agg-ports E [--layout FILE]
+//               [--topology FILE [--bandwidth-gbps X --latency-us Y --shaping]] [--solver S] [--json]
+//   kizuna-plan --sweep [--csv FILE] [--plot FILE.svg]      seed 003's figure: N=16,32,64, D=8, E=8,16
+//   kizuna-plan --seed002 [--workers 8 --worker-ports 4]    seed 002's table of transfer steps
+//
+// Exit status: 0 success; 1 a plan could not be built (--dump; the INA mode: nothing fits, or a
+// file could not be written); 2 bad command line (CLI11's parse errors included), with a message
+// naming the flag.
 
 #include <fmt/format.h>
 
@@ -43,6 +49,7 @@
 #include "collectives/shape.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
+#include "tools/plan/ina_mode.h"
 
 namespace kizuna {
 namespace {
@@ -496,7 +503,8 @@ int Dump(const Setup& s, const Options& o) {
 }
 
 int Main(int argc, char** argv) {
-  CLI::App app{"kizuna-plan: the cost model's prediction for every algorithm and the selector's choice, per size",
+  CLI::App app{"kizuna-plan: the cost model's prediction for every algorithm and the selector's choice, per size; "
+               "with --workers, --sweep or --seed002 the partial in-network-aggregation planner",
                "kizuna-plan"};
   Options o;
   app.add_option("--coll", o.coll,
@@ -537,12 +545,15 @@ int Main(int argc, char** argv) {
   app.add_option("--count", o.count, "--dump: elements (plan.h's count)");
   app.add_option("--rank", o.rank, "--dump: only this rank's steps (-1: every rank)")->capture_default_str();
   app.add_flag("--constants", o.constants, "print the cost model's constants and exit");
+  plan_tool::InaOptions ina;
+  plan_tool::AddInaOptions(app, ina);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // CLI11 reports parse errors as exceptions; they end here, at the edge of the program.
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (plan_tool::InaRequested(app)) return plan_tool::RunIna(app, ina, o.latency_us, o.json);
   auto setup = Resolve(o);
   if (!setup.ok()) {
     fmt::print(stderr, "kizuna-plan: {}\n", setup.status().message());

@@ -1,6 +1,10 @@
 // kizuna-run: the local launcher. Starts N ranks of a program on this host, ready to bootstrap:
 //
-//   kizuna-run -n 8 [--timeout S] [--grace S] -- PROGRAM ARGS...
+//   kizuna-run -n 8 [--timeout S] [--grace S] -- PROGRAM ARGS... [: -n M PROGRAM2 ARGS... ...]
+//
+// After ':', further programs run on further ranks (MPMD, as with mpirun), numbered after the
+// ones before: "kizuna-run -n 8 -- worker : -n 2 kizuna-aggd" starts ranks 0-7 of worker and
+// 8-9 of kizuna-aggd in one job (an INA job: collectives/ina).
 //
 // It makes a fresh UniqueId on 127.0.0.1 with a free port (the root, rank 0, listens there) and
 // gives every rank RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (torchrun's names) and
@@ -20,6 +24,7 @@
 #include <sys/socket.h>
 
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -68,6 +73,39 @@ int Main(int argc, char** argv) {
   }
   options.command = app.remaining();
   if (!options.command.empty() && options.command.front() == "--") options.command.erase(options.command.begin());
+  // Split off "... : -n M PROGRAM2 ARGS" segments.
+  {
+    std::vector<std::vector<std::string>> segments(1);
+    for (std::string& a : options.command) {
+      if (a == ":") segments.emplace_back();
+      else segments.back().push_back(std::move(a));
+    }
+    options.command = std::move(segments[0]);
+    for (size_t i = 1; i < segments.size(); ++i) {
+      std::vector<std::string>& seg = segments[i];
+      run::LaunchOptions::App more;
+      if (seg.size() < 3 || (seg[0] != "-n" && seg[0] != "--np")) {
+        fmt::print(stderr, "kizuna-run: after ':' expected '-n M PROGRAM ARGS...'\n");
+        return 2;
+      }
+      try {
+        size_t used = 0;
+        more.nprocs = std::stoi(seg[1], &used);
+        if (used != seg[1].size()) throw std::invalid_argument(seg[1]);
+      } catch (const std::exception&) {  // std::stoi reports bad input by exception; it ends here
+        fmt::print(stderr, "kizuna-run: after ':': -n {}: not a number\n", seg[1]);
+        return 2;
+      }
+      size_t from = 2;
+      if (seg[from] == "--") ++from;
+      if (from >= seg.size() || more.nprocs < 1) {
+        fmt::print(stderr, "kizuna-run: after ':' expected '-n M PROGRAM ARGS...' with M >= 1\n");
+        return 2;
+      }
+      more.command.assign(seg.begin() + static_cast<ptrdiff_t>(from), seg.end());
+      options.more.push_back(std::move(more));
+    }
+  }
   if (options.command.empty()) {
     fmt::print(stderr, "kizuna-run: no program given\nusage: kizuna-run -n N [--timeout S] [--grace S] -- PROGRAM ARGS...\n");
     return 2;

@@ -69,6 +69,16 @@ cat "$tmp/bad4"
 [ "$rc" -eq 127 ] && grep -q "not found" "$tmp/bad4" || fail "missing program: expected 127 and a message, got $rc"
 "$run" -n 2 --frobnicate -- true >"$tmp/bad5" 2>&1; rc=$?
 [ "$rc" -eq 2 ] || fail "unknown option: expected 2, got $rc"
+"$run" -n 2 -- true : true >"$tmp/bad6" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "after ':'" "$tmp/bad6" || fail "':' without -n: expected 2 and a message, got $rc"
+"$run" -n 2 -- true : -n x true >"$tmp/bad7" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q "not a number" "$tmp/bad7" || fail "':' -n x: expected 2 and a message, got $rc"
+
+# 5b. Several programs (MPMD): ranks after ':' run the second one, in one world.
+out=$("$run" -n 2 -- sh -c 'echo "a $RANK/$WORLD_SIZE"' : -n 1 sh -c 'echo "b $RANK/$WORLD_SIZE"' 2>&1); rc=$?
+echo "$out"
+[ "$rc" -eq 0 ] && grep -q '^\[2\] b 2/3' <<<"$out" && grep -q '^\[1\] a 1/3' <<<"$out" \
+  || fail "MPMD: expected rank 2 to run the second program in a world of 3"
 
 # 6. The ranks' own exit status passes through, also for a program that is not a kizuna rank.
 "$run" -n 3 -- sh -c 'exit $((RANK == 1 ? 9 : 0))' >/dev/null 2>&1; rc=$?

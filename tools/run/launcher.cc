@@ -100,8 +100,16 @@ class Runner {
   Result<LaunchResult> Run();
 
  private:
-  Status Start(const std::string& path);
+  Status Start(const std::vector<std::string>& paths);
   Status StartRank(Rank& r, const std::string& path, const sigset_t& child_mask);
+  // The program of rank i (LaunchOptions::more), and which of the apps it belongs to.
+  size_t AppOf(int i) const;
+  const std::vector<std::string>& CommandOf(int i) const { return AppOf(i) == 0 ? o_.command : o_.more[AppOf(i) - 1].command; }
+  int World() const {
+    int n = o_.nprocs;
+    for (const LaunchOptions::App& a : o_.more) n += a.nprocs;
+    return n;
+  }
   void BeginStop(int signal);
   void Reap(Rank& r);
   void Pump(UniqueFd& fd, LinePrefixer& lines, int to);
@@ -147,9 +155,9 @@ Status Runner::StartRank(Rank& r, const std::string& path, const sigset_t& child
   if (!null_fd.valid()) return FromErrno(errno, "open(/dev/null)");
 
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
-  std::vector<std::string> argv_strings = o_.command;
+  std::vector<std::string> argv_strings = CommandOf(r.index);
   std::vector<char*> argv = Pointers(argv_strings);
-  std::vector<std::string> env_strings = EnvStrings(RankEnvironment(o_.environment, r.index, o_.nprocs, o_.unique_id));
+  std::vector<std::string> env_strings = EnvStrings(RankEnvironment(o_.environment, r.index, World(), o_.unique_id));
   std::vector<char*> envp = Pointers(env_strings);
   const pid_t parent = getpid();
 
@@ -206,7 +214,17 @@ Status Runner::StartRank(Rank& r, const std::string& path, const sigset_t& child
   return Status::Ok();
 }
 
-Status Runner::Start(const std::string& path) {
+size_t Runner::AppOf(int i) const {
+  int first = o_.nprocs;
+  if (i < first) return 0;
+  for (size_t a = 0; a < o_.more.size(); ++a) {
+    first += o_.more[a].nprocs;
+    if (i < first) return a + 1;
+  }
+  return o_.more.size();
+}
+
+Status Runner::Start(const std::vector<std::string>& paths) {
   // SIGINT/SIGTERM/SIGHUP arrive through a signalfd, in the poll loop with everything else.
   sigset_t mask;
   sigemptyset(&mask);
@@ -217,10 +235,12 @@ Status Runner::Start(const std::string& path) {
   mask_changed_ = true;
   signal_fd_.Reset(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!signal_fd_.valid()) return FromErrno(errno, "signalfd");
-  ranks_.reserve(o_.nprocs);
-  for (int i = 0; i < o_.nprocs; ++i) {
+  const int world = World();
+  ranks_.reserve(static_cast<size_t>(world));
+  for (int i = 0; i < world; ++i) {
     ranks_.emplace_back(i);
-    KZ_RETURN_IF_ERROR(StartRank(ranks_.back(), path, old_mask_).WithContext(fmt::format("starting rank {}", i)));
+    KZ_RETURN_IF_ERROR(
+        StartRank(ranks_.back(), paths[AppOf(i)], old_mask_).WithContext(fmt::format("starting rank {}", i)));
   }
   return Status::Ok();
 }
@@ -286,11 +306,21 @@ Result<LaunchResult> Runner::Run() {
   if (o_.command.empty()) return InvalidArgument("no program given (kizuna-run -n N -- PROGRAM ARGS...)");
   if (!(o_.timeout_s >= 0) || !(o_.grace_s >= 0))
     return InvalidArgument("--timeout and --grace must be non-negative numbers of seconds");
+  for (const LaunchOptions::App& a : o_.more) {
+    if (a.command.empty()) return InvalidArgument("an empty program after ':'");
+    if (a.nprocs < 1) return InvalidArgument(fmt::format("-n {} after ':': expected at least 1", a.nprocs));
+  }
+  if (World() > kMaxProcs) return InvalidArgument(fmt::format("{} ranks in all: at most {}", World(), kMaxProcs));
   auto path_it = o_.environment.find("PATH");
-  KZ_ASSIGN_OR_RETURN(std::string path,
-                      FindProgram(o_.command[0], path_it != o_.environment.end() ? path_it->second : "/usr/bin:/bin"));
+  std::vector<std::string> paths;
+  for (size_t a = 0; a <= o_.more.size(); ++a) {
+    const std::vector<std::string>& cmd = a == 0 ? o_.command : o_.more[a - 1].command;
+    KZ_ASSIGN_OR_RETURN(std::string path,
+                        FindProgram(cmd[0], path_it != o_.environment.end() ? path_it->second : "/usr/bin:/bin"));
+    paths.push_back(std::move(path));
+  }
   // On failure, the destructor kills the ranks already started.
-  KZ_RETURN_IF_ERROR(Start(path));
+  KZ_RETURN_IF_ERROR(Start(paths));
 
   std::optional<Clock::time_point> end_at;
   if (o_.timeout_s > 0)

@@ -59,6 +59,13 @@ Result<std::string> FindProgram(const std::string& name, const std::string& path
 struct LaunchOptions {
   int nprocs = 1;                    // 1..kMaxProcs
   std::vector<std::string> command;  // PROGRAM ARGS...
+  // Further programs after the first (MPMD, as mpirun's "-n 8 a : -n 2 b"): each runs on `nprocs`
+  // more ranks, numbered after the ranks before it. The world is nprocs plus all of theirs.
+  struct App {
+    int nprocs = 1;
+    std::vector<std::string> command;
+  };
+  std::vector<App> more;
   double timeout_s = 0;              // the whole run; 0: no limit
   double grace_s = 5;                // between the stop signal and SIGKILL
   Environment environment;           // the ranks' base environment (usually kizuna-run's own)

@@ -95,7 +95,8 @@ class LaunchTest : public ::testing::Test {
     err_path_ = fmt::format("{}/launch_err.{}", dir_, getpid());
   }
 
-  LaunchResult Run(int n, const std::string& script, double timeout_s = 0, double grace_s = 5) {
+  LaunchResult Run(int n, const std::string& script, double timeout_s = 0, double grace_s = 5,
+                   std::vector<LaunchOptions::App> more = {}) {
     UniqueFd out(open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     UniqueFd err(open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     LaunchOptions o;
@@ -103,6 +104,7 @@ class LaunchTest : public ::testing::Test {
     o.command = {"sh", "-c", script};
     o.timeout_s = timeout_s;
     o.grace_s = grace_s;
+    o.more = std::move(more);
     o.environment = {{"PATH", "/usr/bin:/bin"}, {"TMP_DIR", dir_}};
     o.unique_id = "kz1:127.0.0.1:1:0123456789abcdef0123456789abcdef";
     o.out_fd = out.get();
@@ -126,6 +128,19 @@ class LaunchTest : public ::testing::Test {
   std::string dir_, out_path_, err_path_;
   double seconds_ = 0;
 };
+
+TEST_F(LaunchTest, FurtherProgramsRunOnTheRanksAfterTheFirst) {
+  // "kizuna-run -n 2 -- sh -c A : -n 1 sh -c B": ranks 0-1 run A, rank 2 runs B, all in a world of 3.
+  LaunchResult r = Run(2, "echo \"A $RANK of $WORLD_SIZE\"", 0, 5,
+                       {LaunchOptions::App{1, {"sh", "-c", "echo \"B $RANK of $WORLD_SIZE\""}}});
+  EXPECT_EQ(r.exit_code, 0);
+  ASSERT_EQ(r.ranks.size(), 3u);
+  const std::string out = Out();
+  EXPECT_TRUE(Contains(out, "[0] A 0 of 3")) << out;
+  EXPECT_TRUE(Contains(out, "[1] A 1 of 3")) << out;
+  EXPECT_TRUE(Contains(out, "[2] B 2 of 3")) << out;
+  EXPECT_FALSE(Contains(out, "B 0")) << out;
+}
 
 TEST_F(LaunchTest, EveryRankRunsWithItsEnvironmentAndPrefixedOutput) {
   LaunchResult r = Run(3,

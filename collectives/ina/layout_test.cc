@@ -1,0 +1,332 @@
+#include "collectives/ina/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "collectives/ina/planner.h"
+#include "fabric/directconnect/topology.h"
+
+namespace kizuna::collectives::ina {
+namespace {
+
+// Layouts with every kind of part: N=16, D=8, E=8, M=4 gives four one-device partial trees and a
+// ring; M=24 gives eight full trees; N=6, D=3, E=4, M=1 a partial tree and a line (seed 003's slide 20).
+Layout Planned(int workers, int aggregators, int worker_ports, int aggregator_ports) {
+  auto plan = PlanLayout({workers, aggregators, worker_ports, aggregator_ports});
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  return plan.ok() ? plan->layout : Layout{};
+}
+
+int IndexOf(const Layout& l, PartKind kind) {
+  for (size_t i = 0; i < l.parts.size(); ++i)
+    if (l.parts[i].kind == kind) return static_cast<int>(i);
+  return -1;
+}
+
+// Validate's message, which must name `want`.
+void ExpectRejected(const Layout& l, const std::string& want) {
+  const Status s = Validate(l);
+  ASSERT_FALSE(s.ok()) << "accepted; wanted: " << want;
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+}
+
+TEST(InaLayout, Names) {
+  EXPECT_EQ(Node::Worker(3).Name(), "w3");
+  EXPECT_EQ(Node::Aggregator(1).Name(), "a1");
+  EXPECT_EQ(PartKindName(PartKind::kFullTree), "full-tree");
+  EXPECT_EQ(PartKindName(PartKind::kPartialTree), "partial-tree");
+  EXPECT_EQ(PartKindName(PartKind::kLine), "line");
+  EXPECT_EQ(PartKindName(PartKind::kRing), "ring");
+}
+
+TEST(InaLayout, PlannedLayoutsHaveEveryKind) {
+  const Layout a = Planned(16, 4, 8, 8);
+  EXPECT_GE(IndexOf(a, PartKind::kPartialTree), 0);
+  EXPECT_GE(IndexOf(a, PartKind::kRing), 0);
+  EXPECT_DOUBLE_EQ(a.bandwidth(), 4 + 16.0 / 15);
+  EXPECT_EQ(a.aggregators_used(), 4);
+  EXPECT_GE(IndexOf(Planned(16, 24, 8, 8), PartKind::kFullTree), 0);
+  EXPECT_GE(IndexOf(Planned(6, 1, 3, 4), PartKind::kLine), 0);
+  EXPECT_TRUE(Validate(a).ok());
+}
+
+TEST(InaLayout, ValidateRejectsBrokenLayoutsNamingTheProblem) {
+  const Layout base = Planned(16, 4, 8, 8);
+  const int tree = IndexOf(base, PartKind::kPartialTree), ring = IndexOf(base, PartKind::kRing);
+  const std::string tree_name = "part " + std::to_string(tree) + " (partial-tree)";
+  {
+    Layout l = base;  // a port used twice, across parts
+    l.parts[static_cast<size_t>(ring)].next_port[0] = l.parts[static_cast<size_t>(tree)].edges.back().child_port;
+    l.parts[static_cast<size_t>(ring)].ring[0] = l.parts[static_cast<size_t>(tree)].edges.back().child.index;
+    l.parts[static_cast<size_t>(ring)].ring[static_cast<size_t>(l.parts[static_cast<size_t>(tree)].edges.back().child.index)] = 0;
+    ExpectRejected(l, "is already used by part");
+  }
+  {
+    Layout l = base;  // two cables on one port within a tree
+    auto& edges = l.parts[static_cast<size_t>(tree)].edges;
+    TreeEdge& last = edges.back();
+    for (TreeEdge& e : edges)
+      if (&e != &last && e.parent.aggregator()) {
+        last.parent = e.parent;
+        last.parent_port = e.parent_port;
+        break;
+      }
+    ExpectRejected(l, "carries two cables of this part");
+  }
+  {
+    Layout l = base;  // a worker missing from a tree
+    l.parts[static_cast<size_t>(tree)].edges.pop_back();
+    l.parts[static_cast<size_t>(tree)].worker_ports -= 1;
+    ExpectRejected(l, tree_name + ": worker ");
+    ExpectRejected(l, "is missing from the tree");
+  }
+  {
+    Layout l = base;  // a cycle: two chain workers each other's parent
+    auto& edges = l.parts[static_cast<size_t>(tree)].edges;
+    size_t j = 0;
+    while (edges[j].parent.aggregator()) ++j;  // a worker below a worker
+    const Node parent = edges[j].parent;
+    for (TreeEdge& e : edges)
+      if (e.child == parent) e.parent = edges[j].child;
+    ExpectRejected(l, "is on a cycle");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(tree)].edges[0].child = l.parts[static_cast<size_t>(tree)].edges[1].child;
+    ExpectRejected(l, "appears twice");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(tree)].root = Node::Aggregator(9);
+    ExpectRejected(l, "root a9 does not exist");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(tree)].edges[0].parent_port = 8;
+    ExpectRejected(l, "is beyond a");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(tree)].aggregators = 2;
+    ExpectRejected(l, "declares 2 aggregation device(s) but its tree has 1");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(tree)].worker_ports += 1;
+    ExpectRejected(l, "worker ports but its cables use");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(tree)].bandwidth = 0;
+    ExpectRejected(l, "bandwidth 0 must be positive");
+  }
+  {
+    Layout l = base;  // an aggregation device in two parts
+    const int other = tree == 0 ? 1 : 0;
+    ASSERT_EQ(l.parts[static_cast<size_t>(other)].kind, PartKind::kPartialTree);
+    const int dev = l.parts[static_cast<size_t>(tree)].root.index;
+    Part& p = l.parts[static_cast<size_t>(other)];
+    const Node old = p.root;
+    p.root = Node::Aggregator(dev);
+    for (TreeEdge& e : p.edges) {
+      if (e.parent == old) e.parent = p.root, e.parent_port = 8 - 1 - e.parent_port;
+    }
+    ExpectRejected(l, "is already used by part");
+  }
+  {
+    Layout l = base;
+    Part& r = l.parts[static_cast<size_t>(ring)];
+    r.ring[1] = r.ring[0];
+    ExpectRejected(l, "appears twice");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(ring)].ring.pop_back();
+    ExpectRejected(l, "the ring holds 15 workers, the layout 16");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(ring)].prev_port.pop_back();
+    ExpectRejected(l, "16 next ports and 15 previous ports");
+  }
+  {
+    Layout l = base;
+    l.parts.clear();
+    ExpectRejected(l, "no parts");
+  }
+  {
+    Layout l = base;
+    l.workers = 0;
+    ExpectRejected(l, "0 workers");
+  }
+  {
+    Layout l = base;
+    l.aggregators = 0;  // the trees' devices no longer exist
+    ExpectRejected(l, "does not exist");
+  }
+}
+
+TEST(InaLayout, ValidateChecksEachKindsShape) {
+  {
+    Layout l = Planned(6, 1, 3, 4);
+    const int line = IndexOf(l, PartKind::kLine);
+    ASSERT_GE(line, 0);
+    Part& p = l.parts[static_cast<size_t>(line)];
+    // Hang the last worker on the root as a third neighbour.
+    TreeEdge& e = p.edges.back();
+    e.parent = p.root;
+    ExpectRejected(l, "neighbours: a line is a chain");
+  }
+  {
+    Layout l = Planned(16, 24, 8, 8);
+    const int full = IndexOf(l, PartKind::kFullTree);
+    Part& p = l.parts[static_cast<size_t>(full)];
+    // A worker below a worker.
+    TreeEdge& e = p.edges.back();
+    for (const TreeEdge& f : p.edges)
+      if (!f.child.aggregator() && f.child != e.child) {
+        e.parent = f.child;
+        break;
+      }
+    ExpectRejected(l, "is not a leaf below an aggregation device");
+  }
+  {
+    Layout l = Planned(16, 24, 8, 8);
+    Part& p = l.parts[static_cast<size_t>(IndexOf(l, PartKind::kFullTree))];
+    p.root = Node::Worker(0);
+    ExpectRejected(l, "a full-tree's root is an aggregation device");
+  }
+  {
+    Layout l = Planned(16, 24, 8, 8);
+    Part& p = l.parts[static_cast<size_t>(IndexOf(l, PartKind::kFullTree))];
+    // Move every worker of one device elsewhere: the device reduces nothing.
+    const Node leaf = p.edges.back().parent;
+    for (TreeEdge& e : p.edges)
+      if (e.parent == leaf && !e.child.aggregator()) e.parent = p.root, e.parent_port = 0;
+    ExpectRejected(l, "has no children");
+  }
+}
+
+TEST(InaLayout, SplitCountIsProportionalAndAligned) {
+  const Layout l = Planned(16, 4, 8, 8);  // bandwidths 1, 1, 1, 1, 16/15
+  for (uint64_t count : {0ull, 1ull, 4ull, 5ull, 100ull, 1000003ull, (1ull << 60) + 7}) {
+    for (uint64_t align : {0ull, 1ull, 16ull, 1000ull}) {
+      const auto r = SplitCount(l, count, align);
+      ASSERT_EQ(r.size(), l.parts.size());
+      uint64_t at = 0;
+      for (size_t i = 0; i < r.size(); ++i) {
+        EXPECT_EQ(r[i].offset, at);
+        const uint64_t a = align ? align : 1;
+        EXPECT_EQ(r[i].offset % a, 0u);
+        at += r[i].count;
+        long double total = 0;
+        for (const Part& p : l.parts) total += p.bandwidth;
+        const long double exact = static_cast<long double>(count) * l.parts[i].bandwidth / total;
+        EXPECT_LE(std::abs(static_cast<long double>(r[i].count) - exact), static_cast<long double>(2 * a))
+            << count << " " << align;
+      }
+      EXPECT_EQ(at, count);
+    }
+  }
+  // Largest remainder: 5 elements over bandwidths 1, 1, 1, 1, 16/15 are quotas 0.99 (four times)
+  // and 1.05: the ring's whole one, then the four largest remainders one each.
+  const auto five = SplitCount(l, 5, 1);
+  for (const PartRange& r : five) EXPECT_EQ(r.count, 1u);
+  const auto same = SplitCount(l, 1000003, 1);
+  EXPECT_EQ(SplitCount(l, 1000003, 1)[4].count, same[4].count);  // deterministic
+  EXPECT_TRUE(SplitCount(Layout{}, 10, 1).empty());
+}
+
+void ExpectSameLayout(const Layout& a, const Layout& b) {
+  EXPECT_EQ(a.workers, b.workers);
+  EXPECT_EQ(a.aggregators, b.aggregators);
+  EXPECT_EQ(a.worker_ports, b.worker_ports);
+  EXPECT_EQ(a.aggregator_ports, b.aggregator_ports);
+  ASSERT_EQ(a.parts.size(), b.parts.size());
+  for (size_t i = 0; i < a.parts.size(); ++i) {
+    const Part &x = a.parts[i], &y = b.parts[i];
+    EXPECT_EQ(x.kind, y.kind);
+    EXPECT_EQ(x.bandwidth, y.bandwidth);  // exactly: the JSON keeps every bit
+    EXPECT_EQ(x.aggregators, y.aggregators);
+    EXPECT_EQ(x.worker_ports, y.worker_ports);
+    if (x.kind != PartKind::kRing) {
+      EXPECT_EQ(x.root, y.root);
+    }
+    EXPECT_EQ(x.edges, y.edges);
+    EXPECT_EQ(x.ring, y.ring);
+    EXPECT_EQ(x.next_port, y.next_port);
+    EXPECT_EQ(x.prev_port, y.prev_port);
+  }
+}
+
+TEST(InaLayout, JsonRoundTrip) {
+  for (const Layout& l : {Planned(16, 4, 8, 8), Planned(16, 24, 8, 8), Planned(6, 1, 3, 4), Planned(2, 0, 3, 3)}) {
+    const std::string text = ToJson(l);
+    auto back = FromJson(text, "layout.json");
+    ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << text;
+    ExpectSameLayout(l, *back);
+    EXPECT_EQ(ToJson(*back), text);
+  }
+}
+
+TEST(InaLayout, FromJsonNamesWhatIsWrong) {
+  const std::string good = ToJson(Planned(16, 4, 8, 8));
+  auto expect = [](const std::string& text, const std::string& want) {
+    auto r = FromJson(text, "my.json");
+    ASSERT_FALSE(r.ok()) << want;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+  };
+  expect("{", "my.json: not valid JSON");
+  expect("[]", "my.json: layout: expected an object");
+  auto edit = [&](const std::string& from, const std::string& to) {
+    std::string t = good;
+    const size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return t.replace(at, from.size(), to);
+  };
+  expect(edit("\"workers\": 16", "\"workers\": 16, \"extra\": 1"), "unknown key \"extra\"");
+  expect(edit("\"workers\": 16", "\"workers\": \"16\""), "layout.workers: expected an integer");
+  expect(edit("\"workers\": 16", "\"workers\": 99999999"), "layout.workers: 99999999 is out of range");
+  expect(edit("\"kind\": \"partial-tree\"", "\"kind\": \"bush\""), "parts[0].kind: expected full-tree");
+  expect(edit("\"child\": \"w", "\"child\": \"x"), "parts[0].edges[");
+  expect(edit("\"child\": \"w", "\"child\": \"x"), "expected \"node:port\"");
+  expect(edit("\"root\": \"a0\"", "\"root\": \"a00\""), "parts[0].root: expected a node name");
+  expect(edit("\"root\": \"a0\"", "\"root\": \"a1\""), "my.json: layout: part 0 (partial-tree): ");
+  expect(edit("\"ring\": [", "\"root\": \"w0\", \"ring\": ["), "a ring has no tree");
+}
+
+TEST(InaLayout, TopologyJsonIsADirectConnectTopology) {
+  for (const Layout& l : {Planned(16, 4, 8, 8), Planned(16, 24, 8, 8), Planned(6, 1, 3, 4), Planned(5, 3, 4, 3)}) {
+    const std::string text = TopologyJson(l, 100, 1.5, true);
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << text;
+    size_t cables = 0;
+    for (const Part& p : l.parts) cables += p.kind == PartKind::kRing ? p.ring.size() : p.edges.size();
+    EXPECT_EQ(j["nodes"].size(), static_cast<size_t>(l.workers + l.aggregators));
+    EXPECT_EQ(j["links"].size(), cables);
+    EXPECT_EQ(j["shaping"], true);
+    EXPECT_EQ(j["defaults"]["bandwidth_gbps"], 100);
+    // The direct-connect fabric's own parser accepts it: ports in range, each used once.
+    auto topo = fabric::directconnect::ParseTopology(text, "ina.json");
+    ASSERT_TRUE(topo.ok()) << topo.status().ToString() << "\n" << text;
+    EXPECT_EQ(topo->worker_count(), l.workers);
+    EXPECT_EQ(topo->links.size(), cables);
+    EXPECT_TRUE(topo->shaping);
+    for (const auto& link : topo->links) {
+      EXPECT_EQ(link.bandwidth_gbps, 100);
+      EXPECT_EQ(link.latency_us, 1.5);
+    }
+    EXPECT_EQ(topo->nodes[static_cast<size_t>(topo->WorkerForRank(3))].name, "w3");
+  }
+  // Unknown speeds: no defaults at all.
+  const std::string plain = TopologyJson(Planned(8, 0, 2, 8), 0, 0, false);
+  EXPECT_EQ(plain.find("defaults"), std::string::npos);
+  EXPECT_TRUE(fabric::directconnect::ParseTopology(plain, "plain.json").ok());
+}
+
+}  // namespace
+}  // namespace kizuna::collectives::ina

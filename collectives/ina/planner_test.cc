@@ -1,0 +1,396 @@
+#include "collectives/ina/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kizuna::collectives::ina {
+namespace {
+
+// The optimum's order, independent of the planner's code: more value, fewer devices, fewer ports.
+struct Totals {
+  int64_t value = 0, aggregators = 0, ports = 0;
+  bool operator==(const Totals&) const = default;
+  bool BetterThan(const Totals& o) const {
+    if (value != o.value) return value > o.value;
+    if (aggregators != o.aggregators) return aggregators < o.aggregators;
+    return ports < o.ports;
+  }
+};
+
+Totals Recount(const Selection& s) {
+  Totals t;
+  for (const Pick& p : s.picks) {
+    EXPECT_GT(p.count, 0);
+    t.value += p.item.value * p.count;
+    t.aggregators += int64_t{p.item.aggregators} * p.count;
+    t.ports += p.item.worker_ports * p.count;
+  }
+  EXPECT_EQ(t.value, s.value);
+  EXPECT_EQ(t.aggregators, s.aggregators);
+  EXPECT_EQ(t.ports, s.worker_ports);
+  return t;
+}
+
+// Every multiset of items within the limits, by recursion over the items.
+Totals BruteForce(const std::vector<Item>& items, int64_t aggregators, int64_t ports) {
+  Totals best;
+  std::function<void(size_t, Totals)> walk = [&](size_t i, Totals t) {
+    if (i == items.size()) {
+      if (t.BetterThan(best)) best = t;
+      return;
+    }
+    for (Totals u = t; u.aggregators <= aggregators && u.ports <= ports;) {
+      walk(i + 1, u);
+      u.value += items[i].value;
+      u.aggregators += items[i].aggregators;
+      u.ports += items[i].worker_ports;
+    }
+  };
+  walk(0, Totals{});
+  return best;
+}
+
+std::string Name(const Problem& p) {
+  return "N=" + std::to_string(p.workers) + " M=" + std::to_string(p.aggregators) + " D=" +
+         std::to_string(p.worker_ports) + " E=" + std::to_string(p.aggregator_ports);
+}
+
+double Ratio(const Problem& p, double bandwidth) { return bandwidth / RingBandwidth(p); }
+
+TEST(InaPlanner, ItemsFollowTheModelTable) {
+  const Problem p{16, 4, 8, 8};
+  EXPECT_EQ(FullTreeAggregators(16, 8), 3);  // DESIGN.md: 3 for N=16, E=8
+  EXPECT_EQ(FullTreeAggregators(128, 4), 63);
+  EXPECT_EQ(FullTreeAggregators(8, 8), 1);
+  EXPECT_EQ(FullTreeAggregators(9, 8), 2);
+  EXPECT_EQ(FullTreeAggregators(2, 3), 1);
+  const std::vector<Item> items = EnumerateItems(p);
+  const std::vector<Item> want = {
+      {PartKind::kFullTree, 3, 16, 15},   {PartKind::kPartialTree, 2, 32 - 14, 15},
+      {PartKind::kPartialTree, 1, 32 - 8, 15}, {PartKind::kLine, 0, 30, 15},
+      {PartKind::kRing, 0, 32, 16},
+  };
+  EXPECT_EQ(items, want);
+}
+
+TEST(InaPlanner, DpAndClosedFormMatchBruteForce) {
+  int cases = 0;
+  for (int n = 2; n <= 12; ++n)
+    for (int d = 1; d <= 4; ++d)
+      for (int e = 3; e <= 6; ++e)
+        for (int m = 0; m <= 6; ++m) {
+          const Problem p{n, m, d, e};
+          const std::vector<Item> items = EnumerateItems(p);
+          const int64_t ports = int64_t{n} * d;
+          const Totals want = BruteForce(items, m, ports);
+          const Selection dp = SolveDp(items, m, ports);
+          ASSERT_EQ(Recount(dp), want) << Name(p);
+          const Selection closed = SolveClosedForm(p);
+          ASSERT_EQ(Recount(closed), want) << Name(p);
+          ASSERT_EQ(Recount(Canonical(p, dp)), want) << Name(p);
+          ++cases;
+        }
+  EXPECT_EQ(cases, 11 * 4 * 4 * 7);
+}
+
+TEST(InaPlanner, DpHandlesAnyItems) {
+  // Items outside the model: dominated ones, a duplicate, one too large, ports with a common gcd.
+  const std::vector<Item> items = {
+      {PartKind::kRing, 0, 6, 5}, {PartKind::kRing, 0, 6, 5},  {PartKind::kLine, 0, 9, 5},
+      {PartKind::kFullTree, 2, 3, 4}, {PartKind::kPartialTree, 1, 12, 9}, {PartKind::kFullTree, 50, 3, 99},
+  };
+  for (int m = 0; m <= 7; ++m)
+    for (int ports = 0; ports <= 40; ++ports) {
+      DpStats st;
+      const Selection s = SolveDp(items, m, ports, &st);
+      ASSERT_EQ(Recount(s), BruteForce(items, m, ports)) << "M=" << m << " P=" << ports;
+      for (const Pick& pk : s.picks) EXPECT_NE(pk.item.worker_ports, 9) << "the dominated line was chosen";
+    }
+  DpStats st;
+  SolveDp(items, 7, 36, &st);
+  EXPECT_EQ(st.items, 3);  // the duplicate ring, the dominated line and the device hog are dropped
+  EXPECT_EQ(st.gcd, 3);
+  EXPECT_EQ(st.columns, 36 / 3 + 1);
+  EXPECT_EQ(st.rows, std::min<int64_t>(7, (36 / 3) * 2) + 1);
+}
+
+TEST(InaPlanner, ClosedFormMatchesDpOnLargerShapes) {
+  int cases = 0;
+  for (int n : {13, 16, 17, 32, 33, 64, 100})
+    for (int d : {1, 2, 3, 5, 8, 16})
+      for (int e : {3, 4, 8, 16}) {
+        const int t = FullTreeAggregators(n, e);
+        for (int m = 0; m <= d * t + 1; m += 1 + d * t / 24) {
+          const Problem p{n, m, d, e};
+          const std::vector<Item> items = EnumerateItems(p);
+          if (DpSize(items, m, int64_t{n} * d).work() > 20'000'000) continue;  // keeps the test small
+          ASSERT_EQ(Recount(SolveClosedForm(p)), Recount(SolveDp(items, m, int64_t{n} * d))) << Name(p);
+          ++cases;
+        }
+      }
+  EXPECT_GT(cases, 1500);
+}
+
+TEST(InaPlanner, UpperBoundIsTheLpOverAllItemsAndBoundsThePlan) {
+  for (int n : {2, 3, 6, 16, 32, 64})
+    for (int d : {1, 2, 3, 8})
+      for (int e : {3, 4, 8, 16})
+        for (int m : {0, 1, 2, 3, 5, 8, 15, 40, 200}) {
+          const Problem p{n, m, d, e};
+          const double all = LpValue(EnumerateItems(p), m, double(n) * d) / (n - 1);
+          const double ub = UpperBound(p);
+          ASSERT_NEAR(ub, all, 1e-9 * all) << Name(p);
+          const Selection s = SolveClosedForm(p);
+          EXPECT_LE(s.bandwidth(n), ub * (1 + 1e-12)) << Name(p);
+          EXPECT_GE(s.bandwidth(n), BaselineOf(p).bandwidth * (1 - 1e-12)) << Name(p);
+        }
+  // Without devices the bound is the rings' (a line has the same bandwidth per port).
+  EXPECT_NEAR(Ratio({16, 0, 8, 8}, UpperBound({16, 0, 8, 8})), 1.0, 1e-12);
+}
+
+TEST(InaPlanner, BaselineFirstGainsAtFifteenDevicesAsTheSeedSays) {
+  // DESIGN.md section 6: N=16, D=8, E=8: 4 trees (12 devices) = 4 < 8*16/30, 5 trees (15) = 5.
+  for (int m = 0; m <= 14; ++m) {
+    const Problem p{16, m, 8, 8};
+    const Baseline b = BaselineOf(p);
+    EXPECT_EQ(b.rings, 4) << m;
+    EXPECT_DOUBLE_EQ(Ratio(p, b.bandwidth), 1.0) << m;
+  }
+  const Problem p15{16, 15, 8, 8};
+  EXPECT_EQ(BaselineOf(p15).trees, 5);
+  EXPECT_DOUBLE_EQ(Ratio(p15, BaselineOf(p15).bandwidth), 5.0 / (8 * 16.0 / 30));
+  EXPECT_EQ(BaselineOf({16, 24, 8, 8}).trees, 8);
+  EXPECT_EQ(BaselineOf({16, 99, 8, 8}).trees, 8);  // at most D trees
+  // Odd D: the baseline's rings are floor(D/2), the reference counts D/2.
+  EXPECT_EQ(BaselineOf({16, 0, 3, 8}).rings, 1);
+  EXPECT_NEAR(Ratio({16, 0, 3, 8}, BaselineOf({16, 0, 3, 8}).bandwidth), 2.0 / 3, 1e-12);
+}
+
+TEST(InaPlanner, PartialInaGainsLongBeforeTheBaseline) {
+  // N=16, D=8, E=8: four rings fill all 128 ports, and a tree-like part frees at most 16 ports of
+  // a ring's 32 while a part needs 16 or more: no mix beats the rings below 4 devices.
+  for (int m = 0; m <= 3; ++m) {
+    auto plan = PlanLayout({16, m, 8, 8});
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_DOUBLE_EQ(Ratio(plan->problem, plan->bandwidth), 1.0) << m;
+  }
+  auto four = PlanLayout({16, 4, 8, 8});
+  ASSERT_TRUE(four.ok());
+  EXPECT_DOUBLE_EQ(four->bandwidth, 4 + 16.0 / 15);  // four one-device partial trees and a ring
+  EXPECT_DOUBLE_EQ(Ratio(four->problem, four->bandwidth), 1.1875);
+  EXPECT_EQ(four->selection.aggregators, 4);
+  for (int m = 4; m <= 24; ++m) {
+    auto plan = PlanLayout({16, m, 8, 8});
+    ASSERT_TRUE(plan.ok());
+    EXPECT_GT(Ratio(plan->problem, plan->bandwidth), 1.0) << m;
+  }
+  // Seed 003's slide 20 (6 workers, 3 ports, 4-port devices): 3 rings' worth 1.8; a partial tree
+  // and a line with 1 device 2 (time 0.90); a full tree and a ring with 2 devices 2.2 (0.82); 3
+  // full trees with 6 devices 3 (0.60).
+  const double ring = RingBandwidth({6, 0, 3, 4});
+  EXPECT_DOUBLE_EQ(ring, 1.8);
+  for (auto [m, bw] : {std::pair{1, 2.0}, {2, 2.2}, {6, 3.0}}) {
+    auto plan = PlanLayout({6, m, 3, 4});
+    ASSERT_TRUE(plan.ok());
+    EXPECT_NEAR(plan->bandwidth, bw, 1e-12) << m;
+  }
+  EXPECT_NEAR(ring / 2.0, 0.9, 1e-12);
+  EXPECT_NEAR(ring / 2.2, 0.818, 1e-3);
+  EXPECT_NEAR(ring / 3.0, 0.6, 1e-12);
+}
+
+// Ports per worker as the layout uses them.
+std::vector<std::vector<int>> PortsOf(const Layout& l) {
+  std::vector<std::vector<int>> ports(static_cast<size_t>(l.workers));
+  for (const Part& part : l.parts) {
+    for (const TreeEdge& e : part.edges) {
+      if (!e.child.aggregator()) ports[static_cast<size_t>(e.child.index)].push_back(e.child_port);
+      if (!e.parent.aggregator()) ports[static_cast<size_t>(e.parent.index)].push_back(e.parent_port);
+    }
+    for (size_t i = 0; i < part.ring.size(); ++i) {
+      ports[static_cast<size_t>(part.ring[i])].push_back(part.next_port[i]);
+      ports[static_cast<size_t>(part.ring[i])].push_back(part.prev_port[i]);
+    }
+  }
+  return ports;
+}
+
+TEST(InaPlanner, LayoutsBalancePortsConserveBandwidthAndValidate) {
+  int plans = 0;
+  for (int n : {2, 3, 4, 5, 7, 8, 16, 31, 64})
+    for (int d : {1, 2, 3, 4, 7, 8})
+      for (int e : {3, 4, 5, 8, 16})
+        for (int m : {0, 1, 2, 3, 4, 7, 12, 30, 100}) {
+          const Problem p{n, m, d, e};
+          auto plan = PlanLayout(p);
+          if (!plan.ok()) {
+            // Only when nothing fits: one port per worker and no full tree's worth of devices.
+            EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported) << Name(p);
+            EXPECT_EQ(d, 1) << Name(p);
+            EXPECT_LT(m, FullTreeAggregators(n, e)) << Name(p);
+            EXPECT_NE(plan.status().message().find("no sub-topology fits"), std::string::npos);
+            continue;
+          }
+          ++plans;
+          const Layout& l = plan->layout;
+          ASSERT_TRUE(Validate(l).ok()) << Name(p) << ": " << Validate(l).ToString();
+          // Conservation: the plan's bandwidth is the sum of its parts'.
+          double sum = 0;
+          for (const Part& part : l.parts) sum += part.bandwidth;
+          EXPECT_DOUBLE_EQ(plan->bandwidth, sum) << Name(p);
+          EXPECT_NEAR(plan->bandwidth, plan->selection.bandwidth(n), 1e-12) << Name(p);
+          EXPECT_EQ(l.aggregators_used(), plan->selection.aggregators) << Name(p);
+          EXPECT_LE(l.aggregators_used(), m);
+          // Balance: max - min <= 1, max <= D, every port 0..D-1 at most once.
+          const auto ports = PortsOf(l);
+          size_t lo = ports[0].size(), hi = 0, total = 0;
+          for (const auto& w : ports) {
+            lo = std::min(lo, w.size()), hi = std::max(hi, w.size()), total += w.size();
+            std::vector<int> sorted = w;
+            std::sort(sorted.begin(), sorted.end());
+            for (size_t i = 0; i < sorted.size(); ++i) ASSERT_EQ(sorted[i], static_cast<int>(i)) << Name(p);
+          }
+          EXPECT_LE(hi - lo, 1u) << Name(p);
+          EXPECT_LE(hi, static_cast<size_t>(d)) << Name(p);
+          EXPECT_EQ(static_cast<int64_t>(total), plan->selection.worker_ports) << Name(p);
+          EXPECT_EQ(plan->min_ports, static_cast<int>(lo));
+          EXPECT_EQ(plan->max_ports, static_cast<int>(hi));
+          // Every part spans every worker; aggregation devices are numbered from 0 in part order.
+          int next_device = 0;
+          for (const Part& part : l.parts) {
+            std::vector<int> devices;
+            for (const TreeEdge& e : part.edges)
+              for (const Node& x : {e.child, e.parent})
+                if (x.aggregator()) devices.push_back(x.index);
+            if (part.root.aggregator() && part.kind != PartKind::kRing) devices.push_back(part.root.index);
+            std::sort(devices.begin(), devices.end());
+            devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+            for (int dev : devices) EXPECT_EQ(dev, next_device++) << Name(p);
+          }
+          // Shares: counts add up, proportional within one element, equal predicted times.
+          for (uint64_t count : {0ull, 1ull, 7ull, 1000003ull}) {
+            const auto ranges = SplitCount(l, count, 1);
+            uint64_t at = 0;
+            for (size_t i = 0; i < ranges.size(); ++i) {
+              EXPECT_EQ(ranges[i].offset, at);
+              at += ranges[i].count;
+              const double exact = double(count) * l.parts[i].bandwidth / plan->bandwidth;
+              EXPECT_LE(std::abs(double(ranges[i].count) - exact), 1.0 + 1e-9) << Name(p) << " count " << count;
+              EXPECT_LE(std::abs(ranges[i].count / l.parts[i].bandwidth - count / plan->bandwidth),
+                        1.0 / l.parts[i].bandwidth + 1e-9);
+            }
+            EXPECT_EQ(at, count);
+          }
+        }
+  EXPECT_GT(plans, 2000);
+}
+
+TEST(InaPlanner, CanonicalSpreadsDevicesEvenly) {
+  const Problem p{64, 7, 4, 8};  // T = 11
+  const Selection s = SolveClosedForm(p);
+  const Selection c = Canonical(p, s);
+  EXPECT_EQ(Recount(c), Recount(s));
+  int lo = 1 << 30, hi = -1;
+  for (const Pick& pk : c.picks)
+    if (pk.item.kind == PartKind::kPartialTree || pk.item.kind == PartKind::kLine)
+      lo = std::min(lo, pk.item.aggregators), hi = std::max(hi, pk.item.aggregators);
+  EXPECT_LE(hi - lo, 1);
+  // Canonical order: full trees, partial trees by devices (descending), lines, rings.
+  for (size_t i = 1; i < c.picks.size(); ++i) {
+    const Item& a = c.picks[i - 1].item;
+    const Item& b = c.picks[i].item;
+    EXPECT_TRUE(a.kind < b.kind || (a.kind == b.kind && a.aggregators > b.aggregators));
+  }
+}
+
+TEST(InaPlanner, TreesHaveTheModelsShape) {
+  auto plan = PlanLayout({20, 4, 8, 5}, Solver::kClosedForm);  // T = 6: partial trees only
+  ASSERT_TRUE(plan.ok());
+  for (const Part& part : plan->layout.parts) {
+    if (part.kind == PartKind::kLine) {
+      // Rooted in the middle: two arms of 9 and 10 workers.
+      EXPECT_FALSE(part.root.aggregator());
+      int at_root = 0;
+      for (const TreeEdge& e : part.edges) at_root += e.parent == part.root;
+      EXPECT_EQ(at_root, 2);
+    }
+    if (part.kind == PartKind::kPartialTree) {
+      const int chains = part.aggregators * 3 + 2;
+      EXPECT_EQ(part.worker_ports, 40 - chains);
+      int heads = 0;
+      for (const TreeEdge& e : part.edges) heads += !e.child.aggregator() && e.parent.aggregator();
+      EXPECT_EQ(heads, chains);
+    }
+  }
+}
+
+TEST(InaPlanner, NothingFitsIsNotSupported) {
+  auto plan = PlanLayout({16, 2, 1, 8});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(plan.status().message().find("a full tree 16 ports but 3 aggregation device(s) (2 available)"),
+            std::string::npos)
+      << plan.status().message();
+  auto three = PlanLayout({16, 3, 1, 8});
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(three->layout.parts.size(), 1u);
+  EXPECT_EQ(three->layout.parts[0].kind, PartKind::kFullTree);
+}
+
+TEST(InaPlanner, BadProblemsAreRefusedByName) {
+  EXPECT_NE(CheckProblem({1, 0, 8, 8}).message().find("1 workers: expected 2.."), std::string::npos);
+  EXPECT_NE(CheckProblem({8, -1, 8, 8}).message().find("-1 aggregation devices"), std::string::npos);
+  EXPECT_NE(CheckProblem({8, 0, 0, 8}).message().find("0 ports per worker"), std::string::npos);
+  EXPECT_NE(CheckProblem({8, 0, 65, 8}).message().find("65 ports per worker"), std::string::npos);
+  EXPECT_NE(CheckProblem({8, 0, 8, 2}).message().find("2 ports per aggregation device: expected 3.."),
+            std::string::npos);
+  EXPECT_NE(CheckProblem({8, 65536, 8, 1024}).message().find("more than"), std::string::npos);
+  EXPECT_EQ(PlanLayout({8, 0, 8, 2}).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(InaPlanner, Seed002Table) {
+  const auto rows = Seed002Table(8, 4);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].steps, 14);
+  EXPECT_EQ(rows[1].steps, 7);
+  EXPECT_EQ(rows[2].steps, 3);
+  for (const StepsRow& r : rows) EXPECT_DOUBLE_EQ(r.transfer_time, 0.4375);
+  EXPECT_EQ(Seed002Table(6, 4)[2].steps, -1);  // no hypercube of 6
+  EXPECT_EQ(Seed002Table(7, 4)[1].steps, 7);   // odd N: one half is longer
+}
+
+TEST(InaPlanner, PlansTwoThousandWorkers) {
+  // Issue 7's shapes (DESIGN.md section 11); their timing is in docs/INA_PLANNER.md.
+  for (int m : {64, 512}) {
+    const Problem p{2048, m, 8, 8};
+    auto plan = PlanLayout(p);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(plan->solver, m == 64 ? Solver::kDp : Solver::kClosedForm);
+    // 4 rings fill the 16384 ports; a fifth part needs 682 devices' worth of partial trees.
+    EXPECT_DOUBLE_EQ(plan->bandwidth, plan->ring);
+    EXPECT_LE(plan->bandwidth, plan->upper_bound * (1 + 1e-12));
+    EXPECT_LE(plan->max_ports, 8);
+    EXPECT_EQ(Recount(SolveClosedForm(p)), Recount(plan->selection));
+  }
+}
+
+TEST(InaPlanner, ForcedDpRefusesHugeTables) {
+  auto plan = PlanLayout({65536, 60000, 64, 3}, Solver::kDp);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("the DP's table would have"), std::string::npos);
+}
+
+TEST(InaPlanner, Deterministic) {
+  auto a = PlanLayout({48, 9, 6, 6});
+  auto b = PlanLayout({48, 9, 6, 6});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(ToJson(a->layout), ToJson(b->layout));
+}
+
+}  // namespace
+}  // namespace kizuna::collectives::ina

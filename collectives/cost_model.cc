@@ -640,8 +640,9 @@ void Model::FusedAllReduce() {
   Add("one-pass reduce into every output", worst, 1);
 }
 
-// ina.cc, through the layout's parts (cost_model_ina.cc): the slowest worker and the slowest link
-// between workers stand for the aggregation devices and their cables.
+// ina.cc, through the layout's parts (cost_model_ina.cc): the slowest worker stands for the
+// aggregation devices, the slowest link (between workers, or a worker's to a device:
+// CommShape::ina_link) for every cable.
 void Model::InaAllReduce() {
   cost_internal::InaResolved r;
   r.elem = elem_;
@@ -657,6 +658,10 @@ void Model::InaAllReduce() {
         r.latency_s = std::max(r.latency_s, Latency(shape_.link(a, b)));
         r.wire_per_byte = std::max(r.wire_per_byte, WirePerByte(shape_.link(a, b)));
       }
+  }
+  if (shape_.ina_link.reachable) {  // the cables to the aggregation devices, measured at creation
+    r.latency_s = std::max(r.latency_s, Latency(shape_.ina_link));
+    r.wire_per_byte = std::max(r.wire_per_byte, WirePerByte(shape_.ina_link));
   }
   if (r.latency_s == 0) r.latency_s = k_.unknown_link_latency_us * 1e-6;
   if (r.wire_per_byte == 0) r.wire_per_byte = 1.0 / (k_.unknown_link_gbps * 1e9);

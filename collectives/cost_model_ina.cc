@@ -5,8 +5,8 @@
 //     node — the one with the most children, q — receives q chunks and its parent's, sends one up
 //     and q down (2(q+1) messages through its staging slots) and reduces q chunks into its own;
 //     every cable carries one chunk each way, in parallel with the others (its own port).
-//   ring: per direction, a ring allreduce of half the part: 2(N-1) stages per round of chunks;
-//     both directions share the stages (two messages each way per stage, both cable directions).
+//   ring: a ring allreduce of the part (one port per worker, each sending to the next): 2(N-1)
+//     stages per round of chunks of the part's N pieces; half of them reduce.
 //
 // Parts run at once on their own cables, but a worker's messages, staging copies and reductions
 // go through one executor thread and one memory system, so the operation takes the longer of the
@@ -82,11 +82,11 @@ Result<std::vector<InaStage>> InaStages(const CollectiveRequest& request, const 
     PartStages ps;
     if (part.kind == ina::PartKind::kRing) {
       const uint64_t n = static_cast<uint64_t>(std::max(request.nranks, 2));
-      const uint64_t piece = CeilDiv(CeilDiv(count, 2), n);
+      const uint64_t piece = CeilDiv(count, n);
       const uint64_t chunks = CeilDiv(piece, options.chunk_count);
       const double bytes = static_cast<double>(piece) * r.elem / static_cast<double>(chunks);
       ps.label = fmt::format("ina part {} ring", i);
-      ps.steady = stage(bytes, 4, 1);  // both directions; half the stages reduce (2 x 1/2)
+      ps.steady = stage(bytes, 2, 0.5);  // one message out, one in; half the stages reduce
       ps.steadies = static_cast<double>(2 * (n - 1) * chunks);
     } else {
       const auto [height, q] = TreeShape(part);

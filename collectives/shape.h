@@ -46,6 +46,9 @@ struct CommShape {
   // communicator); null without any. Not serialized: every rank derives the same layout from the
   // same configuration.
   std::shared_ptr<const ina::Layout> ina;
+  // With `ina`: the slowest connection between a worker and an aggregation device (the cost
+  // model's aggregation cables); unreachable when none was measured. Not serialized either.
+  LinkDesc ina_link;
 
   const LinkDesc& link(int from, int to) const { return links[static_cast<size_t>(from * nranks + to)]; }
   LinkDesc& link(int from, int to) { return links[static_cast<size_t>(from * nranks + to)]; }

@@ -143,12 +143,22 @@ Status Communicator::Launch(std::vector<Call> calls) {
     channels.push_back(ch);
     total += ch;
   }
-  const size_t slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
+  size_t slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
   std::vector<collectives::OperationMember> members;
-  for (size_t i = 0; i < calls.size(); ++i) {
-    KZ_ASSIGN_OR_RETURN(auto plan,
-                        PlanFor(calls[i].request, calls[i].options, slot_bytes, channels[i], calls.size() > 1));
-    members.push_back({std::move(plan), calls[i].input, calls[i].output});
+  // An algorithm may use more channels than asked (ina: one per part of the layout): then the
+  // slots are sized again for the channels the plans really have, and the plans rebuilt for them.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    members.clear();
+    int used = 0;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      KZ_ASSIGN_OR_RETURN(auto plan,
+                          PlanFor(calls[i].request, calls[i].options, slot_bytes, channels[i], calls.size() > 1));
+      used += static_cast<int>(plan->ranks[0].channels.size());
+      members.push_back({std::move(plan), calls[i].input, calls[i].output});
+    }
+    if (used <= total) break;
+    total = used;
+    slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
   }
   return executor_->Submit(std::move(members), *stream, slot_bytes);
 }

@@ -56,6 +56,18 @@ bootstrap::Bytes EncodeRankRow(const collectives::RankDesc& me, const std::vecto
   return out;
 }
 
+// The executor's window in INA jobs. An INA plan has many steps per chunk at a node with
+// children (a receive per child, a reduce, a send up, a receive down, a send per child), and a
+// chunk stays in flight for a round trip through the tree, so a node must hold several chunks'
+// steps at once. Workers use kInaWindow (their staging slots, and so the chunks, get smaller with
+// it: finer pipelining); an aggregation device with E ports 4(E+1), about two chunks of its E+5
+// steps. (A deeper window, 8(E+2), did not speed up the two-level tree that runs slowest under
+// link shaping: docs/PERFORMANCE.md.)
+constexpr int kInaWindow = 16;
+int InaWindow(const collectives::ina::Layout& layout, bool aggregation_device) {
+  return aggregation_device ? std::max(kInaWindow, 4 * (layout.aggregator_ports + 1)) : kInaWindow;
+}
+
 // KIZUNA_INA_LAYOUT: the layout file, read and validated (ina::FromJson names the problem).
 Result<std::shared_ptr<const collectives::ina::Layout>> LoadInaLayout(const std::string& path) {
   std::ifstream in(path);
@@ -107,13 +119,17 @@ class RowReader {
   size_t pos_ = 0;
 };
 
-Status DecodeRankRow(const bootstrap::Bytes& bytes, int rank, collectives::CommShape& shape) {
+// `extra`: the number of links after the rank's row (an INA job's slowest cable to a device).
+Status DecodeRankRow(const bootstrap::Bytes& bytes, int rank, collectives::CommShape& shape,
+                     std::vector<collectives::LinkDesc>* extra = nullptr) {
   RowReader r(bytes);
   collectives::RankDesc& d = shape.ranks[static_cast<size_t>(rank)];
   bool ok = r.GetString(&d.host_id) && r.GetString(&d.device) && r.Get(&d.copy_gbps, 8) &&
             r.Get(&d.reduce_gbps, 8) && r.Get(&d.launch_us, 8);
-  for (int q = 0; ok && q < shape.nranks; ++q) {
-    collectives::LinkDesc& l = shape.link(rank, q);
+  const size_t n = static_cast<size_t>(shape.nranks) + (extra != nullptr ? extra->size() : 0);
+  for (size_t q = 0; ok && q < n; ++q) {
+    collectives::LinkDesc& l = q < static_cast<size_t>(shape.nranks) ? shape.link(rank, static_cast<int>(q))
+                                                                      : (*extra)[q - static_cast<size_t>(shape.nranks)];
     uint8_t flags = 0;
     ok = r.Get(&flags, 1) && r.Get(&l.latency_us, 8) && r.Get(&l.gbps, 8);
     l.reachable = (flags & 1) != 0;
@@ -252,6 +268,10 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
 
     collectives::TransportOptions topts;
     topts.staging_bytes = options.staging_bytes;
+    // An aggregation device keeps more steps in flight (InaWindow): its staging grows with its
+    // window, so that its slots are as large as the workers' chunks.
+    if (layout && c->aggregation_device_)
+      topts.staging_bytes = options.staging_bytes / kInaWindow * static_cast<size_t>(InaWindow(*layout, true));
     topts.force_host_staging = options.force_host_staging;
     KZ_ASSIGN_OR_RETURN(c->transport_,
                         collectives::Transport::Create(common, *c->bootstrap_, device, topts, deadline));
@@ -264,16 +284,38 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   me.copy_gbps = props.copy_gbps;
   me.reduce_gbps = props.reduce_gbps;
   me.launch_us = props.launch_latency_us;
-  // The links among the workers (an aggregation device's cables are the layout's).
+  // The links among the workers; in an INA job, then this rank's slowest cable to an aggregation
+  // device (the cost model's aggregation cables).
   const std::vector<collectives::LinkDesc>& full_row = c->transport_->link_row();
-  const std::vector<collectives::LinkDesc> row(full_row.begin(),
-                                               full_row.begin() + std::min<ptrdiff_t>(c->size_, std::ssize(full_row)));
+  std::vector<collectives::LinkDesc> row(full_row.begin(),
+                                         full_row.begin() + std::min<ptrdiff_t>(c->size_, std::ssize(full_row)));
+  if (layout) {
+    collectives::LinkDesc slowest;
+    for (size_t q = static_cast<size_t>(c->size_); q < full_row.size(); ++q) {
+      const collectives::LinkDesc& l = full_row[q];
+      if (!l.reachable) continue;
+      if (!slowest.reachable || l.gbps < slowest.gbps) slowest.gbps = l.gbps;
+      slowest.latency_us = std::max(slowest.latency_us, l.latency_us);
+      slowest.reachable = true;
+    }
+    row.push_back(slowest);
+  }
   KZ_ASSIGN_OR_RETURN(auto rows, c->bootstrap_->AllGather(EncodeRankRow(me, row), deadline));
   collectives::CommShape shape;
   shape.nranks = c->size_;
   shape.ranks.resize(static_cast<size_t>(c->size_));
   shape.links.resize(static_cast<size_t>(c->size_) * static_cast<size_t>(c->size_));
-  for (int r = 0; r < c->size_; ++r) KZ_RETURN_IF_ERROR(DecodeRankRow(rows[static_cast<size_t>(r)], r, shape));
+  for (int r = 0; r < c->size_; ++r) {
+    std::vector<collectives::LinkDesc> extra(layout ? 1 : 0);
+    KZ_RETURN_IF_ERROR(DecodeRankRow(rows[static_cast<size_t>(r)], r, shape, &extra));
+    // The slowest worker's slowest cable stands for every aggregation cable.
+    if (!extra.empty() && extra[0].reachable &&
+        (!shape.ina_link.reachable || extra[0].gbps < shape.ina_link.gbps || shape.ina_link.gbps == 0)) {
+      const double latency = std::max(shape.ina_link.latency_us, extra[0].latency_us);
+      shape.ina_link = extra[0];
+      shape.ina_link.latency_us = latency;
+    }
+  }
   // A link is usable only when both directions are (every transfer needs its connection).
   for (int a = 0; a < c->size_; ++a)
     for (int b = 0; b < c->size_; ++b)
@@ -293,6 +335,8 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   eopts.timeout_s = config.timeout_s;
   eopts.direct_group = std::move(direct);
   eopts.rank = c->rank_;
+  // INA jobs: deeper windows (InaWindow).
+  if (layout) eopts.window = InaWindow(*layout, c->aggregation_device_);
   if (c->aggregation_device_) {
     eopts.workers = c->size_;
     // Plans for what the workers start (their operation headers say what): this device's part.

@@ -8,20 +8,22 @@
 //       output; an aggregation device: in a scratch slot), sends the sum to its parent, receives
 //       the finished chunk back and passes it on to its children. The root turns the sum around.
 //       Each cable carries the part's bytes once in each direction, whatever the depth.
-//   rings  two channels: a ring allreduce (reduce-scatter then allgather) on each half of the
-//       part, one half in ring order and the other against it, so both directions of every cable
-//       work.
+//   rings  one channel: a ring allreduce (reduce-scatter then allgather) in ring order, each
+//       worker sending only to the next (a simplex circuit: one port per worker).
 //
 // Aggregation devices are ranks nranks..nranks+M-1 of the plan (Plan::aggregators): their plans
 // hold only receives, reductions and sends on scratch. Their memory is bounded: kScratchSlots
-// chunks up and as many down per part, reused round-robin, whatever the message size. A worker
-// accumulates in its output (the finished chunk from above overwrites it).
+// chunks per child, going up and coming down, reused round-robin, whatever the message size. A
+// worker reduces into its output (the finished chunk from above overwrites it).
 //
 // Window of 2 (plan.h): chunks flow in the same order at every node; a node's transfers of chunk k
 // wait only on its children's upward transfers of chunk k, on its parent's downward transfer of
 // chunk k and on its own earlier steps, so by induction over (chunk, upward before downward,
 // distance from the leaves / from the root) every transfer is eventually started at both ends.
 // The simulator checks every layout the tests plan.
+#include <algorithm>
+#include <functional>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -38,8 +40,6 @@ int RankOf(const ina::Layout& layout, const ina::Node& n) {
   return n.aggregator() ? layout.workers + n.index : n.index;
 }
 
-// The channels each part uses, in order: one per tree, two per ring.
-int ChannelsOf(const ina::Part& part) { return part.kind == ina::PartKind::kRing ? 2 : 1; }
 
 class Ina final : public AlgorithmImpl {
  public:
@@ -60,11 +60,8 @@ class Ina final : public AlgorithmImpl {
     for (const ina::Part& part : L.parts) {
       if (part.kind == ina::PartKind::kRing) {
         const size_t n = part.ring.size();
-        for (size_t i = 0; i < n && n > 1; ++i) {
-          const int a = part.ring[i], b = part.ring[(i + 1) % n];
-          KZ_RETURN_IF_ERROR(RequireLink(shape, a, b, kName, "a ring of the layout"));
-          KZ_RETURN_IF_ERROR(RequireLink(shape, b, a, kName, "a ring of the layout"));
-        }
+        for (size_t i = 0; i < n && n > 1; ++i)
+          KZ_RETURN_IF_ERROR(RequireLink(shape, part.ring[i], part.ring[(i + 1) % n], kName, "a ring of the layout"));
         continue;
       }
       for (const ina::TreeEdge& e : part.edges)
@@ -82,32 +79,29 @@ class Ina final : public AlgorithmImpl {
     if (options.deterministic)
       return NotSupported("ina: aggregation devices reduce in tree order, not rank order (KIZUNA_DETERMINISTIC)");
     const ina::Layout& L = *shape.ina;
-    int channels = 0;
-    for (const ina::Part& part : L.parts) channels += ChannelsOf(part);
-    Builder b(request, options, rank, channels);
+    // One channel per part: parts run at once, each on its own tag.
+    Builder b(request, options, rank, static_cast<int>(L.parts.size()));
     const std::vector<ina::PartRange> shares = ina::SplitCount(L, request.count, 1);
-    int c = 0;
     for (size_t i = 0; i < L.parts.size(); ++i) {
       const ina::Part& part = L.parts[i];
       const Range R{shares[i].offset, shares[i].count};
+      const int c = static_cast<int>(i);
       if (request.nranks == 1) {
         if (rank == 0) b.CopyChunked(c, b.In(R), Builder::Out(R));
       } else if (part.kind == ina::PartKind::kRing) {
-        const Range fwd = SplitEven(R, 2, 0), bwd = SplitEven(R, 2, 1);
-        if (rank < request.nranks) {
-          RingAllReduce(b, c, fwd, part.ring, false);
-          RingAllReduce(b, c + 1, bwd, part.ring, true);
-        }
+        if (rank < request.nranks) RingAllReduce(b, c, R, part.ring);
       } else {
         TreeAllReduce(b, c, R, L, part);
       }
-      c += ChannelsOf(part);
     }
     return std::move(b.plan);
   }
 
  private:
-  // Reduce up the tree and broadcast down it, chunk by chunk (the file comment).
+  // Reduce up the tree and broadcast down it, chunk by chunk (the file comment). A node receives
+  // its children's chunks into slots of their own, all at once (so the children's transfers
+  // overlap instead of waiting for each other's reduction), then reduces them with its own in
+  // one step.
   static void TreeAllReduce(Builder& b, int c, Range R, const ina::Layout& L, const ina::Part& part) {
     const bool self_aggregator = b.rank >= b.p;
     int parent = -1;
@@ -119,49 +113,115 @@ class Ina final : public AlgorithmImpl {
     const bool root = RankOf(L, part.root) == b.rank;
     if (!root && parent < 0) return;  // an aggregation device this part does not use
     const uint64_t chunks = PieceCount(R.count, b.chunk);
+    if (chunks == 0) return;
+    const uint64_t slot = std::min(b.chunk, R.count);
+    const uint64_t q = children.size();
+    // Scratch, kScratchSlots chunks deep: one slot per child, and on a device the sum going up
+    // and the result coming down (the root's sum is its result).
+    const uint64_t from_children = q > 0 ? b.AllocScratch(kScratchSlots * q * slot) : 0;
     uint64_t up = 0, down = 0;
-    if (self_aggregator && chunks > 0) {
-      const uint64_t slot = std::min(b.chunk, R.count);
-      up = b.AllocScratch(kScratchSlots * slot);
-      down = root ? up : b.AllocScratch(kScratchSlots * slot);
+    if (self_aggregator && q > 1) up = b.AllocScratch(kScratchSlots * slot);
+    if (self_aggregator && !root) down = b.AllocScratch(kScratchSlots * slot);
+    // Where chunk k's sum and result live.
+    auto acc_of = [&](uint64_t k, const Range& pc) {
+      const uint64_t depth = k % kScratchSlots;
+      if (!self_aggregator) return q > 0 ? Builder::Out(pc) : b.In(pc);
+      return q == 1 ? Builder::Scratch(from_children + depth * q * slot, pc.count)
+                    : Builder::Scratch(up + depth * slot, pc.count);
+    };
+    auto result_of = [&](uint64_t k, const Range& pc) {
+      if (!self_aggregator) return Builder::Out(pc);
+      return root ? acc_of(k, pc) : Builder::Scratch(down + (k % kScratchSlots) * slot, pc.count);
+    };
+    // The order of the steps: each at the time it can happen in a steady pipeline, counted in
+    // transfers of one chunk (t). Chunk k leaves a node of height h (hops above its deepest leaf)
+    // at k + h + 1, reaches the root (height H) at k + H, and arrives at a node of depth d (hops
+    // below the root) at k + H + d. Steps start in order, and a step that needs an earlier one's
+    // data waits for it, so a step listed before its time would hold up everything after it (a
+    // relay would wait for each chunk's round trip before taking the next one up: a third of the
+    // cables' speed, measured). Both ends of a transfer give it the same time, so every rank lists
+    // its transfers in one global order (the window-of-2 argument of the file comment); at equal
+    // times receives come before sends.
+    std::map<int, int> parent_of, height, depth;
+    std::map<int, std::vector<int>> kids;
+    for (const ina::TreeEdge& e : part.edges) {
+      parent_of[RankOf(L, e.child)] = RankOf(L, e.parent);
+      kids[RankOf(L, e.parent)].push_back(RankOf(L, e.child));
     }
+    const int root_rank = RankOf(L, part.root);
+    std::function<int(int)> height_of = [&](int v) {
+      if (auto it = height.find(v); it != height.end()) return it->second;
+      int h = 0;
+      for (int child : kids[v]) h = std::max(h, height_of(child) + 1);
+      return height[v] = h;
+    };
+    const int H = height_of(root_rank);
+    std::function<int(int)> depth_of = [&](int v) {
+      if (v == root_rank) return 0;
+      if (auto it = depth.find(v); it != depth.end()) return it->second;
+      return depth[v] = depth_of(parent_of[v]) + 1;
+    };
+    const int h = height_of(b.rank), d = depth_of(b.rank);
+    struct Event {
+      double time;
+      int order;  // 0: receive or local, 1: send
+      uint64_t k;
+      // j >= 0: receive from child j; kReduce: the reduction (a root's copy); kSendUp; kReceiveDown;
+      // kSendDown: to every child
+      int what;
+    };
+    enum : int { kReduceStep = -1, kSendUp = -2, kReceiveDown = -3, kSendDown = -4 };
+    std::vector<Event> events;
     for (uint64_t k = 0; k < chunks; ++k) {
-      const Range pc = Piece(R, b.chunk, k);
-      const uint64_t slot_at = (k % kScratchSlots) * std::min(b.chunk, R.count);
-      Slice acc, result;
-      if (self_aggregator) {
-        acc = Builder::Scratch(up + slot_at, pc.count);
-        result = root ? acc : Builder::Scratch(down + slot_at, pc.count);
-        for (size_t j = 0; j < children.size(); ++j) {
-          if (j == 0) b.Recv(c, children[j], acc);
-          else b.RecvReduce(c, children[j], acc, acc);
-        }
-      } else {
-        acc = b.In(pc);
-        result = Builder::Out(pc);
-        for (int child : children) {
-          b.RecvReduce(c, child, acc, result);
-          acc = result;
-        }
+      const double base = static_cast<double>(k);
+      for (uint64_t j = 0; j < q; ++j)
+        events.push_back({base + height_of(children[j]) + 1, 0, k, static_cast<int>(j)});
+      events.push_back({base + h + 0.5, 0, k, kReduceStep});
+      if (!root) {
+        events.push_back({base + h + 1, 1, k, kSendUp});
+        events.push_back({base + H + d, 0, k, kReceiveDown});
       }
-      if (root) {
-        if (!(acc == result)) b.Copy(c, acc, result);  // a root without children: only for 1 node
+      if (q > 0) events.push_back({base + H + d + 1, 1, k, kSendDown});
+    }
+    std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& x) {
+      if (a.time != x.time) return a.time < x.time;
+      if (a.order != x.order) return a.order < x.order;
+      return a.k < x.k;
+    });
+    for (const Event& ev : events) {
+      const Range pc = Piece(R, b.chunk, ev.k);
+      const uint64_t at = ev.k % kScratchSlots;
+      if (ev.what >= 0) {
+        b.Recv(c, children[static_cast<size_t>(ev.what)],
+               Builder::Scratch(from_children + (at * q + static_cast<uint64_t>(ev.what)) * slot, pc.count));
+      } else if (ev.what == kReduceStep) {
+        std::vector<Slice> received;
+        for (uint64_t j = 0; j < q; ++j) received.push_back(Builder::Scratch(from_children + (at * q + j) * slot, pc.count));
+        const Slice acc = acc_of(ev.k, pc);
+        if (self_aggregator) {
+          if (q > 1) b.Reduce(c, received, acc);
+        } else if (q > 0) {
+          std::vector<Slice> srcs{b.In(pc)};
+          srcs.insert(srcs.end(), received.begin(), received.end());
+          b.Reduce(c, std::move(srcs), acc);
+        }
+        if (root && !(acc == result_of(ev.k, pc))) b.Copy(c, acc, result_of(ev.k, pc));  // 1 node: a copy
+      } else if (ev.what == kSendUp) {
+        b.Send(c, parent, acc_of(ev.k, pc));
+      } else if (ev.what == kReceiveDown) {
+        b.Recv(c, parent, result_of(ev.k, pc));
       } else {
-        b.Send(c, parent, acc);
-        b.Recv(c, parent, result);
+        for (int child : children) b.Send(c, child, result_of(ev.k, pc));
       }
-      for (int child : children) b.Send(c, child, result);
     }
   }
 
-  // A ring allreduce of R among `order` (every worker once), in order or against it.
-  static void RingAllReduce(Builder& b, int c, Range R, const std::vector<int>& order, bool reverse) {
+  // A ring allreduce of R among `order` (every worker once): each sends to the next in order.
+  static void RingAllReduce(Builder& b, int c, Range R, const std::vector<int>& order) {
     const int n = static_cast<int>(order.size());
-    int pos = 0;
-    while (order[static_cast<size_t>(pos)] != b.rank) ++pos;
-    auto at = [&](int i) { return order[static_cast<size_t>(Mod(reverse ? -i : i, n))]; };
-    const int me = reverse ? Mod(-pos, n) : pos;  // this rank's place in the direction walked
-    const int next = at(me + 1), prev = at(me - 1);
+    int me = 0;
+    while (order[static_cast<size_t>(me)] != b.rank) ++me;
+    const int next = order[static_cast<size_t>(Mod(me + 1, n))], prev = order[static_cast<size_t>(Mod(me - 1, n))];
     auto part = [&](int j) { return SplitEven(R, static_cast<uint64_t>(n), static_cast<uint64_t>(Mod(j, n))); };
     const uint64_t rounds = PieceCount(part(0).count, b.chunk);
     for (uint64_t k = 0; k < rounds; ++k) {

@@ -20,6 +20,14 @@ std::string PartName(size_t i, const Part& p) { return fmt::format("part {} ({})
 
 std::string PortName(const Node& n, int port) { return fmt::format("{}:{}", n.Name(), port); }
 
+// A worker's port p is two ports of the topology file (layout.h, TopologyJson): 2p for its duplex
+// cable or a ring's transmit side, 2p+1 for a ring's receive side. So a worker has at most half a
+// topology node's ports.
+constexpr int kMaxWorkerPorts = kMaxPortsPerNode / 2;
+std::string TopologyPort(const Node& n, int port, bool receive = false) {
+  return n.aggregator() ? PortName(n, port) : PortName(n, 2 * port + (receive ? 1 : 0));
+}
+
 // Which part holds each port, across all parts: a port carries one cable.
 class PortMap {
  public:
@@ -170,9 +178,8 @@ Status CheckRing(const Layout& l, const Part& part, int pi, PortMap& ports) {
   if (!part.edges.empty()) return InvalidArgument("a ring has no tree edges");
   if (n != static_cast<size_t>(l.workers))
     return InvalidArgument(fmt::format("the ring holds {} workers, the layout {}", n, l.workers));
-  if (part.next_port.size() != n || part.prev_port.size() != n)
-    return InvalidArgument(fmt::format("{} workers but {} next ports and {} previous ports", n, part.next_port.size(),
-                                       part.prev_port.size()));
+  if (part.ring_ports.size() != n)
+    return InvalidArgument(fmt::format("{} workers but {} ring ports (one per worker)", n, part.ring_ports.size()));
   std::vector<int> at(n, -1);
   for (size_t i = 0; i < n; ++i) {
     const int w = part.ring[i];
@@ -182,15 +189,20 @@ Status CheckRing(const Layout& l, const Part& part, int pi, PortMap& ports) {
                                          at[static_cast<size_t>(w)], i));
     at[static_cast<size_t>(w)] = static_cast<int>(i);
   }
-  for (size_t i = 0; i < n; ++i) {
-    const Node w = Node::Worker(part.ring[i]);
-    KZ_RETURN_IF_ERROR(ports.Claim(w, part.next_port[i], pi).WithContext(fmt::format("ring[{}] next", i)));
-    KZ_RETURN_IF_ERROR(ports.Claim(w, part.prev_port[i], pi).WithContext(fmt::format("ring[{}] previous", i)));
-  }
+  for (size_t i = 0; i < n; ++i)
+    KZ_RETURN_IF_ERROR(
+        ports.Claim(Node::Worker(part.ring[i]), part.ring_ports[i], pi).WithContext(fmt::format("ring[{}]", i)));
   if (part.aggregators != 0)
     return InvalidArgument(fmt::format("declares {} aggregation device(s); a ring has none", part.aggregators));
-  if (part.worker_ports != static_cast<int>(2 * n))
-    return InvalidArgument(fmt::format("declares {} worker ports but its cables use {}", part.worker_ports, 2 * n));
+  if (part.worker_ports != static_cast<int>(n))
+    return InvalidArgument(fmt::format("declares {} worker ports but its circuits use {}", part.worker_ports, n));
+  // The planner splits the data by bandwidth, so a ring declared with another model's figure (the
+  // bidirectional ring's N/(N-1), say) would get twice its share. Relative slack for files written
+  // with rounded decimals.
+  const double want = static_cast<double>(n) / (2.0 * static_cast<double>(n - 1));
+  if (std::abs(part.bandwidth - want) > 1e-9 * want)
+    return InvalidArgument(fmt::format("bandwidth {}: a unidirectional ring of {} workers has N/(2(N-1)) = {}",
+                                       Json(part.bandwidth).dump(), n, Json(want).dump()));
   return Status::Ok();
 }
 
@@ -282,8 +294,14 @@ struct Reader {
 };
 
 Result<Part> ReadPart(const Reader& r, const Json& j, const std::string& path) {
-  KZ_RETURN_IF_ERROR(r.Keys(j, path, {"kind", "bandwidth", "aggregators", "worker_ports", "root", "edges", "ring",
-                                      "next_port", "prev_port"}));
+  // The format's earlier ring (two ports per worker) had these keys: say what replaced them.
+  for (std::string_view key : {"next_port", "prev_port"})
+    if (j.is_object() && r.Find(j, key))
+      return r.Error(fmt::format("{}.{}", path, key),
+                     "rings are unidirectional, one port per worker: \"ring_ports\" replaces \"next_port\" and "
+                     "\"prev_port\"");
+  KZ_RETURN_IF_ERROR(
+      r.Keys(j, path, {"kind", "bandwidth", "aggregators", "worker_ports", "root", "edges", "ring", "ring_ports"}));
   Part p;
   const Json* kind = r.Find(j, "kind");
   std::optional<PartKind> k;
@@ -304,11 +322,10 @@ Result<Part> ReadPart(const Reader& r, const Json& j, const std::string& path) {
     for (std::string_view key : {"root", "edges"})
       if (r.Find(j, key)) return r.Error(fmt::format("{}.{}", path, key), "a ring has no tree");
     KZ_ASSIGN_OR_RETURN(p.ring, r.Ints(j, "ring", path));
-    KZ_ASSIGN_OR_RETURN(p.next_port, r.Ints(j, "next_port", path));
-    KZ_ASSIGN_OR_RETURN(p.prev_port, r.Ints(j, "prev_port", path));
+    KZ_ASSIGN_OR_RETURN(p.ring_ports, r.Ints(j, "ring_ports", path));
     return p;
   }
-  for (std::string_view key : {"ring", "next_port", "prev_port"})
+  for (std::string_view key : {"ring", "ring_ports"})
     if (r.Find(j, key)) return r.Error(fmt::format("{}.{}", path, key), "a tree has no ring");
   const Json* root = r.Find(j, "root");
   std::optional<Node> rn;
@@ -367,8 +384,10 @@ int Layout::aggregators_used() const {
 Status Validate(const Layout& l) {
   if (l.workers < 1 || l.workers > kMaxWorkers)
     return InvalidArgument(fmt::format("layout: {} workers: expected 1..{}", l.workers, kMaxWorkers));
-  if (l.worker_ports < 1 || l.worker_ports > kMaxPortsPerNode)
-    return InvalidArgument(fmt::format("layout: {} ports per worker: expected 1..{}", l.worker_ports, kMaxPortsPerNode));
+  if (l.worker_ports < 1 || l.worker_ports > kMaxWorkerPorts)
+    return InvalidArgument(fmt::format("layout: {} ports per worker: expected 1..{} (each is two ports of the "
+                                       "topology file, which allows {})",
+                                       l.worker_ports, kMaxWorkerPorts, kMaxPortsPerNode));
   if (l.aggregators < 0 || l.aggregators > kMaxAggregators)
     return InvalidArgument(fmt::format("layout: {} aggregation devices: expected 0..{}", l.aggregators, kMaxAggregators));
   if (l.aggregator_ports < (l.aggregators > 0 ? 1 : 0) || l.aggregator_ports > kMaxPortsPerNode)
@@ -391,7 +410,7 @@ Status Validate(const Layout& l) {
       case PartKind::kFullTree:
       case PartKind::kPartialTree:
       case PartKind::kLine:
-        s = part.ring.empty() && part.next_port.empty() && part.prev_port.empty()
+        s = part.ring.empty() && part.ring_ports.empty()
                 ? CheckTree(l, part, pi, ports, scratch, aggregator_part)
                 : InvalidArgument("a tree has no ring order or ring ports");
         break;
@@ -449,7 +468,8 @@ std::string TopologyJson(const Layout& layout, double bandwidth_gbps, double lat
   std::string out = "{\n";
   out += fmt::format("  \"name\": \"ina-{}w-{}a\",\n", layout.workers, layout.aggregators);
   out += fmt::format(
-      "  \"generator\": \"kizuna ina layout: {} workers x {} ports, {} aggregation devices x {} ports; parts: {}\",\n",
+      "  \"generator\": \"kizuna ina layout: {} workers x {} ports, {} aggregation devices x {} ports; parts: {}; "
+      "worker port p is ports 2p (duplex cable, ring transmit) and 2p+1 (ring receive)\",\n",
       layout.workers, layout.worker_ports, layout.aggregators, layout.aggregator_ports, kinds);
   out += fmt::format("  \"shaping\": {},\n", shaping);
   if (bandwidth_gbps > 0 || latency_us > 0)
@@ -461,7 +481,7 @@ std::string TopologyJson(const Layout& layout, double bandwidth_gbps, double lat
     const bool worker = i < layout.workers;
     if (worker)
       out += fmt::format("    {{\"name\": \"w{}\", \"kind\": \"worker\", \"rank\": {}, \"ports\": {}}}", i, i,
-                         layout.worker_ports);
+                         2 * layout.worker_ports);
     else
       out += fmt::format("    {{\"name\": \"a{}\", \"kind\": \"aggregator\", \"ports\": {}}}", i - layout.workers,
                          layout.aggregator_ports);
@@ -471,14 +491,18 @@ std::string TopologyJson(const Layout& layout, double bandwidth_gbps, double lat
   std::vector<std::string> links;
   for (const Part& p : layout.parts) {
     if (p.kind == PartKind::kRing) {
+      // One simplex circuit per worker: its port's transmit side to the next one's receive side.
       const size_t n = p.ring.size();
-      for (size_t i = 0; i < n && p.next_port.size() == n && p.prev_port.size() == n; ++i)
-        links.push_back(fmt::format("{{\"a\": \"w{}:{}\", \"b\": \"w{}:{}\"}}", p.ring[i], p.next_port[i],
-                                    p.ring[(i + 1) % n], p.prev_port[(i + 1) % n]));
+      for (size_t i = 0; i < n && p.ring_ports.size() == n; ++i) {
+        const size_t j = (i + 1) % n;
+        links.push_back(fmt::format("{{\"a\": \"{}\", \"b\": \"{}\"}}",
+                                    TopologyPort(Node::Worker(p.ring[i]), p.ring_ports[i]),
+                                    TopologyPort(Node::Worker(p.ring[j]), p.ring_ports[j], /*receive=*/true)));
+      }
     } else {
       for (const TreeEdge& e : p.edges)
-        links.push_back(fmt::format("{{\"a\": \"{}\", \"b\": \"{}\"}}", PortName(e.child, e.child_port),
-                                    PortName(e.parent, e.parent_port)));
+        links.push_back(fmt::format("{{\"a\": \"{}\", \"b\": \"{}\"}}", TopologyPort(e.child, e.child_port),
+                                    TopologyPort(e.parent, e.parent_port)));
     }
   }
   for (size_t i = 0; i < links.size(); ++i) out += "    " + links[i] + (i + 1 < links.size() ? ",\n" : "\n");
@@ -496,8 +520,7 @@ std::string ToJson(const Layout& layout) {
     out += fmt::format("{}\n    {{\"kind\": \"{}\", \"bandwidth\": {}, \"aggregators\": {}, \"worker_ports\": {}",
                        i ? "," : "", PartKindName(p.kind), Json(p.bandwidth).dump(), p.aggregators, p.worker_ports);
     if (p.kind == PartKind::kRing) {
-      out += fmt::format(",\n     \"ring\": {},\n     \"next_port\": {},\n     \"prev_port\": {}}}", IntList(p.ring),
-                         IntList(p.next_port), IntList(p.prev_port));
+      out += fmt::format(",\n     \"ring\": {},\n     \"ring_ports\": {}}}", IntList(p.ring), IntList(p.ring_ports));
       continue;
     }
     out += fmt::format(", \"root\": \"{}\", \"edges\": [", p.root.Name());
@@ -520,7 +543,7 @@ Result<Layout> FromJson(const std::string& text, const std::string& what) {
   Layout l;
   KZ_ASSIGN_OR_RETURN(int64_t workers, r.Int(j, "workers", "layout", 1, kMaxWorkers));
   KZ_ASSIGN_OR_RETURN(int64_t aggregators, r.Int(j, "aggregators", "layout", 0, kMaxAggregators));
-  KZ_ASSIGN_OR_RETURN(int64_t worker_ports, r.Int(j, "worker_ports", "layout", 1, kMaxPortsPerNode));
+  KZ_ASSIGN_OR_RETURN(int64_t worker_ports, r.Int(j, "worker_ports", "layout", 1, kMaxWorkerPorts));
   KZ_ASSIGN_OR_RETURN(int64_t aggregator_ports, r.Int(j, "aggregator_ports", "layout", 0, kMaxPortsPerNode));
   l.workers = static_cast<int>(workers);
   l.aggregators = static_cast<int>(aggregators);

@@ -4,8 +4,11 @@
 // one into plans; directconnect runs it on the topology TopologyJson writes (the optical circuit
 // switch's port map). Pure data: every rank computes the same Layout from the same inputs.
 //
-// The model (per port, DESIGN.md section 6): every cable is duplex with bandwidth b per direction;
-// a worker has D ports, an aggregation device E. Bandwidths below are in units of b.
+// The model (per port, DESIGN.md section 6, and seed 003's): a worker has D ports, an aggregation
+// device E, each with bandwidth b per direction. The optical circuit switch joins ports by
+// circuits; a duplex cable joins two ports both ways, and a simplex circuit joins one port's
+// transmit side to another port's receive side (so one port can send to one peer and receive from
+// another). Bandwidths below are in units of b.
 //   full tree     aggregators as a tree (root E children, inner E-1), every worker on one port of
 //                 an aggregator; ceil((N-2)/(E-2)) aggregators, N worker ports, bandwidth 1
 //   partial tree  k aggregators as a tree with c = k(E-2)+2 free ports (< N); c chains of workers
@@ -13,10 +16,13 @@
 //                 one behind the other); 2N - c worker ports, bandwidth 1
 //   line          the workers as one chain rooted at a worker in its middle (no aggregator);
 //                 2N - 2 worker ports, bandwidth 1
-//   ring          a bidirectional ring: two rings in opposite directions, each carrying half the
-//                 part's data; 2N worker ports, bandwidth N / (N - 1)
-// Trees reduce towards the root as data streams in and broadcast the result back down the same
-// cables (each cable carries the part's bytes once in each direction).
+//   ring          a unidirectional ring on one port per worker, by simplex circuits: each worker's
+//                 port sends to the next worker's port and receives from the previous one's; a
+//                 ring allreduce; N worker ports, bandwidth N / (2(N - 1))
+// Trees and lines use duplex cables: they reduce towards the root as data streams in and
+// broadcast the result back down the same cables (each carries the part's bytes once each way).
+// D rings alone (D parallel rings, bandwidth D·N/(2(N-1))) are the reference every planner ratio
+// is given against.
 #pragma once
 
 #include <cstdint>
@@ -71,10 +77,11 @@ struct Part {
   // a node are its edges' children in the order the edges appear.
   Node root;
   std::vector<TreeEdge> edges;
-  // Ring: every worker once, in ring order; ring[i]'s port next_port[i] is cabled to
-  // ring[i+1 mod n]'s port prev_port[i+1 mod n].
+  // Ring: every worker once, in ring order, and each one's port: ring[i]'s port ring_ports[i]
+  // transmits to ring[i+1 mod n]'s port ring_ports[i+1 mod n] (a simplex circuit) and receives from
+  // ring[i-1 mod n]'s.
   std::vector<int> ring;
-  std::vector<int> next_port, prev_port;
+  std::vector<int> ring_ports;
 };
 
 struct Layout {
@@ -103,8 +110,12 @@ struct PartRange {
 };
 std::vector<PartRange> SplitCount(const Layout& layout, uint64_t count, uint64_t align);
 
-// The directconnect topology file of the layout (fabric/directconnect/README.md): nodes w0..w(N-1)
-// with D ports (ranks 0..N-1) and a0..a(M-1) with E ports, one link per cable. Links get
+// The directconnect topology file of the layout (fabric/directconnect/README.md), whose links are
+// duplex and take one per port: nodes w0..w(N-1) (ranks 0..N-1) with 2D ports and a0..a(M-1) with
+// E ports. Worker port p is directconnect ports 2p (its duplex cable, or the transmit side of a
+// simplex circuit) and 2p+1 (the receive side of a simplex circuit): a duplex cable from worker
+// port p to device port q is the link wI:2p - aJ:q (wI:2p - wJ:2q between workers), a simplex
+// circuit from wI's port p to wJ's port q is the link wI:2p - wJ:2q+1. Links get
 // `bandwidth_gbps` and `latency_us` (0: unknown) and `shaping` as given.
 std::string TopologyJson(const Layout& layout, double bandwidth_gbps, double latency_us, bool shaping);
 

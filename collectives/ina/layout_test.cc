@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "collectives/ina/planner.h"
 #include "fabric/directconnect/topology.h"
@@ -11,12 +13,30 @@
 namespace kizuna::collectives::ina {
 namespace {
 
-// Layouts with every kind of part: N=16, D=8, E=8, M=4 gives four one-device partial trees and a
-// ring; M=24 gives eight full trees; N=6, D=3, E=4, M=1 a partial tree and a line (seed 003's slide 20).
+// Layouts with every kind of part: N=16, D=8, E=8, M=4 gives four one-device partial trees and two
+// rings; M=24 gives eight full trees; N=6, D=3, E=4, M=1 a partial tree and a line (seed 003's
+// slide 20); Mixed() all four kinds at once.
 Layout Planned(int workers, int aggregators, int worker_ports, int aggregator_ports) {
   auto plan = PlanLayout({workers, aggregators, worker_ports, aggregator_ports});
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   return plan.ok() ? plan->layout : Layout{};
+}
+
+// A full tree, a partial tree, a line and two rings on N=16, D=8, E=8 (86 + 16 of the 128 ports).
+Layout Mixed() {
+  const Problem p{16, 4, 8, 8};
+  const std::vector<Item> items = EnumerateItems(p);  // full, partial k=2, k=1, line, ring
+  Selection s;
+  for (size_t i : {size_t{0}, size_t{2}, size_t{3}, size_t{4}})
+    s.picks.push_back({items[i], items[i].kind == PartKind::kRing ? 2 : 1});
+  for (const Pick& pk : s.picks) {
+    s.value += pk.item.value * pk.count;
+    s.aggregators += int64_t{pk.item.aggregators} * pk.count;
+    s.worker_ports += pk.item.worker_ports * pk.count;
+  }
+  auto l = BuildLayout(p, s);
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  return l.ok() ? *l : Layout{};
 }
 
 int IndexOf(const Layout& l, PartKind kind) {
@@ -46,11 +66,15 @@ TEST(InaLayout, PlannedLayoutsHaveEveryKind) {
   const Layout a = Planned(16, 4, 8, 8);
   EXPECT_GE(IndexOf(a, PartKind::kPartialTree), 0);
   EXPECT_GE(IndexOf(a, PartKind::kRing), 0);
-  EXPECT_DOUBLE_EQ(a.bandwidth(), 4 + 16.0 / 15);
+  EXPECT_DOUBLE_EQ(a.bandwidth(), 4 + 2 * (16.0 / 30));
   EXPECT_EQ(a.aggregators_used(), 4);
   EXPECT_GE(IndexOf(Planned(16, 24, 8, 8), PartKind::kFullTree), 0);
   EXPECT_GE(IndexOf(Planned(6, 1, 3, 4), PartKind::kLine), 0);
   EXPECT_TRUE(Validate(a).ok());
+  const Layout m = Mixed();
+  for (PartKind k : {PartKind::kFullTree, PartKind::kPartialTree, PartKind::kLine, PartKind::kRing})
+    EXPECT_GE(IndexOf(m, k), 0) << PartKindName(k);
+  EXPECT_TRUE(Validate(m).ok()) << Validate(m).ToString();
 }
 
 TEST(InaLayout, ValidateRejectsBrokenLayoutsNamingTheProblem) {
@@ -59,10 +83,13 @@ TEST(InaLayout, ValidateRejectsBrokenLayoutsNamingTheProblem) {
   const std::string tree_name = "part " + std::to_string(tree) + " (partial-tree)";
   {
     Layout l = base;  // a port used twice, across parts
-    l.parts[static_cast<size_t>(ring)].next_port[0] = l.parts[static_cast<size_t>(tree)].edges.back().child_port;
-    l.parts[static_cast<size_t>(ring)].ring[0] = l.parts[static_cast<size_t>(tree)].edges.back().child.index;
-    l.parts[static_cast<size_t>(ring)].ring[static_cast<size_t>(l.parts[static_cast<size_t>(tree)].edges.back().child.index)] = 0;
+    const TreeEdge& e = l.parts[static_cast<size_t>(tree)].edges.back();
+    Part& r = l.parts[static_cast<size_t>(ring)];
+    const size_t at = static_cast<size_t>(std::find(r.ring.begin(), r.ring.end(), e.child.index) - r.ring.begin());
+    ASSERT_LT(at, r.ring.size());
+    r.ring_ports[at] = e.child_port;
     ExpectRejected(l, "is already used by part");
+    ExpectRejected(l, "ring[" + std::to_string(at) + "]: port w");
   }
   {
     Layout l = base;  // two cables on one port within a tree
@@ -149,8 +176,38 @@ TEST(InaLayout, ValidateRejectsBrokenLayoutsNamingTheProblem) {
   }
   {
     Layout l = base;
-    l.parts[static_cast<size_t>(ring)].prev_port.pop_back();
-    ExpectRejected(l, "16 next ports and 15 previous ports");
+    l.parts[static_cast<size_t>(ring)].ring_ports.pop_back();
+    ExpectRejected(l, "16 workers but 15 ring ports (one per worker)");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(ring)].ring_ports[3] = 8;
+    ExpectRejected(l, "is beyond w");
+  }
+  {
+    Layout l = base;  // the bidirectional ring's figure, twice the share it can carry
+    l.parts[static_cast<size_t>(ring)].bandwidth = 16.0 / 15;
+    ExpectRejected(l, "a unidirectional ring of 16 workers has N/(2(N-1)) = 0.5333");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(ring)].worker_ports = 32;
+    ExpectRejected(l, "declares 32 worker ports but its circuits use 16");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(ring)].edges.push_back({});
+    ExpectRejected(l, "a ring has no tree edges");
+  }
+  {
+    Layout l = base;
+    l.parts[static_cast<size_t>(tree)].ring_ports = {0};
+    ExpectRejected(l, "a tree has no ring order or ring ports");
+  }
+  {
+    Layout l = base;  // a worker port is two ports of the topology file, which allows 1024
+    l.worker_ports = 513;
+    ExpectRejected(l, "513 ports per worker: expected 1..512");
   }
   {
     Layout l = base;
@@ -211,7 +268,7 @@ TEST(InaLayout, ValidateChecksEachKindsShape) {
 }
 
 TEST(InaLayout, SplitCountIsProportionalAndAligned) {
-  const Layout l = Planned(16, 4, 8, 8);  // bandwidths 1, 1, 1, 1, 16/15
+  const Layout l = Planned(16, 4, 8, 8);  // bandwidths 1, 1, 1, 1, 8/15, 8/15
   for (uint64_t count : {0ull, 1ull, 4ull, 5ull, 100ull, 1000003ull, (1ull << 60) + 7}) {
     for (uint64_t align : {0ull, 1ull, 16ull, 1000ull}) {
       const auto r = SplitCount(l, count, align);
@@ -231,10 +288,13 @@ TEST(InaLayout, SplitCountIsProportionalAndAligned) {
       EXPECT_EQ(at, count);
     }
   }
-  // Largest remainder: 5 elements over bandwidths 1, 1, 1, 1, 16/15 are quotas 0.99 (four times)
-  // and 1.05: the ring's whole one, then the four largest remainders one each.
+  // Largest remainder: 5 elements over bandwidths 1, 1, 1, 1, 8/15, 8/15 are quotas 0.987 (four
+  // times) and 0.526 (twice): no whole ones, then the five largest remainders one each, the tie
+  // between the rings to the lower index.
   const auto five = SplitCount(l, 5, 1);
-  for (const PartRange& r : five) EXPECT_EQ(r.count, 1u);
+  ASSERT_EQ(five.size(), 6u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(five[i].count, 1u) << i;
+  EXPECT_EQ(five[5].count, 0u);
   const auto same = SplitCount(l, 1000003, 1);
   EXPECT_EQ(SplitCount(l, 1000003, 1)[4].count, same[4].count);  // deterministic
   EXPECT_TRUE(SplitCount(Layout{}, 10, 1).empty());
@@ -257,13 +317,13 @@ void ExpectSameLayout(const Layout& a, const Layout& b) {
     }
     EXPECT_EQ(x.edges, y.edges);
     EXPECT_EQ(x.ring, y.ring);
-    EXPECT_EQ(x.next_port, y.next_port);
-    EXPECT_EQ(x.prev_port, y.prev_port);
+    EXPECT_EQ(x.ring_ports, y.ring_ports);
   }
 }
 
 TEST(InaLayout, JsonRoundTrip) {
-  for (const Layout& l : {Planned(16, 4, 8, 8), Planned(16, 24, 8, 8), Planned(6, 1, 3, 4), Planned(2, 0, 3, 3)}) {
+  for (const Layout& l :
+       {Planned(16, 4, 8, 8), Planned(16, 24, 8, 8), Planned(6, 1, 3, 4), Planned(2, 0, 3, 3), Mixed()}) {
     const std::string text = ToJson(l);
     auto back = FromJson(text, "layout.json");
     ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << text;
@@ -297,10 +357,16 @@ TEST(InaLayout, FromJsonNamesWhatIsWrong) {
   expect(edit("\"root\": \"a0\"", "\"root\": \"a00\""), "parts[0].root: expected a node name");
   expect(edit("\"root\": \"a0\"", "\"root\": \"a1\""), "my.json: layout: part 0 (partial-tree): ");
   expect(edit("\"ring\": [", "\"root\": \"w0\", \"ring\": ["), "a ring has no tree");
+  expect(edit("\"ring_ports\"", "\"next_port\""), "\"ring_ports\" replaces \"next_port\" and \"prev_port\"");
+  expect(edit("\"ring_ports\": [", "\"ring_ports\": [-1, "), "my.json: layout: part 4 (ring): ");
+  expect(edit("\"ring_ports\": [", "\"ring_ports\": [\"0\", "), "parts[4].ring_ports[0]: expected an index");
+  expect(edit("\"bandwidth\": 0.5333333333333333", "\"bandwidth\": 1.0666666666666667"),
+         "a unidirectional ring of 16 workers");
 }
 
 TEST(InaLayout, TopologyJsonIsADirectConnectTopology) {
-  for (const Layout& l : {Planned(16, 4, 8, 8), Planned(16, 24, 8, 8), Planned(6, 1, 3, 4), Planned(5, 3, 4, 3)}) {
+  for (const Layout& l :
+       {Planned(16, 4, 8, 8), Planned(16, 24, 8, 8), Planned(6, 1, 3, 4), Planned(5, 3, 4, 3), Mixed()}) {
     const std::string text = TopologyJson(l, 100, 1.5, true);
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << text;
@@ -321,6 +387,28 @@ TEST(InaLayout, TopologyJsonIsADirectConnectTopology) {
       EXPECT_EQ(link.latency_us, 1.5);
     }
     EXPECT_EQ(topo->nodes[static_cast<size_t>(topo->WorkerForRank(3))].name, "w3");
+    // The port map of layout.h: a worker has 2D ports; its port p is 2p for a duplex cable or a
+    // ring's transmit side and 2p+1 for a ring's receive side; a device's ports are its own.
+    using fabric::directconnect::PortRef;
+    auto ref = [&](const Node& n, int port) {
+      return PortRef{topo->FindNode(n.Name()), port};
+    };
+    for (const Node& w : {Node::Worker(0), Node::Worker(l.workers - 1)})
+      EXPECT_EQ(topo->nodes[static_cast<size_t>(ref(w, 0).node)].ports, 2 * l.worker_ports);
+    for (const Part& p : l.parts) {
+      for (size_t i = 0; i < p.ring.size(); ++i) {
+        const size_t next = (i + 1) % p.ring.size();
+        const auto peer = topo->PeerOf(ref(Node::Worker(p.ring[i]), 2 * p.ring_ports[i]));
+        ASSERT_TRUE(peer.has_value());
+        EXPECT_EQ(*peer, ref(Node::Worker(p.ring[next]), 2 * p.ring_ports[next] + 1));
+      }
+      for (const TreeEdge& e : p.edges) {
+        auto port = [&](const Node& n, int q) { return ref(n, n.aggregator() ? q : 2 * q); };
+        const auto peer = topo->PeerOf(port(e.child, e.child_port));
+        ASSERT_TRUE(peer.has_value());
+        EXPECT_EQ(*peer, port(e.parent, e.parent_port));
+      }
+    }
   }
   // Unknown speeds: no defaults at all.
   const std::string plain = TopologyJson(Planned(8, 0, 2, 8), 0, 0, false);

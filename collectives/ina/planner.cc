@@ -12,15 +12,18 @@
 namespace kizuna::collectives::ina {
 namespace {
 
+// Values are bandwidths × 2(N − 1): a tree-like part's 1 is 2(N − 1), a ring's N/(2(N − 1)) is N.
+int64_t TreeValue(const Problem& p) { return 2 * (int64_t{p.workers} - 1); }
+
 Item FullTreeItem(const Problem& p) {
-  return {PartKind::kFullTree, FullTreeAggregators(p.workers, p.aggregator_ports), p.workers, p.workers - 1};
+  return {PartKind::kFullTree, FullTreeAggregators(p.workers, p.aggregator_ports), p.workers, TreeValue(p)};
 }
 // k = 0 is the line: a chain of workers is a partial tree with no device and two chain ends.
 Item PartialItem(const Problem& p, int k) {
   const int64_t chains = int64_t{k} * (p.aggregator_ports - 2) + 2;
-  return {k == 0 ? PartKind::kLine : PartKind::kPartialTree, k, 2 * int64_t{p.workers} - chains, p.workers - 1};
+  return {k == 0 ? PartKind::kLine : PartKind::kPartialTree, k, 2 * int64_t{p.workers} - chains, TreeValue(p)};
 }
-Item RingItem(const Problem& p) { return {PartKind::kRing, 0, 2 * int64_t{p.workers}, p.workers}; }
+Item RingItem(const Problem& p) { return {PartKind::kRing, 0, p.workers, p.workers}; }
 
 // The optimum's order: more value, then fewer devices, then fewer ports.
 struct Key {
@@ -159,16 +162,28 @@ Selection FromCounts(const Problem& p, int full, int others, int64_t devices, in
 }
 
 // Balanced ports, the invariant BuildLayout keeps: before a part, every worker has used L or L+1
-// ports (max − min <= 1). A part gives every worker degree 1 or 2 (a ring: 2), and its s
-// degree-2 roles go to the s workers with the fewest ports used. Adding 1 to everyone keeps the
-// loads in {L+1, L+2}. If s is at most the number of workers at L+1, those s move to L+2 and the
-// loads stay in {L+1, L+2}; otherwise every worker at L+1 moves to L+2 and the rest of the s go
-// to L+3, so the loads are in {L+2, L+3}. Either way max − min <= 1 again, which starts true
+// ports (max − min <= 1). A part gives every worker degree 1 or 2 (a ring: 1 everywhere, s = 0),
+// and its s degree-2 roles go to the s workers with the fewest ports used. Adding 1 to everyone
+// keeps the loads in {L+1, L+2}. If s is at most the number of workers at L+1, those s move to L+2
+// and the loads stay in {L+1, L+2}; otherwise every worker at L+1 moves to L+2 and the rest of the
+// s go to L+3, so the loads are in {L+2, L+3}. Either way max − min <= 1 again, which starts true
 // (all 0), so it holds after every part. Then the largest load is ⌈(ports used)/N⌉ <= D whenever
 // the total is at most N·D: the knapsack's total-ports constraint is exact.
+// Up to this many workers, BuildLayout searches chain and ring orders in which no worker pair
+// carries two parts (the transport carries a pair's traffic over one connection, so two parts on
+// one pair would share its bandwidth); each search stops after kPairSearchSteps expansions.
+constexpr int kPairSearchWorkers = 512;
+constexpr int64_t kPairSearchSteps = 200000;
+
 class LayoutBuilder {
  public:
-  explicit LayoutBuilder(const Problem& p) : p_(p), load_(static_cast<size_t>(p.workers), 0) {
+  explicit LayoutBuilder(const Problem& p)
+      : p_(p),
+        load_(static_cast<size_t>(p.workers), 0),
+        unordered_(static_cast<size_t>(p.workers), 0),
+        directed_(static_cast<size_t>(p.workers), 0) {
+    if (p.workers <= kPairSearchWorkers)
+      pair_used_.assign(static_cast<size_t>(p.workers) * static_cast<size_t>(p.workers), 0);
     layout_.workers = p.workers;
     layout_.aggregators = p.aggregators;
     layout_.worker_ports = p.worker_ports;
@@ -179,7 +194,7 @@ class LayoutBuilder {
     const int n = p_.workers;
     Part part;
     part.kind = item.kind;
-    part.bandwidth = static_cast<double>(item.value) / (n - 1);
+    part.bandwidth = item.bandwidth(n);
     part.aggregators = item.aggregators;
     part.worker_ports = static_cast<int>(item.worker_ports);
     // Degree-2 roles to the least-used workers (ties: lower index).
@@ -199,11 +214,7 @@ class LayoutBuilder {
         AddLine(part);
         break;
       case PartKind::kRing:
-        for (int w = 0; w < n; ++w) {
-          part.ring.push_back(w);
-          part.next_port.push_back(Take(w));
-          part.prev_port.push_back(Take(w));
-        }
+        AddRing(part);
         break;
     }
     layout_.parts.push_back(std::move(part));
@@ -216,6 +227,19 @@ class LayoutBuilder {
   int Take(int worker) { return load_[static_cast<size_t>(worker)]++; }
   int One() { return deg1_[next1_++]; }
   int Two() { return deg2_[next2_++]; }
+  // The next worker of a role for a chain behind `parent`: the first not yet taken whose cable to
+  // a worker parent no earlier part uses (else the next in order).
+  int OneAvoiding(const Node& parent) { return Avoiding(deg1_, next1_, parent); }
+  int TwoAvoiding(const Node& parent) { return Avoiding(deg2_, next2_, parent); }
+  int Avoiding(std::vector<int>& role, size_t& next, const Node& parent) {
+    if (!parent.aggregator())
+      for (size_t j = next; j < role.size(); ++j)
+        if (!PairUsed(role[j], parent.index) && !PairUsed(parent.index, role[j])) {
+          std::swap(role[next], role[j]);
+          break;
+        }
+    return role[next++];
+  }
 
   // Devices as a complete tree in breadth-first order (the root first: the tree's centre), so
   // that device j hangs on the (j−1)-th free port; workers take the remaining ports in the same
@@ -250,9 +274,10 @@ class LayoutBuilder {
       Node parent = Node::Aggregator(dev);
       int parent_port = port;
       for (int i = 0; i < length; ++i) {
-        const int w = i + 1 == length ? One() : Two();
+        const int w = i + 1 == length ? OneAvoiding(parent) : TwoAvoiding(parent);
         const int up = Take(w);
         part.edges.push_back({Node::Worker(w), up, parent, parent.aggregator() ? parent_port : Take(parent.index)});
+        Cabled(Node::Worker(w), parent);
         parent = Node::Worker(w);
       }
     }
@@ -263,15 +288,116 @@ class LayoutBuilder {
     const int n = p_.workers;
     std::vector<int> chain(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) chain[static_cast<size_t>(i)] = (i == 0 || i == n - 1) ? One() : Two();
+    // The same ends and inner workers in an order whose cables no earlier part uses, if any.
+    if (n > 2) {
+      std::vector<int> inner(chain.begin() + 1, chain.end() - 1);
+      if (std::vector<int> found = SearchPath(inner, chain.front(), chain.back(), false, true); !found.empty())
+        chain = std::move(found);
+    }
     const int mid = (n - 1) / 2;
     part.root = Node::Worker(chain[static_cast<size_t>(mid)]);
     auto link = [&](int child_pos, int parent_pos) {
       const int c = chain[static_cast<size_t>(child_pos)], q = chain[static_cast<size_t>(parent_pos)];
       const int cp = Take(c);
       part.edges.push_back({Node::Worker(c), cp, Node::Worker(q), Take(q)});
+      Cabled(Node::Worker(c), Node::Worker(q));
     };
     for (int i = mid - 1; i >= 0; --i) link(i, i + 1);
     for (int i = mid + 1; i < n; ++i) link(i, i - 1);
+  }
+
+  // Cables between workers, counted by the difference of their indices (b − a mod N): what
+  // AddRing compares against. A tree's cable is duplex, so it counts in both directions.
+  size_t Class(int64_t d) const { return static_cast<size_t>(std::min<int64_t>(d, p_.workers - d)); }
+  void Cabled(const Node& a, const Node& b) {
+    if (a.aggregator() || b.aggregator()) return;
+    MarkPair(a.index, b.index);
+    MarkPair(b.index, a.index);
+    const int n = p_.workers, d = ((b.index - a.index) % n + n) % n;
+    ++unordered_[Class(d)];
+    ++directed_[static_cast<size_t>(d)];
+    ++directed_[static_cast<size_t>((n - d) % n)];
+  }
+
+  bool PairUsed(int a, int b) const {
+    return !pair_used_.empty() && pair_used_[static_cast<size_t>(a) * static_cast<size_t>(p_.workers) + static_cast<size_t>(b)];
+  }
+  void MarkPair(int a, int b) {
+    if (!pair_used_.empty()) pair_used_[static_cast<size_t>(a) * static_cast<size_t>(p_.workers) + static_cast<size_t>(b)] = 1;
+  }
+
+  // A path through `middle` (any order) from `first` to `last` (either may be -1: free), or a
+  // cycle when `cycle`, whose consecutive pairs are all unused (both directions when `duplex`):
+  // depth-first, trying candidates in index order, bounded by kPairSearchSteps expansions.
+  // Empty when none was found within the bound (the caller keeps its own order then).
+  std::vector<int> SearchPath(std::vector<int> pool, int first, int last, bool cycle, bool duplex) const {
+    if (pair_used_.empty()) return {};
+    const size_t n = pool.size() + (first >= 0 ? 1 : 0) + (last >= 0 ? 1 : 0);
+    std::sort(pool.begin(), pool.end());
+    std::vector<int> path;
+    std::vector<char> taken(pool.size(), 0);
+    int64_t steps = 0;
+    auto ok = [&](int a, int b) { return !PairUsed(a, b) && (!duplex || !PairUsed(b, a)); };
+    std::function<bool()> extend = [&]() -> bool {
+      if (++steps > kPairSearchSteps) return false;
+      if (path.size() == n - (last >= 0 ? 1 : 0)) {
+        if (last >= 0 && !ok(path.back(), last)) return false;
+        if (cycle && !ok(last >= 0 ? last : path.back(), path.front())) return false;
+        return true;
+      }
+      for (size_t i = 0; i < pool.size(); ++i) {
+        if (taken[i] || (!path.empty() && !ok(path.back(), pool[i]))) continue;
+        taken[i] = 1;
+        path.push_back(pool[i]);
+        if (extend()) return true;
+        path.pop_back();
+        taken[i] = 0;
+        if (steps > kPairSearchSteps) return false;
+      }
+      return false;
+    };
+    if (first >= 0) path.push_back(first);
+    if (!extend()) return {};
+    if (last >= 0) path.push_back(last);
+    return path;
+  }
+
+  // A ring in the order 0, s, 2s, ... (mod N) for a stride s coprime to N: one cycle through every
+  // worker, each giving it its next free port. The transport carries a pair of workers' traffic
+  // over the first link between them (collectives/transport.cc, one per direction), so parts that
+  // cable the same pair would share it: each ring takes the stride whose circuits repeat the fewest
+  // pairs cabled so far in either direction, then the fewest in its own direction, then the
+  // smallest. Strides of different classes (s and N − s are one class) share no pair, so rings
+  // meet only once the φ(N)/2 classes run out (N = 6 has one) or where the trees' chains took a
+  // class.
+  void AddRing(Part& part) {
+    const int n = p_.workers;
+    if (strides_.empty())
+      for (int s = 1; s < n; ++s)
+        if (std::gcd(s, n) == 1) strides_.push_back(s);
+    int best = strides_[0];
+    std::pair<int64_t, int64_t> cost{std::numeric_limits<int64_t>::max(), 0};
+    for (int s : strides_) {
+      const std::pair<int64_t, int64_t> c{unordered_[Class(s)], directed_[static_cast<size_t>(s)]};
+      if (c < cost) cost = c, best = s;
+    }
+    std::vector<int> order;
+    for (int i = 0, w = 0; i < n; ++i, w = static_cast<int>((int64_t{w} + best) % n)) order.push_back(w);
+    // Where every stride repeats a pair (N = 6 has one class), search for a cycle that does not.
+    bool repeats = false;
+    for (int i = 0; i < n; ++i) repeats |= PairUsed(order[static_cast<size_t>(i)], order[static_cast<size_t>((i + 1) % n)]);
+    if (repeats) {
+      std::vector<int> rest(order.begin() + 1, order.end());
+      if (std::vector<int> found = SearchPath(rest, 0, -1, true, false); !found.empty()) order = std::move(found);
+    }
+    for (int i = 0; i < n; ++i) {
+      const int w = order[static_cast<size_t>(i)];
+      part.ring.push_back(w);
+      part.ring_ports.push_back(Take(w));
+      MarkPair(w, order[static_cast<size_t>((i + 1) % n)]);
+    }
+    unordered_[Class(best)] += n;
+    directed_[static_cast<size_t>(best)] += n;
   }
 
   const Problem& p_;
@@ -280,16 +406,12 @@ class LayoutBuilder {
   std::vector<int> deg1_, deg2_;
   size_t next1_ = 0, next2_ = 0;
   int next_aggregator_ = 0;
+  std::vector<int64_t> unordered_, directed_;  // worker-to-worker cables by class / difference
+  std::vector<int> strides_;                   // 1..N−1 coprime to N, once a ring needs them
+  // Which ordered worker pairs carry a part already (a duplex cable marks both directions), for
+  // jobs up to kPairSearchWorkers: chains and rings are searched so that no pair carries two parts.
+  std::vector<char> pair_used_;
 };
-
-std::string NothingFits(const Problem& p) {
-  const int t = FullTreeAggregators(p.workers, p.aggregator_ports);
-  return fmt::format(
-      "no sub-topology fits {} workers with {} port(s) each ({} ports): a ring needs {}, a line {}, a partial tree "
-      "at least {} and a full tree {} ports but {} aggregation device(s) ({} available)",
-      p.workers, p.worker_ports, int64_t{p.workers} * p.worker_ports, 2 * p.workers, 2 * p.workers - 2,
-      t > 1 ? PartialItem(p, t - 1).worker_ports : 2 * int64_t{p.workers} - 2, p.workers, t, p.aggregators);
-}
 
 }  // namespace
 
@@ -358,7 +480,7 @@ Selection SolveDp(const std::vector<Item>& items, int64_t aggregators, int64_t w
 }
 
 Selection SolveClosedForm(const Problem& p) {
-  const int64_t n = p.workers, P = n * p.worker_ports, drop = p.aggregator_ports - 2;
+  const int64_t n = p.workers, P = n * p.worker_ports, drop = p.aggregator_ports - 2, tree = TreeValue(p);
   const int t = FullTreeAggregators(p.workers, p.aggregator_ports);
   Key best;
   int best_f = 0, best_q = 0, best_r = 0;
@@ -372,10 +494,10 @@ Selection SolveClosedForm(const Problem& p) {
       const int64_t base = f * n + q * (2 * n - 2);  // ports with every other part a line
       if (base - amax * drop > P) continue;
       // The most rings that fit win (each adds value); then the fewest devices that make room.
-      const int64_t r = (P - (base - amax * drop)) / (2 * n);
-      const int64_t over = base + 2 * n * r - P;
+      const int64_t r = (P - (base - amax * drop)) / n;
+      const int64_t over = base + n * r - P;
       const int64_t a = over > 0 ? (over + drop - 1) / drop : 0;
-      const Key key{trees * (n - 1) + r * n, int64_t{f} * t + a, base - a * drop + 2 * n * r};
+      const Key key{trees * tree + r * n, int64_t{f} * t + a, base - a * drop + n * r};
       if (key.BetterThan(best)) {
         best = key;
         best_f = f, best_q = q, best_r = static_cast<int>(r), best_a = a;
@@ -407,11 +529,10 @@ Baseline BaselineOf(const Problem& p) {
   const int t = FullTreeAggregators(p.workers, p.aggregator_ports);
   Baseline b;
   const int trees = std::min(p.worker_ports, p.aggregators / t);
-  const int rings = p.worker_ports / 2;
-  const double ring_bw = static_cast<double>(rings) * p.workers / (p.workers - 1);
-  if (rings > 0 && ring_bw >= trees) {
-    b.rings = rings;
-    b.bandwidth = ring_bw;
+  // In item values, exactly: D rings are D·N, k trees k·2(N − 1).
+  if (int64_t{p.worker_ports} * p.workers >= trees * TreeValue(p)) {
+    b.rings = p.worker_ports;
+    b.bandwidth = RingBandwidth(p);
   } else {
     b.trees = trees;
     b.bandwidth = trees;
@@ -446,7 +567,8 @@ double UpperBound(const Problem& p) {
   const int t = FullTreeAggregators(p.workers, p.aggregator_ports);
   std::vector<Item> extremes = {FullTreeItem(p), PartialItem(p, 0), RingItem(p)};
   if (t >= 2) extremes.push_back(PartialItem(p, t - 1));
-  return LpValue(extremes, p.aggregators, static_cast<double>(p.workers) * p.worker_ports) / (p.workers - 1);
+  return LpValue(extremes, p.aggregators, static_cast<double>(p.workers) * p.worker_ports) /
+         static_cast<double>(TreeValue(p));
 }
 
 Result<Layout> BuildLayout(const Problem& p, const Selection& s) {
@@ -483,7 +605,9 @@ Result<LayoutPlan> PlanLayout(const Problem& p, Solver solver) {
     raw = SolveClosedForm(p);
   }
   plan.solver = solver;
-  if (raw.value == 0) return NotSupported(NothingFits(p));
+  // A ring fits any problem (N of the N·D ports), so there is always a plan.
+  if (raw.value == 0)
+    return Internal(fmt::format("no sub-topology chosen for {} workers x {} ports", p.workers, p.worker_ports));
   plan.selection = Canonical(p, raw);
   KZ_ASSIGN_OR_RETURN(plan.layout, BuildLayout(p, plan.selection));
   plan.bandwidth = plan.layout.bandwidth();
@@ -497,7 +621,7 @@ Result<LayoutPlan> PlanLayout(const Problem& p, Solver solver) {
       if (!e.child.aggregator()) ++used[static_cast<size_t>(e.child.index)];
       if (!e.parent.aggregator()) ++used[static_cast<size_t>(e.parent.index)];
     }
-    for (int w : part.ring) used[static_cast<size_t>(w)] += 2;
+    for (int w : part.ring) ++used[static_cast<size_t>(w)];
   }
   for (int u : used) lo = std::min(lo, u), hi = std::max(hi, u);
   plan.min_ports = lo;

@@ -8,7 +8,8 @@
 // in parallel and their bandwidths add up, choose the multiset of items that maximizes the total
 // bandwidth with at most M devices and at most N·D worker ports: a two-dimensional unbounded
 // knapsack. Worker ports can be balanced (BuildLayout) so that the total is the only port
-// constraint: no worker needs more than D ports. README.md has the derivations.
+// constraint: no worker needs more than D ports. README.md has the derivations; the ring is
+// seed 003's, one port per worker (N/(2(N−1))), which its slide-20 figures require.
 //
 // Everything here is exact integer arithmetic on one model and deterministic: every rank computes
 // the same plan from the same inputs. Bandwidths are in units of b, one port's bandwidth per
@@ -45,13 +46,15 @@ Status CheckProblem(const Problem& p);
 // others with E−1 (DESIGN.md section 11; the seed's (N−1)/(E−2) approximates it).
 int FullTreeAggregators(int workers, int aggregator_ports);
 
-// One sub-topology: a knapsack item. Its bandwidth is value / (N − 1) in units of b, so that
-// every comparison is exact: trees and lines have value N − 1 (bandwidth 1), a ring N (N/(N−1)).
+// One sub-topology: a knapsack item. Its bandwidth is value / (2(N − 1)) in units of b, so that
+// every comparison is exact: trees and lines have value 2(N − 1) (bandwidth 1), a ring N
+// (N/(2(N−1))).
 struct Item {
   PartKind kind = PartKind::kRing;
   int aggregators = 0;       // T for a full tree, k for a partial tree, 0 for a line or a ring
-  int64_t worker_ports = 0;  // N, 2N − (k(E−2) + 2), 2N − 2, 2N
+  int64_t worker_ports = 0;  // N, 2N − (k(E−2) + 2), 2N − 2, N
   int64_t value = 0;
+  double bandwidth(int workers) const { return static_cast<double>(value) / (2.0 * (workers - 1)); }
   friend bool operator==(const Item&, const Item&) = default;
 };
 
@@ -70,7 +73,7 @@ struct Selection {
   int64_t aggregators = 0;
   int64_t worker_ports = 0;
   int parts() const;
-  double bandwidth(int workers) const { return static_cast<double>(value) / (workers - 1); }
+  double bandwidth(int workers) const { return static_cast<double>(value) / (2.0 * (workers - 1)); }
 };
 
 // How a selection was found.
@@ -99,7 +102,7 @@ struct DpStats {
 Selection SolveDp(const std::vector<Item>& items, int64_t aggregators, int64_t worker_ports, DpStats* stats = nullptr);
 DpStats DpSize(const std::vector<Item>& items, int64_t aggregators, int64_t worker_ports);
 
-// The exact shortcut for this model: every tree-like item has value N − 1 and the ports of a
+// The exact shortcut for this model: every tree-like item has value 2(N − 1) and the ports of a
 // partial tree fall by E − 2 per device (a line being k = 0), so a multiset is determined by the
 // number of full trees f, of other tree-like parts q, their devices a (0 <= a <= q(T−1)) and of
 // rings r. For each (f, q) the most rings that fit win, then the fewest devices: O(D²). The same
@@ -111,15 +114,15 @@ Selection SolveClosedForm(const Problem& p);
 // part is as shallow as it can be; the totals do not change.
 Selection Canonical(const Problem& p, const Selection& s);
 
-// The reference: D parallel rings, D·N/(2(N−1)) (every "relative to ring" ratio divides by it).
-// For odd D this counts half a bidirectional ring that the per-port model cannot build.
+// The reference: D parallel rings, one port per worker each, D·N/(2(N−1)) (every "relative to
+// ring" ratio divides by it).
 double RingBandwidth(const Problem& p);
 
 // Seed 003's baseline, the aggregation tree protocol: k = min(D, ⌊M/T⌋) full trees used alone
-// (bandwidth k), or ⌊D/2⌋ bidirectional rings (⌊D/2⌋·N/(N−1)) when those are at least as fast.
+// (bandwidth k), or the D rings (D·N/(2(N−1))) when those are at least as fast.
 struct Baseline {
   int trees = 0;
-  int rings = 0;
+  int rings = 0;  // D when the rings win
   double bandwidth = 0;
 };
 Baseline BaselineOf(const Problem& p);
@@ -134,7 +137,9 @@ double UpperBound(const Problem& p);
 double LpValue(const std::vector<Item>& items, double aggregators, double worker_ports);
 
 // The concrete layout of a selection: aggregation devices numbered 0.. in part order, every
-// worker's ports 0..D−1 used at most once, worker ports balanced (max − min <= 1 port).
+// worker's ports 0..D−1 used at most once, worker ports balanced (max − min <= 1 port). A ring
+// visits the workers with a stride coprime to N, chosen so that it cables as few pairs of workers
+// as possible that earlier parts already cable (planner.cc, LayoutBuilder::AddRing).
 Result<Layout> BuildLayout(const Problem& p, const Selection& s);
 
 // The planner's answer.
@@ -151,8 +156,8 @@ struct LayoutPlan {
   int min_ports = 0, max_ports = 0;  // ports used per worker
 };
 
-// Solves, canonicalizes, builds and validates. kNotSupported when no part fits at all (D = 1
-// without a full tree's devices, for instance), saying why; kInvalidArgument for a bad problem.
+// Solves, canonicalizes, builds and validates; kInvalidArgument for a bad problem. Every valid
+// problem has a plan: a ring fits in N of the N·D worker ports.
 Result<LayoutPlan> PlanLayout(const Problem& p, Solver solver = Solver::kAuto);
 
 // Seed 002's table (NTT 2024: 8 workers, 4 ports each, the same data time for every row) as

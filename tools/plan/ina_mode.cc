@@ -42,6 +42,12 @@ bool Given(const CLI::App& app, std::string_view flag) {
 
 double Ms(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+// The plan's bandwidth relative to the D rings, from the exact item values (bandwidth × 2(N−1)
+// against D·N), so that a ratio such as 1.09375 prints as the upper bound's 1.0938 does.
+double RingRatio(const ina::Problem& p, const ina::Selection& s) {
+  return static_cast<double>(s.value) / (static_cast<double>(p.worker_ports) * p.workers);
+}
+
 Status WriteFile(const std::string& path, std::string_view flag, const std::string& text) {
   struct Closer {
     void operator()(std::FILE* f) const { std::fclose(f); }
@@ -75,11 +81,10 @@ Status CheckFlags(const InaOptions& o, bool sweep) {
 std::string BaselineText(const ina::Problem& p, const ina::Baseline& b) {
   const int t = ina::FullTreeAggregators(p.workers, p.aggregator_ports);
   if (b.trees > 0) return fmt::format("{} full tree(s) of {} devices, used alone", b.trees, t);
-  std::string why = p.aggregators >= t
-                        ? fmt::format("{} full tree(s) of {} devices would be slower", std::min(p.worker_ports, p.aggregators / t), t)
-                        : fmt::format("a full tree needs {} devices", t);
-  return fmt::format("{} bidirectional ring(s){}; {}", b.rings,
-                     p.worker_ports % 2 ? fmt::format(", one port of {} idle (odd D)", p.worker_ports) : "", why);
+  std::string why = p.aggregators >= t ? fmt::format("{} full tree(s) of {} devices would not be faster",
+                                                     std::min(p.worker_ports, p.aggregators / t), t)
+                                       : fmt::format("a full tree needs {} devices", t);
+  return fmt::format("{} ring(s), one port per worker each; {}", b.rings, why);
 }
 
 std::string SolverText(const ina::LayoutPlan& plan) {
@@ -101,7 +106,7 @@ int PrintPlan(const InaOptions& o, double latency_us, bool json) {
     fmt::print(stderr, "kizuna-plan: {}\n", plan.status().ToString());
     return plan.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
-  const double total = plan->bandwidth;
+  const double total = plan->bandwidth, ratio = RingRatio(p, plan->selection);
   if (json) {
     using nlohmann::json;
     json j = {{"workers", p.workers},
@@ -110,7 +115,7 @@ int PrintPlan(const InaOptions& o, double latency_us, bool json) {
               {"aggregator_ports", p.aggregator_ports}};
     j["parts"] = json::array();
     for (const ina::Pick& pk : plan->selection.picks) {
-      const double bw = static_cast<double>(pk.item.value) / (p.workers - 1);
+      const double bw = pk.item.bandwidth(p.workers);
       j["parts"].push_back({{"kind", std::string(ina::PartKindName(pk.item.kind))},
                             {"count", pk.count},
                             {"aggregators", pk.item.aggregators},
@@ -120,7 +125,7 @@ int PrintPlan(const InaOptions& o, double latency_us, bool json) {
     }
     j["bandwidth"] = total;
     j["ring"] = plan->ring;
-    j["ratio"] = total / plan->ring;
+    j["ratio"] = ratio;
     j["baseline"] = {{"bandwidth", plan->baseline.bandwidth},
                      {"ratio", plan->baseline.bandwidth / plan->ring},
                      {"trees", plan->baseline.trees},
@@ -140,14 +145,14 @@ int PrintPlan(const InaOptions& o, double latency_us, bool json) {
     out += fmt::format("{:<14} {:>5} {:>8} {:>13} {:>10} {:>11}\n", "part", "count", "devices", "worker ports",
                        "bandwidth", "data share");
     for (const ina::Pick& pk : plan->selection.picks) {
-      const double bw = static_cast<double>(pk.item.value) / (p.workers - 1);
+      const double bw = pk.item.bandwidth(p.workers);
       out += fmt::format("{:<14} {:>5} {:>8} {:>13} {:>10.4f} {:>10.2f}%\n", ina::PartKindName(pk.item.kind), pk.count,
                          pk.item.aggregators, pk.item.worker_ports, bw, 100 * bw / total);
     }
     out += "# devices, worker ports, bandwidth and data share per part: shares follow bandwidth, so every part "
            "takes the same time\n";
     out += fmt::format("{:<17} {:.4f} b = {:.4f} x {} parallel rings ({:.4f} b)\n", "bandwidth", total,
-                       total / plan->ring, p.worker_ports, plan->ring);
+                       ratio, p.worker_ports, plan->ring);
     out += fmt::format("{:<17} {:.4f} b = {:.4f} x rings: {}\n", "baseline", plan->baseline.bandwidth,
                        plan->baseline.bandwidth / plan->ring, BaselineText(p, plan->baseline));
     out += fmt::format("{:<17} {:.4f} b = {:.4f} x rings (LP relaxation of the same knapsack)\n", "upper bound",
@@ -325,8 +330,8 @@ int RunSweep(const CLI::App& app, const InaOptions& o, bool json) {
           fmt::print(stderr, "kizuna-plan: --sweep N={} M={} D={} E={}: {}\n", n, m, d, e, plan.status().ToString());
           return 1;
         }
-        rows.push_back({n, d, e, m, ina::BaselineOf(p).bandwidth / ring, plan.ok() ? plan->bandwidth / ring : 0,
-                        ina::UpperBound(p) / ring});
+        rows.push_back({n, d, e, m, ina::BaselineOf(p).bandwidth / ring,
+                        plan.ok() ? RingRatio(p, plan->selection) : 0, ina::UpperBound(p) / ring});
         const SweepRow& r = rows.back();
         csv += fmt::format("{},{},{},{},{:.6f},{:.6f},{:.6f},{:.6f}\n", n, d, e, m, 1.0, r.baseline, r.partial, r.upper);
       }

@@ -8,8 +8,9 @@
 //   kizuna-plan --seed002 [--workers 8] [--worker-ports 4]
 //
 // Any of these flags selects the mode; the cost model's flags (--coll, --ranks, ...) do not mix
-// with it. Exit status as the rest of kizuna-plan: 0 success; 1 no plan (nothing fits) or a file
-// that could not be written; 2 bad command line, with a message naming the flag.
+// with it. Exit status as the rest of kizuna-plan: 0 success; 1 a file that could not be written
+// (every valid shape has a plan: a ring fits one port per worker); 2 bad command line, with a
+// message naming the flag.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -25,9 +25,8 @@
 //   kizuna-plan --sweep [--csv FILE] [--plot FILE.svg]      seed 003's figure: N=16,32,64, D=8, E=8,16
 //   kizuna-plan --seed002 [--workers 8 --worker-ports 4]    seed 002's table of transfer steps
 //
-// Exit status: 0 success; 1 a plan could not be built (--dump; the INA mode: nothing fits, or a
-// file could not be written); 2 bad command line (CLI11's parse errors included), with a message
-// naming the flag.
+// Exit status: 0 success; 1 a plan could not be built (--dump) or the INA mode could not write a
+// file; 2 bad command line (CLI11's parse errors included), with a message naming the flag.
 
 #include <fmt/format.h>
 

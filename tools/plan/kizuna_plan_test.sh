@@ -2,8 +2,9 @@
 # kizuna-plan end to end: the table has a column per algorithm and the choice; the regimes show
 # (rd for a tiny allreduce, something else for a large one); forcing, fallback and heterogeneity
 # change what they should; --json parses; --dump prints a plan; bad flags fail with a clear
-# message and exit status 2 (CLI11's parse errors included). The INA mode: seed 003's thresholds,
-# the layout and topology files, the sweep's CSV and SVG, seed 002's table, its bad flags.
+# message and exit status 2 (CLI11's parse errors included). The INA mode: seed 003's thresholds
+# and slide-20 figures, the layout and topology files, the sweep's CSV and SVG, seed 002's table,
+# its bad flags.
 set -uo pipefail
 plan="$1"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -125,32 +126,42 @@ ratio() {  # label output: the "= R x" figure of a summary line
   sed -nE "s/^$1 +[0-9.]+ b = ([0-9.]+) x .*/\1/p" <<<"$2"
 }
 # Seed 003's threshold (DESIGN.md section 6): N=16, D=8, E=8: the baseline (aggregation trees)
-# equals the rings up to 14 devices and first gains at 15.
+# equals the eight one-port rings up to 14 devices and first gains at 15.
 out="$("$plan" --workers 16 --aggregators 14 --worker-ports 8 --agg-ports 8 2>&1)" || fail "ina M=14: exit $?: $out"
 echo "$out"
 [ "$(ratio baseline "$out")" = "1.0000" ] || fail "ina M=14: baseline ratio not 1: $out"
-grep -q '^baseline .* 4 bidirectional ring(s)' <<<"$out" || fail "ina M=14: baseline not the rings: $out"
+grep -q '^baseline .* 8 ring(s), one port per worker each' <<<"$out" || fail "ina M=14: baseline not the rings: $out"
 grep -q '^ports per worker  max 8, min 7 (of 8)$' <<<"$out" || fail "ina M=14: ports not balanced: $out"
 out="$("$plan" --workers 16 --aggregators 15 --worker-ports 8 --agg-ports 8 2>&1)" || fail "ina M=15: exit $?"
 [ "$(ratio baseline "$out")" = "1.1719" ] || fail "ina M=15: baseline ratio not 5/(8*16/30): $out"
 grep -q '5 full tree(s) of 3 devices, used alone' <<<"$out" || fail "ina M=15: baseline not 5 trees: $out"
-# Partial INA: with 1..3 devices nothing beats the 4 rings that fill the 128 ports (a tree-like part
-# frees at most 16 of a ring's 32 ports, and any part needs 16), so the planner keeps them (ratio 1,
-# never below); with 4 it gains 1.1875, 11 devices before the baseline.
-for m in 1 2 3; do
-  out="$("$plan" --workers 16 --aggregators $m 2>&1)" || fail "ina M=$m: exit $?"
-  [ "$(ratio bandwidth "$out")" = "1.0000" ] || fail "ina M=$m: ratio: $out"
-  grep -Eq '^upper bound +[0-9.]+ b = 1\.(04|09|14)' <<<"$out" || fail "ina M=$m: upper bound: $out"
+# Partial INA: one device cannot beat the 8 rings that fill the 128 ports (a partial tree and six
+# rings: 1 + 6*16/30 = 4.2 < 4.267); two devices gain (two partial trees and five rings: 1.0938),
+# three more (a full tree and seven rings: 1.1094), four 1.1875: long before the baseline.
+for mr in 0:1.0000 1:1.0000 2:1.0938 3:1.1094 4:1.1875; do
+  m="${mr%%:*}"
+  out="$("$plan" --workers 16 --aggregators "$m" 2>&1)" || fail "ina M=$m: exit $?"
+  [ "$(ratio bandwidth "$out")" = "${mr#*:}" ] || fail "ina M=$m: ratio not ${mr#*:}: $out"
 done
+out="$("$plan" --workers 16 --aggregators 1 2>&1)" || fail "ina M=1: exit $?"
+grep -Eq '^upper bound +[0-9.]+ b = 1\.0469' <<<"$out" || fail "ina M=1: upper bound: $out"
+out="$("$plan" --workers 16 --aggregators 2 2>&1)" || fail "ina M=2: exit $?"
+grep -Eq '^partial-tree +2 +1 +24 +1\.0000 ' <<<"$out" || fail "ina M=2: two one-device partial trees: $out"
+grep -Eq '^ring +5 +0 +16 +0\.5333 ' <<<"$out" || fail "ina M=2: five rings: $out"
 out="$("$plan" --workers 16 --aggregators 4 2>&1)" || fail "ina M=4: exit $?"
-[ "$(ratio bandwidth "$out")" = "1.1875" ] || fail "ina M=4: ratio: $out"
 grep -Eq '^partial-tree +4 +1 +24 +1\.0000 ' <<<"$out" || fail "ina M=4: four one-device partial trees: $out"
-grep -Eq '^ring +1 +0 +32 +1\.0667 ' <<<"$out" || fail "ina M=4: one ring: $out"
-# Seed 003's slide 20 (6 workers, 3 ports, 4-port devices): one device already gains (a partial
-# tree and a line: 2 against 3 rings' 1.8, the seed's 0.90 of the time).
-out="$("$plan" --workers 6 --aggregators 1 --worker-ports 3 --agg-ports 4 2>&1)" || fail "slide 20: exit $?"
-[ "$(ratio bandwidth "$out")" = "1.1111" ] || fail "slide 20: ratio: $out"
-grep -Eq '^line +1 ' <<<"$out" || fail "slide 20: no line: $out"
+grep -Eq '^ring +2 +0 +16 +0\.5333 ' <<<"$out" || fail "ina M=4: two rings: $out"
+# Seed 003's slide 20 (6 workers, 3 ports, 4-port devices): 3 rings 1.8; one device a partial tree
+# and a line (2: the seed's 0.90 of the time), two a full tree and two rings (2.2: 0.82), six three
+# full trees (3: 0.60).
+for mr in 0:1.0000:ring 1:1.1111:line 2:1.2222:full-tree 6:1.6667:full-tree; do
+  IFS=: read -r m want kind <<<"$mr"
+  out="$("$plan" --workers 6 --aggregators "$m" --worker-ports 3 --agg-ports 4 2>&1)" || fail "slide 20 M=$m: exit $?"
+  [ "$(ratio bandwidth "$out")" = "$want" ] || fail "slide 20 M=$m: ratio not $want: $out"
+  grep -Eq "^$kind " <<<"$out" || fail "slide 20 M=$m: no $kind: $out"
+done
+grep -Eq '^ring +2 +0 +6 +0\.6000 ' <<<"$("$plan" --workers 6 --aggregators 2 --worker-ports 3 --agg-ports 4)" ||
+  fail "slide 20 M=2: not two rings"
 # Issue 7's timing shapes plan (their time: docs/INA_PLANNER.md).
 for m in 64 512; do
   out="$("$plan" --workers 2048 --aggregators $m --worker-ports 8 --agg-ports 8 2>&1)" || fail "2048/$m: exit $?"
@@ -165,17 +176,27 @@ import json, sys
 layout = json.load(open(sys.argv[1]))
 topo = json.load(open(sys.argv[2]))
 kinds = [p["kind"] for p in layout["parts"]]
-assert kinds == ["partial-tree"] * 4 + ["ring"], kinds
+assert kinds == ["partial-tree"] * 4 + ["ring"] * 2, kinds
 assert layout["workers"] == 16 and layout["aggregators"] == 4, layout
-assert len(topo["nodes"]) == 20 and len(topo["links"]) == 4 * 16 + 16, (len(topo["nodes"]), len(topo["links"]))
+assert len(topo["nodes"]) == 20 and len(topo["links"]) == 4 * 16 + 2 * 16, (len(topo["nodes"]), len(topo["links"]))
 assert topo["shaping"] is True and topo["defaults"] == {"bandwidth_gbps": 100, "latency_us": 2}, topo["defaults"]
+# Worker port p is topology ports 2p (cable, ring transmit) and 2p+1 (ring receive).
+ports = {n["name"]: n["ports"] for n in topo["nodes"]}
+assert ports["w0"] == 16 and ports["a0"] == 8, ports
+links = {tuple(l[k] for k in ("a", "b")) for l in topo["links"]}
+for ring in (p for p in layout["parts"] if p["kind"] == "ring"):
+    order, rp = ring["ring"], ring["ring_ports"]
+    for i in range(len(order)):
+        j = (i + 1) % len(order)
+        want = ("w%d:%d" % (order[i], 2 * rp[i]), "w%d:%d" % (order[j], 2 * rp[j] + 1))
+        assert want in links, want
 PY
 out="$("$plan" --workers 16 --aggregators 4 --json 2>&1)" || fail "ina --json: exit $?"
 python3 -c '
 import json, sys
 d = json.loads(sys.stdin.read())
 assert abs(d["ratio"] - 1.1875) < 1e-12, d["ratio"]
-assert d["baseline"]["rings"] == 4 and d["aggregators_used"] == 4 and d["solver"] == "dp", d
+assert d["baseline"]["rings"] == 8 and d["aggregators_used"] == 4 and d["solver"] == "dp", d
 assert abs(sum(p["count"] * p["data_share"] for p in d["parts"]) - 1) < 1e-12
 ' <<<"$out" || fail "ina --json: malformed: $out"
 out="$("$plan" --workers 16 --aggregators 4 --solver closed-form 2>&1)" || fail "--solver closed-form: exit $?"
@@ -183,10 +204,12 @@ out="$("$plan" --workers 16 --aggregators 4 --solver closed-form 2>&1)" || fail 
 # The sweep: CSV and SVG over seed 003's grid.
 out="$("$plan" --sweep --csv "$tmp/s.csv" --plot "$tmp/s.svg" 2>&1)" || fail "--sweep: exit $?: $out"
 echo "$out"
-grep -q '^N=16 D=8 E=8 .*partial INA M=4 (1.1875), baseline M=15 (1.1719)' <<<"$out" || fail "--sweep summary: $out"
+grep -q '^N=16 D=8 E=8 .*partial INA M=2 (1.0938), baseline M=15 (1.1719)' <<<"$out" || fail "--sweep summary: $out"
 [ "$(head -1 "$tmp/s.csv")" = "N,D,E,M,ring,baseline,partial_ina,upper_bound" ] || fail "--sweep: CSV header"
 grep -q '^16,8,8,14,1.000000,1.000000,' "$tmp/s.csv" && grep -q '^16,8,8,15,1.000000,1.171875,' "$tmp/s.csv" ||
   fail "--sweep: the threshold rows"
+grep -q '^16,8,8,1,1.000000,1.000000,1.000000,1.046875$' "$tmp/s.csv" &&
+  grep -q '^16,8,8,2,1.000000,1.000000,1.093750,1.093750$' "$tmp/s.csv" || fail "--sweep: the first gain rows"
 python3 - "$tmp/s.csv" <<'PY' || fail "--sweep: CSV values"
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
@@ -205,9 +228,9 @@ echo "$out"
 grep -Eq '^ring +ring allreduce +14  0\.4375 L\*b$' <<<"$out" || fail "--seed002 ring row: $out"
 grep -Eq '^ring +ring \+ streaming aggregation in the NIC +7  0\.4375 L\*b$' <<<"$out" || fail "--seed002 row 2"
 grep -Eq '^hypercube +optimized topology \+ streaming +3  0\.4375 L\*b$' <<<"$out" || fail "--seed002 row 3"
-# Nothing fits: one port per worker and fewer devices than a full tree (exit 1, saying why).
-out="$("$plan" --workers 16 --aggregators 2 --worker-ports 1 2>&1)"; rc=$?
-[ "$rc" -eq 1 ] && grep -q 'no sub-topology fits' <<<"$out" || fail "nothing fits: rc $rc: $out"
+# One port per worker and fewer devices than a full tree: still a ring (every shape has a plan).
+out="$("$plan" --workers 16 --aggregators 2 --worker-ports 1 2>&1)" || fail "one port: exit $?: $out"
+grep -Eq '^ring +1 +0 +16 +0\.5333 ' <<<"$out" && [ "$(ratio bandwidth "$out")" = "1.0000" ] || fail "one port: $out"
 out="$("$plan" --workers 16 --layout /nonexistent/dir/l.json 2>&1)"; rc=$?
 [ "$rc" -eq 1 ] && grep -q -- '--layout /nonexistent/dir/l.json: cannot open for writing' <<<"$out" || fail "unwritable: $out"
 expect_bad "--workers 1: expected 2..65536" --workers 1

@@ -13,6 +13,7 @@
 
 #include "collectives/algorithm.h"
 #include "collectives/cost_model.h"
+#include "collectives/selector.h"
 #include "collectives/ina/layout.h"
 #include "collectives/ina/planner.h"
 #include "collectives/simulate.h"
@@ -269,6 +270,40 @@ TEST(InaAlgorithm, CostModelPredictsWhereALayoutExists) {
     bare.ina = nullptr;
     EXPECT_FALSE(Predict(Algorithm::kIna, req, bare, po, CostConstants{}).finite()) << n.name;
   }
+}
+
+TEST(InaAlgorithm, TheModelChoosesInaWhereItWins) {
+  // Six workers with 3 ports on 0.1 Gb/s links: three full trees through six devices move each
+  // byte once each way, the ring algorithms twice; for large messages the model picks ina, for an
+  // 8-byte one (one chunk through two levels of devices) something else, and without devices ina
+  // is not a candidate.
+  auto planned = ina::PlanLayout({6, 6, 3, 4});
+  ASSERT_TRUE(planned.ok());
+  RankDesc rank;
+  rank.host_id = "h";
+  LinkDesc link{true, 1.0, 0.0125, true};
+  CommShape shape = CommShape::Uniform(6, rank, link);
+  shape.ina = std::make_shared<const Layout>(planned->layout);
+  shape.ina_link = link;
+  auto supports = [](Algorithm a, const CollectiveRequest& r, const CommShape& s) {
+    return GetAlgorithm(a).Supports(r, s);
+  };
+  PlanOptions po;
+  po.chunk_count = 1 << 15;
+  CollectiveRequest big{Collective::kAllReduce, 6, 16u << 20, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  Result<Selection> sel = SelectAlgorithm(big, shape, po, CostConstants{}, AlgoOverrides{}, std::nullopt, supports);
+  ASSERT_TRUE(sel.ok()) << sel.status().ToString();
+  EXPECT_EQ(sel->chosen, Algorithm::kIna) << SelectionToString(*sel);
+  CollectiveRequest tiny = big;
+  tiny.count = 2;
+  sel = SelectAlgorithm(tiny, shape, po, CostConstants{}, AlgoOverrides{}, std::nullopt, supports);
+  ASSERT_TRUE(sel.ok());
+  EXPECT_NE(sel->chosen, Algorithm::kIna) << SelectionToString(*sel);
+  shape.ina = nullptr;
+  sel = SelectAlgorithm(big, shape, po, CostConstants{}, AlgoOverrides{}, std::nullopt, supports);
+  ASSERT_TRUE(sel.ok());
+  EXPECT_NE(sel->chosen, Algorithm::kIna);
+  EXPECT_FALSE(sel->candidate(Algorithm::kIna).supported()) << SelectionToString(*sel);
 }
 
 }  // namespace

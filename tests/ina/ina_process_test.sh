@@ -6,8 +6,8 @@
 #   2. an aggregation device killed mid-job: every worker fails with an error, promptly, no hang
 #   3. a kizuna-aggd serving job after job: a job whose worker dies mid-stream ends with an error
 #      logged, the daemon frees it and serves the next job
-# (A peer without the job's secret gets no connection to any rank, the daemon included: the
-# bootstrap's handshake, tested in runtime/bootstrap:tcp_strangers_test.)
+#   4. the daemon given a job's address with the wrong secret is refused, and then joins the job
+#      with the right one (every connection proves the job's secret: the bootstrap's handshake)
 # usage: ina_process_test.sh KIZUNA_RUN KIZUNA_AGGD INA_WORKER KIZUNA_PLAN
 set -u
 run=$1 aggd=$2 worker=$3 plan=$4
@@ -76,13 +76,13 @@ echo "$out" | grep 'error after' | head -1
 
 # --- 3. one daemon, two jobs; the first dies mid-stream ---
 idfile="$tmp/job.id"
-KIZUNA_INA_LAYOUT="$tmp/tree.json" "$aggd" --rank 4 --size 5 --unique-id-file "$idfile" --jobs 2 > "$tmp/aggd.log" 2>&1 &
+KIZUNA_INA_LAYOUT="$tmp/tree.json" "$aggd" --rank 4 --size 5 --unique-id-file "$idfile" --jobs 3 > "$tmp/aggd.log" 2>&1 &
 daemon=$!
 pids+=("$daemon")
-start_workers() {  # $1: mode args
+start_workers() {  # $1: mode args; $2: where rank 0 writes the id (default: the daemon's file)
   wp=()
   for r in 0 1 2 3; do
-    RANK=$r WORLD_SIZE=5 LOCAL_RANK=$r LOCAL_WORLD_SIZE=5 KIZUNA_UNIQUE_ID_FILE="$idfile" \
+    RANK=$r WORLD_SIZE=5 LOCAL_RANK=$r LOCAL_WORLD_SIZE=5 KIZUNA_UNIQUE_ID_FILE="${2:-$idfile}" \
       KIZUNA_INA_LAYOUT="$tmp/tree.json" "$worker" $1 > "$tmp/w$r.log" 2>&1 &
     wp+=($!)
     pids+=($!)
@@ -101,15 +101,25 @@ done
 grep -q 'job 1: rank 4, .* failed' "$tmp/aggd.log" || { cat "$tmp/aggd.log"; fail "the daemon did not log job 1's failure"; }
 kill -0 "$daemon" 2>/dev/null || { cat "$tmp/aggd.log"; fail "the daemon exited with job 1"; }
 echo "ok: job 1 died mid-stream; the daemon logged: $(grep 'job 1:' "$tmp/aggd.log" | head -1 | cut -c1-160)"
-rm -f "$idfile"
-start_workers check
+# Job 2's id goes first to a file of its own; the daemon is shown it with one secret digit changed.
+rm -f "$idfile" "$tmp/real.id"
+start_workers check "$tmp/real.id"
+for _ in $(seq 1 200); do [ -s "$tmp/real.id" ] && break; sleep 0.05; done
+real=$(cat "$tmp/real.id")
+last=${real: -1}
+[ "$last" = 0 ] && wrong=${real%?}1 || wrong=${real%?}0
+echo "$wrong" > "$idfile"
+for _ in $(seq 1 200); do grep -q 'job 2: joining' "$tmp/aggd.log" && break; sleep 0.1; done
+grep -q 'job 2: joining' "$tmp/aggd.log" || { cat "$tmp/aggd.log"; fail "the daemon joined with a wrong secret"; }
+echo "ok: with a wrong secret the daemon was refused: $(grep 'job 2: joining' "$tmp/aggd.log" | cut -c1-150)"
+echo "$real" > "$idfile"
 for r in 0 1 2 3; do
-  wait "${wp[$r]}" || { cat "$tmp/w$r.log" "$tmp/aggd.log"; fail "job 2: worker $r failed"; }
-  grep -q 'checks ok' "$tmp/w$r.log" || fail "job 2: worker $r did not check"
+  wait "${wp[$r]}" || { cat "$tmp/w$r.log" "$tmp/aggd.log"; fail "job 3: worker $r failed"; }
+  grep -q 'checks ok' "$tmp/w$r.log" || fail "job 3: worker $r did not check"
 done
 wait "$daemon"
 code=$?
-grep -q 'job 2: rank 4, .* ended' "$tmp/aggd.log" || { cat "$tmp/aggd.log"; fail "the daemon did not serve job 2"; }
+grep -q 'job 3: rank 4, .* ended' "$tmp/aggd.log" || { cat "$tmp/aggd.log"; fail "the daemon did not serve job 3"; }
 [ $code -eq 1 ] || fail "the daemon exited $code after a failed job (expected 1: the failure is reported)"
-echo "ok: the same daemon served job 2: $(grep 'job 2:' "$tmp/aggd.log" | cut -c1-120)"
+echo "ok: the same daemon then served the job: $(grep 'job 3:' "$tmp/aggd.log" | cut -c1-120)"
 echo "PASS"

@@ -2,7 +2,8 @@
 # INA jobs as processes: workers (ina_worker) and aggregation devices (kizuna-aggd) on direct
 # links, with layouts from kizuna-plan and written by hand:
 #   1. a full aggregation tree on one device; a partial-INA layout from the planner (partial
-#      trees, chains and rings at once); a two-level tree: every result checked (ina_worker check)
+#      trees, chains and rings at once); a two-level tree; one device over libfabric (a switched
+#      network): every result checked (ina_worker check)
 #   2. an aggregation device killed mid-job: every worker fails with an error, promptly, no hang
 #   3. a kizuna-aggd serving job after job: a job whose worker dies mid-stream ends with an error
 #      logged, the daemon frees it and serves the next job
@@ -47,6 +48,13 @@ for case in "tree 4 1" "pina 6 1" "tree2 10 2"; do
   [ "$served" -eq "$3" ] || { echo "$out" | tail -20; fail "layout $1: $served of $3 devices ended normally"; }
   echo "ok: layout $1 ($2 workers, $3 aggregation devices): every worker checked ok"
 done
+
+# A switched network (libfabric over TCP on loopback): one device with a port per worker.
+out=$(KIZUNA_FABRIC=ofi FI_TCP_IFACE=lo KIZUNA_INA_LAYOUT="$tmp/tree.json" timeout 120 "$run" -n 4 -- "$worker" check \
+  : -n 1 "$aggd" 2>&1)
+rc=$?
+[ $rc -eq 0 ] && [ "$(echo "$out" | grep -c 'checks ok')" -eq 4 ] || { echo "$out" | tail -20; fail "over ofi: exit $rc"; }
+echo "ok: one device over libfabric (a switched network): every worker checked ok"
 
 # --- 2. an aggregation device killed mid-job ---
 # The device's launcher rank stays up (a shell) while the daemon it started is killed, so the

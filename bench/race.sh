@@ -1,0 +1,582 @@
+#!/usr/bin/env bash
+# The race (issue 10): builds the peer programs (Open MPI, MPICH, Gloo) and the ceiling probe with the
+# system compilers, builds kizuna-bench and kizuna-run with Bazel, then runs every case on every
+# library in one run and prints one table of ratios (bench/README.md explains it).
+#
+#   bench/race.sh [--quick] [--skip-netns] [--plain-malloc] [--out FILE] [--build-dir DIR]
+#
+# Nothing leaves this machine: the peers talk over shared memory and 127.0.0.1, and the
+# two-host case runs between two network namespaces this script creates (and always removes) with
+# addresses that exist only inside them.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${TMPDIR:-/tmp}/kizuna-race"
+OUT=""
+QUICK=0
+SKIP_NETNS=0
+PLAIN_MALLOC=0
+START=$SECONDS
+
+usage() {
+  cat <<EOF
+usage: bench/race.sh [--quick] [--skip-netns] [--plain-malloc] [--out FILE] [--build-dir DIR]
+  --quick        a smoke run: n = 2, AllReduce at 8 B and 1 MiB, kizuna and Open MPI only
+  --skip-netns   leave out the two-namespace TCP case (it needs root and 'ip netns')
+  --plain-malloc run every program with glibc's default malloc settings (see MALLOC below)
+  --out FILE     also write the table as Markdown to FILE
+  --build-dir D  where the peers are built and the logs go (default \$TMPDIR/kizuna-race)
+EOF
+}
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --skip-netns) SKIP_NETNS=1 ;;
+    --plain-malloc) PLAIN_MALLOC=1 ;;
+    --out) [[ $# -ge 2 ]] || { echo "race: --out needs a file name" >&2; exit 2; }; OUT="$2"; shift ;;
+    --build-dir) [[ $# -ge 2 ]] || { echo "race: --build-dir needs a directory" >&2; exit 2; }; BUILD="$2"; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "race: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -n "$OUT" && "$OUT" != /* ]] && OUT="$PWD/$OUT"
+
+log() { printf 'race [%3ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
+die() { echo "race: $*" >&2; exit 1; }
+
+# ---- packages ----------------------------------------------------------------------------------
+
+# Debian's names: the MPI compiler wrappers and launchers come as mpicc.openmpi / mpirun.openmpi and
+# mpicc.mpich / mpirun.mpich; libgloo-dev installs /usr/include/gloo and /usr/lib/libgloo.so.
+PACKAGES=(openmpi-bin libopenmpi-dev mpich libmpich-dev libgloo-dev gcc g++ python3 iproute2 util-linux)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  sudo=()
+  if [[ "$(id -u)" -ne 0 ]]; then
+    command -v sudo >/dev/null || die "not root and no sudo: install as root: apt-get install ${missing[*]}"
+    sudo=(sudo)
+  fi
+  log "installing: ${missing[*]}"
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q >&2 || die "apt-get update failed"
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2 ||
+    die "apt-get install ${missing[*]} failed"
+fi
+
+# ---- build -------------------------------------------------------------------------------------
+
+mkdir -p "$BUILD/logs" || die "cannot create $BUILD"
+rm -f "$BUILD"/logs/* "$BUILD/results.txt"
+RESULTS="$BUILD/results.txt"
+: >"$RESULTS"
+
+log "building the peers and the ceiling in $BUILD"
+CFLAGS=(-O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra)
+mpicc.openmpi "${CFLAGS[@]}" -o "$BUILD/mpi_bench_openmpi" "$ROOT/bench/mpi_bench.c" || die "mpicc.openmpi failed"
+mpicc.mpich "${CFLAGS[@]}" -o "$BUILD/mpi_bench_mpich" "$ROOT/bench/mpi_bench.c" || die "mpicc.mpich failed"
+g++ -std=c++17 -O2 -Wall -Wextra -o "$BUILD/gloo_bench" "$ROOT/bench/gloo_bench.cc" -lgloo -pthread ||
+  die "building gloo_bench against libgloo failed"
+gcc -std=c11 -O3 -march=native -Wall -Wextra -o "$BUILD/ceiling" "$ROOT/bench/ceiling.c" -pthread ||
+  die "building ceiling failed"
+
+log "building kizuna-bench and kizuna-run with bazel"
+(cd "$ROOT" && bazel build //tools/bench:kizuna-bench //tools/run:kizuna-run) >"$BUILD/logs/bazel.log" 2>&1 ||
+  die "bazel build failed: see $BUILD/logs/bazel.log"
+KZ_BIN="$(cd "$ROOT" && bazel info bazel-bin 2>/dev/null)"
+KZ_BENCH="$KZ_BIN/tools/bench/kizuna-bench"
+KZ_RUN="$KZ_BIN/tools/run/kizuna-run"
+[[ -x "$KZ_BENCH" && -x "$KZ_RUN" ]] || die "kizuna-bench or kizuna-run missing under $KZ_BIN"
+
+# ---- cases -------------------------------------------------------------------------------------
+
+if [[ $QUICK -eq 1 ]]; then
+  ALLREDUCE_RANKS=(2); ALLREDUCE_SIZES=(8 1M); OTHER_RANKS=(); OTHER_COLLS=(); PEERS=(openmpi)
+  NETNS_SIZES=(8 1M)
+else
+  ALLREDUCE_RANKS=(2 4 8); ALLREDUCE_SIZES=(8 1M 64M 256M); OTHER_RANKS=(2 8)
+  OTHER_COLLS=(reducescatter allgather broadcast); PEERS=(openmpi mpich gloo)
+  NETNS_SIZES=(8 1M 64M 256M)
+fi
+OTHER_SIZE=64M
+join() { local IFS=,; echo "$*"; }
+
+bytes_of() {
+  case "$1" in *K) echo $(( ${1%K} << 10 ));; *M) echo $(( ${1%M} << 20 ));; *G) echo $(( ${1%G} << 30 ));; *) echo "$1";; esac
+}
+
+# kizuna-bench times -n calls back to back and averages (nccl-tests' method); these counts keep one
+# measurement near a second on this machine, as the peers' clamp(1 s / estimate, 5, 1000) does.
+kizuna_iters() {
+  case "$1" in 8) echo 200;; 1M) echo 50;; 64M) echo 10;; *) echo 5;; esac
+}
+
+# Records a case that produced no RESULT line, so the table says "error" and why.
+fail() { # lib coll n bytes reason...
+  local lib=$1 coll=$2 n=$3 bytes=$4; shift 4
+  echo "FAIL lib=$lib coll=$coll n=$n bytes=$bytes why=$(echo "$*" | tr -s ' \n\t' ' ' | cut -c1-200)" >>"$RESULTS"
+}
+
+# One kizuna measurement: kizuna-bench's JSON turned into the peers' RESULT form.
+# kizuna_case LIB(kizuna|kizuna-host) COLL N SIZE LOGNAME RUNNER...
+kizuna_case() {
+  local lib=$1 coll=$2 n=$3 size=$4 name=$5; shift 5
+  local json="$BUILD/logs/$name.json" logf="$BUILD/logs/$name.log" buffers=device
+  [[ $lib == kizuna-host ]] && buffers=host
+  rm -f "$json"
+  "$@" "$KZ_BENCH" --coll "$coll" -b "$size" -e "$size" -n "$(kizuna_iters "$size")" -w 5 -c 1 \
+    --buffers "$buffers" --json "$json" >"$logf" 2>&1
+  local rc=$?
+  python3 - "$json" "$lib" "$coll" "$n" "$(bytes_of "$size")" "$rc" "$logf" >>"$RESULTS" <<'EOF'
+import json, re, sys
+path, lib, coll, n, nbytes, rc, logf = sys.argv[1:]
+def why():
+    lines = [l for l in open(logf, errors="replace").read().splitlines() if l.strip()]
+    keep = [l for l in lines if re.search(r"kizuna-bench:|error|Error|failed", l)]
+    text = re.sub(r"^\[\d+\] ", "", (keep or lines or ["exit status " + rc])[0])
+    text = re.sub(r"host_emulated:\d+", "host_emulated", text)  # one message, whichever rank said it
+    return " ".join(text.split())[:200]
+try:
+    d = json.load(open(path))
+except Exception:
+    print(f"FAIL lib={lib} coll={coll} n={n} bytes={nbytes} why=exit status {rc}: {why()}")
+    sys.exit(0)
+rows = d.get("rows") or []
+if d.get("error") or not rows:
+    print(f"FAIL lib={lib} coll={coll} n={n} bytes={nbytes} why={' '.join(str(d.get('error') or why()).split())[:200]}")
+    sys.exit(0)
+r = rows[0]["out_of_place"]
+print(f"RESULT lib={lib} coll={coll} n={n} bytes={rows[0]['size']} iters={d['iters']} time_us={r['time_us']:.2f} "
+      f"busbw={r['busbw_gbps']:.4f} wrong={r['wrong']} algo={rows[0]['algo']}")
+EOF
+}
+
+# Set when kizuna-bench refuses --buffers host for the backend: every later host-buffer case would be
+# refused the same way, so it is recorded with that reason instead of being run again.
+KZ_HOST_REFUSED=""
+
+kizuna_local() { # coll n sizes...
+  local coll=$1 n=$2; shift 2
+  for size in "$@"; do
+    for lib in kizuna kizuna-host; do
+      if [[ $lib == kizuna-host && -n $KZ_HOST_REFUSED ]]; then
+        fail "$lib" "$coll" "$n" "$(bytes_of "$size")" "$KZ_HOST_REFUSED"
+        continue
+      fi
+      log "$lib $coll n=$n $size"
+      kizuna_case "$lib" "$coll" "$n" "$size" "$lib-$coll-$n-$size" \
+        env KIZUNA_TIMEOUT=120 "$KZ_RUN" -n "$n" --timeout 300 --
+      local last; last=$(tail -n 1 "$RESULTS")
+      if [[ $lib == kizuna-host && $last == "FAIL lib=kizuna-host "*"--buffers host:"* ]]; then
+        KZ_HOST_REFUSED=${last#* why=}
+      fi
+    done
+  done
+}
+
+# A peer's run: its RESULT lines go to the results; a case it did not print is recorded as failed.
+collect() { # lib coll-list n size-list logfile
+  local lib=$1 colls=$2 n=$3 sizes=$4 logf=$5 c s why
+  grep "^RESULT lib=$lib " "$logf" >>"$RESULTS"
+  for c in ${colls//,/ }; do
+    for s in ${sizes//,/ }; do
+      if ! grep "^RESULT lib=$lib coll=$c n=$n " "$logf" | grep -q " bytes=$(rounded_bytes "$c" "$n" "$s") "; then
+        why=$(grep -v '^RESULT' "$logf" | grep -i -m1 'error\|abort\|fail\|timed out' || true)
+        fail "$lib" "$c" "$n" "$(bytes_of "$s")" "${why:-no result line (see $logf)}"
+      fi
+    done
+  done
+}
+
+# The byte count a peer reports: reducescatter and allgather round to a multiple of n floats.
+rounded_bytes() { # coll n size
+  local b; b=$(bytes_of "$3")
+  case "$1" in reducescatter|allgather) local c=$((b / 4 / $2 * $2)); [[ $c -eq 0 ]] && c=$2; echo $((c * 4));;
+    *) [[ $b -lt 4 ]] && b=4; echo $((b / 4 * 4));; esac
+}
+
+openmpi_local() { # colls n sizes
+  local bind=(--bind-to core)
+  [[ $2 -gt 2 ]] && bind=(--oversubscribe --bind-to none)
+  log "openmpi $1 n=$2 $3"
+  local logf="$BUILD/logs/openmpi-$1-$2.log"
+  local envx=()
+  [[ -n "${GLIBC_TUNABLES:-}" ]] && envx=(-x GLIBC_TUNABLES)
+  timeout 600 mpirun.openmpi --allow-run-as-root -np "$2" "${bind[@]}" "${envx[@]}" "$BUILD/mpi_bench_openmpi" \
+    --coll "$1" --sizes "$3" --lib openmpi >"$logf" 2>&1
+  collect openmpi "$1" "$2" "$3" "$logf"
+}
+
+mpich_local() {
+  log "mpich $1 n=$2 $3"
+  local logf="$BUILD/logs/mpich-$1-$2.log"
+  timeout 600 mpirun.mpich -np "$2" "$BUILD/mpi_bench_mpich" --coll "$1" --sizes "$3" --lib mpich >"$logf" 2>&1
+  collect mpich "$1" "$2" "$3" "$logf"
+}
+
+# Gloo: n processes, a FileStore in a fresh directory; "netns" puts rank 0 and rank 1 in the two
+# namespaces, on their veth addresses.
+gloo_run() { # colls n sizes logname local|netns
+  local colls=$1 n=$2 sizes=$3 name=$4 where=$5
+  local store="$BUILD/gloo-store-$name" logf="$BUILD/logs/gloo-$name.log" pids=() r
+  rm -rf "$store"; mkdir -p "$store"
+  for ((r = 0; r < n; r++)); do
+    local prefix=() addr=127.0.0.1
+    if [[ $where == netns ]]; then
+      if [[ $r -eq 0 ]]; then prefix=(ip netns exec "$NS_A"); addr=$ADDR_A; else prefix=(ip netns exec "$NS_B"); addr=$ADDR_B; fi
+    fi
+    timeout 600 "${prefix[@]}" "$BUILD/gloo_bench" --rank "$r" --size "$n" --store "$store" --addr "$addr" \
+      --coll "$colls" --sizes "$sizes" >"$BUILD/logs/gloo-$name.rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do wait "$r"; done
+  cp "$BUILD/logs/gloo-$name.rank0.log" "$logf"
+  for ((r = 1; r < n; r++)); do grep -v '^RESULT' "$BUILD/logs/gloo-$name.rank$r.log" >>"$logf"; done
+  rm -rf "$store"
+}
+
+gloo_local() {
+  log "gloo $1 n=$2 $3"
+  gloo_run "$1" "$2" "$3" "$1-$2" local
+  collect gloo "$1" "$2" "$3" "$BUILD/logs/gloo-$1-$2.log"
+}
+
+peer_local() { # peer colls n sizes
+  case "$1" in openmpi) openmpi_local "$2" "$3" "$4";; mpich) mpich_local "$2" "$3" "$4";; gloo) gloo_local "$2" "$3" "$4";; esac
+}
+
+# ---- the two-namespace case ----------------------------------------------------------------------
+
+NS_A="kzrace$$a"; NS_B="kzrace$$b"; VETH_A="kzr$$a"; VETH_B="kzr$$b"
+ADDR_A=10.77.0.1; ADDR_B=10.77.0.2
+NETNS_UP=0
+netns_down() {
+  [[ $NETNS_UP -eq 1 ]] || return 0
+  local ns pid
+  for ns in "$NS_A" "$NS_B"; do
+    # Only processes this script started live in these namespaces.
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill "$pid" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null
+  done
+  NETNS_UP=0
+  log "removed network namespaces $NS_A and $NS_B"
+}
+trap 'netns_down' EXIT
+trap 'netns_down; exit 130' INT TERM
+
+netns_up() {
+  ip netns add "$NS_A" 2>"$BUILD/logs/netns.log" || return 1
+  NETNS_UP=1
+  ip netns add "$NS_B" &&
+    ip link add "$VETH_A" type veth peer name "$VETH_B" &&
+    ip link set "$VETH_A" netns "$NS_A" && ip link set "$VETH_B" netns "$NS_B" &&
+    ip -n "$NS_A" addr add "$ADDR_A/24" dev "$VETH_A" && ip -n "$NS_B" addr add "$ADDR_B/24" dev "$VETH_B" &&
+    ip -n "$NS_A" link set lo up && ip -n "$NS_B" link set lo up &&
+    ip -n "$NS_A" link set "$VETH_A" up && ip -n "$NS_B" link set "$VETH_B" up
+} 2>>"$BUILD/logs/netns.log"
+
+# Each namespace also gets its own host name (a UTS namespace): kizuna and the MPI launchers tell
+# hosts apart by name, so the two ranks are treated as two hosts, not two processes of one.
+in_ns() { # A|B command... (a string run by sh)
+  local ns=$NS_A name=kz-race-a
+  [[ $1 == B ]] && ns=$NS_B name=kz-race-b
+  shift
+  ip netns exec "$ns" unshare --uts sh -c "hostname $name; $*"
+}
+
+# An rsh-style agent for mpirun: the "remote host" is a namespace's address, reached with
+# 'ip netns exec' instead of ssh.
+write_agent() {
+  cat >"$BUILD/netns-agent.sh" <<EOF
+#!/bin/sh
+while [ \$# -gt 0 ]; do case "\$1" in -*) shift ;; *) break ;; esac; done
+host=\$1; shift
+case "\$host" in
+  $ADDR_A) ns=$NS_A; name=kz-race-a ;;
+  $ADDR_B) ns=$NS_B; name=kz-race-b ;;
+  *) echo "netns-agent: unknown host \$host" >&2; exit 1 ;;
+esac
+exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$name; \$*"
+EOF
+  chmod +x "$BUILD/netns-agent.sh"
+}
+
+netns_kizuna() {
+  local size
+  for size in "${NETNS_SIZES[@]}"; do
+    log "kizuna allreduce n=2 $size, two namespaces"
+    local name="kizuna-netns-$size" uid="$BUILD/netns-uid-$size"
+    rm -f "$uid"
+    local envs="KIZUNA_TIMEOUT=120 KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT KIZUNA_UNIQUE_ID_FILE=$uid WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1"
+    local args="--coll allreduce -b $size -e $size -n $(kizuna_iters "$size") -w 5 -c 1"
+    in_ns B "$envs RANK=1 timeout 300 $KZ_BENCH $args" >"$BUILD/logs/$name.rank1.log" 2>&1 &
+    local other=$!
+    kizuna_case kizuna-tcp allreduce 2 "$size" "$name" in_ns_a_kizuna "$envs KIZUNA_ROOT=$ADDR_A:29517 RANK=0 timeout 300"
+    wait "$other"
+  done
+  # Which fabric kizuna chose between the two "hosts", from rank 0's INFO line.
+  local fabric
+  fabric=$(grep -h -o 'communicator rank 0 of 2 .*' "$BUILD"/logs/kizuna-netns-*.log 2>/dev/null | head -1)
+  echo "NOTE netns_fabric=${fabric:-unknown}" >>"$RESULTS"
+}
+# kizuna_case calls: RUNNER... KZ_BENCH ARGS...; this runner wraps it into namespace A.
+in_ns_a_kizuna() {
+  local envs=$1; shift
+  local cmd="" a
+  for a in "$@"; do cmd+=" '${a//\'/\'\\\'\'}'"; done
+  in_ns A "$envs $cmd"
+}
+
+netns_mpi() {
+  local sizes; sizes=$(join "${NETNS_SIZES[@]}")
+  log "openmpi allreduce n=2 $sizes, two namespaces over TCP"
+  local logf="$BUILD/logs/openmpi-netns.log"
+  # Both "hosts" are this machine: binding would put both ranks on core 0, so nothing is bound.
+  local envx=""
+  [[ -n "${GLIBC_TUNABLES:-}" ]] && envx="-x GLIBC_TUNABLES"
+  in_ns A "timeout 600 mpirun.openmpi --allow-run-as-root -np 2 --bind-to none $envx --host $ADDR_A:1,$ADDR_B:1 \
+    --mca plm_rsh_agent $BUILD/netns-agent.sh --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 \
+    --mca oob_tcp_if_include 10.77.0.0/24 $BUILD/mpi_bench_openmpi --coll allreduce --sizes $sizes --lib openmpi-tcp" \
+    >"$logf" 2>&1
+  collect openmpi-tcp allreduce 2 "$sizes" "$logf"
+  [[ $QUICK -eq 1 ]] && return
+  log "mpich allreduce n=2 $sizes, two namespaces over TCP"
+  logf="$BUILD/logs/mpich-netns.log"
+  # Debian's MPICH is ch4:ucx; UCX would otherwise use shared memory, which crosses namespaces.
+  in_ns A "timeout 600 mpirun.mpich -launcher rsh -launcher-exec $BUILD/netns-agent.sh -hosts $ADDR_A,$ADDR_B -np 2 -ppn 1 \
+    -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES $VETH_A,$VETH_B -genv UCX_LOG_LEVEL error \
+    $BUILD/mpi_bench_mpich --coll allreduce --sizes $sizes --lib mpich-tcp" >"$logf" 2>&1
+  collect mpich-tcp allreduce 2 "$sizes" "$logf"
+  log "gloo allreduce n=2 $sizes, two namespaces over TCP"
+  gloo_run allreduce 2 "$sizes" netns netns
+  sed 's/lib=gloo /lib=gloo-tcp /' "$BUILD/logs/gloo-netns.log" >"$BUILD/logs/gloo-tcp-netns.log"
+  collect gloo-tcp allreduce 2 "$sizes" "$BUILD/logs/gloo-tcp-netns.log"
+}
+
+# ---- the table ---------------------------------------------------------------------------------
+
+# Reads the RESULT / FAIL / NOTE lines and prints the Markdown table (and writes it to FILE if given).
+print_table() { # results [file]
+  python3 - "$1" "${2:-}" <<'EOF'
+import re, sys
+
+results, out_path = sys.argv[1], sys.argv[2]
+res, fails, notes, copies = {}, {}, {}, {}
+for line in open(results):
+    kind, _, rest = line.strip().partition(" ")
+    if kind == "NOTE":
+        for m in re.finditer(r"(\w+)=(.*?)(?= \w+=|$)", rest):
+            notes[m.group(1)] = m.group(2)
+        continue
+    why = None
+    if kind == "FAIL":
+        rest, _, why = rest.partition(" why=")
+    f = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
+    if kind not in ("RESULT", "FAIL") or "lib" not in f:
+        continue
+    key = (f["lib"], f.get("coll"), int(f.get("n", 0)), int(f.get("bytes", 0)))
+    if kind == "RESULT" and f.get("coll") == "copy":
+        copies.setdefault(key[2], {})[int(f["threads"])] = float(f["gbps"])
+    elif kind == "RESULT":
+        res[key] = f
+    else:
+        fails[key] = why
+
+MIB = 1 << 20
+def size_name(b):
+    return f"{b // MIB} MiB" if b >= MIB else f"{b} B"
+
+def busbw(lib, coll, n, b):
+    r = res.get((lib, coll, n, b))
+    return float(r["busbw"]) if r and int(r.get("wrong", 0)) == 0 else None
+
+def time_us(lib, coll, n, b):
+    r = res.get((lib, coll, n, b))
+    return float(r["time_us"]) if r and int(r.get("wrong", 0)) == 0 else None
+
+def cell(lib, coll, n, b, value):
+    r = res.get((lib, coll, n, b))
+    if r is not None and int(r.get("wrong", 0)) != 0:
+        return f"wrong ({r['wrong']})"
+    if value is not None:
+        return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+    return "error" if (lib, coll, n, b) in fails else "—"
+
+def ratio(a, b):
+    return f"{a / b:.3g}" if a is not None and b else "—"
+
+lines = []
+emit = lines.append
+emit(f"Host {notes.get('host', '?')}, {notes.get('cpus', '?')} CPUs, {notes.get('mem_gib', '?')} GiB, "
+     f"{notes.get('date', '?')}, {notes.get('elapsed_s', '?')} s for the whole run"
+     + (" (--quick)" if notes.get("quick") == "1" else "") + ". Every program ran with "
+     + ("glibc's default malloc settings (--plain-malloc)." if notes.get("plain_malloc") == "1"
+        else "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=64G (bench/README.md, \"Page faults\")."))
+emit("")
+if copies:
+    parts = []
+    for n in sorted(copies):
+        c = copies[n]
+        parts.append(f"before n = {n}: " + ", ".join(f"{c[t]:.1f} GB/s with {t} thread(s)" for t in sorted(c)))
+    emit("STREAM-style copy (the ceiling program, 1 GiB arrays): " + "; ".join(parts) + ".")
+    emit("")
+
+peers = [("openmpi", "Open MPI"), ("mpich", "MPICH"), ("gloo", "Gloo")]
+present = [(l, t) for l, t in peers if any(k[0] == l for k in list(res) + list(fails))]
+
+def best_peer(coll, n, b, libs, fn):
+    vals = [fn(l, coll, n, b) for l, _ in libs]
+    vals = [v for v in vals if v is not None]
+    return vals
+
+ar_keys = sorted({(k[2], k[3]) for k in list(res) + list(fails)
+                  if k[1] == "allreduce" and k[0] in ("kizuna", "kizuna-host") + tuple(l for l, _ in peers)})
+emit("AllReduce busbw, GB/s (float32 sum, out of place; kizuna over device buffers and over host buffers):")
+emit("")
+head = ["n", "size", "kizuna", "kizuna host"] + [t for _, t in present] + ["ceiling", "kizuna / ceiling", "kizuna / best peer", "kizuna host / best peer"]
+emit("| " + " | ".join(head) + " |")
+emit("|" + "---|" * len(head))
+for n, b in ar_keys:
+    if b < MIB:
+        continue
+    kd, kh = busbw("kizuna", "allreduce", n, b), busbw("kizuna-host", "allreduce", n, b)
+    pv = best_peer("allreduce", n, b, present, busbw)
+    best = max(pv) if pv else None
+    ceil = busbw("ceiling", "allreduce", n, b)
+    row = [str(n), size_name(b), cell("kizuna", "allreduce", n, b, kd), cell("kizuna-host", "allreduce", n, b, kh)]
+    row += [cell(l, "allreduce", n, b, busbw(l, "allreduce", n, b)) for l, _ in present]
+    row += [cell("ceiling", "allreduce", n, b, ceil), ratio(kd, ceil), ratio(kd, best), ratio(kh, best)]
+    emit("| " + " | ".join(row) + " |")
+emit("")
+
+lat = [(n, b) for n, b in ar_keys if b < MIB]
+if lat:
+    emit(f"AllReduce latency at {size_name(lat[0][1])}, µs (lower is better; speed-up = best peer's time / kizuna's time):")
+    emit("")
+    head = ["n", "kizuna", "kizuna host"] + [t for _, t in present] + ["kizuna speed-up vs best peer", "kizuna host speed-up"]
+    emit("| " + " | ".join(head) + " |")
+    emit("|" + "---|" * len(head))
+    for n, b in lat:
+        kd, kh = time_us("kizuna", "allreduce", n, b), time_us("kizuna-host", "allreduce", n, b)
+        pv = best_peer("allreduce", n, b, present, time_us)
+        best = min(pv) if pv else None
+        row = [str(n), cell("kizuna", "allreduce", n, b, kd), cell("kizuna-host", "allreduce", n, b, kh)]
+        row += [cell(l, "allreduce", n, b, time_us(l, "allreduce", n, b)) for l, _ in present]
+        row += [ratio(best, kd), ratio(best, kh)]
+        emit("| " + " | ".join(row) + " |")
+    emit("")
+
+other = sorted({(k[1], k[2], k[3]) for k in list(res) + list(fails)
+                if k[1] in ("reducescatter", "allgather", "broadcast") and not k[0].endswith("-tcp")})
+if other:
+    emit("ReduceScatter, AllGather, Broadcast busbw, GB/s (no ceiling program for these):")
+    emit("")
+    head = ["collective", "n", "size", "kizuna", "kizuna host"] + [t for _, t in present] + ["kizuna / best peer"]
+    emit("| " + " | ".join(head) + " |")
+    emit("|" + "---|" * len(head))
+    for coll, n, b in other:
+        kd = busbw("kizuna", coll, n, b)
+        pv = best_peer(coll, n, b, present, busbw)
+        row = [coll, str(n), size_name(b), cell("kizuna", coll, n, b, kd),
+               cell("kizuna-host", coll, n, b, busbw("kizuna-host", coll, n, b))]
+        row += [cell(l, coll, n, b, busbw(l, coll, n, b)) for l, _ in present]
+        row += [ratio(kd, max(pv) if pv else None)]
+        emit("| " + " | ".join(row) + " |")
+    emit("")
+
+tcp_libs = [("openmpi-tcp", "Open MPI"), ("mpich-tcp", "MPICH"), ("gloo-tcp", "Gloo")]
+tcp_keys = sorted({k[3] for k in list(res) + list(fails) if k[0].endswith("-tcp")})
+if tcp_keys:
+    fabric = notes.get("netns_fabric", "unknown")
+    m = re.search(r"(\w+): rank 1 \(device ([^)]*)\)", fabric)
+    emit("AllReduce, 2 ranks in two network namespaces joined by a veth pair (TCP): busbw in GB/s, "
+         "the smallest size as latency in µs. kizuna's fabric: "
+         + (f"{m.group(1)} {m.group(2)}" if m else fabric) + ".")
+    emit("")
+    tl = [(l, t) for l, t in tcp_libs if any(k[0] == l for k in list(res) + list(fails))]
+    head = ["size", "kizuna"] + [t for _, t in tl] + ["kizuna / best peer"]
+    emit("| " + " | ".join(head) + " |")
+    emit("|" + "---|" * len(head))
+    for b in tcp_keys:
+        fn = busbw if b >= MIB else time_us
+        kd = fn("kizuna-tcp", "allreduce", 2, b)
+        pv = [v for v in (fn(l, "allreduce", 2, b) for l, _ in tl) if v is not None]
+        r = ratio(kd, max(pv)) if b >= MIB else ratio(min(pv) if pv else None, kd)
+        row = [size_name(b) + ("" if b >= MIB else " (µs)"), cell("kizuna-tcp", "allreduce", 2, b, kd)]
+        row += [cell(l, "allreduce", 2, b, fn(l, "allreduce", 2, b)) for l, _ in tl] + [r]
+        emit("| " + " | ".join(row) + " |")
+    emit("")
+elif "netns" in notes:
+    emit("Two-namespace TCP case: " + notes["netns"] + ".")
+    emit("")
+
+if fails:
+    emit("Errors (the cells marked error):")
+    emit("")
+    seen = {}
+    for (lib, coll, n, b), why in sorted(fails.items()):
+        seen.setdefault((lib, why), []).append(f"{coll} n={n} {size_name(b)}")
+    for (lib, why), cases in seen.items():
+        emit(f"- {lib}: {why} ({len(cases)} case(s): {', '.join(cases[:4])}{', ...' if len(cases) > 4 else ''})")
+    emit("")
+
+text = "\n".join(lines)
+print(text)
+if out_path:
+    with open(out_path, "w") as f:
+        f.write(text + "\n")
+EOF
+}
+
+# ---- run -------------------------------------------------------------------------------------
+
+# MALLOC: glibc serves allocations above 32 MiB with a fresh mmap and unmaps them on free, so a
+# library that allocates a temporary buffer per call (Open MPI's and MPICH's AllReduce at 64 MiB and
+# up) faults every page of it in on every call. A page fault costs ~13 us in this VM, which made both
+# MPIs 10-20x slower at 64 MiB than at 16 MiB. Every program of the race (kizuna included) runs with
+# mmap off and no trimming, so freed memory is reused: the race measures the collectives, not the
+# VM's page faults. --plain-malloc runs them as shipped.
+if [[ $PLAIN_MALLOC -eq 0 ]]; then
+  export GLIBC_TUNABLES="glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
+fi
+
+echo "NOTE host=$(hostname) cpus=$(nproc) mem_gib=$(awk '/MemTotal/ {printf "%.0f", $2/1048576}' /proc/meminfo)" \
+  "date=$(date -u +%Y-%m-%dT%H:%MZ) quick=$QUICK plain_malloc=$PLAIN_MALLOC" >>"$RESULTS"
+
+for n in "${ALLREDUCE_RANKS[@]}"; do
+  # The ceiling right before the runs it is compared with: the host's bandwidth drifts by minutes.
+  log "ceiling n=$n"
+  ceiling_sizes=$(join "${ALLREDUCE_SIZES[@]}" | sed 's/^8,//; s/,8,/,/')
+  "$BUILD/ceiling" --ranks "$n" --sizes "$ceiling_sizes" >"$BUILD/logs/ceiling-$n.log" 2>&1 ||
+    fail ceiling allreduce "$n" 0 "ceiling exited with $?"
+  sed "s/^RESULT lib=ceiling coll=copy /RESULT lib=ceiling coll=copy n=$n /" "$BUILD/logs/ceiling-$n.log" | grep '^RESULT' >>"$RESULTS"
+  kizuna_local allreduce "$n" "${ALLREDUCE_SIZES[@]}"
+  for peer in "${PEERS[@]}"; do peer_local "$peer" allreduce "$n" "$(join "${ALLREDUCE_SIZES[@]}")"; done
+done
+
+for n in "${OTHER_RANKS[@]}"; do
+  for coll in "${OTHER_COLLS[@]}"; do kizuna_local "$coll" "$n" "$OTHER_SIZE"; done
+  for peer in "${PEERS[@]}"; do peer_local "$peer" "$(join "${OTHER_COLLS[@]}")" "$n" "$OTHER_SIZE"; done
+done
+
+if [[ $SKIP_NETNS -eq 1 ]]; then
+  echo "NOTE netns=skipped (--skip-netns)" >>"$RESULTS"
+elif ! command -v ip >/dev/null || ! netns_up; then
+  msg="ip netns failed (needs root and iproute2): $(head -c 200 "$BUILD/logs/netns.log" 2>/dev/null | tr '\n' ' ')"
+  log "two-namespace case skipped: $msg"
+  echo "NOTE netns=skipped ($msg)" >>"$RESULTS"
+  netns_down
+else
+  log "namespaces $NS_A ($ADDR_A) and $NS_B ($ADDR_B) joined by a veth pair"
+  write_agent
+  netns_kizuna
+  netns_mpi
+  netns_down
+fi
+
+echo "NOTE elapsed_s=$((SECONDS - START))" >>"$RESULTS"
+log "done in $((SECONDS - START)) s; raw results in $RESULTS, logs in $BUILD/logs"
+print_table "$RESULTS" "$OUT"

@@ -175,6 +175,7 @@ void Executor::Fail(const Status& status) {
   // this rank's error, instead of at their deadline.
   if (options_.direct_group)
     options_.direct_group->Fail(status.WithContext(fmt::format("rank {} failed", options_.rank)));
+  if (options_.host_group) options_.host_group->Fail(status);  // its peers say "rank R failed: ..."
   failed_.store(true);
   cv_.notify_all();
 }

@@ -44,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/host_group.h"
 #include "collectives/plan.h"
 #include "collectives/transport.h"
 #include "runtime/config.h"
@@ -122,6 +123,9 @@ struct ExecutorOptions {
   // The in-process group for the direct algorithms, and this rank's place in it; null when the
   // communicator's ranks do not address each other's memory (CommShape::direct is false).
   std::shared_ptr<DirectGroup> direct_group;
+  // The same for ranks of one host in several processes (host_group.h); null unless every rank
+  // of the communicator is on this host and their devices share allocations across processes.
+  std::shared_ptr<HostGroup> host_group;
   int rank = 0;
   // An aggregation device of an INA job (algorithms/ina.cc): it makes no calls of its own. Set,
   // the executor runs an operation whenever one of its peers' operation headers arrives, with the
@@ -181,6 +185,8 @@ class Executor {
   static Status FillHeader(Operation& op, int* total_channels);
   // A fused member (fused.cc), run through the direct group (executor_direct.cc).
   Status RunDirect(Operation& op, Deadline deadline);
+  Status RunHostDirect(Operation& op, Deadline deadline);  // through the host group
+  Status DirectStream();                                    // streams_[0] exists after it
   void Fail(const Status& status);
   void FinishOperation(Operation& op, const Status& status);
   // `tell` false: close without the abort notice (an aggregation device whose job ended normally).

@@ -22,6 +22,21 @@ std::pair<uint64_t, uint64_t> FusedSlice(uint64_t count, int n, int r) {
   return {ur * base + std::min(ur, extra), base + (ur < extra ? 1 : 0)};
 }
 
+// Enqueues rank `rank`'s part of a fused operation on `stream`, given every rank's buffers.
+Status EnqueueDirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
+                         std::span<void* const> outputs, device::Stream& stream) {
+  const auto [slice_offset, slice_count] = FusedSlice(req.count, req.nranks, rank);
+  if (slice_count == 0) return Status::Ok();
+  const size_t offset = slice_offset * DataTypeSize(req.dtype);
+  std::vector<const void*> srcs;
+  std::vector<void*> dsts;
+  for (size_t q = 0; q < inputs.size(); ++q) {
+    srcs.push_back(static_cast<const uint8_t*>(inputs[q]) + offset);
+    dsts.push_back(static_cast<uint8_t*>(outputs[q]) + offset);
+  }
+  return stream.ReduceMulti(dsts, srcs, slice_count, req.dtype, req.op);
+}
+
 }  // namespace
 
 // ---- DirectGroup ----
@@ -132,7 +147,16 @@ Result<std::vector<const device::Event*>> DirectGroup::Finish(uint64_t seq, int 
 
 // ---- Executor::RunDirect ----
 
+Status Executor::DirectStream() {
+  if (streams_.empty()) {
+    KZ_ASSIGN_OR_RETURN(auto s, device_->CreateStream());
+    streams_.push_back(std::move(s));
+  }
+  return Status::Ok();
+}
+
 Status Executor::RunDirect(Operation& op, Deadline deadline) {
+  if (options_.host_group) return RunHostDirect(op, deadline);
   DirectGroup* group = options_.direct_group.get();
   const OperationMember& m = op.members[0];
   const Plan& plan = *m.plan;
@@ -145,30 +169,23 @@ Status Executor::RunDirect(Operation& op, Deadline deadline) {
   auto exchanged = group->Exchange(op.seq, rank, mine, deadline, abort_);
   if (!exchanged.ok()) return exchanged.status();
   const std::vector<DirectGroup::Entry>& all = *exchanged;
-  const auto [slice_offset, slice_count] = FusedSlice(req.count, req.nranks, rank);
-  if (streams_.empty()) {
-    KZ_ASSIGN_OR_RETURN(auto s, device_->CreateStream());
-    streams_.push_back(std::move(s));
-  }
+  KZ_RETURN_IF_ERROR(DirectStream());
+  device::Stream& stream = *streams_[0];
   if (!direct_done_) {
     KZ_ASSIGN_OR_RETURN(direct_done_, device_->CreateEvent());
   }
-  device::Stream& stream = *streams_[0];
   auto failed = [&](const Status& s) {
     Status f = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, rank, req.ToString()));
     group->Fail(f);
     return f;
   };
-  if (slice_count > 0) {
-    const size_t offset = slice_offset * DataTypeSize(req.dtype);
-    std::vector<const void*> srcs;
-    std::vector<void*> dsts;
-    for (const DirectGroup::Entry& e : all) {
-      srcs.push_back(static_cast<const uint8_t*>(e.input) + offset);
-      dsts.push_back(static_cast<uint8_t*>(e.output) + offset);
-    }
-    if (Status s = stream.ReduceMulti(dsts, srcs, slice_count, req.dtype, req.op); !s.ok()) return failed(s);
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  for (const DirectGroup::Entry& e : all) {
+    inputs.push_back(e.input);
+    outputs.push_back(e.output);
   }
+  if (Status s = EnqueueDirectPart(req, rank, inputs, outputs, stream); !s.ok()) return failed(s);
   if (Status s = stream.Record(*direct_done_); !s.ok()) return failed(s);
   // The finish stays on the device: this rank's stream waits for every other rank's part, then
   // releases the caller's stream itself. No host thread waits for the device pass.
@@ -185,6 +202,43 @@ Status Executor::RunDirect(Operation& op, Deadline deadline) {
   if (hold) {
     if (Status s = stream.EnqueueRelease(std::move(hold)); !s.ok()) return failed(s);
   }
+  return Status::Ok();
+}
+
+}  // namespace kizuna::collectives
+
+namespace kizuna::collectives {
+
+// ---- Executor::RunHostDirect ----
+
+// Ranks in several processes: the buffers come through the host group (peers' allocations mapped
+// on first use), and since events do not cross processes this rank waits for its own device pass
+// on the host, then for every other rank's in the group, before it releases its caller's stream.
+Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
+  HostGroup& group = *options_.host_group;
+  const OperationMember& m = op.members[0];
+  const CollectiveRequest& req = m.plan->request;
+  const int rank = options_.rank;
+  auto failed = [&](const Status& s) {
+    Status f = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, rank, req.ToString()));
+    group.Fail(f);
+    return f;
+  };
+  const uint64_t bytes = req.count * DataTypeSize(req.dtype);
+  auto buffers = group.Exchange(op.seq, op.header.signature, req.ToString(), m.input, bytes, m.output, bytes, deadline,
+                                abort_);
+  if (!buffers.ok()) return failed(buffers.status());
+  if (Status s = DirectStream(); !s.ok()) return failed(s);
+  device::Stream& stream = *streams_[0];
+  if (Status s = EnqueueDirectPart(req, rank, buffers->inputs, buffers->outputs, stream); !s.ok()) return failed(s);
+  if (Status s = stream.Synchronize(deadline); !s.ok()) return failed(s);
+  if (Status s = group.Finish(op.seq, deadline, abort_); !s.ok()) return failed(s);
+  std::unique_ptr<device::StreamHold> hold;
+  {
+    std::lock_guard lock(op.mu);
+    hold = std::move(op.hold);
+  }
+  if (hold) hold->Release();
   return Status::Ok();
 }
 

@@ -81,8 +81,9 @@ struct CommOptions {
   // The host this rank runs on, as ranks compare it: ranks of one host are linked directly
   // (directconnect), ranks of different hosts through a network fabric.
   std::string host_id;  // "" = HostId(); tests that pretend ranks are on different hosts set it
-  // CreateLocal: let ranks that address each other's memory use the single-host direct
-  // algorithms (fused). false forces every transfer through the transport (for comparisons).
+  // Let ranks that address each other's memory (ranks of one process, CreateLocal) or share it
+  // (ranks of one host in several processes) use the single-host direct algorithms (fused).
+  // false forces every transfer through the transport (for comparisons).
   bool direct_access = true;
   // Stage every transfer through host memory from Device::AllocateHost, even where a fabric could
   // reach the device's memory (the path taken for GPU memory a fabric cannot register; tests).

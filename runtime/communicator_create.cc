@@ -277,6 +277,28 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
                         collectives::Transport::Create(common, *c->bootstrap_, device, topts, deadline));
   }
 
+  // Ranks of one host in several processes share their allocations for the fused collectives
+  // when their devices allow (host_group.h); all ranks take part in deciding.
+  std::shared_ptr<collectives::HostGroup> host_group;
+  const bool one_host = std::all_of(hosts.begin(), hosts.end(),
+                                    [&](const auto& h) { return std::string(h.begin(), h.end()) == host; });
+  if (direct == nullptr && !layout && c->size_ > 1 && one_host && options.direct_access) {
+    auto allgather = [&](std::span<const uint8_t> bytes) { return c->bootstrap_->AllGather(bytes, deadline); };
+    auto group = collectives::HostGroup::Create(c->rank_, c->size_, device, allgather);
+    if (group.ok()) {
+      host_group = std::move(*group);
+      if (c->rank_ == 0)
+        KZ_INFO(kLogInit, "{} ranks on one host in separate processes share their buffers directly (fused "
+                          "algorithms available; each rank maps a peer's buffer on first use)", c->size_);
+    } else if (group.status().code() == StatusCode::kNotSupported) {
+      if (c->rank_ == 0)
+        KZ_INFO(kLogInit, "ranks on one host do not share buffers directly (fused algorithms not available): {}",
+                group.status().message());
+    } else {
+      return group.status().WithContext("setting up the ranks' shared buffers");
+    }
+  }
+
   // The shape: every rank's device and link row, allgathered, so every rank holds the same.
   collectives::RankDesc me;
   me.host_id = host;
@@ -320,7 +342,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   for (int a = 0; a < c->size_; ++a)
     for (int b = 0; b < c->size_; ++b)
       if (a == b || !shape.link(a, b).reachable || !shape.link(b, a).reachable) shape.link(a, b).reachable = false;
-  shape.direct = direct != nullptr;
+  shape.direct = direct != nullptr || host_group != nullptr;
   shape.ina = layout;
   KZ_RETURN_IF_ERROR(shape.Validate());
   c->shape_ = std::move(shape);
@@ -334,6 +356,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   collectives::ExecutorOptions eopts;
   eopts.timeout_s = config.timeout_s;
   eopts.direct_group = std::move(direct);
+  eopts.host_group = std::move(host_group);
   eopts.rank = c->rank_;
   // INA jobs: deeper windows (InaWindow).
   if (layout) eopts.window = InaWindow(*layout, c->aggregation_device_);

@@ -99,6 +99,9 @@ class EmuDevice final : public device::Device {
         pacer_(std::make_shared<DevicePacer>(host_identity, properties_.index)) {}
 
   bool Addressable(const void* ptr, size_t bytes) const override { return memory_->Addressable(ptr, bytes); }
+  Result<device::AllocationRef> FindAllocation(const void* ptr, size_t bytes) const override {
+    return memory_->FindAllocation(ptr, bytes);
+  }
 
  protected:
   Result<std::unique_ptr<device::Buffer>> DoAllocate(size_t bytes) override { return memory_->Allocate(this, bytes); }

@@ -19,10 +19,10 @@ namespace kizuna::host_emulated {
 
 // ---- AddressMap ----
 
-void AddressMap::Insert(const void* start, size_t bytes, void* real) {
+void AddressMap::Insert(const void* start, size_t bytes, void* real, int fd, uint64_t serial) {
   const auto s = reinterpret_cast<uintptr_t>(start);
   std::unique_lock lock(mu_);
-  ranges_[s] = Range{s + bytes, reinterpret_cast<uintptr_t>(real)};
+  ranges_[s] = Range{s + bytes, reinterpret_cast<uintptr_t>(real), fd, serial};
 }
 
 void AddressMap::Erase(const void* start) {
@@ -49,6 +49,16 @@ void* AddressMap::Translate(const void* ptr, size_t bytes) const {
   const auto* range = Find(p, bytes);
   if (range == nullptr) return nullptr;
   return reinterpret_cast<void*>(range->second.real + (p - range->first));
+}
+
+Result<device::AllocationRef> AddressMap::Lookup(const void* ptr, size_t bytes) const {
+  std::shared_lock lock(mu_);
+  const auto* range = Find(reinterpret_cast<uintptr_t>(ptr), bytes);
+  if (range == nullptr || range->second.fd < 0)
+    return InvalidArgument(fmt::format("[{}, +{}) is not inside an allocation of this emulated device{}", ptr, bytes,
+                                       range == nullptr ? "" : " (it is imported memory)"));
+  return device::AllocationRef{range->second.fd, range->second.serial, reinterpret_cast<const void*>(range->first),
+                               range->second.end - range->first};
 }
 
 // ---- Mapping ----
@@ -265,7 +275,10 @@ Result<std::unique_ptr<device::Buffer>> MemoryManager::AllocateKind(device::Devi
   }
   void* address = reservation.mapped() ? reservation.base() : data;
 
-  addresses_.Insert(address, bytes, data);
+  // Serials are process-wide (every backend instance draws from one counter), so that a peer's
+  // cache of this process's allocations never confuses two of them.
+  static std::atomic<uint64_t> serials{0};
+  addresses_.Insert(address, bytes, data, fd.get(), serials.fetch_add(1) + 1);
   handed_over = true;
   return std::unique_ptr<device::Buffer>(new MemoryBuffer(device, address, bytes, false, budgeted, std::move(fd),
                                                           std::move(real), std::move(reservation),

@@ -46,19 +46,24 @@ namespace kizuna::host_emulated {
 class AddressMap {
  public:
   // `bytes` > 0; ranges never overlap (each is a distinct mapping). `real` is where the CPU
-  // reaches the range's first byte.
-  void Insert(const void* start, size_t bytes, void* real);
+  // reaches the range's first byte; `fd` the allocation's memfd (-1 for imports) and `serial` its
+  // number (Device::FindAllocation).
+  void Insert(const void* start, size_t bytes, void* real, int fd = -1, uint64_t serial = 0);
   void Erase(const void* start);
   // True when [ptr, ptr + bytes) lies inside one live range (bytes == 0: ptr lies inside or at
   // the end of one).
   bool Contains(const void* ptr, size_t bytes) const;
   // The real address of `ptr` when [ptr, ptr + bytes) lies inside one live range; else null.
   void* Translate(const void* ptr, size_t bytes) const;
+  // The allocation holding [ptr, ptr + bytes): kInvalidArgument when none does or it is an import.
+  Result<device::AllocationRef> Lookup(const void* ptr, size_t bytes) const;
 
  private:
   struct Range {
     uintptr_t end;  // exclusive
     uintptr_t real;
+    int fd;
+    uint64_t serial;
   };
   // The range holding [p, p + bytes), or null. Caller holds mu_ (shared).
   const std::pair<const uintptr_t, Range>* Find(uintptr_t p, size_t bytes) const;
@@ -108,6 +113,10 @@ class MemoryManager : public std::enable_shared_from_this<MemoryManager> {
   // True when [ptr, ptr + bytes) lies inside a live allocation, import or host allocation of
   // any device of this backend instance.
   bool Addressable(const void* ptr, size_t bytes) const { return addresses_.Contains(ptr, bytes); }
+  // Device::FindAllocation: device and host allocations of this backend instance (not imports).
+  Result<device::AllocationRef> FindAllocation(const void* ptr, size_t bytes) const {
+    return addresses_.Lookup(ptr, bytes);
+  }
 
   // Where the CPU reaches the device address `ptr`, for the stream workers in opaque mode:
   // null when [ptr, ptr + bytes) is not inside live memory of this backend instance (freed

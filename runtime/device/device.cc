@@ -200,6 +200,10 @@ std::string Device::label() const { return fmt::format("{}:{}", properties_.back
 
 bool Device::Addressable(const void*, size_t) const { return true; }
 
+Result<AllocationRef> Device::FindAllocation(const void*, size_t) const {
+  return NotSupported(fmt::format("{} cannot name the allocation behind an address", label()));
+}
+
 Result<std::unique_ptr<Buffer>> Device::Allocate(size_t bytes) {
   auto r = DoAllocate(bytes);
   if (r.ok()) {

@@ -79,6 +79,16 @@ class Buffer {
 };
 
 // Memory exported for another process on the same host (the device layer's handle; DESIGN 11).
+// An allocation found by Device::FindAllocation. The fd is the allocation's own (memfd or
+// DMA-BUF), borrowed: valid while the allocation lives; another process takes its own copy with
+// pidfd_getfd and maps [0, bytes) of it (Device::Import with an fd export).
+struct AllocationRef {
+  int fd = -1;
+  uint64_t serial = 0;         // unique among this process's allocations, never reused
+  const void* base = nullptr;  // the allocation's first byte (its device address)
+  uint64_t bytes = 0;          // the allocation's size
+};
+
 // Moves between processes with SendExportedMemory / ReceiveExportedMemory (exported_memory.h).
 enum class ExportKind : uint8_t { kFd = 1, kOpaque = 2 };
 
@@ -266,6 +276,13 @@ class Device {
   // True when `ptr`'s [ptr, ptr + bytes) lies in memory this device can use in stream operations.
   // Backends that cannot tell return true (the default).
   virtual bool Addressable(const void* ptr, size_t bytes) const;
+
+  // The live allocation of this device holding [ptr, ptr + bytes), in a form another process on
+  // this host can map once and keep (the single-host direct algorithms map each peer's buffers on
+  // first use and reuse the mapping for as long as the allocation lives). kNotSupported when the
+  // backend cannot say (the default); kInvalidArgument when the range is not inside one of its
+  // own exportable allocations (imports, plain host memory).
+  virtual Result<AllocationRef> FindAllocation(const void* ptr, size_t bytes) const;
 
  protected:
   Device(DeviceProperties properties, const Config* config)

@@ -1,8 +1,11 @@
 // A representative subset of the collective matrix with one rank per process, under kizuna-run:
 // every collective through every algorithm that serves it, float32 and bfloat16, a count no rank
 // count divides. Each rank checks its own results (world.h's reference) and exits non-zero on the
-// first wrong element or error, naming it.
+// first wrong element or error, naming it. `fused` runs the fused AllReduce between processes
+// over many shapes; `fused-abort R` and `fused-exit R` take rank R out of a fused call.
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,7 +24,108 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-int Main() {
+// The fused AllReduce between processes (collectives/host_group.h): counts around the rank count
+// (empty slices), in place and not, several dtypes and ops, the same buffers again (mapped once)
+// and fresh ones. Each rank checks its whole output.
+int FusedMatrix(Communicator& comm, device::Stream& stream) {
+  const int n = comm.size(), r = comm.rank();
+  if (!comm.shape().direct) return Fail("the ranks of this host do not share buffers (shape.direct is false)");
+  int cases = 0;
+  CallOptions options;
+  options.algorithm = collectives::Algorithm::kFused;
+  const uint64_t big = 1u << 20;
+  auto a = comm.device().Allocate(big * 8), b = comm.device().Allocate(big * 8);
+  // Values go in and out through host memory and stream copies, so that device memory the CPU
+  // cannot touch (KIZUNA_EMU_OPAQUE=1) is exercised as well.
+  auto host = comm.device().AllocateHost(big * 8);
+  if (!a.ok() || !b.ok() || !host.ok()) return Fail("allocation failed");
+  void* h = (*host)->data();
+  struct Case {
+    uint64_t count;
+    DataType t;
+    ReduceOp op;
+    bool in_place;
+  };
+  std::vector<Case> list;
+  for (uint64_t count : {uint64_t{0}, uint64_t{1}, static_cast<uint64_t>(n - 1), uint64_t{7}, uint64_t{10007}, big})
+    for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kInt32, DataType::kFloat64})
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAvg})
+        if (!(op == ReduceOp::kAvg && t == DataType::kInt32)) list.push_back({count, t, op, false});
+  for (uint64_t count : {uint64_t{5}, uint64_t{10007}, big}) list.push_back({count, DataType::kFloat32, ReduceOp::kSum, true});
+  for (int round = 0; round < 2; ++round) {
+    for (const Case& c : list) {
+      // The second round uses fresh buffers: peers map them anew.
+      std::unique_ptr<device::Buffer> fa, fb;
+      void* src = (*a)->data();
+      void* dst = (*b)->data();
+      if (round == 1 && c.count == 10007) {
+        auto x = comm.device().Allocate(c.count * 8), y = comm.device().Allocate(c.count * 8);
+        if (!x.ok() || !y.ok()) return Fail("allocation failed");
+        fa = std::move(*x);
+        fb = std::move(*y);
+        src = fa->data();
+        dst = fb->data();
+      }
+      if (c.in_place) dst = src;
+      const size_t bytes = c.count * DataTypeSize(c.t);
+      for (uint64_t i = 0; i < c.count; ++i) StoreValue(h, i, c.t, static_cast<double>(InputValue(c.op, r, i)));
+      if (Status e = stream.Copy(src, h, bytes); !e.ok()) return Fail("copy in: " + e.ToString());
+      const std::string name = fmt::format("fused allreduce count={} {} {}{} on rank {} of {}", c.count,
+                                           DataTypeName(c.t), ReduceOpName(c.op), c.in_place ? " in place" : "", r, n);
+      Status s = comm.AllReduce(src, dst, c.count, c.t, c.op, stream, options);
+      if (s.ok()) s = stream.Synchronize();
+      if (s.ok()) s = comm.AsyncError();
+      if (s.ok()) s = stream.Copy(h, dst, bytes);
+      if (s.ok()) s = stream.Synchronize();
+      if (!s.ok()) return Fail(name + ": " + s.ToString());
+      for (uint64_t j = 0; j < c.count; ++j) {
+        const double got = LoadValue(h, j, c.t), want = Reduced(c.op, n, j, c.t);
+        if (!Matches(got, want, c.t, c.op))
+          return Fail(fmt::format("{}: element {} is {}, expected {}", name, j, got, want));
+      }
+      ++cases;
+    }
+  }
+  std::printf("rank %d of %d: %d fused cases ok\n", r, n, cases);
+  return 0;
+}
+
+// Rank `victim` leaves the second fused AllReduce: by Abort() (`how` "abort") or by ending its
+// process (`how` "exit"). Every other rank's call must fail promptly with an error naming it.
+int FusedFault(Communicator& comm, device::Stream& stream, const std::string& how, int victim) {
+  const int r = comm.rank();
+  auto a = comm.device().Allocate(4096 * 4);
+  if (!a.ok()) return Fail("allocation failed");
+  CallOptions options;
+  options.algorithm = collectives::Algorithm::kFused;
+  for (int call = 0; call < 2; ++call) {
+    if (call == 1 && r == victim) {
+      if (how == "exit") {
+        std::printf("rank %d: leaving before the fused call\n", r);
+        std::fflush(stdout);
+        std::_Exit(0);
+      }
+      comm.Abort();
+      std::printf("rank %d: aborted before the fused call\n", r);
+      return 0;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    Status s = comm.AllReduce((*a)->data(), (*a)->data(), 4096, DataType::kFloat32, ReduceOp::kSum, stream, options);
+    if (s.ok()) s = stream.Synchronize();
+    if (s.ok()) s = comm.AsyncError();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (call == 0 && !s.ok()) return Fail("the first fused call failed: " + s.ToString());
+    if (call == 1) {
+      if (s.ok()) return Fail(fmt::format("rank {}: the fused call succeeded without rank {}", r, victim));
+      if (s.ToString().find(fmt::format("rank {}", victim)) == std::string::npos)
+        return Fail(fmt::format("rank {}: the error does not name rank {}: {}", r, victim, s.ToString()));
+      std::printf("rank %d: fused failed after %.2f s as expected: %s\n", r, seconds, s.ToString().c_str());
+    }
+  }
+  return 0;
+}
+
+int Main(int argc, char** argv) {
   auto created = Communicator::CreateFromEnvironment();
   if (!created.ok()) return Fail(created.status().ToString());
   Communicator& comm = **created;
@@ -29,6 +133,11 @@ int Main() {
   auto stream_or = comm.device().CreateStream();
   if (!stream_or.ok()) return Fail(stream_or.status().ToString());
   device::Stream& stream = **stream_or;
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "fused") return FusedMatrix(comm, stream);
+  if (mode == "fused-abort" || mode == "fused-exit")
+    return FusedFault(comm, stream, mode.substr(6), argc > 2 ? std::atoi(argv[2]) : 1);
+  if (!mode.empty()) return Fail("unknown mode " + mode + " (fused, fused-abort R, fused-exit R)");
   int cases = 0;
   const Collective colls[] = {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
                               Collective::kBroadcast, Collective::kReduce,        Collective::kAllToAll,
@@ -138,4 +247,4 @@ int Main() {
 }  // namespace
 }  // namespace kizuna::test
 
-int main() { return kizuna::test::Main(); }
+int main(int argc, char** argv) { return kizuna::test::Main(argc, argv); }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The collective subset of process_collectives.cc with one rank per process under kizuna-run:
 # 4 ranks over direct links on one host (KIZUNA_TOPOLOGY=full), 3 ranks over libfabric's tcp
-# provider, and the README's example over 8 processes.
+# provider, the fused AllReduce between processes (and ranks leaving it), and the README's
+# example over 8 processes.
 set -uo pipefail
 run="$1"
 prog="$2"
@@ -26,6 +27,29 @@ else
   [ "$rc" -eq 0 ] || fail "3 ranks over ofi: exit status $rc"
   for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* cases ok" <<<"$out" || fail "rank $r did not finish (ofi)"; done
 fi
+
+# The fused AllReduce between processes (collectives/host_group.h): 3 ranks, every shape; the same
+# with opaque device memory (the CPU cannot touch it: the streams translate imported addresses).
+for opaque in 0 1; do
+  out="$(KIZUNA_EMU_OPAQUE=$opaque "$run" -n 3 --timeout 240 -- "$prog" fused 2>&1)"
+  rc=$?
+  echo "$out"
+  [ "$rc" -eq 0 ] || fail "fused between 3 processes (opaque=$opaque): exit status $rc"
+  for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* fused cases ok" <<<"$out" || fail "fused rank $r (opaque=$opaque)"; done
+done
+
+# A rank that aborts, and one whose process ends, before a fused call: the others fail at once
+# (well before KIZUNA_TIMEOUT) naming it.
+for how in abort exit; do
+  start=$(date +%s)
+  out="$("$run" -n 3 --timeout 120 -- "$prog" "fused-$how" 1 2>&1)"
+  rc=$?
+  elapsed=$(( $(date +%s) - start ))
+  echo "$out"
+  [ "$rc" -eq 0 ] || fail "fused-$how: exit status $rc"
+  [ "$elapsed" -lt 30 ] || fail "fused-$how: took ${elapsed}s (the others waited for their timeout)"
+  for r in 0 2; do grep -q "^\[$r\] rank $r: fused failed after .* as expected: .*rank 1" <<<"$out" || fail "fused-$how: rank $r"; done
+done
 
 out="$(KIZUNA_EMULATED_DEVICES=8 KIZUNA_TOPOLOGY=full "$run" -n 8 --timeout 240 -- "$example" 100003 2>&1)"
 rc=$?

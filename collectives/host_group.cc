@@ -1,0 +1,314 @@
+#include "collectives/host_group.h"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+#include <fmt/format.h>
+
+#include "runtime/logging.h"
+
+namespace kizuna::collectives {
+
+// One rank's page. Only its owner writes it; the others read it. The owner writes a region before
+// it stores `arrived` (release); a reader loads `arrived` (acquire) before it reads the regions.
+// A region stays valid until every rank has finished the operation, and the owner cannot publish
+// the next one before that, so one set of regions suffices.
+struct SharedRegion {
+  int32_t fd;            // the allocation's fd in the owner's process; -1: empty region
+  uint32_t pad;
+  uint64_t serial;       // the allocation's serial (Device::FindAllocation)
+  uint64_t alloc_bytes;  // the allocation's size
+  uint64_t offset;       // where the buffer starts in it
+  uint64_t bytes;        // the buffer's size
+};
+
+struct HostGroupPage {
+  alignas(64) std::atomic<uint64_t> arrived;  // the last operation whose regions are published
+  alignas(64) std::atomic<uint64_t> finished;  // the last operation whose device work is done
+  alignas(64) std::atomic<uint32_t> bell;      // futex word: bumped at every change
+  std::atomic<uint32_t> sleepers;              // ranks sleeping on `bell`
+  std::atomic<uint32_t> failed;                // nonzero once `failure` is written
+  uint64_t signature;
+  SharedRegion regions[2];  // input, output
+  char call[200];
+  char failure[600];
+};
+static_assert(sizeof(HostGroupPage) <= 4096);
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the page's atomics must be lock-free to work across processes");
+
+namespace {
+
+constexpr size_t kPageBytes = 4096;
+// Imports kept per group before the least recently used ones are dropped (a buffer freed by its
+// owner stays mapped here until then).
+constexpr size_t kMaxImportsPerRank = 16;
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+void CopyString(char* dst, size_t cap, std::string_view s) {
+  const size_t n = std::min(cap - 1, s.size());
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
+}
+
+struct Hello {  // what each rank allgathers at creation
+  int32_t pid;
+  int32_t fd;         // its page; -1 when it has none (the reason follows in the verdicts)
+  char backend[48];   // its device's backend: imports need one backend on every rank
+};
+
+bool ProcessEnded(int pidfd) {
+  if (pidfd < 0) return false;
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
+}  // namespace
+
+HostGroup::HostGroup(int rank, int nranks, device::Device& device)
+    : rank_(rank), nranks_(nranks), device_(device), peers_(static_cast<size_t>(nranks)) {}
+
+HostGroup::~HostGroup() {
+  for (Peer& p : peers_)
+    if (p.map != nullptr) ::munmap(p.map, kPageBytes);
+}
+
+Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, device::Device& device,
+                                                     const AllGather& allgather) {
+  std::shared_ptr<HostGroup> g(new HostGroup(rank, nranks, device));
+  // Step 1: this rank's page. A failure here is still reported through the allgathers below, so
+  // every rank learns it and none waits for the others.
+  Status local;
+  Hello hello{static_cast<int32_t>(::getpid()), -1, {}};
+  CopyString(hello.backend, sizeof(hello.backend), device.properties().backend);
+  if (!device.properties().export_fd) {
+    local = NotSupported(fmt::format("{} does not export its memory as file descriptors", device.label()));
+  } else {
+    UniqueFd fd(::memfd_create("kizuna-host-group", MFD_CLOEXEC));
+    if (!fd.valid() || ::ftruncate(fd.get(), kPageBytes) != 0) {
+      local = FromErrno(errno, "memfd_create/ftruncate for the host group's page");
+    } else {
+      void* map = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+      if (map == MAP_FAILED) {
+        local = FromErrno(errno, "mmap of the host group's page");
+      } else {
+        Peer& me = g->peers_[static_cast<size_t>(rank)];
+        me.map = map;
+        me.page = new (map) HostGroupPage{};
+        me.pid = ::getpid();
+        hello.fd = fd.get();
+        g->page_fd_ = std::move(fd);
+      }
+    }
+  }
+  KZ_ASSIGN_OR_RETURN(auto hellos, allgather(std::span(reinterpret_cast<const uint8_t*>(&hello), sizeof(hello))));
+  // Step 2: every peer's page, through pidfd_getfd.
+  for (int q = 0; q < nranks && local.ok(); ++q) {
+    if (hellos[static_cast<size_t>(q)].size() != sizeof(Hello))
+      return InvalidArgument(fmt::format("host group: rank {} sent {} bytes, not a hello", q,
+                                         hellos[static_cast<size_t>(q)].size()));
+    Hello h;
+    std::memcpy(&h, hellos[static_cast<size_t>(q)].data(), sizeof(h));
+    h.backend[sizeof(h.backend) - 1] = '\0';
+    if (std::string_view(h.backend) != hello.backend) {
+      local = NotSupported(fmt::format("rank {} has a {} device, rank {} a {} device", q, h.backend, rank, hello.backend));
+      break;
+    }
+    if (h.fd < 0) {
+      local = NotSupported(fmt::format("rank {} could not create its page", q));
+      break;
+    }
+    Peer& p = g->peers_[static_cast<size_t>(q)];
+    p.pid = h.pid;
+    p.pidfd.Reset(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(h.pid), 0)));
+    if (!p.pidfd.valid()) {
+      local = FromErrno(errno, fmt::format("pidfd_open of rank {} (pid {})", q, h.pid));
+      break;
+    }
+    if (q == rank) continue;
+    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, p.pidfd.get(), h.fd, 0)));
+    if (!fd.valid()) {
+      local = FromErrno(errno, fmt::format("pidfd_getfd of rank {}'s page (pid {})", q, h.pid));
+      break;
+    }
+    void* map = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (map == MAP_FAILED) {
+      local = FromErrno(errno, fmt::format("mmap of rank {}'s page", q));
+      break;
+    }
+    p.map = map;
+    p.page = static_cast<HostGroupPage*>(map);
+  }
+  // Step 3: all or none.
+  const std::string verdict = local.ok() ? std::string() : local.ToString();
+  KZ_ASSIGN_OR_RETURN(auto verdicts, allgather(std::span(reinterpret_cast<const uint8_t*>(verdict.data()),
+                                                         verdict.size())));
+  for (int q = 0; q < nranks; ++q) {
+    const auto& v = verdicts[static_cast<size_t>(q)];
+    if (!v.empty())
+      return NotSupported(fmt::format("rank {}: {}", q, std::string(v.begin(), v.end())));
+  }
+  return g;
+}
+
+void HostGroup::Ring() {
+  HostGroupPage& p = mine();
+  p.bell.fetch_add(1, std::memory_order_seq_cst);
+  if (p.sleepers.load(std::memory_order_seq_cst) > 0) Futex(&p.bell, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void HostGroup::Fail(const Status& why) {
+  HostGroupPage& p = mine();
+  if (p.failed.load() != 0) return;
+  CopyString(p.failure, sizeof(p.failure), why.ToString());
+  p.failed.store(1, std::memory_order_release);
+  Ring();
+}
+
+Status HostGroup::WaitFor(int q, uint64_t seq, Phase phase, Deadline deadline, const std::atomic<bool>& abort) {
+  HostGroupPage& p = *peers_[static_cast<size_t>(q)].page;
+  std::atomic<uint64_t>& word = phase == Phase::kArrive ? p.arrived : p.finished;
+  const char* what = phase == Phase::kArrive ? "arrive at" : "finish";
+  auto reached = [&] { return word.load(std::memory_order_acquire) >= seq; };
+  // Spin a little (the peer is usually there already or about to be), then yield the core a few
+  // times, then sleep on the peer's bell; every slice ends to look at the deadline and the peer.
+  for (int i = 0; i < 64; ++i) {
+    if (reached()) return Status::Ok();
+    __builtin_ia32_pause();
+  }
+  for (int round = 0;; ++round) {
+    if (reached()) return Status::Ok();
+    if (p.failed.load(std::memory_order_acquire) != 0)
+      return Aborted(fmt::format("rank {} failed: {}", q, std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
+    if (round < 32) {
+      ::sched_yield();
+      continue;
+    }
+    if (abort.load()) return Aborted("the communicator was aborted");
+    if (ProcessEnded(peers_[static_cast<size_t>(q)].pidfd.get()))
+      return RemoteError(fmt::format("operation {}: rank {} (pid {}) ended before it could {} the fused collective",
+                                     seq, q, peers_[static_cast<size_t>(q)].pid, what));
+    if (deadline.Expired())
+      return Timeout(fmt::format("operation {}: rank {} did not {} the fused collective by the deadline", seq, q,
+                                 what));
+    p.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t bell = p.bell.load(std::memory_order_seq_cst);
+    if (!reached() && p.failed.load() == 0) {
+      const auto slice = std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(10), deadline.Remaining());
+      const timespec ts{0, static_cast<long>(std::max<int64_t>(slice.count(), 1000))};
+      Futex(&p.bell, FUTEX_WAIT, bell, &ts);
+    }
+    p.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+Status HostGroup::PublishRegion(int which, const void* ptr, uint64_t bytes) {
+  SharedRegion& r = mine().regions[which];
+  r = SharedRegion{-1, 0, 0, 0, 0, bytes};
+  if (bytes == 0) return Status::Ok();
+  KZ_ASSIGN_OR_RETURN(device::AllocationRef a, device_.FindAllocation(ptr, bytes));
+  r.fd = a.fd;
+  r.serial = a.serial;
+  r.alloc_bytes = a.bytes;
+  r.offset = static_cast<uint64_t>(static_cast<const uint8_t*>(ptr) - static_cast<const uint8_t*>(a.base));
+  return Status::Ok();
+}
+
+Result<uint8_t*> HostGroup::Resolve(int q, int which, uint64_t seq) {
+  const SharedRegion r = peers_[static_cast<size_t>(q)].page->regions[which];
+  if (r.bytes == 0) return nullptr;
+  if (r.fd < 0 || r.offset > r.alloc_bytes || r.bytes > r.alloc_bytes - r.offset)
+    return InvalidArgument(fmt::format("rank {} published a malformed buffer (fd {}, offset {}, {} of {} bytes)", q,
+                                       r.fd, r.offset, r.bytes, r.alloc_bytes));
+  auto it = imports_.find({q, r.serial});
+  if (it == imports_.end() || it->second.buffer->size() != r.alloc_bytes) {
+    const Peer& p = peers_[static_cast<size_t>(q)];
+    device::ExportedMemory e;
+    e.kind = device::ExportKind::kFd;
+    e.fd.Reset(static_cast<int>(::syscall(SYS_pidfd_getfd, p.pidfd.get(), r.fd, 0)));
+    if (!e.fd.valid())
+      return FromErrno(errno, fmt::format("pidfd_getfd of rank {}'s buffer (pid {}, fd {})", q, p.pid, r.fd));
+    e.offset = 0;
+    e.size = r.alloc_bytes;
+    e.backend = device_.properties().backend;
+    e.device_uuid = device_.properties().uuid;
+    auto buffer = device_.Import(e);
+    if (!buffer.ok()) return buffer.status().WithContext(fmt::format("mapping rank {}'s buffer", q));
+    Evict(seq);
+    it = imports_.insert_or_assign({q, r.serial}, Import{std::move(*buffer), seq}).first;
+    KZ_INFO(kLogColl, "rank {}: mapped rank {}'s allocation {} ({} bytes) for the fused collectives", rank_, q,
+            r.serial, r.alloc_bytes);
+  }
+  it->second.last_used = seq;
+  return static_cast<uint8_t*>(it->second.buffer->data()) + r.offset;
+}
+
+void HostGroup::Evict(uint64_t seq) {
+  const size_t cap = kMaxImportsPerRank * static_cast<size_t>(nranks_);
+  while (imports_.size() >= cap) {
+    auto oldest = imports_.end();
+    for (auto it = imports_.begin(); it != imports_.end(); ++it)
+      if (it->second.last_used < seq && (oldest == imports_.end() || it->second.last_used < oldest->second.last_used))
+        oldest = it;
+    if (oldest == imports_.end()) return;  // all in use by this operation
+    imports_.erase(oldest);
+  }
+}
+
+Result<HostGroup::Buffers> HostGroup::Exchange(uint64_t seq, uint64_t signature, std::string_view call,
+                                               const void* input, uint64_t input_bytes, const void* output,
+                                               uint64_t output_bytes, Deadline deadline,
+                                               const std::atomic<bool>& abort) {
+  HostGroupPage& me = mine();
+  me.signature = signature;
+  CopyString(me.call, sizeof(me.call), call);
+  KZ_RETURN_IF_ERROR(PublishRegion(0, input, input_bytes).WithContext("the fused collective's input"));
+  KZ_RETURN_IF_ERROR(PublishRegion(1, output, output_bytes).WithContext("the fused collective's output"));
+  me.arrived.store(seq, std::memory_order_release);
+  Ring();
+  Buffers b;
+  b.inputs.resize(static_cast<size_t>(nranks_));
+  b.outputs.resize(static_cast<size_t>(nranks_));
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_) {
+      b.inputs[static_cast<size_t>(q)] = input;
+      b.outputs[static_cast<size_t>(q)] = const_cast<void*>(output);
+      continue;
+    }
+    KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kArrive, deadline, abort));
+    HostGroupPage& p = *peers_[static_cast<size_t>(q)].page;
+    const uint64_t at = p.arrived.load(std::memory_order_acquire);
+    if (at != seq || p.signature != signature)
+      return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at operation {}: {}; rank {} is "
+                                         "at operation {}: {}",
+                                         rank_, seq, call, q, at, std::string(p.call, strnlen(p.call, sizeof(p.call)))));
+    KZ_ASSIGN_OR_RETURN(uint8_t * in, Resolve(q, 0, seq));
+    KZ_ASSIGN_OR_RETURN(uint8_t * out, Resolve(q, 1, seq));
+    b.inputs[static_cast<size_t>(q)] = in;
+    b.outputs[static_cast<size_t>(q)] = out;
+  }
+  return b;
+}
+
+Status HostGroup::Finish(uint64_t seq, Deadline deadline, const std::atomic<bool>& abort) {
+  mine().finished.store(seq, std::memory_order_release);
+  Ring();
+  for (int q = 0; q < nranks_; ++q)
+    if (q != rank_) KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kFinish, deadline, abort));
+  return Status::Ok();
+}
+
+}  // namespace kizuna::collectives

@@ -260,7 +260,9 @@ const std::vector<std::pair<Algorithm, Collective>>& SupportedPairs() {
       {Algorithm::kPairwise, Collective::kAllGather},  {Algorithm::kPairwise, Collective::kReduceScatter},
       {Algorithm::kPairwise, Collective::kAllReduce},  {Algorithm::kPairwise, Collective::kBarrier},
       {Algorithm::kP2p, Collective::kSend},            {Algorithm::kP2p, Collective::kRecv},
-      {Algorithm::kFused, Collective::kAllReduce},
+      {Algorithm::kFused, Collective::kAllReduce},     {Algorithm::kFused, Collective::kReduceScatter},
+      {Algorithm::kFused, Collective::kAllGather},     {Algorithm::kFused, Collective::kBroadcast},
+      {Algorithm::kFused, Collective::kReduce},
   };
   return pairs;
 }

@@ -84,6 +84,8 @@ bool Serves(Algorithm a, Collective c) {
     case Algorithm::kP2p:
       return c == Collective::kSend || c == Collective::kRecv;
     case Algorithm::kFused:
+      return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
+             c == Collective::kBroadcast || c == Collective::kReduce;
     case Algorithm::kIna:
       return c == Collective::kAllReduce;
   }
@@ -172,7 +174,7 @@ class Model {
   void RingReduceScatter(uint64_t part_elems);
   void RingAllGather(uint64_t part_elems);
   void TreeAllReduce();
-  void FusedAllReduce();
+  void Fused();
   void InaAllReduce();  // cost_model_ina.cc
   void TreeRooted(bool reduce);
   int Real(int nr) const { return nr < rem_ ? 2 * nr + 1 : nr + rem_; }  // rhd/rd fold numbering
@@ -611,20 +613,44 @@ void Model::Body(Algorithm a) {
     case Algorithm::kP2p:
       return PointToPoint(req_.collective == Collective::kSend);
     case Algorithm::kFused:
-      return FusedAllReduce();
+      return Fused();
     case Algorithm::kIna:
       return InaAllReduce();
   }
 }
 
-// fused.cc: rank r reads its slice of all p inputs and writes it to all p outputs in one device
-// operation: count x size bytes read and as many written per rank (a copy's traffic, counted at
-// the copy speed, which moves each byte read and written). Ranks that share a device share its
-// memory system, so a device's ranks take that many times as long. Two in-process rendezvous and
-// a stream synchronization per operation (direct_rendezvous_us), one launch.
-void Model::FusedAllReduce() {
-  const uint64_t slice = CeilDiv(req_.count, static_cast<uint64_t>(p_));
-  const double traffic_bytes = static_cast<double>(slice) * static_cast<double>(p_) * elem_;
+// fused.cc: one device operation per rank over every rank's buffers, counted as copy traffic (a
+// copy moves each byte read and written, so a byte read or a byte written is half a copied byte).
+// Per rank, with slice = count / p: AllReduce reads p slices and writes p (p x slice copied
+// bytes); Reduce reads p slices and writes one, Broadcast reads one and writes p ((p + 1) / 2 x
+// slice); ReduceScatter reads p blocks and writes one ((p + 1) / 2 x count); AllGather copies p
+// blocks (p x count). Ranks that share a device share its memory system, so a device's ranks take
+// that many times as long. Two rendezvous and a stream synchronization per operation
+// (direct_rendezvous_us), one launch.
+void Model::Fused() {
+  const auto p = static_cast<double>(p_);
+  const double slice = static_cast<double>(CeilDiv(req_.count, static_cast<uint64_t>(p_)));
+  const double count = static_cast<double>(req_.count);
+  double copied = 0;
+  const char* what = "";
+  switch (req_.collective) {
+    case Collective::kAllReduce:
+      copied = p * slice, what = "one-pass reduce into every output";
+      break;
+    case Collective::kReduce:
+      copied = (p + 1) / 2 * slice, what = "one-pass reduce into the root's output";
+      break;
+    case Collective::kBroadcast:
+      copied = (p + 1) / 2 * slice, what = "one-pass copy of the root's slices into every output";
+      break;
+    case Collective::kReduceScatter:
+      copied = (p + 1) / 2 * count, what = "one-pass reduce of every input's block";
+      break;
+    default:
+      copied = p * count, what = "one-pass copy of every input";
+      break;
+  }
+  const double traffic_bytes = copied * elem_;
   StageCost worst;
   for (int r = 0; r < p_; ++r) {
     int sharing = 0;
@@ -637,7 +663,7 @@ void Model::FusedAllReduce() {
     c.gamma = static_cast<double>(sharing) * traffic_bytes * copy_[static_cast<size_t>(r)];
     if (c.total() > worst.total()) worst = c;
   }
-  Add("one-pass reduce into every output", worst, 1);
+  Add(what, worst, 1);
 }
 
 // ina.cc, through the layout's parts (cost_model_ina.cc): the slowest worker stands for the

@@ -64,7 +64,14 @@ TEST(CostModelTest, FusedAllReduceByHand) {
   // The same four ranks on one device share its memory: four times the device time.
   const Prediction shared = Predict(Algorithm::kFused, r, one_device, Options(), k);
   EXPECT_NEAR(shared.gamma_s, 4 * 16384 / 20e9, 1e-12);
-  EXPECT_FALSE(Predict(Algorithm::kFused, Request(Collective::kAllGather, 4, 4096), separate, Options(), k).finite());
+  // AllGather of 1024 elements per rank: every rank copies 4 blocks of 4096 bytes into its output.
+  const Prediction gather = Predict(Algorithm::kFused, Request(Collective::kAllGather, 4, 1024), separate, Options(), k);
+  EXPECT_NEAR(gather.gamma_s, 16384 / 20e9, 1e-12);
+  // ReduceScatter of 1024 elements per rank: 4 blocks read, one written: (4 + 1) / 2 copied blocks.
+  const Prediction scatter =
+      Predict(Algorithm::kFused, Request(Collective::kReduceScatter, 4, 1024), separate, Options(), k);
+  EXPECT_NEAR(scatter.gamma_s, 2.5 * 4096 / 20e9, 1e-12);
+  EXPECT_FALSE(Predict(Algorithm::kFused, Request(Collective::kAllToAll, 4, 4096), separate, Options(), k).finite());
 }
 
 TEST(CostModelTest, RingAllReduceByHand) {
@@ -227,8 +234,8 @@ std::vector<std::pair<Algorithm, Collective>> ServedPairs() {
 }
 
 TEST(CostModelTest, ServesWhatTheAlgorithmsServe) {
-  // algorithm.h: ring 5, tree 3, rhd 3, rd 2, pairwise 5, p2p 2, fused 1.
-  EXPECT_EQ(ServedPairs().size(), 21u);
+  // algorithm.h: ring 5, tree 3, rhd 3, rd 2, pairwise 5, p2p 2, fused 5.
+  EXPECT_EQ(ServedPairs().size(), 25u);
   CollectiveRequest r = Request(Collective::kAllToAll, 4, 8);
   const Prediction p = Predict(Algorithm::kTree, r, HandShape(4), Options(), CostConstants{});
   EXPECT_FALSE(p.finite());

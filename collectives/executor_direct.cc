@@ -22,19 +22,68 @@ std::pair<uint64_t, uint64_t> FusedSlice(uint64_t count, int n, int r) {
   return {ur * base + std::min(ur, extra), base + (ur < extra ? 1 : 0)};
 }
 
-// Enqueues rank `rank`'s part of a fused operation on `stream`, given every rank's buffers.
+// Enqueues rank `rank`'s part of a fused operation on `stream`, given every rank's buffers
+// (fused.cc says who does what).
 Status EnqueueDirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
                          std::span<void* const> outputs, device::Stream& stream) {
-  const auto [slice_offset, slice_count] = FusedSlice(req.count, req.nranks, rank);
-  if (slice_count == 0) return Status::Ok();
-  const size_t offset = slice_offset * DataTypeSize(req.dtype);
+  const size_t elem = DataTypeSize(req.dtype);
+  const auto n = static_cast<size_t>(req.nranks);
+  const auto me = static_cast<size_t>(rank);
+  const auto root = static_cast<size_t>(req.root);
+  auto at = [elem](const void* p, uint64_t elements) {
+    return const_cast<uint8_t*>(static_cast<const uint8_t*>(p)) + elements * elem;
+  };
   std::vector<const void*> srcs;
   std::vector<void*> dsts;
-  for (size_t q = 0; q < inputs.size(); ++q) {
-    srcs.push_back(static_cast<const uint8_t*>(inputs[q]) + offset);
-    dsts.push_back(static_cast<uint8_t*>(outputs[q]) + offset);
+  switch (req.collective) {
+    case Collective::kAllReduce:
+    case Collective::kReduce: {
+      const auto [offset, count] = FusedSlice(req.count, req.nranks, rank);
+      if (count == 0) return Status::Ok();
+      for (size_t q = 0; q < n; ++q) {
+        srcs.push_back(at(inputs[q], offset));
+        if (req.collective == Collective::kAllReduce) dsts.push_back(at(outputs[q], offset));
+      }
+      if (req.collective == Collective::kReduce) dsts.push_back(at(outputs[root], offset));
+      return stream.ReduceMulti(dsts, srcs, count, req.dtype, req.op);
+    }
+    case Collective::kReduceScatter: {
+      if (req.count == 0) return Status::Ok();
+      for (size_t q = 0; q < n; ++q) srcs.push_back(at(inputs[q], me * req.count));
+      dsts.push_back(outputs[me]);
+      return stream.ReduceMulti(dsts, srcs, req.count, req.dtype, req.op);
+    }
+    case Collective::kAllGather: {
+      if (req.count == 0) return Status::Ok();
+      for (size_t q = 0; q < n; ++q) {
+        uint8_t* dst = at(outputs[me], q * req.count);
+        if (dst != inputs[q]) KZ_RETURN_IF_ERROR(stream.Copy(dst, inputs[q], req.count * elem));
+      }
+      return Status::Ok();
+    }
+    case Collective::kBroadcast: {
+      const auto [offset, count] = FusedSlice(req.count, req.nranks, rank);
+      if (count == 0) return Status::Ok();
+      const uint8_t* src = at(inputs[root], offset);
+      for (size_t q = 0; q < n; ++q) {
+        uint8_t* dst = at(outputs[q], offset);
+        if (dst != src) KZ_RETURN_IF_ERROR(stream.Copy(dst, src, count * elem));
+      }
+      return Status::Ok();
+    }
+    default:
+      return Internal(fmt::format("fused does not run {}", req.ToString()));
   }
-  return stream.ReduceMulti(dsts, srcs, slice_count, req.dtype, req.op);
+}
+
+// The bytes of this rank's input and output that a fused operation touches (the root's buffer
+// alone matters for Broadcast's input and Reduce's output).
+std::pair<uint64_t, uint64_t> DirectBytes(const CollectiveRequest& req, int rank) {
+  const uint64_t elem = DataTypeSize(req.dtype);
+  uint64_t in = req.input_count() * elem, out = req.output_count() * elem;
+  if (req.collective == Collective::kBroadcast && rank != req.root) in = 0;
+  if (req.collective == Collective::kReduce && rank != req.root) out = 0;
+  return {in, out};
 }
 
 }  // namespace
@@ -224,9 +273,9 @@ Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
     group.Fail(f);
     return f;
   };
-  const uint64_t bytes = req.count * DataTypeSize(req.dtype);
-  auto buffers = group.Exchange(op.seq, op.header.signature, req.ToString(), m.input, bytes, m.output, bytes, deadline,
-                                abort_);
+  const auto [in_bytes, out_bytes] = DirectBytes(req, rank);
+  auto buffers = group.Exchange(op.seq, op.header.signature, req.ToString(), m.input, in_bytes, m.output, out_bytes,
+                                deadline, abort_);
   if (!buffers.ok()) return failed(buffers.status());
   if (Status s = DirectStream(); !s.ok()) return failed(s);
   device::Stream& stream = *streams_[0];

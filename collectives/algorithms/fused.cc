@@ -1,10 +1,14 @@
-// Fused one-pass AllReduce (DESIGN.md section 6, single-host direct algorithms): when every rank
-// addresses every other rank's buffers directly (CommShape::direct: the ranks live in one process,
-// on one device or on devices that reach each other's memory), rank r reduces slice r of every
-// rank's input and writes the result into slice r of every rank's output, in one device
-// operation (Stream::ReduceMulti). Each byte of every input is read once and each byte of every
-// output written once: the minimum traffic, 2 x count x size per rank, with no staging, no
-// fabric and no pipeline.
+// Fused one-pass collectives (DESIGN.md section 6, single-host direct algorithms): when every rank
+// addresses every other rank's buffers directly (CommShape::direct: the ranks live in one process
+// on devices that reach each other's memory, or in several processes of one host that map each
+// other's allocations, collectives/host_group.h), each rank does its share in one pass over the
+// others' buffers. AllReduce: rank r reduces slice r of every rank's input and writes the result
+// into slice r of every rank's output, in one device operation (Stream::ReduceMulti); each byte of
+// every input is read once and each byte of every output written once: the minimum traffic,
+// 2 x count x size per rank, with no staging, no fabric and no pipeline. Reduce: slice r of every
+// input reduced into the root's output. ReduceScatter: block r of every input reduced into rank
+// r's output. AllGather: rank r copies every rank's input into its own output. Broadcast: rank r
+// copies slice r of the root's input into every output. In place, a copy onto itself is skipped.
 //
 // The work is not a sequence of transfers, so the plan carries no steps: it names the algorithm,
 // and the executor runs it directly (executor_direct.cc) after the ranks have exchanged their
@@ -23,7 +27,16 @@ class Fused final : public AlgorithmImpl {
   Algorithm id() const override { return Algorithm::kFused; }
 
   Status Supports(const CollectiveRequest& request, const CommShape& shape) const override {
-    if (request.collective != Collective::kAllReduce) return NotImplemented(id(), request);
+    switch (request.collective) {
+      case Collective::kAllReduce:
+      case Collective::kReduceScatter:
+      case Collective::kAllGather:
+      case Collective::kBroadcast:
+      case Collective::kReduce:
+        break;
+      default:
+        return NotImplemented(id(), request);
+    }
     if (!shape.direct)
       return NotSupported("fused needs ranks that address each other's buffers directly (ranks of one process "
                           "on one device, or on devices that reach each other's memory)");

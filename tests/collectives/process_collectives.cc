@@ -24,9 +24,10 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-// The fused AllReduce between processes (collectives/host_group.h): counts around the rank count
-// (empty slices), in place and not, several dtypes and ops, the same buffers again (mapped once)
-// and fresh ones. Each rank checks its whole output.
+// The fused collectives between processes (collectives/host_group.h): AllReduce with counts around
+// the rank count (empty slices), in place and not, several dtypes and ops, the same buffers again
+// (mapped once) and fresh ones; ReduceScatter, AllGather, Broadcast and Reduce in and out of
+// place. Each rank checks its whole output.
 int FusedMatrix(Communicator& comm, device::Stream& stream) {
   const int n = comm.size(), r = comm.rank();
   if (!comm.shape().direct) return Fail("the ranks of this host do not share buffers (shape.direct is false)");
@@ -84,6 +85,67 @@ int FusedMatrix(Communicator& comm, device::Stream& stream) {
           return Fail(fmt::format("{}: element {} is {}, expected {}", name, j, got, want));
       }
       ++cases;
+    }
+  }
+  // The other collectives fused runs, out of place and in place (NCCL's layout: AllGather's input
+  // is this rank's block of the output, ReduceScatter's output this rank's block of the input).
+  const int root = n - 1;
+  for (Collective coll : {Collective::kReduceScatter, Collective::kAllGather, Collective::kBroadcast,
+                          Collective::kReduce}) {
+    for (bool in_place : {false, true}) {
+      for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{10007}}) {
+        const DataType t = DataType::kFloat32;
+        const ReduceOp op = ReduceOp::kSum;
+        collectives::CollectiveRequest req{coll, n, count, t, op, root, in_place};
+        const uint64_t in = req.input_count(), out = req.output_count();
+        uint8_t* abase = static_cast<uint8_t*>((*a)->data());
+        uint8_t* src = abase;
+        uint8_t* dst = static_cast<uint8_t*>((*b)->data());
+        if (in_place) {
+          if (coll == Collective::kAllGather) dst = abase, src = abase + static_cast<uint64_t>(r) * count * 4;
+          else if (coll == Collective::kReduceScatter) dst = abase + static_cast<uint64_t>(r) * count * 4;
+          else dst = src;
+        }
+        for (uint64_t i = 0; i < in; ++i) StoreValue(h, i, t, static_cast<double>(InputValue(op, r, i)));
+        Status s = stream.Copy(src, h, in * 4);
+        if (s.ok()) {
+          switch (coll) {
+            case Collective::kReduceScatter:
+              s = comm.ReduceScatter(src, dst, count, t, op, stream, options);
+              break;
+            case Collective::kAllGather:
+              s = comm.AllGather(src, dst, count, t, stream, options);
+              break;
+            case Collective::kBroadcast:
+              s = comm.Broadcast(src, dst, count, t, root, stream, options);
+              break;
+            default:
+              s = comm.Reduce(src, dst, count, t, op, root, stream, options);
+              break;
+          }
+        }
+        const std::string name = fmt::format("fused {} on rank {} of {}", req.ToString(), r, n);
+        if (s.ok()) s = stream.Synchronize();
+        if (s.ok()) s = comm.AsyncError();
+        if (s.ok()) s = stream.Copy(h, dst, out * 4);
+        if (s.ok()) s = stream.Synchronize();
+        if (!s.ok()) return Fail(name + ": " + s.ToString());
+        if (coll == Collective::kReduce && r != root) {
+          ++cases;
+          continue;
+        }
+        for (uint64_t j = 0; j < out; ++j) {
+          double want = 0;
+          if (coll == Collective::kReduceScatter) want = Reduced(op, n, static_cast<uint64_t>(r) * count + j, t);
+          else if (coll == Collective::kAllGather)
+            want = static_cast<double>(InputValue(op, static_cast<int>(j / count), j % count));
+          else if (coll == Collective::kBroadcast) want = static_cast<double>(InputValue(op, root, j));
+          else want = Reduced(op, n, j, t);
+          const double got = LoadValue(h, j, t);
+          if (!Matches(got, want, t, op)) return Fail(fmt::format("{}: element {} is {}, expected {}", name, j, got, want));
+        }
+        ++cases;
+      }
     }
   }
   std::printf("rank %d of %d: %d fused cases ok\n", r, n, cases);

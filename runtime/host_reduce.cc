@@ -274,6 +274,51 @@ Status HostReduce(void* dst, std::span<const void* const> srcs, size_t count, Da
   return Status::Ok();
 }
 
+Status HostReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count, DataType type,
+                       ReduceOp op) {
+  if (dsts.empty()) return InvalidArgument("reduce needs at least one output");
+  if (dsts.size() == 1 || count == 0) return HostReduce(dsts[0], srcs, count, type, op);
+  if (!IsValid(type)) return InvalidArgument(fmt::format("invalid data type {}", static_cast<int>(type)));
+  if (!IsValid(op)) return InvalidArgument(fmt::format("invalid reduce op {}", static_cast<int>(op)));
+  if (srcs.empty()) return InvalidArgument("reduce needs at least one input");
+  const size_t esize = DataTypeSize(type);
+  if (count > SIZE_MAX / esize) return InvalidArgument(fmt::format("count {} overflows the address space", count));
+  const size_t bytes = count * esize;
+  for (size_t j = 0; j < dsts.size(); ++j) {
+    if (dsts[j] == nullptr) return InvalidArgument(fmt::format("reduce output {} is null", j));
+    for (size_t k = 0; k < srcs.size(); ++k) {
+      if (srcs[k] == nullptr) return InvalidArgument(fmt::format("reduce input {} is null", k));
+      if (srcs[k] != dsts[j] && Overlaps(srcs[k], bytes, dsts[j], bytes))
+        return InvalidArgument(fmt::format("reduce input {} partially overlaps output {}", k, j));
+    }
+    for (size_t i = 0; i < j; ++i)
+      if (Overlaps(dsts[i], bytes, dsts[j], bytes))
+        return InvalidArgument(fmt::format("reduce outputs {} and {} overlap", i, j));
+  }
+  // Blocks small enough that the reduced block is still in L1 when it is copied out. Each block is
+  // reduced before it is copied, and no block is visited twice, so an output that is also an
+  // input (in place) is only written after its block was read.
+  const size_t block = std::max<size_t>(kBlock, (size_t{8} << 10) / esize / kBlock * kBlock);
+  auto range = [&](size_t begin, size_t end) {
+    for (size_t b = begin; b < end; b += block) {
+      const size_t e = std::min(end, b + block);
+      HostReduceRange(dsts[0], srcs, b, e, type, op);
+      const auto* from = static_cast<const uint8_t*>(dsts[0]) + b * esize;
+      for (size_t j = 1; j < dsts.size(); ++j)
+        std::memcpy(static_cast<uint8_t*>(dsts[j]) + b * esize, from, (e - b) * esize);
+    }
+  };
+  const size_t touched = bytes * (srcs.size() + dsts.size());
+  if (touched < kParallelBytes) {
+    range(0, count);
+    return Status::Ok();
+  }
+  const size_t grain = std::max<size_t>(block, kTaskBytes / (esize * (srcs.size() + dsts.size())) / block * block);
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, count, grain),
+                    [&](const tbb::blocked_range<size_t>& r) { range(r.begin(), r.end()); });
+  return Status::Ok();
+}
+
 // Multiversioned like HostReduceRange: the float16 conversions and the double divisions gain the
 // most from AVX2 / F16C.
 #if defined(__x86_64__)

@@ -22,6 +22,14 @@ namespace kizuna {
 // Validates and reduces. Large inputs are split across threads with oneTBB.
 Status HostReduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type, ReduceOp op);
 
+// The reduction written to every output of `dsts` (disjoint from each other; each may be exactly
+// one input, as in place), in one pass: a block is reduced into dsts[0] while the inputs stream
+// by, then copied from the cache into the other outputs, so memory sees each input read once
+// and each output written once (a reduce followed by copies would read dsts[0] back from memory
+// once per other output). Validates as HostReduce; large counts are split across threads.
+Status HostReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count, DataType type,
+                       ReduceOp op);
+
 // The same on one thread, without validation: the caller splits the range.
 void HostReduceRange(void* dst, std::span<const void* const> srcs, size_t begin, size_t end, DataType type,
                      ReduceOp op);

@@ -67,6 +67,33 @@ TEST(HostReduceTest, ParallelPathMatchesSerial) {
   EXPECT_EQ(par[n - 1], (n - 1) * 0.5 - double((n - 1) % 97) + 3.0);
 }
 
+TEST(HostReduceTest, MultiWritesEveryOutputInPlaceToo) {
+  // The fused AllReduce's shape: every rank's buffer is an input and an output (in place), and
+  // sizes on both sides of the threaded split.
+  for (size_t n : {size_t{5}, size_t{3000}, (size_t{1} << 20) + 7}) {
+    std::vector<std::vector<float>> bufs(3, std::vector<float>(n));
+    for (size_t r = 0; r < bufs.size(); ++r)
+      for (size_t i = 0; i < n; ++i) bufs[r][i] = static_cast<float>((i % 1000) * (r + 1));
+    std::vector<float> want(n);
+    for (size_t i = 0; i < n; ++i) want[i] = static_cast<float>((i % 1000) * 6);
+    const void* srcs[] = {bufs[0].data(), bufs[1].data(), bufs[2].data()};
+    void* dsts[] = {bufs[2].data(), bufs[0].data(), bufs[1].data()};
+    ASSERT_TRUE(HostReduceMulti(dsts, srcs, n, DataType::kFloat32, ReduceOp::kSum).ok());
+    for (size_t r = 0; r < bufs.size(); ++r) EXPECT_EQ(bufs[r], want) << "output " << r << ", n " << n;
+  }
+  std::vector<int32_t> a(100, 1), b(100, 2), x(100), y(100);
+  const void* srcs[] = {a.data(), b.data()};
+  void* outs[] = {x.data(), y.data()};
+  ASSERT_TRUE(HostReduceMulti(outs, srcs, 100, DataType::kInt32, ReduceOp::kMax).ok());
+  EXPECT_EQ(x, std::vector<int32_t>(100, 2));
+  EXPECT_EQ(y, std::vector<int32_t>(100, 2));
+  void* overlapping[] = {x.data(), x.data() + 1};
+  EXPECT_EQ(HostReduceMulti(overlapping, srcs, 50, DataType::kInt32, ReduceOp::kSum).code(),
+            StatusCode::kInvalidArgument);
+  void* partial[] = {x.data(), a.data() + 1};
+  EXPECT_EQ(HostReduceMulti(partial, srcs, 50, DataType::kInt32, ReduceOp::kSum).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(HostReduceTest, RejectsBadArguments) {
   float a[4] = {}, out[4] = {};
   const void* srcs[] = {a};

@@ -150,6 +150,7 @@ struct ReduceWork {
   size_t count;
   DataType type;
   ReduceOp op;
+  std::vector<void*> more_dsts = {};  // ReduceMulti: the other outputs, written in the same pass
 };
 struct ScaleWork {
   void* dst;
@@ -410,7 +411,11 @@ class StreamCore {
       } else if (auto* reduce = std::get_if<ReduceWork>(&op.work)) {
         const size_t read = reduce->count * DataTypeSize(reduce->type) * reduce->srcs.size();
         status = Throttled(read, s_.reduce_bytes_per_s, [&] {
-          return HostReduce(reduce->dst, reduce->srcs, reduce->count, reduce->type, reduce->op);
+          if (reduce->more_dsts.empty())
+            return HostReduce(reduce->dst, reduce->srcs, reduce->count, reduce->type, reduce->op);
+          std::vector<void*> dsts{reduce->dst};
+          dsts.insert(dsts.end(), reduce->more_dsts.begin(), reduce->more_dsts.end());
+          return HostReduceMulti(dsts, reduce->srcs, reduce->count, reduce->type, reduce->op);
         });
       } else if (auto* scale = std::get_if<ScaleWork>(&op.work)) {
         // The arithmetic unit's rate, like a reduce: bytes of input read.
@@ -448,6 +453,7 @@ class StreamCore {
       Status operator()(ReduceWork& w) const {
         const size_t bytes = w.count * DataTypeSize(w.type);
         KZ_RETURN_IF_ERROR(one(w.dst, bytes, "output"));
+        for (void*& dst : w.more_dsts) KZ_RETURN_IF_ERROR(one(dst, bytes, "output"));
         for (const void*& src : w.srcs) KZ_RETURN_IF_ERROR(one(src, bytes, "input"));
         return Status::Ok();
       }
@@ -591,6 +597,14 @@ class EmuStream final : public device::Stream {
 
   Status DoReduce(void* dst, std::span<const void* const> srcs, size_t count, DataType type, ReduceOp op) override {
     EnqueueNumbered(Op{ReduceWork{dst, std::vector<const void*>(srcs.begin(), srcs.end()), count, type, op}});
+    return Status::Ok();
+  }
+
+  // One pass writing every output (HostReduceMulti), instead of the default reduce-then-copy.
+  Status DoReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count, DataType type,
+                       ReduceOp op) override {
+    EnqueueNumbered(Op{ReduceWork{dsts[0], std::vector<const void*>(srcs.begin(), srcs.end()), count, type, op,
+                                  std::vector<void*>(dsts.begin() + 1, dsts.end())}});
     return Status::Ok();
   }
 

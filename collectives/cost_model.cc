@@ -651,6 +651,17 @@ void Model::Fused() {
       break;
   }
   const double traffic_bytes = copied * elem_;
+  // Small AllReduces between processes run on the calling thread through the shared pages: each
+  // rank copies its input in and reads every rank's copy (no launch, no stream, one rendezvous).
+  if (req_.collective == Collective::kAllReduce && count * elem_ <= static_cast<double>(shape_.direct_inline_bytes)) {
+    StageCost c;
+    c.alpha = k_.oneshot_us * 1e-6;
+    double copy = 0;
+    for (int r = 0; r < p_; ++r) copy = std::max(copy, copy_[static_cast<size_t>(r)]);
+    c.gamma = (p + 1) / 2 * count * elem_ * copy;
+    Add("one-shot through shared pages on the calling thread", c, 1);
+    return;
+  }
   StageCost worst;
   for (int r = 0; r < p_; ++r) {
     int sharing = 0;
@@ -659,7 +670,10 @@ void Model::Fused() {
           shape_.ranks[static_cast<size_t>(q)].device == shape_.ranks[static_cast<size_t>(r)].device)
         ++sharing;
     StageCost c;
-    c.alpha = launch_[static_cast<size_t>(r)] + k_.direct_rendezvous_us * 1e-6;
+    // Between processes whose memory the CPU reaches, the calling thread does the part itself
+    // (Executor::TryInline): two rendezvous through the shared pages, no launch.
+    c.alpha = shape_.direct_inline_bytes > 0 ? 2 * k_.oneshot_us * 1e-6
+                                             : launch_[static_cast<size_t>(r)] + k_.direct_rendezvous_us * 1e-6;
     c.gamma = static_cast<double>(sharing) * traffic_bytes * copy_[static_cast<size_t>(r)];
     if (c.total() > worst.total()) worst = c;
   }
@@ -812,7 +826,7 @@ Prediction Model::Run(Algorithm a) {
   return pred_;
 }
 
-constexpr std::array<CostConstantInfo, 9> kConstantTable = {{
+constexpr std::array<CostConstantInfo, 10> kConstantTable = {{
     {"unknown_link_latency_us", "us", "directconnect 8-byte one-way latency, 1.12-1.16 us (PERFORMANCE.md)",
      &CostConstants::unknown_link_latency_us},
     {"unknown_link_gbps", "GB/s", "directconnect single-copy bandwidth, 25.3 GB/s at 1 MiB (PERFORMANCE.md)",
@@ -831,6 +845,9 @@ constexpr std::array<CostConstantInfo, 9> kConstantTable = {{
      &CostConstants::staging_copy_max_gbps},
     {"direct_rendezvous_us", "us", "estimate, not measured yet: fused's two in-process rendezvous and stream sync",
      &CostConstants::direct_rendezvous_us},
+    {"oneshot_us", "us",
+     "one-shot AllReduce through shared pages between processes (HostGroup::OneShot), 2 ranks, 8 B, idle 2-core VM",
+     &CostConstants::oneshot_us},
 }};
 
 std::string Trim(std::string_view s) {

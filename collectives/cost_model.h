@@ -92,6 +92,10 @@ struct CostConstants {
   // device pass — two rendezvous of the ranks' executor threads in one process (condition
   // variables) and a stream synchronization before the ranks proceed.
   double direct_rendezvous_us = 20.0;
+  // A small AllReduce between processes run whole on the calling thread through shared pages
+  // (HostGroup::OneShot, CommShape::direct_inline_bytes): the copy in, one rendezvous, the reduce
+  // of every rank's copy. Measured with kizuna-bench, 2 processes, 8 B (docs/PERFORMANCE.md).
+  double oneshot_us = 3.0;
 };
 
 // One constant as documented: the table behind CostConstantsToString / ParseCostConstants.

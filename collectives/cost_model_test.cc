@@ -492,7 +492,7 @@ TEST(CostModelTest, ConstantsRoundTripAndOverride) {
   const CostConstants defaults;
   const std::string text = CostConstantsToString(defaults);
   EXPECT_NE(text.find("unknown_link_gbps=25"), std::string::npos) << text;
-  EXPECT_EQ(CostConstantTable().size(), 9u);
+  EXPECT_EQ(CostConstantTable().size(), 10u);
   auto back = ParseCostConstants(text);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(CostConstantsToString(*back), text);

@@ -159,6 +159,12 @@ class Executor {
   // work, with staging slots of `slot_bytes` (from slot_bytes_for). kAborted (nothing queued)
   // when the executor has failed or been aborted.
   Status Submit(std::vector<OperationMember> members, device::Stream& stream, size_t slot_bytes);
+  // A fused operation between processes whose device memory the CPU reaches runs at once on the
+  // calling thread when the executor and the caller's stream are idle (a small AllReduce through
+  // HostGroup::OneShot, the rest through the mapped buffers with the CPU doing this rank's part):
+  // no hand-off to the executor's or the stream's thread. True when it ran (its error, if it
+  // failed, fails the communicator as any operation's would); false: Submit it as usual.
+  Result<bool> TryInline(const std::vector<OperationMember>& members, device::Stream& stream);
 
   // Fails the current and queued operations with kAborted, releases held streams, closes the
   // connections. Returns promptly (does not wait for peers).

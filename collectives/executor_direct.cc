@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "collectives/executor_internal.h"
+#include "runtime/host_reduce.h"
 #include "runtime/logging.h"
 
 namespace kizuna::collectives {
@@ -24,8 +25,9 @@ std::pair<uint64_t, uint64_t> FusedSlice(uint64_t count, int n, int r) {
 
 // Enqueues rank `rank`'s part of a fused operation on `stream`, given every rank's buffers
 // (fused.cc says who does what).
-Status EnqueueDirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
-                         std::span<void* const> outputs, device::Stream& stream) {
+template <typename Sink>
+Status DirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
+                  std::span<void* const> outputs, Sink& stream) {
   const size_t elem = DataTypeSize(req.dtype);
   const auto n = static_cast<size_t>(req.nranks);
   const auto me = static_cast<size_t>(rank);
@@ -74,6 +76,30 @@ Status EnqueueDirectPart(const CollectiveRequest& req, int rank, std::span<const
     default:
       return Internal(fmt::format("fused does not run {}", req.ToString()));
   }
+}
+
+// Where a fused part goes: onto a device stream, or straight to the CPU (host-accessible memory,
+// run on the calling thread).
+struct HostSink {
+  Status ReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count, DataType type,
+                     ReduceOp op) {
+    return HostReduceMulti(dsts, srcs, count, type, op);
+  }
+  Status Copy(void* dst, const void* src, size_t bytes) {
+    HostCopy(dst, src, bytes);
+    return Status::Ok();
+  }
+};
+
+Status EnqueueDirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
+                         std::span<void* const> outputs, device::Stream& stream) {
+  return DirectPart(req, rank, inputs, outputs, stream);
+}
+
+Status HostDirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
+                      std::span<void* const> outputs) {
+  HostSink sink;
+  return DirectPart(req, rank, inputs, outputs, sink);
 }
 
 // The bytes of this rank's input and output that a fused operation touches (the root's buffer
@@ -273,9 +299,23 @@ Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
     group.Fail(f);
     return f;
   };
+  // Small AllReduces take the one-shot protocol wherever they run (TryInline ran them on the
+  // caller's thread when it could): the inputs are ready now, and the result is written by the
+  // CPU before the caller's stream is released.
+  if (group.UsesOneShot(req)) {
+    if (Status s = group.OneShot(op.seq, op.header.signature, req, m.input, m.output, deadline, abort_); !s.ok())
+      return failed(s);
+    std::unique_ptr<device::StreamHold> hold;
+    {
+      std::lock_guard lock(op.mu);
+      hold = std::move(op.hold);
+    }
+    if (hold) hold->Release();
+    return Status::Ok();
+  }
   const auto [in_bytes, out_bytes] = DirectBytes(req, rank);
-  auto buffers = group.Exchange(op.seq, op.header.signature, req.ToString(), m.input, in_bytes, m.output, out_bytes,
-                                deadline, abort_);
+  auto buffers = group.Exchange(op.seq, op.header.signature, req, m.input, in_bytes, m.output, out_bytes, deadline,
+                                abort_);
   if (!buffers.ok()) return failed(buffers.status());
   if (Status s = DirectStream(); !s.ok()) return failed(s);
   device::Stream& stream = *streams_[0];
@@ -289,6 +329,49 @@ Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
   }
   if (hold) hold->Release();
   return Status::Ok();
+}
+
+// ---- Executor::TryInline ----
+
+Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, device::Stream& stream) {
+  if (!options_.host_group || members.size() != 1) return false;
+  const OperationMember& m = members[0];
+  const CollectiveRequest& req = m.plan->request;
+  HostGroup& group = *options_.host_group;
+  if (m.plan->algorithm != Algorithm::kFused || !group.host_accessible() || !group.one_rank_per_process()) return false;
+  // The caller's stream must have nothing queued: then the inputs are ready now, and running the
+  // operation before returning orders it before whatever the caller enqueues next.
+  auto idle = stream.Query();
+  if (!idle.ok() || !*idle) return false;
+  Operation op;
+  op.members = members;
+  int channels = 0;
+  KZ_RETURN_IF_ERROR(FillHeader(op, &channels));
+  {
+    std::lock_guard lock(mu_);
+    if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
+    // Anything still queued or running goes first, on the executor's thread: not inline.
+    if (!queue_.empty() || pending_ > 0) return false;
+    op.seq = next_seq_++;
+  }
+  const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
+  Status s;
+  if (group.UsesOneShot(req)) {
+    s = group.OneShot(op.seq, op.header.signature, req, m.input, m.output, deadline, abort_);
+  } else {
+    // The same protocol as RunHostDirect, with the CPU doing this rank's part.
+    const auto [in_bytes, out_bytes] = DirectBytes(req, options_.rank);
+    auto buffers = group.Exchange(op.seq, op.header.signature, req, m.input, in_bytes, m.output, out_bytes, deadline,
+                                  abort_);
+    s = buffers.ok() ? HostDirectPart(req, options_.rank, buffers->inputs, buffers->outputs) : buffers.status();
+    if (s.ok()) s = group.Finish(op.seq, deadline, abort_);
+  }
+  if (!s.ok()) {
+    s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, options_.rank, req.ToString()));
+    Fail(s);
+    return s;
+  }
+  return true;
 }
 
 }  // namespace kizuna::collectives

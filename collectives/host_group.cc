@@ -12,9 +12,11 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
+#include <type_traits>
 
 #include <fmt/format.h>
 
+#include "runtime/host_reduce.h"
 #include "runtime/logging.h"
 
 namespace kizuna::collectives {
@@ -32,24 +34,33 @@ struct SharedRegion {
   uint64_t bytes;        // the buffer's size
 };
 
+// What a rank's op-th host-group operation was (op % 2 picks the slot): a peer that reads the
+// slot checks that it holds the operation it expects before it trusts the data next to it.
+struct SlotHeader {
+  uint64_t seq;        // the operation's number (0: none yet)
+  uint64_t signature;  // its header signature
+  uint32_t one_shot;   // 1: its data is in the slot (OneShot); 0: in the regions (Exchange)
+  CollectiveRequest request;
+};
+
 struct HostGroupPage {
-  alignas(64) std::atomic<uint64_t> arrived;  // the last operation whose regions are published
+  alignas(64) std::atomic<uint64_t> arrived;  // the last operation whose slot / regions are published
   alignas(64) std::atomic<uint64_t> finished;  // the last operation whose device work is done
   alignas(64) std::atomic<uint32_t> bell;      // futex word: bumped at every change
   std::atomic<uint32_t> sleepers;              // ranks sleeping on `bell`
   std::atomic<uint32_t> failed;                // nonzero once `failure` is written
-  uint64_t signature;
-  SharedRegion regions[2];  // input, output
-  char call[200];
+  SlotHeader slots[2];
+  SharedRegion regions[2];  // input, output (Exchange)
   char failure[600];
+  alignas(64) uint8_t data[2][HostGroup::kInlineBytes];  // OneShot: the inputs
 };
-static_assert(sizeof(HostGroupPage) <= 4096);
+static_assert(std::is_trivially_copyable_v<CollectiveRequest>);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the page's atomics must be lock-free to work across processes");
 
 namespace {
 
-constexpr size_t kPageBytes = 4096;
+constexpr size_t kPageBytes = (sizeof(HostGroupPage) + 4095) / 4096 * 4096;
 // Imports kept per group before the least recently used ones are dropped (a buffer freed by its
 // owner stays mapped here until then).
 constexpr size_t kMaxImportsPerRank = 16;
@@ -68,6 +79,7 @@ struct Hello {  // what each rank allgathers at creation
   int32_t pid;
   int32_t fd;         // its page; -1 when it has none (the reason follows in the verdicts)
   char backend[48];   // its device's backend: imports need one backend on every rank
+  int32_t host_accessible;  // the CPU reaches its device memory (OneShot needs every rank's to)
 };
 
 bool ProcessEnded(int pidfd) {
@@ -92,7 +104,7 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
   // Step 1: this rank's page. A failure here is still reported through the allgathers below, so
   // every rank learns it and none waits for the others.
   Status local;
-  Hello hello{static_cast<int32_t>(::getpid()), -1, {}};
+  Hello hello{static_cast<int32_t>(::getpid()), -1, {}, device.properties().host_accessible ? 1 : 0};
   CopyString(hello.backend, sizeof(hello.backend), device.properties().backend);
   if (!device.properties().export_fd) {
     local = NotSupported(fmt::format("{} does not export its memory as file descriptors", device.label()));
@@ -127,6 +139,9 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
       local = NotSupported(fmt::format("rank {} has a {} device, rank {} a {} device", q, h.backend, rank, hello.backend));
       break;
     }
+    if (!h.host_accessible) g->one_shot_ = false;
+    for (int o = 0; o < q; ++o)
+      if (g->peers_[static_cast<size_t>(o)].pid == h.pid) g->one_rank_per_process_ = false;
     if (h.fd < 0) {
       local = NotSupported(fmt::format("rank {} could not create its page", q));
       break;
@@ -268,13 +283,22 @@ void HostGroup::Evict(uint64_t seq) {
   }
 }
 
-Result<HostGroup::Buffers> HostGroup::Exchange(uint64_t seq, uint64_t signature, std::string_view call,
+Status HostGroup::Mismatch(int q, uint64_t seq, const CollectiveRequest& request, int slot) const {
+  const HostGroupPage& p = *peers_[static_cast<size_t>(q)].page;
+  const SlotHeader& h = p.slots[slot];
+  return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at operation {}: {}; rank {} is at "
+                                     "operation {}: {}{}",
+                                     rank_, seq, request.ToString(), q, h.seq, h.request.ToString(),
+                                     h.seq == seq ? " (run another way: the ranks disagree on the algorithm)" : ""));
+}
+
+Result<HostGroup::Buffers> HostGroup::Exchange(uint64_t seq, uint64_t signature, const CollectiveRequest& request,
                                                const void* input, uint64_t input_bytes, const void* output,
                                                uint64_t output_bytes, Deadline deadline,
                                                const std::atomic<bool>& abort) {
   HostGroupPage& me = mine();
-  me.signature = signature;
-  CopyString(me.call, sizeof(me.call), call);
+  const int slot = static_cast<int>(ops_++ % 2);
+  me.slots[slot] = SlotHeader{seq, signature, 0, request};
   KZ_RETURN_IF_ERROR(PublishRegion(0, input, input_bytes).WithContext("the fused collective's input"));
   KZ_RETURN_IF_ERROR(PublishRegion(1, output, output_bytes).WithContext("the fused collective's output"));
   me.arrived.store(seq, std::memory_order_release);
@@ -289,12 +313,8 @@ Result<HostGroup::Buffers> HostGroup::Exchange(uint64_t seq, uint64_t signature,
       continue;
     }
     KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kArrive, deadline, abort));
-    HostGroupPage& p = *peers_[static_cast<size_t>(q)].page;
-    const uint64_t at = p.arrived.load(std::memory_order_acquire);
-    if (at != seq || p.signature != signature)
-      return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at operation {}: {}; rank {} is "
-                                         "at operation {}: {}",
-                                         rank_, seq, call, q, at, std::string(p.call, strnlen(p.call, sizeof(p.call)))));
+    const SlotHeader& h = peers_[static_cast<size_t>(q)].page->slots[slot];
+    if (h.seq != seq || h.signature != signature || h.one_shot != 0) return Mismatch(q, seq, request, slot);
     KZ_ASSIGN_OR_RETURN(uint8_t * in, Resolve(q, 0, seq));
     KZ_ASSIGN_OR_RETURN(uint8_t * out, Resolve(q, 1, seq));
     b.inputs[static_cast<size_t>(q)] = in;
@@ -309,6 +329,36 @@ Status HostGroup::Finish(uint64_t seq, Deadline deadline, const std::atomic<bool
   for (int q = 0; q < nranks_; ++q)
     if (q != rank_) KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kFinish, deadline, abort));
   return Status::Ok();
+}
+
+}  // namespace kizuna::collectives
+
+namespace kizuna::collectives {
+
+Status HostGroup::OneShot(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input,
+                          void* output, Deadline deadline, const std::atomic<bool>& abort) {
+  const uint64_t bytes = request.count * DataTypeSize(request.dtype);
+  if (request.collective != Collective::kAllReduce || bytes > kInlineBytes)
+    return Internal(fmt::format("one-shot cannot run {}", request.ToString()));
+  HostGroupPage& me = mine();
+  const int slot = static_cast<int>(ops_++ % 2);
+  // The slot is free: every peer has arrived at this rank's previous operation (this rank waited
+  // for that), so each has read the operation before it, the last one to use this slot.
+  if (bytes > 0) std::memcpy(me.data[slot], input, bytes);
+  me.slots[slot] = SlotHeader{seq, signature, 1, request};
+  me.arrived.store(seq, std::memory_order_release);
+  Ring();
+  std::vector<const void*> srcs(static_cast<size_t>(nranks_));
+  for (int q = 0; q < nranks_; ++q) {
+    srcs[static_cast<size_t>(q)] = peers_[static_cast<size_t>(q)].page->data[slot];
+    if (q == rank_) continue;
+    KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kArrive, deadline, abort));
+    const SlotHeader& h = peers_[static_cast<size_t>(q)].page->slots[slot];
+    if (h.seq != seq || h.signature != signature || h.one_shot != 1) return Mismatch(q, seq, request, slot);
+  }
+  // A peer may move on to its next operation meanwhile; it writes the other slot, and cannot get
+  // further before this rank arrives there too.
+  return HostReduce(output, srcs, request.count, request.dtype, request.op);
 }
 
 }  // namespace kizuna::collectives

@@ -11,6 +11,9 @@
 // buffers), does its part of the pass, and waits for every rank to have finished before its
 // caller's stream goes on (the others write into its output until then).
 //
+// Small AllReduces skip the mapping and the device: each rank copies its input into its page and
+// reduces every rank's copy into its output on the calling thread (OneShot).
+//
 // Waiting spins briefly, then yields, then sleeps on a futex in the page it waits on (the owner
 // wakes sleepers when it publishes), so that ranks oversubscribing the cores give them up. Every
 // wait has the operation's deadline, sees the communicator's abort flag, notices a peer that
@@ -29,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/plan.h"
 #include "runtime/deadline.h"
 #include "runtime/device/device.h"
 #include "runtime/status.h"
@@ -67,12 +71,35 @@ class HostGroup {
   // another signature or is at another operation; kTimeout at the deadline naming the ranks that
   // never came; kAborted when `abort` is set or a rank failed (with its reason); kRemoteError
   // when a rank's process ended.
-  Result<Buffers> Exchange(uint64_t seq, uint64_t signature, std::string_view call, const void* input,
+  Result<Buffers> Exchange(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input,
                            uint64_t input_bytes, const void* output, uint64_t output_bytes, Deadline deadline,
                            const std::atomic<bool>& abort);
   // This rank's device work for `seq` is complete; waits until every rank's is. Errors as
   // Exchange.
   Status Finish(uint64_t seq, Deadline deadline, const std::atomic<bool>& abort);
+  // A small AllReduce whole, on the calling thread, through the pages (no mapping, no device
+  // stream): the CPU copies [input, + count) into this rank's slot, waits until every rank's slot
+  // holds operation `seq`, and reduces all slots into `output` in rank order (the result does not
+  // depend on who computes it). Two slots alternate, so no second rendezvous is needed: a rank
+  // can only overwrite a slot once every rank has arrived at the operation after the one that
+  // used it. For host-addressable buffers of at most kInlineBytes; errors as Exchange.
+  static constexpr size_t kInlineBytes = 16 << 10;
+  // Whether an operation goes through OneShot (every rank decides alike: the request and the
+  // group's properties only): AllReduces up to kInlineBytes when every rank's CPU reaches its
+  // device memory. The others go through Exchange.
+  bool UsesOneShot(const CollectiveRequest& request) const {
+    return one_shot_ && request.collective == Collective::kAllReduce &&
+           request.count * DataTypeSize(request.dtype) <= kInlineBytes;
+  }
+  size_t one_shot_bytes() const { return one_shot_ ? kInlineBytes : 0; }
+  // Every rank's device memory is host accessible: the CPU may do the fused parts itself.
+  bool host_accessible() const { return one_shot_; }
+  // Every rank is in a process of its own. Only then may a call block its thread until the other
+  // ranks have called too (Executor::TryInline): a thread that drives several ranks in turn
+  // would wait for itself.
+  bool one_rank_per_process() const { return one_rank_per_process_; }
+  Status OneShot(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input, void* output,
+                 Deadline deadline, const std::atomic<bool>& abort);
   // This rank failed: every other rank's wait, now and later, fails with `why`.
   void Fail(const Status& why);
 
@@ -104,12 +131,19 @@ class HostGroup {
   // Fills this rank's region `which` (0 input, 1 output) of its page.
   Status PublishRegion(int which, const void* ptr, uint64_t bytes);
   void Evict(uint64_t seq);
+  // The mismatch error when rank q's slot does not hold operation `seq` as this rank calls it.
+  Status Mismatch(int q, uint64_t seq, const CollectiveRequest& request, int slot) const;
 
   const int rank_, nranks_;
   device::Device& device_;
   UniqueFd page_fd_;  // this rank's page
   std::vector<Peer> peers_;
   std::map<std::pair<int, uint64_t>, Import> imports_;  // (rank, serial) -> mapping; executor thread only
+  // Host-group operations so far (Exchange and OneShot): their parity picks the slot. Touched by
+  // one thread at a time (the executor's, or the caller's when the executor is idle).
+  uint64_t ops_ = 0;
+  bool one_shot_ = true;              // every rank's device memory is host accessible
+  bool one_rank_per_process_ = true;  // no two ranks share a pid
 };
 
 }  // namespace kizuna::collectives

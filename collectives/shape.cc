@@ -120,6 +120,7 @@ std::vector<uint8_t> CommShape::Serialize() const {
     w.F64(l.gbps);
   }
   w.U32(direct ? 1u : 0u);
+  w.U32(static_cast<uint32_t>(std::min<uint64_t>(direct_inline_bytes, UINT32_MAX)));
   return std::move(w.bytes);
 }
 
@@ -145,6 +146,9 @@ Result<CommShape> CommShape::Deserialize(const std::vector<uint8_t>& bytes) {
   uint32_t direct = 0;
   if (!r.U32(&direct)) return InvalidArgument("shape: truncated (no direct-access flag)");
   s.direct = direct != 0;
+  uint32_t inline_bytes = 0;
+  if (!r.U32(&inline_bytes)) return InvalidArgument("shape: truncated (no inline size)");
+  s.direct_inline_bytes = inline_bytes;
   if (!r.done()) return InvalidArgument("shape: trailing bytes");
   KZ_RETURN_IF_ERROR(s.Validate());
   return s;

@@ -41,6 +41,9 @@ struct CommShape {
   // ranks live in one process, on one device or on devices whose memory the others reach): the
   // single-host direct algorithms (fused) apply.
   bool direct = false;
+  // With `direct` across processes (collectives/host_group.h): AllReduces up to this many bytes
+  // run whole on the calling thread through shared pages (HostGroup::OneShot); 0: never.
+  uint64_t direct_inline_bytes = 0;
   // In-network aggregation (collectives/ina/layout.h): the layout of the job's aggregation
   // devices, which are ranks nranks..nranks+ina->aggregators-1 of the transport (not of the
   // communicator); null without any. Not serialized: every rank derives the same layout from the

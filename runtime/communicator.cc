@@ -160,6 +160,8 @@ Status Communicator::Launch(std::vector<Call> calls) {
     total = used;
     slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
   }
+  KZ_ASSIGN_OR_RETURN(const bool ran, executor_->TryInline(members, *stream));
+  if (ran) return Status::Ok();
   return executor_->Submit(std::move(members), *stream, slot_bytes);
 }
 

@@ -343,6 +343,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
     for (int b = 0; b < c->size_; ++b)
       if (a == b || !shape.link(a, b).reachable || !shape.link(b, a).reachable) shape.link(a, b).reachable = false;
   shape.direct = direct != nullptr || host_group != nullptr;
+  if (host_group) shape.direct_inline_bytes = host_group->one_shot_bytes();
   shape.ina = layout;
   KZ_RETURN_IF_ERROR(shape.Validate());
   c->shape_ = std::move(shape);

@@ -164,7 +164,18 @@ class Executor {
   // HostGroup::OneShot, the rest through the mapped buffers with the CPU doing this rank's part):
   // no hand-off to the executor's or the stream's thread. True when it ran (its error, if it
   // failed, fails the communicator as any operation's would); false: Submit it as usual.
-  Result<bool> TryInline(const std::vector<OperationMember>& members, device::Stream& stream);
+  // `host_memory`: the buffers are plain host memory (TakesHostMemory): the operation must run
+  // here, so this waits for the caller's stream and the executor to be idle, and fails when the
+  // plan is not fused.
+  Result<bool> TryInline(const std::vector<OperationMember>& members, device::Stream& stream,
+                         bool host_memory = false);
+  // Calls may pass plain host memory (malloc): the communicator's ranks are processes of one host
+  // sharing buffers, and the CPU reaches their device memory, so fused operations run on the
+  // calling thread (TryInline) with host buffers bounced through the device's memory.
+  bool TakesHostMemory() const {
+    return options_.host_group && options_.host_group->host_accessible() &&
+           options_.host_group->one_rank_per_process();
+  }
 
   // Fails the current and queued operations with kAborted, releases held streams, closes the
   // connections. Returns promptly (does not wait for peers).

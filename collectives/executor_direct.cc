@@ -4,6 +4,9 @@
 // that slice of every rank's output with one device operation, waits for it, and waits for every
 // other rank to have done the same before its held stream continues (another rank writes into
 // this rank's output until then).
+#include <chrono>
+#include <thread>
+
 #include <fmt/format.h>
 
 #include "collectives/executor_internal.h"
@@ -333,7 +336,31 @@ Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
 
 // ---- Executor::TryInline ----
 
-Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, device::Stream& stream) {
+Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, device::Stream& stream,
+                                 bool host_memory) {
+  if (host_memory) {
+    if (!TakesHostMemory()) return InvalidArgument("this communicator does not take plain host memory");
+    if (members.size() != 1)
+      return InvalidArgument("plain host memory in a group of several calls: call them one by one");
+    if (members[0].plan->algorithm != Algorithm::kFused)
+      return InvalidArgument(fmt::format("{} with plain host memory runs only as fused (the algorithm asked for or "
+                                         "chosen is {})",
+                                         members[0].plan->request.ToString(),
+                                         AlgorithmName(members[0].plan->algorithm)));
+    // Wait for earlier work on the stream and in the executor: then it runs here.
+    const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
+    KZ_RETURN_IF_ERROR(stream.Synchronize(deadline));
+    while (true) {
+      {
+        std::lock_guard lock(mu_);
+        if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
+        if (queue_.empty() && pending_ == 0) break;
+      }
+      if (deadline.Expired())
+        return Timeout("earlier operations of this communicator did not finish by the deadline");
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
   if (!options_.host_group || members.size() != 1) return false;
   const OperationMember& m = members[0];
   const CollectiveRequest& req = m.plan->request;
@@ -342,7 +369,10 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
   // The caller's stream must have nothing queued: then the inputs are ready now, and running the
   // operation before returning orders it before whatever the caller enqueues next.
   auto idle = stream.Query();
-  if (!idle.ok() || !*idle) return false;
+  if (!idle.ok() || !*idle) {
+    if (host_memory) return idle.ok() ? Internal("the caller's stream is busy again") : idle.status();
+    return false;
+  }
   Operation op;
   op.members = members;
   int channels = 0;
@@ -351,7 +381,10 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     std::lock_guard lock(mu_);
     if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
     // Anything still queued or running goes first, on the executor's thread: not inline.
-    if (!queue_.empty() || pending_ > 0) return false;
+    if (!queue_.empty() || pending_ > 0) {
+      if (host_memory) return Internal("another thread submitted work to this communicator meanwhile");
+      return false;
+    }
     op.seq = next_seq_++;
   }
   const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
@@ -362,9 +395,10 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     // The same protocol as RunHostDirect, with the CPU doing this rank's part.
     const auto [in_bytes, out_bytes] = DirectBytes(req, options_.rank);
     auto buffers = group.Exchange(op.seq, op.header.signature, req, m.input, in_bytes, m.output, out_bytes, deadline,
-                                  abort_);
+                                  abort_, host_memory);
     s = buffers.ok() ? HostDirectPart(req, options_.rank, buffers->inputs, buffers->outputs) : buffers.status();
     if (s.ok()) s = group.Finish(op.seq, deadline, abort_);
+    if (s.ok() && buffers->copy_out != nullptr) HostCopy(m.output, buffers->copy_out, out_bytes);
   }
   if (!s.ok()) {
     s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, options_.rank, req.ToString()));

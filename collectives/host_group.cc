@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -295,10 +296,26 @@ Status HostGroup::Mismatch(int q, uint64_t seq, const CollectiveRequest& request
 Result<HostGroup::Buffers> HostGroup::Exchange(uint64_t seq, uint64_t signature, const CollectiveRequest& request,
                                                const void* input, uint64_t input_bytes, const void* output,
                                                uint64_t output_bytes, Deadline deadline,
-                                               const std::atomic<bool>& abort) {
+                                               const std::atomic<bool>& abort, bool host_memory) {
   HostGroupPage& me = mine();
   const int slot = static_cast<int>(ops_++ % 2);
   me.slots[slot] = SlotHeader{seq, signature, 0, request};
+  const void* local_input = input;
+  void* local_output = const_cast<void*>(output);
+  if (host_memory) {
+    // Bounce allocations, grown to a power of two so that a sweep of sizes maps a few of them.
+    for (int which : {0, 1}) {
+      const uint64_t bytes = which == 0 ? input_bytes : output_bytes;
+      if (bytes == 0 || (bounce_[which] && bounce_[which]->size() >= bytes)) continue;
+      bounce_[which].reset();
+      KZ_ASSIGN_OR_RETURN(bounce_[which], device_.Allocate(std::bit_ceil(bytes)));
+    }
+    if (input_bytes > 0) {
+      HostCopy(bounce_[0]->data(), input, input_bytes);
+      input = bounce_[0]->data();
+    }
+    if (output_bytes > 0) output = local_output = bounce_[1]->data();
+  }
   KZ_RETURN_IF_ERROR(PublishRegion(0, input, input_bytes).WithContext("the fused collective's input"));
   KZ_RETURN_IF_ERROR(PublishRegion(1, output, output_bytes).WithContext("the fused collective's output"));
   me.arrived.store(seq, std::memory_order_release);
@@ -308,8 +325,8 @@ Result<HostGroup::Buffers> HostGroup::Exchange(uint64_t seq, uint64_t signature,
   b.outputs.resize(static_cast<size_t>(nranks_));
   for (int q = 0; q < nranks_; ++q) {
     if (q == rank_) {
-      b.inputs[static_cast<size_t>(q)] = input;
-      b.outputs[static_cast<size_t>(q)] = const_cast<void*>(output);
+      b.inputs[static_cast<size_t>(q)] = local_input;
+      b.outputs[static_cast<size_t>(q)] = local_output;
       continue;
     }
     KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kArrive, deadline, abort));
@@ -320,6 +337,7 @@ Result<HostGroup::Buffers> HostGroup::Exchange(uint64_t seq, uint64_t signature,
     b.inputs[static_cast<size_t>(q)] = in;
     b.outputs[static_cast<size_t>(q)] = out;
   }
+  if (host_memory && output_bytes > 0) b.copy_out = local_output;
   return b;
 }
 

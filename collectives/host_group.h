@@ -64,6 +64,9 @@ class HostGroup {
   struct Buffers {
     std::vector<const void*> inputs;
     std::vector<void*> outputs;
+    // With host memory: where this rank's result lands (its bounce buffer, which the peers
+    // write); the caller copies it to its own output after Finish. Null otherwise.
+    const void* copy_out = nullptr;
   };
   // Publishes this rank's buffers for operation `seq` ([input, + input_bytes) and [output, +
   // output_bytes), either may be empty) with the operation's signature and call, and waits until
@@ -71,9 +74,13 @@ class HostGroup {
   // another signature or is at another operation; kTimeout at the deadline naming the ranks that
   // never came; kAborted when `abort` is set or a rank failed (with its reason); kRemoteError
   // when a rank's process ended.
+  // `host_memory`: the buffers are plain host memory of this process (malloc), which no peer can
+  // map: the input is copied into a bounce allocation of this device that the peers map instead,
+  // and they write this rank's result into another (Buffers::copy_out). Only on the calling
+  // thread of a group whose CPU reaches the device memory.
   Result<Buffers> Exchange(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input,
                            uint64_t input_bytes, const void* output, uint64_t output_bytes, Deadline deadline,
-                           const std::atomic<bool>& abort);
+                           const std::atomic<bool>& abort, bool host_memory = false);
   // This rank's device work for `seq` is complete; waits until every rank's is. Errors as
   // Exchange.
   Status Finish(uint64_t seq, Deadline deadline, const std::atomic<bool>& abort);
@@ -142,6 +149,8 @@ class HostGroup {
   // Host-group operations so far (Exchange and OneShot): their parity picks the slot. Touched by
   // one thread at a time (the executor's, or the caller's when the executor is idle).
   uint64_t ops_ = 0;
+  // Exchange's bounce allocations for host memory (input, output), grown on demand.
+  std::unique_ptr<device::Buffer> bounce_[2];
   bool one_shot_ = true;              // every rank's device memory is host accessible
   bool one_rank_per_process_ = true;  // no two ranks share a pid
 };

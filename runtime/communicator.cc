@@ -127,6 +127,8 @@ Result<std::string> Communicator::ExplainChoice(Collective collective, size_t co
 // ---------------------------------------------------------------------------------------------
 // Calls
 
+bool Communicator::TakesHostMemory() const { return executor_ && executor_->TakesHostMemory(); }
+
 Status Communicator::Launch(std::vector<Call> calls) {
   // One operation: every call of this communicator, with staging slots sized for all channels.
   device::Stream* stream = calls[0].stream;
@@ -134,6 +136,17 @@ Status Communicator::Launch(std::vector<Call> calls) {
     if (c.stream != stream)
       return InvalidArgument("a group uses two different streams for one communicator; use one stream per "
                              "communicator within a group");
+  // Plain host memory (CheckBuffer let it through: TakesHostMemory): the call runs fused on this
+  // thread (Executor::TryInline).
+  bool host_memory = false;
+  for (Call& c : calls) {
+    const size_t elem = DataTypeSize(c.request.dtype);
+    const uint64_t in = c.request.input_count() * elem, out = c.request.output_count() * elem;
+    const bool host = (c.input != nullptr && in > 0 && !device_->Addressable(c.input, in)) ||
+                      (c.output != nullptr && out > 0 && !device_->Addressable(c.output, out));
+    if (host && !c.options.algorithm) c.options.algorithm = collectives::Algorithm::kFused;
+    host_memory = host_memory || host;
+  }
   std::vector<int> channels;
   int total = 0;
   for (const Call& c : calls) {
@@ -160,7 +173,7 @@ Status Communicator::Launch(std::vector<Call> calls) {
     total = used;
     slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
   }
-  KZ_ASSIGN_OR_RETURN(const bool ran, executor_->TryInline(members, *stream));
+  KZ_ASSIGN_OR_RETURN(const bool ran, executor_->TryInline(members, *stream, host_memory));
   if (ran) return Status::Ok();
   return executor_->Submit(std::move(members), *stream, slot_bytes);
 }
@@ -223,9 +236,11 @@ Status CheckBuffer(const Communicator& comm, std::string_view what, std::string_
   const size_t elem = DataTypeSize(type);
   if (count > SIZE_MAX / elem) return InvalidArgument(fmt::format("{}: {} elements overflow", what, count));
   if (p == nullptr) return InvalidArgument(fmt::format("{}: {} is null with {} elements", what, name, count));
-  if (!comm.device().Addressable(p, count * elem))
-    return InvalidArgument(fmt::format("{}: {} [{}, +{} bytes) is not memory of {}", what, name, p, count * elem,
-                                       comm.device().label()));
+  if (!comm.device().Addressable(p, count * elem) && !comm.TakesHostMemory())
+    return InvalidArgument(fmt::format("{}: {} [{}, +{} bytes) is not memory of {} (plain host memory is taken only "
+                                       "by communicators of one rank per process on one host whose devices the CPU "
+                                       "reaches)",
+                                       what, name, p, count * elem, comm.device().label()));
   return Status::Ok();
 }
 

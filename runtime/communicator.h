@@ -174,6 +174,11 @@ class Communicator {
   // layout's workers are its aggregation devices. They are not ranks of the communicator (size()
   // counts the workers) and make no calls: true here, they run ServeAggregation instead.
   bool aggregation_device() const { return aggregation_device_; }
+  // Calls may pass plain host memory (malloc), as MPI and Gloo users do: true when the ranks are
+  // processes of one host sharing buffers (one rank each) and the CPU reaches their devices'
+  // memory. Such calls run fused on the calling thread (they return when done); AllReduce,
+  // ReduceScatter, AllGather, Broadcast and Reduce only.
+  bool TakesHostMemory() const;
   // An aggregation device's life: runs the INA operations the workers start, as their headers
   // arrive, until the job ends (kUnavailable: every worker closed its connections) or fails (a
   // worker died mid-operation, an abort), and returns why; `served` counts the operations.

@@ -2,7 +2,8 @@
 // every collective through every algorithm that serves it, float32 and bfloat16, a count no rank
 // count divides. Each rank checks its own results (world.h's reference) and exits non-zero on the
 // first wrong element or error, naming it. `fused` runs the fused AllReduce between processes
-// over many shapes; `fused-abort R` and `fused-exit R` take rank R out of a fused call.
+// over many shapes; `host` passes plain host memory (malloc); `fused-abort R` and `fused-exit R`
+// take rank R out of a fused call.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -187,6 +188,77 @@ int FusedFault(Communicator& comm, device::Stream& stream, const std::string& ho
   return 0;
 }
 
+// Plain host memory (malloc), as MPI and Gloo users pass it: AllReduce through the one-shot and
+// the bounced fused path, in place and not, and the other fused collectives; AllToAll, which fused
+// does not serve, is refused naming why.
+int HostMemory(Communicator& comm, device::Stream& stream) {
+  const int n = comm.size(), r = comm.rank();
+  if (!comm.TakesHostMemory()) return Fail("the communicator does not take host memory");
+  int cases = 0;
+  const int root = n - 1;
+  for (Collective coll : {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
+                          Collective::kBroadcast, Collective::kReduce}) {
+    for (bool in_place : {false, true}) {
+      for (uint64_t count : {uint64_t{0}, uint64_t{7}, uint64_t{5000}, uint64_t{1} << 20}) {
+        const DataType t = DataType::kFloat32;
+        const ReduceOp op = ReduceOp::kSum;
+        collectives::CollectiveRequest req{coll, n, count, t, op, root, in_place};
+        const uint64_t in = req.input_count(), out = req.output_count();
+        std::vector<float> a(std::max<uint64_t>(in, out) * static_cast<uint64_t>(n) + 1),
+            b(std::max<uint64_t>(out, 1));
+        float* src = a.data();
+        float* dst = b.data();
+        if (in_place) {
+          if (coll == Collective::kAllGather) dst = a.data(), src = a.data() + static_cast<uint64_t>(r) * count;
+          else if (coll == Collective::kReduceScatter) dst = a.data() + static_cast<uint64_t>(r) * count;
+          else dst = src;
+        }
+        for (uint64_t i = 0; i < in; ++i) src[i] = static_cast<float>(InputValue(op, r, i));
+        Status s;
+        switch (coll) {
+          case Collective::kAllReduce:
+            s = comm.AllReduce(src, dst, count, t, op, stream);
+            break;
+          case Collective::kReduceScatter:
+            s = comm.ReduceScatter(src, dst, count, t, op, stream);
+            break;
+          case Collective::kAllGather:
+            s = comm.AllGather(src, dst, count, t, stream);
+            break;
+          case Collective::kBroadcast:
+            s = comm.Broadcast(src, dst, count, t, root, stream);
+            break;
+          default:
+            s = comm.Reduce(src, dst, count, t, op, root, stream);
+            break;
+        }
+        const std::string name = fmt::format("host-memory {} on rank {} of {}", req.ToString(), r, n);
+        if (s.ok()) s = stream.Synchronize();
+        if (s.ok()) s = comm.AsyncError();
+        if (!s.ok()) return Fail(name + ": " + s.ToString());
+        const bool check = coll != Collective::kReduce || r == root;
+        for (uint64_t j = 0; check && j < out; ++j) {
+          double want = 0;
+          if (coll == Collective::kAllReduce || coll == Collective::kReduce) want = Reduced(op, n, j, t);
+          else if (coll == Collective::kReduceScatter) want = Reduced(op, n, static_cast<uint64_t>(r) * count + j, t);
+          else if (coll == Collective::kAllGather)
+            want = static_cast<double>(InputValue(op, static_cast<int>(j / count), j % count));
+          else want = static_cast<double>(InputValue(op, root, j));
+          if (!Matches(dst[j], want, t, op))
+            return Fail(fmt::format("{}: element {} is {}, expected {}", name, j, dst[j], want));
+        }
+        ++cases;
+      }
+    }
+  }
+  std::vector<float> x(4 * static_cast<size_t>(n)), y(4 * static_cast<size_t>(n));
+  const Status refused = comm.AllToAll(x.data(), y.data(), 4, DataType::kFloat32, stream);
+  if (refused.ok() || refused.ToString().find("host memory") == std::string::npos)
+    return Fail("AllToAll with host memory: expected a refusal naming host memory, got " + refused.ToString());
+  std::printf("rank %d of %d: %d host-memory cases ok\n", r, n, cases);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   auto created = Communicator::CreateFromEnvironment();
   if (!created.ok()) return Fail(created.status().ToString());
@@ -197,9 +269,10 @@ int Main(int argc, char** argv) {
   device::Stream& stream = **stream_or;
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "fused") return FusedMatrix(comm, stream);
+  if (mode == "host") return HostMemory(comm, stream);
   if (mode == "fused-abort" || mode == "fused-exit")
     return FusedFault(comm, stream, mode.substr(6), argc > 2 ? std::atoi(argv[2]) : 1);
-  if (!mode.empty()) return Fail("unknown mode " + mode + " (fused, fused-abort R, fused-exit R)");
+  if (!mode.empty()) return Fail("unknown mode " + mode + " (fused, host, fused-abort R, fused-exit R)");
   int cases = 0;
   const Collective colls[] = {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
                               Collective::kBroadcast, Collective::kReduce,        Collective::kAllToAll,

@@ -38,6 +38,13 @@ for opaque in 0 1; do
   for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* fused cases ok" <<<"$out" || fail "fused rank $r (opaque=$opaque)"; done
 done
 
+# Plain host memory (malloc), as MPI users pass it: 3 processes, fused on the calling thread.
+out="$("$run" -n 3 --timeout 240 -- "$prog" host 2>&1)"
+rc=$?
+echo "$out"
+[ "$rc" -eq 0 ] || fail "host memory between 3 processes: exit status $rc"
+for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* host-memory cases ok" <<<"$out" || fail "host memory rank $r"; done
+
 # A rank that aborts, and one whose process ends, before a fused call: the others fail at once
 # (well before KIZUNA_TIMEOUT) naming it.
 for how in abort exit; do

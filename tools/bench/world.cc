@@ -164,10 +164,11 @@ Status World::AddRank(const WorldOptions& options) {
       m->host.reset(std::aligned_alloc(kHostAlignment, rounded));
       if (!m->host) return OutOfMemory(fmt::format("--buffers host: {} bytes of host memory", rounded));
       m->data = static_cast<uint8_t*>(m->host.get());
-      if (!d.Addressable(m->data, bytes))
+      if (!d.Addressable(m->data, bytes) && !rank->comm->TakesHostMemory())
         return InvalidArgument(
             fmt::format("--buffers host: {} does not take host memory from the C allocator in its operations "
-                        "(Device::Addressable is false for it); use --buffers device",
+                        "(Device::Addressable is false for it), and neither does the communicator (its ranks are "
+                        "not processes of one host sharing memory the CPU reaches); use --buffers device",
                         d.label()));
     } else {
       KZ_ASSIGN_OR_RETURN(m->buffer, d.Allocate(bytes));
@@ -253,8 +254,27 @@ Status World::Issue(const BenchCall& call) {
     Status s = Communicator::GroupEnd();
     if (first.ok()) first = s;
   }
-  if (!first.ok()) return Fail(first);
+  if (!first.ok()) {
+    // Refused because the communicator failed earlier (an error spreading from another rank):
+    // report the rank of this process that holds the cause, when one does.
+    int culprit = -1;
+    Status cause = RootCause(first, &culprit);
+    if (culprit >= 0) first = cause.WithContext(fmt::format("rank {}", culprit));
+    return Fail(first);
+  }
   return Status::Ok();
+}
+
+Status World::RootCause(const Status& s, int* culprit) const {
+  if (s.code() != StatusCode::kRemoteError && s.code() != StatusCode::kAborted) return s;
+  for (auto& other : ranks_) {
+    const Status e = other->comm->AsyncError();
+    if (!e.ok() && e.code() != StatusCode::kRemoteError && e.code() != StatusCode::kAborted) {
+      *culprit = other->comm->rank();
+      return e;
+    }
+  }
+  return s;
 }
 
 Status World::SyncAll(std::string_view what) {
@@ -265,14 +285,7 @@ Status World::SyncAll(std::string_view what) {
     // A failure spreads: the other ranks see "remote error" or "aborted". Report the rank of
     // this process whose error is the cause, when one has it already.
     int culprit = rank->comm->rank();
-    for (auto& other : ranks_) {
-      const Status e = other->comm->AsyncError();
-      if (!e.ok() && e.code() != StatusCode::kRemoteError && e.code() != StatusCode::kAborted &&
-          (s.code() == StatusCode::kRemoteError || s.code() == StatusCode::kAborted)) {
-        s = e;
-        culprit = other->comm->rank();
-      }
-    }
+    s = RootCause(s, &culprit);
     return Fail(s.WithContext(fmt::format("{}, rank {}", what, culprit)));
   }
   return Status::Ok();

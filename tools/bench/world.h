@@ -92,6 +92,9 @@ class World {
   // Zeroes every buffer (before timing: uninitialised memory may hold NaNs and denormals, which
   // some devices reduce slowly).
   Status Prime();
+  // `s` when it is a cause; when it only says that another rank failed (kRemoteError, kAborted),
+  // the error of a rank of this process that holds the cause, with its rank in `culprit`.
+  Status RootCause(const Status& s, int* culprit) const;
   // `warmup` calls, then `iters` calls back to back: the seconds per call, from before the first
   // enqueue to after every rank's stream synchronized, the largest over the ranks.
   Result<double> Time(const BenchCall& call, int warmup, int iters);

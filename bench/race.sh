@@ -346,7 +346,9 @@ netns_mpi() {
   log "mpich allreduce n=2 $sizes, two namespaces over TCP"
   logf="$BUILD/logs/mpich-netns.log"
   # Debian's MPICH is ch4:ucx; UCX would otherwise use shared memory, which crosses namespaces.
-  in_ns A "timeout 600 mpirun.mpich -launcher rsh -launcher-exec $BUILD/netns-agent.sh -hosts $ADDR_A,$ADDR_B -np 2 -ppn 1 \
+  # Its launcher can hang after the program printed every result (seen once: 10 minutes at
+  # exit), so the bound is short: the measurements take about 15 s.
+  in_ns A "timeout 120 mpirun.mpich -launcher rsh -launcher-exec $BUILD/netns-agent.sh -hosts $ADDR_A,$ADDR_B -np 2 -ppn 1 \
     -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES $VETH_A,$VETH_B -genv UCX_LOG_LEVEL error \
     $BUILD/mpi_bench_mpich --coll allreduce --sizes $sizes --lib mpich-tcp" >"$logf" 2>&1
   collect mpich-tcp allreduce 2 "$sizes" "$logf"

@@ -94,7 +94,8 @@ struct CostConstants {
   double direct_rendezvous_us = 20.0;
   // A small AllReduce between processes run whole on the calling thread through shared pages
   // (HostGroup::OneShot, CommShape::direct_inline_bytes): the copy in, one rendezvous, the reduce
-  // of every rank's copy. Measured with kizuna-bench, 2 processes, 8 B (docs/PERFORMANCE.md).
+  // of every rank's copy. kizuna-bench, 2 processes, 8 B: 1.1-1.5 µs on the idle 2-core VM
+  // (docs/RACE.md); 3 µs allows for a peer that is not running at that moment.
   double oneshot_us = 3.0;
 };
 

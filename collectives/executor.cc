@@ -155,14 +155,19 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
 
 void Executor::FinishOperation(Operation& op, const Status& status) {
   if (!status.ok()) KZ_WARN(kLogColl, "operation {} failed: {}", op.seq, status.ToString());
+  // No longer pending before the caller's stream goes on: a call made as soon as the stream is
+  // free finds the executor idle and may run on the calling thread (TryInline), instead of
+  // queueing behind this one, and every call after it too.
+  {
+    std::lock_guard lock(mu_);
+    --pending_;
+  }
   {
     std::lock_guard lock(op.mu);
     op.done = true;
     if (op.hold) op.hold->Release();
   }
   op.cv.notify_all();
-  std::lock_guard lock(mu_);
-  --pending_;
 }
 
 void Executor::Fail(const Status& status) {

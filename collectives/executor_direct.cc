@@ -291,7 +291,8 @@ namespace kizuna::collectives {
 
 // Ranks in several processes: the buffers come through the host group (peers' allocations mapped
 // on first use), and since events do not cross processes this rank waits for its own device pass
-// on the host, then for every other rank's in the group, before it releases its caller's stream.
+// on the host, then for every other rank's in the group, before the operation ends
+// (FinishOperation then releases the caller's stream).
 Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
   HostGroup& group = *options_.host_group;
   const OperationMember& m = op.members[0];
@@ -305,15 +306,10 @@ Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
   // Small AllReduces take the one-shot protocol wherever they run (TryInline ran them on the
   // caller's thread when it could): the inputs are ready now, and the result is written by the
   // CPU before the caller's stream is released.
+  // (FinishOperation releases the caller's stream, once the executor no longer counts it.)
   if (group.UsesOneShot(req)) {
     if (Status s = group.OneShot(op.seq, op.header.signature, req, m.input, m.output, deadline, abort_); !s.ok())
       return failed(s);
-    std::unique_ptr<device::StreamHold> hold;
-    {
-      std::lock_guard lock(op.mu);
-      hold = std::move(op.hold);
-    }
-    if (hold) hold->Release();
     return Status::Ok();
   }
   const auto [in_bytes, out_bytes] = DirectBytes(req, rank);
@@ -325,12 +321,6 @@ Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
   if (Status s = EnqueueDirectPart(req, rank, buffers->inputs, buffers->outputs, stream); !s.ok()) return failed(s);
   if (Status s = stream.Synchronize(deadline); !s.ok()) return failed(s);
   if (Status s = group.Finish(op.seq, deadline, abort_); !s.ok()) return failed(s);
-  std::unique_ptr<device::StreamHold> hold;
-  {
-    std::lock_guard lock(op.mu);
-    hold = std::move(op.hold);
-  }
-  if (hold) hold->Release();
   return Status::Ok();
 }
 

@@ -130,9 +130,12 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
   KZ_ASSIGN_OR_RETURN(auto hellos, allgather(std::span(reinterpret_cast<const uint8_t*>(&hello), sizeof(hello))));
   // Step 2: every peer's page, through pidfd_getfd.
   for (int q = 0; q < nranks && local.ok(); ++q) {
-    if (hellos[static_cast<size_t>(q)].size() != sizeof(Hello))
-      return InvalidArgument(fmt::format("host group: rank {} sent {} bytes, not a hello", q,
-                                         hellos[static_cast<size_t>(q)].size()));
+    if (hellos[static_cast<size_t>(q)].size() != sizeof(Hello)) {
+      // Still through the verdicts below: every rank must reach the second allgather.
+      local = NotSupported(fmt::format("rank {} sent {} bytes, not a host-group hello (another kizuna version?)", q,
+                                       hellos[static_cast<size_t>(q)].size()));
+      break;
+    }
     Hello h;
     std::memcpy(&h, hellos[static_cast<size_t>(q)].data(), sizeof(h));
     h.backend[sizeof(h.backend) - 1] = '\0';

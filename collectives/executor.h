@@ -171,7 +171,7 @@ class Executor {
                          bool host_memory = false);
   // Calls may pass plain host memory (malloc): the communicator's ranks are processes of one host
   // sharing buffers, and the CPU reaches their device memory, so fused operations run on the
-  // calling thread (TryInline) with host buffers bounced through the device's memory.
+  // calling thread (TryInline) through staging allocations the peers map (HostGroup::Staged).
   bool TakesHostMemory() const {
     return options_.host_group && options_.host_group->host_accessible() &&
            options_.host_group->one_rank_per_process();

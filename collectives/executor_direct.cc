@@ -18,14 +18,6 @@ namespace kizuna::collectives {
 
 namespace {
 
-// Rank r's slice of `count` elements split evenly over n ranks (the first count % n ranks take
-// one more): every rank computes the same partition.
-std::pair<uint64_t, uint64_t> FusedSlice(uint64_t count, int n, int r) {
-  const auto un = static_cast<uint64_t>(n), ur = static_cast<uint64_t>(r);
-  const uint64_t base = count / un, extra = count % un;
-  return {ur * base + std::min(ur, extra), base + (ur < extra ? 1 : 0)};
-}
-
 // Enqueues rank `rank`'s part of a fused operation on `stream`, given every rank's buffers
 // (fused.cc says who does what).
 template <typename Sink>
@@ -381,14 +373,15 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
   Status s;
   if (group.UsesOneShot(req)) {
     s = group.OneShot(op.seq, op.header.signature, req, m.input, m.output, deadline, abort_);
+  } else if (host_memory) {
+    s = group.Staged(op.seq, op.header.signature, req, m.input, m.output, deadline, abort_);
   } else {
     // The same protocol as RunHostDirect, with the CPU doing this rank's part.
     const auto [in_bytes, out_bytes] = DirectBytes(req, options_.rank);
     auto buffers = group.Exchange(op.seq, op.header.signature, req, m.input, in_bytes, m.output, out_bytes, deadline,
-                                  abort_, host_memory);
+                                  abort_);
     s = buffers.ok() ? HostDirectPart(req, options_.rank, buffers->inputs, buffers->outputs) : buffers.status();
     if (s.ok()) s = group.Finish(op.seq, deadline, abort_);
-    if (s.ok() && buffers->copy_out != nullptr) HostCopy(m.output, buffers->copy_out, out_bytes);
   }
   if (!s.ok()) {
     s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, options_.rank, req.ToString()));

@@ -40,7 +40,7 @@ struct SharedRegion {
 struct SlotHeader {
   uint64_t seq;        // the operation's number (0: none yet)
   uint64_t signature;  // its header signature
-  uint32_t one_shot;   // 1: its data is in the slot (OneShot); 0: in the regions (Exchange)
+  uint32_t protocol;   // HostGroup::Protocol: the data is in the slot (one-shot) or the regions
   CollectiveRequest request;
 };
 
@@ -287,60 +287,61 @@ void HostGroup::Evict(uint64_t seq) {
   }
 }
 
-Status HostGroup::Mismatch(int q, uint64_t seq, const CollectiveRequest& request, int slot) const {
+Status HostGroup::Mismatch(int q, uint64_t seq, const CollectiveRequest& request, Protocol protocol,
+                           int slot) const {
   const HostGroupPage& p = *peers_[static_cast<size_t>(q)].page;
   const SlotHeader& h = p.slots[slot];
+  std::string why;
+  if (h.seq == seq && static_cast<Protocol>(h.protocol) != protocol &&
+      (protocol == Protocol::kStaged || static_cast<Protocol>(h.protocol) == Protocol::kStaged))
+    why = fmt::format(" (rank {} passes {}, rank {} {}: pass the same kind of memory on every rank)", rank_,
+                      protocol == Protocol::kStaged ? "plain host memory" : "device memory", q,
+                      protocol == Protocol::kStaged ? "device memory" : "plain host memory");
+  else if (h.seq == seq)
+    why = " (run another way: the ranks disagree on the algorithm)";
   return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at operation {}: {}; rank {} is at "
                                      "operation {}: {}{}",
-                                     rank_, seq, request.ToString(), q, h.seq, h.request.ToString(),
-                                     h.seq == seq ? " (run another way: the ranks disagree on the algorithm)" : ""));
+                                     rank_, seq, request.ToString(), q, h.seq, h.request.ToString(), why));
+}
+
+Status HostGroup::Meet(uint64_t seq, uint64_t signature, const CollectiveRequest& request, Protocol protocol,
+                       Deadline deadline, const std::atomic<bool>& abort) {
+  HostGroupPage& me = mine();
+  const int slot = static_cast<int>(ops_++ % 2);
+  me.slots[slot] = SlotHeader{seq, signature, static_cast<uint32_t>(protocol), request};
+  me.arrived.store(seq, std::memory_order_release);
+  Ring();
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_) continue;
+    KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kArrive, deadline, abort));
+    const SlotHeader& h = peers_[static_cast<size_t>(q)].page->slots[slot];
+    if (h.seq != seq || h.signature != signature || h.protocol != static_cast<uint32_t>(protocol))
+      return Mismatch(q, seq, request, protocol, slot);
+  }
+  return Status::Ok();
 }
 
 Result<HostGroup::Buffers> HostGroup::Exchange(uint64_t seq, uint64_t signature, const CollectiveRequest& request,
                                                const void* input, uint64_t input_bytes, const void* output,
                                                uint64_t output_bytes, Deadline deadline,
-                                               const std::atomic<bool>& abort, bool host_memory) {
-  HostGroupPage& me = mine();
-  const int slot = static_cast<int>(ops_++ % 2);
-  me.slots[slot] = SlotHeader{seq, signature, 0, request};
-  const void* local_input = input;
-  void* local_output = const_cast<void*>(output);
-  if (host_memory) {
-    // Bounce allocations, grown to a power of two so that a sweep of sizes maps a few of them.
-    for (int which : {0, 1}) {
-      const uint64_t bytes = which == 0 ? input_bytes : output_bytes;
-      if (bytes == 0 || (bounce_[which] && bounce_[which]->size() >= bytes)) continue;
-      bounce_[which].reset();
-      KZ_ASSIGN_OR_RETURN(bounce_[which], device_.Allocate(std::bit_ceil(bytes)));
-    }
-    if (input_bytes > 0) {
-      HostCopy(bounce_[0]->data(), input, input_bytes);
-      input = bounce_[0]->data();
-    }
-    if (output_bytes > 0) output = local_output = bounce_[1]->data();
-  }
+                                               const std::atomic<bool>& abort) {
   KZ_RETURN_IF_ERROR(PublishRegion(0, input, input_bytes).WithContext("the fused collective's input"));
   KZ_RETURN_IF_ERROR(PublishRegion(1, output, output_bytes).WithContext("the fused collective's output"));
-  me.arrived.store(seq, std::memory_order_release);
-  Ring();
+  KZ_RETURN_IF_ERROR(Meet(seq, signature, request, Protocol::kMapped, deadline, abort));
   Buffers b;
   b.inputs.resize(static_cast<size_t>(nranks_));
   b.outputs.resize(static_cast<size_t>(nranks_));
   for (int q = 0; q < nranks_; ++q) {
     if (q == rank_) {
-      b.inputs[static_cast<size_t>(q)] = local_input;
-      b.outputs[static_cast<size_t>(q)] = local_output;
+      b.inputs[static_cast<size_t>(q)] = input;
+      b.outputs[static_cast<size_t>(q)] = const_cast<void*>(output);
       continue;
     }
-    KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kArrive, deadline, abort));
-    const SlotHeader& h = peers_[static_cast<size_t>(q)].page->slots[slot];
-    if (h.seq != seq || h.signature != signature || h.one_shot != 0) return Mismatch(q, seq, request, slot);
     KZ_ASSIGN_OR_RETURN(uint8_t * in, Resolve(q, 0, seq));
     KZ_ASSIGN_OR_RETURN(uint8_t * out, Resolve(q, 1, seq));
     b.inputs[static_cast<size_t>(q)] = in;
     b.outputs[static_cast<size_t>(q)] = out;
   }
-  if (host_memory && output_bytes > 0) b.copy_out = local_output;
   return b;
 }
 
@@ -352,31 +353,18 @@ Status HostGroup::Finish(uint64_t seq, Deadline deadline, const std::atomic<bool
   return Status::Ok();
 }
 
-}  // namespace kizuna::collectives
-
-namespace kizuna::collectives {
-
 Status HostGroup::OneShot(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input,
                           void* output, Deadline deadline, const std::atomic<bool>& abort) {
   const uint64_t bytes = request.count * DataTypeSize(request.dtype);
   if (request.collective != Collective::kAllReduce || bytes > kInlineBytes)
     return Internal(fmt::format("one-shot cannot run {}", request.ToString()));
-  HostGroupPage& me = mine();
-  const int slot = static_cast<int>(ops_++ % 2);
   // The slot is free: every peer has arrived at this rank's previous operation (this rank waited
   // for that), so each has read the operation before it, the last one to use this slot.
-  if (bytes > 0) std::memcpy(me.data[slot], input, bytes);
-  me.slots[slot] = SlotHeader{seq, signature, 1, request};
-  me.arrived.store(seq, std::memory_order_release);
-  Ring();
+  const int slot = static_cast<int>(ops_ % 2);
+  if (bytes > 0) std::memcpy(mine().data[slot], input, bytes);
+  KZ_RETURN_IF_ERROR(Meet(seq, signature, request, Protocol::kOneShot, deadline, abort));
   std::vector<const void*> srcs(static_cast<size_t>(nranks_));
-  for (int q = 0; q < nranks_; ++q) {
-    srcs[static_cast<size_t>(q)] = peers_[static_cast<size_t>(q)].page->data[slot];
-    if (q == rank_) continue;
-    KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kArrive, deadline, abort));
-    const SlotHeader& h = peers_[static_cast<size_t>(q)].page->slots[slot];
-    if (h.seq != seq || h.signature != signature || h.one_shot != 1) return Mismatch(q, seq, request, slot);
-  }
+  for (int q = 0; q < nranks_; ++q) srcs[static_cast<size_t>(q)] = peers_[static_cast<size_t>(q)].page->data[slot];
   // A peer may move on to its next operation meanwhile; it writes the other slot, and cannot get
   // further before this rank arrives there too.
   return HostReduce(output, srcs, request.count, request.dtype, request.op);

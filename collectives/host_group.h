@@ -11,6 +11,10 @@
 // buffers), does its part of the pass, and waits for every rank to have finished before its
 // caller's stream goes on (the others write into its output until then).
 //
+// Plain host memory (malloc) cannot be mapped by another process: Staged copies through two
+// allocations of each rank's device instead, each rank reading only its own input and writing only
+// its own output.
+//
 // Small AllReduces skip the mapping and the device: each rank copies its input into its page and
 // reduces every rank's copy into its output on the calling thread (OneShot).
 //
@@ -21,6 +25,7 @@
 // for.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -41,6 +46,14 @@
 namespace kizuna::collectives {
 
 struct HostGroupPage;  // the shared page's layout (host_group.cc)
+
+// Rank r's slice of `count` elements split evenly over n ranks (the first count % n ranks take one
+// more): every rank computes the same partition (fused.cc).
+inline std::pair<uint64_t, uint64_t> FusedSlice(uint64_t count, int n, int r) {
+  const auto un = static_cast<uint64_t>(n), ur = static_cast<uint64_t>(r);
+  const uint64_t base = count / un, extra = count % un;
+  return {ur * base + std::min(ur, extra), base + (ur < extra ? 1 : 0)};
+}
 
 class HostGroup {
  public:
@@ -64,9 +77,6 @@ class HostGroup {
   struct Buffers {
     std::vector<const void*> inputs;
     std::vector<void*> outputs;
-    // With host memory: where this rank's result lands (its bounce buffer, which the peers
-    // write); the caller copies it to its own output after Finish. Null otherwise.
-    const void* copy_out = nullptr;
   };
   // Publishes this rank's buffers for operation `seq` ([input, + input_bytes) and [output, +
   // output_bytes), either may be empty) with the operation's signature and call, and waits until
@@ -74,13 +84,9 @@ class HostGroup {
   // another signature or is at another operation; kTimeout at the deadline naming the ranks that
   // never came; kAborted when `abort` is set or a rank failed (with its reason); kRemoteError
   // when a rank's process ended.
-  // `host_memory`: the buffers are plain host memory of this process (malloc), which no peer can
-  // map: the input is copied into a bounce allocation of this device that the peers map instead,
-  // and they write this rank's result into another (Buffers::copy_out). Only on the calling
-  // thread of a group whose CPU reaches the device memory.
   Result<Buffers> Exchange(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input,
                            uint64_t input_bytes, const void* output, uint64_t output_bytes, Deadline deadline,
-                           const std::atomic<bool>& abort, bool host_memory = false);
+                           const std::atomic<bool>& abort);
   // This rank's device work for `seq` is complete; waits until every rank's is. Errors as
   // Exchange.
   Status Finish(uint64_t seq, Deadline deadline, const std::atomic<bool>& abort);
@@ -107,6 +113,18 @@ class HostGroup {
   bool one_rank_per_process() const { return one_rank_per_process_; }
   Status OneShot(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input, void* output,
                  Deadline deadline, const std::atomic<bool>& abort);
+  // A fused operation whole, on the calling thread, over plain host memory of this process
+  // (malloc), which no other process can map: only its owner reads its input and writes its
+  // output, and the ranks meet in two allocations of each rank's device that the others map, the
+  // stage and the result. For an AllReduce, each rank copies the slices of its input that others
+  // reduce into its stage; after the rendezvous it reduces its own slice (its input and every
+  // other rank's stage) into its output and its result; after the second it copies every other
+  // rank's result slice into its output: 4 bytes of memory traffic per byte (the mapped pass: 2;
+  // a copy in and out around it: 6). ReduceScatter, AllGather, Broadcast and Reduce follow the
+  // same pattern. Every rank must pass host memory (Executor::TakesHostMemory); a rank whose
+  // buffers are device memory meets it as a mismatch naming both. Errors as Exchange.
+  Status Staged(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input, void* output,
+                Deadline deadline, const std::atomic<bool>& abort);
   // This rank failed: every other rank's wait, now and later, fails with `why`.
   void Fail(const Status& why);
 
@@ -127,10 +145,16 @@ class HostGroup {
     uint64_t last_used = 0;  // operation seq
   };
   enum class Phase { kArrive, kFinish };
+  // How an operation's data meets (SlotHeader::protocol): every rank must use the same one.
+  enum class Protocol : uint32_t { kMapped = 0, kOneShot = 1, kStaged = 2 };
 
   HostGroupPage& mine() const { return *peers_[static_cast<size_t>(rank_)].page; }
   // Waits until rank q's page shows `seq` reached in `phase`.
   Status WaitFor(int q, uint64_t seq, Phase phase, Deadline deadline, const std::atomic<bool>& abort);
+  // Publishes this rank's slot for operation `seq` (the regions or data written before), then
+  // waits until every rank has arrived there with the same signature and protocol.
+  Status Meet(uint64_t seq, uint64_t signature, const CollectiveRequest& request, Protocol protocol, Deadline deadline,
+              const std::atomic<bool>& abort);
   // Rings this rank's bell: wakes every rank sleeping on this rank's page.
   void Ring();
   // Where this process reaches rank q's published region (importing it on first use).
@@ -139,7 +163,7 @@ class HostGroup {
   Status PublishRegion(int which, const void* ptr, uint64_t bytes);
   void Evict(uint64_t seq);
   // The mismatch error when rank q's slot does not hold operation `seq` as this rank calls it.
-  Status Mismatch(int q, uint64_t seq, const CollectiveRequest& request, int slot) const;
+  Status Mismatch(int q, uint64_t seq, const CollectiveRequest& request, Protocol protocol, int slot) const;
 
   const int rank_, nranks_;
   device::Device& device_;
@@ -149,8 +173,8 @@ class HostGroup {
   // Host-group operations so far (Exchange and OneShot): their parity picks the slot. Touched by
   // one thread at a time (the executor's, or the caller's when the executor is idle).
   uint64_t ops_ = 0;
-  // Exchange's bounce allocations for host memory (input, output), grown on demand.
-  std::unique_ptr<device::Buffer> bounce_[2];
+  // Staged's allocations (stage, result), grown on demand.
+  std::unique_ptr<device::Buffer> staging_[2];
   bool one_shot_ = true;              // every rank's device memory is host accessible
   bool one_rank_per_process_ = true;  // no two ranks share a pid
 };

@@ -189,7 +189,7 @@ int FusedFault(Communicator& comm, device::Stream& stream, const std::string& ho
 }
 
 // Plain host memory (malloc), as MPI and Gloo users pass it: AllReduce through the one-shot and
-// the bounced fused path, in place and not, and the other fused collectives; AllToAll, which fused
+// the staged fused path (HostGroup::Staged), in place and not, and the other fused collectives; AllToAll, which fused
 // does not serve, is refused naming why.
 int HostMemory(Communicator& comm, device::Stream& stream) {
   const int n = comm.size(), r = comm.rank();
@@ -259,6 +259,30 @@ int HostMemory(Communicator& comm, device::Stream& stream) {
   return 0;
 }
 
+// Rank 0 passes device memory, the others plain host memory, to an AllReduce too large for the
+// one-shot path: every rank fails at once with a mismatch that says to pass one kind of memory.
+int HostMixed(Communicator& comm, device::Stream& stream) {
+  const int r = comm.rank();
+  const uint64_t count = 1 << 16;
+  std::vector<float> host(count, 1.0f);
+  std::unique_ptr<device::Buffer> dev;
+  float* buf = host.data();
+  if (r == 0) {
+    auto b = comm.device().Allocate(count * sizeof(float));
+    if (!b.ok()) return Fail(b.status().ToString());
+    dev = std::move(*b);
+    buf = static_cast<float*>(dev->data());
+  }
+  Status s = comm.AllReduce(buf, buf, count, DataType::kFloat32, ReduceOp::kSum, stream);
+  if (s.ok()) s = stream.Synchronize();
+  if (s.ok()) s = comm.AsyncError();
+  if (s.ok()) return Fail("device and host memory in one AllReduce: expected a mismatch, got ok");
+  if (s.ToString().find("same kind of memory") == std::string::npos)
+    return Fail("device and host memory in one AllReduce: expected a mismatch naming the memory, got " + s.ToString());
+  std::printf("rank %d: mixed memory refused as expected: %s\n", r, s.ToString().c_str());
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   auto created = Communicator::CreateFromEnvironment();
   if (!created.ok()) return Fail(created.status().ToString());
@@ -270,6 +294,7 @@ int Main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "fused") return FusedMatrix(comm, stream);
   if (mode == "host") return HostMemory(comm, stream);
+  if (mode == "host-mixed") return HostMixed(comm, stream);
   if (mode == "fused-abort" || mode == "fused-exit")
     return FusedFault(comm, stream, mode.substr(6), argc > 2 ? std::atoi(argv[2]) : 1);
   if (!mode.empty()) return Fail("unknown mode " + mode + " (fused, host, fused-abort R, fused-exit R)");

@@ -44,6 +44,12 @@ rc=$?
 echo "$out"
 [ "$rc" -eq 0 ] || fail "host memory between 3 processes: exit status $rc"
 for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* host-memory cases ok" <<<"$out" || fail "host memory rank $r"; done
+# One rank with device memory, the others with host memory: refused on every rank, naming it.
+out="$("$run" -n 3 --timeout 120 -- "$prog" host-mixed 2>&1)"
+rc=$?
+echo "$out"
+[ "$rc" -eq 0 ] || fail "mixed host and device memory: exit status $rc"
+for r in 0 1 2; do grep -q "^\[$r\] rank $r: mixed memory refused as expected" <<<"$out" || fail "mixed memory rank $r"; done
 
 # A rank that aborts, and one whose process ends, before a fused call: the others fail at once
 # (well before KIZUNA_TIMEOUT) naming it.

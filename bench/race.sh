@@ -108,10 +108,12 @@ bytes_of() {
   case "$1" in *K) echo $(( ${1%K} << 10 ));; *M) echo $(( ${1%M} << 20 ));; *G) echo $(( ${1%G} << 30 ));; *) echo "$1";; esac
 }
 
-# kizuna-bench times -n calls back to back and averages (nccl-tests' method); these counts keep one
-# measurement near a second on this machine, as the peers' clamp(1 s / estimate, 5, 1000) does.
+# kizuna-bench times -n calls back to back and averages (nccl-tests' method). The peers' rule,
+# clamp(1 s / estimate, 5, 1000), gives 1000 iterations at 8 B; so does this (with 200, the first
+# calls' start-up skew still showed in the average: 1.0-1.5 us against 0.55-0.7 us with 2000 at
+# n = 2). Elsewhere these counts keep each case under a second or two.
 kizuna_iters() {
-  case "$1" in 8) echo 200;; 1M) echo 50;; 64M) echo 10;; *) echo 5;; esac
+  case "$1" in 8) echo 1000;; 1M) echo 200;; 64M) echo 20;; *) echo 5;; esac
 }
 
 # Records a case that produced no RESULT line, so the table says "error" and why.

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <bit>
 #include <cerrno>
 #include <climits>
@@ -65,6 +66,16 @@ constexpr size_t kPageBytes = (sizeof(HostGroupPage) + 4095) / 4096 * 4096;
 // Imports kept per group before the least recently used ones are dropped (a buffer freed by its
 // owner stays mapped here until then).
 constexpr size_t kMaxImportsPerRank = 16;
+// How long a rank with a core of its own spins before it yields (WaitFor).
+constexpr auto kSpinWindow = std::chrono::microseconds(50);
+
+// The cores this process may run on.
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
 
 long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -171,6 +182,7 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
     p.map = map;
     p.page = static_cast<HostGroupPage*>(map);
   }
+  g->spin_ = nranks <= UsableCores();
   // Step 3: all or none.
   const std::string verdict = local.ok() ? std::string() : local.ToString();
   KZ_ASSIGN_OR_RETURN(auto verdicts, allgather(std::span(reinterpret_cast<const uint8_t*>(verdict.data()),
@@ -202,11 +214,23 @@ Status HostGroup::WaitFor(int q, uint64_t seq, Phase phase, Deadline deadline, c
   std::atomic<uint64_t>& word = phase == Phase::kArrive ? p.arrived : p.finished;
   const char* what = phase == Phase::kArrive ? "arrive at" : "finish";
   auto reached = [&] { return word.load(std::memory_order_acquire) >= seq; };
-  // Spin a little (the peer is usually there already or about to be), then yield the core a few
-  // times, then sleep on the peer's bell; every slice ends to look at the deadline and the peer.
+  // Spin (the peer is usually there already or about to be), then yield the core a few times,
+  // then sleep on the peer's bell; every slice ends to look at the deadline and the peer. With a
+  // core for every rank, spin for up to kSpinWindow: a system call costs a microsecond or more
+  // (more inside a VM), longer than a peer running on another core takes to arrive. With more
+  // ranks than cores, spin only briefly: the peer may need this core.
   for (int i = 0; i < 64; ++i) {
     if (reached()) return Status::Ok();
     __builtin_ia32_pause();
+  }
+  if (spin_) {
+    const auto until = std::chrono::steady_clock::now() + kSpinWindow;
+    do {
+      for (int i = 0; i < 64; ++i) {
+        if (reached()) return Status::Ok();
+        __builtin_ia32_pause();
+      }
+    } while (std::chrono::steady_clock::now() < until);
   }
   for (int round = 0;; ++round) {
     if (reached()) return Status::Ok();

@@ -177,6 +177,7 @@ class HostGroup {
   std::unique_ptr<device::Buffer> staging_[2];
   bool one_shot_ = true;              // every rank's device memory is host accessible
   bool one_rank_per_process_ = true;  // no two ranks share a pid
+  bool spin_ = false;                 // a core for every rank: waits spin longer before yielding
 };
 
 }  // namespace kizuna::collectives

@@ -262,7 +262,7 @@ const std::vector<std::pair<Algorithm, Collective>>& SupportedPairs() {
       {Algorithm::kP2p, Collective::kSend},            {Algorithm::kP2p, Collective::kRecv},
       {Algorithm::kFused, Collective::kAllReduce},     {Algorithm::kFused, Collective::kReduceScatter},
       {Algorithm::kFused, Collective::kAllGather},     {Algorithm::kFused, Collective::kBroadcast},
-      {Algorithm::kFused, Collective::kReduce},
+      {Algorithm::kFused, Collective::kReduce},        {Algorithm::kFused, Collective::kBarrier},
   };
   return pairs;
 }

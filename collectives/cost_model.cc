@@ -85,7 +85,7 @@ bool Serves(Algorithm a, Collective c) {
       return c == Collective::kSend || c == Collective::kRecv;
     case Algorithm::kFused:
       return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
-             c == Collective::kBroadcast || c == Collective::kReduce;
+             c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kBarrier;
     case Algorithm::kIna:
       return c == Collective::kAllReduce;
   }
@@ -646,6 +646,9 @@ void Model::Fused() {
     case Collective::kReduceScatter:
       copied = (p + 1) / 2 * count, what = "one-pass reduce of every input's block";
       break;
+    case Collective::kBarrier:
+      what = "rendezvous";
+      break;
     default:
       copied = p * count, what = "one-pass copy of every input";
       break;
@@ -653,7 +656,9 @@ void Model::Fused() {
   const double traffic_bytes = copied * elem_;
   // Small AllReduces between processes run on the calling thread through the shared pages: each
   // rank copies its input in and reads every rank's copy (no launch, no stream, one rendezvous).
-  if (req_.collective == Collective::kAllReduce && count * elem_ <= static_cast<double>(shape_.direct_inline_bytes)) {
+  // A barrier there is that rendezvous alone.
+  if ((req_.collective == Collective::kAllReduce || req_.collective == Collective::kBarrier) &&
+      shape_.direct_inline_bytes > 0 && count * elem_ <= static_cast<double>(shape_.direct_inline_bytes)) {
     StageCost c;
     c.alpha = k_.oneshot_us * 1e-6;
     double copy = 0;
@@ -846,8 +851,8 @@ constexpr std::array<CostConstantInfo, 10> kConstantTable = {{
     {"direct_rendezvous_us", "us", "estimate, not measured yet: fused's two in-process rendezvous and stream sync",
      &CostConstants::direct_rendezvous_us},
     {"oneshot_us", "us",
-     "one-shot AllReduce through shared pages between processes (HostGroup::OneShot): 1.1-1.5 us measured at 2 "
-     "ranks, 8 B (RACE.md), rounded up for scheduling",
+     "one-shot AllReduce (and Barrier) through shared pages between processes (HostGroup::OneShot): 1.0-1.5 us "
+     "measured at 2 ranks, 8 B (RACE.md), the upper end",
      &CostConstants::oneshot_us},
 }};
 

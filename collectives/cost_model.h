@@ -94,9 +94,9 @@ struct CostConstants {
   double direct_rendezvous_us = 20.0;
   // A small AllReduce between processes run whole on the calling thread through shared pages
   // (HostGroup::OneShot, CommShape::direct_inline_bytes): the copy in, one rendezvous, the reduce
-  // of every rank's copy. kizuna-bench, 2 processes, 8 B: 1.1-1.5 µs on the idle 2-core VM
-  // (docs/RACE.md); 3 µs allows for a peer that is not running at that moment.
-  double oneshot_us = 3.0;
+  // of every rank's copy; a Barrier is the rendezvous alone. kizuna-bench, 2 processes, 8 B:
+  // 1.0-1.5 µs on the idle 2-core VM (docs/RACE.md, 2026-11-23); the upper end is taken.
+  double oneshot_us = 1.5;
 };
 
 // One constant as documented: the table behind CostConstantsToString / ParseCostConstants.

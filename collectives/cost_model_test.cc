@@ -234,8 +234,8 @@ std::vector<std::pair<Algorithm, Collective>> ServedPairs() {
 }
 
 TEST(CostModelTest, ServesWhatTheAlgorithmsServe) {
-  // algorithm.h: ring 5, tree 3, rhd 3, rd 2, pairwise 5, p2p 2, fused 5.
-  EXPECT_EQ(ServedPairs().size(), 25u);
+  // algorithm.h: ring 5, tree 3, rhd 3, rd 2, pairwise 5, p2p 2, fused 6.
+  EXPECT_EQ(ServedPairs().size(), 26u);
   CollectiveRequest r = Request(Collective::kAllToAll, 4, 8);
   const Prediction p = Predict(Algorithm::kTree, r, HandShape(4), Options(), CostConstants{});
   EXPECT_FALSE(p.finite());

@@ -68,6 +68,8 @@ Status DirectPart(const CollectiveRequest& req, int rank, std::span<const void* 
       }
       return Status::Ok();
     }
+    case Collective::kBarrier:
+      return Status::Ok();  // the rendezvous around the part is the barrier
     default:
       return Internal(fmt::format("fused does not run {}", req.ToString()));
   }

@@ -380,13 +380,15 @@ Status HostGroup::Finish(uint64_t seq, Deadline deadline, const std::atomic<bool
 Status HostGroup::OneShot(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input,
                           void* output, Deadline deadline, const std::atomic<bool>& abort) {
   const uint64_t bytes = request.count * DataTypeSize(request.dtype);
-  if (request.collective != Collective::kAllReduce || bytes > kInlineBytes)
+  const bool barrier = request.collective == Collective::kBarrier;
+  if ((request.collective != Collective::kAllReduce && !barrier) || bytes > kInlineBytes)
     return Internal(fmt::format("one-shot cannot run {}", request.ToString()));
   // The slot is free: every peer has arrived at this rank's previous operation (this rank waited
   // for that), so each has read the operation before it, the last one to use this slot.
   const int slot = static_cast<int>(ops_ % 2);
-  if (bytes > 0) std::memcpy(mine().data[slot], input, bytes);
+  if (bytes > 0 && !barrier) std::memcpy(mine().data[slot], input, bytes);
   KZ_RETURN_IF_ERROR(Meet(seq, signature, request, Protocol::kOneShot, deadline, abort));
+  if (barrier) return Status::Ok();
   std::vector<const void*> srcs(static_cast<size_t>(nranks_));
   for (int q = 0; q < nranks_; ++q) srcs[static_cast<size_t>(q)] = peers_[static_cast<size_t>(q)].page->data[slot];
   // A peer may move on to its next operation meanwhile; it writes the other slot, and cannot get

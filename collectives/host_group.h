@@ -95,14 +95,16 @@ class HostGroup {
   // holds operation `seq`, and reduces all slots into `output` in rank order (the result does not
   // depend on who computes it). Two slots alternate, so no second rendezvous is needed: a rank
   // can only overwrite a slot once every rank has arrived at the operation after the one that
-  // used it. For host-addressable buffers of at most kInlineBytes; errors as Exchange.
+  // used it. For host-addressable buffers of at most kInlineBytes; errors as Exchange. A Barrier
+  // is the rendezvous alone.
   static constexpr size_t kInlineBytes = 16 << 10;
   // Whether an operation goes through OneShot (every rank decides alike: the request and the
-  // group's properties only): AllReduces up to kInlineBytes when every rank's CPU reaches its
-  // device memory. The others go through Exchange.
+  // group's properties only): AllReduces up to kInlineBytes, and Barriers, when every rank's CPU
+  // reaches its device memory. The others go through Exchange.
   bool UsesOneShot(const CollectiveRequest& request) const {
-    return one_shot_ && request.collective == Collective::kAllReduce &&
-           request.count * DataTypeSize(request.dtype) <= kInlineBytes;
+    return one_shot_ && (request.collective == Collective::kBarrier ||
+                         (request.collective == Collective::kAllReduce &&
+                          request.count * DataTypeSize(request.dtype) <= kInlineBytes));
   }
   size_t one_shot_bytes() const { return one_shot_ ? kInlineBytes : 0; }
   // Every rank's device memory is host accessible: the CPU may do the fused parts itself.

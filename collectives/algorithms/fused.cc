@@ -9,6 +9,7 @@
 // input reduced into the root's output. ReduceScatter: block r of every input reduced into rank
 // r's output. AllGather: rank r copies every rank's input into its own output. Broadcast: rank r
 // copies slice r of the root's input into every output. In place, a copy onto itself is skipped.
+// Barrier: nothing moves; the rendezvous is the barrier.
 //
 // The work is not a sequence of transfers, so the plan carries no steps: it names the algorithm,
 // and the executor runs it directly (executor_direct.cc) after the ranks have exchanged their
@@ -33,6 +34,7 @@ class Fused final : public AlgorithmImpl {
       case Collective::kAllGather:
       case Collective::kBroadcast:
       case Collective::kReduce:
+      case Collective::kBarrier:
         break;
       default:
         return NotImplemented(id(), request);

@@ -67,6 +67,7 @@ struct Options {
   std::vector<std::string> plugins;
   std::string fabric;
   std::string algo = "auto", buffers = "device";
+  std::string timing = "avg";
   std::string json, csv;
 };
 
@@ -273,7 +274,7 @@ class Bench {
       call.in_place = in_place;
       const std::string where = fmt::format("{} {} bytes {} {}", BenchCollName(p_.coll), row.size_bytes, row.type,
                                             in_place ? "in place" : "out of place");
-      auto seconds = w_.Time(call, o_.warmup, o_.iters);
+      auto seconds = o_.timing == "median" ? w_.TimeEach(call, o_.warmup, o_.iters) : w_.Time(call, o_.warmup, o_.iters);
       if (!seconds.ok()) return seconds.status().WithContext(where);
       std::optional<uint64_t> wrong;
       for (int c = 0; c < o_.check; ++c) {
@@ -339,6 +340,7 @@ nlohmann::json Summary(const Options& o, const Plan& p, const World& w, const Be
   j["root"] = HasRoot(p.coll) ? o.root : -1;
   j["iters"] = o.iters;
   j["warmup"] = o.warmup;
+  j["timing"] = o.timing;
   j["check"] = o.check;
   j["min_bytes"] = p.min_bytes;
   j["max_bytes"] = p.max_bytes;
@@ -393,6 +395,11 @@ int Main(int argc, char** argv) {
   app.add_option("--algo", o.algo, "auto (the engine chooses), an algorithm name, or all (a row per algorithm)")
       ->capture_default_str();
   app.add_option("--buffers", o.buffers, "device (Device::Allocate) or host (plain host memory)")
+      ->capture_default_str();
+  app.add_option("--timing", o.timing,
+                 "avg: -n calls back to back, averaged (nccl-tests); median: each call after a barrier, its "
+                 "slowest rank's time, the median over -n calls (the MPI benchmarks' method)")
+      ->check(CLI::IsMember({"avg", "median"}))
       ->capture_default_str();
   app.add_option("--json", o.json, "write every row to this file as JSON")->type_name("FILE");
   app.add_option("--csv", o.csv, "write every row to this file as CSV")->type_name("FILE");

@@ -185,4 +185,14 @@ grep -q '^\[0\] # kizuna-bench: allreduce over 2 rank(s), procs mode' <<<"$out" 
 grep -qE '^\[1\] +[0-9]+ ' <<<"$out" && fail "procs: rank 1 printed rows"
 grep -q '^\[0\] # Out of bounds values : 0 OK$' <<<"$out" || fail "procs: wrong values"
 [ "$(grep -c '^\[0\] #  Rank  [01] ' <<<"$out")" -eq 2 ] || fail "procs: expected both ranks' device lines"
+
+# ---- --timing median (each call after a barrier, the median of the slowest rank's times) ----
+out="$("$run" -n 2 --timeout 60 -- "$bench" -b 8 -e 64K -f 8 -n 5 -w 1 --timing median --json "$tmp/median.json" 2>&1)"
+rc=$?
+echo "$out"
+[ "$rc" -eq 0 ] || fail "--timing median: exit $rc"
+[ "$(grep -cE '^\[0\] +[0-9]+ +[0-9]+ +float +sum ' <<<"$out")" -eq 5 ] || fail "--timing median: expected 5 rows"
+grep -q '"timing": *"median"' "$tmp/median.json" || fail "--timing median: the JSON does not say so"
+"$bench" --timing mean >"$tmp/timing" 2>&1; rc=$?
+[ "$rc" -eq 2 ] && grep -q 'timing' "$tmp/timing" || fail "--timing mean: expected a refusal naming the flag, got $rc"
 echo "PASS"

@@ -341,20 +341,57 @@ Status World::Prime() {
 Result<double> World::Time(const BenchCall& call, int warmup, int iters) {
   for (int i = 0; i < warmup; ++i) KZ_RETURN_IF_ERROR(Issue(call));
   KZ_RETURN_IF_ERROR(SyncAll("warm-up"));
-  if (mode_ == Mode::kProcs) {
-    // Start together: the other processes may still be in their warm-up.
-    for (auto& rank : ranks_) {
-      Status s = rank->comm->Barrier(*rank->stream);
-      if (!s.ok()) return Fail(s);
-    }
-    KZ_RETURN_IF_ERROR(SyncAll("barrier"));
-  }
+  // Start together: the other processes may still be in their warm-up.
+  KZ_RETURN_IF_ERROR(BarrierAll());
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) KZ_RETURN_IF_ERROR(Issue(call));
   KZ_RETURN_IF_ERROR(SyncAll("timed calls"));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
   KZ_ASSIGN_OR_RETURN(auto all, GatherDoubles(seconds));
   return *std::max_element(all.begin(), all.end());
+}
+
+Status World::BarrierAll() {
+  if (mode_ != Mode::kProcs) return Status::Ok();
+  for (auto& rank : ranks_) {
+    Status s = rank->comm->Barrier(*rank->stream);
+    if (!s.ok()) return Fail(s);
+  }
+  return SyncAll("barrier");
+}
+
+Result<double> World::TimeEach(const BenchCall& call, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) KZ_RETURN_IF_ERROR(Issue(call));
+  KZ_RETURN_IF_ERROR(SyncAll("warm-up"));
+  std::vector<double> mine(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    KZ_RETURN_IF_ERROR(BarrierAll());
+    const auto start = std::chrono::steady_clock::now();
+    KZ_RETURN_IF_ERROR(Issue(call));
+    KZ_RETURN_IF_ERROR(SyncAll("timed call"));
+    mine[static_cast<size_t>(i)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  KZ_ASSIGN_OR_RETURN(std::vector<double> slowest, MaxOverProcesses(mine));
+  std::sort(slowest.begin(), slowest.end());
+  const size_t m = slowest.size() / 2;
+  return slowest.size() % 2 == 1 ? slowest[m] : (slowest[m - 1] + slowest[m]) / 2;
+}
+
+Result<std::vector<double>> World::MaxOverProcesses(const std::vector<double>& mine) {
+  if (mode_ == Mode::kThreads) return mine;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(mine.data());
+  KZ_ASSIGN_OR_RETURN(auto all, bootstrap_->AllGather(std::span(bytes, mine.size() * sizeof(double)),
+                                                      Deadline::AfterSeconds(config_->timeout_s)));
+  std::vector<double> out = mine;
+  for (const auto& b : all) {
+    if (b.size() != mine.size() * sizeof(double)) return Internal("a rank sent a malformed list of times");
+    for (size_t i = 0; i < out.size(); ++i) {
+      double v = 0;
+      std::memcpy(&v, b.data() + i * sizeof(double), sizeof v);
+      out[i] = std::max(out[i], v);
+    }
+  }
+  return out;
 }
 
 Result<uint64_t> World::Check(const BenchCall& call) {

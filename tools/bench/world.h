@@ -98,6 +98,10 @@ class World {
   // `warmup` calls, then `iters` calls back to back: the seconds per call, from before the first
   // enqueue to after every rank's stream synchronized, the largest over the ranks.
   Result<double> Time(const BenchCall& call, int warmup, int iters);
+  // `warmup` calls, then `iters` calls each after a barrier: each call's seconds from its enqueue
+  // to every rank's stream synchronized, the largest over the ranks, and the median of those (the
+  // method of the race's MPI and Gloo programs, bench/README.md).
+  Result<double> TimeEach(const BenchCall& call, int warmup, int iters);
   // One call on known inputs (values.h); the wrong output elements, summed over every rank.
   Result<uint64_t> Check(const BenchCall& call);
 
@@ -115,6 +119,10 @@ class World {
   Status Upload(Rank& rank, void* dst, uint64_t bytes, const std::function<void(uint8_t*)>& fill);
   Result<const uint8_t*> Download(Rank& rank, const void* src, uint64_t bytes);
   Result<std::vector<double>> GatherDoubles(double mine);
+  // Every process's `mine` (all of the same length), element by element the largest.
+  Result<std::vector<double>> MaxOverProcesses(const std::vector<double>& mine);
+  // Every rank meets in a barrier (procs mode; threads mode needs none: one thread issues all).
+  Status BarrierAll();
 
   const Config* config_ = nullptr;
   Mode mode_ = Mode::kThreads;

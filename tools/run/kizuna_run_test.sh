@@ -83,6 +83,18 @@ echo "$out"
 [ "$rc" -eq 0 ] && grep -q '^\[2\] b 2/3' <<<"$out" && grep -q '^\[1\] a 1/3' <<<"$out" \
   || fail "MPMD: expected rank 2 to run the second program in a world of 3"
 
+# 5c. --bind-to core: each rank on a CPU of its own; more ranks than CPUs is refused, naming both.
+cpus=$(nproc)
+n=$(( cpus < 4 ? cpus : 4 ))
+out=$("$run" -n "$n" --bind-to core -- sh -c 'grep Cpus_allowed_list /proc/self/status' 2>&1); rc=$?
+echo "$out"
+[ "$rc" -eq 0 ] || fail "--bind-to core: exit $rc"
+[ "$(grep -c 'Cpus_allowed_list:[[:space:]]*[0-9]*$' <<<"$out")" -eq "$n" ] || fail "--bind-to core: a rank not on one CPU"
+[ "$(grep -o 'Cpus_allowed_list:.*' <<<"$out" | sort -u | wc -l)" -eq "$n" ] || fail "--bind-to core: two ranks share a CPU"
+"$run" -n $((cpus + 1)) --bind-to core -- true >"$tmp/bind" 2>&1; rc=$?
+cat "$tmp/bind"
+[ "$rc" -ne 0 ] && grep -q "$((cpus + 1)) ranks but $cpus CPUs" "$tmp/bind" || fail "--bind-to core oversubscribed: expected a refusal, got $rc"
+
 # 6. The ranks' own exit status passes through, also for a program that is not a kizuna rank.
 "$run" -n 3 -- sh -c 'exit $((RANK == 1 ? 9 : 0))' >/dev/null 2>&1; rc=$?
 [ "$rc" -eq 9 ] || fail "plain program: expected 9, got $rc"

@@ -1,6 +1,7 @@
 #include "tools/run/launcher.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -120,6 +121,7 @@ class Runner {
   }
 
   const LaunchOptions& o_;
+  std::vector<int> cpus_;  // --bind-to core: the CPUs to bind to, in rank order
   std::vector<Rank> ranks_;
   UniqueFd signal_fd_;
   sigset_t old_mask_{};
@@ -160,6 +162,10 @@ Status Runner::StartRank(Rank& r, const std::string& path, const sigset_t& child
   std::vector<std::string> env_strings = EnvStrings(RankEnvironment(o_.environment, r.index, World(), o_.unique_id));
   std::vector<char*> envp = Pointers(env_strings);
   const pid_t parent = getpid();
+  const bool bind = !cpus_.empty();
+  cpu_set_t cpu;
+  CPU_ZERO(&cpu);
+  if (bind) CPU_SET(cpus_[static_cast<size_t>(r.index) % cpus_.size()], &cpu);
 
   pid_t pid = fork();
   if (pid < 0) return FromErrno(errno, "fork");
@@ -169,7 +175,7 @@ Status Runner::StartRank(Rank& r, const std::string& path, const sigset_t& child
     if (getppid() != parent) _exit(127);  // kizuna-run died before the line above
     signal(SIGPIPE, SIG_DFL);             // kizuna-run ignores it; the program gets the default
     sigprocmask(SIG_SETMASK, &child_mask, nullptr);
-    if (dup2(null_fd.get(), STDIN_FILENO) < 0 || dup2(out_w.get(), STDOUT_FILENO) < 0 ||
+    if ((bind && sched_setaffinity(0, sizeof(cpu), &cpu) != 0) || dup2(null_fd.get(), STDIN_FILENO) < 0 || dup2(out_w.get(), STDOUT_FILENO) < 0 ||
         dup2(err_w.get(), STDERR_FILENO) < 0) {
       int e = errno;
       (void)!write(report_w.get(), &e, sizeof(e));
@@ -318,6 +324,17 @@ Result<LaunchResult> Runner::Run() {
     KZ_ASSIGN_OR_RETURN(std::string path,
                         FindProgram(cmd[0], path_it != o_.environment.end() ? path_it->second : "/usr/bin:/bin"));
     paths.push_back(std::move(path));
+  }
+  if (o_.bind_to_core) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) return FromErrno(errno, "sched_getaffinity");
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &set)) cpus_.push_back(cpu);
+    if (World() > static_cast<int>(cpus_.size()))
+      return InvalidArgument(fmt::format("--bind-to core: {} ranks but {} CPUs to bind them to (use --bind-to none "
+                                         "to oversubscribe)",
+                                         World(), cpus_.size()));
   }
   // On failure, the destructor kills the ranks already started.
   KZ_RETURN_IF_ERROR(Start(paths));

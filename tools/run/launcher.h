@@ -68,6 +68,9 @@ struct LaunchOptions {
   std::vector<App> more;
   double timeout_s = 0;              // the whole run; 0: no limit
   double grace_s = 5;                // between the stop signal and SIGKILL
+  // Pin rank r to the r-th CPU this process may run on (mpirun's --bind-to core); refused when
+  // the ranks outnumber those CPUs.
+  bool bind_to_core = false;
   Environment environment;           // the ranks' base environment (usually kizuna-run's own)
   std::string unique_id;             // KIZUNA_UNIQUE_ID given to every rank
   int out_fd = STDOUT_FILENO;        // where the ranks' prefixed stdout goes

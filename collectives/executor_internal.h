@@ -61,12 +61,11 @@ struct ControlMessage {
 static_assert(sizeof(ControlMessage) == kControlSlotBytes);
 
 inline uint64_t Mix(uint64_t h, uint64_t v) {
-  // FNV-1a over the value's bytes: stable across processes and builds of one version.
-  for (int i = 0; i < 8; ++i) {
-    h ^= (v >> (8 * i)) & 0xff;
-    h *= 0x100000001b3ull;
-  }
-  return h;
+  // A whole word per step (multiply by the golden-ratio constant, fold the high bits down): stable
+  // across processes and builds of one version, and a few cycles, where FNV-1a's byte at a time
+  // was 8 dependent multiplies per value on every call's path.
+  h = (h ^ v) * 0x9e3779b97f4a7c15ull;
+  return h ^ (h >> 29);
 }
 
 // What must agree between ranks for one member. in_place may differ between ranks (as in NCCL),

@@ -69,12 +69,14 @@ constexpr size_t kMaxImportsPerRank = 16;
 // How long a rank with a core of its own spins before it yields (WaitFor).
 constexpr auto kSpinWindow = std::chrono::microseconds(50);
 
-// The cores this process may run on.
-int UsableCores() {
+// The CPUs this process may run on, a bit each (none when the kernel does not say).
+void UsableCpus(uint64_t (&bits)[16]) {
+  std::fill(std::begin(bits), std::end(bits), 0);
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return;
+  for (int c = 0; c < std::min(CPU_SETSIZE, 1024); ++c)
+    if (CPU_ISSET(c, &set)) bits[c / 64] |= uint64_t{1} << (c % 64);
 }
 
 long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
@@ -92,6 +94,7 @@ struct Hello {  // what each rank allgathers at creation
   int32_t fd;         // its page; -1 when it has none (the reason follows in the verdicts)
   char backend[48];   // its device's backend: imports need one backend on every rank
   int32_t host_accessible;  // the CPU reaches its device memory (OneShot needs every rank's to)
+  uint64_t cpus[16];        // the CPUs its process may run on (a bit each, the first 1024)
 };
 
 bool ProcessEnded(int pidfd) {
@@ -116,7 +119,9 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
   // Step 1: this rank's page. A failure here is still reported through the allgathers below, so
   // every rank learns it and none waits for the others.
   Status local;
-  Hello hello{static_cast<int32_t>(::getpid()), -1, {}, device.properties().host_accessible ? 1 : 0};
+  Hello hello{static_cast<int32_t>(::getpid()), -1, {}, device.properties().host_accessible ? 1 : 0, {}};
+  UsableCpus(hello.cpus);
+  uint64_t all_cpus[16] = {};  // the union of every rank's CPUs
   CopyString(hello.backend, sizeof(hello.backend), device.properties().backend);
   if (!device.properties().export_fd) {
     local = NotSupported(fmt::format("{} does not export its memory as file descriptors", device.label()));
@@ -155,6 +160,7 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
       break;
     }
     if (!h.host_accessible) g->one_shot_ = false;
+    for (int w = 0; w < 16; ++w) all_cpus[w] |= h.cpus[w];
     for (int o = 0; o < q; ++o)
       if (g->peers_[static_cast<size_t>(o)].pid == h.pid) g->one_rank_per_process_ = false;
     if (h.fd < 0) {
@@ -182,7 +188,9 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
     p.map = map;
     p.page = static_cast<HostGroupPage*>(map);
   }
-  g->spin_ = nranks <= UsableCores();
+  int cpus = 0;
+  for (uint64_t w : all_cpus) cpus += std::popcount(w);
+  g->spin_ = cpus >= nranks;
   // Step 3: all or none.
   const std::string verdict = local.ok() ? std::string() : local.ToString();
   KZ_ASSIGN_OR_RETURN(auto verdicts, allgather(std::span(reinterpret_cast<const uint8_t*>(verdict.data()),
@@ -196,6 +204,7 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
 }
 
 void HostGroup::Ring() {
+  if (spin_) return;  // nobody sleeps: every rank spins (WaitFor)
   HostGroupPage& p = mine();
   p.bell.fetch_add(1, std::memory_order_seq_cst);
   if (p.sleepers.load(std::memory_order_seq_cst) > 0) Futex(&p.bell, FUTEX_WAKE, INT_MAX, nullptr);
@@ -214,23 +223,29 @@ Status HostGroup::WaitFor(int q, uint64_t seq, Phase phase, Deadline deadline, c
   std::atomic<uint64_t>& word = phase == Phase::kArrive ? p.arrived : p.finished;
   const char* what = phase == Phase::kArrive ? "arrive at" : "finish";
   auto reached = [&] { return word.load(std::memory_order_acquire) >= seq; };
-  // Spin (the peer is usually there already or about to be), then yield the core a few times,
-  // then sleep on the peer's bell; every slice ends to look at the deadline and the peer. With a
-  // core for every rank, spin for up to kSpinWindow: a system call costs a microsecond or more
-  // (more inside a VM), longer than a peer running on another core takes to arrive. With more
-  // ranks than cores, spin only briefly: the peer may need this core.
+  // Spin (the peer is usually there already or about to be). With a CPU for every rank, go on
+  // spinning, yielding once per kSpinWindow: a system call costs a microsecond or more (more inside
+  // a VM), longer than a peer running on another CPU takes to arrive, and with no sleeper nobody
+  // needs to ring (Ring). With more ranks than CPUs, yield the core a few times, then sleep on the
+  // peer's bell: the peer may need this CPU. Every slice ends to look at the deadline and the peer.
   for (int i = 0; i < 64; ++i) {
     if (reached()) return Status::Ok();
     __builtin_ia32_pause();
   }
   if (spin_) {
-    const auto until = std::chrono::steady_clock::now() + kSpinWindow;
-    do {
-      for (int i = 0; i < 64; ++i) {
-        if (reached()) return Status::Ok();
-        __builtin_ia32_pause();
-      }
-    } while (std::chrono::steady_clock::now() < until);
+    // No rank sleeps, so none rings (Ring): spin, yielding the core between windows, and look at
+    // the peer, the abort flag and the deadline after each window.
+    while (true) {
+      const auto until = std::chrono::steady_clock::now() + kSpinWindow;
+      do {
+        for (int i = 0; i < 64; ++i) {
+          if (reached()) return Status::Ok();
+          __builtin_ia32_pause();
+        }
+      } while (std::chrono::steady_clock::now() < until);
+      KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort));
+      ::sched_yield();
+    }
   }
   for (int round = 0;; ++round) {
     if (reached()) return Status::Ok();
@@ -240,13 +255,7 @@ Status HostGroup::WaitFor(int q, uint64_t seq, Phase phase, Deadline deadline, c
       ::sched_yield();
       continue;
     }
-    if (abort.load()) return Aborted("the communicator was aborted");
-    if (ProcessEnded(peers_[static_cast<size_t>(q)].pidfd.get()))
-      return RemoteError(fmt::format("operation {}: rank {} (pid {}) ended before it could {} the fused collective",
-                                     seq, q, peers_[static_cast<size_t>(q)].pid, what));
-    if (deadline.Expired())
-      return Timeout(fmt::format("operation {}: rank {} did not {} the fused collective by the deadline", seq, q,
-                                 what));
+    KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort));
     p.sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t bell = p.bell.load(std::memory_order_seq_cst);
     if (!reached() && p.failed.load() == 0) {
@@ -256,6 +265,21 @@ Status HostGroup::WaitFor(int q, uint64_t seq, Phase phase, Deadline deadline, c
     }
     p.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
+}
+
+Status HostGroup::Stalled(int q, uint64_t seq, const char* what, Deadline deadline,
+                          const std::atomic<bool>& abort) const {
+  const Peer& peer = peers_[static_cast<size_t>(q)];
+  const HostGroupPage& p = *peer.page;
+  if (p.failed.load(std::memory_order_acquire) != 0)
+    return Aborted(fmt::format("rank {} failed: {}", q, std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
+  if (abort.load()) return Aborted("the communicator was aborted");
+  if (ProcessEnded(peer.pidfd.get()))
+    return RemoteError(fmt::format("operation {}: rank {} (pid {}) ended before it could {} the fused collective", seq,
+                                   q, peer.pid, what));
+  if (deadline.Expired())
+    return Timeout(fmt::format("operation {}: rank {} did not {} the fused collective by the deadline", seq, q, what));
+  return Status::Ok();
 }
 
 Status HostGroup::PublishRegion(int which, const void* ptr, uint64_t bytes) {

@@ -157,6 +157,9 @@ class HostGroup {
   // waits until every rank has arrived there with the same signature and protocol.
   Status Meet(uint64_t seq, uint64_t signature, const CollectiveRequest& request, Protocol protocol, Deadline deadline,
               const std::atomic<bool>& abort);
+  // Why a wait for rank q should end now (it failed or its process ended, the communicator was
+  // aborted, the deadline passed), or ok to go on waiting.
+  Status Stalled(int q, uint64_t seq, const char* what, Deadline deadline, const std::atomic<bool>& abort) const;
   // Rings this rank's bell: wakes every rank sleeping on this rank's page.
   void Ring();
   // Where this process reaches rank q's published region (importing it on first use).
@@ -179,7 +182,9 @@ class HostGroup {
   std::unique_ptr<device::Buffer> staging_[2];
   bool one_shot_ = true;              // every rank's device memory is host accessible
   bool one_rank_per_process_ = true;  // no two ranks share a pid
-  bool spin_ = false;                 // a core for every rank: waits spin longer before yielding
+  // The ranks' processes may run on at least as many CPUs as there are ranks: waits spin (yielding between windows) and never
+  // sleep, so publishing rings no bell. Otherwise they spin briefly, yield, then sleep.
+  bool spin_ = false;
 };
 
 }  // namespace kizuna::collectives

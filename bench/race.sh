@@ -108,10 +108,9 @@ bytes_of() {
   case "$1" in *K) echo $(( ${1%K} << 10 ));; *M) echo $(( ${1%M} << 20 ));; *G) echo $(( ${1%G} << 30 ));; *) echo "$1";; esac
 }
 
-# kizuna-bench times -n calls back to back and averages (nccl-tests' method). The peers' rule,
-# clamp(1 s / estimate, 5, 1000), gives 1000 iterations at 8 B; so does this (with 200, the first
-# calls' start-up skew still showed in the average: 1.0-1.5 us against 0.55-0.7 us with 2000 at
-# n = 2). Elsewhere these counts keep each case under a second or two.
+# kizuna-bench runs with --timing median: each call after a barrier, the slowest rank's time, the
+# median (the peers' method). The peers' rule, clamp(1 s / estimate, 5, 1000), gives 1000
+# iterations at 8 B; so does this. Elsewhere these counts keep each case under a second or two.
 kizuna_iters() {
   case "$1" in 8) echo 1000;; 1M) echo 200;; 64M) echo 20;; *) echo 5;; esac
 }
@@ -129,7 +128,7 @@ kizuna_case() {
   local json="$BUILD/logs/$name.json" logf="$BUILD/logs/$name.log" buffers=device
   [[ $lib == kizuna-host ]] && buffers=host
   rm -f "$json"
-  "$@" "$KZ_BENCH" --coll "$coll" -b "$size" -e "$size" -n "$(kizuna_iters "$size")" -w 5 -c 1 \
+  "$@" "$KZ_BENCH" --coll "$coll" -b "$size" -e "$size" -n "$(kizuna_iters "$size")" -w 5 -c 1 --timing median \
     --buffers "$buffers" --json "$json" >"$logf" 2>&1
   local rc=$?
   python3 - "$json" "$lib" "$coll" "$n" "$(bytes_of "$size")" "$rc" "$logf" >>"$RESULTS" <<'EOF'
@@ -313,7 +312,7 @@ netns_kizuna() {
     local name="kizuna-netns-$size" uid="$BUILD/netns-uid-$size"
     rm -f "$uid"
     local envs="KIZUNA_TIMEOUT=120 KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT KIZUNA_UNIQUE_ID_FILE=$uid WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1"
-    local args="--coll allreduce -b $size -e $size -n $(kizuna_iters "$size") -w 5 -c 1"
+    local args="--coll allreduce -b $size -e $size -n $(kizuna_iters "$size") -w 5 -c 1 --timing median"
     in_ns B "$envs RANK=1 timeout 300 $KZ_BENCH $args" >"$BUILD/logs/$name.rank1.log" 2>&1 &
     local other=$!
     kizuna_case kizuna-tcp allreduce 2 "$size" "$name" in_ns_a_kizuna "$envs KIZUNA_ROOT=$ADDR_A:29517 RANK=0 timeout 300"

@@ -65,13 +65,18 @@ size_t Executor::slot_bytes_for(int total_channels, size_t chunk_bytes) const {
 }
 
 Status Executor::FillHeader(Operation& op, int* total_channels) {
+  return executor_internal::FillHeader(op.members, &op.header, total_channels);
+}
+
+Status executor_internal::FillHeader(const std::vector<OperationMember>& members, ControlMessage* header,
+                                     int* total_channels) {
   uint64_t signature = 0xcbf29ce484222325ull;
   *total_channels = 0;
   // Point-to-point members differ between ranks by nature (rank 0 sends to 1 while 1 receives
   // from 0): they are checked pairwise, by the receiver comparing the bytes that arrive with the
   // bytes it expects, and stay out of the signature, which must be equal on every rank.
   const OperationMember* described = nullptr;
-  for (const OperationMember& m : op.members) {
+  for (const OperationMember& m : members) {
     if (!m.plan || m.plan->ranks.size() != 1) return Internal("an operation member without this rank's plan");
     const Collective c = m.plan->request.collective;
     if (c != Collective::kSend && c != Collective::kRecv) {
@@ -80,11 +85,11 @@ Status Executor::FillHeader(Operation& op, int* total_channels) {
     }
     *total_channels += static_cast<int>(m.plan->ranks[0].channels.size());
   }
-  if (described == nullptr) described = &op.members[0];
+  if (described == nullptr) described = &members[0];
   const Plan& first = *described->plan;
-  ControlMessage& h = op.header;
+  ControlMessage& h = *header;
   h.signature = signature;
-  h.members = static_cast<uint32_t>(op.members.size());
+  h.members = static_cast<uint32_t>(members.size());
   h.collective = static_cast<uint8_t>(first.request.collective);
   h.dtype = static_cast<uint8_t>(first.request.dtype);
   h.op = static_cast<uint8_t>(first.request.op);

@@ -357,10 +357,11 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     if (host_memory) return idle.ok() ? Internal("the caller's stream is busy again") : idle.status();
     return false;
   }
-  Operation op;
-  op.members = members;
+  ControlMessage header;
   int channels = 0;
-  KZ_RETURN_IF_ERROR(FillHeader(op, &channels));
+  KZ_RETURN_IF_ERROR(executor_internal::FillHeader(members, &header, &channels));
+  const uint64_t signature = header.signature;
+  uint64_t seq = 0;
   {
     std::lock_guard lock(mu_);
     if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
@@ -369,24 +370,24 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
       if (host_memory) return Internal("another thread submitted work to this communicator meanwhile");
       return false;
     }
-    op.seq = next_seq_++;
+    seq = next_seq_++;
   }
   const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
   Status s;
   if (group.UsesOneShot(req)) {
-    s = group.OneShot(op.seq, op.header.signature, req, m.input, m.output, deadline, abort_);
+    s = group.OneShot(seq, signature, req, m.input, m.output, deadline, abort_);
   } else if (host_memory) {
-    s = group.Staged(op.seq, op.header.signature, req, m.input, m.output, deadline, abort_);
+    s = group.Staged(seq, signature, req, m.input, m.output, deadline, abort_);
   } else {
     // The same protocol as RunHostDirect, with the CPU doing this rank's part.
     const auto [in_bytes, out_bytes] = DirectBytes(req, options_.rank);
-    auto buffers = group.Exchange(op.seq, op.header.signature, req, m.input, in_bytes, m.output, out_bytes, deadline,
+    auto buffers = group.Exchange(seq, signature, req, m.input, in_bytes, m.output, out_bytes, deadline,
                                   abort_);
     s = buffers.ok() ? HostDirectPart(req, options_.rank, buffers->inputs, buffers->outputs) : buffers.status();
-    if (s.ok()) s = group.Finish(op.seq, deadline, abort_);
+    if (s.ok()) s = group.Finish(seq, deadline, abort_);
   }
   if (!s.ok()) {
-    s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, options_.rank, req.ToString()));
+    s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", seq, options_.rank, req.ToString()));
     Fail(s);
     return s;
   }

@@ -85,6 +85,10 @@ inline uint64_t MemberSignature(const Plan& plan) {
   return h;
 }
 
+// The header of an operation made of `members` (Executor::FillHeader; the calling thread's path
+// takes it without an Operation).
+Status FillHeader(const std::vector<OperationMember>& members, ControlMessage* header, int* total_channels);
+
 inline std::string DescribeHeader(const ControlMessage& m) {
   CollectiveRequest r;
   r.collective = static_cast<Collective>(m.collective);

@@ -45,7 +45,17 @@ struct SlotHeader {
   CollectiveRequest request;
 };
 
+// A one-shot operation of at most HostGroup::kLineBytes whole in one cache line: a peer that sees
+// `seq` has the data in the same line, so it crosses between cores once.
+struct alignas(64) OneLine {
+  std::atomic<uint64_t> seq;  // the operation (written last, release)
+  uint64_t signature;
+  uint8_t data[HostGroup::kLineBytes];
+};
+static_assert(sizeof(OneLine) == 64);
+
 struct HostGroupPage {
+  OneLine lines[2];  // by slot, as `slots`
   alignas(64) std::atomic<uint64_t> arrived;  // the last operation whose slot / regions are published
   alignas(64) std::atomic<uint64_t> finished;  // the last operation whose device work is done
   alignas(64) std::atomic<uint32_t> bell;      // futex word: bumped at every change
@@ -218,11 +228,26 @@ void HostGroup::Fail(const Status& why) {
   Ring();
 }
 
-Status HostGroup::WaitFor(int q, uint64_t seq, Phase phase, Deadline deadline, const std::atomic<bool>& abort) {
+Status HostGroup::WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadline deadline,
+                          const std::atomic<bool>& abort) {
+  const HostGroupPage& p = *peers_[static_cast<size_t>(q)].page;
+  if (phase == Phase::kFinish)
+    return Wait(q, seq, "finish", [&] { return p.finished.load(std::memory_order_acquire) >= seq; }, deadline, abort);
+  // A peer that took the one-line protocol for this operation does not store `arrived`: seeing
+  // its line ends the wait too, and the caller names the mismatch.
+  return Wait(
+      q, seq, "arrive at",
+      [&] {
+        return p.arrived.load(std::memory_order_acquire) >= seq ||
+               p.lines[slot].seq.load(std::memory_order_acquire) == seq;
+      },
+      deadline, abort);
+}
+
+template <typename Reached>
+Status HostGroup::Wait(int q, uint64_t seq, const char* what, Reached reached, Deadline deadline,
+                       const std::atomic<bool>& abort) {
   HostGroupPage& p = *peers_[static_cast<size_t>(q)].page;
-  std::atomic<uint64_t>& word = phase == Phase::kArrive ? p.arrived : p.finished;
-  const char* what = phase == Phase::kArrive ? "arrive at" : "finish";
-  auto reached = [&] { return word.load(std::memory_order_acquire) >= seq; };
   // Spin (the peer is usually there already or about to be). With a CPU for every rank, go on
   // spinning, yielding once per kSpinWindow: a system call costs a microsecond or more (more inside
   // a VM), longer than a peer running on another CPU takes to arrive, and with no sleeper nobody
@@ -345,7 +370,7 @@ Status HostGroup::Mismatch(int q, uint64_t seq, const CollectiveRequest& request
     why = fmt::format(" (rank {} passes {}, rank {} {}: pass the same kind of memory on every rank)", rank_,
                       protocol == Protocol::kStaged ? "plain host memory" : "device memory", q,
                       protocol == Protocol::kStaged ? "device memory" : "plain host memory");
-  else if (h.seq == seq)
+  else if (h.seq == seq && h.request.ToString() == request.ToString())
     why = " (run another way: the ranks disagree on the algorithm)";
   return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at operation {}: {}; rank {} is at "
                                      "operation {}: {}{}",
@@ -361,7 +386,7 @@ Status HostGroup::Meet(uint64_t seq, uint64_t signature, const CollectiveRequest
   Ring();
   for (int q = 0; q < nranks_; ++q) {
     if (q == rank_) continue;
-    KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kArrive, deadline, abort));
+    KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kArrive, slot, deadline, abort));
     const SlotHeader& h = peers_[static_cast<size_t>(q)].page->slots[slot];
     if (h.seq != seq || h.signature != signature || h.protocol != static_cast<uint32_t>(protocol))
       return Mismatch(q, seq, request, protocol, slot);
@@ -397,7 +422,7 @@ Status HostGroup::Finish(uint64_t seq, Deadline deadline, const std::atomic<bool
   mine().finished.store(seq, std::memory_order_release);
   Ring();
   for (int q = 0; q < nranks_; ++q)
-    if (q != rank_) KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kFinish, deadline, abort));
+    if (q != rank_) KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kFinish, 0, deadline, abort));
   return Status::Ok();
 }
 
@@ -410,6 +435,40 @@ Status HostGroup::OneShot(uint64_t seq, uint64_t signature, const CollectiveRequ
   // The slot is free: every peer has arrived at this rank's previous operation (this rank waited
   // for that), so each has read the operation before it, the last one to use this slot.
   const int slot = static_cast<int>(ops_ % 2);
+  if (bytes <= kLineBytes) {
+    // One line: the header (for a mismatch's message), then the data and signature, then seq.
+    ++ops_;
+    HostGroupPage& me = mine();
+    me.slots[slot] = SlotHeader{seq, signature, static_cast<uint32_t>(Protocol::kOneShot), request};
+    OneLine& line = me.lines[slot];
+    if (bytes > 0 && !barrier) std::memcpy(line.data, input, bytes);
+    line.signature = signature;
+    line.seq.store(seq, std::memory_order_release);
+    Ring();
+    // Every rank's line, on the stack for the usual group sizes (no allocation on this path).
+    const void* few[16];
+    std::vector<const void*> many;
+    if (nranks_ > 16) many.resize(static_cast<size_t>(nranks_));
+    const std::span<const void*> srcs(nranks_ > 16 ? many.data() : few, static_cast<size_t>(nranks_));
+    for (int q = 0; q < nranks_; ++q) {
+      const OneLine& theirs = peers_[static_cast<size_t>(q)].page->lines[slot];
+      srcs[static_cast<size_t>(q)] = theirs.data;
+      if (q == rank_) continue;
+      const HostGroupPage& p = *peers_[static_cast<size_t>(q)].page;
+      // `arrived` first: a peer that ran this operation another way stored it after its line.
+      KZ_RETURN_IF_ERROR(Wait(
+          q, seq, "arrive at",
+          [&] {
+            const bool other = p.arrived.load(std::memory_order_acquire) >= seq;
+            return theirs.seq.load(std::memory_order_acquire) == seq || other;
+          },
+          deadline, abort));
+      if (theirs.seq.load(std::memory_order_acquire) != seq || theirs.signature != signature)
+        return Mismatch(q, seq, request, Protocol::kOneShot, slot);
+    }
+    if (barrier) return Status::Ok();
+    return HostReduce(output, srcs, request.count, request.dtype, request.op);
+  }
   if (bytes > 0 && !barrier) std::memcpy(mine().data[slot], input, bytes);
   KZ_RETURN_IF_ERROR(Meet(seq, signature, request, Protocol::kOneShot, deadline, abort));
   if (barrier) return Status::Ok();

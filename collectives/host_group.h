@@ -98,6 +98,9 @@ class HostGroup {
   // used it. For host-addressable buffers of at most kInlineBytes; errors as Exchange. A Barrier
   // is the rendezvous alone.
   static constexpr size_t kInlineBytes = 16 << 10;
+  // One-shot operations up to this size (and Barriers) travel in one cache line with their
+  // operation number: a peer that sees the number has the data (one transfer between cores).
+  static constexpr size_t kLineBytes = 48;
   // Whether an operation goes through OneShot (every rank decides alike: the request and the
   // group's properties only): AllReduces up to kInlineBytes, and Barriers, when every rank's CPU
   // reaches its device memory. The others go through Exchange.
@@ -151,8 +154,13 @@ class HostGroup {
   enum class Protocol : uint32_t { kMapped = 0, kOneShot = 1, kStaged = 2 };
 
   HostGroupPage& mine() const { return *peers_[static_cast<size_t>(rank_)].page; }
-  // Waits until rank q's page shows `seq` reached in `phase`.
-  Status WaitFor(int q, uint64_t seq, Phase phase, Deadline deadline, const std::atomic<bool>& abort);
+  // Waits until rank q's page shows `seq` reached in `phase` (kArrive: in `slot`).
+  Status WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadline deadline, const std::atomic<bool>& abort);
+  // Waits until `reached()`, spinning, yielding or sleeping on rank q's bell (`what` it waits for
+  // rank q to do, for the errors).
+  template <typename Reached>
+  Status Wait(int q, uint64_t seq, const char* what, Reached reached, Deadline deadline,
+              const std::atomic<bool>& abort);
   // Publishes this rank's slot for operation `seq` (the regions or data written before), then
   // waits until every rank has arrived there with the same signature and protocol.
   Status Meet(uint64_t seq, uint64_t signature, const CollectiveRequest& request, Protocol protocol, Deadline deadline,

@@ -283,6 +283,27 @@ int HostMixed(Communicator& comm, device::Stream& stream) {
   return 0;
 }
 
+// The ranks call AllReduces of different sizes, so each takes another protocol (rank 0: one cache
+// line, rank 1: a one-shot slot, the others: mapped buffers): every rank fails at once naming the
+// mismatch, none waits for its deadline.
+int Mismatch(Communicator& comm, device::Stream& stream) {
+  const int r = comm.rank();
+  const uint64_t count = r == 0 ? 2 : r == 1 ? 4096 : uint64_t{1} << 18;
+  auto b = comm.device().Allocate(count * sizeof(float));
+  if (!b.ok()) return Fail(b.status().ToString());
+  auto* buf = static_cast<float*>((*b)->data());
+  const auto start = std::chrono::steady_clock::now();
+  Status s = comm.AllReduce(buf, buf, count, DataType::kFloat32, ReduceOp::kSum, stream);
+  if (s.ok()) s = stream.Synchronize();
+  if (s.ok()) s = comm.AsyncError();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (s.ok()) return Fail("AllReduces of different sizes: expected a mismatch, got ok");
+  if (s.ToString().find("mismatch") == std::string::npos)
+    return Fail("AllReduces of different sizes: expected a mismatch, got " + s.ToString());
+  std::printf("rank %d: mismatch named after %.2f s as expected: %s\n", r, seconds, s.ToString().c_str());
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   auto created = Communicator::CreateFromEnvironment();
   if (!created.ok()) return Fail(created.status().ToString());
@@ -295,6 +316,7 @@ int Main(int argc, char** argv) {
   if (mode == "fused") return FusedMatrix(comm, stream);
   if (mode == "host") return HostMemory(comm, stream);
   if (mode == "host-mixed") return HostMixed(comm, stream);
+  if (mode == "mismatch") return Mismatch(comm, stream);
   if (mode == "fused-abort" || mode == "fused-exit")
     return FusedFault(comm, stream, mode.substr(6), argc > 2 ? std::atoi(argv[2]) : 1);
   if (!mode.empty()) return Fail("unknown mode " + mode + " (fused, host, fused-abort R, fused-exit R)");

@@ -51,6 +51,17 @@ echo "$out"
 [ "$rc" -eq 0 ] || fail "mixed host and device memory: exit status $rc"
 for r in 0 1 2; do grep -q "^\[$r\] rank $r: mixed memory refused as expected" <<<"$out" || fail "mixed memory rank $r"; done
 
+# AllReduces of different sizes on different ranks (one-line, one-shot slot, mapped): every rank
+# names the mismatch at once.
+start=$(date +%s)
+out="$("$run" -n 3 --timeout 120 -- "$prog" mismatch 2>&1)"
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+echo "$out"
+[ "$rc" -eq 0 ] || fail "mismatch: exit status $rc"
+[ "$elapsed" -lt 30 ] || fail "mismatch: took ${elapsed}s (a rank waited for its deadline)"
+for r in 0 1 2; do grep -q "^\[$r\] rank $r: mismatch named after" <<<"$out" || fail "mismatch rank $r"; done
+
 # A rank that aborts, and one whose process ends, before a fused call: the others fail at once
 # (well before KIZUNA_TIMEOUT) naming it.
 for how in abort exit; do

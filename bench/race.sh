@@ -82,6 +82,10 @@ g++ -std=c++17 -O2 -Wall -Wextra -o "$BUILD/gloo_bench" "$ROOT/bench/gloo_bench.
   die "building gloo_bench against libgloo failed"
 gcc -std=c11 -O3 -march=native -Wall -Wextra -o "$BUILD/ceiling" "$ROOT/bench/ceiling.c" -pthread ||
   die "building ceiling failed"
+# The floors: one cache line between two processes (8 B), one TCP connection both ways (TCP).
+for probe in line_probe tcp_probe; do
+  gcc -std=c11 -O3 -Wall -Wextra -o "$BUILD/$probe" "$ROOT/bench/$probe.c" -pthread || die "building $probe failed"
+done
 
 log "building kizuna-bench and kizuna-run with bazel"
 (cd "$ROOT" && bazel build //tools/bench:kizuna-bench //tools/run:kizuna-run) >"$BUILD/logs/bazel.log" 2>&1 ||
@@ -487,6 +491,11 @@ if lat:
         row += [ratio(best, kd), ratio(best, kh)]
         emit("| " + " | ".join(row) + " |")
     emit("")
+    fl = time_us("floor", "line", 2, 0)
+    if fl is not None:
+        emit(f"Floor (bench/line_probe.c): two processes exchanging an operation number through one cache line "
+             f"take {fl:.3g} µs per exchange; no shared-memory AllReduce of 2 ranks is faster.")
+        emit("")
 
 other = sorted({(k[1], k[2], k[3]) for k in list(res) + list(fails)
                 if k[1] in ("reducescatter", "allgather", "broadcast") and not k[0].endswith("-tcp")})
@@ -528,6 +537,11 @@ if tcp_keys:
         row += [cell(l, "allreduce", 2, b, fn(l, "allreduce", 2, b)) for l, _ in tl] + [r]
         emit("| " + " | ".join(row) + " |")
     emit("")
+    for b in sorted(k[3] for k in res if k[0] == "floor" and k[1] == "tcp-duplex"):
+        emit(f"Floor (bench/tcp_probe.c): one TCP connection between the namespaces carrying {size_name(b)} each way "
+             f"at once moves {busbw('floor', 'tcp-duplex', 2, b):.3g} GB/s per direction; a 2-rank AllReduce's "
+             "busbw over TCP cannot exceed it.")
+        emit("")
 elif "netns" in notes:
     emit("Two-namespace TCP case: " + notes["netns"] + ".")
     emit("")
@@ -572,6 +586,11 @@ for n in "${ALLREDUCE_RANKS[@]}"; do
   "$BUILD/ceiling" --ranks "$n" --sizes "$ceiling_sizes" >"$BUILD/logs/ceiling-$n.log" 2>&1 ||
     fail ceiling allreduce "$n" 0 "ceiling exited with $?"
   sed "s/^RESULT lib=ceiling coll=copy /RESULT lib=ceiling coll=copy n=$n /" "$BUILD/logs/ceiling-$n.log" | grep '^RESULT' >>"$RESULTS"
+  if [[ $n -eq 2 ]]; then
+    log "floor: one cache line between two processes"
+    "$BUILD/line_probe" >"$BUILD/logs/line_probe.log" 2>&1 || fail floor line 2 0 "line_probe exited with $?"
+    grep '^RESULT' "$BUILD/logs/line_probe.log" >>"$RESULTS"
+  fi
   kizuna_local allreduce "$n" "${ALLREDUCE_SIZES[@]}"
   for peer in "${PEERS[@]}"; do peer_local "$peer" allreduce "$n" "$(join "${ALLREDUCE_SIZES[@]}")"; done
 done
@@ -591,6 +610,13 @@ elif ! command -v ip >/dev/null || ! netns_up; then
 else
   log "namespaces $NS_A ($ADDR_A) and $NS_B ($ADDR_B) joined by a veth pair"
   write_agent
+  log "floor: one TCP connection both ways between the namespaces, 64 MiB"
+  in_ns A "timeout 60 $BUILD/tcp_probe --listen 29519 --bytes $((64 << 20))" >"$BUILD/logs/tcp_probe.log" 2>&1 &
+  probe_pid=$!
+  in_ns B "timeout 60 $BUILD/tcp_probe --connect $ADDR_A 29519 --bytes $((64 << 20))" >>"$BUILD/logs/tcp_probe.client.log" 2>&1 ||
+    fail floor tcp-duplex 2 $((64 << 20)) "tcp_probe (connecting end) failed: $(head -c 200 "$BUILD/logs/tcp_probe.client.log")"
+  wait "$probe_pid"
+  grep '^RESULT' "$BUILD/logs/tcp_probe.log" >>"$RESULTS"
   netns_kizuna
   netns_mpi
   netns_down

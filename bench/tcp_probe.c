@@ -1,0 +1,154 @@
+/* tcp_probe: the floor under a 2-rank AllReduce over TCP between two hosts (here two network
+ * namespaces). A 2-rank AllReduce of S bytes must carry S bytes each way (each rank needs every
+ * element of the other's input or of the reduced half), so its busbw (S / time) cannot exceed
+ * what one connection moves per direction while the other direction is busy too. Both ends send
+ * S bytes and receive S bytes at once on one connection (a sender and a receiver thread each,
+ * TCP_NODELAY, the kernel's default buffers), five times after a warm-up round.
+ *
+ *   tcp_probe --listen PORT --bytes S          (one end)
+ *   tcp_probe --connect ADDR PORT --bytes S    (the other; retries for 10 s)
+ *
+ * The listening end prints "RESULT lib=floor coll=tcp-duplex n=2 bytes=S time_us=T busbw=G" (the
+ * best of the five rounds; busbw = S / T in GB/s, per direction).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static size_t bytes;
+static int fd = -1;
+static char *sendbuf, *recvbuf;
+static int failed;
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void* sender(void* arg) {
+  for (size_t off = 0; off < bytes;) {
+    const ssize_t k = send(fd, sendbuf + off, bytes - off, MSG_NOSIGNAL);
+    if (k <= 0) {
+      if (k < 0 && errno == EINTR) continue;
+      fprintf(stderr, "tcp_probe: send: %s\n", k < 0 ? strerror(errno) : "connection closed");
+      failed = 1;
+      return arg;
+    }
+    off += (size_t)k;
+  }
+  return arg;
+}
+
+static void* receiver(void* arg) {
+  for (size_t off = 0; off < bytes;) {
+    const ssize_t k = recv(fd, recvbuf + off, bytes - off, 0);
+    if (k <= 0) {
+      if (k < 0 && errno == EINTR) continue;
+      fprintf(stderr, "tcp_probe: recv: %s\n", k < 0 ? strerror(errno) : "connection closed");
+      failed = 1;
+      return arg;
+    }
+    off += (size_t)k;
+  }
+  return arg;
+}
+
+static int usage(void) {
+  fprintf(stderr, "usage: tcp_probe --listen PORT --bytes S | --connect ADDR PORT --bytes S\n");
+  return 2;
+}
+
+int main(int argc, char** argv) {
+  const char* addr = NULL;
+  int port = 0, listening = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc) {
+      listening = 1;
+      port = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--connect") == 0 && i + 2 < argc) {
+      addr = argv[++i];
+      port = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--bytes") == 0 && i + 1 < argc) {
+      bytes = strtoull(argv[++i], NULL, 10);
+    } else {
+      return usage();
+    }
+  }
+  if ((listening == (addr != NULL)) || port <= 0 || port > 65535 || bytes == 0) return usage();
+  sendbuf = malloc(bytes);
+  recvbuf = malloc(bytes);
+  if (sendbuf == NULL || recvbuf == NULL) {
+    fprintf(stderr, "tcp_probe: cannot allocate 2 x %zu bytes\n", bytes);
+    return 1;
+  }
+  memset(sendbuf, 1, bytes);
+  memset(recvbuf, 0, bytes);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  if (listening) {
+    const int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (l < 0 || bind(l, (struct sockaddr*)&a, sizeof a) != 0 || listen(l, 1) != 0) {
+      fprintf(stderr, "tcp_probe: listen on port %d: %s\n", port, strerror(errno));
+      return 1;
+    }
+    fd = accept(l, NULL, NULL);
+    close(l);
+  } else {
+    if (inet_pton(AF_INET, addr, &a.sin_addr) != 1) {
+      fprintf(stderr, "tcp_probe: '%s' is not an IPv4 address\n", addr);
+      return 2;
+    }
+    const double give_up = now() + 10;
+    while (1) {
+      fd = socket(AF_INET, SOCK_STREAM, 0);
+      if (fd >= 0 && connect(fd, (struct sockaddr*)&a, sizeof a) == 0) break;
+      if (fd >= 0) close(fd);
+      fd = -1;
+      if (now() > give_up) break;
+      usleep(50000);
+    }
+  }
+  if (fd < 0) {
+    fprintf(stderr, "tcp_probe: no connection (%s:%d): %s\n", addr ? addr : "listen", port, strerror(errno));
+    return 1;
+  }
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  double best = 1e30;
+  for (int round = 0; round < 6 && !failed; ++round) {
+    char token = 0;  /* both ends start together */
+    if (send(fd, &token, 1, MSG_NOSIGNAL) != 1 || recv(fd, &token, 1, MSG_WAITALL) != 1) {
+      fprintf(stderr, "tcp_probe: the other end went away\n");
+      return 1;
+    }
+    const double t0 = now();
+    pthread_t s, r;
+    pthread_create(&s, NULL, sender, NULL);
+    pthread_create(&r, NULL, receiver, NULL);
+    pthread_join(s, NULL);
+    pthread_join(r, NULL);
+    const double t = now() - t0;
+    if (round > 0 && t < best) best = t;  /* round 0 warms up */
+  }
+  close(fd);
+  if (failed) return 1;
+  if (listening)
+    printf("RESULT lib=floor coll=tcp-duplex n=2 bytes=%zu time_us=%.1f busbw=%.4f\n", bytes, best * 1e6,
+           (double)bytes / best / 1e9);
+  return 0;
+}

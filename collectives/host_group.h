@@ -190,8 +190,9 @@ class HostGroup {
   std::unique_ptr<device::Buffer> staging_[2];
   bool one_shot_ = true;              // every rank's device memory is host accessible
   bool one_rank_per_process_ = true;  // no two ranks share a pid
-  // The ranks' processes may run on at least as many CPUs as there are ranks: waits spin (yielding between windows) and never
-  // sleep, so publishing rings no bell. Otherwise they spin briefly, yield, then sleep.
+  // The ranks' processes may run on at least as many CPUs as there are ranks: waits spin
+  // (yielding between windows) and never sleep, so publishing rings no bell. Otherwise they spin
+  // briefly, yield, then sleep.
   bool spin_ = false;
 };
 

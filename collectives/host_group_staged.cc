@@ -68,8 +68,10 @@ Status HostGroup::Staged(uint64_t seq, uint64_t signature, const CollectiveReque
       }
       break;
     case Collective::kReduceScatter:
-      for (int q = 0; q < n; ++q)
-        if (q != me) copy(stage + static_cast<uint64_t>(q) * c * elem, in + static_cast<uint64_t>(q) * c * elem, c * elem);
+      for (int q = 0; q < n; ++q) {
+        const uint64_t at = static_cast<uint64_t>(q) * c * elem;
+        if (q != me) copy(stage + at, in + at, c * elem);
+      }
       break;
     case Collective::kAllGather:
       copy(stage, in, c * elem);

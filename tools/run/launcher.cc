@@ -1,8 +1,8 @@
 #include "tools/run/launcher.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -175,8 +175,8 @@ Status Runner::StartRank(Rank& r, const std::string& path, const sigset_t& child
     if (getppid() != parent) _exit(127);  // kizuna-run died before the line above
     signal(SIGPIPE, SIG_DFL);             // kizuna-run ignores it; the program gets the default
     sigprocmask(SIG_SETMASK, &child_mask, nullptr);
-    if ((bind && sched_setaffinity(0, sizeof(cpu), &cpu) != 0) || dup2(null_fd.get(), STDIN_FILENO) < 0 || dup2(out_w.get(), STDOUT_FILENO) < 0 ||
-        dup2(err_w.get(), STDERR_FILENO) < 0) {
+    if ((bind && sched_setaffinity(0, sizeof(cpu), &cpu) != 0) || dup2(null_fd.get(), STDIN_FILENO) < 0 ||
+        dup2(out_w.get(), STDOUT_FILENO) < 0 || dup2(err_w.get(), STDERR_FILENO) < 0) {
       int e = errno;
       (void)!write(report_w.get(), &e, sizeof(e));
       _exit(127);

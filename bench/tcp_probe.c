@@ -3,13 +3,16 @@
  * element of the other's input or of the reduced half), so its busbw (S / time) cannot exceed
  * what one connection moves per direction while the other direction is busy too. Both ends send
  * S bytes and receive S bytes at once on one connection (a sender and a receiver thread each,
- * TCP_NODELAY, the kernel's default buffers), five times after a warm-up round.
+ * TCP_NODELAY, the kernel's default buffers), five times after a warm-up round. With
+ * --connections K the S bytes are split over K connections (K sender and K receiver threads): what
+ * more connections would buy. --rounds R (default 6) for a longer run under a profiler.
  *
- *   tcp_probe --listen PORT --bytes S          (one end)
- *   tcp_probe --connect ADDR PORT --bytes S    (the other; retries for 10 s)
+ *   tcp_probe --listen PORT --bytes S [--connections K]          (one end)
+ *   tcp_probe --connect ADDR PORT --bytes S [--connections K]    (the other; retries for 10 s)
  *
  * The listening end prints "RESULT lib=floor coll=tcp-duplex n=2 bytes=S time_us=T busbw=G" (the
- * best of the five rounds; busbw = S / T in GB/s, per direction).
+ * best of the five rounds; busbw = S / T in GB/s, per direction); with K > 1 the coll is
+ * "tcp-duplex-K".
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -25,10 +28,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#define MAX_CONNECTIONS 16
+
 static size_t bytes;
-static int fd = -1;
+static int nconn = 1;
+static int rounds = 6; /* the first warms up */
+static int fds[MAX_CONNECTIONS];
 static char *sendbuf, *recvbuf;
 static int failed;
+
+/* Connection i carries bytes [lo, hi) of the buffers. */
+static size_t slice_lo(int i) { return bytes / (size_t)nconn * (size_t)i; }
+static size_t slice_hi(int i) { return i + 1 == nconn ? bytes : slice_lo(i + 1); }
 
 static double now(void) {
   struct timespec t;
@@ -37,8 +48,9 @@ static double now(void) {
 }
 
 static void* sender(void* arg) {
-  for (size_t off = 0; off < bytes;) {
-    const ssize_t k = send(fd, sendbuf + off, bytes - off, MSG_NOSIGNAL);
+  const int i = (int)(intptr_t)arg;
+  for (size_t off = slice_lo(i), end = slice_hi(i); off < end;) {
+    const ssize_t k = send(fds[i], sendbuf + off, end - off, MSG_NOSIGNAL);
     if (k <= 0) {
       if (k < 0 && errno == EINTR) continue;
       fprintf(stderr, "tcp_probe: send: %s\n", k < 0 ? strerror(errno) : "connection closed");
@@ -51,8 +63,9 @@ static void* sender(void* arg) {
 }
 
 static void* receiver(void* arg) {
-  for (size_t off = 0; off < bytes;) {
-    const ssize_t k = recv(fd, recvbuf + off, bytes - off, 0);
+  const int i = (int)(intptr_t)arg;
+  for (size_t off = slice_lo(i), end = slice_hi(i); off < end;) {
+    const ssize_t k = recv(fds[i], recvbuf + off, end - off, 0);
     if (k <= 0) {
       if (k < 0 && errno == EINTR) continue;
       fprintf(stderr, "tcp_probe: recv: %s\n", k < 0 ? strerror(errno) : "connection closed");
@@ -65,7 +78,7 @@ static void* receiver(void* arg) {
 }
 
 static int usage(void) {
-  fprintf(stderr, "usage: tcp_probe --listen PORT --bytes S | --connect ADDR PORT --bytes S\n");
+  fprintf(stderr, "usage: tcp_probe --listen PORT --bytes S | --connect ADDR PORT --bytes S [--connections K] [--rounds R]\n");
   return 2;
 }
 
@@ -81,11 +94,17 @@ int main(int argc, char** argv) {
       port = atoi(argv[++i]);
     } else if (strcmp(argv[i], "--bytes") == 0 && i + 1 < argc) {
       bytes = strtoull(argv[++i], NULL, 10);
+    } else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
+      rounds = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--connections") == 0 && i + 1 < argc) {
+      nconn = atoi(argv[++i]);
     } else {
       return usage();
     }
   }
-  if ((listening == (addr != NULL)) || port <= 0 || port > 65535 || bytes == 0) return usage();
+  if ((listening == (addr != NULL)) || port <= 0 || port > 65535 || bytes == 0 || nconn < 1 ||
+      nconn > MAX_CONNECTIONS || rounds < 2)
+    return usage();
   sendbuf = malloc(bytes);
   recvbuf = malloc(bytes);
   if (sendbuf == NULL || recvbuf == NULL) {
@@ -102,11 +121,11 @@ int main(int argc, char** argv) {
     const int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     a.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (l < 0 || bind(l, (struct sockaddr*)&a, sizeof a) != 0 || listen(l, 1) != 0) {
+    if (l < 0 || bind(l, (struct sockaddr*)&a, sizeof a) != 0 || listen(l, nconn) != 0) {
       fprintf(stderr, "tcp_probe: listen on port %d: %s\n", port, strerror(errno));
       return 1;
     }
-    fd = accept(l, NULL, NULL);
+    for (int i = 0; i < nconn; ++i) fds[i] = accept(l, NULL, NULL);
     close(l);
   } else {
     if (inet_pton(AF_INET, addr, &a.sin_addr) != 1) {
@@ -114,41 +133,52 @@ int main(int argc, char** argv) {
       return 2;
     }
     const double give_up = now() + 10;
-    while (1) {
-      fd = socket(AF_INET, SOCK_STREAM, 0);
-      if (fd >= 0 && connect(fd, (struct sockaddr*)&a, sizeof a) == 0) break;
-      if (fd >= 0) close(fd);
-      fd = -1;
-      if (now() > give_up) break;
-      usleep(50000);
+    for (int i = 0; i < nconn; ++i) {
+      while (1) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        if (fds[i] >= 0 && connect(fds[i], (struct sockaddr*)&a, sizeof a) == 0) break;
+        if (fds[i] >= 0) close(fds[i]);
+        fds[i] = -1;
+        if (now() > give_up) break;
+        usleep(50000);
+      }
     }
   }
-  if (fd < 0) {
-    fprintf(stderr, "tcp_probe: no connection (%s:%d): %s\n", addr ? addr : "listen", port, strerror(errno));
-    return 1;
+  for (int i = 0; i < nconn; ++i) {
+    if (fds[i] < 0) {
+      fprintf(stderr, "tcp_probe: no connection (%s:%d): %s\n", addr ? addr : "listen", port, strerror(errno));
+      return 1;
+    }
+    const int one = 1;
+    setsockopt(fds[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   double best = 1e30;
-  for (int round = 0; round < 6 && !failed; ++round) {
+  for (int round = 0; round < rounds && !failed; ++round) {
     char token = 0;  /* both ends start together */
-    if (send(fd, &token, 1, MSG_NOSIGNAL) != 1 || recv(fd, &token, 1, MSG_WAITALL) != 1) {
+    if (send(fds[0], &token, 1, MSG_NOSIGNAL) != 1 || recv(fds[0], &token, 1, MSG_WAITALL) != 1) {
       fprintf(stderr, "tcp_probe: the other end went away\n");
       return 1;
     }
     const double t0 = now();
-    pthread_t s, r;
-    pthread_create(&s, NULL, sender, NULL);
-    pthread_create(&r, NULL, receiver, NULL);
-    pthread_join(s, NULL);
-    pthread_join(r, NULL);
+    pthread_t s[MAX_CONNECTIONS], r[MAX_CONNECTIONS];
+    for (int i = 0; i < nconn; ++i) {
+      pthread_create(&s[i], NULL, sender, (void*)(intptr_t)i);
+      pthread_create(&r[i], NULL, receiver, (void*)(intptr_t)i);
+    }
+    for (int i = 0; i < nconn; ++i) {
+      pthread_join(s[i], NULL);
+      pthread_join(r[i], NULL);
+    }
     const double t = now() - t0;
     if (round > 0 && t < best) best = t;  /* round 0 warms up */
   }
-  close(fd);
+  for (int i = 0; i < nconn; ++i) close(fds[i]);
   if (failed) return 1;
-  if (listening)
-    printf("RESULT lib=floor coll=tcp-duplex n=2 bytes=%zu time_us=%.1f busbw=%.4f\n", bytes, best * 1e6,
+  if (listening) {
+    char coll[32] = "tcp-duplex";
+    if (nconn > 1) snprintf(coll, sizeof coll, "tcp-duplex-%d", nconn);
+    printf("RESULT lib=floor coll=%s n=2 bytes=%zu time_us=%.1f busbw=%.4f\n", coll, bytes, best * 1e6,
            (double)bytes / best / 1e9);
+  }
   return 0;
 }

@@ -59,7 +59,8 @@ Executor::~Executor() {
 size_t Executor::slot_bytes_for(int total_channels, size_t chunk_bytes) const {
   const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
   size_t bytes = transport_->staging().size() / slots;
-  bytes = std::min(bytes, chunk_bytes > 0 ? chunk_bytes : kDefaultChunkBytes);
+  const size_t cap = transport_->network() ? kNetworkChunkBytes : kDefaultChunkBytes;
+  bytes = std::min(bytes, chunk_bytes > 0 ? chunk_bytes : cap);
   bytes = bytes / kMinSlotBytes * kMinSlotBytes;
   return bytes;
 }

@@ -531,8 +531,11 @@ Result<std::unique_ptr<Transport>> Transport::Create(std::span<fabric::Fabric* c
     served[f].push_back(q);
     device_names[f].insert(via.name);
     device_names[f].insert(p->recv->properties().name);
+    t->network_ = t->network_ || !via.point_to_point;
   }
-  KZ_RETURN_IF_ERROR(t->SetUpStaging(device, options, where));
+  TransportOptions staging_options = options;
+  if (t->network_) staging_options.staging_bytes = std::max(options.staging_bytes, options.network_staging_bytes);
+  KZ_RETURN_IF_ERROR(t->SetUpStaging(device, staging_options, where));
 
   // "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3 (device tcp;ofi_rxm:lo)"
   std::string groups;

@@ -69,6 +69,12 @@ struct TransportOptions {
   // Stage through host memory (Device::AllocateHost) even where a fabric could reach the
   // device's memory: runs the host-staged path on any device (tests, comparisons).
   bool force_host_staging = false;
+  // When some peer is reached over a network (a switched fabric device: ofi, roce), the staging
+  // buffer grows to at least this much (0: staging_bytes regardless), so that the executor's
+  // slots can hold the larger chunks network transfers want (Executor::slot_bytes_for): each
+  // message there pays a fixed cost (tcp;ofi_rxm between two hosts: a rendezvous of several
+  // round trips), which 512 KiB chunks do not amortize (docs/PERFORMANCE.md, "TCP").
+  size_t network_staging_bytes = 0;
 };
 
 // How the staging buffer is registered on a comm.
@@ -130,6 +136,9 @@ class Transport {
   const std::vector<StagingPath>& staging_paths() const { return staging_paths_; }
   // True when the staging buffer is host memory (StagingPath::kHostMemory on every comm).
   bool host_staging() const { return host_staging_; }
+  // True when some peer is reached through a switched fabric device (point_to_point false: a
+  // network such as ofi or roce), not only over direct links.
+  bool network() const { return network_; }
   // This rank's row of the shape's links: links[to] for every rank (unreachable for itself),
   // from the fabric device's latency and speed (0 when the fabric does not say), staged = true.
   const std::vector<LinkDesc>& link_row() const { return link_row_; }
@@ -158,6 +167,7 @@ class Transport {
   std::unique_ptr<device::Buffer> staging_;
   std::vector<StagingPath> staging_paths_;
   bool host_staging_ = false;
+  bool network_ = false;
   std::string staging_text_;  // "by fd (device export)", "through host memory (why)"
   std::vector<LinkDesc> link_row_;
   std::string description_;

@@ -76,8 +76,9 @@ struct CommOptions {
   // The configuration to use; nullptr: the process's (GlobalConfig()). Must outlive the
   // communicator.
   const Config* config = nullptr;
-  // Staging memory per rank on its device for the engine's transfers.
-  size_t staging_bytes = 8u << 20;
+  // Staging memory per rank on its device for the engine's transfers; 0: 8 MiB, or 16 MiB when
+  // some peer is reached over a network fabric (TransportOptions::network_staging_bytes).
+  size_t staging_bytes = 0;
   // The host this rank runs on, as ranks compare it: ranks of one host are linked directly
   // (directconnect), ranks of different hosts through a network fabric.
   std::string host_id;  // "" = HostId(); tests that pretend ranks are on different hosts set it

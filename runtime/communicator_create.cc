@@ -64,6 +64,10 @@ bootstrap::Bytes EncodeRankRow(const collectives::RankDesc& me, const std::vecto
 // steps. (A deeper window, 8(E+2), did not speed up the two-level tree that runs slowest under
 // link shaping: docs/PERFORMANCE.md.)
 constexpr int kInaWindow = 16;
+// CommOptions::staging_bytes 0: this much, or kNetworkStagingBytes when a peer is reached over a
+// network (a 2-channel window of 4 slots of collectives' kNetworkChunkBytes).
+constexpr size_t kDefaultStagingBytes = 8u << 20;
+constexpr size_t kNetworkStagingBytes = 16u << 20;
 int InaWindow(const collectives::ina::Layout& layout, bool aggregation_device) {
   return aggregation_device ? std::max(kInaWindow, 4 * (layout.aggregator_ports + 1)) : kInaWindow;
 }
@@ -230,10 +234,11 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   for (int r = 0; r < c->rank_; ++r)
     if (rank_hosts[static_cast<size_t>(r)] == host) ++local_rank;
 
+  const size_t staging_bytes = options.staging_bytes > 0 ? options.staging_bytes : kDefaultStagingBytes;
   if (c->bootstrap_->size() == 1) {
     // Nothing to connect: no fabric is needed (or wanted: a one-rank job must work anywhere).
     collectives::TransportOptions topts;
-    topts.staging_bytes = options.staging_bytes;
+    topts.staging_bytes = staging_bytes;
     topts.force_host_staging = options.force_host_staging;
     KZ_ASSIGN_OR_RETURN(c->transport_, collectives::Transport::CreateSingle(device, topts));
   } else {
@@ -267,11 +272,12 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
                         AgreeOnFabrics(*c->fabrics_, *c->bootstrap_, c->rank_, deadline));
 
     collectives::TransportOptions topts;
-    topts.staging_bytes = options.staging_bytes;
+    topts.staging_bytes = staging_bytes;
+    if (options.staging_bytes == 0) topts.network_staging_bytes = kNetworkStagingBytes;
     // An aggregation device keeps more steps in flight (InaWindow): its staging grows with its
     // window, so that its slots are as large as the workers' chunks.
     if (layout && c->aggregation_device_)
-      topts.staging_bytes = options.staging_bytes / kInaWindow * static_cast<size_t>(InaWindow(*layout, true));
+      topts.staging_bytes = staging_bytes / kInaWindow * static_cast<size_t>(InaWindow(*layout, true));
     topts.force_host_staging = options.force_host_staging;
     KZ_ASSIGN_OR_RETURN(c->transport_,
                         collectives::Transport::Create(common, *c->bootstrap_, device, topts, deadline));

@@ -248,6 +248,26 @@ TEST(Ofi, ThreeRanksOverTcp) {
   ExchangeOnEveryRank(w, /*single_copy=*/false);
 }
 
+// A rank with a peer over a network (ofi: a switched device) grows its staging to
+// network_staging_bytes, for the executor's larger network chunks; direct links alone do not.
+TEST(Ofi, NetworkPeersGrowTheStaging) {
+  constexpr size_t kNetworkBytes = 4u << 20;
+  for (const std::string fabric_name : {"ofi", "directconnect"}) {
+    World w(2, fabric_name, fabric_name == "ofi" ? "" : "full", {"ofi:tcp"});
+    if (w.status.code() == StatusCode::kUnavailable) GTEST_SKIP() << fabric_name << " is not available here: " << w.status.ToString();
+    ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+    const bool network = fabric_name == "ofi";
+    OnEveryRank(2, [&](int r) {
+      TransportOptions options{kStagingBytes, 256};
+      options.network_staging_bytes = kNetworkBytes;
+      auto created = CreateOver(w.fabric(r), w.boot(r), w.device(r), options, Soon());
+      ASSERT_TRUE(created.ok()) << created.status().ToString();
+      EXPECT_EQ((*created)->network(), network) << fabric_name;
+      EXPECT_EQ((*created)->staging().size(), network ? kNetworkBytes : kStagingBytes) << fabric_name;
+    });
+  }
+}
+
 TEST(TwoFabrics, NeighboursOverDirectLinksEveryOtherPairOverOfi) {
   // Directconnect first, on a ring: each rank's two neighbours are served by their direct links;
   // the rank across the ring has no link, so the pair takes the next fabric that serves both ends.

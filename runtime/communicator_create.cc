@@ -273,7 +273,8 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
 
     collectives::TransportOptions topts;
     topts.staging_bytes = staging_bytes;
-    if (options.staging_bytes == 0) topts.network_staging_bytes = kNetworkStagingBytes;
+    // Not in INA jobs: their workers' and aggregation devices' slots must match (InaWindow).
+    if (options.staging_bytes == 0 && !layout) topts.network_staging_bytes = kNetworkStagingBytes;
     // An aggregation device keeps more steps in flight (InaWindow): its staging grows with its
     // window, so that its slots are as large as the workers' chunks.
     if (layout && c->aggregation_device_)

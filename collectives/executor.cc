@@ -69,6 +69,8 @@ Status Executor::FillHeader(Operation& op, int* total_channels) {
   return executor_internal::FillHeader(op.members, &op.header, total_channels);
 }
 
+uint64_t PlanSignature(const Plan& plan) { return executor_internal::MemberSignature(plan); }
+
 Status executor_internal::FillHeader(const std::vector<OperationMember>& members, ControlMessage* header,
                                      int* total_channels) {
   uint64_t signature = 0xcbf29ce484222325ull;
@@ -81,7 +83,7 @@ Status executor_internal::FillHeader(const std::vector<OperationMember>& members
     if (!m.plan || m.plan->ranks.size() != 1) return Internal("an operation member without this rank's plan");
     const Collective c = m.plan->request.collective;
     if (c != Collective::kSend && c != Collective::kRecv) {
-      signature = Mix(signature, MemberSignature(*m.plan));
+      signature = Mix(signature, m.plan->signature != 0 ? m.plan->signature : MemberSignature(*m.plan));
       if (described == nullptr) described = &m;
     }
     *total_channels += static_cast<int>(m.plan->ranks[0].channels.size());
@@ -181,6 +183,7 @@ void Executor::Fail(const Status& status) {
     std::lock_guard lock(mu_);
     if (!error_.ok()) return;
     error_ = status;
+    failing_.store(true, std::memory_order_release);
   }
   // The other ranks of an in-process group may be waiting for this one: they fail now, naming
   // this rank's error, instead of at their deadline.
@@ -198,6 +201,7 @@ void Executor::Abort(std::string_view why) {
 }
 
 Status Executor::AsyncError() const {
+  if (!failing_.load(std::memory_order_acquire)) return Status::Ok();  // no lock on the common path
   std::lock_guard lock(mu_);
   return error_;
 }

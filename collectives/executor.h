@@ -54,6 +54,10 @@
 namespace kizuna::collectives {
 
 // One collective of an operation: its plan (this rank's part) and the caller's buffers.
+// What every rank's plan of one operation must agree on, hashed (the operation header's signature
+// is made of these): cache it in Plan::signature when the plan is kept for many calls.
+uint64_t PlanSignature(const Plan& plan);
+
 struct OperationMember {
   std::shared_ptr<const Plan> plan;  // ranks[0] is this rank's RankPlan
   const void* input = nullptr;       // device addresses, per plan.h's buffer table
@@ -230,6 +234,7 @@ class Executor {
   bool stopping_ = false;                          // guarded by mu_
   std::atomic<bool> abort_{false};
   std::atomic<bool> failed_{false};
+  std::atomic<bool> failing_{false};  // set with error_ (under mu_): AsyncError reads it without mu_
   uint64_t next_seq_ = 1;  // guarded by mu_
   uint64_t served_ = 0;    // guarded by mu_: operations run by Serve
   int pending_ = 0;        // guarded by mu_: taken from the queue, not finished

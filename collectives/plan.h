@@ -194,6 +194,9 @@ struct Plan {
   // nranks..nranks+aggregators-1, which have no input or output buffer (scratch only).
   int aggregators = 0;
   std::vector<RankPlan> ranks;
+  // The executor's signature of this plan (executor_internal::MemberSignature), stored once when
+  // a plan is cached so that calls need not hash it again; 0: not stored, computed per call.
+  uint64_t signature = 0;
 
   int world() const { return request.nranks + aggregators; }
 };

@@ -55,10 +55,15 @@ Result<std::shared_ptr<const Plan>> Communicator::PlanFor(const CollectiveReques
   PlanCache::Key key{static_cast<int>(request.collective), request.count, static_cast<int>(request.dtype),
                      static_cast<int>(request.op), request.root, request.in_place, forced, popts.chunk_count,
                      channels, popts.deterministic, popts.balance, grouped};
+  if (plans_->last_plan != nullptr && plans_->last_key == key) return plans_->last_plan;
   {
     std::lock_guard lock(plans_->mu);
     auto it = plans_->plans.find(key);
-    if (it != plans_->plans.end()) return it->second;
+    if (it != plans_->plans.end()) {
+      plans_->last_key = key;
+      plans_->last_plan = it->second;
+      return it->second;
+    }
   }
   KZ_ASSIGN_OR_RETURN(collectives::Selection sel, Select(request, popts, options.algorithm, grouped));
   // The model's choice, or the next supported candidate by predicted time when building says no
@@ -90,6 +95,7 @@ Result<std::shared_ptr<const Plan>> Communicator::PlanFor(const CollectiveReques
           rank_, request.ToString(), collectives::AlgorithmName(plan.algorithm), plan.chunk_count, plan.channels,
           steps, plan.ranks[0].scratch_count);
   KZ_TRACE(kLogColl, "{}", collectives::PlanToString(plan));
+  plan.signature = collectives::PlanSignature(plan);
   auto shared = std::make_shared<const Plan>(std::move(plan));
   std::lock_guard lock(plans_->mu);
   if (plans_->plans.size() >= kPlanCacheEntries) plans_->plans.clear();
@@ -129,7 +135,7 @@ Result<std::string> Communicator::ExplainChoice(Collective collective, size_t co
 
 bool Communicator::TakesHostMemory() const { return executor_ && executor_->TakesHostMemory(); }
 
-Status Communicator::Launch(std::vector<Call> calls) {
+Status Communicator::Launch(std::span<Call> calls) {
   // One operation: every call of this communicator, with staging slots sized for all channels.
   device::Stream* stream = calls[0].stream;
   for (const Call& c : calls)
@@ -138,8 +144,9 @@ Status Communicator::Launch(std::vector<Call> calls) {
                              "communicator within a group");
   // Plain host memory (CheckBuffer let it through: TakesHostMemory): the call runs fused on this
   // thread (Executor::TryInline).
+  // (Without TakesHostMemory, CheckBuffer refused every address the device does not own.)
   bool host_memory = false;
-  for (Call& c : calls) {
+  for (Call& c : TakesHostMemory() ? calls : std::span<Call>()) {
     const size_t elem = DataTypeSize(c.request.dtype);
     const uint64_t in = c.request.input_count() * elem, out = c.request.output_count() * elem;
     const bool host = (c.input != nullptr && in > 0 && !device_->Addressable(c.input, in)) ||
@@ -147,17 +154,17 @@ Status Communicator::Launch(std::vector<Call> calls) {
     if (host && !c.options.algorithm) c.options.algorithm = collectives::Algorithm::kFused;
     host_memory = host_memory || host;
   }
-  std::vector<int> channels;
-  int total = 0;
-  for (const Call& c : calls) {
+  // Channels asked for per call: two for one large call, else one.
+  auto channels = [&](const Call& c) {
     const size_t bytes =
         std::max(c.request.input_count(), c.request.output_count()) * DataTypeSize(c.request.dtype);
-    const int ch = bytes >= kTwoChannelBytes && calls.size() == 1 ? 2 : 1;
-    channels.push_back(ch);
-    total += ch;
-  }
+    return bytes >= kTwoChannelBytes && calls.size() == 1 ? 2 : 1;
+  };
+  int total = 0;
+  for (const Call& c : calls) total += channels(c);
   size_t slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
-  std::vector<collectives::OperationMember> members;
+  // Reused (call_mu_ is held): a call that runs inline allocates nothing here.
+  std::vector<collectives::OperationMember>& members = launch_members_;
   // An algorithm may use more channels than asked (ina: one per part of the layout): then the
   // slots are sized again for the channels the plans really have, and the plans rebuilt for them.
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -165,7 +172,7 @@ Status Communicator::Launch(std::vector<Call> calls) {
     int used = 0;
     for (size_t i = 0; i < calls.size(); ++i) {
       KZ_ASSIGN_OR_RETURN(auto plan,
-                          PlanFor(calls[i].request, calls[i].options, slot_bytes, channels[i], calls.size() > 1));
+                          PlanFor(calls[i].request, calls[i].options, slot_bytes, channels(calls[i]), calls.size() > 1));
       used += static_cast<int>(plan->ranks[0].channels.size());
       members.push_back({std::move(plan), calls[i].input, calls[i].output});
     }
@@ -175,7 +182,7 @@ Status Communicator::Launch(std::vector<Call> calls) {
   }
   KZ_ASSIGN_OR_RETURN(const bool ran, executor_->TryInline(members, *stream, host_memory));
   if (ran) return Status::Ok();
-  return executor_->Submit(std::move(members), *stream, slot_bytes);
+  return executor_->Submit(std::exchange(members, {}), *stream, slot_bytes);
 }
 
 Status Communicator::Enqueue(Call call) {
@@ -188,9 +195,7 @@ Status Communicator::Enqueue(Call call) {
     return Status::Ok();
   }
   std::lock_guard lock(call_mu_);
-  std::vector<Call> calls;
-  calls.push_back(std::move(call));
-  return Launch(std::move(calls));
+  return Launch(std::span<Call>(&call, 1));
 }
 
 Status Communicator::GroupStart() {
@@ -213,7 +218,7 @@ Status Communicator::GroupEnd() {
   Status first;
   for (Communicator* comm : order) {
     std::lock_guard lock(comm->call_mu_);
-    Status s = comm->Launch(std::move(by_comm[comm]));
+    Status s = comm->Launch(by_comm[comm]);
     if (!s.ok() && first.ok()) first = s.WithContext(fmt::format("GroupEnd, communicator rank {}", comm->rank_));
   }
   return first;
@@ -236,7 +241,7 @@ Status CheckBuffer(const Communicator& comm, std::string_view what, std::string_
   const size_t elem = DataTypeSize(type);
   if (count > SIZE_MAX / elem) return InvalidArgument(fmt::format("{}: {} elements overflow", what, count));
   if (p == nullptr) return InvalidArgument(fmt::format("{}: {} is null with {} elements", what, name, count));
-  if (!comm.device().Addressable(p, count * elem) && !comm.TakesHostMemory())
+  if (!comm.TakesHostMemory() && !comm.device().Addressable(p, count * elem))
     return InvalidArgument(fmt::format("{}: {} [{}, +{} bytes) is not memory of {} (plain host memory is taken only "
                                        "by communicators of one rank per process on one host whose devices the CPU "
                                        "reaches)",

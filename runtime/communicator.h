@@ -63,6 +63,7 @@ namespace kizuna {
 namespace collectives {
 class DirectGroup;
 class Executor;
+struct OperationMember;
 class Transport;
 }  // namespace collectives
 namespace fabric {
@@ -200,7 +201,8 @@ class Communicator {
                                                     device::Device& device, const CommOptions& options,
                                                     std::shared_ptr<collectives::DirectGroup> direct = nullptr);
   Status Enqueue(Call call);
-  Status Launch(std::vector<Call> calls);
+  // Runs or queues `calls` as one operation; call_mu_ held.
+  Status Launch(std::span<Call> calls);
   // `grouped`: the call is one of several in a group (the direct algorithms run alone).
   Result<collectives::Selection> Select(const collectives::CollectiveRequest& request,
                                        const collectives::PlanOptions& options,
@@ -227,6 +229,9 @@ class Communicator {
   std::unique_ptr<PlanCache> plans_;
   uint32_t splits_ = 0;  // splits made from this communicator (tags for their bootstraps)
   std::mutex call_mu_;   // one call at a time
+  // Launch's list of operation members, kept between calls (guarded by call_mu_) so that a call
+  // run inline allocates nothing.
+  std::vector<collectives::OperationMember> launch_members_;
 };
 
 }  // namespace kizuna

@@ -32,6 +32,11 @@ struct Communicator::PlanCache {
   std::mutex mu;
   using Key = std::tuple<int, uint64_t, int, int, int, bool, int, uint64_t, int, bool, bool, bool>;
   std::map<Key, std::shared_ptr<const collectives::Plan>> plans;
+  // The plan of the last lookup, checked before the map: a loop repeating one call finds it
+  // without the lock and the map's key comparisons. Only Launch looks plans up, under call_mu_,
+  // which guards these two.
+  Key last_key;
+  std::shared_ptr<const collectives::Plan> last_plan;
   std::map<std::tuple<int, uint64_t, int, int, int, int>, bool> logged;  // selections logged once
 };
 

@@ -48,6 +48,7 @@ inline void CpuRelax() {
 // Polls `ready` for up to kSpin; true when it became true.
 template <typename Pred>
 bool SpinBriefly(Pred&& ready) {
+  if (ready()) return true;  // before reading the clock: the common case costs no clock read
   const Clock::time_point end = Clock::now() + kSpin;
   for (unsigned i = 1;; ++i) {
     if (ready()) return true;
@@ -246,14 +247,17 @@ class StreamCore {
       return Timeout(fmt::format("{}: Synchronize reached its deadline with {} operation(s) unfinished{}", s_.label,
                                  unfinished, doing));
     }
+    if (!failed_.load(std::memory_order_acquire)) return Status::Ok();
     std::lock_guard lock(mu_);
     return error_;
   }
 
   Result<bool> Query() {
+    // Without a lock unless the stream failed: a fused operation asks this before every call.
+    if (!failed_.load(std::memory_order_acquire))
+      return completed_.load(std::memory_order_acquire) >= enqueued_.load(std::memory_order_acquire);
     std::lock_guard lock(mu_);
-    if (!error_.ok()) return error_;
-    return completed_.load(std::memory_order_relaxed) >= enqueued_.load(std::memory_order_relaxed);
+    return error_;
   }
 
   bool WaitDrained(Deadline deadline) { return WaitCompleted(enqueued_.load(std::memory_order_acquire), deadline); }
@@ -271,6 +275,7 @@ class StreamCore {
       completed_.fetch_add(dropped.size(), std::memory_order_release);
       waiting = waiting_on_;
       if (error_.ok()) error_ = why;
+      failed_.store(true, std::memory_order_release);
     }
     wake_cv_.notify_all();
     done_cv_.notify_all();
@@ -344,6 +349,7 @@ class StreamCore {
       std::lock_guard lock(mu_);
       first = error_.ok();
       if (first) error_ = status;
+      failed_.store(true, std::memory_order_release);
     }
     if (first) KZ_WARN(kLogDevice, "{}: {}; later operations on this stream are skipped", s_.label, status.ToString());
   }
@@ -533,6 +539,9 @@ class StreamCore {
   std::condition_variable done_cv_;  // Synchronize and the destructor wait here: progress, exit
   std::deque<Op> queue_;             // guarded by mu_
   Status error_;                     // guarded by mu_; the first failure, sticky
+  // Set (release) whenever error_ is, before the failed operation counts as completed: a reader
+  // that sees it clear after reading completed_ need not take mu_ for error_.
+  std::atomic<bool> failed_{false};
   std::shared_ptr<EventState> waiting_on_;  // guarded by mu_; the event the worker waits for now
   int sync_waiters_ = 0;                    // guarded by mu_
   bool worker_idle_ = false;                // guarded by mu_

@@ -373,6 +373,8 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     seq = next_seq_++;
   }
   const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
+  // Ranks outnumbering the CPUs each do their part on this thread alone.
+  const ScopedSerialHostWork serial(group.oversubscribed());
   Status s;
   if (group.UsesOneShot(req)) {
     s = group.OneShot(seq, signature, req, m.input, m.output, deadline, abort_);

@@ -116,6 +116,9 @@ class HostGroup {
   // ranks have called too (Executor::TryInline): a thread that drives several ranks in turn
   // would wait for itself.
   bool one_rank_per_process() const { return one_rank_per_process_; }
+  // The ranks outnumber the CPUs their processes may run on (the waits then sleep): each rank's
+  // CPU work should stay on its own thread, since more threads would only contend.
+  bool oversubscribed() const { return !spin_; }
   Status OneShot(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input, void* output,
                  Deadline deadline, const std::atomic<bool>& abort);
   // A fused operation whole, on the calling thread, over plain host memory of this process

@@ -21,6 +21,8 @@ namespace {
 constexpr size_t kBlock = 1024;
 // Below this many bytes touched (inputs + output) one thread is faster than waking others.
 constexpr size_t kParallelBytes = size_t{1} << 20;
+// ScopedSerialHostWork: this thread's large work stays on it.
+thread_local bool t_serial = false;
 // Work per oneTBB task; large enough that scheduling costs vanish.
 constexpr size_t kTaskBytes = size_t{256} << 10;
 
@@ -264,7 +266,7 @@ Status HostReduce(void* dst, std::span<const void* const> srcs, size_t count, Da
       return InvalidArgument(fmt::format("reduce input {} partially overlaps the output", k));
   }
   const size_t touched = bytes * (srcs.size() + 1);
-  if (touched < kParallelBytes) {
+  if (touched < kParallelBytes || t_serial) {
     HostReduceRange(dst, srcs, 0, count, type, op);
     return Status::Ok();
   }
@@ -309,7 +311,7 @@ Status HostReduceMulti(std::span<void* const> dsts, std::span<const void* const>
     }
   };
   const size_t touched = bytes * (srcs.size() + dsts.size());
-  if (touched < kParallelBytes) {
+  if (touched < kParallelBytes || t_serial) {
     range(0, count);
     return Status::Ok();
   }
@@ -350,7 +352,7 @@ Status HostScale(void* dst, const void* src, size_t count, DataType type, uint32
   if (src == nullptr) return InvalidArgument("scale input is null");
   if (src != dst && Overlaps(src, bytes, dst, bytes))
     return InvalidArgument("scale input partially overlaps the output (only dst == src is allowed)");
-  if (bytes < kParallelBytes / 2) {  // one input read, one output written
+  if (bytes < kParallelBytes / 2 || t_serial) {  // one input read, one output written
     HostScaleRange(dst, src, 0, count, type, divisor);
     return Status::Ok();
   }
@@ -363,7 +365,7 @@ Status HostScale(void* dst, const void* src, size_t count, DataType type, uint32
 }
 
 void HostCopy(void* dst, const void* src, size_t bytes) {
-  if (bytes < kParallelBytes) {
+  if (bytes < kParallelBytes || t_serial) {
     std::memmove(dst, src, bytes);
     return;
   }
@@ -375,5 +377,9 @@ void HostCopy(void* dst, const void* src, size_t bytes) {
     std::memcpy(static_cast<char*>(dst) + r.begin(), static_cast<const char*>(src) + r.begin(), r.size());
   });
 }
+
+ScopedSerialHostWork::ScopedSerialHostWork(bool serial) : previous_(t_serial) { t_serial = t_serial || serial; }
+
+ScopedSerialHostWork::~ScopedSerialHostWork() { t_serial = previous_; }
 
 }  // namespace kizuna

@@ -60,4 +60,19 @@ void HostScaleRange(void* dst, const void* src, size_t begin, size_t end, DataTy
 // Copies with oneTBB splitting large copies across threads.
 void HostCopy(void* dst, const void* src, size_t bytes);
 
+// While one is alive (and made with serial = true), HostReduce, HostReduceMulti, HostScale and
+// HostCopy called on this thread run on it alone instead of splitting large work across oneTBB's
+// threads: for callers that already run more threads than there are CPUs (ranks in several
+// processes outnumbering the CPUs, where 1 MiB AllReduces ran 15-50 % faster this way).
+class ScopedSerialHostWork {
+ public:
+  explicit ScopedSerialHostWork(bool serial = true);
+  ~ScopedSerialHostWork();
+  ScopedSerialHostWork(const ScopedSerialHostWork&) = delete;
+  ScopedSerialHostWork& operator=(const ScopedSerialHostWork&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace kizuna

@@ -67,6 +67,38 @@ TEST(HostReduceTest, ParallelPathMatchesSerial) {
   EXPECT_EQ(par[n - 1], (n - 1) * 0.5 - double((n - 1) % 97) + 3.0);
 }
 
+// Large work under ScopedSerialHostWork (one thread) gives the same bits as the split path, for
+// every entry point it affects; scopes nest and restore.
+TEST(HostReduceTest, SerialScopeGivesTheSameResults) {
+  const size_t n = (size_t{1} << 21) + 5;
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) a[i] = static_cast<float>(i % 1013) * 0.25f, b[i] = 1.0f / static_cast<float>(1 + i % 7);
+  const void* srcs[] = {a.data(), b.data()};
+  std::vector<float> par(n), par2(n), par_scaled(n), par_copy(n);
+  void* par_dsts[] = {par.data(), par2.data()};
+  ASSERT_TRUE(HostReduceMulti(par_dsts, srcs, n, DataType::kFloat32, ReduceOp::kSum).ok());
+  ASSERT_TRUE(HostScale(par_scaled.data(), par.data(), n, DataType::kFloat32, 3).ok());
+  HostCopy(par_copy.data(), a.data(), n * sizeof(float));
+
+  std::vector<float> ser(n), ser2(n), ser_scaled(n), ser_copy(n);
+  {
+    const ScopedSerialHostWork serial;
+    {
+      const ScopedSerialHostWork not_serial(false);  // an inner scope that does not ask keeps it serial
+      void* ser_dsts[] = {ser.data(), ser2.data()};
+      ASSERT_TRUE(HostReduceMulti(ser_dsts, srcs, n, DataType::kFloat32, ReduceOp::kSum).ok());
+    }
+    ASSERT_TRUE(HostScale(ser_scaled.data(), ser.data(), n, DataType::kFloat32, 3).ok());
+    HostCopy(ser_copy.data(), a.data(), n * sizeof(float));
+  }
+  EXPECT_EQ(ser, par);
+  EXPECT_EQ(ser2, par2);
+  EXPECT_EQ(ser_scaled, par_scaled);
+  EXPECT_EQ(ser_copy, a);
+  EXPECT_EQ(par_copy, a);
+  EXPECT_EQ(par[n - 1], a[n - 1] + b[n - 1]);
+}
+
 TEST(HostReduceTest, MultiWritesEveryOutputInPlaceToo) {
   // The fused AllReduce's shape: every rank's buffer is an input and an output (in place), and
   // sizes on both sides of the threaded split.

@@ -42,6 +42,8 @@ constexpr size_t kDefaultChunkBytes = 512 << 10;
 // 64 MiB AllReduce at 2 ranks: 0.55-0.65 GB/s with 512 KiB chunks, 0.80-0.91 with 2 MiB; 4 and
 // 8 MiB no better).
 constexpr size_t kNetworkChunkBytes = 2 << 20;
+// Steps up to this size on host-accessible memory run on the executor's thread (Run::OnCpu).
+constexpr size_t kCpuStepBytes = 64 << 10;
 // How long the executor blocks on one thing before looking at everything again: short, so a
 // completion elsewhere is not left waiting, long enough not to burn a core.
 constexpr auto kWaitSlice = std::chrono::microseconds(200);
@@ -145,7 +147,12 @@ struct Executor::Operation {
 class Executor::Run {
  public:
   Run(Executor& ex, Operation& op, size_t slot_bytes, int slots)
-      : ex_(ex), op_(op), tr_(*ex.transport_), slot_bytes_(slot_bytes), slots_(slots) {}
+      : ex_(ex),
+        op_(op),
+        tr_(*ex.transport_),
+        slot_bytes_(slot_bytes),
+        slots_(slots),
+        cpu_steps_(CpuSteps(ex.device_->properties())) {}
 
   Status Execute(Deadline deadline);
 
@@ -181,8 +188,20 @@ class Executor::Run {
   Result<bool> Advance(ChannelRun& ch);
   Result<bool> Drive(ChannelRun& ch, size_t index, std::set<int>& send_blocked, std::set<int>& recv_blocked);
   Status Start(ChannelRun& ch, size_t index);
-  Status EnqueueLocal(ChannelRun& ch, const Step& step);
-  Status EnqueueConsume(ChannelRun& ch, const Step& step, StepState& st);
+  // A local step (copy, reduce, scale), on the channel's stream, or done here when `cpu`.
+  Status EnqueueLocal(ChannelRun& ch, const Step& step, bool cpu);
+  // What a receive's slot goes into (a copy or a reduce), on the stream or here when `cpu`.
+  Status EnqueueConsume(ChannelRun& ch, const Step& step, StepState& st, bool cpu);
+  // Whether a step moving `bytes` runs on this thread instead of a device stream: small steps on
+  // memory the CPU reaches, where the hand-off to the stream's thread and back costs far more
+  // than the copy (40-190 us per step measured between two namespaces on the build VM, against
+  // a 5 us fabric transfer).
+  bool OnCpu(size_t bytes) const { return cpu_steps_ && bytes <= executor_internal::kCpuStepBytes; }
+  // The CPU reaches the device's memory, and its streams model no speed or launch latency that
+  // running a step here would skip (an emulated device with KIZUNA_EMU_* throttles keeps them).
+  static bool CpuSteps(const device::DeviceProperties& p) {
+    return p.host_accessible && p.copy_gbps == 0 && p.reduce_gbps == 0 && p.launch_latency_us == 0;
+  }
   Result<bool> EventDone(StepState& st);
   Status CompleteRecv(ChannelRun& ch, size_t index, size_t size);
   void WaitBriefly();
@@ -204,6 +223,7 @@ class Executor::Run {
   Transport& tr_;
   const size_t slot_bytes_;
   const int slots_;
+  const bool cpu_steps_;  // the device's memory is host accessible (OnCpu)
 
   std::vector<ChannelRun> channels_;
   std::vector<ChannelRun> epilogues_;  // one per member that has an epilogue

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "collectives/executor_internal.h"
+#include "runtime/host_reduce.h"
 #include "runtime/logging.h"
 
 namespace kizuna::collectives {
@@ -248,42 +249,49 @@ Result<bool> Executor::Run::EventDone(StepState& st) {
   return done;
 }
 
-Status Executor::Run::EnqueueLocal(ChannelRun& ch, const Step& step) {
+Status Executor::Run::EnqueueLocal(ChannelRun& ch, const Step& step, bool cpu) {
   const CollectiveRequest& r = member(ch).plan->request;
   const size_t bytes = static_cast<size_t>(step.dst.count) * elem(ch);
+  const ReduceOp op = r.op == ReduceOp::kAvg ? ReduceOp::kSum : r.op;
   switch (step.kind) {
     case StepKind::kCopy:
-      KZ_RETURN_IF_ERROR(ch.stream->Copy(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), bytes));
-      break;
+      if (cpu) {
+        HostCopy(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), bytes);
+        return Status::Ok();
+      }
+      return ch.stream->Copy(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), bytes);
     case StepKind::kReduce: {
       std::vector<const void*> srcs;
       for (const Slice& s : step.srcs) srcs.push_back(Address(ch, s));
-      KZ_RETURN_IF_ERROR(ch.stream->Reduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype,
-                                           r.op == ReduceOp::kAvg ? ReduceOp::kSum : r.op));
-      break;
+      if (cpu) return HostReduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype, op);
+      return ch.stream->Reduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype, op);
     }
-    case StepKind::kScale:
-      KZ_RETURN_IF_ERROR(ch.stream->Scale(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), step.dst.count,
-                                          r.dtype, member(ch).plan->ranks[0].divisor));
-      break;
+    case StepKind::kScale: {
+      const uint32_t divisor = member(ch).plan->ranks[0].divisor;
+      if (cpu) return HostScale(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), step.dst.count, r.dtype, divisor);
+      return ch.stream->Scale(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), step.dst.count, r.dtype, divisor);
+    }
     default:
       return Internal("not a local step");
   }
-  return Status::Ok();
 }
 
-Status Executor::Run::EnqueueConsume(ChannelRun& ch, const Step& step, StepState& st) {
+Status Executor::Run::EnqueueConsume(ChannelRun& ch, const Step& step, StepState& st, bool cpu) {
   const CollectiveRequest& r = member(ch).plan->request;
   const size_t bytes = static_cast<size_t>(step.dst.count) * elem(ch);
   const uint8_t* slot = SlotAddress(st.slot);
   if (step.kind == StepKind::kRecv) {
-    if (bytes > 0) KZ_RETURN_IF_ERROR(ch.stream->Copy(MutableAddress(ch, step.dst), slot, bytes));
-  } else {
-    const std::array<const void*, 2> srcs = {Address(ch, step.srcs[0]), slot};
-    KZ_RETURN_IF_ERROR(ch.stream->Reduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype,
-                                         r.op == ReduceOp::kAvg ? ReduceOp::kSum : r.op));
+    if (bytes == 0) return Status::Ok();
+    if (cpu) {
+      HostCopy(MutableAddress(ch, step.dst), slot, bytes);
+      return Status::Ok();
+    }
+    return ch.stream->Copy(MutableAddress(ch, step.dst), slot, bytes);
   }
-  return Status::Ok();
+  const std::array<const void*, 2> srcs = {Address(ch, step.srcs[0]), slot};
+  const ReduceOp op = r.op == ReduceOp::kAvg ? ReduceOp::kSum : r.op;
+  if (cpu) return HostReduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype, op);
+  return ch.stream->Reduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype, op);
 }
 
 Status Executor::Run::Start(ChannelRun& ch, size_t index) {
@@ -305,11 +313,14 @@ Status Executor::Run::Start(ChannelRun& ch, size_t index) {
     free_events_.pop_back();
     return ch.stream->Record(*st.event);
   };
+  const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
   switch (step.kind) {
     case StepKind::kSend:
-      if (moves_bytes) {
-        KZ_RETURN_IF_ERROR(ch.stream->Copy(SlotAddress(st.slot), Address(ch, step.srcs[0]),
-                                           static_cast<size_t>(step.count()) * elem(ch)));
+      if (moves_bytes && OnCpu(bytes)) {
+        HostCopy(SlotAddress(st.slot), Address(ch, step.srcs[0]), bytes);
+        st.phase = Phase::kReadyToPost;
+      } else if (moves_bytes) {
+        KZ_RETURN_IF_ERROR(ch.stream->Copy(SlotAddress(st.slot), Address(ch, step.srcs[0]), bytes));
         KZ_RETURN_IF_ERROR(record());
         st.phase = Phase::kCopyIn;
       } else {
@@ -320,11 +331,17 @@ Status Executor::Run::Start(ChannelRun& ch, size_t index) {
     case StepKind::kRecvReduce:
       st.phase = Phase::kReadyToPost;
       break;
-    default:
-      KZ_RETURN_IF_ERROR(EnqueueLocal(ch, step));
+    default: {
+      const bool cpu = OnCpu(static_cast<size_t>(step.dst.count) * elem(ch));
+      KZ_RETURN_IF_ERROR(EnqueueLocal(ch, step, cpu));
+      if (cpu) {
+        st.phase = Phase::kDone;
+        break;
+      }
       KZ_RETURN_IF_ERROR(record());
       st.phase = Phase::kConsume;
       break;
+    }
   }
   ch.active.push_back(index);
   return Status::Ok();
@@ -408,8 +425,11 @@ Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& s
   if (st.phase == Phase::kReceived) {
     (void)is_recv;
     if (!verified_.count(step.peer)) return progress;  // its data is not trusted before its header
-    if (bytes > 0) {
-      KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st));
+    if (bytes > 0 && OnCpu(bytes)) {
+      KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st, /*cpu=*/true));
+      st.phase = Phase::kDone;
+    } else if (bytes > 0) {
+      KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st, /*cpu=*/false));
       if (free_events_.empty()) {
         KZ_ASSIGN_OR_RETURN(auto e, ex_.device_->CreateEvent());
         free_events_.push_back(e.get());

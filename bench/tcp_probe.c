@@ -78,7 +78,9 @@ static void* receiver(void* arg) {
 }
 
 static int usage(void) {
-  fprintf(stderr, "usage: tcp_probe --listen PORT --bytes S | --connect ADDR PORT --bytes S [--connections K] [--rounds R]\n");
+  fprintf(stderr,
+          "usage: tcp_probe --listen PORT --bytes S | --connect ADDR PORT --bytes S [--connections K] "
+          "[--rounds R]\n");
   return 2;
 }
 

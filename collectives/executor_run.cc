@@ -268,8 +268,10 @@ Status Executor::Run::EnqueueLocal(ChannelRun& ch, const Step& step, bool cpu) {
     }
     case StepKind::kScale: {
       const uint32_t divisor = member(ch).plan->ranks[0].divisor;
-      if (cpu) return HostScale(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), step.dst.count, r.dtype, divisor);
-      return ch.stream->Scale(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), step.dst.count, r.dtype, divisor);
+      void* dst = MutableAddress(ch, step.dst);
+      const void* src = Address(ch, step.srcs[0]);
+      if (cpu) return HostScale(dst, src, step.dst.count, r.dtype, divisor);
+      return ch.stream->Scale(dst, src, step.dst.count, r.dtype, divisor);
     }
     default:
       return Internal("not a local step");

@@ -171,8 +171,8 @@ Status Communicator::Launch(std::span<Call> calls) {
     members.clear();
     int used = 0;
     for (size_t i = 0; i < calls.size(); ++i) {
-      KZ_ASSIGN_OR_RETURN(auto plan,
-                          PlanFor(calls[i].request, calls[i].options, slot_bytes, channels(calls[i]), calls.size() > 1));
+      KZ_ASSIGN_OR_RETURN(auto plan, PlanFor(calls[i].request, calls[i].options, slot_bytes, channels(calls[i]),
+                                             calls.size() > 1));
       used += static_cast<int>(plan->ranks[0].channels.size());
       members.push_back({std::move(plan), calls[i].input, calls[i].output});
     }

@@ -72,7 +72,10 @@ TEST(HostReduceTest, ParallelPathMatchesSerial) {
 TEST(HostReduceTest, SerialScopeGivesTheSameResults) {
   const size_t n = (size_t{1} << 21) + 5;
   std::vector<float> a(n), b(n);
-  for (size_t i = 0; i < n; ++i) a[i] = static_cast<float>(i % 1013) * 0.25f, b[i] = 1.0f / static_cast<float>(1 + i % 7);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(i % 1013) * 0.25f;
+    b[i] = 1.0f / static_cast<float>(1 + i % 7);
+  }
   const void* srcs[] = {a.data(), b.data()};
   std::vector<float> par(n), par2(n), par_scaled(n), par_copy(n);
   void* par_dsts[] = {par.data(), par2.data()};

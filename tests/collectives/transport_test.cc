@@ -254,7 +254,8 @@ TEST(Ofi, NetworkPeersGrowTheStaging) {
   constexpr size_t kNetworkBytes = 4u << 20;
   for (const std::string fabric_name : {"ofi", "directconnect"}) {
     World w(2, fabric_name, fabric_name == "ofi" ? "" : "full", {"ofi:tcp"});
-    if (w.status.code() == StatusCode::kUnavailable) GTEST_SKIP() << fabric_name << " is not available here: " << w.status.ToString();
+    if (w.status.code() == StatusCode::kUnavailable)
+      GTEST_SKIP() << fabric_name << " is not available here: " << w.status.ToString();
     ASSERT_TRUE(w.status.ok()) << w.status.ToString();
     const bool network = fabric_name == "ofi";
     OnEveryRank(2, [&](int r) {

@@ -539,8 +539,7 @@ class StreamCore {
   std::condition_variable done_cv_;  // Synchronize and the destructor wait here: progress, exit
   std::deque<Op> queue_;             // guarded by mu_
   Status error_;                     // guarded by mu_; the first failure, sticky
-  // Set (release) whenever error_ is, before the failed operation counts as completed: a reader
-  // that sees it clear after reading completed_ need not take mu_ for error_.
+  // Set with error_, before the failed operation counts as completed: clear means error_ is ok.
   std::atomic<bool> failed_{false};
   std::shared_ptr<EventState> waiting_on_;  // guarded by mu_; the event the worker waits for now
   int sync_waiters_ = 0;                    // guarded by mu_

@@ -47,33 +47,28 @@ static double now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static void* sender(void* arg) {
-  const int i = (int)(intptr_t)arg;
+/* Moves connection i's slice: sends it from sendbuf, or receives it into recvbuf. */
+static void move_slice(int i, int sending) {
   for (size_t off = slice_lo(i), end = slice_hi(i); off < end;) {
-    const ssize_t k = send(fds[i], sendbuf + off, end - off, MSG_NOSIGNAL);
+    const ssize_t k = sending ? send(fds[i], sendbuf + off, end - off, MSG_NOSIGNAL)
+                              : recv(fds[i], recvbuf + off, end - off, 0);
     if (k <= 0) {
       if (k < 0 && errno == EINTR) continue;
-      fprintf(stderr, "tcp_probe: send: %s\n", k < 0 ? strerror(errno) : "connection closed");
+      fprintf(stderr, "tcp_probe: %s: %s\n", sending ? "send" : "recv", k < 0 ? strerror(errno) : "connection closed");
       failed = 1;
-      return arg;
+      return;
     }
     off += (size_t)k;
   }
+}
+
+static void* sender(void* arg) {
+  move_slice((int)(intptr_t)arg, 1);
   return arg;
 }
 
 static void* receiver(void* arg) {
-  const int i = (int)(intptr_t)arg;
-  for (size_t off = slice_lo(i), end = slice_hi(i); off < end;) {
-    const ssize_t k = recv(fds[i], recvbuf + off, end - off, 0);
-    if (k <= 0) {
-      if (k < 0 && errno == EINTR) continue;
-      fprintf(stderr, "tcp_probe: recv: %s\n", k < 0 ? strerror(errno) : "connection closed");
-      failed = 1;
-      return arg;
-    }
-    off += (size_t)k;
-  }
+  move_slice((int)(intptr_t)arg, 0);
   return arg;
 }
 

@@ -258,6 +258,9 @@ TEST(Ofi, NetworkPeersGrowTheStaging) {
       GTEST_SKIP() << fabric_name << " is not available here: " << w.status.ToString();
     ASSERT_TRUE(w.status.ok()) << w.status.ToString();
     const bool network = fabric_name == "ofi";
+    // Both transports live until both ranks have one: a rank's Create may return while its peer
+    // still reads the handshake, and closing then would leave the peer waiting for a new one.
+    std::vector<std::unique_ptr<Transport>> made(2);
     OnEveryRank(2, [&](int r) {
       TransportOptions options{kStagingBytes, 256};
       options.network_staging_bytes = kNetworkBytes;
@@ -265,6 +268,7 @@ TEST(Ofi, NetworkPeersGrowTheStaging) {
       ASSERT_TRUE(created.ok()) << created.status().ToString();
       EXPECT_EQ((*created)->network(), network) << fabric_name;
       EXPECT_EQ((*created)->staging().size(), network ? kNetworkBytes : kStagingBytes) << fabric_name;
+      made[static_cast<size_t>(r)] = std::move(*created);
     });
   }
 }

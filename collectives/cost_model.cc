@@ -1,5 +1,6 @@
 #include "collectives/cost_model.h"
 
+#include "collectives/cost_model_host.h"
 #include "collectives/cost_model_ina.h"
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include <array>
 #include <charconv>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -197,6 +199,7 @@ class Model {
 
   // Per rank, resolved: seconds per byte, seconds.
   std::vector<double> copy_, staging_, reduce_, launch_;
+  std::optional<cost_internal::HostSharing> host_;  // ranks sharing a host's CPUs and memory
   // Per-stage scratch, reset after each stage.
   std::vector<double> cpu_, wout_, win_, stage_, red_;
   std::vector<char> touched_mark_;
@@ -247,6 +250,7 @@ bool Model::Resolve() {
     reduce_[r] = 1.0 / ((Known(d.reduce_gbps) ? d.reduce_gbps : k_.unknown_reduce_gbps) * 1e9);
     launch_[r] = (Known(d.launch_us) ? d.launch_us : k_.unknown_launch_us) * 1e-6;
   }
+  host_.emplace(shape_, k_);
   cpu_.assign(n, 0);
   wout_.assign(n, 0);
   win_.assign(n, 0);
@@ -280,12 +284,19 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double bytes, int channels) 
                                     (data && (l.staged || h.reduce) ? launch_[to] : 0.0));
     touch(h.from);
     touch(h.to);
+    host_->Join(h.from);
+    host_->Join(h.to);
     cpu_[from] += message;
     cpu_[to] += message;
     if (data) {
       const double wire = bytes * WirePerByte(l);
       wout_[from] += wire;
       win_[to] += wire;
+      // Memory traffic of each channel's message: read at the sender, written at the receiver,
+      // each staging copy a read and a write, a reduction two reads and a write.
+      const double traffic = bytes * static_cast<double>(channels);
+      host_->Traffic(h.from, traffic * (l.staged ? 3 : 1));
+      host_->Traffic(h.to, traffic * ((l.staged && !h.reduce ? 3 : 1) + (h.reduce ? 3 : 0)));
       if (l.staged) stage_[from] += bytes * staging_[from];
       if (h.reduce)
         red_[to] += 2.0 * bytes * reduce_[to];
@@ -304,12 +315,14 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double bytes, int channels) 
       worst_time = t;
     }
   }
+  const cost_internal::HostSharing::Extra host = host_->End(worst);
   if (c.ok && worst >= 0) {
     const auto i = static_cast<size_t>(worst);
-    const double ch = static_cast<double>(channels);
-    c.alpha = latency + ch * cpu_[i];
+    const double ch = static_cast<double>(channels) * host.slowdown;
+    c.alpha = latency + host.wake_s + ch * cpu_[i];
     c.beta = ch * (std::max(wout_[i], win_[i]) + stage_[i]);
     c.gamma = ch * red_[i];
+    c.beta += std::max(0.0, host.memory_s - c.beta - c.gamma);
   }
   for (int r : touched_) {
     const auto i = static_cast<size_t>(r);
@@ -346,6 +359,7 @@ void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t e
   const double ch = static_cast<double>(s.channels);
   StageCost worst;
   double worst_time = -1;
+  int critical = -1;
   for (int r : ranks) {
     const auto i = static_cast<size_t>(r);
     StageCost c;
@@ -356,11 +370,18 @@ void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t e
       c.gamma = ch * s.bytes * copy_[i];
     else
       c.gamma = ch * static_cast<double>(inputs) * s.bytes * reduce_[i];
+    host_->Join(r);
+    host_->Traffic(r, ch * s.bytes * (kind == LocalKind::kReduce ? static_cast<double>(inputs) + 1 : 2));
     if (c.total() > worst_time) {
       worst = c;
       worst_time = c.total();
+      critical = r;
     }
   }
+  const cost_internal::HostSharing::Extra host = host_->End(critical);
+  worst.beta *= host.slowdown;
+  worst.gamma *= host.slowdown;
+  worst.beta += std::max(0.0, host.memory_s - worst.beta - worst.gamma);
   Add(label, worst, s.chunks);
 }
 
@@ -657,31 +678,43 @@ void Model::Fused() {
   // Small AllReduces between processes run on the calling thread through the shared pages: each
   // rank copies its input in and reads every rank's copy (no launch, no stream, one rendezvous).
   // A barrier there is that rendezvous alone.
+  // Every rank takes part, and a rank's pass reads and writes its copied bytes twice over.
+  for (int r = 0; r < p_; ++r) host_->Join(r);
   if ((req_.collective == Collective::kAllReduce || req_.collective == Collective::kBarrier) &&
       shape_.direct_inline_bytes > 0 && count * elem_ <= static_cast<double>(shape_.direct_inline_bytes)) {
     StageCost c;
-    c.alpha = k_.oneshot_us * 1e-6;
     double copy = 0;
-    for (int r = 0; r < p_; ++r) copy = std::max(copy, copy_[static_cast<size_t>(r)]);
-    c.gamma = (p + 1) / 2 * count * elem_ * copy;
+    for (int r = 0; r < p_; ++r) {
+      copy = std::max(copy, copy_[static_cast<size_t>(r)]);
+      host_->Traffic(r, (p + 1) * count * elem_);
+    }
+    const cost_internal::HostSharing::Extra host = host_->End(0);
+    c.alpha = k_.oneshot_us * 1e-6 + host.wake_s;
+    c.gamma = std::max(host.slowdown * (p + 1) / 2 * count * elem_ * copy, host.memory_s);
     Add("one-shot through shared pages on the calling thread", c, 1);
     return;
   }
   StageCost worst;
+  int critical = 0;
   for (int r = 0; r < p_; ++r) {
     int sharing = 0;
     for (int q = 0; q < p_; ++q)
       if (shape_.ranks[static_cast<size_t>(q)].host_id == shape_.ranks[static_cast<size_t>(r)].host_id &&
           shape_.ranks[static_cast<size_t>(q)].device == shape_.ranks[static_cast<size_t>(r)].device)
         ++sharing;
+    host_->Traffic(r, 2 * traffic_bytes);
     StageCost c;
     // Between processes whose memory the CPU reaches, the calling thread does the part itself
     // (Executor::TryInline): two rendezvous through the shared pages, no launch.
     c.alpha = shape_.direct_inline_bytes > 0 ? 2 * k_.oneshot_us * 1e-6
                                              : launch_[static_cast<size_t>(r)] + k_.direct_rendezvous_us * 1e-6;
     c.gamma = static_cast<double>(sharing) * traffic_bytes * copy_[static_cast<size_t>(r)];
-    if (c.total() > worst.total()) worst = c;
+    if (c.total() > worst.total()) worst = c, critical = r;
   }
+  // Two rendezvous, each waiting for every rank beyond the CPUs to be scheduled.
+  const cost_internal::HostSharing::Extra host = host_->End(critical);
+  worst.alpha += 2 * host.wake_s;
+  worst.gamma = std::max(worst.gamma * host.slowdown, host.memory_s);
   Add(what, worst, 1);
 }
 
@@ -831,7 +864,7 @@ Prediction Model::Run(Algorithm a) {
   return pred_;
 }
 
-constexpr std::array<CostConstantInfo, 10> kConstantTable = {{
+constexpr std::array<CostConstantInfo, 12> kConstantTable = {{
     {"unknown_link_latency_us", "us", "directconnect 8-byte one-way latency, 1.12-1.16 us (PERFORMANCE.md)",
      &CostConstants::unknown_link_latency_us},
     {"unknown_link_gbps", "GB/s", "directconnect single-copy bandwidth, 25.3 GB/s at 1 MiB (PERFORMANCE.md)",
@@ -851,9 +884,15 @@ constexpr std::array<CostConstantInfo, 10> kConstantTable = {{
     {"direct_rendezvous_us", "us", "estimate, not measured yet: fused's two in-process rendezvous and stream sync",
      &CostConstants::direct_rendezvous_us},
     {"oneshot_us", "us",
-     "one-shot AllReduce (and Barrier) through shared pages between processes (HostGroup::OneShot): 1.0-1.5 us "
+     "one-shot AllReduce (and Barrier) through shared pages between processes (HostGroup::OneShot): 0.34-0.55 us "
      "measured at 2 ranks, 8 B (RACE.md), the upper end",
      &CostConstants::oneshot_us},
+    {"oversubscribed_wake_us", "us",
+     "per rank beyond a host's CPUs and rendezvous: 8-byte AllReduce, 4 and 8 processes on 2 CPUs, 14-48 us (RACE.md)",
+     &CostConstants::oversubscribed_wake_us},
+    {"host_memory_gbps", "GB/s",
+     "memory traffic of a host's emulated devices together: the race ceiling's fused pass over 8 x 256 MiB, 45 GB/s",
+     &CostConstants::host_memory_gbps},
 }};
 
 std::string Trim(std::string_view s) {

@@ -94,6 +94,55 @@ TEST(CostModelTest, RingAllReduceByHand) {
   EXPECT_EQ(p.structure, "reduce-scatter 3 + allgather 3");
 }
 
+// Ranks sharing a host with fewer CPUs than ranks take turns (the slowdown m / C on the critical
+// rank's terms) and wait for each rank beyond the CPUs to be scheduled (a wake-up per stage).
+TEST(CostModelTest, OversubscribedHostByHand) {
+  const CostConstants k;
+  const CollectiveRequest r = Request(Collective::kAllReduce, 4, 4096);
+  CommShape two_cpus = HandShape(4);
+  for (RankDesc& d : two_cpus.ranks) d.host_cpus = 2;
+  CommShape four_cpus = two_cpus;
+  for (RankDesc& d : four_cpus.ranks) d.host_cpus = 4;
+  // With a CPU each the host term adds nothing: RingAllReduceByHand's figures.
+  const Prediction free = Predict(Algorithm::kRing, r, four_cpus, Options(), k);
+  EXPECT_NEAR(free.seconds, 23.472e-6, 1e-12);
+  // Two CPUs: every stage's CPU, wire and reduce terms twice as long, plus 2 wake-ups per stage.
+  const Prediction ring = Predict(Algorithm::kRing, r, two_cpus, Options(), k);
+  const double cpu = 2 * MessageOverhead(k);
+  EXPECT_NEAR(ring.alpha_s, 3 * (3e-6 + 2 * cpu) + 3 * (1e-6 + 2 * cpu) + 6 * 2 * k.oversubscribed_wake_us * 1e-6,
+              1e-15);
+  EXPECT_NEAR(ring.beta_s, 2 * 6 * (4096 / 10e9), 1e-15);
+  EXPECT_NEAR(ring.gamma_s, 2 * 3 * (2 * 4096 / 40e9), 1e-15);
+  // The fused pass: two rendezvous with 2 wake-ups each, the pass itself twice as long.
+  const Prediction fused = Predict(Algorithm::kFused, r, two_cpus, Options(), k);
+  EXPECT_NEAR(fused.alpha_s, 2e-6 + (k.direct_rendezvous_us + 2 * 2 * k.oversubscribed_wake_us) * 1e-6, 1e-12);
+  EXPECT_NEAR(fused.gamma_s, 2 * 16384 / 20e9, 1e-12);
+  // Ranks on two hosts of 2 CPUs each are not oversubscribed.
+  CommShape two_hosts = two_cpus;
+  two_hosts.ranks[2].host_id = two_hosts.ranks[3].host_id = "other";
+  EXPECT_NEAR(Predict(Algorithm::kRing, r, two_hosts, Options(), k).seconds, 23.472e-6, 1e-12);
+}
+
+// Devices that compute on the host share its memory: a fused AllReduce over 8 such ranks moves
+// 2 x 8 x S bytes through one memory system, whatever each device's own copy speed.
+TEST(CostModelTest, HostMemoryBoundsDevicesThatComputeOnTheHost) {
+  CostConstants k;
+  k.host_memory_gbps = 40;
+  const uint64_t count = 16 << 20;  // 64 MiB of float32
+  const CollectiveRequest r = Request(Collective::kAllReduce, 8, count);
+  CommShape emulated = HandShape(8);
+  for (RankDesc& d : emulated.ranks) d.host_compute = true;
+  const Prediction fused = Predict(Algorithm::kFused, r, emulated, Options(), k);
+  EXPECT_NEAR(fused.gamma_s, 2.0 * 8 * 4 * count / 40e9, 1e-9);
+  // Without host_compute (a GPU's memory) each device's pass runs at its own copy speed.
+  EXPECT_NEAR(Predict(Algorithm::kFused, r, HandShape(8), Options(), k).gamma_s, 4.0 * count / 20e9, 1e-9);
+  // The ring pays its memory traffic too (a reduced message: read, written, two reads and a
+  // write), so the fused pass, the least traffic, stays the cheaper one.
+  const Prediction ring = Predict(Algorithm::kRing, r, emulated, Options(), k);
+  EXPECT_GT(ring.seconds, fused.seconds);
+  EXPECT_GT(ring.beta_s + ring.gamma_s, Predict(Algorithm::kRing, r, HandShape(8), Options(), k).beta_s);
+}
+
 TEST(CostModelTest, StagedSendWithDefaultsByHand) {
   const CostConstants k;
   // 1 MiB float32 from rank 0 to rank 1 in 4 chunks of 256 KiB over a staged link, every speed
@@ -460,7 +509,10 @@ TEST(CostModelTest, DeterministicAcrossCallsAndCopies) {
   CommShape shape = DefaultShape(7);
   shape.ranks[3].reduce_gbps = 11.5;
   shape.link(1, 2).gbps = 3.3;
+  for (RankDesc& d : shape.ranks) d.host_cpus = 3, d.host_compute = true;  // the host term applies
   const CommShape copy = *CommShape::Deserialize(shape.Serialize());
+  EXPECT_EQ(copy.ranks[4].host_cpus, 3);
+  EXPECT_TRUE(copy.ranks[4].host_compute);
   for (const auto& [algorithm, collective] : ServedPairs()) {
     for (uint64_t count : {uint64_t{1}, uint64_t{1000}, uint64_t{123457}, uint64_t{1} << 24}) {
       CollectiveRequest r = Request(collective, 7, count);
@@ -492,7 +544,7 @@ TEST(CostModelTest, ConstantsRoundTripAndOverride) {
   const CostConstants defaults;
   const std::string text = CostConstantsToString(defaults);
   EXPECT_NE(text.find("unknown_link_gbps=25"), std::string::npos) << text;
-  EXPECT_EQ(CostConstantTable().size(), 10u);
+  EXPECT_EQ(CostConstantTable().size(), 12u);
   auto back = ParseCostConstants(text);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(CostConstantsToString(*back), text);

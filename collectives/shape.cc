@@ -93,6 +93,8 @@ Status CommShape::Validate() const {
     const RankDesc& r = ranks[static_cast<size_t>(i)];
     if (!Good(r.copy_gbps) || !Good(r.reduce_gbps) || !Good(r.launch_us))
       return InvalidArgument(fmt::format("shape: rank {} ({}) has a negative or non-finite speed", i, r.device));
+    if (r.host_cpus < 0)
+      return InvalidArgument(fmt::format("shape: rank {} ({}) has {} CPUs", i, r.device, r.host_cpus));
   }
   for (int a = 0; a < nranks; ++a)
     for (int b = 0; b < nranks; ++b) {
@@ -113,6 +115,8 @@ std::vector<uint8_t> CommShape::Serialize() const {
     w.F64(r.copy_gbps);
     w.F64(r.reduce_gbps);
     w.F64(r.launch_us);
+    w.U32(static_cast<uint32_t>(r.host_cpus));
+    w.U32(r.host_compute ? 1u : 0u);
   }
   for (const LinkDesc& l : links) {
     w.U32((l.reachable ? 1u : 0u) | (l.staged ? 2u : 0u));
@@ -132,10 +136,15 @@ Result<CommShape> CommShape::Deserialize(const std::vector<uint8_t>& bytes) {
   CommShape s;
   s.nranks = static_cast<int>(n);
   s.ranks.resize(n);
-  for (RankDesc& d : s.ranks)
+  for (RankDesc& d : s.ranks) {
+    uint32_t cpus = 0, compute = 0;
     if (!r.Str(&d.host_id) || !r.Str(&d.device) || !r.F64(&d.copy_gbps) || !r.F64(&d.reduce_gbps) ||
-        !r.F64(&d.launch_us))
+        !r.F64(&d.launch_us) || !r.U32(&cpus) || !r.U32(&compute))
       return InvalidArgument("shape: truncated rank entry");
+    if (cpus > static_cast<uint32_t>(INT32_MAX)) return InvalidArgument("shape: a rank's CPU count is out of range");
+    d.host_cpus = static_cast<int>(cpus);
+    d.host_compute = compute != 0;
+  }
   s.links.resize(static_cast<size_t>(n) * n);
   for (LinkDesc& l : s.links) {
     uint32_t flags = 0;

@@ -23,6 +23,8 @@ struct RankDesc {
   double copy_gbps = 0;          // device-local copy throughput; 0: unknown (cost model default)
   double reduce_gbps = 0;        // reduce throughput, input bytes / s / 1e9; 0: unknown
   double launch_us = 0;          // cost of one device operation
+  int host_cpus = 0;             // CPUs the rank's process may run on; 0: unknown
+  bool host_compute = false;     // its copies and reductions run on the host's CPUs and memory
 };
 
 // The connection from one rank to another, as the cost model sees it.

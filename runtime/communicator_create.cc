@@ -47,6 +47,10 @@ bootstrap::Bytes EncodeRankRow(const collectives::RankDesc& me, const std::vecto
   PutString(out, me.host_id);
   PutString(out, me.device);
   for (double v : {me.copy_gbps, me.reduce_gbps, me.launch_us}) Put(out, &v, sizeof v);
+  const int32_t cpus = me.host_cpus;
+  Put(out, &cpus, sizeof cpus);
+  const uint8_t compute = me.host_compute ? 1 : 0;
+  Put(out, &compute, 1);
   for (const collectives::LinkDesc& l : row) {
     const uint8_t flags = (l.reachable ? 1 : 0) | (l.staged ? 2 : 0);
     Put(out, &flags, 1);
@@ -54,6 +58,16 @@ bootstrap::Bytes EncodeRankRow(const collectives::RankDesc& me, const std::vecto
     Put(out, &l.gbps, sizeof l.gbps);
   }
   return out;
+}
+
+// "3 ranks on this host's 2 CPUs (oversubscribed: they take turns, the cost model counts it)".
+std::string DescribeHostCpus(const collectives::CommShape& shape, int rank) {
+  const collectives::RankDesc& me = shape.ranks[static_cast<size_t>(rank)];
+  int here = 0;
+  for (const collectives::RankDesc& d : shape.ranks) here += d.host_id == me.host_id ? 1 : 0;
+  if (me.host_cpus <= 0) return fmt::format("{} rank(s) on this host, its CPUs unknown", here);
+  return fmt::format("{} rank(s) on this host's {} CPUs{}", here, me.host_cpus,
+                     here > me.host_cpus ? " (oversubscribed: they take turns, the cost model counts it)" : "");
 }
 
 // The executor's window in INA jobs. An INA plan has many steps per chunk at a node with
@@ -128,8 +142,12 @@ Status DecodeRankRow(const bootstrap::Bytes& bytes, int rank, collectives::CommS
                      std::vector<collectives::LinkDesc>* extra = nullptr) {
   RowReader r(bytes);
   collectives::RankDesc& d = shape.ranks[static_cast<size_t>(rank)];
+  int32_t cpus = 0;
+  uint8_t compute = 0;
   bool ok = r.GetString(&d.host_id) && r.GetString(&d.device) && r.Get(&d.copy_gbps, 8) &&
-            r.Get(&d.reduce_gbps, 8) && r.Get(&d.launch_us, 8);
+            r.Get(&d.reduce_gbps, 8) && r.Get(&d.launch_us, 8) && r.Get(&cpus, 4) && r.Get(&compute, 1);
+  d.host_cpus = std::max<int32_t>(cpus, 0);
+  d.host_compute = compute != 0;
   const size_t n = static_cast<size_t>(shape.nranks) + (extra != nullptr ? extra->size() : 0);
   for (size_t q = 0; ok && q < n; ++q) {
     collectives::LinkDesc& l = q < static_cast<size_t>(shape.nranks) ? shape.link(rank, static_cast<int>(q))
@@ -313,6 +331,8 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   me.copy_gbps = props.copy_gbps;
   me.reduce_gbps = props.reduce_gbps;
   me.launch_us = props.launch_latency_us;
+  me.host_cpus = UsableCpuCount();
+  me.host_compute = props.host_compute;
   // The links among the workers; in an INA job, then this rank's slowest cable to an aggregation
   // device (the cost model's aggregation cables).
   const std::vector<collectives::LinkDesc>& full_row = c->transport_->link_row();
@@ -390,8 +410,8 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
             collectives::ina::Node::Aggregator(c->rank_ - layout->workers).Name(), c->rank_, c->size_, device.label(),
             c->transport_->description());
   else
-    KZ_INFO(kLogInit, "communicator rank {} of {} on {} ({}), {}; {} host(s){}", c->rank_, c->size_, device.label(),
-            props.name, c->transport_->description(), c->shape_.host_count(),
+    KZ_INFO(kLogInit, "communicator rank {} of {} on {} ({}), {}; {} host(s), {}{}", c->rank_, c->size_, device.label(),
+            props.name, c->transport_->description(), c->shape_.host_count(), DescribeHostCpus(c->shape_, c->rank_),
             layout ? fmt::format("; INA layout {} with {} aggregation devices, {:.3g} x b", cfg.ina_layout,
                                  layout->aggregators, layout->bandwidth())
                    : std::string());

@@ -1,5 +1,6 @@
 #include "runtime/host_id.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -14,6 +15,13 @@ std::string HostId() {
   std::string boot_id;
   if (boot && std::getline(boot, boot_id) && !boot_id.empty()) id += ":" + boot_id.substr(0, 8);
   return id;
+}
+
+int UsableCpuCount() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  return CPU_COUNT(&set);
 }
 
 }  // namespace kizuna

@@ -1,7 +1,7 @@
 // Which host this process runs on, as a string every process of the host computes alike and no
 // other host does: the host name and the kernel's boot id (two VMs cloned from one image share a
 // host name but not a boot id; a container shares its host's boot id and, with host networking,
-// its name).
+// its name). Also the CPUs this process may use, which the ranks of one host share.
 #pragma once
 
 #include <string>
@@ -10,5 +10,8 @@ namespace kizuna {
 
 // "nodeA:3f2a9c1e". Never fails: a missing boot id leaves the host name alone.
 std::string HostId();
+
+// The CPUs this process may run on (its affinity mask); 0 when the kernel does not say.
+int UsableCpuCount();
 
 }  // namespace kizuna

@@ -47,6 +47,7 @@ struct DeviceProperties {
   double reduce_gbps = 0;        // reduce throughput, bytes of input read per second / 1e9; 0: unknown
   double launch_latency_us = 0;  // cost of one stream operation's launch
   bool host_accessible = false;  // the CPU may dereference device pointers
+  bool host_compute = false;     // copies and reductions run on the host's CPUs over host memory (emulated)
   bool export_fd = false;        // Export() yields an fd (memfd or DMA-BUF) plus offset
   bool export_opaque = false;    // Export() yields a vendor IPC handle
   bool export_dmabuf = false;    // ExportDmaBuf() yields a DMA-BUF fd (what an RDMA NIC registers)

@@ -75,6 +75,8 @@ struct Options {
   bool zero_copy = false;
   bool direct = false;         // ranks address each other's buffers (one process): fused applies
   bool shared_device = false;  // every rank on one device (several ranks per GPU)
+  int host_cpus = 0;           // CPUs of the ranks' host (0: unknown)
+  bool host_compute = false;   // the devices compute on the host's CPUs and memory (emulated)
   std::string links = "full";
   int slow_rank = -1;
   int slow_peer = -1;
@@ -205,6 +207,11 @@ Result<Setup> Resolve(const Options& o) {
   s.shape.direct = o.direct;
   if (o.shared_device)
     for (auto& rank : s.shape.ranks) rank.device = "dev";
+  if (o.host_cpus < 0) return InvalidArgument(fmt::format("--host-cpus {}: must be 0 (unknown) or more", o.host_cpus));
+  for (auto& rank : s.shape.ranks) {
+    rank.host_cpus = o.host_cpus;
+    rank.host_compute = o.host_compute;
+  }
   if (o.links == "ring")
     for (int a = 0; a < o.ranks; ++a)
       for (int b = 0; b < o.ranks; ++b)
@@ -317,6 +324,11 @@ std::string Describe(const Setup& s, const Options& o) {
   out +=
       fmt::format("# devices: copy {}, reduce {}, launch {}\n", value(o.copy_gbps, k.unknown_copy_gbps, "GB/s"),
                   value(o.reduce_gbps, k.unknown_reduce_gbps, "GB/s"), value(o.launch_us, k.unknown_launch_us, "us"));
+  if (o.host_cpus > 0 || o.host_compute)
+    out += fmt::format("# host: {} CPUs{}\n", o.host_cpus > 0 ? std::to_string(o.host_cpus) : "unknown",
+                       o.host_compute ? fmt::format(", devices computing on it share {} GB/s of memory traffic",
+                                                    k.host_memory_gbps)
+                                      : "");
   if (o.slow_rank >= 0)
     out += fmt::format("# rank {}: {} {}x slower\n", o.slow_rank,
                        o.slow == "device" ? std::string("device")
@@ -424,7 +436,8 @@ void PrintJson(const Setup& s, const Options& o, const std::vector<Row>& rows) {
                 {"staged", !o.zero_copy},   {"copy_gbps", o.copy_gbps}, {"reduce_gbps", o.reduce_gbps},
                 {"launch_us", o.launch_us}, {"slow_rank", o.slow_rank}, {"slow_factor", o.slow_factor},
                 {"slow", o.slow},           {"slow_peer", o.slow_peer}, {"direct", o.direct},
-                {"shared_device", o.shared_device}};
+                {"shared_device", o.shared_device}, {"host_cpus", o.host_cpus},
+                {"host_compute", o.host_compute}};
   json constants = json::object();
   for (const collectives::CostConstantInfo& c : collectives::CostConstantTable())
     constants[std::string(c.name)] = s.constants.*c.field;
@@ -528,6 +541,10 @@ int Main(int argc, char** argv) {
   app.add_flag("--zero-copy", o.zero_copy, "links move device memory directly (default: staged at both ends)");
   app.add_flag("--direct", o.direct, "the ranks address each other's buffers (ranks of one process): fused applies");
   app.add_flag("--shared-device", o.shared_device, "every rank on one device (several ranks per GPU)");
+  app.add_option("--host-cpus", o.host_cpus, "CPUs of the ranks' host: more ranks than CPUs take turns (0: unknown)")
+      ->capture_default_str();
+  app.add_flag("--host-compute", o.host_compute,
+               "the devices compute on the host (emulated): they share its memory bandwidth");
   app.add_option("--links", o.links, "full (every pair linked) or ring (neighbours only)")->capture_default_str();
   app.add_option("--slow-rank", o.slow_rank, "make this rank slower (-1: none)")->capture_default_str();
   app.add_option("--slow-factor", o.slow_factor, "how much slower (>= 1)")->capture_default_str();

@@ -3,6 +3,9 @@
 
 #include <rdma/fi_errno.h>
 
+#include <cstdlib>
+#include <utility>
+
 #include <gtest/gtest.h>
 
 #include "fabric/ofi/fabric.h"
@@ -55,6 +58,20 @@ TEST(OfiLoader, TheDefaultLibraryLoadsOnceAndIsRecentEnough) {
   EXPECT_EQ(a->get(), b->get());
   EXPECT_GE((*a)->runtime_version(), kApiVersion);
   EXPECT_FALSE((*a)->VersionString().empty());
+}
+
+// The provider defaults loader.cc sets before libfabric reads its parameters (the test runs
+// without FI_OFI_RXM_* in its environment, so kizuna's values apply).
+TEST(OfiLoader, LoadingSetsTheRxmDefaults) {
+  auto lib = LibFabric::Default();
+  if (!lib.ok()) GTEST_SKIP() << "no libfabric here: " << lib.status().message();
+  for (const auto& [name, value] : {std::pair<const char*, const char*>{"FI_OFI_RXM_USE_RNDV_WRITE", "1"},
+                                    {"FI_OFI_RXM_MSG_RX_SIZE", "16"},
+                                    {"FI_OFI_RXM_EAGER_LIMIT", "2097152"}}) {
+    const char* set = std::getenv(name);
+    ASSERT_NE(set, nullptr) << name;
+    EXPECT_STREQ(set, value) << name;
+  }
 }
 
 TEST(OfiLoader, ErrorsAreConvertedOnceWithTextFileAndLine) {

@@ -194,7 +194,17 @@ TEST_F(LaunchTest, ASignalIsReportedAs128PlusItsNumber) {
 }
 
 TEST_F(LaunchTest, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
-  LaunchResult r = Run(3, "if [ $RANK = 2 ]; then exit 5; fi; trap '' TERM; while :; do sleep 0.1; done", 0, 0.3);
+  // Rank 2 fails only once the other two have installed their trap (each leaves a file; rank 2
+  // waits at most 10 s for both): on a loaded machine a shell may not have reached `trap` yet when
+  // SIGTERM comes, and would die of it instead of needing SIGKILL.
+  std::string dir = ::testing::TempDir() + "launcher-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  LaunchResult r = Run(3,
+                       fmt::format("if [ $RANK = 2 ]; then i=0; while [ $(ls {0} | wc -l) -lt 2 ] && [ $i -lt 1000 ]; "
+                                   "do sleep 0.01; i=$((i+1)); done; exit 5; fi; trap '' TERM; touch {0}/$RANK; "
+                                   "while :; do sleep 0.1; done",
+                                   dir),
+                       0, 0.3);
   EXPECT_EQ(r.exit_code, 5);
   EXPECT_LT(seconds_, 10.0);
   EXPECT_EQ(r.ranks[0].code, SIGKILL);

@@ -672,11 +672,11 @@ void Model::Fused() {
       break;
   }
   const double traffic_bytes = copied * elem_;
+  // Every rank takes part (the host term: cost_model_host.h).
+  for (int r = 0; r < p_; ++r) host_->Join(r);
   // Small AllReduces between processes run on the calling thread through the shared pages: each
   // rank copies its input in and reads every rank's copy (no launch, no stream, one rendezvous).
   // A barrier there is that rendezvous alone.
-  // Every rank takes part, and a rank's pass reads and writes its copied bytes twice over.
-  for (int r = 0; r < p_; ++r) host_->Join(r);
   if ((req_.collective == Collective::kAllReduce || req_.collective == Collective::kBarrier) &&
       shape_.direct_inline_bytes > 0 && count * elem_ <= static_cast<double>(shape_.direct_inline_bytes)) {
     StageCost c;
@@ -699,7 +699,7 @@ void Model::Fused() {
       if (shape_.ranks[static_cast<size_t>(q)].host_id == shape_.ranks[static_cast<size_t>(r)].host_id &&
           shape_.ranks[static_cast<size_t>(q)].device == shape_.ranks[static_cast<size_t>(r)].device)
         ++sharing;
-    host_->Traffic(r, 2 * traffic_bytes);
+    host_->Traffic(r, 2 * traffic_bytes);  // a copied byte is read once and written once
     StageCost c;
     // Between processes whose memory the CPU reaches, the calling thread does the part itself
     // (Executor::TryInline): two rendezvous through the shared pages, no launch.

@@ -37,7 +37,8 @@ constexpr std::array<CostConstantInfo, 12> kConstantTable = {{
      "measured at 2 ranks, 8 B (RACE.md), the upper end",
      &CostConstants::oneshot_us},
     {"oversubscribed_wake_us", "us",
-     "per rank beyond a host's CPUs and rendezvous: 8-byte AllReduce, 4 and 8 processes on 2 CPUs, 14-48 us (RACE.md)",
+     "per thread beyond a host's CPUs and rendezvous: 8-byte AllReduce, 4 and 8 processes on 2 CPUs, 14-48 us "
+     "(RACE.md)",
      &CostConstants::oversubscribed_wake_us},
     {"host_memory_gbps", "GB/s",
      "memory traffic of a host's emulated devices together: the race ceiling's fused pass over 8 x 256 MiB, 45 GB/s",

@@ -281,8 +281,8 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double bytes, int channels) 
                                     (data && (l.staged || h.reduce) ? launch_[to] : 0.0));
     touch(h.from);
     touch(h.to);
-    host_->Join(h.from);
-    host_->Join(h.to);
+    host_->Join(h.from, /*executor=*/true);
+    host_->Join(h.to, /*executor=*/true);
     cpu_[from] += message;
     cpu_[to] += message;
     if (data) {

@@ -20,7 +20,7 @@
 //   launches   = one device operation per staging copy and per reduction (RankDesc::launch_us).
 // Ranks that share a host share its CPUs and, for devices that compute on the host, its memory
 // (cost_model_host.h): a stage with more of a host's ranks than it has CPUs takes that many times
-// longer per rank plus a wake-up per rank beyond the CPUs, and never less than the host's memory
+// longer per rank plus a wake-up per thread beyond the CPUs, and never less than the host's memory
 // traffic over the host's memory bandwidth.
 // The α, β and γ terms are reported apart (Prediction): α = latency + launches + cpu, β = wire +
 // staging + local copies (bytes moved), γ = reductions and the avg epilogue (arithmetic).
@@ -101,11 +101,12 @@ struct CostConstants {
   // of every rank's copy; a Barrier is the rendezvous alone. kizuna-bench, 2 processes, 8 B:
   // 0.34-0.55 µs on the idle 2-core VM (docs/RACE.md, 2026-11-23 09:11 and after); the upper end.
   double oneshot_us = 0.55;
-  // Ranks that share a host (equal RankDesc::host_id) share its CPUs and its memory. When more of
-  // them take part in a stage (or a fused pass) than the host has CPUs (RankDesc::host_cpus),
-  // each rank beyond the CPUs must be woken and scheduled before the stage completes: this many
-  // µs per such rank and rendezvous. kizuna-bench, 8-byte AllReduce on the 2-CPU VM: 4 processes
-  // 14-28 µs, 8 processes 48 µs (docs/RACE.md, 2026-11-23) — 7-14 and 8 µs per rank beyond 2.
+  // Ranks that share a host (equal RankDesc::host_id) share its CPUs and its memory. When a stage
+  // (or a fused pass) needs more threads to run than the host has CPUs (RankDesc::host_cpus), each
+  // thread beyond the CPUs must be woken and scheduled before the stage completes: this many µs
+  // per such thread and rendezvous (cost_model_host.h counts the threads). kizuna-bench, 8-byte
+  // AllReduce on the 2-CPU VM, fused on the calling threads: 4 processes 14-28 µs, 8 processes
+  // 48 µs (docs/RACE.md, 2026-11-23) — 7-14 and 8 µs per thread beyond 2.
   double oversubscribed_wake_us = 8.0;
   // Memory traffic (bytes read + bytes written) that all ranks of one host whose devices compute
   // on the host (RankDesc::host_compute: emulated devices) move together per second. The race's

@@ -23,15 +23,17 @@ HostSharing::HostSharing(const CommShape& shape, const CostConstants& k)
     cpus = std::max(cpus, d.host_cpus);
   }
   active_.assign(cpus_.size(), 0);
+  threads_.assign(cpus_.size(), 0);
   traffic_.assign(cpus_.size(), 0);
 }
 
-void HostSharing::Join(int rank) {
+void HostSharing::Join(int rank, bool executor) {
   const auto r = static_cast<size_t>(rank);
   if (rank_joined_[r]) return;
   rank_joined_[r] = 1;
   joined_.push_back(rank);
   const auto h = static_cast<size_t>(host_[r]);
+  threads_[h] += executor && compute_[r] ? 2 : 1;
   if (active_[h]++ == 0 && traffic_[h] == 0) hosts_touched_.push_back(static_cast<int>(h));
 }
 
@@ -48,13 +50,13 @@ HostSharing::Extra HostSharing::End(int critical) {
   for (int hi : hosts_touched_) {
     const auto h = static_cast<size_t>(hi);
     const int cpus = cpus_[h];
-    if (cpus > 0 && active_[h] > cpus) {
-      e.wake_s = std::max(e.wake_s, wake_s_ * static_cast<double>(active_[h] - cpus));
-      if (critical >= 0 && host_[static_cast<size_t>(critical)] == hi)
-        e.slowdown = static_cast<double>(active_[h]) / static_cast<double>(cpus);
-    }
+    if (cpus > 0 && threads_[h] > cpus)
+      e.wake_s = std::max(e.wake_s, wake_s_ * static_cast<double>(threads_[h] - cpus));
+    if (cpus > 0 && active_[h] > cpus && critical >= 0 && host_[static_cast<size_t>(critical)] == hi)
+      e.slowdown = static_cast<double>(active_[h]) / static_cast<double>(cpus);
     e.memory_s = std::max(e.memory_s, traffic_[h] * memory_s_per_byte_);
     active_[h] = 0;
+    threads_[h] = 0;
     traffic_[h] = 0;
   }
   hosts_touched_.clear();

@@ -5,8 +5,12 @@
 // Per stage, over the host h of each rank that takes part (m_h of them, C_h = the host's CPUs,
 // the largest RankDesc::host_cpus among its ranks; 0: unknown, no CPU term):
 //   slowdown  = max(1, m_h / C_h) for the critical rank's host: its ranks take turns on the CPUs;
-//   wake      = oversubscribed_wake_us × max(0, m_h − C_h), the largest over the hosts: each rank
-//               beyond the CPUs is woken and scheduled before the stage can complete;
+//   wake      = oversubscribed_wake_us × max(0, t_h − C_h), the largest over the hosts, with t_h
+//               the threads that must run for the stage: each beyond the CPUs is woken and
+//               scheduled before the stage can complete. A fused pass runs on each rank's calling
+//               thread (t_h = m_h); a plan step of the executor's also passes through the device's
+//               stream thread when the device computes on the host (t_h = 2 per such rank: the
+//               executor's thread and the stream's);
 //   memory    = the host's memory traffic in the stage (bytes read + written by its host_compute
 //               ranks) / host_memory_gbps, the largest over the hosts: a floor under the stage's
 //               bandwidth terms, since every such rank's copies share one memory system.
@@ -24,7 +28,9 @@ class HostSharing {
   HostSharing(const CommShape& shape, const CostConstants& k);
 
   // One stage: Join every rank that takes part, add the memory traffic of each, then End.
-  void Join(int rank);
+  // `executor`: the rank takes part through the executor's thread and its device streams (a
+  // plan stage), not on its calling thread alone (a fused pass).
+  void Join(int rank, bool executor = false);
   // `bytes` of memory traffic on `rank`'s host, counted when its device computes on the host.
   void Traffic(int rank, double bytes);
   struct Extra {
@@ -40,6 +46,7 @@ class HostSharing {
   std::vector<char> compute_;     // per rank: RankDesc::host_compute
   std::vector<int> cpus_;         // per host: CPUs, 0 when unknown
   std::vector<int> active_;       // per host: ranks joined in this stage
+  std::vector<int> threads_;      // per host: threads those ranks need scheduled in this stage
   std::vector<double> traffic_;   // per host: bytes in this stage
   std::vector<char> rank_joined_;
   std::vector<int> joined_;

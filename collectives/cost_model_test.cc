@@ -121,6 +121,17 @@ TEST(CostModelTest, OversubscribedHostByHand) {
   CommShape two_hosts = two_cpus;
   two_hosts.ranks[2].host_id = two_hosts.ranks[3].host_id = "other";
   EXPECT_NEAR(Predict(Algorithm::kRing, r, two_hosts, Options(), k).seconds, 23.472e-6, 1e-12);
+  // Devices that compute on the host: a plan step also needs the device's stream thread, so 4
+  // ranks on 4 CPUs run 8 threads: 4 wake-ups per ring stage, none for the fused pass (the
+  // calling threads alone). The memory term is kept out of the way here.
+  CostConstants fast_memory = k;
+  fast_memory.host_memory_gbps = 1e9;
+  CommShape emulated = four_cpus;
+  for (RankDesc& d : emulated.ranks) d.host_compute = true;
+  EXPECT_NEAR(Predict(Algorithm::kRing, r, emulated, Options(), fast_memory).seconds,
+              23.472e-6 + 6 * 4 * k.oversubscribed_wake_us * 1e-6, 1e-12);
+  EXPECT_NEAR(Predict(Algorithm::kFused, r, emulated, Options(), fast_memory).alpha_s,
+              2e-6 + k.direct_rendezvous_us * 1e-6, 1e-12);
 }
 
 // Devices that compute on the host share its memory: a fused AllReduce over 8 such ranks moves

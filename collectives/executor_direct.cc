@@ -18,88 +18,53 @@ namespace kizuna::collectives {
 
 namespace {
 
-// A fused operation's work as one flat range of units that every rank splits alike: elements of
-// the result for AllReduce, Reduce and Broadcast; of every rank's block, block after block, for
-// ReduceScatter; of every rank's output, output after output, for AllGather. Rank r's static part
-// is its FusedSlice of the range; claimed operations (HostGroup::Claimed) take chunks of it.
-uint64_t DirectUnits(const CollectiveRequest& req) {
-  const auto n = static_cast<uint64_t>(req.nranks);
-  switch (req.collective) {
-    case Collective::kReduceScatter:
-      return n * req.count;
-    case Collective::kAllGather:
-      return n * n * req.count;
-    case Collective::kBarrier:
-      return 0;
-    default:
-      return req.count;
-  }
-}
-
-// Enqueues units [begin, end) of a fused operation on `stream`, given every rank's buffers
+// Enqueues rank `rank`'s part of a fused operation on `stream`, given every rank's buffers
 // (fused.cc says who does what).
 template <typename Sink>
-Status DirectRange(const CollectiveRequest& req, uint64_t begin, uint64_t end, std::span<const void* const> inputs,
-                   std::span<void* const> outputs, Sink& stream) {
+Status DirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
+                  std::span<void* const> outputs, Sink& stream) {
   const size_t elem = DataTypeSize(req.dtype);
   const auto n = static_cast<size_t>(req.nranks);
+  const auto me = static_cast<size_t>(rank);
   const auto root = static_cast<size_t>(req.root);
   auto at = [elem](const void* p, uint64_t elements) {
     return const_cast<uint8_t*>(static_cast<const uint8_t*>(p)) + elements * elem;
   };
-  if (end <= begin) return Status::Ok();
-  // Few enough ranks for the stack (no allocation on this path), more on the heap.
-  constexpr size_t kFew = 16;
-  const void* few_srcs[kFew];
-  void* few_dsts[kFew + 1];
-  std::vector<const void*> many_srcs;
-  std::vector<void*> many_dsts;
-  if (n > kFew) {
-    many_srcs.resize(n);
-    many_dsts.resize(n + 1);
-  }
-  const std::span<const void*> srcs(n > kFew ? many_srcs.data() : few_srcs, n);
-  void** dsts = n > kFew ? many_dsts.data() : few_dsts;
+  std::vector<const void*> srcs;
+  std::vector<void*> dsts;
   switch (req.collective) {
     case Collective::kAllReduce:
     case Collective::kReduce: {
+      const auto [offset, count] = FusedSlice(req.count, req.nranks, rank);
+      if (count == 0) return Status::Ok();
       for (size_t q = 0; q < n; ++q) {
-        srcs[q] = at(inputs[q], begin);
-        if (req.collective == Collective::kAllReduce) dsts[q] = at(outputs[q], begin);
+        srcs.push_back(at(inputs[q], offset));
+        if (req.collective == Collective::kAllReduce) dsts.push_back(at(outputs[q], offset));
       }
-      const size_t ndsts = req.collective == Collective::kAllReduce ? n : 1;
-      if (req.collective == Collective::kReduce) dsts[0] = at(outputs[root], begin);
-      return stream.ReduceMulti(std::span<void* const>(dsts, ndsts), srcs, end - begin, req.dtype, req.op);
+      if (req.collective == Collective::kReduce) dsts.push_back(at(outputs[root], offset));
+      return stream.ReduceMulti(dsts, srcs, count, req.dtype, req.op);
     }
     case Collective::kReduceScatter: {
-      // Block by block: units [q * count, (q + 1) * count) are rank q's block.
-      for (uint64_t u = begin; u < end;) {
-        const uint64_t q = u / req.count, off = u % req.count, len = std::min(end - u, req.count - off);
-        for (size_t i = 0; i < n; ++i) srcs[i] = at(inputs[i], q * req.count + off);
-        dsts[0] = at(outputs[q], off);
-        KZ_RETURN_IF_ERROR(stream.ReduceMulti(std::span<void* const>(dsts, 1), srcs, len, req.dtype, req.op));
-        u += len;
-      }
-      return Status::Ok();
+      if (req.count == 0) return Status::Ok();
+      for (size_t q = 0; q < n; ++q) srcs.push_back(at(inputs[q], me * req.count));
+      dsts.push_back(outputs[me]);
+      return stream.ReduceMulti(dsts, srcs, req.count, req.dtype, req.op);
     }
     case Collective::kAllGather: {
-      // Units [d * n * count, (d + 1) * n * count) are rank d's output; in it, block q is rank q's
-      // input.
-      for (uint64_t u = begin; u < end;) {
-        const uint64_t d = u / (n * req.count), in_d = u % (n * req.count);
-        const uint64_t q = in_d / req.count, off = in_d % req.count, len = std::min(end - u, req.count - off);
-        uint8_t* dst = at(outputs[d], in_d);
-        const uint8_t* src = at(inputs[q], off);
-        if (dst != src) KZ_RETURN_IF_ERROR(stream.Copy(dst, src, len * elem));
-        u += len;
+      if (req.count == 0) return Status::Ok();
+      for (size_t q = 0; q < n; ++q) {
+        uint8_t* dst = at(outputs[me], q * req.count);
+        if (dst != inputs[q]) KZ_RETURN_IF_ERROR(stream.Copy(dst, inputs[q], req.count * elem));
       }
       return Status::Ok();
     }
     case Collective::kBroadcast: {
-      const uint8_t* src = at(inputs[root], begin);
+      const auto [offset, count] = FusedSlice(req.count, req.nranks, rank);
+      if (count == 0) return Status::Ok();
+      const uint8_t* src = at(inputs[root], offset);
       for (size_t q = 0; q < n; ++q) {
-        uint8_t* dst = at(outputs[q], begin);
-        if (dst != src) KZ_RETURN_IF_ERROR(stream.Copy(dst, src, (end - begin) * elem));
+        uint8_t* dst = at(outputs[q], offset);
+        if (dst != src) KZ_RETURN_IF_ERROR(stream.Copy(dst, src, count * elem));
       }
       return Status::Ok();
     }
@@ -108,15 +73,6 @@ Status DirectRange(const CollectiveRequest& req, uint64_t begin, uint64_t end, s
     default:
       return Internal(fmt::format("fused does not run {}", req.ToString()));
   }
-}
-
-// Rank `rank`'s static part of a fused operation.
-template <typename Sink>
-Status DirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
-                  std::span<void* const> outputs, Sink& stream) {
-  if (req.collective == Collective::kBarrier) return Status::Ok();
-  const auto [begin, count] = FusedSlice(DirectUnits(req), req.nranks, rank);
-  return DirectRange(req, begin, begin + count, inputs, outputs, stream);
 }
 
 // Where a fused part goes: onto a device stream, or straight to the CPU (host-accessible memory,
@@ -132,58 +88,6 @@ struct HostSink {
   }
 };
 
-// The bytes of this rank's input and output that a fused operation touches (the root's buffer
-// alone matters for Broadcast's input and Reduce's output).
-std::pair<uint64_t, uint64_t> DirectBytes(const CollectiveRequest& req, int rank) {
-  const uint64_t elem = DataTypeSize(req.dtype);
-  uint64_t in = req.input_count() * elem, out = req.output_count() * elem;
-  if (req.collective == Collective::kBroadcast && rank != req.root) in = 0;
-  if (req.collective == Collective::kReduce && rank != req.root) out = 0;
-  return {in, out};
-}
-
-// The units in one chunk of a claimed operation: about kClaimBytes of memory traffic, whole cache
-// lines, few enough chunks for the claim counter.
-constexpr uint64_t kClaimBytes = 256 << 10;
-// Bytes read and written per unit of a fused operation (fused.cc).
-uint64_t DirectUnitTraffic(const CollectiveRequest& req) {
-  const uint64_t elem = DataTypeSize(req.dtype), n = static_cast<uint64_t>(req.nranks);
-  return req.collective == Collective::kAllReduce   ? 2 * n * elem
-         : req.collective == Collective::kAllGather ? 2 * elem
-                                                    : (n + 1) * elem;
-}
-
-// Whether a fused operation takes the claimed protocol (every rank decides alike: the request and
-// the group only): in groups that claim (HostGroup::claims), operations whose whole traffic
-// stays within kClaimMaxBytes. Larger ones measured up to 2x slower claimed than in fixed slices
-// out of place (16 MiB at 8 processes: 14-16 ms against 7-10; 1 MiB: 313-391 µs against
-// 343-467, 256 KiB: 119-128 against 149-193; 2 CPUs, 2026-11-23).
-constexpr uint64_t kClaimMaxBytes = 16 << 20;
-bool UsesClaims(const HostGroup& group, const CollectiveRequest& req) {
-  return group.claims() && DirectUnits(req) <= kClaimMaxBytes / DirectUnitTraffic(req);
-}
-
-uint64_t ClaimChunkUnits(const CollectiveRequest& req) {
-  const uint64_t elem = DataTypeSize(req.dtype), traffic = DirectUnitTraffic(req);
-  const uint64_t line = std::max<uint64_t>(1, 64 / elem);
-  const uint64_t units = std::max(line, kClaimBytes / traffic / line * line);
-  return std::max(units, DirectUnits(req) / ((uint64_t{1} << 23)) + 1);
-}
-
-// This rank's side of a claimed fused operation (HostGroup::Claimed), the CPU running each chunk
-// this rank claims on the calling thread.
-Status ClaimedPart(HostGroup& group, uint64_t seq, uint64_t signature, const CollectiveRequest& req, int rank,
-                   const void* input, const void* output, Deadline deadline, const std::atomic<bool>& abort) {
-  const auto [in_bytes, out_bytes] = DirectBytes(req, rank);
-  HostSink sink;
-  return group.Claimed(
-      seq, signature, req, input, in_bytes, output, out_bytes, DirectUnits(req), ClaimChunkUnits(req),
-      [&](const HostGroup::Buffers& b, uint64_t begin, uint64_t end) {
-        return DirectRange(req, begin, end, b.inputs, b.outputs, sink);
-      },
-      deadline, abort);
-}
-
 Status EnqueueDirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
                          std::span<void* const> outputs, device::Stream& stream) {
   return DirectPart(req, rank, inputs, outputs, stream);
@@ -193,6 +97,16 @@ Status HostDirectPart(const CollectiveRequest& req, int rank, std::span<const vo
                       std::span<void* const> outputs) {
   HostSink sink;
   return DirectPart(req, rank, inputs, outputs, sink);
+}
+
+// The bytes of this rank's input and output that a fused operation touches (the root's buffer
+// alone matters for Broadcast's input and Reduce's output).
+std::pair<uint64_t, uint64_t> DirectBytes(const CollectiveRequest& req, int rank) {
+  const uint64_t elem = DataTypeSize(req.dtype);
+  uint64_t in = req.input_count() * elem, out = req.output_count() * elem;
+  if (req.collective == Collective::kBroadcast && rank != req.root) in = 0;
+  if (req.collective == Collective::kReduce && rank != req.root) out = 0;
+  return {in, out};
 }
 
 }  // namespace
@@ -392,13 +306,6 @@ Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
       return failed(s);
     return Status::Ok();
   }
-  if (UsesClaims(group, req)) {
-    const ScopedSerialHostWork serial;
-    if (Status s = ClaimedPart(group, op.seq, op.header.signature, req, rank, m.input, m.output, deadline, abort_);
-        !s.ok())
-      return failed(s);
-    return Status::Ok();
-  }
   const auto [in_bytes, out_bytes] = DirectBytes(req, rank);
   auto buffers = group.Exchange(op.seq, op.header.signature, req, m.input, in_bytes, m.output, out_bytes, deadline,
                                 abort_);
@@ -473,8 +380,6 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     s = group.OneShot(seq, signature, req, m.input, m.output, deadline, abort_);
   } else if (host_memory) {
     s = group.Staged(seq, signature, req, m.input, m.output, deadline, abort_);
-  } else if (UsesClaims(group, req)) {
-    s = ClaimedPart(group, seq, signature, req, options_.rank, m.input, m.output, deadline, abort_);
   } else {
     // The same protocol as RunHostDirect, with the CPU doing this rank's part.
     const auto [in_bytes, out_bytes] = DirectBytes(req, options_.rank);

@@ -54,22 +54,10 @@ struct alignas(64) OneLine {
 };
 static_assert(sizeof(OneLine) == 64);
 
-constexpr int kMaxClaimShares = 64;
-
 struct HostGroupPage {
   OneLine lines[2];  // by slot, as `slots`
   alignas(64) std::atomic<uint64_t> arrived;  // the last operation whose slot / regions are published
   alignas(64) std::atomic<uint64_t> finished;  // the last operation whose device work is done
-  // Claimed operations (rank 0's page only): the operation's number in the high bits, the chunks
-  // claimed / done so far in the low kChunkBits. An operation's first claimer replaces the previous
-  // operation's word; no rank can claim for operation s + 1 before every rank has finished s (each
-  // waited for every rank's arrival at s + 1), so the words never mix two operations. The chunks
-  // are split into one share per CPU (HostGroup::claim_shares_), each with its own count.
-  struct alignas(64) ClaimLine {
-    std::atomic<uint64_t> word;
-  };
-  ClaimLine claimed[kMaxClaimShares];
-  alignas(64) std::atomic<uint64_t> done;
   alignas(64) std::atomic<uint32_t> bell;      // futex word: bumped at every change
   std::atomic<uint32_t> sleepers;              // ranks sleeping on `bell`
   std::atomic<uint32_t> failed;                // nonzero once `failure` is written
@@ -90,9 +78,6 @@ constexpr size_t kPageBytes = (sizeof(HostGroupPage) + 4095) / 4096 * 4096;
 constexpr size_t kMaxImportsPerRank = 16;
 // How long a rank with a core of its own spins before it yields (WaitFor).
 constexpr auto kSpinWindow = std::chrono::microseconds(50);
-// Claimed operations' counters (HostGroupPage::claimed, done): chunks in the low bits.
-constexpr int kChunkBits = 24;
-constexpr uint64_t kChunkMask = (uint64_t{1} << kChunkBits) - 1;
 
 // The CPUs this process may run on, a bit each (none when the kernel does not say).
 void UsableCpus(uint64_t (&bits)[16]) {
@@ -216,11 +201,6 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
   int cpus = 0;
   for (uint64_t w : all_cpus) cpus += std::popcount(w);
   g->spin_ = cpus >= nranks;
-  g->claim_shares_ = std::clamp(cpus, 1, kMaxClaimShares);
-  if (g->claims() && rank == 0)
-    KZ_INFO(kLogColl, "host group: {} ranks on {} CPU(s): fused operations take their chunks from a shared counter "
-            "(claimed), the CPUs' shares apart",
-            nranks, cpus);
   // Step 3: all or none.
   const std::string verdict = local.ok() ? std::string() : local.ToString();
   KZ_ASSIGN_OR_RETURN(auto verdicts, allgather(std::span(reinterpret_cast<const uint8_t*>(verdict.data()),
@@ -233,9 +213,9 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
   return g;
 }
 
-void HostGroup::Ring(int q) {
+void HostGroup::Ring() {
   if (spin_) return;  // nobody sleeps: every rank spins (WaitFor)
-  HostGroupPage& p = *peers_[static_cast<size_t>(q)].page;
+  HostGroupPage& p = mine();
   p.bell.fetch_add(1, std::memory_order_seq_cst);
   if (p.sleepers.load(std::memory_order_seq_cst) > 0) Futex(&p.bell, FUTEX_WAKE, INT_MAX, nullptr);
 }
@@ -246,7 +226,6 @@ void HostGroup::Fail(const Status& why) {
   CopyString(p.failure, sizeof(p.failure), why.ToString());
   p.failed.store(1, std::memory_order_release);
   Ring();
-  if (rank_ != 0) Ring(0);  // Claimed's waiters sleep on rank 0's bell
 }
 
 Status HostGroup::WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadline deadline,
@@ -422,10 +401,6 @@ Result<HostGroup::Buffers> HostGroup::Exchange(uint64_t seq, uint64_t signature,
   KZ_RETURN_IF_ERROR(PublishRegion(0, input, input_bytes).WithContext("the fused collective's input"));
   KZ_RETURN_IF_ERROR(PublishRegion(1, output, output_bytes).WithContext("the fused collective's output"));
   KZ_RETURN_IF_ERROR(Meet(seq, signature, request, Protocol::kMapped, deadline, abort));
-  return ResolveAll(seq, input, output);
-}
-
-Result<HostGroup::Buffers> HostGroup::ResolveAll(uint64_t seq, const void* input, const void* output) {
   Buffers b;
   b.inputs.resize(static_cast<size_t>(nranks_));
   b.outputs.resize(static_cast<size_t>(nranks_));
@@ -441,105 +416,6 @@ Result<HostGroup::Buffers> HostGroup::ResolveAll(uint64_t seq, const void* input
     b.outputs[static_cast<size_t>(q)] = out;
   }
   return b;
-}
-
-std::optional<uint64_t> HostGroup::Claim(uint64_t seq, uint64_t chunks) {
-  // The share of the CPU this thread runs on first, then the others': a CPU then tends to take
-  // the same chunks operation after operation, whose lines its caches still hold (taking any
-  // chunk from one counter measured slower than the ranks' fixed slices).
-  const int cpu = ::sched_getcpu();
-  const int shares = claim_shares_, home = cpu < 0 ? rank_ % shares : cpu % shares;
-  for (int i = 0; i < shares; ++i) {
-    const int share = (home + i) % shares;
-    const auto ushare = static_cast<uint64_t>(share), ushares = static_cast<uint64_t>(shares);
-    const uint64_t first = chunks * ushare / ushares, size = chunks * (ushare + 1) / ushares - first;
-    std::atomic<uint64_t>& word = peers_[0].page->claimed[share].word;
-    uint64_t cur = word.load(std::memory_order_relaxed);
-    while (true) {
-      const uint64_t next = (cur >> kChunkBits) == seq ? (cur & kChunkMask) : 0;  // first claimer of `seq`
-      if (next >= size) break;
-      if (word.compare_exchange_weak(cur, (seq << kChunkBits) | (next + 1), std::memory_order_relaxed))
-        return first + next;
-    }
-  }
-  return std::nullopt;
-}
-
-Status HostGroup::WaitDone(uint64_t seq, uint64_t chunks, Deadline deadline, const std::atomic<bool>& abort) {
-  HostGroupPage& p0 = *peers_[0].page;
-  const uint64_t target = (seq << kChunkBits) | chunks;
-  auto reached = [&] { return p0.done.load(std::memory_order_acquire) >= target; };
-  for (int i = 0; i < 64; ++i) {
-    if (reached()) return Status::Ok();
-    __builtin_ia32_pause();
-  }
-  // As Wait, on rank 0's bell (the last chunk's runner rings it), looking at every rank: any of
-  // them may hold an unfinished chunk.
-  for (int round = 0;; ++round) {
-    if (reached()) return Status::Ok();
-    for (int q = 0; q < nranks_; ++q) {
-      const HostGroupPage& p = *peers_[static_cast<size_t>(q)].page;
-      if (q != rank_ && p.failed.load(std::memory_order_acquire) != 0)
-        return Aborted(fmt::format("rank {} failed: {}", q, std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
-    }
-    if (round < 32) {
-      ::sched_yield();
-      continue;
-    }
-    if (abort.load()) return Aborted("the communicator was aborted");
-    for (int q = 0; q < nranks_; ++q) {
-      const Peer& peer = peers_[static_cast<size_t>(q)];
-      if (q != rank_ && ProcessEnded(peer.pidfd.get()))
-        return RemoteError(fmt::format("operation {}: rank {} (pid {}) ended before the fused collective's chunks were "
-                                       "done",
-                                       seq, q, peer.pid));
-    }
-    if (deadline.Expired()) {
-      const uint64_t w = p0.done.load();
-      return Timeout(fmt::format("operation {}: {} of the fused collective's {} chunks were done by the deadline", seq,
-                                 (w >> kChunkBits) == seq ? (w & kChunkMask) : 0, chunks));
-    }
-    p0.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    const uint32_t bell = p0.bell.load(std::memory_order_seq_cst);
-    if (!reached()) {
-      const auto slice = std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(10), deadline.Remaining());
-      const timespec ts{0, static_cast<long>(std::max<int64_t>(slice.count(), 1000))};
-      Futex(&p0.bell, FUTEX_WAIT, bell, &ts);
-    }
-    p0.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-  }
-}
-
-Status HostGroup::Claimed(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input,
-                          uint64_t input_bytes, const void* output, uint64_t output_bytes, uint64_t units,
-                          uint64_t chunk_units, const ChunkFn& run, Deadline deadline,
-                          const std::atomic<bool>& abort) {
-  if (chunk_units == 0) return InvalidArgument("a claimed operation needs chunks of at least one unit");
-  const uint64_t chunks = (units + chunk_units - 1) / chunk_units;
-  if (chunks > kChunkMask || seq > (~uint64_t{0} >> kChunkBits))
-    return InvalidArgument(fmt::format("operation {}: {} chunks of {} units are too many to claim", seq, chunks,
-                                       chunk_units));
-  KZ_RETURN_IF_ERROR(PublishRegion(0, input, input_bytes).WithContext("the fused collective's input"));
-  KZ_RETURN_IF_ERROR(PublishRegion(1, output, output_bytes).WithContext("the fused collective's output"));
-  KZ_RETURN_IF_ERROR(Meet(seq, signature, request, Protocol::kClaimed, deadline, abort));
-  if (chunks == 0) return Status::Ok();  // nothing to do: nobody touches a buffer
-  std::optional<Buffers> buffers;
-  std::atomic<uint64_t>& done = peers_[0].page->done;
-  while (const std::optional<uint64_t> chunk = Claim(seq, chunks)) {
-    // A claimed chunk is not done, so no rank has left the operation: every buffer is still there.
-    if (!buffers) {
-      KZ_ASSIGN_OR_RETURN(Buffers b, ResolveAll(seq, input, output));
-      buffers = std::move(b);
-    }
-    const uint64_t begin = *chunk * chunk_units;
-    KZ_RETURN_IF_ERROR(run(*buffers, begin, std::min(units, begin + chunk_units)));
-    uint64_t cur = done.load(std::memory_order_relaxed), next = 0;
-    do {
-      next = ((cur >> kChunkBits) == seq ? cur + 1 : (seq << kChunkBits) | 1);
-    } while (!done.compare_exchange_weak(cur, next, std::memory_order_release, std::memory_order_relaxed));
-    if ((next & kChunkMask) == chunks) Ring(0);
-  }
-  return WaitDone(seq, chunks, deadline, abort);
 }
 
 Status HostGroup::Finish(uint64_t seq, Deadline deadline, const std::atomic<bool>& abort) {

@@ -11,10 +11,6 @@
 // buffers), does its part of the pass, and waits for every rank to have finished before its
 // caller's stream goes on (the others write into its output until then).
 //
-// When the ranks outnumber the CPUs, fused operations of up to 16 MiB of traffic are claimed
-// instead (Claimed): after the rendezvous, whichever ranks hold a CPU take chunks from a counter
-// in rank 0's page, so no rank waits for a given other rank to be scheduled and do its slice.
-//
 // Plain host memory (malloc) cannot be mapped by another process: Staged copies through two
 // allocations of each rank's device instead, each rank reading only its own input and writing only
 // its own output.
@@ -35,7 +31,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -138,21 +133,6 @@ class HostGroup {
   // buffers are device memory meets it as a mismatch naming both. Errors as Exchange.
   Status Staged(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input, void* output,
                 Deadline deadline, const std::atomic<bool>& abort);
-  // Whether fused operations over mapped buffers take the claimed protocol (every rank alike):
-  // when the ranks outnumber the CPUs and the CPU reaches every rank's memory. A rank that waits
-  // for one particular other rank to do its slice waits until the scheduler runs that rank; with
-  // chunks claimed from one counter, whichever ranks hold a CPU do the work.
-  bool claims() const { return one_shot_ && !spin_; }
-  // Runs one rank's side of a fused operation on the calling thread, claimed chunk by chunk: publishes
-  // this rank's buffers as Exchange does, waits until every rank has arrived, then claims chunks of
-  // [0, units) `chunk_units` at a time from a counter in rank 0's page and runs `run(buffers,
-  // begin, end)` on each (peer buffers mapped at the first claim: once no chunk is left, a late
-  // rank maps nothing, since the others may already have freed theirs), and returns once every
-  // chunk is done, by whichever rank. Errors as Exchange; a chunk's error fails the group.
-  using ChunkFn = std::function<Status(const Buffers&, uint64_t begin, uint64_t end)>;
-  Status Claimed(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input,
-                 uint64_t input_bytes, const void* output, uint64_t output_bytes, uint64_t units, uint64_t chunk_units,
-                 const ChunkFn& run, Deadline deadline, const std::atomic<bool>& abort);
   // This rank failed: every other rank's wait, now and later, fails with `why`.
   void Fail(const Status& why);
 
@@ -174,7 +154,7 @@ class HostGroup {
   };
   enum class Phase { kArrive, kFinish };
   // How an operation's data meets (SlotHeader::protocol): every rank must use the same one.
-  enum class Protocol : uint32_t { kMapped = 0, kOneShot = 1, kStaged = 2, kClaimed = 3 };
+  enum class Protocol : uint32_t { kMapped = 0, kOneShot = 1, kStaged = 2 };
 
   HostGroupPage& mine() const { return *peers_[static_cast<size_t>(rank_)].page; }
   // Waits until rank q's page shows `seq` reached in `phase` (kArrive: in `slot`).
@@ -192,15 +172,7 @@ class HostGroup {
   // aborted, the deadline passed), or ok to go on waiting.
   Status Stalled(int q, uint64_t seq, const char* what, Deadline deadline, const std::atomic<bool>& abort) const;
   // Rings this rank's bell: wakes every rank sleeping on this rank's page.
-  void Ring() { Ring(rank_); }
-  // Rings rank q's bell (Claimed's counters live in rank 0's page, and so do its sleepers).
-  void Ring(int q);
-  // Every rank's buffers for operation `seq` as this process reaches them (Exchange, Claimed).
-  Result<Buffers> ResolveAll(uint64_t seq, const void* input, const void* output);
-  // Claimed: the next unclaimed chunk of operation `seq` (of `chunks`), or none.
-  std::optional<uint64_t> Claim(uint64_t seq, uint64_t chunks);
-  // Claimed: waits until all `chunks` of operation `seq` are done.
-  Status WaitDone(uint64_t seq, uint64_t chunks, Deadline deadline, const std::atomic<bool>& abort);
+  void Ring();
   // Where this process reaches rank q's published region (importing it on first use).
   Result<uint8_t*> Resolve(int q, int which, uint64_t seq);
   // Fills this rank's region `which` (0 input, 1 output) of its page.
@@ -225,8 +197,6 @@ class HostGroup {
   // (yielding between windows) and never sleep, so publishing rings no bell. Otherwise they spin
   // briefly, yield, then sleep.
   bool spin_ = false;
-  // Claimed operations: the chunks are split into this many shares, one per CPU of the ranks'.
-  int claim_shares_ = 1;
 };
 
 }  // namespace kizuna::collectives

@@ -37,15 +37,6 @@ for opaque in 0 1; do
   [ "$rc" -eq 0 ] || fail "fused between 3 processes (opaque=$opaque): exit status $rc"
   for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* fused cases ok" <<<"$out" || fail "fused rank $r (opaque=$opaque)"; done
 done
-# The same on one CPU: the ranks outnumber the CPUs, so the fused operations up to 16 MiB of
-# traffic are claimed chunk by chunk (HostGroup::Claimed) whatever this machine's CPU count.
-out="$(KIZUNA_DEBUG=INFO taskset -c 0 "$run" -n 3 --timeout 240 -- "$prog" fused 2>&1)"
-rc=$?
-echo "$out" | grep -v "mapped rank"
-[ "$rc" -eq 0 ] || fail "fused between 3 processes on one CPU: exit status $rc"
-grep -q "host group: 3 ranks on 1 CPU(s): fused operations take their chunks from a shared counter" <<<"$out" ||
-  fail "3 ranks on one CPU did not claim their fused operations' chunks"
-for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* fused cases ok" <<<"$out" || fail "fused rank $r (one CPU)"; done
 
 # Plain host memory (malloc), as MPI users pass it: 3 processes, fused on the calling thread.
 out="$("$run" -n 3 --timeout 240 -- "$prog" host 2>&1)"

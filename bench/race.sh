@@ -83,7 +83,7 @@ g++ -std=c++17 -O2 -Wall -Wextra -o "$BUILD/gloo_bench" "$ROOT/bench/gloo_bench.
 gcc -std=c11 -O3 -march=native -Wall -Wextra -o "$BUILD/ceiling" "$ROOT/bench/ceiling.c" -pthread ||
   die "building ceiling failed"
 # The floors: one cache line between two processes (8 B), one TCP connection both ways (TCP),
-# handing a CPU from one process to another (more processes than CPUs).
+# handing a CPU from one process to another (n processes on fewer CPUs, as many as the case).
 for probe in line_probe tcp_probe switch_probe; do
   gcc -std=c11 -O3 -Wall -Wextra -o "$BUILD/$probe" "$ROOT/bench/$probe.c" -pthread || die "building $probe failed"
 done
@@ -509,18 +509,25 @@ if lat:
         emit(f"Floor (bench/line_probe.c): two processes exchanging an operation number through one cache line "
              f"take {fl:.3g} µs per exchange; no shared-memory AllReduce of 2 ranks is faster.")
         emit("")
-    sw = [v for v in (time_us("floor", "switch-futex", 2, 0), time_us("floor", "switch-yield", 2, 0)) if v is not None]
     try:
         ncpu = int(notes.get("cpus", "0"))
     except ValueError:
         ncpu = 0
-    over = sorted({k[2] for k in res if k[1] == "allreduce" and k[0] == "kizuna" and ncpu and k[2] > ncpu})
-    if sw and over:
-        t = min(sw)
-        emit(f"Floor (bench/switch_probe.c): handing a CPU from one process to another takes {t:.3g} µs here (the "
-             f"lesser of a futex wake-up and sched_yield). With n processes on {ncpu} CPUs at most {ncpu} run when the "
-             f"last one reaches a call, so at least n - {ncpu} must then be switched in to return: "
-             + ", ".join(f"n = {n}: at least {(n - ncpu) / ncpu * t:.3g} µs per call" for n in over) + ".")
+    over = sorted({k[2] for k in res if k[1] == "allreduce" and k[0] == "kizuna" and ncpu and k[2] >= 2 * ncpu})
+    floors = []
+    for n in over:
+        sw = [v for v in (time_us("floor", "switch-futex", n, 0), time_us("floor", "switch-yield", n, 0)) if v is not None]
+        if not sw:
+            continue
+        t, k = min(sw), -(-n // ncpu)
+        floors.append(f"n = {n}: {t:.3g} µs a hand-over, at least {k * t:.3g} µs for one rendezvous (8 B), "
+                      f"{2 * k * t:.3g} µs for two (the fused pass at 1 MiB and up)")
+    if floors:
+        emit(f"Floor (bench/switch_probe.c, n processes on the {ncpu} CPUs, each CPU's handing it round, the lesser "
+             f"of sched_yield and a futex wake-up): with k = n / {ncpu} processes per CPU, the one that leaves the "
+             f"barrier before a timed call first on its CPU returns only after the other k - 1 have run and it has "
+             f"run again: k hand-overs per rendezvous in the slowest rank's time, however the call is made. "
+             + "; ".join(floors) + ".")
         emit("")
 
 other = sorted({(k[1], k[2], k[3]) for k in list(res) + list(fails)
@@ -619,9 +626,13 @@ for n in "${ALLREDUCE_RANKS[@]}"; do
     log "floor: one cache line between two processes"
     "$BUILD/line_probe" >"$BUILD/logs/line_probe.log" 2>&1 || fail floor line 2 0 "line_probe exited with $?"
     grep '^RESULT' "$BUILD/logs/line_probe.log" >>"$RESULTS"
-    log "floor: handing a CPU from one process to another"
-    "$BUILD/switch_probe" >"$BUILD/logs/switch_probe.log" 2>&1 || fail floor switch-futex 2 0 "switch_probe exited with $?"
-    grep '^RESULT' "$BUILD/logs/switch_probe.log" >>"$RESULTS"
+  fi
+  if [[ $n -ge $((2 * $(nproc))) ]]; then
+    # n processes on the CPUs, as the runs below: a hand-over costs more as processes per CPU grow.
+    log "floor: handing a CPU from one process to another, $n processes on $(nproc) CPUs"
+    "$BUILD/switch_probe" --procs "$n" --cpus "$(nproc)" >"$BUILD/logs/switch_probe-$n.log" 2>&1 ||
+      fail floor switch-yield "$n" 0 "switch_probe exited with $?"
+    grep '^RESULT' "$BUILD/logs/switch_probe-$n.log" >>"$RESULTS"
   fi
   kizuna_local allreduce "$n" "${ALLREDUCE_SIZES[@]}"
   for peer in "${PEERS[@]}"; do peer_local "$peer" allreduce "$n" "$(join "${ALLREDUCE_SIZES[@]}")"; done

@@ -1,6 +1,6 @@
 // The cost model's host term (cost_model.h): ranks that share a host share its CPUs and, when
 // their devices compute on the host (RankDesc::host_compute: emulated devices), its memory.
-// Internal to the cost model: only cost_model.cc and cost_model_host.cc include it.
+// Internal to the cost model: only cost_model_internal.h and cost_model_host.cc include it.
 //
 // Per stage, over the host h of each rank that takes part (m_h of them, C_h = the host's CPUs,
 // the largest RankDesc::host_cpus among its ranks; 0: unknown, no CPU term):

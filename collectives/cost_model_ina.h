@@ -1,6 +1,6 @@
 // The cost model's INA term (cost_model.h, DESIGN.md section 6): the stages an INA AllReduce
 // (algorithms/ina.cc) takes on the communicator's layout. Internal to the cost model: only
-// cost_model.cc and cost_model_ina.cc include it.
+// cost_model_algorithms.cc and cost_model_ina.cc include it.
 #pragma once
 
 #include <string>

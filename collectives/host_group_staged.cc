@@ -1,7 +1,8 @@
 // HostGroup::Staged: fused operations over plain host memory (malloc), which no other process can
 // map. Each rank reads only its own input and writes only its own output; the ranks meet in two
 // allocations of each rank's device that the others map (the stage: what the others read from
-// this rank's input; the result: this rank's reduced slice). Three passes, two rendezvous:
+// this rank's input, as large as the input; the result: this rank's reduced slice, 1/n of it).
+// Three passes, two rendezvous:
 //
 //   1. copy into the stage what the others need of this rank's input; publish; meet;
 //   2. this rank's share of the work, reading its own input and the others' stages (an AllReduce
@@ -31,7 +32,8 @@ Status HostGroup::Staged(uint64_t seq, uint64_t signature, const CollectiveReque
   switch (req.collective) {
     case Collective::kAllReduce:
     case Collective::kReduce:
-      result_bytes = req.count * elem;
+      // This rank's slice only, at the result's start: the others read it there.
+      result_bytes = FusedSlice(req.count, n, me).second * elem;
       break;
     case Collective::kBroadcast:
       if (me != req.root) stage_bytes = 0;
@@ -109,9 +111,9 @@ Status HostGroup::Staged(uint64_t seq, uint64_t signature, const CollectiveReque
       if (scatter)
         dsts.push_back(out);
       else if (req.collective == Collective::kAllReduce)
-        dsts = {out + first * elem, result + first * elem};
+        dsts = {out + first * elem, result};
       else
-        dsts.push_back(me == req.root ? out + first * elem : result + first * elem);
+        dsts.push_back(me == req.root ? out + first * elem : result);
       KZ_RETURN_IF_ERROR(HostReduceMulti(dsts, srcs, count, req.dtype, req.op));
       break;
     }
@@ -130,7 +132,7 @@ Status HostGroup::Staged(uint64_t seq, uint64_t signature, const CollectiveReque
     for (int q = 0; q < n; ++q) {
       if (q == me) continue;
       const auto [first, count] = FusedSlice(req.count, n, q);
-      copy(out + first * elem, results[static_cast<size_t>(q)] + first * elem, count * elem);
+      copy(out + first * elem, results[static_cast<size_t>(q)], count * elem);
     }
   }
   return Status::Ok();

@@ -630,7 +630,7 @@ for n in "${ALLREDUCE_RANKS[@]}"; do
   if [[ $n -ge $((2 * $(nproc))) ]]; then
     # n processes on the CPUs, as the runs below: a hand-over costs more as processes per CPU grow.
     log "floor: handing a CPU from one process to another, $n processes on $(nproc) CPUs"
-    "$BUILD/switch_probe" --procs "$n" --cpus "$(nproc)" >"$BUILD/logs/switch_probe-$n.log" 2>&1 ||
+    "$BUILD/switch_probe" --procs "$n" --cpus "$(nproc)" --exchanges 5000 >"$BUILD/logs/switch_probe-$n.log" 2>&1 ||
       fail floor switch-yield "$n" 0 "switch_probe exited with $?"
     grep '^RESULT' "$BUILD/logs/switch_probe-$n.log" >>"$RESULTS"
   fi

@@ -64,8 +64,11 @@ int Main(int argc, char** argv) {
   app.add_option("--grace", options.grace_s, "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str();
   std::string bind = "none";
-  app.add_option("--bind-to", bind, "core: pin rank r to the r-th CPU kizuna-run may use (a CPU per rank); none")
-      ->check(CLI::IsMember({"core", "none"}))
+  app.add_option("--bind-to", bind,
+                 "core: pin rank r to the r-th CPU kizuna-run may use (a CPU per rank); core:overload-allowed: the "
+                 "same with more ranks than CPUs, rank r on CPU r mod C (evenly, which the kernel's balancing does "
+                 "not keep for ranks that yield to each other); none")
+      ->check(CLI::IsMember({"core", "core:overload-allowed", "none"}))
       ->capture_default_str();
   // Everything from PROGRAM on belongs to the program, options included.
   app.prefix_command();
@@ -75,7 +78,8 @@ int Main(int argc, char** argv) {
     // CLI11 reports parse errors as exceptions; they end here, at the edge of the program.
     return app.exit(e) == 0 ? 0 : 2;
   }
-  options.bind_to_core = bind == "core";
+  options.bind_to_core = bind != "none";
+  options.bind_overload = bind == "core:overload-allowed";
   options.command = app.remaining();
   if (!options.command.empty() && options.command.front() == "--") options.command.erase(options.command.begin());
   // Split off "... : -n M PROGRAM2 ARGS" segments.

@@ -94,6 +94,14 @@ echo "$out"
 "$run" -n $((cpus + 1)) --bind-to core -- true >"$tmp/bind" 2>&1; rc=$?
 cat "$tmp/bind"
 [ "$rc" -ne 0 ] && grep -q "$((cpus + 1)) ranks but $cpus CPUs" "$tmp/bind" || fail "--bind-to core oversubscribed: expected a refusal, got $rc"
+# core:overload-allowed: twice as many ranks as CPUs, each on one CPU, two on each.
+out=$("$run" -n $((2 * cpus)) --bind-to core:overload-allowed -- sh -c 'grep Cpus_allowed_list /proc/self/status' 2>&1); rc=$?
+echo "$out"
+[ "$rc" -eq 0 ] || fail "--bind-to core:overload-allowed: exit $rc"
+[ "$(grep -c 'Cpus_allowed_list:[[:space:]]*[0-9]*$' <<<"$out")" -eq $((2 * cpus)) ] ||
+  fail "--bind-to core:overload-allowed: a rank not on one CPU"
+[ "$(grep -o 'Cpus_allowed_list:.*' <<<"$out" | sort | uniq -c | awk '$1 != 2' | wc -l)" -eq 0 ] ||
+  fail "--bind-to core:overload-allowed: expected two ranks on each CPU"
 
 # 6. The ranks' own exit status passes through, also for a program that is not a kizuna rank.
 "$run" -n 3 -- sh -c 'exit $((RANK == 1 ? 9 : 0))' >/dev/null 2>&1; rc=$?

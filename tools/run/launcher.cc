@@ -331,9 +331,9 @@ Result<LaunchResult> Runner::Run() {
     if (sched_getaffinity(0, sizeof(set), &set) != 0) return FromErrno(errno, "sched_getaffinity");
     for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
       if (CPU_ISSET(cpu, &set)) cpus_.push_back(cpu);
-    if (World() > static_cast<int>(cpus_.size()))
-      return InvalidArgument(fmt::format("--bind-to core: {} ranks but {} CPUs to bind them to (use --bind-to none "
-                                         "to oversubscribe)",
+    if (World() > static_cast<int>(cpus_.size()) && !o_.bind_overload)
+      return InvalidArgument(fmt::format("--bind-to core: {} ranks but {} CPUs to bind them to (use "
+                                         "--bind-to core:overload-allowed or none to oversubscribe)",
                                          World(), cpus_.size()));
   }
   // On failure, the destructor kills the ranks already started.

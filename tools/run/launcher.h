@@ -69,8 +69,10 @@ struct LaunchOptions {
   double timeout_s = 0;              // the whole run; 0: no limit
   double grace_s = 5;                // between the stop signal and SIGKILL
   // Pin rank r to the r-th CPU this process may run on (mpirun's --bind-to core); refused when
-  // the ranks outnumber those CPUs.
+  // the ranks outnumber those CPUs, unless `bind_overload`: then rank r goes to CPU r mod C, the
+  // same number of ranks (give or take one) on each (mpirun's core:overload-allowed).
   bool bind_to_core = false;
+  bool bind_overload = false;
   Environment environment;           // the ranks' base environment (usually kizuna-run's own)
   std::string unique_id;             // KIZUNA_UNIQUE_ID given to every rank
   int out_fd = STDOUT_FILENO;        // where the ranks' prefixed stdout goes

@@ -137,7 +137,7 @@ kizuna_case() {
   local json="$BUILD/logs/$name.json" logf="$BUILD/logs/$name.log" buffers=device
   [[ $lib == kizuna-host ]] && buffers=host
   rm -f "$json"
-  "$@" "$KZ_BENCH" --coll "$coll" -b "$size" -e "$size" -n "$(kizuna_iters "$size")" -w 5 -c 1 --timing median \
+  "$@" "$KZ_BENCH" --coll "$coll" -b "$size" -e "$size" -n "$(kizuna_iters "$size")" -w 5 -c 1 --timing median --placement out \
     --buffers "$buffers" --json "$json" >"$logf" 2>&1
   local rc=$?
   python3 - "$json" "$lib" "$coll" "$n" "$(bytes_of "$size")" "$rc" "$logf" >>"$RESULTS" <<'EOF'
@@ -321,7 +321,7 @@ netns_kizuna() {
     local name="kizuna-netns-$size" uid="$BUILD/netns-uid-$size"
     rm -f "$uid"
     local envs="KIZUNA_TIMEOUT=120 KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT KIZUNA_UNIQUE_ID_FILE=$uid WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1"
-    local args="--coll allreduce -b $size -e $size -n $(kizuna_iters "$size") -w 5 -c 1 --timing median"
+    local args="--coll allreduce -b $size -e $size -n $(kizuna_iters "$size") -w 5 -c 1 --timing median --placement out"
     in_ns B "$envs RANK=1 timeout 300 $KZ_BENCH $args" >"$BUILD/logs/$name.rank1.log" 2>&1 &
     local other=$!
     kizuna_case kizuna-tcp allreduce 2 "$size" "$name" in_ns_a_kizuna "$envs KIZUNA_ROOT=$ADDR_A:29517 RANK=0 timeout 300"

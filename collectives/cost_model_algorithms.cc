@@ -46,8 +46,7 @@ void Model::TreeAllReduce() {
   std::vector<Hop> hops, up_hops, down_hops;
   int depth = 0;
   for (int t = 0; t < 2; ++t) {
-    std::vector<int> parent(static_cast<size_t>(p_));
-    for (int r = 0; r < p_; ++r) parent[static_cast<size_t>(r)] = DtreeParent(p_, t, r);
+    const std::vector<int> parent = DtreeParents(p_, t);
     depth = std::max(depth, TreeDepth(parent));
     for (int r = 0; r < p_; ++r) {
       const int up = parent[static_cast<size_t>(r)];
@@ -415,8 +414,7 @@ void Model::OrderedTreeAllReduce() {
   std::vector<Hop> down;
   int depth = 0;
   for (int t = 0; t < 2; ++t) {
-    std::vector<int> parent(static_cast<size_t>(p_));
-    for (int r = 0; r < p_; ++r) parent[static_cast<size_t>(r)] = DtreeParent(p_, t, r);
+    const std::vector<int> parent = DtreeParents(p_, t);
     depth = std::max(depth, TreeDepth(parent));
     for (int r = 0; r < p_; ++r) {
       const int up = parent[static_cast<size_t>(r)];

@@ -60,6 +60,13 @@ inline int DtreeParent(int n, int tree, int rank) {
   return u == -1 ? -1 : n - 1 - u;
 }
 
+// Every rank's parent in tree `tree` (DtreeParent).
+inline std::vector<int> DtreeParents(int n, int tree) {
+  std::vector<int> parent(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) parent[static_cast<size_t>(r)] = DtreeParent(n, tree, r);
+  return parent;
+}
+
 // Depth of the deepest rank of tree `parent` (parent[r] == -1 at the root).
 inline int TreeDepth(const std::vector<int>& parent) {
   int depth = 0;

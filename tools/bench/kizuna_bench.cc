@@ -68,6 +68,7 @@ struct Options {
   std::string fabric;
   std::string algo = "auto", buffers = "device";
   std::string timing = "avg";
+  std::string placement = "both";
   std::string json, csv;
 };
 
@@ -271,6 +272,7 @@ class Bench {
     call.algorithm = forced;
     for (bool in_place : {false, true}) {
       if (in_place && !g.in_place) continue;
+      if (o_.placement != "both" && in_place != (o_.placement == "in")) continue;  // N/A in the table
       call.in_place = in_place;
       const std::string where = fmt::format("{} {} bytes {} {}", BenchCollName(p_.coll), row.size_bytes, row.type,
                                             in_place ? "in place" : "out of place");
@@ -400,6 +402,10 @@ int Main(int argc, char** argv) {
                  "avg: -n calls back to back, averaged (nccl-tests); median: each call after a barrier, its "
                  "slowest rank's time, the median over -n calls (the MPI benchmarks' method)")
       ->check(CLI::IsMember({"avg", "median"}))
+      ->capture_default_str();
+  app.add_option("--placement", o.placement,
+                 "both: out-of-place and in-place columns (nccl-tests); out or in: that one alone, the other N/A")
+      ->check(CLI::IsMember({"both", "out", "in"}))
       ->capture_default_str();
   app.add_option("--json", o.json, "write every row to this file as JSON")->type_name("FILE");
   app.add_option("--csv", o.csv, "write every row to this file as CSV")->type_name("FILE");

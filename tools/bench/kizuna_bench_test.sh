@@ -195,4 +195,13 @@ echo "$out"
 grep -q '"timing": *"median"' "$tmp/median.json" || fail "--timing median: the JSON does not say so"
 "$bench" --timing mean >"$tmp/timing" 2>&1; rc=$?
 [ "$rc" -eq 2 ] && grep -q 'timing' "$tmp/timing" || fail "--timing mean: expected a refusal naming the flag, got $rc"
+
+# ---- --placement out: the out-of-place columns only, the in-place ones N/A ----
+out="$("$bench" --ranks 2 -b 1K -e 1K -n 2 -w 1 --placement out 2>&1)"
+rc=$?
+echo "$out"
+[ "$rc" -eq 0 ] || fail "--placement out: exit $rc"
+[ "$(rows "$out" | wc -l)" -eq 1 ] || fail "--placement out: expected one row"
+rows "$out" | awk 'NF < 15 || $6 == "N/A" || $10 != "N/A" || $13 != "N/A" { exit 1 }' ||
+  fail "--placement out: expected out-of-place figures and N/A in place"
 echo "PASS"

@@ -64,9 +64,9 @@ Status DirectPart(const CollectiveRequest& req, int rank, std::span<const void* 
       const uint8_t* src = at(inputs[root], offset);
       for (size_t q = 0; q < n; ++q) {
         uint8_t* dst = at(outputs[q], offset);
-        if (dst != src) KZ_RETURN_IF_ERROR(stream.Copy(dst, src, count * elem));
+        if (dst != src) dsts.push_back(dst);
       }
-      return Status::Ok();
+      return stream.CopyMulti(dsts, src, count * elem);
     }
     case Collective::kBarrier:
       return Status::Ok();  // the rendezvous around the part is the barrier
@@ -86,11 +86,30 @@ struct HostSink {
     HostCopy(dst, src, bytes);
     return Status::Ok();
   }
+  Status CopyMulti(std::span<void* const> dsts, const void* src, size_t bytes) {
+    HostCopyMulti(dsts, src, bytes);
+    return Status::Ok();
+  }
+};
+
+// A device stream as DirectPart's sink: one copy per output.
+struct StreamSink {
+  device::Stream& stream;
+  Status ReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count, DataType type,
+                     ReduceOp op) {
+    return stream.ReduceMulti(dsts, srcs, count, type, op);
+  }
+  Status Copy(void* dst, const void* src, size_t bytes) { return stream.Copy(dst, src, bytes); }
+  Status CopyMulti(std::span<void* const> dsts, const void* src, size_t bytes) {
+    for (void* dst : dsts) KZ_RETURN_IF_ERROR(stream.Copy(dst, src, bytes));
+    return Status::Ok();
+  }
 };
 
 Status EnqueueDirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
                          std::span<void* const> outputs, device::Stream& stream) {
-  return DirectPart(req, rank, inputs, outputs, stream);
+  StreamSink sink{stream};
+  return DirectPart(req, rank, inputs, outputs, sink);
 }
 
 Status HostDirectPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,

@@ -57,11 +57,18 @@ Status HostScale(void* dst, const void* src, size_t count, DataType type, uint32
 // type): the caller splits the range.
 void HostScaleRange(void* dst, const void* src, size_t begin, size_t end, DataType type, uint32_t divisor);
 
-// Copies with oneTBB splitting large copies across threads.
+// Copies with oneTBB splitting large copies across threads; dst and src may overlap. A large
+// copy (4 MiB or more, not overlapping) stores non-temporally: its output is not left in the
+// caches (it would not fit them), and memory sees it written once without being read first.
 void HostCopy(void* dst, const void* src, size_t bytes);
 
-// While one is alive (and made with serial = true), HostReduce, HostReduceMulti, HostScale and
-// HostCopy called on this thread run on it alone instead of splitting large work across oneTBB's
+// src copied into every output of `dsts`, block by block, so src is read from memory once
+// however many outputs there are (a broadcast); non-temporal stores when the outputs add up to
+// 4 MiB or more, as HostCopy. The outputs must not overlap src or each other.
+void HostCopyMulti(std::span<void* const> dsts, const void* src, size_t bytes);
+
+// While one is alive (and made with serial = true), HostReduce, HostReduceMulti, HostScale,
+// HostCopy and HostCopyMulti called on this thread run on it alone instead of splitting large work across oneTBB's
 // threads: for callers that already run more threads than there are CPUs (ranks in several
 // processes outnumbering the CPUs, where 1 MiB AllReduces ran 15-50 % faster this way).
 class ScopedSerialHostWork {

@@ -1,5 +1,6 @@
 #include "runtime/host_reduce.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -399,6 +400,66 @@ TEST(HostCopyTest, LargeAndOverlapping) {
   HostCopy(dst.data() + 1, dst.data(), dst.size() - 1);  // overlapping: memmove semantics
   EXPECT_EQ(dst[1], src[0]);
   EXPECT_EQ(dst.back(), src[src.size() - 2]);
+}
+
+// Copies of 4 MiB and more use non-temporal stores: every byte lands, whatever the alignment of
+// either end and whatever the length's remainder (head, 64-byte body, 16-byte and byte tails).
+TEST(HostCopyTest, StreamedCopiesAtEveryAlignment) {
+  const size_t n = (size_t{5} << 20) + 77;
+  std::vector<uint8_t> src(n + 64), dst(n + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + 5);
+  for (size_t dst_off : {0, 1, 15, 33}) {
+    for (size_t src_off : {0, 7}) {
+      std::fill(dst.begin(), dst.end(), uint8_t{0});
+      const size_t len = n - dst_off - src_off;
+      HostCopy(dst.data() + dst_off, src.data() + src_off, len);
+      ASSERT_TRUE(std::equal(dst.begin() + dst_off, dst.begin() + dst_off + len, src.begin() + src_off))
+          << "dst offset " << dst_off << ", src offset " << src_off;
+      EXPECT_EQ(dst[dst_off + len], 0) << "wrote past the end";
+      if (dst_off > 0) {
+        EXPECT_EQ(dst[dst_off - 1], 0) << "wrote before the start";
+      }
+    }
+  }
+}
+
+// Broadcast's kernel: one source into every output, small (cached stores) and large (streamed,
+// threaded), at odd offsets and lengths; the bytes around each output stay untouched.
+TEST(HostCopyTest, MultiCopiesIntoEveryOutput) {
+  for (size_t n : {size_t{1}, size_t{100}, (size_t{3} << 20) + 9}) {
+    std::vector<uint8_t> src(n + 3);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 11 + 3);
+    std::vector<std::vector<uint8_t>> outs(3, std::vector<uint8_t>(n + 2, 0xee));
+    void* dsts[] = {outs[0].data() + 1, outs[1].data() + 1, outs[2].data() + 1};
+    HostCopyMulti(dsts, src.data() + 3, n);
+    for (size_t k = 0; k < outs.size(); ++k) {
+      EXPECT_TRUE(std::equal(outs[k].begin() + 1, outs[k].begin() + 1 + n, src.begin() + 3)) << "output " << k << ", n " << n;
+      EXPECT_EQ(outs[k].front(), 0xee);
+      EXPECT_EQ(outs[k].back(), 0xee);
+    }
+    std::vector<uint8_t> serial(n + 2, 0xee);
+    void* one[] = {serial.data() + 1};
+    const ScopedSerialHostWork scope;
+    HostCopyMulti(one, src.data() + 3, n);
+    EXPECT_EQ(serial, outs[0]);
+  }
+}
+
+// A large reduction of two inputs into one output streams through an L1 scratch: the same bits
+// as the plain kernel, in place and out of place, at a length that is not a block multiple.
+TEST(HostReduceTest, StreamedReduceMatchesThePlainKernel) {
+  const size_t n = (size_t{3} << 20) + 11;  // 6 MiB of bfloat16: above the streaming threshold
+  std::vector<uint16_t> a(n), b(n), want(n), got(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = FloatToBfloat16(static_cast<float>(i % 251) * 0.5f);
+    b[i] = FloatToBfloat16(static_cast<float>(i % 17) - 8.0f);
+  }
+  const void* srcs[] = {a.data(), b.data()};
+  HostReduceRange(want.data(), srcs, 0, n, DataType::kBfloat16, ReduceOp::kSum);
+  ASSERT_TRUE(HostReduce(got.data(), srcs, n, DataType::kBfloat16, ReduceOp::kSum).ok());
+  EXPECT_EQ(got, want);
+  ASSERT_TRUE(HostReduce(a.data(), srcs, n, DataType::kBfloat16, ReduceOp::kSum).ok());  // in place
+  EXPECT_EQ(a, want);
 }
 
 }  // namespace

@@ -555,6 +555,11 @@ Result<std::unique_ptr<Transport>> Transport::Create(std::span<fabric::Fabric* c
           connected.empty() ? std::string("none") : RankList(connected),
           groups.empty() ? std::string() : fmt::format(" over {}", groups),
           unreachable.empty() ? std::string() : fmt::format("; {} unreachable", RankList(unreachable)));
+  // No rank returns before every rank has its connections: a handshake completes on one side
+  // first, and a rank that closed its transport at once would leave its peer reading that
+  // handshake until the deadline.
+  if (Status all = bootstrap.Barrier(deadline); !all.ok())
+    return all.WithContext(fmt::format("{}: waiting for every rank's connections", where));
   return t;
 }
 

@@ -110,8 +110,9 @@ class Transport {
   // which every rank computes the fabric of every pair), then the handles, each rank listening only
   // on the fabric and device chosen for each of its peers. Then it connects to and accepts from
   // every reachable peer (connects and accepts are interleaved, non-blocking, so no pair waits on
-  // another) and allocates and registers the staging buffer and the control buffers.
-  // kInvalidArgument when `fabrics` is empty, holds a null, a fabric twice, or a fabric created for
+  // another) and allocates and registers the staging buffer and the control buffers, and returns
+  // after a bootstrap barrier: every rank has its connections then, so a rank may close its
+  // transport at once without leaving a peer in its handshake. kInvalidArgument when `fabrics` is empty, holds a null, a fabric twice, or a fabric created for
   // another rank, or when the ranks pass different fabric lists (naming both lists). Fails as a
   // whole (every comm released) on any error; kTimeout at the deadline naming the peers not yet
   // connected.

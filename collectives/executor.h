@@ -90,12 +90,13 @@ class DirectGroup {
   // Every operation that is not fused publishes its signature too, without waiting, so that a
   // rank waiting in Exchange sees a mismatch at once.
   void Publish(uint64_t seq, int rank, uint64_t signature, std::string call);
-  // Publishes the event that completes `rank`'s device work of operation `seq` and waits until
-  // every rank has published its own (host bookkeeping only: nobody waits for a device here);
-  // returns them indexed by rank. Each rank's stream then waits on the others' events before it
-  // releases its caller's stream, so no rank proceeds while another still writes into its
-  // output. Same errors as Exchange.
-  Result<std::vector<const device::Event*>> Finish(uint64_t seq, int rank, const device::Event* done,
+  // Publishes the event that completes `rank`'s device work of operation `seq` (null: the work
+  // is done already, the CPU did it on the publishing thread) and waits until every rank has
+  // published its own (host bookkeeping only: nobody waits for a device here); returns them
+  // indexed by rank. Each rank then waits on the others' events (its stream, or its thread when
+  // it did its part on the CPU) before it releases its caller's stream, so no rank proceeds
+  // while another still writes into its output. Same errors as Exchange.
+  Result<std::vector<device::Event*>> Finish(uint64_t seq, int rank, device::Event* done,
                                                    Deadline deadline, const std::atomic<bool>& abort);
   // A rank failed: every wait, now and later, fails with `why`.
   void Fail(const Status& why);
@@ -104,7 +105,7 @@ class DirectGroup {
   struct Slot {
     std::vector<Entry> entries;
     std::vector<char> published, finished;
-    std::vector<const device::Event*> events;  // Finish: each rank's completion event
+    std::vector<device::Event*> events;  // Finish: each rank's completion event
     int npublished = 0, nfinished = 0, departed = 0;
     bool any_direct = false;
   };

@@ -132,12 +132,20 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
   // until the operation is done, so later work on it sees the results. The hold blocks no host
   // thread where the device can wait on memory (several ranks' streams in one process must not
   // wait behind each other's held callbacks: CUDA runs them all on one thread).
-  Status enq = stream.EnqueueHostCallback([op](const Status& stream_status) {
-    std::lock_guard lock(op->mu);
-    op->inputs_ready = true;
-    op->stream_status = stream_status;
-    op->cv.notify_all();
-  });
+  // A stream with nothing queued has reached the call already: the executor need not wait for a
+  // callback from it (one thread hand-off fewer per call; the hold below still orders later work).
+  auto idle = stream.Query();
+  Status enq;
+  if (idle.ok() && *idle) {
+    op->inputs_ready = true;  // not yet shared with another thread
+  } else {
+    enq = stream.EnqueueHostCallback([op](const Status& stream_status) {
+      std::lock_guard lock(op->mu);
+      op->inputs_ready = true;
+      op->stream_status = stream_status;
+      op->cv.notify_all();
+    });
+  }
   if (enq.ok()) {
     auto hold = stream.EnqueueHold();
     if (hold.ok()) {

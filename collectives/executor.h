@@ -5,8 +5,9 @@
 // How one operation flows:
 //  1. Submit (on the caller's thread, returns at once) queues the operation and enqueues on the
 //     caller's stream a host callback that (a) tells the executor the stream has reached the
-//     call — the inputs are ready — and (b) holds the stream until the operation is done, so
-//     later work on the stream sees the results (NCCL's semantics; a device with stream memory
+//     call — the inputs are ready; a stream with nothing queued has, and gets no callback — and
+//     (b) holds the stream until the operation is done, so later work on the stream sees the
+//     results (NCCL's semantics; a device with stream memory
 //     operations could do this without holding a host thread, later).
 //  2. The executor takes operations in submission order. For each: it sends an operation header
 //     (sequence number and signature) to every peer it will send data to, and checks the header

@@ -169,9 +169,17 @@ struct WaitWork {
 struct CallbackWork {
   HostCallback fn;
 };
+// A hold (Stream::EnqueueHold): the stream stops here until the gate opens. Its state is guarded
+// by the StreamCore's mutex.
+struct GateState {
+  bool open = false;
+};
+struct GateWork {
+  std::shared_ptr<GateState> gate;
+};
 
 struct Op {
-  std::variant<CopyWork, ReduceWork, ScaleWork, RecordWork, WaitWork, CallbackWork> work;
+  std::variant<CopyWork, ReduceWork, ScaleWork, RecordWork, WaitWork, CallbackWork, GateWork> work;
   uint64_t number = 0;        // backend-wide number of a copy / reduce / scale / callback; 0 otherwise
   bool inject_fault = false;  // this is the operation KIZUNA_EMU_FAIL_STREAM_OP names
 };
@@ -184,6 +192,7 @@ std::string_view OpName(const Op& op) {
     std::string_view operator()(const RecordWork&) const { return "event record"; }
     std::string_view operator()(const WaitWork&) const { return "event wait"; }
     std::string_view operator()(const CallbackWork&) const { return "host callback"; }
+    std::string_view operator()(const GateWork&) const { return "hold"; }
   };
   return std::visit(Namer{}, op.work);
 }
@@ -213,6 +222,18 @@ class StreamCore {
     bool wake;
     {
       std::lock_guard lock(mu_);
+      // A hold on a stream with nothing to do parks at once, without waking the worker: it has
+      // nothing to run until the hold opens (Open), and Open counts the hold complete itself.
+      if (auto* gate = std::get_if<GateWork>(&op.work); gate != nullptr && queue_.empty() && worker_idle_ &&
+                                                        parked_ == nullptr && !aborted_.load()) {
+        enqueued_.fetch_add(1, std::memory_order_release);
+        if (!gate->gate->open) {
+          parked_ = std::move(gate->gate);
+          return;
+        }
+        completed_.fetch_add(1, std::memory_order_release);
+        return;
+      }
       queue_.push_back(std::move(op));
       pending_.store(queue_.size(), std::memory_order_release);
       enqueued_.fetch_add(1, std::memory_order_release);
@@ -221,14 +242,35 @@ class StreamCore {
     if (wake) wake_cv_.notify_one();
   }
 
+  // Opens a hold (GateHold::Release). A hold the stream is parked at completes here, on the
+  // caller's thread: whoever waits in Synchronize wakes at once, and the worker is woken only
+  // when work is queued behind the hold. A hold not reached yet completes when the worker gets to
+  // it. Idempotent.
+  void Open(const std::shared_ptr<GateState>& gate) {
+    bool notify_sync = false, wake = false;
+    {
+      std::lock_guard lock(mu_);
+      if (gate->open) return;
+      gate->open = true;
+      if (parked_ != gate) return;
+      parked_ = nullptr;
+      completed_.fetch_add(1, std::memory_order_release);
+      notify_sync = sync_waiters_ > 0;
+      wake = !queue_.empty() && worker_idle_;
+    }
+    if (notify_sync) done_cv_.notify_all();
+    if (wake) wake_cv_.notify_one();
+  }
+
   // The worker thread's body: runs operations until Stop() and an empty queue.
   void Run() {
     Op op;
     Status sticky;
     while (Next(&op, &sticky)) {
-      Execute(op, sticky);
+      const bool parked = Park(op);
+      if (!parked) Execute(op, sticky);
       op = Op{};  // drop captured callbacks and event states now, not at the next operation
-      Finish();
+      if (!parked) Finish();
     }
     {
       std::lock_guard lock(mu_);
@@ -273,6 +315,11 @@ class StreamCore {
       dropped.swap(queue_);
       pending_.store(0, std::memory_order_release);
       completed_.fetch_add(dropped.size(), std::memory_order_release);
+      if (parked_ != nullptr) {  // a parked hold is dropped too: the stream goes on
+        parked_->open = true;
+        parked_ = nullptr;
+        completed_.fetch_add(1, std::memory_order_release);
+      }
       waiting = waiting_on_;
       if (error_.ok()) error_ = why;
       failed_.store(true, std::memory_order_release);
@@ -309,8 +356,10 @@ class StreamCore {
     if (pending_.load(std::memory_order_acquire) == 0)
       SpinBriefly([this] { return pending_.load(std::memory_order_acquire) != 0; });
     std::unique_lock lock(mu_);
-    // An idle worker has nothing to time out: Enqueue and Stop wake it.
-    while (queue_.empty() && !stopping_) {
+    // An idle worker has nothing to time out: Enqueue, Open and Stop wake it. Behind a parked
+    // hold it waits for Open (or Abort): the hold's owner opens it at the latest when it drops
+    // the hold (GateHold's destructor).
+    while ((queue_.empty() || parked_ != nullptr) && !stopping_) {
       worker_idle_ = true;
       wake_cv_.wait(lock);
     }
@@ -320,6 +369,16 @@ class StreamCore {
     queue_.pop_front();
     pending_.store(queue_.size(), std::memory_order_release);
     *sticky = error_;
+    return true;
+  }
+
+  // A hold the worker reached closed: the stream parks there (true), and Open completes it.
+  bool Park(Op& op) {
+    auto* gate = std::get_if<GateWork>(&op.work);
+    if (gate == nullptr) return false;
+    std::lock_guard lock(mu_);
+    if (gate->gate->open || aborted_.load(std::memory_order_acquire)) return false;  // Finish counts it
+    parked_ = std::move(gate->gate);
     return true;
   }
 
@@ -372,6 +431,7 @@ class StreamCore {
   }
 
   void Execute(Op& op, const Status& sticky) {
+    if (std::holds_alternative<GateWork>(op.work)) return;  // a hold found open: nothing to do
     if (auto* record = std::get_if<RecordWork>(&op.work)) {
       record->event->Complete(sticky);
       return;
@@ -472,6 +532,7 @@ class StreamCore {
       Status operator()(RecordWork&) const { return Status::Ok(); }
       Status operator()(WaitWork&) const { return Status::Ok(); }
       Status operator()(CallbackWork&) const { return Status::Ok(); }
+      Status operator()(GateWork&) const { return Status::Ok(); }
     };
     return std::visit(Translator{translate}, op.work);
   }
@@ -542,6 +603,7 @@ class StreamCore {
   // Set with error_, before the failed operation counts as completed: clear means error_ is ok.
   std::atomic<bool> failed_{false};
   std::shared_ptr<EventState> waiting_on_;  // guarded by mu_; the event the worker waits for now
+  std::shared_ptr<GateState> parked_;       // guarded by mu_; the closed hold the stream stops at
   int sync_waiters_ = 0;                    // guarded by mu_
   bool worker_idle_ = false;                // guarded by mu_
   bool stopping_ = false;                   // guarded by mu_
@@ -554,6 +616,19 @@ class StreamCore {
 };
 
 // ---- Stream ----
+
+// Opens its gate when released, at the latest when destroyed.
+class GateHold final : public device::StreamHold {
+ public:
+  GateHold(std::shared_ptr<StreamCore> core, std::shared_ptr<GateState> gate)
+      : core_(std::move(core)), gate_(std::move(gate)) {}
+  ~GateHold() override { Release(); }
+  void Release() override { core_->Open(gate_); }
+
+ private:
+  std::shared_ptr<StreamCore> core_;
+  std::shared_ptr<GateState> gate_;
+};
 
 class EmuStream final : public device::Stream {
  public:
@@ -641,6 +716,16 @@ class EmuStream final : public device::Stream {
   Status DoHostCallback(HostCallback fn) override {
     EnqueueNumbered(Op{CallbackWork{std::move(fn)}});
     return Status::Ok();
+  }
+
+  // A hold native to the stream: the worker stops at it without occupying a host callback, and
+  // releasing it completes it on the releasing thread when the stream waits there (no hand-off to
+  // the worker and back when nothing follows it). Not numbered for fault injection: it is no
+  // device work.
+  Result<std::unique_ptr<device::StreamHold>> DoEnqueueHold() override {
+    auto gate = std::make_shared<GateState>();
+    core_->Enqueue(Op{GateWork{gate}});
+    return std::unique_ptr<device::StreamHold>(new GateHold(core_, std::move(gate)));
   }
 
   Status DoSynchronize(Deadline deadline) override {

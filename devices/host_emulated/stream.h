@@ -1,8 +1,8 @@
 // Streams and events of the emulated accelerator.
 //
 // Each stream owns one worker thread that executes an in-order queue of operations: copy
-// (HostCopy), reduce (HostReduce), scale (HostScale), record event, wait event, host callback.
-// Enqueueing never blocks on the work; the worker does it.
+// (HostCopy), reduce (HostReduce), scale (HostScale), record event, wait event, host callback,
+// hold. Enqueueing never blocks on the work; the worker does it.
 //
 // Contract beyond runtime/device/device.h:
 //  - Sticky errors: the first failing operation's Status stays with the stream. Later copies,
@@ -23,6 +23,12 @@
 //    much; emu_copy_gbps / emu_reduce_gbps make a copy (bytes copied) or a reduce or scale (bytes
 //    of input read) last at least bytes / rate. The rate is shared by all streams of one device
 //    (a device has one memory system): concurrent operations on a device queue for it.
+//  - Holds (Stream::EnqueueHold) are native: the stream stops at a closed hold without a host
+//    callback blocking the worker. A hold enqueued on an idle stream parks without waking the
+//    worker, and the release of a hold the stream is stopped at completes it on the releasing
+//    thread (a Synchronize waiter wakes from there; the worker only when work follows). Not
+//    numbered for fault injection. Released at the latest when the StreamHold is destroyed;
+//    dropped (released) when the stream is aborted.
 //  - Waiting never burns a core: every wait spins for a few microseconds, then blocks.
 //  - Opaque mode (memory.h): the worker translates every device address of a copy, reduce or
 //    scale to the real mapping when the operation runs. An address whose memory is gone by then

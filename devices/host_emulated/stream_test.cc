@@ -353,6 +353,70 @@ TEST(HostEmulatedStream, SynchronizeFromItsOwnCallbackIsRejected) {
   EXPECT_TRUE(HasCode(*seen, StatusCode::kInvalidArgument));
 }
 
+// ---- Holds (native to the stream: no host callback) ----
+
+// A hold on an idle stream parks at once: the stream is busy until the release, a Synchronize in
+// another thread returns only after it (woken by the releasing thread), work after the hold runs
+// after it, and a second release changes nothing.
+TEST(HostEmulatedStream, HoldOnAnIdleStreamCompletesOnRelease) {
+  Emu emu(SmallConfig());
+  auto src = emu.Alloc(0, 4096);
+  auto dst = emu.Alloc(0, 4096);
+  std::memset(src->data(), 7, 4096);
+  std::memset(dst->data(), 0, 4096);
+  auto stream = emu.NewStream(0);
+  ASSERT_TRUE(stream->Synchronize().ok());
+  auto hold = stream->EnqueueHold();
+  ASSERT_TRUE(hold.ok()) << hold.status().ToString();
+  auto busy = stream->Query();
+  ASSERT_TRUE(busy.ok());
+  EXPECT_FALSE(*busy) << "an unreleased hold counts as queued work";
+  std::atomic<bool> synced{false};
+  Status sync_status;
+  std::thread waiter([&] {
+    sync_status = stream->Synchronize();
+    synced.store(true);
+  });
+  std::this_thread::sleep_for(milliseconds(30));
+  EXPECT_FALSE(synced.load()) << "Synchronize returned while the stream was held";
+  (*hold)->Release();
+  waiter.join();
+  EXPECT_TRUE(sync_status.ok()) << sync_status.ToString();
+  (*hold)->Release();  // idempotent
+  ASSERT_TRUE(stream->Copy(Bytes(dst), Bytes(src), 4096).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(Bytes(dst)[4095], 7);
+}
+
+// Work queued behind a parked hold waits for the release, whichever way the hold parked (on an
+// idle stream, or reached behind earlier work); a hold dropped unreleased lets the stream go on.
+TEST(HostEmulatedStream, WorkBehindAHoldWaitsForTheRelease) {
+  Emu emu(SmallConfig());
+  auto src = emu.Alloc(0, 1 << 20);
+  auto dst = emu.Alloc(0, 1 << 20);
+  std::memset(src->data(), 3, 1 << 20);
+  auto stream = emu.NewStream(0);
+  for (const bool behind_work : {false, true}) {
+    std::memset(dst->data(), 0, 1 << 20);
+    ASSERT_TRUE(stream->Synchronize().ok());
+    if (behind_work) {
+      ASSERT_TRUE(stream->Copy(Bytes(dst), Bytes(src), 1 << 19).ok());
+    }
+    auto hold = stream->EnqueueHold();
+    ASSERT_TRUE(hold.ok());
+    ASSERT_TRUE(stream->Copy(Bytes(dst) + (1 << 19), Bytes(src) + (1 << 19), 1 << 19).ok());
+    std::this_thread::sleep_for(milliseconds(30));
+    EXPECT_EQ(Bytes(dst)[(1 << 20) - 1], 0) << "the copy behind the hold ran before the release";
+    if (behind_work) {
+      EXPECT_EQ(Bytes(dst)[0], 3) << "the copy before the hold waited for it";
+    }
+    auto released = std::move(*hold);
+    released.reset();  // dropped unreleased: released
+    ASSERT_TRUE(stream->Synchronize().ok());
+    EXPECT_EQ(Bytes(dst)[(1 << 20) - 1], 3);
+  }
+}
+
 // ---- Stream teardown ----
 
 TEST(HostEmulatedStream, DestructionWaitsForQueuedWork) {

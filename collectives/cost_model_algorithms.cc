@@ -254,8 +254,8 @@ void Model::Body(Algorithm a) {
 // copy moves each byte read and written, so a byte read or a byte written is half a copied byte).
 // Per rank, with slice = count / p: AllReduce reads p slices and writes p (p x slice copied
 // bytes); Reduce reads p slices and writes one, Broadcast reads one and writes p ((p + 1) / 2 x
-// slice); ReduceScatter reads p blocks and writes one ((p + 1) / 2 x count); AllGather copies p
-// blocks (p x count). Ranks that share a device share its memory system, so a device's ranks take
+// slice); ReduceScatter reads p blocks and writes one ((p + 1) / 2 x count); AllGather reads its
+// block and writes it into p outputs ((p + 1) / 2 x count). Ranks that share a device share its memory system, so a device's ranks take
 // that many times as long. Two rendezvous and a stream synchronization per operation
 // (direct_rendezvous_us), one launch.
 void Model::Fused() {
@@ -276,6 +276,9 @@ void Model::Fused() {
       break;
     case Collective::kReduceScatter:
       copied = (p + 1) / 2 * count, what = "one-pass reduce of every input's block";
+      break;
+    case Collective::kAllGather:
+      copied = (p + 1) / 2 * count, what = "one-pass copy of this rank's block into every output";
       break;
     case Collective::kBarrier:
       what = "rendezvous";

@@ -64,9 +64,10 @@ TEST(CostModelTest, FusedAllReduceByHand) {
   // The same four ranks on one device share its memory: four times the device time.
   const Prediction shared = Predict(Algorithm::kFused, r, one_device, Options(), k);
   EXPECT_NEAR(shared.gamma_s, 4 * 16384 / 20e9, 1e-12);
-  // AllGather of 1024 elements per rank: every rank copies 4 blocks of 4096 bytes into its output.
+  // AllGather of 1024 elements per rank: every rank reads its block of 4096 bytes once and writes
+  // it into 4 outputs: (4 + 1) / 2 copied blocks.
   const Prediction gather = Predict(Algorithm::kFused, Request(Collective::kAllGather, 4, 1024), separate, Options(), k);
-  EXPECT_NEAR(gather.gamma_s, 16384 / 20e9, 1e-12);
+  EXPECT_NEAR(gather.gamma_s, 2.5 * 4096 / 20e9, 1e-12);
   // ReduceScatter of 1024 elements per rank: 4 blocks read, one written: (4 + 1) / 2 copied blocks.
   const Prediction scatter =
       Predict(Algorithm::kFused, Request(Collective::kReduceScatter, 4, 1024), separate, Options(), k);

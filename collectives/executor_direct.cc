@@ -51,12 +51,13 @@ Status DirectPart(const CollectiveRequest& req, int rank, std::span<const void* 
       return stream.ReduceMulti(dsts, srcs, req.count, req.dtype, req.op);
     }
     case Collective::kAllGather: {
+      // Pushed, not pulled: block r of every output is this rank's input, read once for all n.
       if (req.count == 0) return Status::Ok();
       for (size_t q = 0; q < n; ++q) {
-        uint8_t* dst = at(outputs[me], q * req.count);
-        if (dst != inputs[q]) KZ_RETURN_IF_ERROR(stream.Copy(dst, inputs[q], req.count * elem));
+        uint8_t* dst = at(outputs[q], me * req.count);
+        if (dst != inputs[me]) dsts.push_back(dst);
       }
-      return Status::Ok();
+      return stream.CopyMulti(dsts, inputs[me], req.count * elem);
     }
     case Collective::kBroadcast: {
       const auto [offset, count] = FusedSlice(req.count, req.nranks, rank);

@@ -7,7 +7,7 @@
 // every input is read once and each byte of every output written once: the minimum traffic,
 // 2 x count x size per rank, with no staging, no fabric and no pipeline. Reduce: slice r of every
 // input reduced into the root's output. ReduceScatter: block r of every input reduced into rank
-// r's output. AllGather: rank r copies every rank's input into its own output. Broadcast: rank r
+// r's output. AllGather: rank r copies its input into block r of every output. Broadcast: rank r
 // copies slice r of the root's input into every output. In place, a copy onto itself is skipped.
 // Barrier: nothing moves; the rendezvous is the barrier.
 //

@@ -277,6 +277,40 @@ void StreamCopy(void* dst_v, const void* src_v, size_t bytes) {
 #endif
 }
 
+// StreamCopy into two destinations at once, each line loaded once and stored to both: one read
+// stream and two write streams, where copying 8 KiB blocks to each in turn interrupts the read
+// stream (2 ranks' AllGather: ~20 % faster in a probe, docs/PERFORMANCE.md "AllGather pushes").
+// Both destinations must have the same alignment modulo 16.
+void StreamCopy2(void* dst0_v, void* dst1_v, const void* src_v, size_t bytes) {
+#if defined(__x86_64__)
+  auto* d0 = static_cast<uint8_t*>(dst0_v);
+  auto* d1 = static_cast<uint8_t*>(dst1_v);
+  const auto* s = static_cast<const uint8_t*>(src_v);
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(d0) % 16) % 16);
+  std::memcpy(d0, s, head);
+  std::memcpy(d1, s, head);
+  d0 += head, d1 += head, s += head, bytes -= head;
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    for (uint8_t* d : {d0 + i, d1 + i}) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+    }
+  }
+  StreamCopy(d0 + i, s + i, bytes - i);
+  StreamCopy(d1 + i, s + i, bytes - i);
+#else
+  std::memcpy(dst0_v, src_v, bytes);
+  std::memcpy(dst1_v, src_v, bytes);
+#endif
+}
+
 // Orders this thread's StreamCopy stores before its later stores.
 void StoreFence() {
 #if defined(__x86_64__)
@@ -478,7 +512,15 @@ void HostCopy(void* dst, const void* src, size_t bytes) {
 
 void HostCopyMulti(std::span<void* const> dsts, const void* src, size_t bytes) {
   const bool stream = bytes * dsts.size() >= kStreamingBytes;
+  const bool pair = stream && dsts.size() == 2 &&
+                    reinterpret_cast<uintptr_t>(dsts[0]) % 16 == reinterpret_cast<uintptr_t>(dsts[1]) % 16;
   auto range = [&](size_t begin, size_t end) {
+    if (pair) {
+      StreamCopy2(static_cast<char*>(dsts[0]) + begin, static_cast<char*>(dsts[1]) + begin,
+                  static_cast<const char*>(src) + begin, end - begin);
+      StoreFence();
+      return;
+    }
     for (size_t b = begin; b < end; b += kBlockBytes) {
       const size_t len = std::min(kBlockBytes, end - b);
       for (void* dst : dsts) CopyOut(static_cast<char*>(dst) + b, static_cast<const char*>(src) + b, len, stream);

@@ -445,6 +445,26 @@ TEST(HostCopyTest, MultiCopiesIntoEveryOutput) {
   }
 }
 
+// Two outputs of a large copy are written line by line from one read of the source when they are
+// aligned alike, block by block when not: every byte either way, nothing around them.
+TEST(HostCopyTest, PairCopiesAtEveryAlignment) {
+  for (size_t n : {size_t{2} << 20, (size_t{2} << 20) + 17, (size_t{3} << 20) + 63}) {
+    std::vector<uint8_t> src(n + 1);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 1);
+    for (auto [a0, a1] : {std::pair<size_t, size_t>{0, 0}, {5, 5}, {3, 7}}) {
+      std::vector<uint8_t> out0(n + 32, 0xee), out1(n + 32, 0xee);
+      void* dsts[] = {out0.data() + 16 + a0, out1.data() + 16 + a1};
+      HostCopyMulti(dsts, src.data() + 1, n);
+      for (auto [out, a] : {std::pair{&out0, a0}, {&out1, a1}}) {
+        EXPECT_TRUE(std::equal(out->begin() + 16 + a, out->begin() + 16 + a + n, src.begin() + 1))
+            << "n " << n << ", alignments " << a0 << " / " << a1;
+        EXPECT_TRUE(std::all_of(out->begin(), out->begin() + 16 + a, [](uint8_t v) { return v == 0xee; }));
+        EXPECT_TRUE(std::all_of(out->begin() + 16 + a + n, out->end(), [](uint8_t v) { return v == 0xee; }));
+      }
+    }
+  }
+}
+
 // A large reduction of two inputs into one output streams through an L1 scratch: the same bits
 // as the plain kernel, in place and out of place, at a length that is not a block multiple.
 TEST(HostReduceTest, StreamedReduceMatchesThePlainKernel) {

@@ -19,15 +19,38 @@ namespace kizuna::host_emulated {
 
 // ---- AddressMap ----
 
+namespace {
+
+std::atomic<uint64_t> g_map_versions{1};
+
+uint64_t NextVersion() { return g_map_versions.fetch_add(1, std::memory_order_relaxed); }
+
+// The ranges this thread last found with Contains, with the map and its version then: a call checks
+// its send and receive buffers every time (two lookups, four atomic operations on the lock), and
+// these are usually the ones it checked last time.
+struct ContainsHit {
+  const void* map = nullptr;
+  uint64_t version = 0;
+  uintptr_t start = 0, end = 0;
+};
+thread_local ContainsHit t_hits[2];
+thread_local unsigned t_next_hit = 0;
+
+}  // namespace
+
+AddressMap::AddressMap() : version_(NextVersion()) {}
+
 void AddressMap::Insert(const void* start, size_t bytes, void* real, int fd, uint64_t serial) {
   const auto s = reinterpret_cast<uintptr_t>(start);
   std::unique_lock lock(mu_);
   ranges_[s] = Range{s + bytes, reinterpret_cast<uintptr_t>(real), fd, serial};
+  version_.store(NextVersion(), std::memory_order_release);
 }
 
 void AddressMap::Erase(const void* start) {
   std::unique_lock lock(mu_);
   ranges_.erase(reinterpret_cast<uintptr_t>(start));
+  version_.store(NextVersion(), std::memory_order_release);
 }
 
 const std::pair<const uintptr_t, AddressMap::Range>* AddressMap::Find(uintptr_t p, size_t bytes) const {
@@ -39,8 +62,15 @@ const std::pair<const uintptr_t, AddressMap::Range>* AddressMap::Find(uintptr_t 
 }
 
 bool AddressMap::Contains(const void* ptr, size_t bytes) const {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  const uint64_t now = version_.load(std::memory_order_acquire);
+  for (const ContainsHit& hit : t_hits)
+    if (hit.map == this && hit.version == now && p >= hit.start && p <= hit.end && bytes <= hit.end - p) return true;
   std::shared_lock lock(mu_);
-  return Find(reinterpret_cast<uintptr_t>(ptr), bytes) != nullptr;
+  const auto* range = Find(p, bytes);
+  if (range == nullptr) return false;
+  t_hits[t_next_hit++ % 2] = ContainsHit{this, version_.load(std::memory_order_relaxed), range->first, range->second.end};
+  return true;
 }
 
 void* AddressMap::Translate(const void* ptr, size_t bytes) const {

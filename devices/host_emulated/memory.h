@@ -45,6 +45,8 @@ namespace kizuna::host_emulated {
 // pointers, and in opaque mode the worker translates them), hence the reader-writer lock.
 class AddressMap {
  public:
+  AddressMap();
+
   // `bytes` > 0; ranges never overlap (each is a distinct mapping). `real` is where the CPU
   // reaches the range's first byte; `fd` the allocation's memfd (-1 for imports) and `serial` its
   // number (Device::FindAllocation).
@@ -70,6 +72,9 @@ class AddressMap {
 
   mutable std::shared_mutex mu_;
   std::map<uintptr_t, Range> ranges_;  // start -> range; guarded by mu_
+  // Changes at every Insert and Erase, to a value no map has had before (one counter for all), so
+  // that a thread's cached answer of Contains (memory.cc) is trusted only while it is the same.
+  std::atomic<uint64_t> version_;
 };
 
 class MemoryBuffer;

@@ -71,21 +71,28 @@ Status Executor::FillHeader(Operation& op, int* total_channels) {
 
 uint64_t PlanSignature(const Plan& plan) { return executor_internal::MemberSignature(plan); }
 
-Status executor_internal::FillHeader(const std::vector<OperationMember>& members, ControlMessage* header,
-                                     int* total_channels) {
+Result<uint64_t> executor_internal::OperationSignature(const std::vector<OperationMember>& members) {
   uint64_t signature = 0xcbf29ce484222325ull;
-  *total_channels = 0;
   // Point-to-point members differ between ranks by nature (rank 0 sends to 1 while 1 receives
   // from 0): they are checked pairwise, by the receiver comparing the bytes that arrive with the
   // bytes it expects, and stay out of the signature, which must be equal on every rank.
-  const OperationMember* described = nullptr;
   for (const OperationMember& m : members) {
     if (!m.plan || m.plan->ranks.size() != 1) return Internal("an operation member without this rank's plan");
     const Collective c = m.plan->request.collective;
-    if (c != Collective::kSend && c != Collective::kRecv) {
+    if (c != Collective::kSend && c != Collective::kRecv)
       signature = Mix(signature, m.plan->signature != 0 ? m.plan->signature : MemberSignature(*m.plan));
-      if (described == nullptr) described = &m;
-    }
+  }
+  return signature;
+}
+
+Status executor_internal::FillHeader(const std::vector<OperationMember>& members, ControlMessage* header,
+                                     int* total_channels) {
+  KZ_ASSIGN_OR_RETURN(const uint64_t signature, OperationSignature(members));
+  *total_channels = 0;
+  const OperationMember* described = nullptr;
+  for (const OperationMember& m : members) {
+    const Collective c = m.plan->request.collective;
+    if (c != Collective::kSend && c != Collective::kRecv && described == nullptr) described = &m;
     *total_channels += static_cast<int>(m.plan->ranks[0].channels.size());
   }
   if (described == nullptr) described = &members[0];

@@ -395,10 +395,7 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     if (host_memory) return idle.ok() ? Internal("the caller's stream is busy again") : idle.status();
     return false;
   }
-  ControlMessage header;
-  int channels = 0;
-  KZ_RETURN_IF_ERROR(executor_internal::FillHeader(members, &header, &channels));
-  const uint64_t signature = header.signature;
+  KZ_ASSIGN_OR_RETURN(const uint64_t signature, executor_internal::OperationSignature(members));
   uint64_t seq = 0;
   {
     std::lock_guard lock(mu_);
@@ -410,7 +407,7 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     }
     seq = next_seq_++;
   }
-  const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
+  const Deadline deadline = Deadline::AfterSecondsCoarse(options_.timeout_s);
   // Ranks outnumbering the CPUs each do their part on this thread alone.
   const ScopedSerialHostWork serial(group.oversubscribed());
   Status s;

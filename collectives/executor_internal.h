@@ -92,9 +92,11 @@ inline uint64_t MemberSignature(const Plan& plan) {
   return h;
 }
 
-// The header of an operation made of `members` (Executor::FillHeader; the calling thread's path
-// takes it without an Operation).
+// The header of an operation made of `members` (Executor::FillHeader).
 Status FillHeader(const std::vector<OperationMember>& members, ControlMessage* header, int* total_channels);
+// Its signature alone (what the calling thread's path needs), checking that every member has this
+// rank's plan.
+Result<uint64_t> OperationSignature(const std::vector<OperationMember>& members);
 
 inline std::string DescribeHeader(const ControlMessage& m) {
   CollectiveRequest r;

@@ -2,6 +2,8 @@
 // wait is KIZUNA_TIMEOUT (600 s by default), after which the call returns kTimeout.
 #pragma once
 
+#include <time.h>
+
 #include <chrono>
 
 namespace kizuna {
@@ -13,6 +15,16 @@ class Deadline {
   static Deadline After(std::chrono::nanoseconds d) { return Deadline(Clock::now() + d); }
   static Deadline AfterSeconds(double s) {
     return After(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s)));
+  }
+  // The same from the coarse monotonic clock, for a call's hot path: about 3 ns instead of 25 on
+  // the build VM, and it lags the precise clock by at most one scheduler tick (a few ms), so the
+  // deadline comes that much early at most. For timeouts of seconds (Linux only).
+  static Deadline AfterSecondsCoarse(double s) {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    const Clock::time_point now{std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(ts.tv_sec) +
+                                                                           std::chrono::nanoseconds(ts.tv_nsec))};
+    return Deadline(now + std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s)));
   }
   static Deadline At(Clock::time_point t) { return Deadline(t); }
 

@@ -42,7 +42,7 @@ thread_local GroupState g_group;
 // ---------------------------------------------------------------------------------------------
 // Plans
 
-Result<std::shared_ptr<const Plan>> Communicator::PlanFor(const CollectiveRequest& request,
+Result<const std::shared_ptr<const Plan>*> Communicator::PlanFor(const CollectiveRequest& request,
                                                           const CallOptions& options, size_t slot_bytes,
                                                           int channels, bool grouped) {
   const size_t elem = DataTypeSize(request.dtype);
@@ -55,14 +55,16 @@ Result<std::shared_ptr<const Plan>> Communicator::PlanFor(const CollectiveReques
   PlanCache::Key key{static_cast<int>(request.collective), request.count, static_cast<int>(request.dtype),
                      static_cast<int>(request.op), request.root, request.in_place, forced, popts.chunk_count,
                      channels, popts.deterministic, popts.balance, grouped};
-  if (plans_->last_plan != nullptr && plans_->last_key == key) return plans_->last_plan;
+  // The plan is returned as the cache's last one, valid until the next call (call_mu_ is held):
+  // the caller copies it where it keeps it, so that a repeated call costs no reference count.
+  if (plans_->last_plan != nullptr && plans_->last_key == key) return &plans_->last_plan;
   {
     std::lock_guard lock(plans_->mu);
     auto it = plans_->plans.find(key);
     if (it != plans_->plans.end()) {
       plans_->last_key = key;
       plans_->last_plan = it->second;
-      return it->second;
+      return &plans_->last_plan;
     }
   }
   KZ_ASSIGN_OR_RETURN(collectives::Selection sel, Select(request, popts, options.algorithm, grouped));
@@ -100,7 +102,9 @@ Result<std::shared_ptr<const Plan>> Communicator::PlanFor(const CollectiveReques
   std::lock_guard lock(plans_->mu);
   if (plans_->plans.size() >= kPlanCacheEntries) plans_->plans.clear();
   plans_->plans[key] = shared;
-  return shared;
+  plans_->last_key = key;
+  plans_->last_plan = std::move(shared);
+  return &plans_->last_plan;
 }
 
 Result<collectives::Selection> Communicator::Select(const CollectiveRequest& request,
@@ -168,13 +172,17 @@ Status Communicator::Launch(std::span<Call> calls) {
   // An algorithm may use more channels than asked (ina: one per part of the layout): then the
   // slots are sized again for the channels the plans really have, and the plans rebuilt for them.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    members.clear();
+    // Resized, not cleared: a member assigned the plan it already holds costs no reference count.
+    members.resize(calls.size());
     int used = 0;
     for (size_t i = 0; i < calls.size(); ++i) {
-      KZ_ASSIGN_OR_RETURN(auto plan, PlanFor(calls[i].request, calls[i].options, slot_bytes, channels(calls[i]),
-                                             calls.size() > 1));
-      used += static_cast<int>(plan->ranks[0].channels.size());
-      members.push_back({std::move(plan), calls[i].input, calls[i].output});
+      KZ_ASSIGN_OR_RETURN(const std::shared_ptr<const collectives::Plan>* plan,
+                          PlanFor(calls[i].request, calls[i].options, slot_bytes, channels(calls[i]),
+                                  calls.size() > 1));
+      used += static_cast<int>((*plan)->ranks[0].channels.size());
+      members[i].plan = *plan;
+      members[i].input = calls[i].input;
+      members[i].output = calls[i].output;
     }
     if (used <= total) break;
     total = used;

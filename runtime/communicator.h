@@ -207,9 +207,10 @@ class Communicator {
   Result<collectives::Selection> Select(const collectives::CollectiveRequest& request,
                                        const collectives::PlanOptions& options,
                                        std::optional<collectives::Algorithm> per_call, bool grouped = false) const;
-  Result<std::shared_ptr<const collectives::Plan>> PlanFor(const collectives::CollectiveRequest& request,
-                                                           const CallOptions& options, size_t slot_bytes,
-                                                           int channels, bool grouped);
+  // The plan for one call, from the cache or built; the pointer stays valid until the next call.
+  Result<const std::shared_ptr<const collectives::Plan>*> PlanFor(const collectives::CollectiveRequest& request,
+                                                                  const CallOptions& options, size_t slot_bytes,
+                                                                  int channels, bool grouped);
   friend struct GroupState;
 
   int rank_ = 0;

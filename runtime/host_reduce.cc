@@ -247,6 +247,24 @@ bool Overlaps(const void* a, size_t an, const void* b, size_t bn) {
   return x < y + bn && y < x + an;
 }
 
+#if defined(__x86_64__)
+// One 64-byte line in registers: loaded from anywhere, stored non-temporally to a 16-byte aligned
+// address.
+struct Line {
+  __m128i v[4];
+};
+
+Line LoadLine(const uint8_t* s) {
+  Line l;
+  for (int k = 0; k < 4; ++k) l.v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * k));
+  return l;
+}
+
+void StreamLine(uint8_t* d, const Line& l) {
+  for (int k = 0; k < 4; ++k) _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16 * k), l.v[k]);
+}
+#endif
+
 // Copies with non-temporal stores where the CPU has them (x86-64: SSE2's, in every x86-64; the
 // copy is bound by memory, so wider vectors gain nothing). Its stores are weakly ordered: the
 // thread must call StoreFence before anything that publishes the data (a release store does not
@@ -259,16 +277,7 @@ void StreamCopy(void* dst_v, const void* src_v, size_t bytes) {
   std::memcpy(d, s, head);
   d += head, s += head, bytes -= head;
   size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-  }
+  for (; i + 64 <= bytes; i += 64) StreamLine(d + i, LoadLine(s + i));
   for (; i + 16 <= bytes; i += 16)
     _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
   std::memcpy(d + i, s + i, bytes - i);
@@ -292,16 +301,9 @@ void StreamCopy2(void* dst0_v, void* dst1_v, const void* src_v, size_t bytes) {
   d0 += head, d1 += head, s += head, bytes -= head;
   size_t i = 0;
   for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    for (uint8_t* d : {d0 + i, d1 + i}) {
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
-    }
+    const Line line = LoadLine(s + i);
+    StreamLine(d0 + i, line);
+    StreamLine(d1 + i, line);
   }
   StreamCopy(d0 + i, s + i, bytes - i);
   StreamCopy(d1 + i, s + i, bytes - i);

@@ -255,9 +255,9 @@ void Model::Body(Algorithm a) {
 // Per rank, with slice = count / p: AllReduce reads p slices and writes p (p x slice copied
 // bytes); Reduce reads p slices and writes one, Broadcast reads one and writes p ((p + 1) / 2 x
 // slice); ReduceScatter reads p blocks and writes one ((p + 1) / 2 x count); AllGather reads its
-// block and writes it into p outputs ((p + 1) / 2 x count). Ranks that share a device share its memory system, so a device's ranks take
-// that many times as long. Two rendezvous and a stream synchronization per operation
-// (direct_rendezvous_us), one launch.
+// block and writes it into p outputs ((p + 1) / 2 x count). Ranks that share a device share its
+// memory system, so a device's ranks take that many times as long. Two rendezvous and a stream
+// synchronization per operation (direct_rendezvous_us), one launch.
 void Model::Fused() {
   const auto p = static_cast<double>(p_);
   const double slice = static_cast<double>(CeilDiv(req_.count, static_cast<uint64_t>(p_)));

@@ -43,8 +43,8 @@ thread_local GroupState g_group;
 // Plans
 
 Result<const std::shared_ptr<const Plan>*> Communicator::PlanFor(const CollectiveRequest& request,
-                                                          const CallOptions& options, size_t slot_bytes,
-                                                          int channels, bool grouped) {
+                                                                 const CallOptions& options, size_t slot_bytes,
+                                                                 int channels, bool grouped) {
   const size_t elem = DataTypeSize(request.dtype);
   collectives::PlanOptions popts;
   popts.chunk_count = std::max<uint64_t>(1, slot_bytes / elem);

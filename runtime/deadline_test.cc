@@ -12,7 +12,7 @@ using std::chrono::milliseconds;
 TEST(DeadlineTest, AfterSecondsLeavesThatLong) {
   const Deadline d = Deadline::AfterSeconds(1.0);
   EXPECT_FALSE(d.Expired());
-  EXPECT_GT(d.Remaining(), milliseconds(900));
+  EXPECT_GT(d.Remaining(), milliseconds(500));  // room for a busy machine
   EXPECT_LE(d.Remaining(), milliseconds(1000));
   EXPECT_TRUE(Deadline::AfterSeconds(0).Expired());
   EXPECT_EQ(Deadline::AfterSeconds(-1).Remaining().count(), 0);

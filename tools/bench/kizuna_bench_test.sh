@@ -144,13 +144,15 @@ expect_usage_error "--json $tmp/no/such/dir/x.json: cannot open" --ranks 2 -b 8 
 expect_usage_error "bogus" --bogus
 
 # ---- a device that fails: exit 1 with the error, promptly ----
-# Operations are numbered as they are enqueued on any stream. How many a call enqueues depends on
-# timing (an idle stream needs no callback), so the fault is placed among the first calls' ones.
-out="$(KIZUNA_TIMEOUT=20 KIZUNA_EMU_FAIL_STREAM_OP=8 timeout 60 "$bench" --ranks 4 -b 1K -e 1K -n 5 -w 1 2>&1)"
+# Operations are numbered as they are enqueued on any stream. With memory the CPU reaches, how many
+# a call enqueues depends on timing (an idle stream needs no callback, and the CPU does the copies),
+# so the run uses opaque memory: the fills are 8 copies (2 buffers of 4 ranks), and every call
+# enqueues its copies and reduces on the streams, so operation 12 falls in the first call.
+out="$(KIZUNA_EMU_OPAQUE=1 KIZUNA_TIMEOUT=20 KIZUNA_EMU_FAIL_STREAM_OP=12 timeout 60 "$bench" --ranks 4 -b 1K -e 1K -n 5 -w 1 2>&1)"
 rc=$?
 echo "$out"
 [ "$rc" -eq 1 ] || fail "injected device fault: expected exit status 1, got $rc"
-grep -q '^kizuna-bench: .*injected fault' <<<"$out" || fail "injected device fault: the cause is not reported"
+grep -q '^kizuna-bench: .*allreduce.*injected fault' <<<"$out" || fail "injected device fault: the cause is not reported"
 
 # ---- opaque device memory: fills and checks through AllocateHost ----
 for coll in allreduce reducescatter allgather; do

@@ -41,6 +41,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -175,6 +176,16 @@ class Executor {
   // plan is not fused.
   Result<bool> TryInline(const std::vector<OperationMember>& members, device::Stream& stream,
                          bool host_memory = false);
+  // One thread calling every rank of an in-process group together (GroupStart, one fused call on
+  // each rank's communicator, GroupEnd: how one thread drives several devices). When the CPU does
+  // the parts (memory it reaches, devices not throttled), every executor and every caller's
+  // stream is idle, and the calls match, this thread runs every rank's part itself, in rank
+  // order, before returning: no hand-off to the executors' threads and back. `executors[i]` runs
+  // `members[i]` (one member) on `streams[i]`. True when it ran (its error, if it failed, fails
+  // every executor); false: submit them as usual (the usual path names a mismatch).
+  static Result<bool> TryInlineGroup(std::span<Executor* const> executors,
+                                     std::span<const std::vector<OperationMember>* const> members,
+                                     std::span<device::Stream* const> streams);
   // Calls may pass plain host memory (malloc): the communicator's ranks are processes of one host
   // sharing buffers, and the CPU reaches their device memory, so fused operations run on the
   // calling thread (TryInline) through staging allocations the peers map (HostGroup::Staged).

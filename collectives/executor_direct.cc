@@ -4,6 +4,7 @@
 // that slice of every rank's output with one device operation (on the emulated device: on the
 // executor's thread), waits for it, and waits for every other rank to have done the same before
 // its held stream continues (another rank writes into this rank's output until then).
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -127,6 +128,14 @@ std::pair<uint64_t, uint64_t> DirectBytes(const CollectiveRequest& req, int rank
   if (req.collective == Collective::kBroadcast && rank != req.root) in = 0;
   if (req.collective == Collective::kReduce && rank != req.root) out = 0;
   return {in, out};
+}
+
+// A device whose streams are the host's CPUs over memory the CPU reaches (the emulated device,
+// unthrottled: a throttled one paces its streams' work): a rank's part may run on any thread, as
+// the stream's thread would run it.
+bool CpuDoesParts(const device::DeviceProperties& props) {
+  const bool throttled = props.copy_gbps > 0 || props.reduce_gbps > 0 || props.launch_latency_us > 0;
+  return props.host_compute && props.host_accessible && !throttled;
 }
 
 }  // namespace
@@ -272,16 +281,12 @@ Status Executor::RunDirect(Operation& op, Deadline deadline) {
     inputs.push_back(e.input);
     outputs.push_back(e.output);
   }
-  // A device whose streams are the host's CPUs over memory the CPU reaches (the emulated device,
-  // unthrottled: a throttled one paces its streams' work): this thread does the part itself, as
-  // the stream's thread would, and the operation is done for this rank once every rank's part
-  // is. Two thread hand-offs fewer per call (to the stream's thread and back; 8-byte AllReduce
-  // of 2 in-process ranks 151-204 -> 135-140 us on the 2-core VM). A rank that published no
-  // event finished its part before publishing; the events of ranks that went through their
-  // streams are waited for here.
-  const device::DeviceProperties& props = device_->properties();
-  const bool throttled = props.copy_gbps > 0 || props.reduce_gbps > 0 || props.launch_latency_us > 0;
-  if (props.host_compute && props.host_accessible && !throttled) {
+  // Where the CPU does the parts (CpuDoesParts), this thread does this rank's itself, and the
+  // operation is done for this rank once every rank's part is. Two thread hand-offs fewer per
+  // call (to the stream's thread and back; 8-byte AllReduce of 2 in-process ranks 151-204 ->
+  // 135-140 us on the 2-core VM). A rank that published no event finished its part before
+  // publishing; the events of ranks that went through their streams are waited for here.
+  if (CpuDoesParts(device_->properties())) {
     if (Status s = HostDirectPart(req, rank, inputs, outputs); !s.ok()) return failed(s);
     KZ_ASSIGN_OR_RETURN(std::vector<device::Event*> events,
                         group->Finish(op.seq, rank, nullptr, deadline, abort_));
@@ -427,6 +432,64 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", seq, options_.rank, req.ToString()));
     Fail(s);
     return s;
+  }
+  return true;
+}
+
+// ---- Executor::TryInlineGroup ----
+
+Result<bool> Executor::TryInlineGroup(std::span<Executor* const> executors,
+                                      std::span<const std::vector<OperationMember>* const> members,
+                                      std::span<device::Stream* const> streams) {
+  const size_t n = executors.size();
+  DirectGroup* group = executors[0]->options_.direct_group.get();
+  if (group == nullptr || static_cast<size_t>(group->nranks()) != n) return false;
+  // Every rank of the group once, each with one fused call on an idle stream, the CPU doing parts.
+  std::vector<int> order(n, -1);  // order[rank]: its index in executors
+  for (size_t i = 0; i < n; ++i) {
+    const Executor& ex = *executors[i];
+    const auto rank = static_cast<size_t>(ex.options_.rank);
+    if (ex.options_.direct_group.get() != group || rank >= n || order[rank] >= 0) return false;
+    order[rank] = static_cast<int>(i);
+    if (members[i]->size() != 1 || (*members[i])[0].plan->algorithm != Algorithm::kFused) return false;
+    if (!CpuDoesParts(ex.device_->properties())) return false;
+    auto idle = streams[i]->Query();
+    if (!idle.ok() || !*idle) return false;
+  }
+  // The same call on every rank; otherwise the usual path reports the mismatch.
+  uint64_t signature = 0;
+  for (size_t i = 0; i < n; ++i) {
+    auto s = executor_internal::OperationSignature(*members[i]);
+    if (!s.ok() || (i > 0 && *s != signature)) return false;
+    signature = *s;
+  }
+  // Every executor idle and at the same operation: each takes its next number, all at once.
+  std::vector<Executor*> by_address(executors.begin(), executors.end());
+  std::sort(by_address.begin(), by_address.end());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(n);
+  for (Executor* ex : by_address) locks.emplace_back(ex->mu_);
+  const uint64_t seq = executors[0]->next_seq_;
+  for (Executor* ex : executors)
+    if (!ex->error_.ok() || !ex->queue_.empty() || ex->pending_ > 0 || ex->next_seq_ != seq) return false;
+  for (Executor* ex : executors) ++ex->next_seq_;
+  locks.clear();
+  std::vector<const void*> inputs(n);
+  std::vector<void*> outputs(n);
+  for (size_t r = 0; r < n; ++r) {
+    const OperationMember& m = (*members[static_cast<size_t>(order[r])])[0];
+    inputs[r] = m.input;
+    outputs[r] = m.output;
+  }
+  for (size_t r = 0; r < n; ++r) {
+    const CollectiveRequest& req = (*members[static_cast<size_t>(order[r])])[0].plan->request;
+    if (Status s = HostDirectPart(req, static_cast<int>(r), inputs, outputs); !s.ok()) {
+      s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}, run with every rank's on the "
+                                    "calling thread",
+                                    seq, r, req.ToString()));
+      for (Executor* ex : executors) ex->Fail(s);
+      return s;
+    }
   }
   return true;
 }

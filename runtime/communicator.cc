@@ -139,7 +139,7 @@ Result<std::string> Communicator::ExplainChoice(Collective collective, size_t co
 
 bool Communicator::TakesHostMemory() const { return executor_ && executor_->TakesHostMemory(); }
 
-Status Communicator::Launch(std::span<Call> calls) {
+Status Communicator::Prepare(std::span<Call> calls, Prepared* out) {
   // One operation: every call of this communicator, with staging slots sized for all channels.
   device::Stream* stream = calls[0].stream;
   for (const Call& c : calls)
@@ -188,9 +188,41 @@ Status Communicator::Launch(std::span<Call> calls) {
     total = used;
     slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
   }
-  KZ_ASSIGN_OR_RETURN(const bool ran, executor_->TryInline(members, *stream, host_memory));
+  *out = Prepared{stream, host_memory, slot_bytes};
+  return Status::Ok();
+}
+
+Status Communicator::Launch(std::span<Call> calls) {
+  Prepared p;
+  KZ_RETURN_IF_ERROR(Prepare(calls, &p));
+  KZ_ASSIGN_OR_RETURN(const bool ran, executor_->TryInline(launch_members_, *p.stream, p.host_memory));
   if (ran) return Status::Ok();
-  return executor_->Submit(std::exchange(members, {}), *stream, slot_bytes);
+  return executor_->Submit(std::exchange(launch_members_, {}), *p.stream, p.slot_bytes);
+}
+
+Result<bool> Communicator::TryLaunchTogether(std::span<Communicator* const> comms,
+                                             std::map<Communicator*, std::vector<Call>>& calls) {
+  // Cheap refusals first: one call per communicator, none an aggregation device.
+  for (Communicator* comm : comms)
+    if (calls[comm].size() != 1 || comm->aggregation_device_) return false;
+  // Every communicator's call lock, in one order (by address) whoever groups them.
+  std::vector<Communicator*> by_address(comms.begin(), comms.end());
+  std::sort(by_address.begin(), by_address.end());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(by_address.size());
+  for (Communicator* comm : by_address) locks.emplace_back(comm->call_mu_);
+  std::vector<collectives::Executor*> executors;
+  std::vector<const std::vector<collectives::OperationMember>*> members;
+  std::vector<device::Stream*> streams;
+  for (Communicator* comm : comms) {
+    Prepared p;
+    // An error here is the usual path's to report, call by call.
+    if (!comm->Prepare(calls[comm], &p).ok() || p.host_memory) return false;
+    executors.push_back(comm->executor_.get());
+    members.push_back(&comm->launch_members_);
+    streams.push_back(p.stream);
+  }
+  return collectives::Executor::TryInlineGroup(executors, members, streams);
 }
 
 Status Communicator::Enqueue(Call call) {
@@ -222,6 +254,11 @@ Status Communicator::GroupEnd() {
   for (auto& [comm, call] : calls) {
     if (!by_comm.count(comm)) order.push_back(comm);
     by_comm[comm].push_back(std::move(call));
+  }
+  // One thread driving every rank of an in-process group: it may run them all itself.
+  if (order.size() > 1) {
+    KZ_ASSIGN_OR_RETURN(const bool ran, TryLaunchTogether(order, by_comm));
+    if (ran) return Status::Ok();
   }
   Status first;
   for (Communicator* comm : order) {

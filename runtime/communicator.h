@@ -41,6 +41,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -203,6 +204,18 @@ class Communicator {
   Status Enqueue(Call call);
   // Runs or queues `calls` as one operation; call_mu_ held.
   Status Launch(std::span<Call> calls);
+  // Launch's first half: the operation's members into launch_members_ (plans chosen, buffers
+  // checked), and where it goes. call_mu_ held.
+  struct Prepared {
+    device::Stream* stream = nullptr;
+    bool host_memory = false;  // plain host memory: it must run inline (Executor::TryInline)
+    size_t slot_bytes = 0;
+  };
+  Status Prepare(std::span<Call> calls, Prepared* out);
+  // GroupEnd: one call on each of `comms`, together every rank of an in-process group, run by
+  // this thread at once (Executor::TryInlineGroup) when it can; false: launch them one by one.
+  static Result<bool> TryLaunchTogether(std::span<Communicator* const> comms,
+                                        std::map<Communicator*, std::vector<Call>>& calls);
   // `grouped`: the call is one of several in a group (the direct algorithms run alone).
   Result<collectives::Selection> Select(const collectives::CollectiveRequest& request,
                                        const collectives::PlanOptions& options,

@@ -234,6 +234,161 @@ TEST(Communicator, GroupFusesCallsAndPairsSendRecv) {
   EXPECT_EQ((*received)[3], 10.0f);
 }
 
+// Whether the CPU does a fused operation's parts on these devices (Executor::TryInlineGroup's
+// condition): then a group of every rank's call runs on the calling thread.
+bool CpuDoesParts(World& w) {
+  for (int r = 0; r < w.size(); ++r) {
+    const device::DeviceProperties& p = w.device(r).properties();
+    if (!p.host_compute || !p.host_accessible || p.copy_gbps > 0 || p.reduce_gbps > 0 || p.launch_latency_us > 0)
+      return false;
+  }
+  return true;
+}
+
+TEST(Communicator, OneThreadRunsAGroupOfEveryRankBeforeReturning) {
+  const int n = 4;
+  const size_t count = 1000;
+  World w(n, WorldConfig(n));
+  KZ_ASSERT_WORLD(w);
+  std::vector<std::unique_ptr<device::Buffer>> in, out;
+  for (int r = 0; r < n; ++r) {
+    in.push_back(Alloc(w, r, count * 4 * n));
+    out.push_back(Alloc(w, r, count * 4 * n));
+    std::vector<float> v(count * n);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(r + 1) + static_cast<float>(i % 7);
+    ASSERT_TRUE(w.Upload(r, in[r]->data(), v).ok());
+  }
+  auto run = [&](auto call) {
+    EXPECT_TRUE(Communicator::GroupStart().ok());
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(call(r).ok()) << "rank " << r;
+    return Communicator::GroupEnd();
+  };
+  // Sums of (r + 1) + i % 7 over the ranks.
+  auto sum = [&](size_t i) { return 10.0f + static_cast<float>(n * (i % 7)); };
+  ASSERT_TRUE(run([&](int r) {
+                return w.comm(r).AllReduce(in[r]->data(), out[r]->data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                           w.stream(r));
+              }).ok());
+  // Done on this thread before GroupEnd returned: the outputs hold the sums before any stream is
+  // synchronized. (Checked first, asserted after the synchronization: a failing check must not
+  // free buffers an executor still writes.)
+  std::string early;
+  if (CpuDoesParts(w)) {
+    for (int r = 0; r < n && early.empty(); ++r) {
+      const auto* o = static_cast<const float*>(out[r]->data());
+      for (size_t i = 0; i < count && early.empty(); ++i)
+        if (o[i] != sum(i)) early = fmt::format("rank {} element {}: {} before synchronizing", r, i, o[i]);
+    }
+  }
+  ASSERT_TRUE(w.SyncAll().ok());
+  EXPECT_EQ(early, "");
+  // The executors' operations stay numbered alike: calls one by one, then groups again, each
+  // collective checked.
+  for (int r = 0; r < n; ++r)
+    ASSERT_TRUE(w.comm(r).AllReduce(in[r]->data(), out[r]->data(), count, DataType::kFloat32, ReduceOp::kMax,
+                                    w.stream(r)).ok());
+  ASSERT_TRUE(w.SyncAll().ok());
+  for (int r = 0; r < n; ++r) {
+    auto got = w.Download<float>(r, out[r]->data(), count);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ((*got)[6], 4.0f + 6.0f) << "rank " << r;
+  }
+  ASSERT_TRUE(run([&](int r) {
+                return w.comm(r).ReduceScatter(in[r]->data(), out[r]->data(), count, DataType::kFloat32,
+                                               ReduceOp::kSum, w.stream(r));
+              }).ok());
+  ASSERT_TRUE(w.SyncAll().ok());
+  for (int r = 0; r < n; ++r) {
+    auto got = w.Download<float>(r, out[r]->data(), count);
+    ASSERT_TRUE(got.ok());
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ((*got)[i], sum(r * count + i)) << "rank " << r << " element " << i;
+  }
+  ASSERT_TRUE(run([&](int r) {
+                return w.comm(r).AllGather(in[r]->data(), out[r]->data(), count, DataType::kFloat32, w.stream(r));
+              }).ok());
+  ASSERT_TRUE(w.SyncAll().ok());
+  for (int r = 0; r < n; ++r) {
+    auto got = w.Download<float>(r, out[r]->data(), count * n);
+    ASSERT_TRUE(got.ok());
+    for (int q = 0; q < n; ++q) EXPECT_EQ((*got)[q * count + 3], static_cast<float>(q + 1) + 3.0f) << r << "/" << q;
+  }
+  // A ring in a group takes the executors, as do groups of some ranks only.
+  CallOptions ring;
+  ring.algorithm = collectives::Algorithm::kRing;
+  ASSERT_TRUE(run([&](int r) {
+                return w.comm(r).AllReduce(in[r]->data(), out[r]->data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                           w.stream(r), ring);
+              }).ok());
+  ASSERT_TRUE(Communicator::GroupStart().ok());
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(w.comm(r).Broadcast(in[r]->data(), out[r]->data(), count, DataType::kFloat32, 2, w.stream(r)).ok());
+  ASSERT_TRUE(Communicator::GroupEnd().ok());
+  for (int r = 2; r < n; ++r)
+    ASSERT_TRUE(w.comm(r).Broadcast(in[r]->data(), out[r]->data(), count, DataType::kFloat32, 2, w.stream(r)).ok());
+  ASSERT_TRUE(w.SyncAll().ok());
+  for (int r = 0; r < n; ++r) {
+    auto got = w.Download<float>(r, out[r]->data(), count);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ((*got)[5], 3.0f + 5.0f) << "rank " << r;
+  }
+  ASSERT_TRUE(run([&](int r) {
+                return w.comm(r).Reduce(in[r]->data(), out[r]->data(), count, DataType::kFloat32, ReduceOp::kSum, 1,
+                                        w.stream(r));
+              }).ok());
+  ASSERT_TRUE(w.SyncAll().ok());
+  auto reduced = w.Download<float>(1, out[1]->data(), count);
+  ASSERT_TRUE(reduced.ok());
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ((*reduced)[i], sum(i)) << i;
+}
+
+TEST(Communicator, AGroupOnABusyStreamWaitsForIt) {
+  const int n = 2;
+  const size_t count = 256;
+  World w(n, WorldConfig(n));
+  KZ_ASSERT_WORLD(w);
+  if (!w.host_accessible(0)) GTEST_SKIP() << "the callback writes rank 0's input directly";
+  std::vector<std::unique_ptr<device::Buffer>> b;
+  for (int r = 0; r < n; ++r) {
+    b.push_back(Alloc(w, r, count * 4));
+    ASSERT_TRUE(w.Upload(r, b[r]->data(), std::vector<float>(count, 1.0f)).ok());
+  }
+  // Rank 0's stream writes its input only after a while: the group must not run before.
+  float* input0 = static_cast<float*>(b[0]->data());
+  ASSERT_TRUE(w.stream(0).EnqueueHostCallback([input0, count](const Status&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (size_t i = 0; i < count; ++i) input0[i] = 100.0f;
+  }).ok());
+  ASSERT_TRUE(Communicator::GroupStart().ok());
+  for (int r = 0; r < n; ++r)
+    ASSERT_TRUE(w.comm(r).AllReduce(b[r]->data(), b[r]->data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                    w.stream(r)).ok());
+  ASSERT_TRUE(Communicator::GroupEnd().ok());
+  ASSERT_TRUE(w.SyncAll().ok());
+  for (int r = 0; r < n; ++r) {
+    auto got = w.Download<float>(r, b[r]->data(), count);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ((*got)[count - 1], 101.0f) << "rank " << r;
+  }
+}
+
+TEST(Communicator, AMismatchInAGroupIsNamed) {
+  Config config = WorldConfig(2);
+  config.timeout_s = 10;
+  World w(2, config);
+  KZ_ASSERT_WORLD(w);
+  auto b0 = Alloc(w, 0, 4096), b1 = Alloc(w, 1, 4096);
+  ASSERT_TRUE(Communicator::GroupStart().ok());
+  ASSERT_TRUE(w.comm(0).AllReduce(b0->data(), b0->data(), 100, DataType::kFloat32, ReduceOp::kSum, w.stream(0)).ok());
+  ASSERT_TRUE(w.comm(1).AllReduce(b1->data(), b1->data(), 200, DataType::kFloat32, ReduceOp::kSum, w.stream(1)).ok());
+  Status end = Communicator::GroupEnd();
+  Status s = end.ok() ? w.SyncAll() : end;
+  ASSERT_FALSE(s.ok());
+  const std::string both = w.comm(0).AsyncError().ToString() + " | " + w.comm(1).AsyncError().ToString();
+  EXPECT_NE(both.find("mismatch"), std::string::npos) << both;
+  EXPECT_NE(both.find("count=100"), std::string::npos) << both;
+  EXPECT_NE(both.find("count=200"), std::string::npos) << both;
+}
+
 TEST(Communicator, SplitMakesWorkingSubCommunicators) {
   World w(5, WorldConfig(5));
   KZ_ASSERT_WORLD(w);

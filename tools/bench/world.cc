@@ -238,8 +238,10 @@ Status World::IssueOne(Rank& rank, const BenchCall& call) {
 
 Status World::Issue(const BenchCall& call) {
   if (failed_) return Aborted("an earlier call failed");
-  // A send and a receive between two ranks must be one group, or they could deadlock.
-  const bool group = call.coll == BenchColl::kSendRecv;
+  // A send and a receive between two ranks must be one group, or they could deadlock. Several
+  // ranks driven by this thread are one group too, as nccl-tests does with several GPUs per
+  // thread: their calls may then run together on this thread (Executor::TryInlineGroup).
+  const bool group = call.coll == BenchColl::kSendRecv || ranks_.size() > 1;
   if (group) KZ_RETURN_IF_ERROR(Fail(Communicator::GroupStart()));
   Status first;
   for (auto& rank : ranks_) {

@@ -33,7 +33,10 @@
 // Groups (thread-local, like ncclGroupStart/End): calls between GroupStart and GroupEnd are
 // validated at once and run together as one operation per communicator at GroupEnd, so that,
 // e.g., a Send and a Recv between two ranks cannot deadlock. Groups nest (only the outermost End
-// launches). All calls of one communicator in a group must use the same stream.
+// launches). All calls of one communicator in a group must use the same stream. A group holding
+// one fused call on each communicator of an in-process group, on idle streams, whose memory the
+// CPU works on, runs whole on the calling thread before GroupEnd returns (one thread driving
+// several devices: no hand-off to the executors' threads).
 //
 // Threading: a communicator's calls may come from any thread, one at a time (as with NCCL).
 // Different communicators are independent.

@@ -1,5 +1,5 @@
 // kizuna-bench's pieces that need no device: sizes and geometry as nccl-tests defines them, the
-// check's values, reading the engine's choice line, and the output formats.
+// check's values, reading the engine's choice line, and the output formats (the plot too).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tools/bench/choice.h"
+#include "tools/bench/plot.h"
 #include "tools/bench/report.h"
 #include "tools/bench/sweep.h"
 #include "tools/bench/values.h"
@@ -227,6 +228,44 @@ TEST(Report, RowFormatsAsNcclTests) {
   EXPECT_EQ(FormatMicros(12345.6e-6), "  12346");
   EXPECT_EQ(CsvRow(row), "1024,256,float,sum,-1,ring,auto,12.5,20,0.0512,0.0768,0,200,0.00512,0.00768,3\n");
   EXPECT_EQ(JsonRow(row)["in_place"]["wrong"], 3);
+}
+
+TEST(Plot, ALinePerAlgorithmWithItsPrediction) {
+  std::vector<Row> rows;
+  for (const char* algo : {"ring", "fused"})
+    for (uint64_t size : {1024u, 4096u, 0u}) {
+      Row r;
+      r.size_bytes = size;
+      r.type = "float";
+      r.redop = "sum";
+      r.algo = r.requested = algo;
+      r.predicted_s = size * 1e-9;  // 1 GB/s algbw
+      r.out_of_place = Measure(size, size * 2e-9, 1.5, 0);
+      rows.push_back(r);
+    }
+  rows.back().predicted_s.reset();  // a row without a prediction still plots its measurement
+  const std::string svg = PlotSvg(rows, 1.5, "a <title> & more");
+  EXPECT_EQ(svg.rfind("<svg ", 0), 0u);
+  EXPECT_NE(svg.find("a &lt;title&gt; &amp; more"), std::string::npos);
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = svg.find(what); at != std::string::npos; at = svg.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("class=\"measured\""), 2u);
+  EXPECT_EQ(count("class=\"predicted\""), 2u);
+  EXPECT_EQ(count("<circle"), 4u);  // size 0 has no place on a log axis
+  EXPECT_EQ(count(">ring</text>"), 1u);
+  EXPECT_EQ(count(">fused</text>"), 1u);
+  EXPECT_NE(svg.find(">1 KiB</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">4 KiB</text>"), std::string::npos);
+  // Several types name them in the legend.
+  rows[0].type = "half";
+  const std::string typed = PlotSvg(rows, 1.5, "t");
+  EXPECT_NE(typed.find(">ring half</text>"), std::string::npos);
+  EXPECT_NE(typed.find(">ring float</text>"), std::string::npos);
+  // Nothing to plot is still a valid picture, saying so.
+  EXPECT_NE(PlotSvg({}, 1, "t").find("no measurements"), std::string::npos);
 }
 
 }  // namespace

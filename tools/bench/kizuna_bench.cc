@@ -5,7 +5,8 @@
 //   kizuna-bench [-b 8 -e 128M -f 2 | -i 1M] [-n 20] [-w 5] [-c 1] [-o sum] [-d float] [-r 0]
 //                [--coll allreduce] [--ranks N] [--mode auto|threads|procs] [--backend NAME]
 //                [--devices K] [--plugin PATH] [--fabric NAME] [--algo auto|NAME|all]
-//                [--buffers device|host] [--json FILE] [--csv FILE]
+//                [--topology FILE|SPEC] [--buffers device|host] [--json FILE] [--csv FILE]
+//                [--plot FILE.svg]
 //
 // Flags follow nccl-tests (src/common.cu): -b/-e/-i/-f sizes, -n iterations, -w warm-up calls,
 // -c check iterations (0: none), -o reduction (sum, prod, min, max, avg, all), -d type (float,
@@ -40,6 +41,7 @@
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 #include "tools/bench/choice.h"
+#include "tools/bench/plot.h"
 #include "tools/bench/report.h"
 #include "tools/bench/sweep.h"
 #include "tools/bench/world.h"
@@ -65,11 +67,11 @@ struct Options {
   std::string mode = "auto", backend = "host_emulated";
   int devices = 0;
   std::vector<std::string> plugins;
-  std::string fabric;
+  std::string fabric, topology;
   std::string algo = "auto", buffers = "device";
   std::string timing = "avg";
   std::string placement = "both";
-  std::string json, csv;
+  std::string json, csv, plot;
 };
 
 // What the flags resolve to.
@@ -338,6 +340,7 @@ nlohmann::json Summary(const Options& o, const Plan& p, const World& w, const Be
   j["backend"] = o.backend;
   j["buffers"] = p.host_buffers ? "host" : "device";
   j["fabric"] = o.fabric;
+  j["topology"] = o.topology;
   j["algo"] = o.algo;
   j["root"] = HasRoot(p.coll) ? o.root : -1;
   j["iters"] = o.iters;
@@ -394,6 +397,9 @@ int Main(int argc, char** argv) {
   app.add_option("--plugin", o.plugins, "device plugin to load, besides KIZUNA_DEVICE_PLUGINS (repeatable)")
       ->type_name("PATH");
   app.add_option("--fabric", o.fabric, "fabric(s) to use, comma-separated in preference order (KIZUNA_FABRIC)");
+  app.add_option("--topology", o.topology,
+                 "direct-connect topology: a file, or full, ring[:N], torus{1,2,3}d:shape (KIZUNA_TOPOLOGY)")
+      ->type_name("FILE|SPEC");
   app.add_option("--algo", o.algo, "auto (the engine chooses), an algorithm name, or all (a row per algorithm)")
       ->capture_default_str();
   app.add_option("--buffers", o.buffers, "device (Device::Allocate) or host (plain host memory)")
@@ -409,6 +415,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--json", o.json, "write every row to this file as JSON")->type_name("FILE");
   app.add_option("--csv", o.csv, "write every row to this file as CSV")->type_name("FILE");
+  app.add_option("--plot", o.plot, "draw busbw and the predicted busbw against size into this SVG file, a line per "
+                 "algorithm with --algo all")->type_name("FILE.svg");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -428,6 +436,7 @@ int Main(int argc, char** argv) {
       at = comma + 1;
     }
   }
+  if (!o.topology.empty()) config.topology = o.topology;
 
   auto plan = Resolve(o, app.count("-i") > 0, config);
   if (!plan.ok()) {
@@ -459,17 +468,19 @@ int Main(int argc, char** argv) {
     fmt::print(stderr, "kizuna-bench: sendrecv needs 2 ranks or more (each rank sends to the next)\n");
     return 2;
   }
-  File json, csv;
+  File json, csv, svg;
   if (w.leader()) {
     auto j = OpenOutput(o.json, "--json");
     auto c = OpenOutput(o.csv, "--csv");
-    for (const auto* r : {&j, &c})
+    auto g = OpenOutput(o.plot, "--plot");
+    for (const auto* r : {&j, &c, &g})
       if (!r->ok()) {
         fmt::print(stderr, "kizuna-bench: {}\n", r->status().message());
         return 2;
       }
     json = std::move(*j);
     csv = std::move(*c);
+    svg = std::move(*g);
   }
 
   if (w.leader()) {
@@ -488,7 +499,12 @@ int Main(int argc, char** argv) {
     std::fflush(stdout);
     std::string csv_text = CsvHeader();
     for (const Row& row : bench.rows()) csv_text += CsvRow(row);
-    for (Status s : {WriteFile(json, Summary(o, *plan, w, bench, run).dump(2) + "\n"), WriteFile(csv, csv_text)})
+    const std::string title =
+        fmt::format("kizuna-bench {}, {} ranks, {} mode, {}, --timing {}", BenchCollName(plan->coll), n,
+                    plan->mode == Mode::kThreads ? "threads" : "procs", o.backend, o.timing);
+    const std::string plot = svg.f ? PlotSvg(bench.rows(), BusBwFactor(plan->coll, n), title) : std::string();
+    for (Status s : {WriteFile(json, Summary(o, *plan, w, bench, run).dump(2) + "\n"), WriteFile(csv, csv_text),
+                     WriteFile(svg, plot)})
       if (!s.ok()) {
         fmt::print(stderr, "kizuna-bench: {}\n", s.ToString());
         rc = 1;

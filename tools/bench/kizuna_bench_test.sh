@@ -92,10 +92,23 @@ out="$("$bench" --ranks 4 -b 1K -e 1K -n 1 -w 0 -o allgather 2>&1)" || fail "-o 
 grep -Eq '^ +1024 +64 +float +none +-1 ' <<<"$out" || fail "-o allgather: expected a 1 KiB allgather row: $out"
 
 # ---- every algorithm, every type and op ----
-out="$("$bench" --ranks 4 -b 1K -e 4K -f 2 -n 2 -w 1 --algo all 2>&1)"
+out="$("$bench" --ranks 4 -b 1K -e 4K -f 2 -n 2 -w 1 --algo all --plot "$tmp/all.svg" 2>&1)"
 rc=$?
 echo "$out"
 [ "$rc" -eq 0 ] || fail "--algo all: exit $rc"
+# The plot: an SVG with one measured line per algorithm of the table, each with its prediction.
+algos="$(rows "$out" | awk '{ print $14 }' | sort -u | wc -l)"
+python3 - "$tmp/all.svg" "$algos" <<'EOF' || fail "--plot: the SVG is not one line per algorithm"
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+lines = [e for e in root.iter() if e.tag.endswith("polyline")]
+measured = [e for e in lines if e.get("class") == "measured"]
+predicted = [e for e in lines if e.get("class") == "predicted"]
+assert len(measured) == int(sys.argv[2]), (len(measured), sys.argv[2])
+assert len(predicted) == len(measured), len(predicted)
+for e in measured:
+    assert len(e.get("points").split()) == 3, e.get("points")  # 1, 2 and 4 KiB
+EOF
 grep -q '^# Out of bounds values : 0 OK$' <<<"$out" || fail "--algo all: wrong values"
 for size in 1024 2048 4096; do
   n="$(rows "$out" | awk -v s="$size" '$1 == s' | wc -l)"
@@ -141,6 +154,7 @@ expect_usage_error "--coll allreduce and -o allgather name different collectives
 expect_usage_error "-r 7: expected a rank, 0..3" --ranks 4 --coll broadcast -r 7 -b 8 -e 8
 expect_usage_error "sendrecv needs 2 ranks or more" --ranks 1 --coll sendrecv -b 8 -e 8
 expect_usage_error "--json $tmp/no/such/dir/x.json: cannot open" --ranks 2 -b 8 -e 8 --json "$tmp/no/such/dir/x.json"
+expect_usage_error "--plot $tmp/no/such/dir/x.svg: cannot open" --ranks 2 -b 8 -e 8 --plot "$tmp/no/such/dir/x.svg"
 expect_usage_error "bogus" --bogus
 
 # ---- a device that fails: exit 1 with the error, promptly ----

@@ -16,7 +16,8 @@ namespace {
 constexpr double kWidth = 860, kHeight = 500;
 constexpr double kLeft = 80, kRight = 620, kTop = 50, kBottom = 430;
 constexpr int kMaxXTicks = 12;
-constexpr int kYTicks = 5;
+// Decades shown at most on the busbw axis: below that the smallest messages' busbw is noise.
+constexpr int kMaxDecades = 6;
 // Colours distinguishable in print and by most colour-blind readers (Okabe and Ito's palette).
 constexpr const char* kColours[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
                                     "#E69F00", "#56B4E9", "#000000", "#F0E442"};
@@ -43,12 +44,9 @@ std::string SizeLabel(double log2_bytes) {
   return fmt::format("{} GiB", 1ull << (e - 30));
 }
 
-// 1, 2 or 5 times a power of ten, at least `raw`.
-double NiceStep(double raw) {
-  const double p = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 5.0, 10.0})
-    if (m * p >= raw) return m * p;
-  return 10 * p;
+std::string DecadeLabel(int e) {
+  if (e >= 0) return fmt::format("{}", static_cast<long long>(std::llround(std::pow(10.0, e))));
+  return fmt::format("{:.{}f}", std::pow(10.0, e), -e);
 }
 
 struct Point {
@@ -68,7 +66,7 @@ std::string PlotSvg(const std::vector<Row>& rows, double busbw_factor, std::stri
   std::set<std::string> types, ops;
   for (const Row& r : rows) types.insert(r.type), ops.insert(r.redop);
   std::vector<Series> series;
-  double ymax = 0, xlo = INFINITY, xhi = -INFINITY;
+  double ymin = INFINITY, ymax = 0, xlo = INFINITY, xhi = -INFINITY;
   for (const Row& r : rows) {
     const std::optional<Measurement>& m = r.out_of_place ? r.out_of_place : r.in_place;
     if (r.size_bytes == 0 || !m) continue;
@@ -84,14 +82,23 @@ std::string PlotSvg(const std::vector<Row>& rows, double busbw_factor, std::stri
       p.predicted = static_cast<double>(r.size_bytes) / *r.predicted_s / 1e9 * busbw_factor;
     it->points.push_back(p);
     ymax = std::max({ymax, p.measured, p.predicted});
+    for (double v : {p.measured, p.predicted})
+      if (v > 0) ymin = std::min(ymin, v);
     xlo = std::min(xlo, p.x), xhi = std::max(xhi, p.x);
   }
   if (series.empty()) xlo = 0, xhi = 1;
   if (xhi - xlo < 1) xlo -= 0.5, xhi += 0.5;
-  const double ystep = NiceStep(ymax > 0 ? ymax / kYTicks : 0.2);
-  const double ytop = std::max(1.0, std::ceil(ymax / ystep)) * ystep;
+  // Decades of busbw: from the one holding the largest value down to the smallest's, at most
+  // kMaxDecades; values below the axis (and 0) sit on its floor.
+  const int dtop = ymax > 0 ? static_cast<int>(std::ceil(std::log10(ymax) - 1e-9)) : 1;
+  const int dbottom =
+      std::max(dtop - kMaxDecades, ymin < INFINITY ? static_cast<int>(std::floor(std::log10(ymin))) : dtop - 1);
+  const int decades = std::max(1, dtop - dbottom);
   auto px = [&](double x) { return kLeft + (x - xlo) / (xhi - xlo) * (kRight - kLeft); };
-  auto py = [&](double y) { return kBottom - y / ytop * (kBottom - kTop); };
+  auto py = [&](double y) {
+    const double d = y > 0 ? std::clamp(std::log10(y) - dbottom, 0.0, static_cast<double>(decades)) : 0.0;
+    return kBottom - d / decades * (kBottom - kTop);
+  };
 
   std::string out = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
@@ -100,10 +107,11 @@ std::string PlotSvg(const std::vector<Row>& rows, double busbw_factor, std::stri
   out += fmt::format("<text x=\"{}\" y=\"28\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
                      (kLeft + kRight) / 2, Escape(title));
   // Axes, grid and ticks.
-  for (int i = 0; i * ystep <= ytop + ystep / 2; ++i) {
-    const double y = py(i * ystep);
+  for (int e = dbottom; e <= dbottom + decades; ++e) {
+    const double y = py(std::pow(10.0, e));
     out += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", kLeft, y, kRight, y);
-    out += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:g}</text>\n", kLeft - 6, y + 4, i * ystep);
+    out += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", kLeft - 6, y + 4,
+                       DecadeLabel(e));
   }
   const int first = static_cast<int>(std::ceil(xlo - 1e-9)), last = static_cast<int>(std::floor(xhi + 1e-9));
   const int xstep = std::max(1, (last - first + kMaxXTicks - 1) / kMaxXTicks);
@@ -118,7 +126,7 @@ std::string PlotSvg(const std::vector<Row>& rows, double busbw_factor, std::stri
   out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">message size</text>\n", (kLeft + kRight) / 2,
                      kBottom + 42);
   out += fmt::format(
-      "<text x=\"20\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 20 {0})\">busbw (GB/s)</text>\n",
+      "<text x=\"20\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 20 {0})\">busbw (GB/s, log scale)</text>\n",
       (kTop + kBottom) / 2);
   // The series, and the legend beside the plot.
   for (size_t i = 0; i < series.size(); ++i) {

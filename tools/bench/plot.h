@@ -2,7 +2,8 @@
 // (an algorithm with --algo all, else the engine's choice, "auto"; the type and reduction join the
 // name when the sweep has several), and the cost model's prediction for it as a dashed line of the
 // same colour (busbw from the predicted time). The measurement is out of place, or in place when
-// only that was run. Sizes on a log2 axis, busbw (GB/s) on a linear one from 0.
+// only that was run. Both axes are logarithmic, as algorithms' busbw differ by orders of magnitude:
+// sizes by powers of two, busbw (GB/s) by decades (at most six, below the largest value).
 //
 // The SVG is written here as text: a static file of lines, axes and labels needs no plotting
 // library, and none among Debian's C++ packages draws one without a display or a script

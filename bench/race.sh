@@ -3,7 +3,7 @@
 # system compilers, builds kizuna-bench and kizuna-run with Bazel, then runs every case on every
 # library in one run and prints one table of ratios (bench/README.md explains it).
 #
-#   bench/race.sh [--quick] [--skip-netns] [--plain-malloc] [--out FILE] [--build-dir DIR]
+#   bench/race.sh [--quick] [--skip-netns] [--plain-malloc] [--out FILE] [--plot FILE.svg] [--build-dir DIR]
 #
 # Nothing leaves this machine: the peers talk over shared memory and 127.0.0.1, and the
 # two-host case runs between two network namespaces this script creates (and always removes) with
@@ -13,6 +13,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${TMPDIR:-/tmp}/kizuna-race"
 OUT=""
+PLOT=""
 QUICK=0
 SKIP_NETNS=0
 PLAIN_MALLOC=0
@@ -20,11 +21,12 @@ START=$SECONDS
 
 usage() {
   cat <<EOF
-usage: bench/race.sh [--quick] [--skip-netns] [--plain-malloc] [--out FILE] [--build-dir DIR]
+usage: bench/race.sh [--quick] [--skip-netns] [--plain-malloc] [--out FILE] [--plot FILE.svg] [--build-dir DIR]
   --quick        a smoke run: n = 2, AllReduce at 8 B and 1 MiB, kizuna and Open MPI only
   --skip-netns   leave out the two-namespace TCP case (it needs root and 'ip netns')
   --plain-malloc run every program with glibc's default malloc settings (see MALLOC below)
   --out FILE     also write the table as Markdown to FILE
+  --plot FILE    draw every library's busbw in each case into FILE (SVG)
   --build-dir D  where the peers are built and the logs go (default \$TMPDIR/kizuna-race)
 EOF
 }
@@ -35,6 +37,7 @@ while [[ $# -gt 0 ]]; do
     --skip-netns) SKIP_NETNS=1 ;;
     --plain-malloc) PLAIN_MALLOC=1 ;;
     --out) [[ $# -ge 2 ]] || { echo "race: --out needs a file name" >&2; exit 2; }; OUT="$2"; shift ;;
+    --plot) [[ $# -ge 2 ]] || { echo "race: --plot needs a file name" >&2; exit 2; }; PLOT="$2"; shift ;;
     --build-dir) [[ $# -ge 2 ]] || { echo "race: --build-dir needs a directory" >&2; exit 2; }; BUILD="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "race: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -42,6 +45,7 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 [[ -n "$OUT" && "$OUT" != /* ]] && OUT="$PWD/$OUT"
+[[ -n "$PLOT" && "$PLOT" != /* ]] && PLOT="$PWD/$PLOT"
 
 log() { printf 'race [%3ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
 die() { echo "race: $*" >&2; exit 1; }
@@ -388,218 +392,10 @@ netns_mpi() {
 
 # ---- the table ---------------------------------------------------------------------------------
 
-# Reads the RESULT / FAIL / NOTE lines and prints the Markdown table (and writes it to FILE if given).
-print_table() { # results [file]
-  python3 - "$1" "${2:-}" <<'EOF'
-import re, sys
-
-results, out_path = sys.argv[1], sys.argv[2]
-res, fails, notes, copies = {}, {}, {}, {}
-for line in open(results):
-    kind, _, rest = line.strip().partition(" ")
-    if kind == "NOTE":
-        for m in re.finditer(r"(\w+)=(.*?)(?= \w+=|$)", rest):
-            notes[m.group(1)] = m.group(2)
-        continue
-    why = None
-    if kind == "FAIL":
-        rest, _, why = rest.partition(" why=")
-    f = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
-    if kind not in ("RESULT", "FAIL") or "lib" not in f:
-        continue
-    key = (f["lib"], f.get("coll"), int(f.get("n", 0)), int(f.get("bytes", 0)))
-    if kind == "RESULT" and f.get("coll") == "copy":
-        copies.setdefault(key[2], {})[int(f["threads"])] = float(f["gbps"])
-    elif kind == "RESULT":
-        res[key] = f
-    else:
-        fails[key] = why
-
-MIB = 1 << 20
-def size_name(b):
-    return f"{b // MIB} MiB" if b >= MIB else f"{b} B"
-
-def busbw(lib, coll, n, b):
-    r = res.get((lib, coll, n, b))
-    return float(r["busbw"]) if r and int(r.get("wrong", 0)) == 0 else None
-
-def time_us(lib, coll, n, b):
-    r = res.get((lib, coll, n, b))
-    return float(r["time_us"]) if r and int(r.get("wrong", 0)) == 0 else None
-
-def cell(lib, coll, n, b, value):
-    r = res.get((lib, coll, n, b))
-    if r is not None and int(r.get("wrong", 0)) != 0:
-        return f"wrong ({r['wrong']})"
-    if value is not None:
-        return f"{value:.3g}" if value < 100 else f"{value:.0f}"
-    return "error" if (lib, coll, n, b) in fails else "—"
-
-def ratio(a, b):
-    return f"{a / b:.3g}" if a is not None and b else "—"
-
-lines = []
-emit = lines.append
-emit(f"Host {notes.get('host', '?')}, {notes.get('cpus', '?')} CPUs, {notes.get('mem_gib', '?')} GiB, "
-     f"{notes.get('date', '?')}, {notes.get('elapsed_s', '?')} s for the whole run"
-     + (" (--quick)" if notes.get("quick") == "1" else "") + ". Every program ran with "
-     + ("glibc's default malloc settings (--plain-malloc)." if notes.get("plain_malloc") == "1"
-        else "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=64G (bench/README.md, \"Page faults\")."))
-emit("")
-if copies:
-    parts = []
-    for n in sorted(copies):
-        c = copies[n]
-        parts.append(f"before n = {n}: " + ", ".join(f"{c[t]:.1f} GB/s with {t} thread(s)" for t in sorted(c)))
-    emit("STREAM-style copy (the ceiling program, 1 GiB arrays): " + "; ".join(parts) + ".")
-    emit("")
-
-peers = [("openmpi", "Open MPI"), ("mpich", "MPICH"), ("gloo", "Gloo")]
-present = [(l, t) for l, t in peers if any(k[0] == l for k in list(res) + list(fails))]
-
-def best_peer(coll, n, b, libs, fn):
-    vals = [fn(l, coll, n, b) for l, _ in libs]
-    vals = [v for v in vals if v is not None]
-    return vals
-
-ar_keys = sorted({(k[2], k[3]) for k in list(res) + list(fails)
-                  if k[1] == "allreduce" and k[0] in ("kizuna", "kizuna-host") + tuple(l for l, _ in peers)})
-emit("AllReduce busbw, GB/s (float32 sum, out of place; kizuna over device buffers and over host buffers):")
-emit("")
-head = ["n", "size", "kizuna", "kizuna host"] + [t for _, t in present] + ["ceiling", "kizuna / ceiling", "kizuna / best peer", "kizuna host / best peer", "host bound / best peer"]
-emit("| " + " | ".join(head) + " |")
-emit("|" + "---|" * len(head))
-for n, b in ar_keys:
-    if b < MIB:
-        continue
-    kd, kh = busbw("kizuna", "allreduce", n, b), busbw("kizuna-host", "allreduce", n, b)
-    pv = best_peer("allreduce", n, b, present, busbw)
-    best = max(pv) if pv else None
-    ceil = busbw("ceiling", "allreduce", n, b)
-    row = [str(n), size_name(b), cell("kizuna", "allreduce", n, b, kd), cell("kizuna-host", "allreduce", n, b, kh)]
-    row += [cell(l, "allreduce", n, b, busbw(l, "allreduce", n, b)) for l, _ in present]
-    row += [cell("ceiling", "allreduce", n, b, ceil), ratio(kd, ceil), ratio(kd, best), ratio(kh, best),
-            ratio(ceil / 2 if ceil is not None else None, best)]
-    emit("| " + " | ".join(row) + " |")
-emit("")
-emit("Host bound: buffers from malloc cannot be mapped by the other processes, so every byte that crosses "
-     "ranks is written to shared memory and read back, besides the input read and the output written: 4 "
-     "bytes of traffic per byte per rank, where the ceiling's fused pass over mapped buffers moves 2. Where "
-     "that staging traffic costs what memory traffic costs (on the build machines it does: staging in rounds "
-     "of 128 KiB-2 MiB, small enough to stay in a cache, ran within 10 % of staging whole messages), "
-     "host-buffer busbw cannot exceed half the ceiling; the last column is that bound over the best peer.")
-emit("")
-
-lat = [(n, b) for n, b in ar_keys if b < MIB]
-if lat:
-    emit(f"AllReduce latency at {size_name(lat[0][1])}, µs (lower is better; speed-up = best peer's time / kizuna's time):")
-    emit("")
-    head = ["n", "kizuna", "kizuna host"] + [t for _, t in present] + ["kizuna speed-up vs best peer", "kizuna host speed-up"]
-    emit("| " + " | ".join(head) + " |")
-    emit("|" + "---|" * len(head))
-    for n, b in lat:
-        kd, kh = time_us("kizuna", "allreduce", n, b), time_us("kizuna-host", "allreduce", n, b)
-        pv = best_peer("allreduce", n, b, present, time_us)
-        best = min(pv) if pv else None
-        row = [str(n), cell("kizuna", "allreduce", n, b, kd), cell("kizuna-host", "allreduce", n, b, kh)]
-        row += [cell(l, "allreduce", n, b, time_us(l, "allreduce", n, b)) for l, _ in present]
-        row += [ratio(best, kd), ratio(best, kh)]
-        emit("| " + " | ".join(row) + " |")
-    emit("")
-    fl = time_us("floor", "line", 2, 0)
-    if fl is not None:
-        emit(f"Floor (bench/line_probe.c): two processes exchanging an operation number through one cache line "
-             f"take {fl:.3g} µs per exchange; no shared-memory AllReduce of 2 ranks is faster.")
-        emit("")
-    try:
-        ncpu = int(notes.get("cpus", "0"))
-    except ValueError:
-        ncpu = 0
-    over = sorted({k[2] for k in res if k[1] == "allreduce" and k[0] == "kizuna" and ncpu and k[2] >= 2 * ncpu})
-    floors = []
-    for n in over:
-        sw = [v for v in (time_us("floor", "switch-futex", n, 0), time_us("floor", "switch-yield", n, 0)) if v is not None]
-        if not sw:
-            continue
-        t, k = min(sw), -(-n // ncpu)
-        floors.append(f"n = {n}: {t:.3g} µs a hand-over, at least {k * t:.3g} µs for one rendezvous (8 B), "
-                      f"{2 * k * t:.3g} µs for two (the fused pass at 1 MiB and up)")
-    if floors:
-        emit(f"Floor (bench/switch_probe.c, n processes on the {ncpu} CPUs, each CPU's handing it round, the lesser "
-             f"of sched_yield and a futex wake-up): with k = n / {ncpu} processes per CPU, the one that leaves the "
-             f"barrier before a timed call first on its CPU returns only after the other k - 1 have run and it has "
-             f"run again: k hand-overs per rendezvous in the slowest rank's time, however the call is made. "
-             + "; ".join(floors) + ".")
-        emit("")
-
-other = sorted({(k[1], k[2], k[3]) for k in list(res) + list(fails)
-                if k[1] in ("reducescatter", "allgather", "broadcast") and not k[0].endswith("-tcp")})
-if other:
-    emit("ReduceScatter, AllGather, Broadcast busbw, GB/s (no ceiling program for these):")
-    emit("")
-    head = ["collective", "n", "size", "kizuna", "kizuna host"] + [t for _, t in present] + ["kizuna / best peer"]
-    emit("| " + " | ".join(head) + " |")
-    emit("|" + "---|" * len(head))
-    for coll, n, b in other:
-        kd = busbw("kizuna", coll, n, b)
-        pv = best_peer(coll, n, b, present, busbw)
-        row = [coll, str(n), size_name(b), cell("kizuna", coll, n, b, kd),
-               cell("kizuna-host", coll, n, b, busbw("kizuna-host", coll, n, b))]
-        row += [cell(l, coll, n, b, busbw(l, coll, n, b)) for l, _ in present]
-        row += [ratio(kd, max(pv) if pv else None)]
-        emit("| " + " | ".join(row) + " |")
-    emit("")
-
-tcp_libs = [("openmpi-tcp", "Open MPI"), ("mpich-tcp", "MPICH"), ("gloo-tcp", "Gloo")]
-tcp_keys = sorted({k[3] for k in list(res) + list(fails) if k[0].endswith("-tcp")})
-if tcp_keys:
-    fabric = notes.get("netns_fabric", "unknown")
-    m = re.search(r"(\w+): rank 1 \(device ([^)]*)\)", fabric)
-    emit("AllReduce, 2 ranks in two network namespaces joined by a veth pair (TCP): busbw in GB/s, "
-         "the smallest size as latency in µs. kizuna's fabric: "
-         + (f"{m.group(1)} {m.group(2)}" if m else fabric) + ".")
-    emit("")
-    tl = [(l, t) for l, t in tcp_libs if any(k[0] == l for k in list(res) + list(fails))]
-    head = ["size", "kizuna"] + [t for _, t in tl] + ["kizuna / best peer"]
-    emit("| " + " | ".join(head) + " |")
-    emit("|" + "---|" * len(head))
-    for b in tcp_keys:
-        fn = busbw if b >= MIB else time_us
-        kd = fn("kizuna-tcp", "allreduce", 2, b)
-        pv = [v for v in (fn(l, "allreduce", 2, b) for l, _ in tl) if v is not None]
-        r = ratio(kd, max(pv)) if b >= MIB else ratio(min(pv) if pv else None, kd)
-        row = [size_name(b) + ("" if b >= MIB else " (µs)"), cell("kizuna-tcp", "allreduce", 2, b, kd)]
-        row += [cell(l, "allreduce", 2, b, fn(l, "allreduce", 2, b)) for l, _ in tl] + [r]
-        emit("| " + " | ".join(row) + " |")
-    emit("")
-    for b in sorted(k[3] for k in res if k[0] == "floor" and k[1] == "tcp-duplex"):
-        more = ""
-        if ("floor", "tcp-duplex-4", 2, b) in res:
-            more = (f"; four connections, a quarter each, {busbw('floor', 'tcp-duplex-4', 2, b):.3g} GB/s: about the "
-                    "most any 2-rank AllReduce over TCP can reach here, since it must carry S bytes each way")
-        emit(f"Floor (bench/tcp_probe.c): one TCP connection between the namespaces carrying {size_name(b)} each way "
-             f"at once moves {busbw('floor', 'tcp-duplex', 2, b):.3g} GB/s per direction{more}.")
-        emit("")
-elif "netns" in notes:
-    emit("Two-namespace TCP case: " + notes["netns"] + ".")
-    emit("")
-
-if fails:
-    emit("Errors (the cells marked error):")
-    emit("")
-    seen = {}
-    for (lib, coll, n, b), why in sorted(fails.items()):
-        seen.setdefault((lib, why), []).append(f"{coll} n={n} {size_name(b)}")
-    for (lib, why), cases in seen.items():
-        emit(f"- {lib}: {why} ({len(cases)} case(s): {', '.join(cases[:4])}{', ...' if len(cases) > 4 else ''})")
-    emit("")
-
-text = "\n".join(lines)
-print(text)
-if out_path:
-    with open(out_path, "w") as f:
-        f.write(text + "\n")
-EOF
+# Reads the RESULT / FAIL / NOTE lines and prints the Markdown table (and writes it to FILE if
+# given, and the picture to PLOT).
+print_table() { # results [file [plot]]
+  python3 "$ROOT/bench/race_table.py" "$@"
 }
 
 # ---- run -------------------------------------------------------------------------------------
@@ -676,4 +472,4 @@ fi
 
 echo "NOTE elapsed_s=$((SECONDS - START))" >>"$RESULTS"
 log "done in $((SECONDS - START)) s; raw results in $RESULTS, logs in $BUILD/logs"
-print_table "$RESULTS" "$OUT"
+print_table "$RESULTS" "$OUT" "$PLOT"

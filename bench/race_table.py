@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""The race's table (bench/race.sh): reads the RESULT / FAIL / NOTE lines of a run and prints the
+Markdown tables of docs/RACE.md (kizuna, each peer, the ceiling, the fractions and ratios), also
+to OUT if given; with PLOT, draws the busbw of every library in each case into an SVG picture.
+
+    race_table.py RESULTS [OUT] [PLOT]
+"""
+import re, sys
+
+results = sys.argv[1]
+out_path = sys.argv[2] if len(sys.argv) > 2 else ""
+plot_path = sys.argv[3] if len(sys.argv) > 3 else ""
+res, fails, notes, copies = {}, {}, {}, {}
+for line in open(results):
+    kind, _, rest = line.strip().partition(" ")
+    if kind == "NOTE":
+        for m in re.finditer(r"(\w+)=(.*?)(?= \w+=|$)", rest):
+            notes[m.group(1)] = m.group(2)
+        continue
+    why = None
+    if kind == "FAIL":
+        rest, _, why = rest.partition(" why=")
+    f = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
+    if kind not in ("RESULT", "FAIL") or "lib" not in f:
+        continue
+    key = (f["lib"], f.get("coll"), int(f.get("n", 0)), int(f.get("bytes", 0)))
+    if kind == "RESULT" and f.get("coll") == "copy":
+        copies.setdefault(key[2], {})[int(f["threads"])] = float(f["gbps"])
+    elif kind == "RESULT":
+        res[key] = f
+    else:
+        fails[key] = why
+
+MIB = 1 << 20
+def size_name(b):
+    return f"{b // MIB} MiB" if b >= MIB else f"{b} B"
+
+def busbw(lib, coll, n, b):
+    r = res.get((lib, coll, n, b))
+    return float(r["busbw"]) if r and int(r.get("wrong", 0)) == 0 else None
+
+def time_us(lib, coll, n, b):
+    r = res.get((lib, coll, n, b))
+    return float(r["time_us"]) if r and int(r.get("wrong", 0)) == 0 else None
+
+def cell(lib, coll, n, b, value):
+    r = res.get((lib, coll, n, b))
+    if r is not None and int(r.get("wrong", 0)) != 0:
+        return f"wrong ({r['wrong']})"
+    if value is not None:
+        return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+    return "error" if (lib, coll, n, b) in fails else "—"
+
+def ratio(a, b):
+    return f"{a / b:.3g}" if a is not None and b else "—"
+
+lines = []
+emit = lines.append
+emit(f"Host {notes.get('host', '?')}, {notes.get('cpus', '?')} CPUs, {notes.get('mem_gib', '?')} GiB, "
+     f"{notes.get('date', '?')}, {notes.get('elapsed_s', '?')} s for the whole run"
+     + (" (--quick)" if notes.get("quick") == "1" else "") + ". Every program ran with "
+     + ("glibc's default malloc settings (--plain-malloc)." if notes.get("plain_malloc") == "1"
+        else "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=64G (bench/README.md, \"Page faults\")."))
+emit("")
+if copies:
+    parts = []
+    for n in sorted(copies):
+        c = copies[n]
+        parts.append(f"before n = {n}: " + ", ".join(f"{c[t]:.1f} GB/s with {t} thread(s)" for t in sorted(c)))
+    emit("STREAM-style copy (the ceiling program, 1 GiB arrays): " + "; ".join(parts) + ".")
+    emit("")
+
+peers = [("openmpi", "Open MPI"), ("mpich", "MPICH"), ("gloo", "Gloo")]
+present = [(l, t) for l, t in peers if any(k[0] == l for k in list(res) + list(fails))]
+
+def best_peer(coll, n, b, libs, fn):
+    vals = [fn(l, coll, n, b) for l, _ in libs]
+    vals = [v for v in vals if v is not None]
+    return vals
+
+ar_keys = sorted({(k[2], k[3]) for k in list(res) + list(fails)
+                  if k[1] == "allreduce" and k[0] in ("kizuna", "kizuna-host") + tuple(l for l, _ in peers)})
+emit("AllReduce busbw, GB/s (float32 sum, out of place; kizuna over device buffers and over host buffers):")
+emit("")
+head = ["n", "size", "kizuna", "kizuna host"] + [t for _, t in present] + ["ceiling", "kizuna / ceiling", "kizuna / best peer", "kizuna host / best peer", "host bound / best peer"]
+emit("| " + " | ".join(head) + " |")
+emit("|" + "---|" * len(head))
+for n, b in ar_keys:
+    if b < MIB:
+        continue
+    kd, kh = busbw("kizuna", "allreduce", n, b), busbw("kizuna-host", "allreduce", n, b)
+    pv = best_peer("allreduce", n, b, present, busbw)
+    best = max(pv) if pv else None
+    ceil = busbw("ceiling", "allreduce", n, b)
+    row = [str(n), size_name(b), cell("kizuna", "allreduce", n, b, kd), cell("kizuna-host", "allreduce", n, b, kh)]
+    row += [cell(l, "allreduce", n, b, busbw(l, "allreduce", n, b)) for l, _ in present]
+    row += [cell("ceiling", "allreduce", n, b, ceil), ratio(kd, ceil), ratio(kd, best), ratio(kh, best),
+            ratio(ceil / 2 if ceil is not None else None, best)]
+    emit("| " + " | ".join(row) + " |")
+emit("")
+emit("Host bound: buffers from malloc cannot be mapped by the other processes, so every byte that crosses "
+     "ranks is written to shared memory and read back, besides the input read and the output written: 4 "
+     "bytes of traffic per byte per rank, where the ceiling's fused pass over mapped buffers moves 2. Where "
+     "that staging traffic costs what memory traffic costs (on the build machines it does: staging in rounds "
+     "of 128 KiB-2 MiB, small enough to stay in a cache, ran within 10 % of staging whole messages), "
+     "host-buffer busbw cannot exceed half the ceiling; the last column is that bound over the best peer.")
+emit("")
+
+lat = [(n, b) for n, b in ar_keys if b < MIB]
+if lat:
+    emit(f"AllReduce latency at {size_name(lat[0][1])}, µs (lower is better; speed-up = best peer's time / kizuna's time):")
+    emit("")
+    head = ["n", "kizuna", "kizuna host"] + [t for _, t in present] + ["kizuna speed-up vs best peer", "kizuna host speed-up"]
+    emit("| " + " | ".join(head) + " |")
+    emit("|" + "---|" * len(head))
+    for n, b in lat:
+        kd, kh = time_us("kizuna", "allreduce", n, b), time_us("kizuna-host", "allreduce", n, b)
+        pv = best_peer("allreduce", n, b, present, time_us)
+        best = min(pv) if pv else None
+        row = [str(n), cell("kizuna", "allreduce", n, b, kd), cell("kizuna-host", "allreduce", n, b, kh)]
+        row += [cell(l, "allreduce", n, b, time_us(l, "allreduce", n, b)) for l, _ in present]
+        row += [ratio(best, kd), ratio(best, kh)]
+        emit("| " + " | ".join(row) + " |")
+    emit("")
+    fl = time_us("floor", "line", 2, 0)
+    if fl is not None:
+        emit(f"Floor (bench/line_probe.c): two processes exchanging an operation number through one cache line "
+             f"take {fl:.3g} µs per exchange; no shared-memory AllReduce of 2 ranks is faster.")
+        emit("")
+    try:
+        ncpu = int(notes.get("cpus", "0"))
+    except ValueError:
+        ncpu = 0
+    over = sorted({k[2] for k in res if k[1] == "allreduce" and k[0] == "kizuna" and ncpu and k[2] >= 2 * ncpu})
+    floors = []
+    for n in over:
+        sw = [v for v in (time_us("floor", "switch-futex", n, 0), time_us("floor", "switch-yield", n, 0)) if v is not None]
+        if not sw:
+            continue
+        t, k = min(sw), -(-n // ncpu)
+        floors.append(f"n = {n}: {t:.3g} µs a hand-over, at least {k * t:.3g} µs for one rendezvous (8 B), "
+                      f"{2 * k * t:.3g} µs for two (the fused pass at 1 MiB and up)")
+    if floors:
+        emit(f"Floor (bench/switch_probe.c, n processes on the {ncpu} CPUs, each CPU's handing it round, the lesser "
+             f"of sched_yield and a futex wake-up): with k = n / {ncpu} processes per CPU, the one that leaves the "
+             f"barrier before a timed call first on its CPU returns only after the other k - 1 have run and it has "
+             f"run again: k hand-overs per rendezvous in the slowest rank's time, however the call is made. "
+             + "; ".join(floors) + ".")
+        emit("")
+
+other = sorted({(k[1], k[2], k[3]) for k in list(res) + list(fails)
+                if k[1] in ("reducescatter", "allgather", "broadcast") and not k[0].endswith("-tcp")})
+if other:
+    emit("ReduceScatter, AllGather, Broadcast busbw, GB/s (no ceiling program for these):")
+    emit("")
+    head = ["collective", "n", "size", "kizuna", "kizuna host"] + [t for _, t in present] + ["kizuna / best peer"]
+    emit("| " + " | ".join(head) + " |")
+    emit("|" + "---|" * len(head))
+    for coll, n, b in other:
+        kd = busbw("kizuna", coll, n, b)
+        pv = best_peer(coll, n, b, present, busbw)
+        row = [coll, str(n), size_name(b), cell("kizuna", coll, n, b, kd),
+               cell("kizuna-host", coll, n, b, busbw("kizuna-host", coll, n, b))]
+        row += [cell(l, coll, n, b, busbw(l, coll, n, b)) for l, _ in present]
+        row += [ratio(kd, max(pv) if pv else None)]
+        emit("| " + " | ".join(row) + " |")
+    emit("")
+
+tcp_libs = [("openmpi-tcp", "Open MPI"), ("mpich-tcp", "MPICH"), ("gloo-tcp", "Gloo")]
+tcp_keys = sorted({k[3] for k in list(res) + list(fails) if k[0].endswith("-tcp")})
+if tcp_keys:
+    fabric = notes.get("netns_fabric", "unknown")
+    m = re.search(r"(\w+): rank 1 \(device ([^)]*)\)", fabric)
+    emit("AllReduce, 2 ranks in two network namespaces joined by a veth pair (TCP): busbw in GB/s, "
+         "the smallest size as latency in µs. kizuna's fabric: "
+         + (f"{m.group(1)} {m.group(2)}" if m else fabric) + ".")
+    emit("")
+    tl = [(l, t) for l, t in tcp_libs if any(k[0] == l for k in list(res) + list(fails))]
+    head = ["size", "kizuna"] + [t for _, t in tl] + ["kizuna / best peer"]
+    emit("| " + " | ".join(head) + " |")
+    emit("|" + "---|" * len(head))
+    for b in tcp_keys:
+        fn = busbw if b >= MIB else time_us
+        kd = fn("kizuna-tcp", "allreduce", 2, b)
+        pv = [v for v in (fn(l, "allreduce", 2, b) for l, _ in tl) if v is not None]
+        r = ratio(kd, max(pv)) if b >= MIB else ratio(min(pv) if pv else None, kd)
+        row = [size_name(b) + ("" if b >= MIB else " (µs)"), cell("kizuna-tcp", "allreduce", 2, b, kd)]
+        row += [cell(l, "allreduce", 2, b, fn(l, "allreduce", 2, b)) for l, _ in tl] + [r]
+        emit("| " + " | ".join(row) + " |")
+    emit("")
+    for b in sorted(k[3] for k in res if k[0] == "floor" and k[1] == "tcp-duplex"):
+        more = ""
+        if ("floor", "tcp-duplex-4", 2, b) in res:
+            more = (f"; four connections, a quarter each, {busbw('floor', 'tcp-duplex-4', 2, b):.3g} GB/s: about the "
+                    "most any 2-rank AllReduce over TCP can reach here, since it must carry S bytes each way")
+        emit(f"Floor (bench/tcp_probe.c): one TCP connection between the namespaces carrying {size_name(b)} each way "
+             f"at once moves {busbw('floor', 'tcp-duplex', 2, b):.3g} GB/s per direction{more}.")
+        emit("")
+elif "netns" in notes:
+    emit("Two-namespace TCP case: " + notes["netns"] + ".")
+    emit("")
+
+if fails:
+    emit("Errors (the cells marked error):")
+    emit("")
+    seen = {}
+    for (lib, coll, n, b), why in sorted(fails.items()):
+        seen.setdefault((lib, why), []).append(f"{coll} n={n} {size_name(b)}")
+    for (lib, why), cases in seen.items():
+        emit(f"- {lib}: {why} ({len(cases)} case(s): {', '.join(cases[:4])}{', ...' if len(cases) > 4 else ''})")
+    emit("")
+
+text = "\n".join(lines)
+print(text)
+if out_path:
+    with open(out_path, "w") as f:
+        f.write(text + "\n")
+
+# ---- the picture -------------------------------------------------------------------------------
+
+def plot(path):
+    """busbw of every library in each bandwidth case (AllReduce at 1 MiB and up per n, then the other
+    collectives), grouped bars on a log scale, the ceiling beside the AllReduce cases."""
+    series = [("kizuna", "kizuna"), ("kizuna-host", "kizuna, host buffers")] + present + [("ceiling", "ceiling")]
+    colours = ["#0072B2", "#56B4E9", "#D55E00", "#E69F00", "#CC79A7", "#000000"]
+    groups = [("allreduce", n, b) for n, b in ar_keys if b >= MIB] + list(other)
+    vals = [busbw(l, c, n, b) for c, n, b in groups for l, _ in series]
+    pos = [v for v in vals if v]
+    if not groups or not pos:
+        return
+    import math
+    lo, hi = math.floor(math.log10(min(pos))), math.ceil(math.log10(max(pos)))
+    hi = max(hi, lo + 1)
+    bar, gap, left, top, height = 12, 20, 70, 50, 330
+    gw = bar * len(series) + gap
+    width = left + gw * len(groups) + 20
+    legend_y = top + height + 80
+    total_h = legend_y + 20 * ((len(series) + 2) // 3) + 10
+    def y(v):
+        return top + height - (math.log10(v) - lo) / (hi - lo) * height
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{total_h}" '
+           f'viewBox="0 0 {width} {total_h}" font-family="sans-serif" font-size="11">',
+           '<rect width="100%" height="100%" fill="white"/>',
+           f'<text x="{width / 2:.0f}" y="24" font-size="14" text-anchor="middle">The race: busbw (GB/s, log scale), '
+           f'{notes.get("date", "?")}, {notes.get("cpus", "?")} CPUs</text>']
+    for e in range(lo, hi + 1):
+        yy = top + height - (e - lo) / (hi - lo) * height
+        label = f"{10.0 ** e:g}"
+        out.append(f'<line x1="{left}" y1="{yy:.1f}" x2="{width - 20}" y2="{yy:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 6}" y="{yy + 4:.1f}" text-anchor="end">{label}</text>')
+    for g, (c, n, b) in enumerate(groups):
+        x0 = left + g * gw + gap / 2
+        for s, (lib, _) in enumerate(series):
+            v = busbw(lib, c, n, b)
+            if not v:
+                continue
+            yy = max(top, y(v))
+            out.append(f'<rect class="{lib}" x="{x0 + s * bar:.1f}" y="{yy:.1f}" width="{bar - 1}" '
+                       f'height="{top + height - yy:.1f}" fill="{colours[s % len(colours)]}">'
+                       f'<title>{lib} {c} n={n} {size_name(b)}: {v:.3g} GB/s</title></rect>')
+        cx = x0 + bar * len(series) / 2
+        out.append(f'<text x="{cx:.1f}" y="{top + height + 16}" text-anchor="middle">{c}</text>')
+        out.append(f'<text x="{cx:.1f}" y="{top + height + 30}" text-anchor="middle">n={n}, {size_name(b)}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{width - 20 - left}" height="{height}" fill="none" stroke="black"/>')
+    for s, (lib, title) in enumerate(series):
+        lx, ly = left + (s % 3) * 220, legend_y + (s // 3) * 20
+        out.append(f'<rect x="{lx}" y="{ly - 9}" width="12" height="12" fill="{colours[s % len(colours)]}"/>')
+        out.append(f'<text x="{lx + 18}" y="{ly + 1}">{title}</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+if plot_path:
+    plot(plot_path)

@@ -11,6 +11,7 @@
 #include "fabric/ofi/endpoint.h"
 #include "fabric/ofi/fabric.h"
 #include "fabric/ofi/test_util.h"
+#include "fabric/ofi/transfer.h"
 #include "fabric/registry.h"
 
 namespace kizuna::fabric::ofi {
@@ -191,6 +192,33 @@ TEST(OfiProperties, TheRegistryCreatesItAndSelectsItByName) {
   auto selected = registry->Select();
   ASSERT_TRUE(selected.ok()) << selected.status().ToString();
   EXPECT_EQ((*selected)->name(), "ofi");
+}
+
+// Pieces (transfer.h): a receive posts one per piece of its capacity; a message sends its full
+// pieces and a shorter last one, of 0 bytes where it would otherwise end on a boundary early.
+TEST(OfiPieces, ReceivesAndSendsAgreeOnWhereAMessageEnds) {
+  const uint64_t p = kRxmPieceBytes;
+  EXPECT_EQ(RecvPieces(0, p), 1u);
+  EXPECT_EQ(RecvPieces(1, p), 1u);
+  EXPECT_EQ(RecvPieces(p, p), 1u);
+  EXPECT_EQ(RecvPieces(p + 1, p), 2u);
+  EXPECT_EQ(RecvPieces(32 * p, p), 32u);
+  EXPECT_EQ(SendPieces(0, 0, p), 1u);          // an empty message still arrives
+  EXPECT_EQ(SendPieces(0, 5 * p, p), 1u);
+  EXPECT_EQ(SendPieces(p, p, p), 1u);          // fills its receive: no end marker
+  EXPECT_EQ(SendPieces(p, 2 * p, p), 2u);      // ends on a boundary early: a piece of 0 bytes
+  EXPECT_EQ(SendPieces(p + 1, p + 1, p), 2u);
+  EXPECT_EQ(SendPieces(3 * p / 2, 3 * p, p), 2u);
+  // Every piece a message sends has a posted receive.
+  for (uint64_t capacity : {uint64_t{0}, uint64_t{7}, p - 1, p, p + 1, 3 * p, 3 * p + 5})
+    for (uint64_t size : {uint64_t{0}, uint64_t{1}, p - 1, p, p + 1, 2 * p, 3 * p, 3 * p + 5}) {
+      if (size <= capacity) {
+        EXPECT_LE(SendPieces(size, capacity, p), RecvPieces(capacity, p)) << size << " " << capacity;
+        // Other providers: one piece each way.
+        EXPECT_EQ(SendPieces(size, capacity, kWholeMessage), 1u);
+        EXPECT_EQ(RecvPieces(capacity, kWholeMessage), 1u);
+      }
+    }
 }
 
 }  // namespace

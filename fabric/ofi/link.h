@@ -174,6 +174,7 @@ struct FiOp {
   OpKind kind = OpKind::kDataSend;
   void* owner = nullptr;  // the request served; nullptr once that request has been released
   int slot = -1;          // the arena slot of a message send / receive
+  uint32_t piece = 0;     // a data send / receive: which piece of the message (transfer.h)
   bool live = false;
   std::shared_ptr<const void> hold;  // the registration's backing, until libfabric is done
 };

@@ -73,6 +73,8 @@ Connection::Connection(ConnectionParts& parts, CompletionSink& sink)
     : link_(std::move(parts.link)),
       sink_(sink),
       nonce_(parts.nonce),
+      piece_bytes_(link_->device().provider().find("ofi_rxm") != std::string::npos ? kRxmPieceBytes
+                                                                                  : kWholeMessage),
       label_(parts.label),
       io_timeout_s_(parts.io_timeout_s) {}
 
@@ -275,6 +277,7 @@ void OfiSendComm::Match(int tag) {
       continue;
     }
     s->id = p.id;
+    s->pieces = SendPieces(s->size(), p.capacity, conn_.piece_bytes());
     outbound_sends_.push_back(s);
   }
 }
@@ -283,28 +286,37 @@ void OfiSendComm::IssueSends() {
   Link& link = conn_.link();
   while (!outbound_sends_.empty() && conn_.broken().ok()) {
     OfiRequest* s = outbound_sends_.front();
-    FiOp* op = link.NewOp(OpKind::kDataSend, s);
-    op->hold = s->hold;
-    const uint64_t tag = conn_.Tag(TagKind::kData, static_cast<uint32_t>(s->id));
-    const ssize_t rc = link.PostToPeer(
-        [&] { return fi_tsend(link.endpoint().ep(), s->local, s->size(), s->desc, link.peer(), tag, &op->context); });
-    if (rc == -FI_EAGAIN) {
-      link.FreeOp(op);
-      return;  // the provider's queue is full: Wait sleeps, progress retries
+    // Piece by piece (transfer.h); a request that failed meanwhile posts no more.
+    while (s->issued < s->pieces && s->state != OfiRequest::State::kFailed) {
+      const uint32_t piece = s->issued;
+      const uint64_t offset = uint64_t{piece} * conn_.piece_bytes();  // piece > 0 only for finite pieces
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(conn_.piece_bytes(), s->size() - offset));
+      FiOp* op = link.NewOp(OpKind::kDataSend, s);
+      op->hold = s->hold;
+      op->piece = piece;
+      void* from = len > 0 ? static_cast<uint8_t*>(s->local) + offset : s->local;
+      const uint64_t tag = conn_.Tag(TagKind::kData, static_cast<uint32_t>(s->id + piece));
+      const ssize_t rc = link.PostToPeer(
+          [&] { return fi_tsend(link.endpoint().ep(), from, len, s->desc, link.peer(), tag, &op->context); });
+      if (rc == -FI_EAGAIN) {
+        link.FreeOp(op);
+        return;  // the provider's queue is full: Wait sleeps, progress retries
+      }
+      if (rc != 0) {
+        link.FreeOp(op);
+        const Status st = link.lib().Error(static_cast<int>(rc), "fi_tsend");
+        if (st.code() == StatusCode::kRemoteError) {
+          conn_.Break(RemoteError(fmt::format("{}: the peer is unreachable: {}", label(), st.message())));
+          return;
+        }
+        Fail(*s, st.WithContext(label()));
+        break;
+      }
+      s->ops.push_back(op);
+      ++s->issued;
+      s->state = OfiRequest::State::kPosted;
     }
     outbound_sends_.pop_front();
-    if (rc != 0) {
-      link.FreeOp(op);
-      const Status st = link.lib().Error(static_cast<int>(rc), "fi_tsend");
-      if (st.code() == StatusCode::kRemoteError) {
-        conn_.Break(RemoteError(fmt::format("{}: the peer is unreachable: {}", label(), st.message())));
-      } else {
-        Fail(*s, st.WithContext(label()));
-      }
-      continue;
-    }
-    s->op = op;
-    s->state = OfiRequest::State::kPosted;
   }
 }
 
@@ -347,7 +359,8 @@ void OfiSendComm::IssueWrites() {
       continue;
     }
     ++writes_in_flight_;
-    w->op = op;
+    w->ops.push_back(op);
+    w->pieces = w->issued = 1;
     w->state = OfiRequest::State::kPosted;
   }
 }
@@ -367,8 +380,8 @@ void OfiSendComm::OnMessage(const Message& message) {
       for (auto it = early_posts_.find(next_post_); it != early_posts_.end(); it = early_posts_.find(next_post_)) {
         const int tag = it->second.first;
         unmatched_posts_[tag].push_back(Post{it->first, it->second.second});
+        next_post_ = it->first + RecvPieces(it->second.second, conn_.piece_bytes());  // an id per piece
         early_posts_.erase(it);
-        ++next_post_;
         Match(tag);
       }
       return;
@@ -384,7 +397,8 @@ void OfiSendComm::OnOpDone(FiOp& op, size_t) {
   if (op.kind == OpKind::kWrite) --writes_in_flight_;
   auto* r = static_cast<OfiRequest*>(op.owner);
   if (r == nullptr) return;
-  r->op = nullptr;
+  std::erase(r->ops, &op);
+  if (r->issued < r->pieces || !r->ops.empty()) return;  // pieces still to post or in flight
   r->state = OfiRequest::State::kDone;
   ++stats_.messages;
   stats_.bytes += r->size();
@@ -395,7 +409,7 @@ void OfiSendComm::OnOpFailed(FiOp& op, const Status& status, bool connection) {
   if (connection) conn_.Break(RemoteError(fmt::format("{}: the peer is unreachable: {}", label(), status.message())));
   auto* r = static_cast<OfiRequest*>(op.owner);
   if (r == nullptr) return;
-  r->op = nullptr;
+  std::erase(r->ops, &op);
   Fail(*r, connection ? conn_.broken() : status.WithContext(label()));
 }
 
@@ -405,11 +419,9 @@ void OfiSendComm::Fail(OfiRequest& r, Status why) {
   if (r.state == OfiRequest::State::kDone || r.state == OfiRequest::State::kFailed) return;
   r.state = OfiRequest::State::kFailed;
   r.failure = std::move(why);
-  if (r.op != nullptr) {
-    // Sends cannot be cancelled; the operation completes (or fails) on its own, unowned.
-    r.op->owner = nullptr;
-    r.op = nullptr;
-  }
+  // Sends cannot be cancelled; the operations complete (or fail) on their own, unowned.
+  for (FiOp* op : r.ops) op->owner = nullptr;
+  r.ops.clear();
 }
 
 void OfiSendComm::FailAll() {
@@ -467,24 +479,38 @@ Result<std::unique_ptr<Request>> OfiRecvComm::DoRecv(void* data, size_t capacity
   }
   Link& link = conn_.link();
   const uint64_t id = next_recv_;
-  FiOp* op = link.NewOp(OpKind::kDataRecv, r.get());
-  op->hold = r->hold;
-  ssize_t rc = 0;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    // Posting a receive acts on this end only: no peer guard.
-    rc = fi_trecv(link.endpoint().ep(), r->local, capacity, r->desc, link.peer(),
-                  conn_.Tag(TagKind::kData, static_cast<uint32_t>(id)), 0, &op->context);
-    if (rc != -FI_EAGAIN) break;
-    Progress();
+  const uint64_t piece_bytes = conn_.piece_bytes();
+  r->pieces = RecvPieces(capacity, piece_bytes);
+  for (uint32_t piece = 0; piece < r->pieces; ++piece) {
+    const uint64_t offset = uint64_t{piece} * piece_bytes;  // piece > 0 only for finite pieces
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(piece_bytes, capacity - offset));
+    void* into = len > 0 ? static_cast<uint8_t*>(r->local) + offset : r->local;
+    FiOp* op = link.NewOp(OpKind::kDataRecv, r.get());
+    op->hold = r->hold;
+    op->piece = piece;
+    ssize_t rc = 0;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      // Posting a receive acts on this end only: no peer guard.
+      rc = fi_trecv(link.endpoint().ep(), into, len, r->desc, link.peer(),
+                    conn_.Tag(TagKind::kData, static_cast<uint32_t>(id + piece)), 0, &op->context);
+      if (rc != -FI_EAGAIN) break;
+      Progress();
+    }
+    if (rc != 0) {
+      link.FreeOp(op);
+      // The pieces posted so far are withdrawn (nothing can match them: the post was not sent),
+      // and the ids are used again by the next receive.
+      for (FiOp* posted : r->ops) {
+        posted->owner = nullptr;
+        link.Cancel(posted);
+      }
+      if (rc == -FI_EAGAIN) return std::unique_ptr<Request>();  // busy: the provider's queue is full
+      return link.lib().Error(static_cast<int>(rc), "fi_trecv").WithContext(label());
+    }
+    r->ops.push_back(op);
   }
-  if (rc != 0) {
-    link.FreeOp(op);
-    if (rc == -FI_EAGAIN) return std::unique_ptr<Request>();  // busy: the provider's queue is full
-    return link.lib().Error(static_cast<int>(rc), "fi_trecv").WithContext(label());
-  }
-  ++next_recv_;
+  next_recv_ += r->pieces;
   r->id = id;
-  r->op = op;
   r->state = OfiRequest::State::kPosted;
   posted_[id] = r.get();
   live_.insert(r.get());
@@ -520,19 +546,32 @@ void OfiRecvComm::OnMessage(const Message& message) {
 void OfiRecvComm::OnOpDone(FiOp& op, size_t len) {
   auto* r = static_cast<OfiRequest*>(op.owner);
   if (r == nullptr) return;
-  r->op = nullptr;
-  r->received = len;
+  std::erase(r->ops, &op);
+  r->received += len;
+  ++r->arrived;
+  // A piece shorter than its receive ended the message (transfer.h).
+  const uint64_t piece_bytes = conn_.piece_bytes();
+  const uint64_t posted = std::min<uint64_t>(piece_bytes, r->size() - uint64_t{op.piece} * piece_bytes);
+  if (len < posted && (r->terminal < 0 || op.piece < r->terminal)) r->terminal = op.piece;
+  const bool ended = r->terminal >= 0 ? static_cast<int64_t>(r->arrived) == r->terminal + 1 : r->arrived == r->pieces;
+  if (!ended) return;
+  // The receive's pieces beyond the message's end are withdrawn.
+  for (FiOp* rest : r->ops) {
+    rest->owner = nullptr;
+    conn_.link().Cancel(rest);
+  }
+  r->ops.clear();
   r->state = OfiRequest::State::kDone;
   posted_.erase(r->id);
   ++stats_.messages;
-  stats_.bytes += len;
+  stats_.bytes += r->received;
 }
 
 void OfiRecvComm::OnOpFailed(FiOp& op, const Status& status, bool connection) {
   if (connection) conn_.Break(RemoteError(fmt::format("{}: the peer is unreachable: {}", label(), status.message())));
   auto* r = static_cast<OfiRequest*>(op.owner);
   if (r == nullptr) return;
-  r->op = nullptr;
+  std::erase(r->ops, &op);
   Fail(*r, connection ? conn_.broken() : status.WithContext(label()));
 }
 
@@ -543,13 +582,12 @@ void OfiRecvComm::Fail(OfiRequest& r, Status why) {
   r.state = OfiRequest::State::kFailed;
   r.failure = std::move(why);
   posted_.erase(r.id);
-  if (r.op != nullptr) {
-    // Withdraw the posted buffer so that nothing lands in it after the failure is reported.
-    FiOp* op = r.op;
+  // Withdraw the posted pieces so that nothing lands in them after the failure is reported.
+  for (FiOp* op : r.ops) {
     op->owner = nullptr;
-    r.op = nullptr;
     conn_.link().Cancel(op);
   }
+  r.ops.clear();
 }
 
 void OfiRecvComm::FailAll() {

@@ -5,11 +5,17 @@
 //  1. Recv posts a tagged receive for the message (tag: kData | connection | receive id) into the
 //     user's buffer, then sends the sender a kPost control message (id, tag, capacity).
 //  2. The sender takes posts in id order and matches them to its sends per tag, each in posting
-//     order. A match moves as one tagged send (kData | connection | that receive's id) straight
-//     from the send buffer into the receive buffer — libfabric picks eager or rendezvous; no
-//     staging of ours. A message longer than the receive fails the send and, by a kTruncated
-//     control message, the receive, both naming both sizes; the receive's posted buffer is
-//     cancelled.
+//     order. A match moves straight from the send buffer into the receive buffer, no staging of
+//     ours, in pieces: the receive posts one tagged receive per piece of its capacity (ids id,
+//     id + 1, ...: a post takes RecvPieces ids), the sender one tagged send per piece of its
+//     message, and a piece shorter than its receive ends the message (one of 0 bytes when the
+//     message ends on a piece boundary before the receive does); the receive's remaining pieces
+//     are then cancelled. Over ofi_rxm a piece is kRxmPieceBytes, within its eager limit as
+//     kizuna sets it (loader.cc): rxm's rendezvous protocol, which larger messages would take,
+//     can hang two endpoints that send large messages to each other at once (libfabric issue
+//     10945). Other providers (shm) move a message as one piece. A message longer than the
+//     receive fails the send and, by a kTruncated control message, the receive, both naming both
+//     sizes; the receive's posted pieces are cancelled.
 //  3. One-sided writes (where the provider has FI_RMA and remote CQ data) go straight into the
 //     region the receiver exposed (RemoteKey: connection, memory key, base, size). An immediate
 //     travels as the write's remote CQ data, which the provider reports after the write's bytes
@@ -65,6 +71,28 @@ struct ControlMessage {
 static_assert(sizeof(ControlMessage) == 40);
 inline constexpr uint32_t kControlMagic = 0x434f'5a4b;  // "KZOC"
 
+// ---- Pieces ----
+
+// The largest piece of a message over ofi_rxm (2 MiB: FI_OFI_RXM_EAGER_LIMIT as kizuna sets it,
+// loader.cc); other providers send a message whole (kWholeMessage). Both ends of a connection
+// use one provider, hence one piece size.
+inline constexpr uint64_t kRxmPieceBytes = uint64_t{2} << 20;
+inline constexpr uint64_t kWholeMessage = UINT64_MAX;
+
+// The receives posted for a receive of `capacity` bytes in pieces of `piece` bytes: one per
+// piece (the last may be shorter; one of 0 bytes for a capacity of 0). Also the ids its post takes.
+inline uint32_t RecvPieces(uint64_t capacity, uint64_t piece) {
+  return capacity == 0 ? 1 : static_cast<uint32_t>((capacity - 1) / piece + 1);
+}
+
+// The sends for a message of `size` bytes into a receive of `capacity` (size <= capacity): the
+// full pieces, then the rest. A piece shorter than its receive marks the end, so a message that
+// ends on a piece boundary before the receive does (or is empty) ends with a piece of 0 bytes.
+inline uint32_t SendPieces(uint64_t size, uint64_t capacity, uint64_t piece) {
+  const bool tail = size % piece != 0 || size < capacity || size == 0;
+  return static_cast<uint32_t>(size / piece + (tail ? 1 : 0));
+}
+
 // ---- Remote keys ----
 
 struct WireKey {
@@ -96,8 +124,12 @@ class OfiRequest final : public Request {
   void* local = nullptr;   // where libfabric reads or writes (inside the registration's mapping)
   void* desc = nullptr;    // the registration's descriptor
   std::shared_ptr<const void> hold;  // the registration's backing (OfiRegistration::hold)
-  uint64_t id = 0;         // the receive's id (receives; sends once matched)
-  FiOp* op = nullptr;      // the libfabric operation in flight, if any
+  uint64_t id = 0;         // the receive's id (receives; sends once matched): its first piece's
+  std::vector<FiOp*> ops;  // the libfabric operations in flight (a message's pieces, a write)
+  uint32_t pieces = 0;     // operations in all: receives posted; sends (once matched) and writes to post
+  uint32_t issued = 0;     // sends and writes: operations posted so far
+  uint32_t arrived = 0;    // receives: pieces arrived
+  int64_t terminal = -1;   // receives: the piece that ended the message (shorter than its receive)
   // Writes.
   uint64_t remote_addr = 0;
   uint64_t remote_key = 0;
@@ -134,6 +166,8 @@ class Connection {
 
   Link& link() { return *link_; }
   uint64_t nonce() const { return nonce_; }
+  // The largest piece a message moves in (kRxmPieceBytes or kWholeMessage; see the top).
+  uint64_t piece_bytes() const { return piece_bytes_; }
   uint64_t Tag(TagKind kind, uint32_t sequence) const { return link_->device().tags().Make(kind, nonce_, sequence); }
 
   // Why the connection is unusable, once it is; ok before.
@@ -160,6 +194,7 @@ class Connection {
   std::unique_ptr<Link> link_;
   CompletionSink& sink_;
   uint64_t nonce_;
+  uint64_t piece_bytes_;
   std::string label_;
   double io_timeout_s_;
   Status broken_;

@@ -16,6 +16,7 @@
 
 #include "fabric/ofi/endpoint.h"
 #include "fabric/ofi/test_util.h"
+#include "fabric/ofi/transfer.h"
 #include "runtime/unique_fd.h"
 
 namespace kizuna::fabric::ofi {
@@ -117,6 +118,56 @@ TEST_P(OfiTransfer, MessagesFromZeroBytesTo64MiBArriveIntact) {
   EXPECT_EQ(p.send->stats().messages, sizes.size());
   EXPECT_EQ(p.recv->stats().messages, sizes.size());
   EXPECT_EQ(p.send->stats().staged_bytes, 0u);
+}
+
+// Messages move in pieces (transfer.h; over ofi_rxm): messages that end on a piece boundary,
+// into receives that end there too or go on, empty ones into large receives, each followed on
+// the same tag by a small message that must land in the next receive, not in a withdrawn piece.
+TEST_P(OfiTransfer, MessagesEndingOnPieceBoundariesEndTheirReceive) {
+  testing::Pair p = MustConnect();
+  ASSERT_NE(p.send, nullptr);
+  const size_t piece = kRxmPieceBytes;
+  const std::vector<std::pair<size_t, size_t>> cases = {  // (message, receive)
+      {piece, piece},         {piece, 2 * piece},     {2 * piece, 2 * piece + 1}, {0, 2 * piece + 5},
+      {piece + 1, piece + 1}, {3 * piece / 2, 3 * piece}, {2 * piece, 2 * piece}};
+  Buffer out(4 * piece), in(4 * piece);
+  ASSERT_NE(out.data, nullptr);
+  ASSERT_NE(in.data, nullptr);
+  auto sreg = p.send->Register(MemoryDescriptor::Host(out.data, out.size));
+  auto rreg = p.recv->Register(MemoryDescriptor::Host(in.data, in.size));
+  ASSERT_TRUE(sreg.ok() && rreg.ok());
+  Both(
+      [&] {
+        for (const auto& [size, capacity] : cases) {
+          auto r = p.recv->Recv(in.data, capacity, 9, *rreg);
+          ASSERT_TRUE(r.ok() && *r != nullptr) << r.status().ToString();
+          auto got = p.recv->Wait(*r, Soon());
+          ASSERT_TRUE(got.ok()) << size << " into " << capacity << ": " << got.status().ToString();
+          ASSERT_EQ(*got, size) << "into " << capacity;
+          ASSERT_TRUE(Check(in.data, size, static_cast<uint32_t>(size + 1)));
+          auto next = p.recv->Recv(in.data, 64, 9, *rreg);
+          ASSERT_TRUE(next.ok() && *next != nullptr);
+          auto small = p.recv->Wait(*next, Soon());
+          ASSERT_TRUE(small.ok()) << small.status().ToString();
+          ASSERT_EQ(*small, 5u) << "after " << size << " into " << capacity;
+          ASSERT_TRUE(Check(in.data, 5, 77));
+        }
+      },
+      [&] {
+        for (const auto& [size, capacity] : cases) {
+          Fill(out.data, size, static_cast<uint32_t>(size + 1));
+          auto s = p.send->Send(out.data, size, 9, *sreg);
+          ASSERT_TRUE(s.ok() && *s != nullptr) << s.status().ToString();
+          auto sent = p.send->Wait(*s, Soon());
+          ASSERT_TRUE(sent.ok()) << size << " bytes: " << sent.status().ToString();
+          ASSERT_EQ(*sent, size);
+          Fill(out.data, 5, 77);
+          auto t = p.send->Send(out.data, 5, 9, *sreg);
+          ASSERT_TRUE(t.ok() && *t != nullptr);
+          ASSERT_TRUE(p.send->Wait(*t, Soon()).ok());
+        }
+      });
+  EXPECT_EQ(p.recv->stats().messages, 2 * cases.size());
 }
 
 TEST_P(OfiTransfer, SameTagMatchesInPostingOrderAndTagsAreIndependent) {

@@ -287,12 +287,16 @@ TEST(Communicator, OneThreadRunsAGroupOfEveryRankBeforeReturning) {
   for (int r = 0; r < n; ++r)
     ASSERT_TRUE(w.comm(r).AllReduce(in[r]->data(), out[r]->data(), count, DataType::kFloat32, ReduceOp::kMax,
                                     w.stream(r)).ok());
-  ASSERT_TRUE(w.SyncAll().ok());
-  for (int r = 0; r < n; ++r) {
-    auto got = w.Download<float>(r, out[r]->data(), count);
-    ASSERT_TRUE(got.ok());
-    EXPECT_EQ((*got)[6], 4.0f + 6.0f) << "rank " << r;
-  }
+  // Element i of every rank's output, after the streams.
+  auto expect_everywhere = [&](size_t i, float value) {
+    ASSERT_TRUE(w.SyncAll().ok());
+    for (int r = 0; r < n; ++r) {
+      auto got = w.Download<float>(r, out[r]->data(), count);
+      ASSERT_TRUE(got.ok());
+      EXPECT_EQ((*got)[i], value) << "rank " << r << " element " << i;
+    }
+  };
+  expect_everywhere(6, 4.0f + 6.0f);
   ASSERT_TRUE(run([&](int r) {
                 return w.comm(r).ReduceScatter(in[r]->data(), out[r]->data(), count, DataType::kFloat32,
                                                ReduceOp::kSum, w.stream(r));
@@ -325,12 +329,7 @@ TEST(Communicator, OneThreadRunsAGroupOfEveryRankBeforeReturning) {
   ASSERT_TRUE(Communicator::GroupEnd().ok());
   for (int r = 2; r < n; ++r)
     ASSERT_TRUE(w.comm(r).Broadcast(in[r]->data(), out[r]->data(), count, DataType::kFloat32, 2, w.stream(r)).ok());
-  ASSERT_TRUE(w.SyncAll().ok());
-  for (int r = 0; r < n; ++r) {
-    auto got = w.Download<float>(r, out[r]->data(), count);
-    ASSERT_TRUE(got.ok());
-    EXPECT_EQ((*got)[5], 3.0f + 5.0f) << "rank " << r;
-  }
+  expect_everywhere(5, 3.0f + 5.0f);
   ASSERT_TRUE(run([&](int r) {
                 return w.comm(r).Reduce(in[r]->data(), out[r]->data(), count, DataType::kFloat32, ReduceOp::kSum, 1,
                                         w.stream(r));

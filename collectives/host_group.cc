@@ -206,6 +206,7 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
   int cpus = 0;
   for (uint64_t w : all_cpus) cpus += std::popcount(w);
   g->spin_ = cpus >= nranks;
+  g->cpus_ = cpus;
   // Step 3: all or none.
   const std::string verdict = local.ok() ? std::string() : local.ToString();
   KZ_ASSIGN_OR_RETURN(auto verdicts, allgather(std::span(reinterpret_cast<const uint8_t*>(verdict.data()),

@@ -119,6 +119,9 @@ class HostGroup {
   // The ranks outnumber the CPUs their processes may run on (the waits then sleep): each rank's
   // CPU work should stay on its own thread, since more threads would only contend.
   bool oversubscribed() const { return !spin_; }
+  // The CPUs the ranks may run on together (the union of their affinities; 0 when unknown): with
+  // every rank bound to a CPU of its own, each process sees one, the host offers them all.
+  int cpus() const { return cpus_; }
   Status OneShot(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input, void* output,
                  Deadline deadline, const std::atomic<bool>& abort);
   // A fused operation whole, on the calling thread, over plain host memory of this process
@@ -197,6 +200,7 @@ class HostGroup {
   // (yielding between windows) and never sleep, so publishing rings no bell. Otherwise they spin
   // briefly, yield, then sleep.
   bool spin_ = false;
+  int cpus_ = 0;  // cpus()
 };
 
 }  // namespace kizuna::collectives

@@ -331,7 +331,9 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   me.copy_gbps = props.copy_gbps;
   me.reduce_gbps = props.reduce_gbps;
   me.launch_us = props.launch_latency_us;
-  me.host_cpus = UsableCpuCount();
+  // The ranks' CPUs together where they share a host group (ranks bound to a CPU each see one),
+  // else this process's.
+  me.host_cpus = host_group && host_group->cpus() > 0 ? host_group->cpus() : UsableCpuCount();
   me.host_compute = props.host_compute;
   // The links among the workers; in an INA job, then this rank's slowest cable to an aggregation
   // device (the cost model's aggregation cables).

@@ -49,6 +49,20 @@ double CpuSeconds() {
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
+// A send buffer and a receive buffer, registered with a pair's comms.
+struct Registered {
+  Buffer out, in;
+  Registration* send = nullptr;
+  Registration* recv = nullptr;
+  Registered(testing::Pair& p, size_t out_bytes, size_t in_bytes) : out(out_bytes), in(in_bytes) {
+    if (out.data == nullptr || in.data == nullptr) return;
+    auto s = p.send->Register(MemoryDescriptor::Host(out.data, out.size));
+    auto r = p.recv->Register(MemoryDescriptor::Host(in.data, in.size));
+    if (s.ok() && r.ok()) send = *s, recv = *r;
+  }
+  bool ok() const { return send != nullptr && recv != nullptr; }
+};
+
 class OfiTransfer : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -86,17 +100,15 @@ TEST_P(OfiTransfer, MessagesFromZeroBytesTo64MiBArriveIntact) {
   ASSERT_NE(p.send, nullptr);
   const std::vector<size_t> sizes = {0, 1, 7, 4096, 65537, (size_t{1} << 20) + 3, size_t{64} << 20};
   const size_t max = sizes.back();
-  Buffer out(max), in(max + 64);
-  ASSERT_NE(out.data, nullptr);
-  ASSERT_NE(in.data, nullptr);
-  auto sreg = p.send->Register(MemoryDescriptor::Host(out.data, out.size));
-  auto rreg = p.recv->Register(MemoryDescriptor::Host(in.data, in.size));
-  ASSERT_TRUE(sreg.ok() && rreg.ok());
+  Registered b(p, max, max + 64);
+  ASSERT_TRUE(b.ok());
+  Buffer &out = b.out, &in = b.in;
+  Registration *sreg = b.send, *rreg = b.recv;
   Both(
       [&] {
         for (size_t size : sizes) {
           std::memset(in.data + size, 0xa5, 64);
-          auto r = p.recv->Recv(in.data, size + 64, 3, *rreg);
+          auto r = p.recv->Recv(in.data, size + 64, 3, rreg);
           ASSERT_TRUE(r.ok() && *r != nullptr) << r.status().ToString();
           auto got = p.recv->Wait(*r, Soon());
           ASSERT_TRUE(got.ok()) << size << " bytes: " << got.status().ToString();
@@ -108,7 +120,7 @@ TEST_P(OfiTransfer, MessagesFromZeroBytesTo64MiBArriveIntact) {
       [&] {
         for (size_t size : sizes) {
           Fill(out.data, size, static_cast<uint32_t>(size));
-          auto s = p.send->Send(size > 0 ? out.data : nullptr, size, 3, size > 0 ? *sreg : nullptr);
+          auto s = p.send->Send(size > 0 ? out.data : nullptr, size, 3, size > 0 ? sreg : nullptr);
           ASSERT_TRUE(s.ok() && *s != nullptr) << s.status().ToString();
           auto sent = p.send->Wait(*s, Soon());
           ASSERT_TRUE(sent.ok()) << size << " bytes: " << sent.status().ToString();
@@ -130,22 +142,19 @@ TEST_P(OfiTransfer, MessagesEndingOnPieceBoundariesEndTheirReceive) {
   const std::vector<std::pair<size_t, size_t>> cases = {  // (message, receive)
       {piece, piece},         {piece, 2 * piece},     {2 * piece, 2 * piece + 1}, {0, 2 * piece + 5},
       {piece + 1, piece + 1}, {3 * piece / 2, 3 * piece}, {2 * piece, 2 * piece}};
-  Buffer out(4 * piece), in(4 * piece);
-  ASSERT_NE(out.data, nullptr);
-  ASSERT_NE(in.data, nullptr);
-  auto sreg = p.send->Register(MemoryDescriptor::Host(out.data, out.size));
-  auto rreg = p.recv->Register(MemoryDescriptor::Host(in.data, in.size));
-  ASSERT_TRUE(sreg.ok() && rreg.ok());
+  Registered b(p, 4 * piece, 4 * piece);
+  ASSERT_TRUE(b.ok());
+  Buffer &out = b.out, &in = b.in;
   Both(
       [&] {
         for (const auto& [size, capacity] : cases) {
-          auto r = p.recv->Recv(in.data, capacity, 9, *rreg);
+          auto r = p.recv->Recv(in.data, capacity, 9, b.recv);
           ASSERT_TRUE(r.ok() && *r != nullptr) << r.status().ToString();
           auto got = p.recv->Wait(*r, Soon());
           ASSERT_TRUE(got.ok()) << size << " into " << capacity << ": " << got.status().ToString();
           ASSERT_EQ(*got, size) << "into " << capacity;
           ASSERT_TRUE(Check(in.data, size, static_cast<uint32_t>(size + 1)));
-          auto next = p.recv->Recv(in.data, 64, 9, *rreg);
+          auto next = p.recv->Recv(in.data, 64, 9, b.recv);
           ASSERT_TRUE(next.ok() && *next != nullptr);
           auto small = p.recv->Wait(*next, Soon());
           ASSERT_TRUE(small.ok()) << small.status().ToString();
@@ -156,13 +165,13 @@ TEST_P(OfiTransfer, MessagesEndingOnPieceBoundariesEndTheirReceive) {
       [&] {
         for (const auto& [size, capacity] : cases) {
           Fill(out.data, size, static_cast<uint32_t>(size + 1));
-          auto s = p.send->Send(out.data, size, 9, *sreg);
+          auto s = p.send->Send(out.data, size, 9, b.send);
           ASSERT_TRUE(s.ok() && *s != nullptr) << s.status().ToString();
           auto sent = p.send->Wait(*s, Soon());
           ASSERT_TRUE(sent.ok()) << size << " bytes: " << sent.status().ToString();
           ASSERT_EQ(*sent, size);
           Fill(out.data, 5, 77);
-          auto t = p.send->Send(out.data, 5, 9, *sreg);
+          auto t = p.send->Send(out.data, 5, 9, b.send);
           ASSERT_TRUE(t.ok() && *t != nullptr);
           ASSERT_TRUE(p.send->Wait(*t, Soon()).ok());
         }

@@ -242,6 +242,13 @@ class World {
     ASSERT_TRUE((w).status().ok()) << (w).status().ToString();               \
   } while (0)
 
+// A buffer of `bytes` on rank r's device; a failed allocation fails the test and gives null.
+inline std::unique_ptr<device::Buffer> Alloc(World& w, int r, size_t bytes) {
+  auto b = w.device(r).Allocate(bytes);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
 // ---- Values ----
 
 // Element i of rank r's input: small integers, so that every order of reduction is exact in every

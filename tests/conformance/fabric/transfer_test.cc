@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "tests/conformance/fabric/fabric_conformance.h"
@@ -247,6 +248,28 @@ TEST_P(TransferConformance, RoundTripsThroughBlockingWaits) {
                  std::to_string(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / kRounds));
 }
 
+// Polls a send and a receive alternately (Test, never Wait) until both are done: the first error,
+// or kTimeout naming which is unfinished at the deadline.
+Status TestBoth(Comm& sender, Request* send, Comm& receiver, Request* recv, Deadline deadline) {
+  bool sent = false, received = false;
+  while (!sent || !received) {
+    if (!sent) {
+      KZ_ASSIGN_OR_RETURN(Completion c, sender.Test(send));
+      sent = c.done;
+    }
+    if (!received) {
+      KZ_ASSIGN_OR_RETURN(Completion c, receiver.Test(recv));
+      received = c.done;
+    }
+    if (sent && received) break;
+    if (deadline.Expired())
+      return Timeout(fmt::format("polling both directions: the send is {}, the receive {} at the deadline",
+                                 sent ? "done" : "unfinished", received ? "done" : "unfinished"));
+    std::this_thread::yield();
+  }
+  return Status::Ok();
+}
+
 TEST_P(TransferConformance, BothDirectionsAtOnce) {
   Connection ab = MustConnect();
   auto back = Connect(rank1(), 1, rank0(), 0, TestDeadline());
@@ -266,34 +289,12 @@ TEST_P(TransferConformance, BothDirectionsAtOnce) {
       [&] {  // rank 0 sends on ba and receives on ab, waiting on both alternately
         KZ_ASSERT_OK_AND_ASSIGN(Request * s, ba.send->Send(o0.data(), size, 2, s0));
         KZ_ASSERT_OK_AND_ASSIGN(Request * r, ab.recv->Recv(i0.data(), size, 2, r0));
-        bool sd = false, rd = false;
-        while (!sd || !rd) {
-          if (!sd) {
-            KZ_ASSERT_OK_AND_ASSIGN(Completion c, ba.send->Test(s));
-            sd = c.done;
-          }
-          if (!rd) {
-            KZ_ASSERT_OK_AND_ASSIGN(Completion c, ab.recv->Test(r));
-            rd = c.done;
-          }
-          if (!sd && !rd) std::this_thread::yield();
-        }
+        KZ_EXPECT_OK(TestBoth(*ba.send, s, *ab.recv, r, TestDeadline()));
       },
       [&] {
         KZ_ASSERT_OK_AND_ASSIGN(Request * s, ab.send->Send(o1.data(), size, 2, s1));
         KZ_ASSERT_OK_AND_ASSIGN(Request * r, ba.recv->Recv(i1.data(), size, 2, r1));
-        bool sd = false, rd = false;
-        while (!sd || !rd) {
-          if (!sd) {
-            KZ_ASSERT_OK_AND_ASSIGN(Completion c, ab.send->Test(s));
-            sd = c.done;
-          }
-          if (!rd) {
-            KZ_ASSERT_OK_AND_ASSIGN(Completion c, ba.recv->Test(r));
-            rd = c.done;
-          }
-          if (!sd && !rd) std::this_thread::yield();
-        }
+        KZ_EXPECT_OK(TestBoth(*ab.send, s, *ba.recv, r, TestDeadline()));
       });
   EXPECT_TRUE(HasPattern(i0.data(), size, 41));
   EXPECT_TRUE(HasPattern(i1.data(), size, 40));

@@ -129,12 +129,17 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
                                 transport_->staging().size()));
   op->slots = static_cast<int>(slots);
   ControlMessage& h = op->header;
+  bool idle_executor = false;
   {
     std::lock_guard lock(mu_);
     if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
     op->seq = next_seq_++;
     h.seq = op->seq;
+    idle_executor = queue_.empty() && pending_ == 0;
   }
+  // Memory the host group stopped using is freed here, with no operation of this rank in flight
+  // and before this call holds the stream: a free may wait for the whole device (cudaFree does).
+  if (idle_executor && options_.host_group) options_.host_group->ReleaseRetired();
   // The stream tells the executor when it reaches the call (the inputs are ready), then is held
   // until the operation is done, so later work on it sees the results. The hold blocks no host
   // thread where the device can wait on memory (several ranks' streams in one process must not

@@ -412,6 +412,7 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     }
     seq = next_seq_++;
   }
+  group.ReleaseRetired();  // nothing of this rank in flight, no stream held (HostGroup::ReleaseRetired)
   const Deadline deadline = Deadline::AfterSecondsCoarse(options_.timeout_s);
   // Ranks outnumbering the CPUs each do their part on this thread alone.
   const ScopedSerialHostWork serial(group.oversubscribed());

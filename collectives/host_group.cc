@@ -128,6 +128,17 @@ HostGroup::~HostGroup() {
     if (p.map != nullptr) ::munmap(p.map, kPageBytes);
 }
 
+namespace {
+
+// Whether `device` names the allocation behind an address (Device::FindAllocation), tried on a
+// small allocation of its own.
+Status CanNameAllocations(device::Device& device) {
+  KZ_ASSIGN_OR_RETURN(auto probe, device.Allocate(64));
+  return device.FindAllocation(probe->data(), probe->size()).status();
+}
+
+}  // namespace
+
 Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, device::Device& device,
                                                      const AllGather& allgather) {
   std::shared_ptr<HostGroup> g(new HostGroup(rank, nranks, device));
@@ -140,6 +151,10 @@ Result<std::shared_ptr<HostGroup>> HostGroup::Create(int rank, int nranks, devic
   CopyString(hello.backend, sizeof(hello.backend), device.properties().backend);
   if (!device.properties().export_fd) {
     local = NotSupported(fmt::format("{} does not export its memory as file descriptors", device.label()));
+  } else if (Status named = CanNameAllocations(device); !named.ok()) {
+    // Peers find a buffer's allocation by its address (PublishRegion): a device that cannot say
+    // which allocation an address lies in would fail every fused call.
+    local = NotSupported(named.message());
   } else {
     UniqueFd fd(::memfd_create("kizuna-host-group", MFD_CLOEXEC));
     if (!fd.valid() || ::ftruncate(fd.get(), kPageBytes) != 0) {
@@ -347,6 +362,10 @@ Result<uint8_t*> HostGroup::Resolve(int q, int which, uint64_t seq) {
     e.device_uuid = device_.properties().uuid;
     auto buffer = device_.Import(e);
     if (!buffer.ok()) return buffer.status().WithContext(fmt::format("mapping rank {}'s buffer", q));
+    if (it != imports_.end()) {  // a mapping of another size: replaced
+      Retire(std::move(it->second.buffer));
+      imports_.erase(it);
+    }
     Evict(seq);
     it = imports_.insert_or_assign({q, r.serial}, Import{std::move(*buffer), seq}).first;
     KZ_INFO(kLogColl, "rank {}: mapped rank {}'s allocation {} ({} bytes) for the fused collectives", rank_, q,
@@ -354,6 +373,17 @@ Result<uint8_t*> HostGroup::Resolve(int q, int which, uint64_t seq) {
   }
   it->second.last_used = seq;
   return static_cast<uint8_t*>(it->second.buffer->data()) + r.offset;
+}
+
+void HostGroup::Retire(std::unique_ptr<device::Buffer> buffer) {
+  if (buffer) retired_.push_back(std::move(buffer));
+}
+
+void HostGroup::ReleaseRetired() {
+  if (retired_.empty()) return;
+  KZ_TRACE(kLogColl, "rank {}: releasing {} mappings and buffers the fused collectives no longer use", rank_,
+           retired_.size());
+  retired_.clear();
 }
 
 void HostGroup::Evict(uint64_t seq) {
@@ -364,6 +394,7 @@ void HostGroup::Evict(uint64_t seq) {
       if (it->second.last_used < seq && (oldest == imports_.end() || it->second.last_used < oldest->second.last_used))
         oldest = it;
     if (oldest == imports_.end()) return;  // all in use by this operation
+    Retire(std::move(oldest->second.buffer));
     imports_.erase(oldest);
   }
 }

@@ -139,8 +139,16 @@ class HostGroup {
   // This rank failed: every other rank's wait, now and later, fails with `why`.
   void Fail(const Status& why);
 
-  // Peer allocations mapped so far (for logs and tests).
+  // Frees the mappings and buffers this group stopped using (evicted imports, outgrown staging).
+  // They are not freed where they go out of use, during an operation: freeing device memory can
+  // wait for the whole device (cudaFree does), the caller's stream included, which is held until
+  // the operation ends. Call it only where no operation of this rank is in flight (the executor
+  // does so when a call finds it idle, before the call's stream is held).
+  void ReleaseRetired();
+
+  // Peer allocations mapped so far, and buffers waiting for ReleaseRetired (for logs and tests).
   size_t cached_imports() const { return imports_.size(); }
+  size_t retired() const { return retired_.size(); }
 
  private:
   HostGroup(int rank, int nranks, device::Device& device);
@@ -181,6 +189,8 @@ class HostGroup {
   // Fills this rank's region `which` (0 input, 1 output) of its page.
   Status PublishRegion(int which, const void* ptr, uint64_t bytes);
   void Evict(uint64_t seq);
+  // Keeps a buffer no longer used until ReleaseRetired.
+  void Retire(std::unique_ptr<device::Buffer> buffer);
   // The mismatch error when rank q's slot does not hold operation `seq` as this rank calls it.
   Status Mismatch(int q, uint64_t seq, const CollectiveRequest& request, Protocol protocol, int slot) const;
 
@@ -194,6 +204,7 @@ class HostGroup {
   uint64_t ops_ = 0;
   // Staged's allocations (stage, result), grown on demand.
   std::unique_ptr<device::Buffer> staging_[2];
+  std::vector<std::unique_ptr<device::Buffer>> retired_;  // Retire, ReleaseRetired
   bool one_shot_ = true;              // every rank's device memory is host accessible
   bool one_rank_per_process_ = true;  // no two ranks share a pid
   // The ranks' processes may run on at least as many CPUs as there are ranks: waits spin

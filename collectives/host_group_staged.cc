@@ -50,7 +50,7 @@ Status HostGroup::Staged(uint64_t seq, uint64_t signature, const CollectiveReque
   for (int which : {0, 1}) {
     const uint64_t bytes = which == 0 ? stage_bytes : result_bytes;
     if (bytes == 0 || (staging_[which] && staging_[which]->size() >= bytes)) continue;
-    staging_[which].reset();
+    Retire(std::move(staging_[which]));
     KZ_ASSIGN_OR_RETURN(staging_[which], device_.Allocate(std::bit_ceil(bytes)));
   }
   uint8_t* stage = stage_bytes > 0 ? static_cast<uint8_t*>(staging_[0]->data()) : nullptr;

@@ -114,6 +114,15 @@ Setter PositiveDouble(std::optional<double> Config::*field, bool allow_zero) {
     return "";
   };
 }
+Setter Flag(bool Config::*field) {
+  return [=](std::string_view v, Config& c) -> std::string {
+    const std::string s = Trim(v);
+    if (s == "0") c.*field = false;
+    else if (s == "1") c.*field = true;
+    else return Expect("0 or 1");
+    return "";
+  };
+}
 Setter Text(std::string Config::*field) {
   return [=](std::string_view v, Config& c) -> std::string {
     c.*field = Trim(v);
@@ -222,13 +231,10 @@ const std::vector<Entry>& Entries() {
     add({"KIZUNA_EMU_FAIL_STREAM_OP", "k (1-based)", "off", "fail the k-th emulated stream operation"},
         PositiveSize(&Config::emu_fail_stream_op));
     add({"KIZUNA_EMU_OPAQUE", "0|1", "0", "emulated device memory the CPU cannot dereference, as GPU memory"},
-        [](std::string_view v, Config& c) -> std::string {
-          std::string s = Trim(v);
-          if (s == "0") c.emu_opaque = false;
-          else if (s == "1") c.emu_opaque = true;
-          else return Expect("0 or 1");
-          return "";
-        });
+        Flag(&Config::emu_opaque));
+    add({"KIZUNA_EMU_SYNC_FREE", "0|1", "0",
+         "freeing emulated memory waits for the device's streams, as cudaFree does"},
+        Flag(&Config::emu_sync_free));
     add({"KIZUNA_UNIQUE_ID", "printable id", "", "rendezvous id (address, port, secret)"},
         Text(&Config::unique_id));
     add({"KIZUNA_UNIQUE_ID_FILE", "path", "", "rank 0 writes the id here, others wait for it"},
@@ -242,13 +248,7 @@ const std::vector<Entry>& Entries() {
     add({"KIZUNA_INA_LAYOUT", "path", "", "INA layout (kizuna-plan --layout): ranks after its workers are aggregation devices"},
         Text(&Config::ina_layout));
     add({"KIZUNA_DETERMINISTIC", "0|1", "0", "same reduction order on every run"},
-        [](std::string_view v, Config& c) -> std::string {
-          std::string s = Trim(v);
-          if (s == "0") c.deterministic = false;
-          else if (s == "1") c.deterministic = true;
-          else return Expect("0 or 1");
-          return "";
-        });
+        Flag(&Config::deterministic));
     add({"KIZUNA_CHUNK_BYTES", "bytes (K/M/G suffix)", "cost model", "pipeline chunk size override"},
         PositiveSize(&Config::chunk_bytes));
     add({"KIZUNA_IB_HCA", "device[:port] list", "all", "RDMA devices to use"}, Text(&Config::ib_hca));

@@ -58,6 +58,10 @@ struct Config {
   // Emulated device memory the CPU may not dereference (as GPU memory): device addresses are
   // PROT_NONE reservations, so code that touches them on the CPU faults in CI.
   bool emu_opaque = false;
+  // Freeing emulated device or host memory first waits for every stream of the device to finish
+  // the work enqueued before (as cudaFree and cuMemFreeHost do): an engine that frees memory while
+  // a stream it holds waits for it fails its test at the deadline instead of hanging on a GPU.
+  bool emu_sync_free = false;
 
   // Rendezvous.
   std::string unique_id;

@@ -36,6 +36,8 @@ TEST(ConfigTest, ParsesEveryKind) {
       {"KIZUNA_EMU_COPY_GBPS", "12.5"},
       {"KIZUNA_EMU_LAUNCH_US", "0"},
       {"KIZUNA_EMU_FAIL_ALLOC", "4"},
+      {"KIZUNA_EMU_OPAQUE", "1"},
+      {"KIZUNA_EMU_SYNC_FREE", " 1 "},
       {"KIZUNA_FABRIC", "directconnect, ofi"},
       {"KIZUNA_DETERMINISTIC", "1"},
       {"KIZUNA_CHUNK_BYTES", "4KiB"},
@@ -55,6 +57,8 @@ TEST(ConfigTest, ParsesEveryKind) {
   EXPECT_EQ(c.emu_copy_gbps, 12.5);
   EXPECT_EQ(c.emu_launch_us, 0.0);
   EXPECT_EQ(c.emu_fail_alloc, 4u);
+  EXPECT_TRUE(c.emu_opaque);
+  EXPECT_TRUE(c.emu_sync_free);
   EXPECT_EQ(c.fabric, (std::vector<std::string>{"directconnect", "ofi"}));
   EXPECT_TRUE(c.deterministic);
   EXPECT_EQ(c.chunk_bytes, 4096u);
@@ -91,8 +95,9 @@ TEST(ConfigTest, MalformedValuesWarnAndKeepDefaults) {
       {"KIZUNA_IB_SL", "16"},
       {"KIZUNA_DEBUG_SUBSYS", "INIT,NOPE"},
       {"KIZUNA_DEVICE", "1.5"},
+      {"KIZUNA_EMU_SYNC_FREE", "on"},
   });
-  EXPECT_EQ(p.warnings.size(), 9u);
+  EXPECT_EQ(p.warnings.size(), 10u);
   EXPECT_TRUE(AnyWarningContains(p, "KIZUNA_DEBUG='LOUD' is malformed"));
   EXPECT_TRUE(AnyWarningContains(p, "KIZUNA_EMULATED_DEVICES='eight' is malformed"));
   EXPECT_TRUE(AnyWarningContains(p, "unknown subsystem 'NOPE'"));
@@ -104,6 +109,7 @@ TEST(ConfigTest, MalformedValuesWarnAndKeepDefaults) {
   EXPECT_FALSE(p.config.deterministic);
   EXPECT_FALSE(p.config.ib_sl.has_value());
   EXPECT_FALSE(p.config.device.has_value());
+  EXPECT_FALSE(p.config.emu_sync_free);
 }
 
 TEST(ConfigTest, EveryDocumentedVariableParses) {

@@ -137,6 +137,16 @@ class EmuBackend final : public device::Backend {
       : streams_(config),
         memory_(MemoryManager::Create(config, config.emulated_devices,
                                       config.emu_mem_bytes.value_or(PhysicalMemoryBytes()))) {
+    if (config.emu_sync_free) {
+      // What CUDA does at cudaFree / cuMemFreeHost: wait for the device. A wait that runs past
+      // the deadline has failed the streams it waited for (the error names the free); the free
+      // itself goes on, since a destructor cannot report.
+      memory_->SetFreeHook([streams = streams_.device_streams(), timeout_s = config.timeout_s](
+                               int device, std::string_view what) {
+        Status s = streams->WaitForDevice(device, Deadline::AfterSeconds(timeout_s), what);
+        if (!s.ok()) KZ_WARN(kLogDevice, "host_emulated:{}: {}", device, s.ToString());
+      });
+    }
     const std::string host = HostIdentity();
     const int numa_node = SingleNumaNode();
     for (int i = 0; i < config.emulated_devices; ++i) {
@@ -192,6 +202,9 @@ Result<std::unique_ptr<device::Backend>> CreateHostEmulatedBackend(const Config&
           static_cast<double>(p.memory_bytes) / double(uint64_t{1} << 30),
           config.emu_opaque ? ", opaque (the CPU cannot dereference device memory; KIZUNA_EMU_OPAQUE=1)" : "",
           Throttles(config));
+  if (config.emu_sync_free)
+    KZ_INFO(kLogDevice, "host_emulated: freeing memory waits for the device's streams, as cudaFree does "
+                        "(KIZUNA_EMU_SYNC_FREE)");
   if (config.emu_fail_alloc)
     KZ_INFO(kLogDevice, "host_emulated: allocation #{} will fail (KIZUNA_EMU_FAIL_ALLOC)", *config.emu_fail_alloc);
   if (config.emu_fail_stream_op)

@@ -150,6 +150,7 @@ class MemoryBuffer final : public device::Buffer {
 
   ~MemoryBuffer() override {
     if (!real_.mapped()) return;  // 0-byte buffer: nothing mapped, nothing reserved
+    if (owner_->free_hook_) owner_->free_hook_(device_index_, imported() ? "unmapping an import" : "a free");
     // Forget the range before unmapping, so that the address can never be reported addressable
     // (or translated) while nothing is mapped there, and a new mapping at the same address can
     // be inserted.

@@ -26,10 +26,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <shared_mutex>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -128,6 +130,11 @@ class MemoryManager : public std::enable_shared_from_this<MemoryManager> {
   // before the operation ran). The identity outside opaque mode.
   void* Translate(const void* ptr, size_t bytes) const { return addresses_.Translate(ptr, bytes); }
 
+  // Called with the device's index before a buffer of it (an allocation, a host allocation or an
+  // import) is unmapped (Config::emu_sync_free: the backend waits for the device's streams there).
+  // Set once, before the first allocation.
+  void SetFreeHook(std::function<void(int device_index, std::string_view what)> hook) { free_hook_ = std::move(hook); }
+
   // Config::emu_opaque: device addresses are PROT_NONE reservations that streams translate.
   bool opaque() const { return opaque_; }
   uint64_t capacity_bytes() const { return capacity_; }
@@ -149,6 +156,7 @@ class MemoryManager : public std::enable_shared_from_this<MemoryManager> {
   const bool opaque_;
   std::atomic<uint64_t> allocations_{0};    // Allocate calls so far (fault injection numbering)
   std::vector<std::atomic<uint64_t>> used_;  // bytes allocated per device
+  std::function<void(int, std::string_view)> free_hook_;  // SetFreeHook; empty by default
   AddressMap addresses_;
 };
 

@@ -27,7 +27,9 @@ namespace {
 using namespace stream_internal;  // NOLINT(build/namespaces): this file runs what stream_ops.h describes
 
 
-// ---- The stream's shared core ----
+}  // namespace
+
+// ---- The stream's shared core (outside the anonymous namespace: DeviceStreams, stream.h, names it) ----
 
 struct StreamSettings {
   std::string label;  // "host_emulated:0 stream #1"
@@ -94,6 +96,7 @@ class StreamCore {
 
   // The worker thread's body: runs operations until Stop() and an empty queue.
   void Run() {
+    tls_worker = this;
     Op op;
     Status sticky;
     while (Next(&op, &sticky)) {
@@ -134,6 +137,9 @@ class StreamCore {
 
   bool WaitDrained(Deadline deadline) { return WaitCompleted(enqueued_.load(std::memory_order_acquire), deadline); }
 
+  // The stream's worker thread, when the caller is one (a host callback); else null.
+  static const StreamCore* CurrentWorker() { return tls_worker; }
+
   // Drops every queued operation: events complete with `why`, callbacks are called with it (on
   // this thread); interrupts an event wait or throttle delay in progress.
   void Abort(const Status& why) {
@@ -166,6 +172,12 @@ class StreamCore {
       if (auto* callback = std::get_if<CallbackWork>(&op.work)) RunCallback(callback->fn, why);
     }
   }
+
+  // For DeviceStreams::WaitForDevice: how many operations were enqueued so far, waiting until as
+  // many have completed, and failing the stream from outside (later work is skipped).
+  uint64_t Enqueued() const { return enqueued_.load(std::memory_order_acquire); }
+  bool WaitUntilCompleted(uint64_t target, Deadline deadline) { return WaitCompleted(target, deadline); }
+  void FailFromOutside(const Status& status) { Fail(status); }
 
   void Stop() {
     {
@@ -443,7 +455,13 @@ class StreamCore {
   std::atomic<uint64_t> completed_{0};
   std::atomic<size_t> pending_{0};  // queue_.size()
   std::atomic<bool> aborted_{false};
+
+  static thread_local const StreamCore* tls_worker;
 };
+
+thread_local const StreamCore* StreamCore::tls_worker = nullptr;
+
+namespace {
 
 // ---- Stream ----
 
@@ -589,6 +607,41 @@ class EmuStream final : public device::Stream {
 
 // ---- Public ----
 
+void DeviceStreams::Add(int device, std::weak_ptr<StreamCore> core) {
+  std::lock_guard lock(mu_);
+  if (device < 0) return;
+  if (streams_.size() <= static_cast<size_t>(device)) streams_.resize(static_cast<size_t>(device) + 1);
+  auto& list = streams_[static_cast<size_t>(device)];
+  std::erase_if(list, [](const std::weak_ptr<StreamCore>& w) { return w.expired(); });
+  list.push_back(std::move(core));
+}
+
+Status DeviceStreams::WaitForDevice(int device, Deadline deadline, std::string_view what) {
+  // The streams and how far each had got when the free was called; waited for outside the lock.
+  std::vector<std::pair<std::shared_ptr<StreamCore>, uint64_t>> busy;
+  {
+    std::lock_guard lock(mu_);
+    if (device < 0 || static_cast<size_t>(device) >= streams_.size()) return Status::Ok();
+    for (const std::weak_ptr<StreamCore>& w : streams_[static_cast<size_t>(device)]) {
+      std::shared_ptr<StreamCore> core = w.lock();
+      if (core == nullptr || core.get() == StreamCore::CurrentWorker()) continue;
+      busy.emplace_back(std::move(core), 0);
+    }
+  }
+  for (auto& [core, target] : busy) target = core->Enqueued();
+  Status first;
+  for (auto& [core, target] : busy) {
+    if (core->WaitUntilCompleted(target, deadline)) continue;
+    Status s = Timeout(fmt::format("{}: {} waited for this stream's earlier work, which did not finish by the "
+                                   "deadline (KIZUNA_EMU_SYNC_FREE: freeing memory waits for the device's streams, as "
+                                   "cudaFree does; on a GPU this free would hang)",
+                                   core->settings().label, what));
+    core->FailFromOutside(s);
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
 Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, StreamEnvironment* env,
                                                    std::shared_ptr<DevicePacer> pacer,
                                                    std::shared_ptr<const MemoryManager> translator) {
@@ -601,6 +654,7 @@ Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, Strea
   settings.copy_bytes_per_s = config.emu_copy_gbps.value_or(0.0) * 1e9;
   settings.reduce_bytes_per_s = config.emu_reduce_gbps.value_or(0.0) * 1e9;
   auto core = std::make_shared<StreamCore>(std::move(settings), std::move(pacer), std::move(translator));
+  if (config.emu_sync_free) env->device_streams()->Add(device->properties().index, core);
   auto stream = std::make_unique<EmuStream>(device, env, std::move(core));
   KZ_RETURN_IF_ERROR(stream->Start(fmt::format("kz-emu{}-s{}", device->properties().index, id)));
   KZ_TRACE(kLogDevice, "{} stream #{} created", device->label(), id);

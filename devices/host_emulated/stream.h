@@ -46,6 +46,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string_view>
+#include <vector>
 
 #include "devices/host_emulated/memory.h"
 #include "devices/host_emulated/pacer.h"
@@ -56,6 +58,25 @@
 
 namespace kizuna::host_emulated {
 
+class StreamCore;  // stream.cc: the state a stream shares with its worker thread
+
+// The live streams of each device of one backend instance, for Config::emu_sync_free: freeing
+// memory waits for the device's streams, as cudaFree waits for the GPU. Thread-safe; shared by
+// the backend's streams and its memory (a buffer may be freed after the backend is gone).
+class DeviceStreams {
+ public:
+  void Add(int device, std::weak_ptr<StreamCore> core);
+  // Waits until every live stream of `device` has finished the work enqueued before this call,
+  // except the calling thread's own stream (a host callback). A stream still busy at the deadline
+  // fails with kTimeout naming `what` (on a GPU the free would hang there): the first such
+  // error is returned, and the wait goes on to the other streams with what is left of the time.
+  Status WaitForDevice(int device, Deadline deadline, std::string_view what);
+
+ private:
+  std::mutex mu_;
+  std::vector<std::vector<std::weak_ptr<StreamCore>>> streams_;  // by device index; guarded by mu_
+};
+
 // Numbering shared by every stream and event of one backend instance. Thread-safe.
 class StreamEnvironment {
  public:
@@ -63,6 +84,7 @@ class StreamEnvironment {
   explicit StreamEnvironment(const Config& config) : config_(config) {}
 
   const Config& config() const { return config_; }
+  const std::shared_ptr<DeviceStreams>& device_streams() const { return device_streams_; }
   // The backend-wide number (from 1) of the next copy / reduce / scale / host callback.
   uint64_t NextOperation() { return operations_.fetch_add(1, std::memory_order_relaxed) + 1; }
   uint64_t NextStreamId() { return streams_.fetch_add(1, std::memory_order_relaxed) + 1; }
@@ -70,6 +92,7 @@ class StreamEnvironment {
 
  private:
   const Config& config_;
+  std::shared_ptr<DeviceStreams> device_streams_ = std::make_shared<DeviceStreams>();
   std::atomic<uint64_t> operations_{0};
   std::atomic<uint64_t> streams_{0};
   std::atomic<uint64_t> events_{0};

@@ -533,5 +533,62 @@ TEST(HostEmulatedOpaque, MemoryFreedUnderQueuedWorkIsAnIllegalAddress) {
   EXPECT_TRUE(Mentions(sync, "source"));
 }
 
+// ---- KIZUNA_EMU_SYNC_FREE: a free waits for the device's streams, as cudaFree does ----
+
+Config SyncFreeConfig() {
+  Config c = OpaqueConfig();
+  c.emu_sync_free = true;
+  c.timeout_s = 0.3;
+  return c;
+}
+
+TEST(HostEmulatedSyncFree, AFreeWaitsForWorkQueuedBeforeIt) {
+  // The same free as MemoryFreedUnderQueuedWorkIsAnIllegalAddress: here it waits for the copy.
+  Emu emu(SyncFreeConfig());
+  auto host = emu.AllocHost(0, 4096);
+  auto device = emu.Alloc(0, 4096);
+  auto stream = emu.NewStream(0);
+  auto other = emu.NewStream(1);  // another device's stream: not waited for
+  ASSERT_TRUE(other->EnqueueHostCallback([](const Status&) { std::this_thread::sleep_for(milliseconds(200)); }).ok());
+  std::memset(Bytes(host), 7, 4096);
+  ASSERT_TRUE(stream->Copy(device->data(), host->data(), 4096).ok());
+  ASSERT_TRUE(stream->EnqueueHostCallback([](const Status&) { std::this_thread::sleep_for(milliseconds(50)); }).ok());
+  ASSERT_TRUE(stream->Copy(host->data(), device->data(), 4096).ok());
+  const auto t0 = Clock::now();
+  device.reset();
+  EXPECT_GE(MillisecondsSince(t0), 40.0) << "the free did not wait for the stream";
+  EXPECT_LT(MillisecondsSince(t0), 180.0) << "the free waited for another device's stream";
+  EXPECT_TRUE(stream->Query().ok() && *stream->Query()) << "work queued before the free is unfinished";
+  EXPECT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(Bytes(host)[4095], 7);
+}
+
+TEST(HostEmulatedSyncFree, AFreeBehindAHeldStreamFailsTheStreamNamingTheFree) {
+  // What hangs on a GPU: freeing memory while a stream waits for the freeing thread.
+  Emu emu(SyncFreeConfig());
+  auto stream = emu.NewStream(0);
+  auto device = emu.Alloc(0, 4096);
+  auto hold = stream->EnqueueHold();
+  ASSERT_TRUE(hold.ok()) << hold.status().ToString();
+  const auto t0 = Clock::now();
+  device.reset();
+  EXPECT_GE(MillisecondsSince(t0), 250.0) << "the free did not wait for the held stream";
+  (*hold)->Release();
+  const Status sync = stream->Synchronize();
+  EXPECT_TRUE(HasCode(sync, StatusCode::kTimeout));
+  EXPECT_TRUE(Mentions(sync, "KIZUNA_EMU_SYNC_FREE"));
+  EXPECT_TRUE(Mentions(sync, "a free"));
+}
+
+TEST(HostEmulatedSyncFree, AFreeInAHostCallbackDoesNotWaitForItsOwnStream) {
+  Emu emu(SyncFreeConfig());
+  auto stream = emu.NewStream(0);
+  std::shared_ptr<Buffer> device = emu.Alloc(0, 4096);
+  ASSERT_TRUE(stream->EnqueueHostCallback([device](const Status&) mutable { device.reset(); }).ok());
+  device.reset();  // the callback holds the last reference
+  const Status sync = stream->Synchronize();
+  EXPECT_TRUE(sync.ok()) << sync.ToString();
+}
+
 }  // namespace
 }  // namespace kizuna::host_emulated::test

@@ -339,6 +339,27 @@ TEST(MatrixSixteenMiB, EveryCollective) {
   }
 }
 
+// The shape that the GPU machine runs (KIZUNA_TEST_BACKEND=cuda there: 4 ranks on one GPU), with
+// 4 MiB per collective: 4 ranks on one emulated device whose memory the CPU cannot reach and whose frees wait
+// for every stream of the device, as cudaFree does (Config::emu_sync_free). An engine that frees
+// memory during an operation, while a caller's stream is held, fails here instead of hanging a GPU.
+TEST(MatrixGpuShape, FourRanksOnOneDeviceThatSynchronizesAtFrees) {
+  Config config = WorldConfig(1);
+  config.emu_opaque = true;
+  config.emu_sync_free = true;
+  World w(4, config, /*max_devices=*/1);
+  KZ_ASSERT_WORLD(w);
+  for (Collective coll : kCollectives) {
+    if (coll == Collective::kBarrier) continue;
+    Case c;
+    c.coll = coll;
+    c.dtype = DataType::kFloat32;
+    c.count = (4u << 20) / 4;
+    c.in_place = coll == Collective::kAllReduce;
+    ASSERT_TRUE(RunCase(w, c));
+  }
+}
+
 // Tiny chunks (KIZUNA_CHUNK_BYTES=64): every step is a chunk, so the pipelined multi-chunk paths
 // run on small data, with 5 ranks over 2 devices (several ranks per device).
 TEST(MatrixChunks, TinyChunksSharedDevices) {

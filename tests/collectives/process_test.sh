@@ -30,8 +30,10 @@ fi
 
 # The fused AllReduce between processes (collectives/host_group.h): 3 ranks, every shape; the same
 # with opaque device memory (the CPU cannot touch it: the streams translate imported addresses).
+# Frees wait for the device's streams, as cudaFree does (KIZUNA_EMU_SYNC_FREE): a mapping the
+# group drops during an operation, while the caller's stream is held, would fail the run.
 for opaque in 0 1; do
-  out="$(KIZUNA_EMU_OPAQUE=$opaque "$run" -n 3 --timeout 240 -- "$prog" fused 2>&1)"
+  out="$(KIZUNA_EMU_OPAQUE=$opaque KIZUNA_EMU_SYNC_FREE=1 "$run" -n 3 --timeout 240 -- "$prog" fused 2>&1)"
   rc=$?
   echo "$out"
   [ "$rc" -eq 0 ] || fail "fused between 3 processes (opaque=$opaque): exit status $rc"

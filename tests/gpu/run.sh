@@ -32,7 +32,11 @@ export KIZUNA_TIMEOUT="${KIZUNA_TIMEOUT:-60}"
   echo "commit: $(cat "$HERE/COMMIT" 2>/dev/null || echo unknown)"
   echo "date: $(date -u +%FT%TZ)"
   echo "host: $(uname -srm)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>&1 || true
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>&1
+  else
+    echo "no nvidia-smi here"
+  fi
   echo "libraries used from the pack: $(ls "$OUT/lib" | tr '\n' ' ')"
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"

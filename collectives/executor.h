@@ -177,10 +177,13 @@ class Executor {
   Result<bool> TryInline(const std::vector<OperationMember>& members, device::Stream& stream,
                          bool host_memory = false);
   // One thread calling every rank of an in-process group together (GroupStart, one fused call on
-  // each rank's communicator, GroupEnd: how one thread drives several devices). When the CPU does
-  // the parts (memory it reaches, devices not throttled), every executor and every caller's
-  // stream is idle, and the calls match, this thread runs every rank's part itself, in rank
-  // order, before returning: no hand-off to the executors' threads and back. `executors[i]` runs
+  // each rank's communicator, GroupEnd: how one thread drives several devices), every executor
+  // idle and the calls matching. When the CPU does the parts (memory it reaches, devices not
+  // throttled) and every caller's stream is idle, this thread runs every rank's part itself, in
+  // rank order, before returning. When the devices do the parts (GPUs, opaque memory), this
+  // thread enqueues every rank's part on that rank's own stream, ordered by events between the
+  // streams (each part after every rank's earlier work; each stream's later work after every
+  // part), and returns: no executor thread, no held stream, no host wait. `executors[i]` runs
   // `members[i]` (one member) on `streams[i]`. True when it ran (its error, if it failed, fails
   // every executor); false: submit them as usual (the usual path names a mismatch).
   static Result<bool> TryInlineGroup(std::span<Executor* const> executors,
@@ -234,6 +237,9 @@ class Executor {
   std::unique_ptr<device::Buffer> scratch_;               // grown on demand
   std::unique_ptr<device::Event> direct_done_;            // RunDirect: this rank's part is done
   std::vector<std::unique_ptr<device::Buffer>> retired_scratch_;  // outgrown, freed with the executor
+  // TryInlineGroup on devices: where this rank's caller stream reached the call, and where its
+  // part was done (created on first use, by the thread that groups the calls).
+  std::unique_ptr<device::Event> group_ready_, group_done_;
 
   // Control traffic (operation headers, abort notices), used by the executor thread only.
   struct ControlState;

@@ -445,17 +445,28 @@ Result<bool> Executor::TryInlineGroup(std::span<Executor* const> executors,
   const size_t n = executors.size();
   DirectGroup* group = executors[0]->options_.direct_group.get();
   if (group == nullptr || static_cast<size_t>(group->nranks()) != n) return false;
-  // Every rank of the group once, each with one fused call on an idle stream, the CPU doing parts.
+  // Every rank of the group once, each with one fused call; the CPU does every part (on idle
+  // streams) or the devices do every part.
   std::vector<int> order(n, -1);  // order[rank]: its index in executors
+  const bool cpu = CpuDoesParts(executors[0]->device_->properties());
   for (size_t i = 0; i < n; ++i) {
-    const Executor& ex = *executors[i];
+    Executor& ex = *executors[i];
     const auto rank = static_cast<size_t>(ex.options_.rank);
     if (ex.options_.direct_group.get() != group || rank >= n || order[rank] >= 0) return false;
     order[rank] = static_cast<int>(i);
     if (members[i]->size() != 1 || (*members[i])[0].plan->algorithm != Algorithm::kFused) return false;
-    if (!CpuDoesParts(ex.device_->properties())) return false;
-    auto idle = streams[i]->Query();
-    if (!idle.ok() || !*idle) return false;
+    if (CpuDoesParts(ex.device_->properties()) != cpu) return false;
+    if (cpu) {
+      auto idle = streams[i]->Query();
+      if (!idle.ok() || !*idle) return false;
+    } else {
+      for (auto* event : {&ex.group_ready_, &ex.group_done_}) {
+        if (*event) continue;
+        auto created = ex.device_->CreateEvent();
+        if (!created.ok()) return false;  // the usual path needs none
+        *event = std::move(*created);
+      }
+    }
   }
   // The same call on every rank; otherwise the usual path reports the mismatch.
   uint64_t signature = 0;
@@ -482,16 +493,44 @@ Result<bool> Executor::TryInlineGroup(std::span<Executor* const> executors,
     inputs[r] = m.input;
     outputs[r] = m.output;
   }
-  for (size_t r = 0; r < n; ++r) {
-    const CollectiveRequest& req = (*members[static_cast<size_t>(order[r])])[0].plan->request;
-    if (Status s = HostDirectPart(req, static_cast<int>(r), inputs, outputs); !s.ok()) {
-      s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}, run with every rank's on the "
-                                    "calling thread",
-                                    seq, r, req.ToString()));
-      for (Executor* ex : executors) ex->Fail(s);
-      return s;
-    }
+  auto fail = [&](Status s, size_t r, const CollectiveRequest& req) -> Status {
+    s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}, {} by the thread that grouped the "
+                                  "calls",
+                                  seq, r, req.ToString(), cpu ? "run" : "enqueued"));
+    for (Executor* ex : executors) ex->Fail(s);
+    return s;
+  };
+  auto request = [&](size_t r) -> const CollectiveRequest& {
+    return (*members[static_cast<size_t>(order[r])])[0].plan->request;
+  };
+  if (cpu) {
+    for (size_t r = 0; r < n; ++r)
+      if (Status s = HostDirectPart(request(r), static_cast<int>(r), inputs, outputs); !s.ok())
+        return fail(s, r, request(r));
+    return true;
   }
+  // The devices do the parts, each rank's on its caller's stream (where rank r's later work goes).
+  auto stream = [&](size_t r) -> device::Stream& { return *streams[static_cast<size_t>(order[r])]; };
+  auto ex = [&](size_t r) -> Executor& { return *executors[static_cast<size_t>(order[r])]; };
+  // 1. Where each caller's stream reached the call: its input is ready, its output free.
+  for (size_t r = 0; r < n; ++r)
+    if (Status s = stream(r).Record(*ex(r).group_ready_); !s.ok()) return fail(s, r, request(r));
+  // 2. Each part once every rank's stream has reached the call (it reads every input and writes
+  //    every output), then where it is done.
+  for (size_t r = 0; r < n; ++r) {
+    Status s;
+    for (size_t q = 0; q < n && s.ok(); ++q)
+      if (q != r) s = stream(r).Wait(*ex(q).group_ready_);
+    if (s.ok()) s = EnqueueDirectPart(request(r), static_cast<int>(r), inputs, outputs, stream(r));
+    if (s.ok()) s = stream(r).Record(*ex(r).group_done_);
+    if (!s.ok()) return fail(s, r, request(r));
+  }
+  // 3. Each stream's later work after every part: the others write into its output and read its
+  //    input until then.
+  for (size_t r = 0; r < n; ++r)
+    for (size_t q = 0; q < n; ++q)
+      if (q != r)
+        if (Status s = stream(r).Wait(*ex(q).group_done_); !s.ok()) return fail(s, r, request(r));
   return true;
 }
 

@@ -450,4 +450,6 @@ void Communicator::Abort() {
 
 Status Communicator::AsyncError() const { return executor_ ? executor_->AsyncError() : Status::Ok(); }
 
+int Communicator::InFlight() const { return executor_ ? executor_->pending() : 0; }
+
 }  // namespace kizuna

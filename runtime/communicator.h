@@ -175,6 +175,10 @@ class Communicator {
   void Abort();
   // The first error of an operation, or ok (ncclCommGetAsyncError).
   Status AsyncError() const;
+  // Operations this rank's executor thread has taken and not finished. Calls that ran on the
+  // calling thread, or that went onto the streams alone (a group of every in-process rank's fused
+  // call on devices), never count.
+  int InFlight() const;
 
   // In-network aggregation (KIZUNA_INA_LAYOUT, collectives/ina/layout.h): the ranks after the
   // layout's workers are its aggregation devices. They are not ranks of the communicator (size()

@@ -3,7 +3,10 @@
 // thread (Executor::TryInlineGroup) where the CPU does the parts, or through the executors where
 // it cannot (a busy stream, a partial group, a ring). Tests run on KIZUNA_TEST_BACKEND's devices
 // when it is set (world.h).
+#include <atomic>
 #include <chrono>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,11 +71,11 @@ bool CpuDoesParts(World& w) {
   return true;
 }
 
-TEST(Communicator, OneThreadRunsAGroupOfEveryRankBeforeReturning) {
-  const int n = 4;
+// Every fused collective as a group of all ranks' calls from one thread, interleaved with calls
+// one by one, a ring in a group and a group of some ranks, each checked.
+void GroupsOfEveryRank(World& w) {
+  const int n = w.size();
   const size_t count = 1000;
-  World w(n, WorldConfig(n));
-  KZ_ASSERT_WORLD(w);
   std::vector<std::unique_ptr<device::Buffer>> in, out;
   for (int r = 0; r < n; ++r) {
     in.push_back(Alloc(w, r, count * 4 * n));
@@ -161,6 +164,66 @@ TEST(Communicator, OneThreadRunsAGroupOfEveryRankBeforeReturning) {
   auto reduced = w.Download<float>(1, out[1]->data(), count);
   ASSERT_TRUE(reduced.ok());
   for (size_t i = 0; i < count; ++i) ASSERT_EQ((*reduced)[i], sum(i)) << i;
+}
+
+TEST(Communicator, OneThreadRunsAGroupOfEveryRankBeforeReturning) {
+  World w(4, WorldConfig(4));
+  KZ_ASSERT_WORLD(w);
+  GroupsOfEveryRank(w);
+}
+
+// Memory the CPU cannot reach (as a GPU's). 4 ranks on one device (the GPU machine's shape): the
+// calling thread enqueues every rank's part on the ranks' streams. Over 4 devices the ranks share
+// buffers as separate processes do (HostGroup), and groups go through the executors.
+TEST(Communicator, OneThreadEnqueuesAGroupOfEveryRankOnOpaqueDevices) {
+  for (int devices : {4, 1}) {
+    SCOPED_TRACE(fmt::format("{} device(s)", devices));
+    Config config = WorldConfig(devices);
+    config.emu_opaque = true;
+    World w(4, config, devices);
+    KZ_ASSERT_WORLD(w);
+    GroupsOfEveryRank(w);
+  }
+}
+
+TEST(Communicator, OnDevicesAGroupGoesOnTheStreamsWithoutTheExecutors) {
+  const int n = 4;
+  const size_t count = 4096;
+  Config config = WorldConfig(1);
+  config.emu_opaque = true;
+  World w(n, config, 1);  // one device: opaque memory is shared directly only there (a GPU's ranks)
+  KZ_ASSERT_WORLD(w);
+  std::vector<std::unique_ptr<device::Buffer>> b;
+  for (int r = 0; r < n; ++r) {
+    b.push_back(Alloc(w, r, count * 4));
+    ASSERT_TRUE(w.Upload(r, b[r]->data(), std::vector<float>(count, 1.0f)).ok());
+  }
+  // Rank 0's stream is held by a callback, then writes 100s into its input: the group's parts
+  // must wait for that, and the calling thread must not.
+  auto host = w.device(0).AllocateHost(count * 4);
+  ASSERT_TRUE(host.ok());
+  std::vector<float> hundreds(count, 100.0f);
+  std::memcpy((*host)->data(), hundreds.data(), count * 4);
+  auto open = std::make_shared<std::atomic<bool>>(false);
+  ASSERT_TRUE(w.stream(0).EnqueueHostCallback([open](const Status&) {
+    for (int i = 0; i < 10000 && !open->load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }).ok());
+  ASSERT_TRUE(w.stream(0).Copy(b[0]->data(), (*host)->data(), count * 4).ok());
+  ASSERT_TRUE(Communicator::GroupStart().ok());
+  for (int r = 0; r < n; ++r)
+    ASSERT_TRUE(w.comm(r).AllReduce(b[r]->data(), b[r]->data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                    w.stream(r)).ok());
+  ASSERT_TRUE(Communicator::GroupEnd().ok());
+  // No executor took the operation (through them, rank 0's would wait for its stream now).
+  for (int r = 0; r < n; ++r) EXPECT_EQ(w.comm(r).InFlight(), 0) << "rank " << r;
+  open->store(true);
+  ASSERT_TRUE(w.SyncAll().ok());
+  for (int r = 0; r < n; ++r) {
+    auto got = w.Download<float>(r, b[r]->data(), count);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ((*got)[0], 103.0f) << "rank " << r;
+    EXPECT_EQ((*got)[count - 1], 103.0f) << "rank " << r;
+  }
 }
 
 TEST(Communicator, AGroupOnABusyStreamWaitsForIt) {

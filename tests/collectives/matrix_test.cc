@@ -325,39 +325,39 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Matrix, testing::Values(1, 2, 3, 4, 5, 7, 8),
 INSTANTIATE_TEST_SUITE_P(Ranks, MatrixLarge, testing::Values(3, 8),
                          [](const testing::TestParamInfo<int>& p) { return fmt::format("n{}", p.param); });
 
-// One message of at least 16 MiB per collective (the engine's choice of algorithm), 4 ranks.
-TEST(MatrixSixteenMiB, EveryCollective) {
-  World w(4, WorldConfig(4));
-  KZ_ASSERT_WORLD(w);
+// One float32 message of `bytes` per collective (the engine's choice of algorithm); AllReduce in
+// place when `in_place_allreduce`.
+void EveryCollectiveOnce(World& w, uint64_t bytes, bool in_place_allreduce) {
   for (Collective coll : kCollectives) {
     if (coll == Collective::kBarrier) continue;
     Case c;
     c.coll = coll;
     c.dtype = DataType::kFloat32;
-    c.count = (16u << 20) / 4;
+    c.count = bytes / 4;
+    c.in_place = in_place_allreduce && coll == Collective::kAllReduce;
     ASSERT_TRUE(RunCase(w, c));
   }
 }
 
-// The shape that the GPU machine runs (KIZUNA_TEST_BACKEND=cuda there: 4 ranks on one GPU), with
-// 4 MiB per collective: 4 ranks on one emulated device whose memory the CPU cannot reach and whose frees wait
-// for every stream of the device, as cudaFree does (Config::emu_sync_free). An engine that frees
-// memory during an operation, while a caller's stream is held, fails here instead of hanging a GPU.
+// 16 MiB per collective, 4 ranks.
+TEST(MatrixSixteenMiB, EveryCollective) {
+  World w(4, WorldConfig(4));
+  KZ_ASSERT_WORLD(w);
+  EveryCollectiveOnce(w, 16u << 20, false);
+}
+
+// The shape that the GPU machine runs (KIZUNA_TEST_BACKEND=cuda there: 4 ranks on one GPU), 4 MiB
+// per collective: 4 ranks on one emulated device whose memory the CPU cannot reach and whose frees
+// wait for every stream of the device, as cudaFree does (Config::emu_sync_free). An engine that
+// frees memory during an operation, while a caller's stream is held, fails here instead of
+// hanging a GPU.
 TEST(MatrixGpuShape, FourRanksOnOneDeviceThatSynchronizesAtFrees) {
   Config config = WorldConfig(1);
   config.emu_opaque = true;
   config.emu_sync_free = true;
   World w(4, config, /*max_devices=*/1);
   KZ_ASSERT_WORLD(w);
-  for (Collective coll : kCollectives) {
-    if (coll == Collective::kBarrier) continue;
-    Case c;
-    c.coll = coll;
-    c.dtype = DataType::kFloat32;
-    c.count = (4u << 20) / 4;
-    c.in_place = coll == Collective::kAllReduce;
-    ASSERT_TRUE(RunCase(w, c));
-  }
+  EveryCollectiveOnce(w, 4u << 20, true);
 }
 
 // Tiny chunks (KIZUNA_CHUNK_BYTES=64): every step is a chunk, so the pipelined multi-chunk paths

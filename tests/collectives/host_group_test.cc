@@ -1,4 +1,4 @@
-// HostGroup (host_group.h) in one process: which devices it takes, and that memory it stops using
+// HostGroup (collectives/host_group.h) in one process: which devices it takes, and that memory it stops using
 // waits for ReleaseRetired. The protocol between processes is tested by
 // tests/collectives/process_test.sh.
 #include "collectives/host_group.h"

@@ -240,6 +240,7 @@ class Executor {
   // TryInlineGroup on devices: where this rank's caller stream reached the call, and where its
   // part was done (created on first use, by the thread that groups the calls).
   std::unique_ptr<device::Event> group_ready_, group_done_;
+  bool group_on_streams_logged_ = false;  // said once at INFO (rank 0's executor)
 
   // Control traffic (operation headers, abort notices), used by the executor thread only.
   struct ControlState;

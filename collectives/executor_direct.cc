@@ -512,6 +512,12 @@ Result<bool> Executor::TryInlineGroup(std::span<Executor* const> executors,
   // The devices do the parts, each rank's on its caller's stream (where rank r's later work goes).
   auto stream = [&](size_t r) -> device::Stream& { return *streams[static_cast<size_t>(order[r])]; };
   auto ex = [&](size_t r) -> Executor& { return *executors[static_cast<size_t>(order[r])]; };
+  if (!ex(0).group_on_streams_logged_) {
+    ex(0).group_on_streams_logged_ = true;
+    KZ_INFO(kLogColl, "{} ranks' fused calls grouped by one thread: each rank's part goes on its own stream, ordered "
+                      "by events between the streams (no executor thread, no held stream); first: {}",
+            n, request(0).ToString());
+  }
   // 1. Where each caller's stream reached the call: its input is ready, its output free.
   for (size_t r = 0; r < n; ++r)
     if (Status s = stream(r).Record(*ex(r).group_ready_); !s.ok()) return fail(s, r, request(r));

@@ -226,6 +226,36 @@ TEST(Communicator, OnDevicesAGroupGoesOnTheStreamsWithoutTheExecutors) {
   }
 }
 
+// A device fault in one rank's part, enqueued by the grouping thread: every rank's stream reports
+// it (each waits for every part), and nothing hangs.
+TEST(Communicator, OnDevicesAFaultInOneRanksGroupedPartReachesEveryStream) {
+  const int n = 4;
+  const size_t count = 1024;
+  Config config = WorldConfig(1);
+  config.emu_opaque = true;
+  // Stream operations are numbered as enqueued: the 4 uploads are #1-#4, then the parts #5-#8 in
+  // rank order; #6 is rank 1's part.
+  config.emu_fail_stream_op = 6;
+  World w(n, config, 1);
+  KZ_ASSERT_WORLD(w);
+  std::vector<std::unique_ptr<device::Buffer>> b;
+  for (int r = 0; r < n; ++r) {
+    b.push_back(Alloc(w, r, count * 4));
+    ASSERT_TRUE(w.Upload(r, b[r]->data(), std::vector<float>(count, 1.0f)).ok());
+  }
+  ASSERT_TRUE(Communicator::GroupStart().ok());
+  for (int r = 0; r < n; ++r)
+    ASSERT_TRUE(w.comm(r).AllReduce(b[r]->data(), b[r]->data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                    w.stream(r)).ok());
+  ASSERT_TRUE(Communicator::GroupEnd().ok());
+  for (int r = 0; r < n; ++r) {
+    const Status s = w.stream(r).Synchronize(Deadline::AfterSeconds(30));
+    EXPECT_FALSE(s.ok()) << "rank " << r;
+    EXPECT_NE(s.message().find("stream operation #6 failed"), std::string::npos) << "rank " << r << ": "
+                                                                                 << s.ToString();
+  }
+}
+
 TEST(Communicator, AGroupOnABusyStreamWaitsForIt) {
   const int n = 2;
   const size_t count = 256;

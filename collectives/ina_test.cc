@@ -11,13 +11,13 @@
 
 #include <fmt/format.h>
 
-#include "collectives/algorithm.h"
-#include "collectives/cost_model.h"
-#include "collectives/selector.h"
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/cost/model.h"
+#include "collectives/cost/selector.h"
 #include "collectives/ina/layout.h"
 #include "collectives/ina/planner.h"
-#include "collectives/simulate.h"
-#include "runtime/half.h"
+#include "collectives/algorithms/simulate.h"
+#include "runtime/core/half.h"
 
 namespace kizuna::collectives {
 namespace {

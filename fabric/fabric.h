@@ -62,10 +62,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/config.h"
-#include "runtime/deadline.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
 #include "runtime/device/device.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric {
 

@@ -19,7 +19,7 @@
 #include <fmt/format.h>
 
 #include "fabric/kizuna_fabric_plugin.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric {
 namespace {

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "fabric/fabric.h"
-#include "runtime/config.h"
-#include "runtime/status.h"
+#include "runtime/core/config.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric {
 

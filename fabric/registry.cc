@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "fabric/plugin_fabric.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric {
 namespace {

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "fabric/fabric.h"
-#include "runtime/config.h"
-#include "runtime/status.h"
+#include "runtime/core/config.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric {
 
@@ -77,7 +77,7 @@ class FabricRegistry {
   // a direct fabric serves only the pairs it has links for, and those best). Fabrics that are not
   // available here are left out. kUnavailable, naming every candidate and
   // why it is not usable, when none is. A communicator uses them all: per pair of ranks, the first
-  // fabric that connects the two (collectives/transport.h).
+  // fabric that connects the two (collectives/transport/transport.h).
   Result<std::vector<Fabric*>> SelectAll() const;
 
  private:

@@ -8,13 +8,13 @@
 
 #include <fmt/format.h>
 
-#include "collectives/algorithm.h"
-#include "collectives/cost_model.h"
-#include "collectives/executor.h"
-#include "collectives/selector.h"
-#include "collectives/transport.h"
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/cost/model.h"
+#include "collectives/executor/executor.h"
+#include "collectives/cost/selector.h"
+#include "collectives/transport/transport.h"
 #include "runtime/bootstrap/sub_bootstrap.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna {
 
@@ -294,7 +294,7 @@ Status CheckBuffer(const Communicator& comm, std::string_view what, std::string_
   return Status::Ok();
 }
 
-// In place exactly as the table in collectives/plan.h says, or no overlap at all.
+// In place exactly as the table in collectives/plan/plan.h says, or no overlap at all.
 Result<bool> InPlace(std::string_view what, const void* send, uint64_t send_bytes, const void* recv,
                      uint64_t recv_bytes, const void* in_place_send) {
   if (send_bytes == 0 || recv_bytes == 0 || send == nullptr || recv == nullptr) return send == in_place_send && send;

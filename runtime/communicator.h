@@ -4,7 +4,7 @@
 // Create one per rank from a UniqueId (ncclCommInitRank), from the launcher's environment, for N
 // local devices in one process (ncclCommInitAll), or by splitting another (ncclCommSplit).
 //
-// Collectives follow NCCL's semantics (counts in elements of `type`; see collectives/plan.h for
+// Collectives follow NCCL's semantics (counts in elements of `type`; see collectives/plan/plan.h for
 // the buffer sizes of each):
 //   AllReduce(send, recv, count)          every rank gets the reduction of all ranks' send
 //   ReduceScatter(send, recv, recvcount)  rank r gets the reduction of part r of all sends
@@ -52,20 +52,20 @@
 #include <string>
 #include <vector>
 
-#include "collectives/plan.h"
-#include "collectives/selector.h"
-#include "collectives/shape.h"
+#include "collectives/plan/plan.h"
+#include "collectives/cost/selector.h"
+#include "collectives/plan/shape.h"
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/bootstrap/unique_id.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/device.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 
 namespace kizuna {
 
 namespace collectives {
-class DirectGroup;
+class SameProcessGroup;
 class Executor;
 struct OperationMember;
 class Transport;
@@ -140,7 +140,7 @@ class Communicator {
   const collectives::CommShape& shape() const { return shape_; }
   // This rank's connections: which fabric serves which peers, over which devices, and how the
   // staging memory is registered — "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3
-  // (device tcp;ofi_rxm:lo); staging by fd (device export)" (collectives/transport.h). Every
+  // (device tcp;ofi_rxm:lo); staging by fd (device export)" (collectives/transport/transport.h). Every
   // available fabric that all ranks have is used, in KIZUNA_FABRIC's order (else direct fabrics
   // first, then registration order: FabricRegistry::SelectAll); each pair of ranks uses the first
   // that connects the two.
@@ -192,7 +192,7 @@ class Communicator {
   // An aggregation device's life: runs the INA operations the workers start, as their headers
   // arrive, until the job ends (kUnavailable: every worker closed its connections) or fails (a
   // worker died mid-operation, an abort), and returns why; `served` counts the operations.
-  // kFailedPrecondition on a worker.
+  // kInvalidArgument on a worker.
   Status ServeAggregation(uint64_t* served = nullptr);
 
   // The algorithm and predicted times the engine chooses for a request on this communicator,
@@ -207,7 +207,7 @@ class Communicator {
   // (the single-host direct algorithms then apply); null otherwise.
   static Result<std::unique_ptr<Communicator>> Init(std::shared_ptr<bootstrap::Bootstrap> bootstrap,
                                                     device::Device& device, const CommOptions& options,
-                                                    std::shared_ptr<collectives::DirectGroup> direct = nullptr);
+                                                    std::shared_ptr<collectives::SameProcessGroup> direct = nullptr);
   Status Enqueue(Call call);
   // Runs or queues `calls` as one operation; call_mu_ held.
   Status Launch(std::span<Call> calls);

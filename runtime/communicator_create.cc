@@ -1,6 +1,6 @@
 // Creating communicators: from a unique id, a bootstrap, the launcher's environment, or N local
 // devices (communicator.h). Every rank allgathers its host, agrees with the others on the fabrics
-// they all have, connects (collectives/transport.h), and builds the shape the engine plans with.
+// they all have, connects (collectives/transport/transport.h), and builds the shape the engine plans with.
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,19 +12,19 @@
 
 #include <fmt/format.h>
 
-#include "collectives/algorithm.h"
-#include "collectives/executor.h"
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/executor/executor.h"
 #include "collectives/ina/layout.h"
-#include "collectives/selector.h"
-#include "collectives/transport.h"
+#include "collectives/cost/selector.h"
+#include "collectives/transport/transport.h"
 #include "fabric/registry.h"
 #include "runtime/bootstrap/in_process.h"
 #include "runtime/bootstrap/launch_env.h"
 #include "runtime/communicator.h"
 #include "runtime/communicator_internal.h"
 #include "runtime/device/registry.h"
-#include "runtime/host_id.h"
-#include "runtime/logging.h"
+#include "runtime/core/host_id.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna {
 namespace {
@@ -216,7 +216,7 @@ Result<std::vector<fabric::Fabric*>> AgreeOnFabrics(const fabric::FabricRegistry
 
 Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstrap::Bootstrap> boot,
                                                          device::Device& device, const CommOptions& options,
-                                                         std::shared_ptr<collectives::DirectGroup> direct) {
+                                                         std::shared_ptr<collectives::SameProcessGroup> direct) {
   std::unique_ptr<Communicator> c(new Communicator());
   c->config_ = options.config != nullptr ? options.config : &GlobalConfig();
   c->options_ = options;
@@ -303,15 +303,15 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   }
 
   // Ranks of one host in several processes share their allocations for the fused collectives
-  // when their devices allow (host_group.h); all ranks take part in deciding.
-  std::shared_ptr<collectives::HostGroup> host_group;
+  // when their devices allow (same_host.h); all ranks take part in deciding.
+  std::shared_ptr<collectives::SameHostGroup> same_host;
   const bool one_host = std::all_of(hosts.begin(), hosts.end(),
                                     [&](const auto& h) { return std::string(h.begin(), h.end()) == host; });
   if (direct == nullptr && !layout && c->size_ > 1 && one_host && options.direct_access) {
     auto allgather = [&](std::span<const uint8_t> bytes) { return c->bootstrap_->AllGather(bytes, deadline); };
-    auto group = collectives::HostGroup::Create(c->rank_, c->size_, device, allgather);
+    auto group = collectives::SameHostGroup::Create(c->rank_, c->size_, device, allgather);
     if (group.ok()) {
-      host_group = std::move(*group);
+      same_host = std::move(*group);
       if (c->rank_ == 0)
         KZ_INFO(kLogInit, "{} ranks on one host in separate processes share their buffers directly (fused "
                           "algorithms available; each rank maps a peer's buffer on first use)", c->size_);
@@ -333,7 +333,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   me.launch_us = props.launch_latency_us;
   // The ranks' CPUs together where they share a host group (ranks bound to a CPU each see one),
   // else this process's.
-  me.host_cpus = host_group && host_group->cpus() > 0 ? host_group->cpus() : UsableCpuCount();
+  me.host_cpus = same_host && same_host->cpus() > 0 ? same_host->cpus() : UsableCpuCount();
   me.host_compute = props.host_compute;
   // The links among the workers; in an INA job, then this rank's slowest cable to an aggregation
   // device (the cost model's aggregation cables).
@@ -371,8 +371,8 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   for (int a = 0; a < c->size_; ++a)
     for (int b = 0; b < c->size_; ++b)
       if (a == b || !shape.link(a, b).reachable || !shape.link(b, a).reachable) shape.link(a, b).reachable = false;
-  shape.direct = direct != nullptr || host_group != nullptr;
-  if (host_group) shape.direct_inline_bytes = host_group->one_shot_bytes();
+  shape.direct = direct != nullptr || same_host != nullptr;
+  if (same_host) shape.direct_inline_bytes = same_host->one_shot_bytes();
   shape.ina = layout;
   KZ_RETURN_IF_ERROR(shape.Validate());
   c->shape_ = std::move(shape);
@@ -385,8 +385,8 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
 
   collectives::ExecutorOptions eopts;
   eopts.timeout_s = config.timeout_s;
-  eopts.direct_group = std::move(direct);
-  eopts.host_group = std::move(host_group);
+  eopts.same_process = std::move(direct);
+  eopts.same_host = std::move(same_host);
   eopts.rank = c->rank_;
   // INA jobs: deeper windows (InaWindow).
   if (layout) eopts.window = InaWindow(*layout, c->aggregation_device_);
@@ -495,7 +495,7 @@ Result<std::vector<std::unique_ptr<Communicator>>> Communicator::CreateLocal(std
   for (device::Device* d : devices)
     direct = direct && d->properties().backend == devices[0]->properties().backend &&
              (d == devices[0] || (d->properties().host_accessible && devices[0]->properties().host_accessible));
-  auto group = direct ? std::make_shared<collectives::DirectGroup>(n) : nullptr;
+  auto group = direct ? std::make_shared<collectives::SameProcessGroup>(n) : nullptr;
   KZ_INFO(kLogInit, "{} local ranks: {}", n,
           direct ? "they address each other's memory directly (fused algorithms available)"
                  : "no direct access between them (fused algorithms not available)");

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/plan.h"
+#include "collectives/plan/plan.h"
 #include "runtime/communicator.h"
 
 namespace kizuna {

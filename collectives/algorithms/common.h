@@ -24,10 +24,10 @@
 
 #include <fmt/format.h>
 
-#include "collectives/algorithm.h"
-#include "collectives/plan.h"
-#include "collectives/shape.h"
-#include "runtime/status.h"
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/plan/plan.h"
+#include "collectives/plan/shape.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::collectives::algo {
 

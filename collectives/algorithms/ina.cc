@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/algorithms/algorithms.h"
+#include "collectives/algorithms/impl.h"
 #include "collectives/ina/layout.h"
 
 namespace kizuna::collectives::algo {

@@ -7,7 +7,7 @@
 // for every rank (tools, tests), the peer's own plan is empty.
 #include <utility>
 
-#include "collectives/algorithms/algorithms.h"
+#include "collectives/algorithms/impl.h"
 
 namespace kizuna::collectives::algo {
 namespace {

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/algorithms/algorithms.h"
+#include "collectives/algorithms/impl.h"
 
 namespace kizuna::collectives::algo {
 namespace {

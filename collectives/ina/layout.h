@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::collectives::ina {
 

@@ -364,7 +364,7 @@ class LayoutBuilder {
 
   // A ring in the order 0, s, 2s, ... (mod N) for a stride s coprime to N: one cycle through every
   // worker, each giving it its next free port. The transport carries a pair of workers' traffic
-  // over the first link between them (collectives/transport.cc, one per direction), so parts that
+  // over the first link between them (collectives/transport/transport.cc, one per direction), so parts that
   // cable the same pair would share it: each ring takes the stride whose circuits repeat the fewest
   // pairs cabled so far in either direction, then the fewest in its own direction, then the
   // smallest. Strides of different classes (s and N − s are one class) share no pair, so rings

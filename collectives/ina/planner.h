@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "collectives/ina/layout.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::collectives::ina {
 

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "runtime/device/registry.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::cuda {
 namespace {

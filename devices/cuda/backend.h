@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "devices/cuda/loader.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/device.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::cuda {
 

@@ -11,7 +11,7 @@
 //   kz_scale_<type>
 // Every kernel takes one parameter, its parameter block by value.
 //
-// Semantics are runtime/host_reduce.h's, bit for bit: float16 / bfloat16 accumulate in float32 and
+// Semantics are runtime/device/host_reduce.h's, bit for bit: float16 / bfloat16 accumulate in float32 and
 // round once (round to nearest even); float32 accumulates in float32 in input order, float64 in
 // float64; integers wrap (sum, prod modulo 2^bits); avg is the sum in the accumulation type
 // (integers: the wrapped sum) divided by the input count (integers: truncation toward zero, signed

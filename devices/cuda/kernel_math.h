@@ -3,8 +3,8 @@
 // device and g++ compiles for the host, so kernel_math_test.cc checks it against HostReduce /
 // HostScale on any machine, GPU or not.
 //
-// The contract is runtime/host_reduce.h's, bit for bit:
-//  - float16 / bfloat16 widen to float32 (runtime/half.h's conversions, reproduced here without
+// The contract is runtime/device/host_reduce.h's, bit for bit:
+//  - float16 / bfloat16 widen to float32 (runtime/core/half.h's conversions, reproduced here without
 //    the CUDA half headers so the host compiles the same code), accumulate in float32 in input
 //    order and round once on the store, to nearest even. float32 accumulates in float32, float64
 //    in float64. Nothing here depends on FMA contraction, flush-to-zero or approximate division:
@@ -40,7 +40,7 @@
 
 namespace kizuna::cuda::math {
 
-// The reduce operators, in kernel_abi.h's naming order. kizuna::ReduceOp (runtime/dtype.h) is not
+// The reduce operators, in kernel_abi.h's naming order. kizuna::ReduceOp (runtime/core/dtype.h) is not
 // used because that header needs C++20, and this one is compiled by nvcc as C++17.
 enum class Op { kSum, kProd, kMin, kMax, kAvg };
 
@@ -98,7 +98,7 @@ KZ_HD uint64_t MulHi64(uint64_t a, uint64_t b) {
 
 // ---- float16 / bfloat16 ----
 
-// runtime/half.h's algorithms, operation for operation: what the host computes, and the reference
+// runtime/core/half.h's algorithms, operation for operation: what the host computes, and the reference
 // for the device's hardware conversions below.
 namespace portable {
 

@@ -16,9 +16,9 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/dtype.h"
-#include "runtime/half.h"
-#include "runtime/host_reduce.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/half.h"
+#include "runtime/device/host_reduce.h"
 
 namespace kizuna::cuda::math {
 namespace {
@@ -30,7 +30,7 @@ uint64_t Bits(T v) {
   return b;
 }
 
-// ---- float16 / bfloat16 conversions against runtime/half.h ----
+// ---- float16 / bfloat16 conversions against runtime/core/half.h ----
 
 TEST(KernelMathConversion, HalfToFloatMatchesHalfHForEveryHalf) {
   for (uint32_t h = 0; h <= 0xffff; ++h) {

@@ -169,7 +169,7 @@ def cuda_backend():
         }),
         deps = [
             ":kernels",
-            "//runtime:core",
+            "//runtime/core",
             "//runtime/device",
             "@local_cuda//:cuda_headers",
             "@system//:fmt",

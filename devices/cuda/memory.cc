@@ -20,7 +20,7 @@
 #include <fmt/format.h>
 
 #include "devices/cuda/backend.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::cuda {
 namespace {

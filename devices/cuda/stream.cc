@@ -10,7 +10,7 @@
 
 #include "devices/cuda/kernel_abi.h"
 #include "devices/cuda/kernels_fatbin.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::cuda {
 namespace {

@@ -1,5 +1,5 @@
 /* The reduction kernel, for every dtype x op the ABI lists, and the scale kernel (the division
- * that finishes an average), with the semantics of runtime/host_reduce.h. Results are
+ * that finishes an average), with the semantics of runtime/device/host_reduce.h. Results are
  * bit-identical to kizuna's host kernels, except that where two NaNs meet, which one's payload
  * survives is left open (as IEEE 754 leaves it):
  *  - inputs combine in order: acc = src0; acc = acc op src1; ...
@@ -38,7 +38,7 @@ uint64_t example_dtype_size(int32_t dtype) {
   }
 }
 
-/* ---- float16 / bfloat16 <-> float32, round to nearest even (the same as runtime/half.h) ---- */
+/* ---- float16 / bfloat16 <-> float32, round to nearest even (the same as runtime/core/half.h) ---- */
 
 static uint32_t example_float_bits(float f) {
   uint32_t u;

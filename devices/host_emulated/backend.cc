@@ -16,7 +16,7 @@
 #include "devices/host_emulated/memory.h"
 #include "devices/host_emulated/stream.h"
 #include "runtime/device/registry.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::host_emulated {
 namespace {

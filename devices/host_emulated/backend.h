@@ -20,9 +20,9 @@
 
 #include <memory>
 
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/device.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::host_emulated {
 

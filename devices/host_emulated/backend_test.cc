@@ -11,9 +11,9 @@
 
 #include "devices/host_emulated/backend.h"
 #include "devices/host_emulated/test_util.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/registry.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::host_emulated::test {
 namespace {

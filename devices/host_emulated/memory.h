@@ -35,9 +35,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/device.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::host_emulated {
 

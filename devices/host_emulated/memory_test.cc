@@ -20,11 +20,11 @@
 #include <gtest/gtest.h>
 
 #include "devices/host_emulated/test_util.h"
-#include "runtime/config.h"
-#include "runtime/deadline.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
 #include "runtime/device/exported_memory.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::host_emulated::test {
 namespace {

@@ -12,8 +12,8 @@
 
 #include <fmt/format.h>
 
-#include "runtime/logging.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/logging.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::host_emulated {
 

@@ -17,7 +17,7 @@
 #include <mutex>
 #include <string>
 
-#include "runtime/deadline.h"
+#include "runtime/core/deadline.h"
 
 namespace kizuna::host_emulated {
 

@@ -18,8 +18,8 @@
 #include <fmt/format.h>
 
 #include "devices/host_emulated/stream_ops.h"
-#include "runtime/host_reduce.h"
-#include "runtime/logging.h"
+#include "runtime/device/host_reduce.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::host_emulated {
 namespace {

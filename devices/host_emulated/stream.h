@@ -51,10 +51,10 @@
 
 #include "devices/host_emulated/memory.h"
 #include "devices/host_emulated/pacer.h"
-#include "runtime/config.h"
-#include "runtime/deadline.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
 #include "runtime/device/device.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::host_emulated {
 

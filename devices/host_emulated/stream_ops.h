@@ -19,10 +19,10 @@
 
 #include <fmt/format.h>
 
-#include "runtime/deadline.h"
+#include "runtime/core/deadline.h"
 #include "runtime/device/device.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::host_emulated::stream_internal {
 

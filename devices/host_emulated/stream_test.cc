@@ -20,10 +20,10 @@
 #include "devices/host_emulated/pacer.h"
 
 #include "devices/host_emulated/test_util.h"
-#include "runtime/config.h"
-#include "runtime/deadline.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::host_emulated::test {
 namespace {

@@ -15,10 +15,10 @@
 #include <gtest/gtest.h>
 
 #include "devices/host_emulated/backend.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/device.h"
 #include "runtime/device/exported_memory.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::host_emulated::test {
 

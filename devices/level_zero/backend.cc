@@ -9,7 +9,7 @@
 #include "devices/level_zero/properties.h"
 #include "devices/level_zero/stream.h"
 #include "runtime/device/registry.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::level_zero {
 namespace {

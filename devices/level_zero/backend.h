@@ -24,9 +24,9 @@
 #include <string>
 
 #include "devices/level_zero/loader.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/device.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::level_zero {
 

@@ -8,9 +8,9 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/registry.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::level_zero {
 namespace {

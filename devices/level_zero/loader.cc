@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::level_zero {
 namespace {

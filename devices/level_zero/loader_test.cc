@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::level_zero {
 namespace {

@@ -22,7 +22,7 @@
 #include <fmt/format.h>
 
 #include "devices/level_zero/backend.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::level_zero {
 namespace {

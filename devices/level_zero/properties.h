@@ -28,7 +28,7 @@ inline constexpr double kPcieEfficiency = 0.87;
 // maxBandwidth -1): PCIe 4.0 x16, 31.5 GB/s theoretical, the link of current Intel data-center
 // GPUs' hosts.
 inline constexpr double kDefaultPcieGbps = 31.5;
-// The CPU reduce the staged path runs (runtime/host_reduce.h, multi-threaded): a 2-input float32
+// The CPU reduce the staged path runs (runtime/device/host_reduce.h, multi-threaded): a 2-input float32
 // sum on host_emulated measured 42.9 GB/s of input read (docs/PERFORMANCE.md; the same figure is
 // the cost model's unknown_reduce_gbps).
 inline constexpr double kHostReduceGbps = 43.0;

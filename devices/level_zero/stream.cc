@@ -14,9 +14,9 @@
 
 #include <fmt/format.h>
 
-#include "runtime/dtype.h"
-#include "runtime/host_reduce.h"
-#include "runtime/logging.h"
+#include "runtime/core/dtype.h"
+#include "runtime/device/host_reduce.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::level_zero {
 namespace {

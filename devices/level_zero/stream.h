@@ -8,7 +8,7 @@
 //    order without barriers or events. The worker does not wait for the copy.
 //  - Reduce and Scale are staged through host memory (no SPIR-V kernels): the worker drains the
 //    list, copies the inputs into the stream's zeMemAllocHost staging memory, drains, reduces
-//    with the CPU (runtime/host_reduce.h, the code behind host_emulated's streams) and appends the
+//    with the CPU (runtime/device/host_reduce.h, the code behind host_emulated's streams) and appends the
 //    copy of the result back. Large operations go in chunks so that staging stays bounded
 //    (kStagingBytes per stream). DeviceProperties::reduce_gbps tells the cost model this path's
 //    throughput (properties.h).
@@ -33,7 +33,7 @@
 
 #include "devices/level_zero/backend.h"
 #include "runtime/device/device.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::level_zero {
 

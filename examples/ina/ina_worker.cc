@@ -21,9 +21,9 @@
 
 #include <fmt/format.h>
 
-#include "collectives/cost_model.h"
+#include "collectives/cost/model.h"
 #include "runtime/communicator.h"
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace kizuna {
 namespace {

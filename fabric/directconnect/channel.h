@@ -29,9 +29,9 @@
 #include <memory>
 #include <optional>
 
-#include "runtime/deadline.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::fabric::directconnect {
 

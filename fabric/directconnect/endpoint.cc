@@ -16,7 +16,7 @@
 
 #include "fabric/directconnect/channel.h"
 #include "fabric/directconnect/transfer.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::directconnect {
 namespace {

@@ -26,8 +26,8 @@
 
 #include "fabric/directconnect/fabric.h"
 #include "fabric/fabric.h"
-#include "runtime/deadline.h"
-#include "runtime/status.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::directconnect {
 

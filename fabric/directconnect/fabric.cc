@@ -13,7 +13,7 @@
 
 #include "fabric/directconnect/endpoint.h"
 #include "fabric/registry.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::directconnect {
 namespace {

@@ -21,7 +21,7 @@
 
 #include "fabric/directconnect/topology.h"
 #include "fabric/fabric.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 
 namespace kizuna::fabric::directconnect {
 

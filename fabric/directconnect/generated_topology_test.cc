@@ -15,8 +15,8 @@
 #include "fabric/directconnect/fabric.h"
 #include "fabric/directconnect/topology.h"
 #include "fabric/fabric.h"
-#include "runtime/config.h"
-#include "runtime/status.h"
+#include "runtime/core/config.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::directconnect {
 namespace {

@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::directconnect {
 namespace {

@@ -20,8 +20,8 @@
 
 #include "fabric/fabric.h"
 #include "runtime/device/device.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::fabric::directconnect {
 

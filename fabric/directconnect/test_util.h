@@ -15,8 +15,8 @@
 
 #include "fabric/directconnect/fabric.h"
 #include "fabric/directconnect/topology.h"
-#include "runtime/config.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/config.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::fabric::directconnect::testing {
 

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <utility>
 
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::directconnect::internal {
 

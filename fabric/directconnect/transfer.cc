@@ -11,7 +11,7 @@
 #include "fabric/directconnect/endpoint.h"
 #include "fabric/directconnect/transfer_internal.h"
 #include "runtime/device/exported_memory.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::directconnect {
 

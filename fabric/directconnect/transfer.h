@@ -42,8 +42,8 @@
 #include "fabric/directconnect/fabric.h"
 #include "fabric/directconnect/memory.h"
 #include "fabric/fabric.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::fabric::directconnect {
 

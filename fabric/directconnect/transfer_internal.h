@@ -17,7 +17,7 @@
 #include "fabric/directconnect/memory.h"
 #include "fabric/directconnect/transfer.h"
 #include "fabric/fabric.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::directconnect {
 

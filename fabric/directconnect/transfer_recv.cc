@@ -8,8 +8,8 @@
 
 #include "fabric/directconnect/endpoint.h"
 #include "fabric/directconnect/transfer_internal.h"
-#include "runtime/host_reduce.h"
-#include "runtime/logging.h"
+#include "runtime/device/host_reduce.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::directconnect {
 

@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #include "fabric/ofi/transfer.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::ofi {
 namespace {

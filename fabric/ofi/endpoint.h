@@ -24,8 +24,8 @@
 #include "fabric/fabric.h"
 #include "fabric/ofi/fabric.h"
 #include "fabric/ofi/link.h"
-#include "runtime/deadline.h"
-#include "runtime/status.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::ofi {
 

@@ -14,7 +14,7 @@
 
 #include "fabric/ofi/endpoint.h"
 #include "fabric/registry.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::ofi {
 namespace {

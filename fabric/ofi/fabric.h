@@ -29,8 +29,8 @@
 
 #include "fabric/fabric.h"
 #include "fabric/ofi/loader.h"
-#include "runtime/config.h"
-#include "runtime/status.h"
+#include "runtime/core/config.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::ofi {
 

@@ -43,9 +43,9 @@
 
 #include "fabric/ofi/fabric.h"
 #include "fabric/ofi/memory.h"
-#include "runtime/deadline.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::fabric::ofi {
 

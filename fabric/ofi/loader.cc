@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::ofi {
 namespace {
@@ -26,7 +26,7 @@ namespace {
 //    ignores it) a message up to this size goes at once, straight into the receive this fabric
 //    has always posted before its send starts (transfer.h), instead of paying rxm's rendezvous
 //    round trips. 2 MiB is the collective executor's chunk when peers are over a network
-//    (collectives/executor_internal.h, kNetworkChunkBytes). Measured between two network
+//    (collectives/executor/internal.h, kNetworkChunkBytes). Measured between two network
 //    namespaces, 2-rank AllReduce: 64 MiB 0.78-0.86 -> 0.98-1.08 GB/s, 1 MiB 0.30-0.47 ->
 //    0.42-0.90 GB/s (docs/RACE.md). Every rank must use the same value: rxm refuses a connection
 //    between endpoints whose eager limits differ.

@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::ofi {
 

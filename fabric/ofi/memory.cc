@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 
 #include "fabric/ofi/fabric.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::ofi {
 

@@ -20,7 +20,7 @@
 #include <memory>
 
 #include "fabric/fabric.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::ofi {
 

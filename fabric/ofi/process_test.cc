@@ -23,7 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "fabric/ofi/test_util.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/unique_fd.h"
 
 extern char** environ;
 

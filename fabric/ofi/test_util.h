@@ -16,7 +16,7 @@
 
 #include "fabric/fabric.h"
 #include "fabric/ofi/fabric.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 
 namespace kizuna::fabric::ofi::testing {
 

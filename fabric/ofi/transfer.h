@@ -51,7 +51,7 @@
 #include "fabric/fabric.h"
 #include "fabric/ofi/link.h"
 #include "fabric/ofi/memory.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::ofi {
 

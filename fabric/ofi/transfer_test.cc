@@ -17,7 +17,7 @@
 #include "fabric/ofi/endpoint.h"
 #include "fabric/ofi/test_util.h"
 #include "fabric/ofi/transfer.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::fabric::ofi {
 namespace {

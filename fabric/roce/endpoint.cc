@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "fabric/roce/transfer.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::roce {
 namespace {

@@ -27,9 +27,9 @@
 #include "fabric/fabric.h"
 #include "fabric/roce/fabric.h"
 #include "fabric/roce/qp.h"
-#include "runtime/deadline.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::fabric::roce {
 

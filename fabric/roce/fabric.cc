@@ -10,7 +10,7 @@
 
 #include "fabric/registry.h"
 #include "fabric/roce/endpoint.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::roce {
 namespace {

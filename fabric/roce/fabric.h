@@ -23,8 +23,8 @@
 #include "fabric/roce/gid.h"
 #include "fabric/roce/loader.h"
 #include "fabric/roce/memory.h"
-#include "runtime/config.h"
-#include "runtime/status.h"
+#include "runtime/core/config.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::roce {
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::roce {
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::roce {
 

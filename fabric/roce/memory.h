@@ -23,7 +23,7 @@
 
 #include "fabric/fabric.h"
 #include "fabric/roce/loader.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::roce {
 

@@ -37,7 +37,7 @@
 #include "fabric/fabric.h"
 #include "fabric/roce/memory.h"
 #include "fabric/roce/qp.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::roce {
 

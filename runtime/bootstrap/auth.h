@@ -40,8 +40,8 @@
 #include <string_view>
 
 #include "runtime/bootstrap/unique_id.h"
-#include "runtime/deadline.h"
-#include "runtime/status.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::bootstrap {
 

@@ -43,8 +43,8 @@
 #include <vector>
 
 #include "runtime/bootstrap/unique_id.h"
-#include "runtime/deadline.h"
-#include "runtime/status.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::bootstrap {
 

@@ -29,9 +29,9 @@
 
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/bootstrap/unique_id.h"
-#include "runtime/config.h"
-#include "runtime/deadline.h"
-#include "runtime/status.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::bootstrap {
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "runtime/bootstrap/unique_id.h"
-#include "runtime/deadline.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::bootstrap::net {
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "runtime/bootstrap/bootstrap.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::bootstrap {
 

@@ -30,9 +30,9 @@
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/bootstrap/socket.h"
 #include "runtime/bootstrap/unique_id.h"
-#include "runtime/deadline.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::bootstrap::tcp {
 

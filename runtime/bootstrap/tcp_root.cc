@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "runtime/bootstrap/tcp_internal.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::bootstrap::tcp {
 

@@ -21,7 +21,7 @@
 #include "runtime/bootstrap/auth.h"
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/bootstrap/test_util.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::bootstrap {
 namespace {

@@ -23,11 +23,11 @@
 
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/bootstrap/unique_id.h"
-#include "runtime/config.h"
-#include "runtime/deadline.h"
-#include "runtime/logging.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/logging.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::bootstrap::testing {
 

@@ -14,7 +14,7 @@
 
 #include "runtime/bootstrap/launch_env.h"
 #include "runtime/bootstrap/socket.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::bootstrap {
 namespace {

@@ -20,9 +20,9 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/config.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/config.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::bootstrap {
 

@@ -6,7 +6,7 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::device {
 namespace {

@@ -26,11 +26,11 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/config.h"
-#include "runtime/deadline.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::device {
 
@@ -131,7 +131,7 @@ class Stream {
   // overlap.
   Status Copy(void* dst, const void* src, size_t bytes);
 
-  // dst[i] = srcs[0][i] op ... op srcs[n-1][i] for i < count (semantics: runtime/host_reduce.h).
+  // dst[i] = srcs[0][i] op ... op srcs[n-1][i] for i < count (semantics: runtime/device/host_reduce.h).
   // dst may be exactly one of the inputs. At least one input. The `srcs` array itself is read
   // during the call only (the pointers are copied); the memory it points to is read when the
   // operation runs.
@@ -147,7 +147,7 @@ class Stream {
 
   // dst[i] = src[i] / divisor for i < count: the division that finishes ReduceOp::kAvg after a
   // sum over all ranks (averages of partial averages would be wrong). Rounding is dtype.h's kAvg
-  // applied to one already-summed input (runtime/host_reduce.h, HostScale): floating types divide
+  // applied to one already-summed input (runtime/device/host_reduce.h, HostScale): floating types divide
   // in the accumulation type (float32 for float16 / bfloat16 / float32, float64 for float64) and
   // round once to the type; integer types truncate toward zero (signed types divide the value as
   // the signed type: -7 / 2 = -3). dst may equal src (in place); any other overlap is invalid.

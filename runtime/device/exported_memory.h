@@ -4,9 +4,9 @@
 // the same memfd / DMA-BUF object.
 #pragma once
 
-#include "runtime/deadline.h"
+#include "runtime/core/deadline.h"
 #include "runtime/device/device.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::device {
 

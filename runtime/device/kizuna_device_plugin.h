@@ -81,7 +81,7 @@ typedef int32_t kz_plugin_result_t;
 #define KZ_PLUGIN_INT64 8
 #define KZ_PLUGIN_UINT64 9
 
-/* Reduction operators (values match kizuna::ReduceOp). Semantics: runtime/host_reduce.h —
+/* Reduction operators (values match kizuna::ReduceOp). Semantics: runtime/device/host_reduce.h —
  * float16/bfloat16 accumulate in float32 and round once; integer sum/prod wrap; avg = sum / n
  * (integers: truncating toward zero). */
 #define KZ_PLUGIN_SUM 0

@@ -21,7 +21,7 @@
 
 #include "runtime/device/kizuna_device_plugin.h"
 #include "runtime/device/plugin_table.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::device {
 namespace {

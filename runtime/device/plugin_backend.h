@@ -5,9 +5,9 @@
 #include <memory>
 #include <string>
 
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/device.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::device {
 

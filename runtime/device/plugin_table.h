@@ -8,7 +8,7 @@
 #include <string>
 
 #include "runtime/device/kizuna_device_plugin.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::device::plugin_table {
 

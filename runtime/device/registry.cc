@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "runtime/device/plugin_backend.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::device {
 namespace {

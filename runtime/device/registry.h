@@ -9,9 +9,9 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/device.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::device {
 

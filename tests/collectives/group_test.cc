@@ -174,7 +174,7 @@ TEST(Communicator, OneThreadRunsAGroupOfEveryRankBeforeReturning) {
 
 // Memory the CPU cannot reach (as a GPU's). 4 ranks on one device (the GPU machine's shape): the
 // calling thread enqueues every rank's part on the ranks' streams. Over 4 devices the ranks share
-// buffers as separate processes do (HostGroup), and groups go through the executors.
+// buffers as separate processes do (SameHostGroup), and groups go through the executors.
 TEST(Communicator, OneThreadEnqueuesAGroupOfEveryRankOnOpaqueDevices) {
   for (int devices : {4, 1}) {
     SCOPED_TRACE(fmt::format("{} device(s)", devices));

@@ -1,7 +1,7 @@
-// HostGroup (collectives/host_group.h) in one process: which devices it takes, and that memory it stops using
+// SameHostGroup (collectives/direct/same_host_group.h) in one process: which devices it takes, and that memory it stops using
 // waits for ReleaseRetired. The protocol between processes is tested by
 // tests/collectives/process_test.sh.
-#include "collectives/host_group.h"
+#include "collectives/direct/same_host_group.h"
 
 #include <memory>
 #include <string>
@@ -10,13 +10,13 @@
 #include <gtest/gtest.h>
 
 #include "devices/host_emulated/backend.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 
 namespace kizuna::collectives {
 namespace {
 
 // One rank's AllGather: its own bytes back.
-HostGroup::AllGather Alone() {
+SameHostGroup::AllGather Alone() {
   return [](std::span<const uint8_t> bytes) -> Result<std::vector<std::vector<uint8_t>>> {
     return std::vector<std::vector<uint8_t>>{std::vector<uint8_t>(bytes.begin(), bytes.end())};
   };
@@ -53,7 +53,7 @@ class HostGroupTest : public testing::Test {
 };
 
 TEST_F(HostGroupTest, AnEmulatedDeviceFormsAGroup) {
-  auto g = HostGroup::Create(0, 1, device(), Alone());
+  auto g = SameHostGroup::Create(0, 1, device(), Alone());
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ((*g)->nranks(), 1);
   EXPECT_EQ((*g)->cached_imports(), 0u);
@@ -64,7 +64,7 @@ TEST_F(HostGroupTest, ADeviceThatCannotNameAllocationsIsNotSupported) {
   // Every fused call would fail when it publishes its buffers: the group is declined at once,
   // so the engine never plans a fused collective through it.
   Unnamed unnamed(device(), &config_);
-  auto g = HostGroup::Create(0, 1, unnamed, Alone());
+  auto g = SameHostGroup::Create(0, 1, unnamed, Alone());
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), StatusCode::kNotSupported) << g.status().ToString();
   EXPECT_NE(g.status().message().find("cannot name the allocation"), std::string::npos) << g.status().ToString();

@@ -1,4 +1,4 @@
-// Staging through host memory (collectives/transport.h): the transport's fallback for fabrics
+// Staging through host memory (collectives/transport/transport.h): the transport's fallback for fabrics
 // that cannot reach a device's memory, and the executor running every collective through it.
 //  - forced (TransportOptions::force_host_staging) on ordinary and on opaque emulated devices:
 //    transports and executors built here directly, since the communicator does not expose the
@@ -22,13 +22,13 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "collectives/algorithm.h"
-#include "collectives/executor.h"
-#include "collectives/transport.h"
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/executor/executor.h"
+#include "collectives/transport/transport.h"
 #include "devices/host_emulated/backend.h"
 #include "fabric/registry.h"
 #include "runtime/bootstrap/in_process.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 #include "tests/collectives/world.h"
 
 namespace kizuna::test {

@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "collectives/algorithm.h"
+#include "collectives/algorithms/algorithm.h"
 #include "tests/collectives/world.h"
 
 namespace kizuna::test {

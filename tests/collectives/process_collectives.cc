@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "collectives/algorithm.h"
+#include "collectives/algorithms/algorithm.h"
 #include "runtime/communicator.h"
 #include "tests/collectives/world.h"
 
@@ -25,7 +25,7 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-// The fused collectives between processes (collectives/host_group.h): AllReduce with counts around
+// The fused collectives between processes (collectives/direct/same_host_group.h): AllReduce with counts around
 // the rank count (empty slices), in place and not, several dtypes and ops, the same buffers again
 // (mapped once) and fresh ones; ReduceScatter, AllGather, Broadcast and Reduce in and out of
 // place. Each rank checks its whole output.
@@ -189,7 +189,7 @@ int FusedFault(Communicator& comm, device::Stream& stream, const std::string& ho
 }
 
 // Plain host memory (malloc), as MPI and Gloo users pass it: AllReduce through the one-shot and
-// the staged fused path (HostGroup::Staged), in place and not, and the other fused collectives; AllToAll, which fused
+// the staged fused path (SameHostGroup::RunStaged), in place and not, and the other fused collectives; AllToAll, which fused
 // does not serve, is refused naming why.
 int HostMemory(Communicator& comm, device::Stream& stream) {
   const int n = comm.size(), r = comm.rank();

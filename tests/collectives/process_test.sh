@@ -28,7 +28,7 @@ else
   for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* cases ok" <<<"$out" || fail "rank $r did not finish (ofi)"; done
 fi
 
-# The fused AllReduce between processes (collectives/host_group.h): 3 ranks, every shape; the same
+# The fused AllReduce between processes (collectives/direct/same_host_group.h): 3 ranks, every shape; the same
 # with opaque device memory (the CPU cannot touch it: the streams translate imported addresses).
 # Frees wait for the device's streams, as cudaFree does (KIZUNA_EMU_SYNC_FREE): a mapping the
 # group drops during an operation, while the caller's stream is held, would fail the run.

@@ -3,7 +3,7 @@
 // ofi over tcp;ofi_rxm, or both, a pair taking the first that serves it), exchanging bytes between
 // staging buffers and control buffers; ring reachability; the registry's list of every available
 // fabric; deadlines when a peer never shows up or never answers.
-#include "collectives/transport.h"
+#include "collectives/transport/transport.h"
 
 #include <chrono>
 #include <cstdint>
@@ -20,9 +20,9 @@
 #include "fabric/fabric.h"
 #include "fabric/registry.h"
 #include "runtime/bootstrap/in_process.h"
-#include "runtime/config.h"
-#include "runtime/logging.h"
-#include "runtime/status.h"
+#include "runtime/core/config.h"
+#include "runtime/core/logging.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::collectives {
 namespace {

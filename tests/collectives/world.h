@@ -28,12 +28,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "collectives/plan.h"
+#include "collectives/plan/plan.h"
 #include "devices/host_emulated/backend.h"
 #include "runtime/communicator.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/registry.h"
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace kizuna::test {
 

@@ -24,12 +24,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "runtime/config.h"
-#include "runtime/deadline.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
 #include "runtime/device/device.h"
 #include "runtime/device/kizuna_device_plugin.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 #include "tests/device_plugin/plugin_test_util.h"
 
 namespace kizuna::device {

@@ -17,7 +17,7 @@
 #include <mutex>
 #include <string>
 
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 
 namespace kizuna::device {
 

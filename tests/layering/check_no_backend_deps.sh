@@ -5,7 +5,7 @@ set -euo pipefail
 deps_file="$1"
 allow_engine="${2:-}"
 [ -s "$deps_file" ] || { echo "dependency list $deps_file is empty: the query did not run"; exit 1; }
-grep -q '^//runtime:core$' "$deps_file" || { echo "the query result does not list //runtime:core"; exit 1; }
+grep -q '^//runtime/core:core$' "$deps_file" || { echo "the query result does not list //runtime/core"; exit 1; }
 pattern='^//(devices|fabric/[^:]+|collectives)[/:]'
 [ "$allow_engine" = "--allow-engine" ] && pattern='^//(devices|fabric/[^:]+)[/:]'
 bad=$(grep -E "$pattern" "$deps_file" || true)

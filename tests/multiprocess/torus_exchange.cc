@@ -24,9 +24,9 @@
 #include "fabric/fabric.h"
 #include "fabric/registry.h"
 #include "runtime/bootstrap/launch_env.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/registry.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna {
 namespace {

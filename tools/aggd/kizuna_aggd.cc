@@ -2,7 +2,7 @@
 // switch). It joins an INA job as one of the ranks after the layout's workers
 // (KIZUNA_INA_LAYOUT), receives the chunks its children stream up, reduces them as they arrive
 // in a bounded number of scratch slots, and sends the result up its tree or back down
-// (collectives/algorithms/ina.cc, collectives/executor_serve.cc). It proves the job's secret like
+// (collectives/algorithms/ina.cc, collectives/executor/serve.cc). It proves the job's secret like
 // every rank (the bootstrap's handshake), so a peer without it never gets a connection.
 //
 //   kizuna-run -n 8 -- worker : -n 2 kizuna-aggd          one job, ranks from the launcher
@@ -25,9 +25,9 @@
 #include "runtime/bootstrap/launch_env.h"
 #include "runtime/bootstrap/unique_id.h"
 #include "runtime/communicator.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/registry.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna {
 namespace {

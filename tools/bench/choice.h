@@ -14,8 +14,8 @@
 #include <string_view>
 #include <vector>
 
-#include "collectives/plan.h"
-#include "runtime/status.h"
+#include "collectives/plan/plan.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::bench {
 

@@ -35,11 +35,11 @@
 #include <string>
 #include <vector>
 
-#include "collectives/plan.h"
+#include "collectives/plan/plan.h"
 #include "runtime/bootstrap/launch_env.h"
-#include "runtime/config.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "runtime/core/config.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 #include "tools/bench/choice.h"
 #include "tools/bench/plot.h"
 #include "tools/bench/report.h"

@@ -25,9 +25,9 @@
 #include <string_view>
 #include <vector>
 
-#include "collectives/plan.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "collectives/plan/plan.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::bench {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace kizuna::bench {
 namespace {

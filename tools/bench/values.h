@@ -7,7 +7,7 @@
 //   sum, avg                   1 + (7q + 3i) mod 5 when (i + q) mod n < 8, else 0  (sums <= 40)
 //   prod                       2 when (i + q) mod n is 0 or 4, else 1              (products <= 4)
 // At most 8 ranks contribute to a sum and 2 to a product, whatever the rank count n, so sums and
-// products stay exact for any n. Avg is the exact sum divided as runtime/dtype.h says (floating
+// products stay exact for any n. Avg is the exact sum divided as runtime/core/dtype.h says (floating
 // types in float32, float64 in float64, rounded once; integers truncated). For the collectives that
 // move data, distinct ranks' inputs differ at every element (for n <= 97) and neighbouring elements
 // of one input differ, so data from the wrong rank or the wrong place is caught.
@@ -22,7 +22,7 @@
 #include <span>
 #include <vector>
 
-#include "runtime/dtype.h"
+#include "runtime/core/dtype.h"
 #include "tools/bench/sweep.h"
 
 namespace kizuna::bench {

@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "runtime/bootstrap/launch_env.h"
-#include "runtime/deadline.h"
-#include "runtime/logging.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/logging.h"
 #include "tools/bench/values.h"
 
 namespace kizuna::bench {

@@ -31,13 +31,13 @@
 #include <string_view>
 #include <vector>
 
-#include "collectives/plan.h"
+#include "collectives/plan/plan.h"
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/communicator.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/registry.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 #include "tools/bench/choice.h"
 #include "tools/bench/sweep.h"
 

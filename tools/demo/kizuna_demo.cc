@@ -34,12 +34,12 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "runtime/config.h"
-#include "runtime/deadline.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
 #include "runtime/device/device.h"
 #include "runtime/device/registry.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 
 namespace kizuna {
 namespace {

@@ -23,11 +23,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/device.h"
 #include "runtime/device/registry.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 
 namespace kizuna {
 namespace {

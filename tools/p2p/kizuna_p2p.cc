@@ -42,10 +42,10 @@
 #include "fabric/registry.h"
 #include "runtime/bootstrap/in_process.h"
 #include "runtime/bootstrap/launch_env.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/registry.h"
-#include "runtime/logging.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/logging.h"
+#include "runtime/core/unique_fd.h"
 #include "tools/p2p/measure.h"
 
 namespace kizuna {

@@ -16,9 +16,9 @@
 
 #include "fabric/fabric.h"
 #include "fabric/registry.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/registry.h"
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 #include "tools/p2p/measure.h"
 
 namespace kizuna::p2p {

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "runtime/bootstrap/bootstrap.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/registry.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::p2p {
 

@@ -16,7 +16,7 @@
 
 #include "collectives/ina/layout.h"
 #include "collectives/ina/planner.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::plan_tool {
 namespace {

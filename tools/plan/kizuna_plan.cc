@@ -41,13 +41,13 @@
 #include <string>
 #include <vector>
 
-#include "collectives/algorithm.h"
-#include "collectives/cost_model.h"
-#include "collectives/plan.h"
-#include "collectives/selector.h"
-#include "collectives/shape.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/cost/model.h"
+#include "collectives/plan/plan.h"
+#include "collectives/cost/selector.h"
+#include "collectives/plan/shape.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
 #include "tools/plan/ina_mode.h"
 
 namespace kizuna {
@@ -482,7 +482,7 @@ void PrintJson(const Setup& s, const Options& o, const std::vector<Row>& rows) {
 }
 
 void PrintConstants(const collectives::CostConstants& k) {
-  fmt::print("# cost model constants (collectives/cost_model.h); override with --cost 'name=value,...'\n");
+  fmt::print("# cost model constants (collectives/cost/model.h); override with --cost 'name=value,...'\n");
   const collectives::CostConstants defaults;
   for (const collectives::CostConstantInfo& c : collectives::CostConstantTable())
     fmt::print("{:<24} {:>6} {:<5} {}\n", c.name, k.*c.field, c.unit,

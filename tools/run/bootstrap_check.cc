@@ -21,8 +21,8 @@
 #include <fmt/format.h>
 
 #include "runtime/bootstrap/launch_env.h"
-#include "runtime/config.h"
-#include "runtime/deadline.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
 
 namespace kizuna {
 namespace {

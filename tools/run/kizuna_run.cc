@@ -33,7 +33,7 @@
 
 #include "runtime/bootstrap/launch_env.h"
 #include "runtime/bootstrap/unique_id.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/unique_fd.h"
 #include "tools/run/launcher.h"
 
 namespace kizuna {

@@ -19,8 +19,8 @@
 
 #include <fmt/format.h>
 
-#include "runtime/deadline.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::run {
 namespace {

@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "runtime/unique_fd.h"
+#include "runtime/core/unique_fd.h"
 
 namespace kizuna::run {
 namespace {

@@ -21,13 +21,13 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "runtime/device/device.h"
 #include "runtime/device/exported_memory.h"
 #include "runtime/device/registry.h"
-#include "runtime/dtype.h"
-#include "runtime/logging.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/logging.h"
+#include "runtime/core/unique_fd.h"
 #include "tests/conformance/device/device_conformance.h"
 
 namespace kizuna::device::conformance {

@@ -17,8 +17,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "runtime/dtype.h"
-#include "runtime/half.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/half.h"
 #include "tests/conformance/device/device_conformance.h"
 #include "tests/conformance/device/reference_reduce.h"
 

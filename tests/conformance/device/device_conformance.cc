@@ -32,8 +32,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "runtime/deadline.h"
-#include "runtime/status.h"
+#include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::device::conformance {
 

@@ -40,11 +40,11 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/config.h"
-#include "runtime/deadline.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
 #include "runtime/device/device.h"
 #include "runtime/device/registry.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::device::conformance {
 

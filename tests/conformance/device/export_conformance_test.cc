@@ -31,7 +31,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/device/exported_memory.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/unique_fd.h"
 #include "tests/conformance/device/device_conformance.h"
 
 extern char** environ;

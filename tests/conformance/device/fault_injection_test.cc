@@ -19,8 +19,8 @@
 #include <gtest/gtest.h>
 
 #include "devices/host_emulated/backend.h"
-#include "runtime/config.h"
-#include "runtime/dtype.h"
+#include "runtime/core/config.h"
+#include "runtime/core/dtype.h"
 #include "tests/conformance/device/device_conformance.h"
 
 namespace kizuna::device::conformance {

@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "runtime/dtype.h"
+#include "runtime/core/dtype.h"
 #include "tests/conformance/device/device_conformance.h"
 
 namespace kizuna::device::conformance {

@@ -1,6 +1,6 @@
 // Reference reductions for the data tests (data_conformance_test.cc).
 //
-// Computed on the CPU from host copies of the inputs, independent of runtime/host_reduce.cc:
+// Computed on the CPU from host copies of the inputs, independent of runtime/device/host_reduce.cc:
 //  - integers: exact modular arithmetic in uint64 (sum, prod wrap modulo 2^bits; avg is the
 //    wrapped sum reinterpreted in the type, divided truncating toward zero — dtype.h);
 //  - float32 / float64: the exact-as-possible value in long double, compared with an error bound
@@ -25,8 +25,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "runtime/dtype.h"
-#include "runtime/half.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/half.h"
 #include "tests/conformance/device/device_conformance.h"
 
 namespace kizuna::device::conformance {

@@ -21,7 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "fabric/directconnect/topology.h"
-#include "runtime/config.h"
+#include "runtime/core/config.h"
 #include "tests/conformance/fabric/fabric_conformance.h"
 
 namespace {

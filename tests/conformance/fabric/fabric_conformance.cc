@@ -26,7 +26,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/logging.h"
+#include "runtime/core/logging.h"
 
 namespace kizuna::fabric::conformance {
 namespace {

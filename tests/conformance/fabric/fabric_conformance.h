@@ -34,10 +34,10 @@
 
 #include "fabric/fabric.h"
 #include "fabric/registry.h"
-#include "runtime/config.h"
-#include "runtime/deadline.h"
+#include "runtime/core/config.h"
+#include "runtime/core/deadline.h"
 #include "runtime/device/registry.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::fabric::conformance {
 

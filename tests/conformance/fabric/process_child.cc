@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "runtime/device/registry.h"
-#include "runtime/unique_fd.h"
+#include "runtime/core/unique_fd.h"
 #include "tests/conformance/fabric/fabric_conformance.h"
 
 namespace kizuna::fabric::conformance {

@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "runtime/unique_fd.h"
+#include "runtime/core/unique_fd.h"
 #include "tests/conformance/fabric/fabric_conformance.h"
 
 extern char** environ;

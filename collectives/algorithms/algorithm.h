@@ -1,0 +1,48 @@
+// The algorithm interface: one implementation per file in collectives/algorithms/, each serving
+// every collective it supports (DESIGN.md section 11), found through AllAlgorithms().
+//
+// An algorithm answers two questions: can you serve this request on this communicator
+// (Supports: ok, or kNotSupported with the reason, so the selector tries the next candidate —
+// STYLE habit 5), and what does rank r do (Build: a RankPlan, see plan.h for the semantics).
+// Costs are not here: the cost model (cost_model.h) predicts every algorithm's time from the
+// same shape, as formulas with named constants.
+//
+// Build is pure: the same inputs give the same plan on every rank and every run.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "collectives/plan/plan.h"
+#include "collectives/plan/shape.h"
+#include "runtime/core/status.h"
+
+namespace kizuna::collectives {
+
+class AlgorithmImpl {
+ public:
+  virtual ~AlgorithmImpl() = default;
+  virtual Algorithm id() const = 0;
+
+  // ok, or kNotSupported naming why (a collective it does not implement, a peer pair the shape
+  // cannot reach, in-place AllToAll, ...). Requests are already validated (count, dtype, root).
+  virtual Status Supports(const CollectiveRequest& request, const CommShape& shape) const = 0;
+
+  // Rank `rank`'s steps. Called only after Supports said ok. The request's op is never kAvg here
+  // (BuildPlan asks for kSum and adds the epilogue); RankPlan::epilogue is left empty.
+  virtual Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape,
+                                 const PlanOptions& options, int rank) const = 0;
+};
+
+// Every algorithm, indexed by Algorithm value (AllAlgorithms()[static_cast<int>(a)]->id() == a).
+std::span<const AlgorithmImpl* const> AllAlgorithms();
+const AlgorithmImpl& GetAlgorithm(Algorithm a);
+
+// The one entry point that builds a plan: Supports, then Build for `rank` (or for every rank
+// when rank < 0, for tools and tests), then the avg epilogue, then ValidateRankPlan on every
+// rank built. kNotSupported from Supports is passed through; a plan that fails validation is
+// kInternal (an algorithm bug).
+Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+                       const PlanOptions& options, int rank);
+
+}  // namespace kizuna::collectives

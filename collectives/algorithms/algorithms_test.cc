@@ -1,0 +1,275 @@
+// Every algorithm x collective through BuildPlan (all ranks) and SimulatePlan, checked against
+// the independent reference (reference.h). Deterministic mode and heterogeneous splits are
+// algorithms_order_test.cc; Supports and BuildPlan's argument checks algorithm_test.cc, the
+// simulator's own reports simulate_test.cc.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/plan/plan.h"
+#include "collectives/algorithms/reference.h"
+#include "collectives/plan/shape.h"
+#include "collectives/algorithms/simulate.h"
+#include "runtime/core/half.h"
+
+#include "collectives/algorithms/algorithms_test_util.h"
+
+namespace kizuna::collectives {
+namespace {
+
+using namespace algotest;  // NOLINT(build/namespaces): the helpers of these tests
+
+TEST(AlgorithmsTest, TableIsIndexedByAlgorithm) {
+  ASSERT_EQ(AllAlgorithms().size(), static_cast<size_t>(kNumAlgorithms));
+  for (int a = 0; a < kNumAlgorithms; ++a) {
+    EXPECT_EQ(AllAlgorithms()[static_cast<size_t>(a)]->id(), static_cast<Algorithm>(a));
+    EXPECT_EQ(&GetAlgorithm(static_cast<Algorithm>(a)), AllAlgorithms()[static_cast<size_t>(a)]);
+  }
+}
+
+TEST(AlgorithmsTest, SupportsExactlyTheDocumentedCollectives) {
+  for (int a = 0; a < kNumAlgorithms; ++a)
+    for (int c = 0; c < kNumCollectives; ++c) {
+      const auto algo = static_cast<Algorithm>(a);
+      const auto coll = static_cast<Collective>(c);
+      CollectiveRequest req{coll, 4, 16, DataType::kFloat32, ReduceOp::kSum, 1, false};
+      if (coll == Collective::kBarrier) req.count = 0;
+      CommShape shape = Full(4);
+      shape.direct = true;  // fused needs it; nothing else looks at it
+      const Status s = GetAlgorithm(algo).Supports(req, shape);
+      const bool listed = std::find(SupportedPairs().begin(), SupportedPairs().end(), std::pair(algo, coll)) !=
+                          SupportedPairs().end();
+      EXPECT_EQ(s.ok(), listed) << AlgorithmName(algo) << " " << CollectiveName(coll) << ": " << s.ToString();
+      if (!listed) {
+        EXPECT_EQ(s.code(), StatusCode::kNotSupported);
+        EXPECT_NE(s.message().find(CollectiveName(coll)), std::string::npos) << s.message();
+      }
+    }
+}
+
+TEST(AlgorithmsTest, FusedNeedsDirectAccessAndCarriesNoSteps) {
+  CollectiveRequest req{Collective::kAllReduce, 4, 16, DataType::kFloat32, ReduceOp::kAvg, 0, false};
+  const Status s = GetAlgorithm(Algorithm::kFused).Supports(req, Full(4));
+  EXPECT_EQ(s.code(), StatusCode::kNotSupported);
+  EXPECT_NE(s.message().find("directly"), std::string::npos) << s.message();
+  CommShape shape = Full(4);
+  shape.direct = true;
+  PlanOptions options;
+  Result<Plan> plan = BuildPlan(Algorithm::kFused, req, shape, options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->request.op, ReduceOp::kAvg);  // divided in its one pass: the executor reads it here
+  for (const RankPlan& r : plan->ranks) {
+    EXPECT_EQ(r.step_count(), 0u);
+    EXPECT_TRUE(r.epilogue.empty());
+  }
+}
+
+// The structural matrix: every rank count, count, placement, chunk, channel count and window,
+// for one (algorithm, collective) pair; dtype x op cycle through all 50 combinations (10 x 5)
+// across the matrix, and roots through every rank.
+class MatrixTest : public testing::TestWithParam<std::pair<Algorithm, Collective>> {};
+
+TEST_P(MatrixTest, MatchesReference) {
+  const auto [algo, coll] = GetParam();
+  const bool reduction = IsReduction(coll);
+  uint64_t index = 0;
+  std::vector<bool> seen(kNumDataTypes * kNumReduceOps, false);
+  for (int p : kRankCounts)
+    for (uint64_t count : kCounts)
+      for (bool in_place : {false, true})
+        for (uint64_t chunk : kChunks)
+          for (int channels : kChannels)
+            for (int window : kWindows) {
+              if (coll == Collective::kBarrier && (count != 0 || in_place)) continue;
+              if (coll == Collective::kAllToAll && in_place) continue;  // not supported (SupportsTest)
+              Case c;
+              c.coll = coll;
+              c.algo = algo;
+              c.p = p;
+              c.count = count;
+              c.in_place = in_place;
+              c.chunk = chunk;
+              c.channels = channels;
+              c.window = window;
+              const uint64_t combo = index++;
+              c.dtype = static_cast<DataType>(combo % kNumDataTypes);
+              c.op = reduction ? static_cast<ReduceOp>((combo / kNumDataTypes) % kNumReduceOps) : ReduceOp::kSum;
+              c.root = static_cast<int>(combo % static_cast<uint64_t>(p));
+              seen[static_cast<size_t>(c.dtype) * kNumReduceOps + static_cast<size_t>(c.op)] = true;
+              ASSERT_TRUE(RunExact(c));
+              // Deterministic mode builds different plans for the reductions: run them over
+              // most of the matrix too (the one-element chunks are the slow part, and the chunks
+              // of 3 cover the same uneven splits).
+              if (reduction && window == 2 && chunk != 1) {
+                c.deterministic = true;
+                ASSERT_TRUE(RunExact(c));
+              }
+            }
+  for (int t = 0; t < kNumDataTypes; ++t)
+    for (int o = 0; o < (reduction ? kNumReduceOps : 1); ++o)
+      EXPECT_TRUE(seen[static_cast<size_t>(t * kNumReduceOps + o)])
+          << DataTypeName(static_cast<DataType>(t)) << " " << ReduceOpName(static_cast<ReduceOp>(o));
+}
+
+std::vector<std::pair<Algorithm, Collective>> SimulatedPairs() {
+  std::vector<std::pair<Algorithm, Collective>> v;
+  for (const auto& pair : SupportedPairs())
+    // p2p pairs ranks; fused has no steps (the executor runs it directly, tests/collectives).
+    if (pair.first != Algorithm::kP2p && pair.first != Algorithm::kFused) v.push_back(pair);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MatrixTest, testing::ValuesIn(SimulatedPairs()), [](const auto& info) {
+  return fmt::format("{}_{}", AlgorithmName(info.param.first), CollectiveName(info.param.second));
+});
+
+// Larger and odd communicators, fewer combinations: deeper trees, more fold pairs.
+TEST(AlgorithmsTest, LargerCommunicators) {
+  for (const auto& [algo, coll] : SimulatedPairs())
+    for (int p : {12, 31, 32, 33}) {
+      Case c;
+      c.coll = coll;
+      c.algo = algo;
+      c.p = p;
+      c.count = coll == Collective::kBarrier ? 0 : 100;
+      c.chunk = 7;
+      c.channels = 2;
+      c.dtype = DataType::kInt32;
+      c.root = p / 3;
+      ASSERT_TRUE(RunExact(c));
+    }
+}
+
+// Tree plans follow one global order of transfers (tree.cc), so they need no window at all
+// beyond the step in progress.
+TEST(AlgorithmsTest, TreesCompleteWithAWindowOfOne) {
+  for (Collective coll : {Collective::kAllReduce, Collective::kBroadcast, Collective::kReduce})
+    for (int p : kRankCounts)
+      for (uint64_t chunk : {uint64_t{1}, uint64_t{3}})
+        for (int channels : {1, 2}) {
+          Case c;
+          c.coll = coll;
+          c.algo = Algorithm::kTree;
+          c.p = p;
+          c.count = 41;
+          c.chunk = chunk;
+          c.channels = channels;
+          c.window = 1;
+          c.dtype = DataType::kInt64;
+          c.root = p / 2;
+          ASSERT_TRUE(RunExact(c));
+        }
+}
+
+// Building one rank gives exactly that rank of the all-ranks plan, and building is pure.
+TEST(AlgorithmsTest, SingleRankPlanEqualsItsPartOfTheWhole) {
+  for (const auto& [algo, coll] : SimulatedPairs())
+    for (bool deterministic : {false, true}) {
+      const CollectiveRequest req{coll, 6, coll == Collective::kBarrier ? 0u : 50u, DataType::kFloat32,
+                                  ReduceOp::kAvg, 4, false};
+      PlanOptions options;
+      options.chunk_count = 4;
+      options.channels = 2;
+      options.deterministic = deterministic;
+      Result<Plan> all = BuildPlan(algo, req, Full(6), options, -1);
+      ASSERT_TRUE(all.ok()) << all.status().ToString();
+      for (int r = 0; r < 6; ++r) {
+        Result<Plan> one = BuildPlan(algo, req, Full(6), options, r);
+        ASSERT_TRUE(one.ok()) << one.status().ToString();
+        ASSERT_EQ(one->ranks.size(), 1u);
+        const RankPlan& a = one->ranks[0];
+        const RankPlan& b = all->ranks[static_cast<size_t>(r)];
+        EXPECT_EQ(a.rank, r);
+        EXPECT_TRUE(a.channels == b.channels && a.epilogue == b.epilogue && a.scratch_count == b.scratch_count &&
+                    a.divisor == b.divisor)
+            << AlgorithmName(algo) << " " << CollectiveName(coll) << " rank " << r;
+      }
+    }
+}
+
+TEST(AlgorithmsTest, AvgAddsAScaleEpilogueOnTheRanksThatComputeResults) {
+  PlanOptions options;
+  options.chunk_count = 10;
+  const CollectiveRequest reduce{Collective::kReduce, 4, 25, DataType::kFloat32, ReduceOp::kAvg, 2, false};
+  Result<Plan> plan = BuildPlan(Algorithm::kRing, reduce, Full(4), options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (const RankPlan& rp : plan->ranks) {
+    if (rp.rank != 2) {
+      EXPECT_TRUE(rp.epilogue.empty()) << rp.rank;
+      continue;
+    }
+    EXPECT_EQ(rp.divisor, 4u);
+    uint64_t scaled = 0;
+    for (const Step& s : rp.epilogue)
+      if (s.kind == StepKind::kScale) {
+        EXPECT_LE(s.count(), 10u);
+        scaled += s.count();
+      }
+    EXPECT_EQ(scaled, 25u);  // the whole output, in chunks
+  }
+  // Other collectives' plans carry no epilogue and the sum's op.
+  const CollectiveRequest sum{Collective::kAllReduce, 4, 25, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  Result<Plan> plain = BuildPlan(Algorithm::kRing, sum, Full(4), options, 0);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->ranks[0].epilogue.empty());
+}
+
+// ---- Send / Recv -----------------------------------------------------------------------------
+
+// A Send plan and the matching Recv plan are one Plan's worth of steps each (a Plan holds one
+// request), so the pair is matched here: per channel, the k-th send is the k-th receive.
+TEST(AlgorithmsTest, SendAndRecvMatchChunkByChunk) {
+  for (int p : {2, 5})
+    for (uint64_t count : kCounts)
+      for (uint64_t chunk : kChunks)
+        for (int channels : kChannels) {
+          const int from = p - 1, to = p / 2 - (p == 2 ? 1 : 0);
+          PlanOptions options;
+          options.chunk_count = chunk;
+          options.channels = channels;
+          const CollectiveRequest send{Collective::kSend, p, count, DataType::kUint8, ReduceOp::kSum, to, false};
+          const CollectiveRequest recv{Collective::kRecv, p, count, DataType::kUint8, ReduceOp::kSum, from, false};
+          Result<Plan> s = BuildPlan(Algorithm::kP2p, send, Full(p), options, from);
+          Result<Plan> r = BuildPlan(Algorithm::kP2p, recv, Full(p), options, to);
+          ASSERT_TRUE(s.ok() && r.ok()) << s.status().ToString() << r.status().ToString();
+          const RankPlan& sp = s->ranks[0];
+          const RankPlan& rp = r->ranks[0];
+          ASSERT_EQ(sp.channels.size(), rp.channels.size());
+          Bytes in(count), out(count, kSentinel);
+          for (uint64_t i = 0; i < count; ++i) in[i] = static_cast<uint8_t>(i * 37 + 11);
+          for (size_t c = 0; c < sp.channels.size(); ++c) {
+            const auto& a = sp.channels[c];
+            const auto& b = rp.channels[c];
+            ASSERT_EQ(a.size(), b.size());
+            for (size_t k = 0; k < a.size(); ++k) {
+              ASSERT_EQ(a[k].kind, StepKind::kSend);
+              ASSERT_EQ(a[k].peer, to);
+              ASSERT_EQ(b[k].kind, StepKind::kRecv);
+              ASSERT_EQ(b[k].peer, from);
+              ASSERT_EQ(a[k].count(), b[k].count());
+              ASSERT_LE(a[k].count(), chunk);
+              std::memcpy(out.data() + b[k].dst.offset, in.data() + a[k].srcs[0].offset, a[k].count());
+            }
+          }
+          EXPECT_EQ(out, in) << "p=" << p << " count=" << count << " chunk=" << chunk << " channels=" << channels;
+          // Built for every rank: each other rank sends to the peer, which itself does nothing.
+          Result<Plan> every = BuildPlan(Algorithm::kP2p, send, Full(p), options, -1);
+          ASSERT_TRUE(every.ok());
+          EXPECT_EQ(every->ranks[static_cast<size_t>(to)].step_count(), 0u);
+        }
+}
+
+}  // namespace
+}  // namespace kizuna::collectives

@@ -1,0 +1,64 @@
+// The algorithm implementations, one file each (DESIGN.md section 11), reached through
+// AllAlgorithms() in algorithm.h; and the direct exchange that pairwise.cc implements and the
+// deterministic mode of every reduction algorithm reuses.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/algorithms/common.h"
+#include "collectives/plan/plan.h"
+
+namespace kizuna::collectives::algo {
+
+const AlgorithmImpl& RingAlgorithm();      // ring.cc
+const AlgorithmImpl& TreeAlgorithm();      // tree.cc
+const AlgorithmImpl& RhdAlgorithm();       // rhd.cc
+const AlgorithmImpl& RdAlgorithm();        // rd.cc
+const AlgorithmImpl& PairwiseAlgorithm();  // pairwise.cc
+const AlgorithmImpl& P2pAlgorithm();       // p2p.cc
+const AlgorithmImpl& FusedAlgorithm();     // fused.cc
+const AlgorithmImpl& InaAlgorithm();       // ina.cc
+
+// A part of the data that one rank reduces.
+struct OwnedPart {
+  int owner = -1;
+  Range contribution;  // every rank's contribution: its input elements in this range
+  Slice result;        // where the reduction goes (contribution.count elements): written by the
+                       // owner, and by AllGather on every other rank
+};
+
+// The direct exchange (pairwise.cc): every rank sends its contribution to a part straight to
+// the part's owner, which reduces all nranks contributions with one kReduce whose sources are in
+// rank order 0..nranks-1. That order does not depend on the algorithm, chunk size or channel
+// around it, which is what deterministic mode (PlanOptions::deterministic) rests on. Cost: each
+// owner receives (nranks-1) contributions of its part and keeps kScratchSlots chunks of each in
+// scratch; it needs every (rank, owner) link.
+//
+// Phases (common.h): for each chunk, nranks-1 exchanges "send to rank+d, receive from rank-d",
+// then the owner's reduction (local), then optionally the allgather's nranks-1 exchanges.
+class DirectExchange {
+ public:
+  // At most one part per owner. Reserves the scratch the owner needs.
+  DirectExchange(Builder& b, int channel, std::vector<OwnedPart> parts);
+
+  // Chunks of the largest part: call Reduce (and AllGather) for k = 0..rounds()-1.
+  uint64_t rounds() const { return rounds_; }
+  // Chunk k of every part to its owner, and the owner's ordered reduction of it.
+  void Reduce(uint64_t k);
+  // Chunk k of every part's result, from its owner to every other rank's `result` slice.
+  void AllGather(uint64_t k);
+
+ private:
+  Builder& b_;
+  int channel_;
+  std::vector<OwnedPart> parts_;
+  std::vector<int> part_of_;  // rank -> index into parts_, or -1
+  uint64_t rounds_ = 0;
+  uint64_t slot_ = 0;    // elements per scratch slot
+  uint64_t sets_ = 0;    // slot sets, each (nranks-1) slots, used round-robin by chunk
+  uint64_t base_ = 0;    // scratch offset
+};
+
+}  // namespace kizuna::collectives::algo

@@ -1,0 +1,283 @@
+#include "collectives/cost/model.h"
+
+#include "collectives/cost/model_internal.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kizuna::collectives {
+namespace cost_internal {
+
+bool Model::Resolve() {
+  if (p_ < 1) {
+    Fail(fmt::format("{} ranks", p_));
+    return false;
+  }
+  if (shape_.nranks != p_ || shape_.ranks.size() != static_cast<size_t>(p_) ||
+      shape_.links.size() != static_cast<size_t>(p_) * static_cast<size_t>(p_)) {
+    Fail(fmt::format("the shape describes {} ranks ({} rank and {} link entries), the request {}", shape_.nranks,
+                     shape_.ranks.size(), shape_.links.size(), p_));
+    return false;
+  }
+  elem_ = static_cast<double>(DataTypeSize(req_.dtype));
+  if (elem_ == 0) {
+    Fail("invalid dtype");
+    return false;
+  }
+  if (opt_.chunk_count < 1 || opt_.channels < 1) {
+    Fail(fmt::format("invalid plan options (chunk_count {}, channels {})", opt_.chunk_count, opt_.channels));
+    return false;
+  }
+  if (HasRoot(req_.collective) && (req_.root < 0 || req_.root >= p_)) {
+    Fail(fmt::format("root {} out of range for {} ranks", req_.root, p_));
+    return false;
+  }
+  p2_ = 1 << FloorLog2(static_cast<uint64_t>(p_));
+  rem_ = p_ - p2_;
+  const auto n = static_cast<size_t>(p_);
+  copy_.resize(n);
+  staging_.resize(n);
+  reduce_.resize(n);
+  launch_.resize(n);
+  for (size_t r = 0; r < n; ++r) {
+    const RankDesc& d = shape_.ranks[r];
+    const double copy = Known(d.copy_gbps) ? d.copy_gbps : k_.unknown_copy_gbps;
+    copy_[r] = 1.0 / (copy * 1e9);
+    staging_[r] = 1.0 / (std::min(copy, k_.staging_copy_max_gbps) * 1e9);
+    reduce_[r] = 1.0 / ((Known(d.reduce_gbps) ? d.reduce_gbps : k_.unknown_reduce_gbps) * 1e9);
+    launch_[r] = (Known(d.launch_us) ? d.launch_us : k_.unknown_launch_us) * 1e-6;
+  }
+  host_.emplace(shape_, k_);
+  cpu_.assign(n, 0);
+  wout_.assign(n, 0);
+  win_.assign(n, 0);
+  stage_.assign(n, 0);
+  red_.assign(n, 0);
+  touched_mark_.assign(n, 0);
+  return true;
+}
+
+StageCost Model::Cost(const std::vector<Hop>& hops, double bytes, int channels) {
+  StageCost c;
+  double latency = 0;
+  const double message = (k_.message_overhead_us + k_.step_overhead_us) * 1e-6;
+  auto touch = [&](int r) {
+    if (!touched_mark_[static_cast<size_t>(r)]) {
+      touched_mark_[static_cast<size_t>(r)] = 1;
+      touched_.push_back(r);
+    }
+  };
+  for (const Hop& h : hops) {
+    if (!shape_.Reachable(h.from, h.to)) {
+      c.ok = false;
+      c.note = fmt::format("it would use link {}->{}, which is unreachable", h.from, h.to);
+      break;
+    }
+    const auto from = static_cast<size_t>(h.from), to = static_cast<size_t>(h.to);
+    const LinkDesc& l = shape_.link(h.from, h.to);
+    // Empty messages (barriers) need no device work: no staging copy, nothing to reduce.
+    const bool data = bytes > 0;
+    latency = std::max(latency, Latency(l) + (data && l.staged ? launch_[from] : 0.0) +
+                                    (data && (l.staged || h.reduce) ? launch_[to] : 0.0));
+    touch(h.from);
+    touch(h.to);
+    host_->Join(h.from, /*executor=*/true);
+    host_->Join(h.to, /*executor=*/true);
+    cpu_[from] += message;
+    cpu_[to] += message;
+    if (data) {
+      const double wire = bytes * WirePerByte(l);
+      wout_[from] += wire;
+      win_[to] += wire;
+      // Memory traffic of each channel's message: read at the sender, written at the receiver,
+      // each staging copy a read and a write, a reduction two reads and a write.
+      const double traffic = bytes * static_cast<double>(channels);
+      host_->Traffic(h.from, traffic * (l.staged ? 3 : 1));
+      host_->Traffic(h.to, traffic * ((l.staged && !h.reduce ? 3 : 1) + (h.reduce ? 3 : 0)));
+      if (l.staged) stage_[from] += bytes * staging_[from];
+      if (h.reduce)
+        red_[to] += 2.0 * bytes * reduce_[to];
+      else if (l.staged)
+        stage_[to] += bytes * staging_[to];
+    }
+  }
+  // The critical rank: the largest per-rank time, the lowest rank on a tie.
+  int worst = -1;
+  double worst_time = -1;
+  for (int r : touched_) {
+    const auto i = static_cast<size_t>(r);
+    const double t = cpu_[i] + std::max(wout_[i], win_[i]) + stage_[i] + red_[i];
+    if (t > worst_time || (t == worst_time && r < worst)) {
+      worst = r;
+      worst_time = t;
+    }
+  }
+  const cost_internal::HostSharing::Extra host = host_->End(worst);
+  if (c.ok && worst >= 0) {
+    const auto i = static_cast<size_t>(worst);
+    const double ch = static_cast<double>(channels) * host.slowdown;
+    c.alpha = latency + host.wake_s + ch * cpu_[i];
+    c.beta = ch * (std::max(wout_[i], win_[i]) + stage_[i]);
+    c.gamma = ch * red_[i];
+    c.beta += std::max(0.0, host.memory_s - c.beta - c.gamma);
+  }
+  for (int r : touched_) {
+    const auto i = static_cast<size_t>(r);
+    cpu_[i] = wout_[i] = win_[i] = stage_[i] = red_[i] = 0;
+    touched_mark_[i] = 0;
+  }
+  touched_.clear();
+  return c;
+}
+
+void Model::Add(std::string_view label, const StageCost& cost, double repeat) {
+  if (failed_ || repeat <= 0) return;
+  if (!cost.ok) return Fail(cost.note);
+  pred_.alpha_s += repeat * cost.alpha;
+  pred_.beta_s += repeat * cost.beta;
+  pred_.gamma_s += repeat * cost.gamma;
+  pred_.stages += repeat;
+  if (!phases_.empty() && phases_.back().first == label)
+    phases_.back().second += repeat;
+  else
+    phases_.emplace_back(std::string(label), repeat);
+}
+
+void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t elems, int rank) {
+  std::vector<int> ranks;
+  for (int r = rank < 0 ? 0 : rank; r < (rank < 0 ? p_ : rank + 1); ++r) ranks.push_back(r);
+  Local(label, kind, inputs, elems, ranks);
+}
+
+// The slowest of `ranks` doing the work at the same time.
+void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t elems, const std::vector<int>& ranks) {
+  const Split s = SplitElems(elems);
+  if (s.chunks == 0 || failed_) return;
+  const double ch = static_cast<double>(s.channels);
+  StageCost worst;
+  double worst_time = -1;
+  int critical = -1;
+  for (int r : ranks) {
+    const auto i = static_cast<size_t>(r);
+    StageCost c;
+    c.alpha = launch_[i] + ch * k_.step_overhead_us * 1e-6;
+    if (kind == LocalKind::kCopy)
+      c.beta = ch * s.bytes * copy_[i];
+    else if (kind == LocalKind::kScale)  // one input read, one output written: a copy's traffic
+      c.gamma = ch * s.bytes * copy_[i];
+    else
+      c.gamma = ch * static_cast<double>(inputs) * s.bytes * reduce_[i];
+    host_->Join(r);
+    host_->Traffic(r, ch * s.bytes * (kind == LocalKind::kReduce ? static_cast<double>(inputs) + 1 : 2));
+    if (c.total() > worst_time) {
+      worst = c;
+      worst_time = c.total();
+      critical = r;
+    }
+  }
+  const cost_internal::HostSharing::Extra host = host_->End(critical);
+  worst.beta *= host.slowdown;
+  worst.gamma *= host.slowdown;
+  worst.beta += std::max(0.0, host.memory_s - worst.beta - worst.gamma);
+  Add(label, worst, s.chunks);
+}
+
+std::vector<Hop> Model::RingHops(bool reduce) const {
+  std::vector<Hop> hops;
+  hops.reserve(static_cast<size_t>(p_));
+  for (int r = 0; r < p_; ++r) hops.push_back({r, (r + 1) % p_, reduce});
+  return hops;
+}
+
+// The p-1 hops of a chain along the ring: from the root onwards (broadcast), or from root+1
+// onwards ending at the root (reduce).
+std::vector<Hop> Model::ChainHops(int first, bool reduce) const {
+  std::vector<Hop> hops;
+  for (int i = 0; i + 1 < p_; ++i) hops.push_back({(first + i) % p_, (first + i + 1) % p_, reduce});
+  return hops;
+}
+
+Prediction Model::Run(Algorithm a) {
+  const auto ai = static_cast<int>(a);
+  if (ai < 0 || ai >= kNumAlgorithms) {
+    Fail(fmt::format("algorithm {} does not exist", ai));
+  } else if (!Serves(a, req_.collective)) {
+    Fail(fmt::format("{} does not serve {}", AlgorithmName(a), CollectiveName(req_.collective)));
+  } else if (Resolve()) {
+    const Collective c = req_.collective;
+    const bool send_recv = c == Collective::kSend || c == Collective::kRecv;
+    if (send_recv && p_ < 2) Fail(fmt::format("{} needs a peer: the communicator has one rank", CollectiveName(c)));
+    // Local copies the algorithms make of the rank's own data.
+    if (c == Collective::kAllToAll || (c == Collective::kAllGather && !req_.in_place && p_ > 1))
+      Local("own block copy", LocalKind::kCopy, 1, req_.count, -1);
+    if (c == Collective::kBroadcast && !req_.in_place && p_ > 1)
+      Local("root copy", LocalKind::kCopy, 1, req_.count, req_.root);
+    if (p_ == 1) {
+      if (!req_.in_place && c != Collective::kAllToAll && req_.output_count() > 0)
+        Local("copy", LocalKind::kCopy, 1, req_.output_count(), -1);
+    } else if (opt_.deterministic && IsReduction(c) && a != Algorithm::kFused) {  // fused: rank order already
+      Deterministic(a);
+    } else {
+      Body(a);
+    }
+    if (req_.op == ReduceOp::kAvg && IsReduction(c) && a != Algorithm::kFused)  // fused divides in its pass
+      Local("avg epilogue", LocalKind::kScale, 1, req_.count, c == Collective::kReduce ? req_.root : -1);
+  }
+  if (failed_) {
+    Prediction out;
+    out.note = note_;
+    return out;
+  }
+  pred_.seconds = pred_.alpha_s + pred_.beta_s + pred_.gamma_s;
+  if (!(pred_.seconds < kInf)) {  // NaN or infinite: constants with a zero speed
+    Prediction out;
+    out.note = "the constants or the shape give an infinite cost (a zero speed?)";
+    return out;
+  }
+  for (size_t i = 0; i < phases_.size(); ++i)
+    pred_.structure += fmt::format("{}{} {}", i ? " + " : "", phases_[i].first, phases_[i].second);
+  if (phases_.empty()) pred_.structure = "nothing to do";
+  return pred_;
+}
+
+}  // namespace cost_internal
+
+using cost_internal::kInf;
+using cost_internal::Model;
+
+std::string FormatSeconds(double seconds) {
+  if (!(seconds < kInf)) return "inf";
+  if (seconds < 1e-6) return fmt::format("{:.3g} ns", seconds * 1e9);
+  if (seconds < 1e-3) return fmt::format("{:.3g} us", seconds * 1e6);
+  if (seconds < 1.0) return fmt::format("{:.3g} ms", seconds * 1e3);
+  return fmt::format("{:.3g} s", seconds);
+}
+
+std::string Prediction::ToString() const {
+  if (!finite()) return fmt::format("no prediction: {}", note.empty() ? "unknown" : note);
+  return fmt::format("{} (alpha {}, beta {}, gamma {}; {} stages: {})", FormatSeconds(seconds), FormatSeconds(alpha_s),
+                     FormatSeconds(beta_s), FormatSeconds(gamma_s), stages, structure);
+}
+
+Prediction Predict(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+                   const PlanOptions& options, const CostConstants& constants) {
+  return Model(request, shape, options, constants).Run(algorithm);
+}
+
+double PredictSeconds(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+                      const PlanOptions& options, const CostConstants& constants) {
+  return Predict(algorithm, request, shape, options, constants).seconds;
+}
+
+std::string ExplainPrediction(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+                              const PlanOptions& options, const CostConstants& constants) {
+  return fmt::format("{}: {}", AlgorithmName(algorithm),
+                     Predict(algorithm, request, shape, options, constants).ToString());
+}
+
+}  // namespace kizuna::collectives

@@ -1,0 +1,436 @@
+// The cost model's stages per algorithm (cost_model.h): each algorithm's structure as the
+// stages its plan takes (algorithms/), costed by Model::Cost (cost_model.cc).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "collectives/cost/model_ina.h"
+#include "collectives/cost/model_internal.h"
+
+namespace kizuna::collectives::cost_internal {
+
+// p-1 rounds: in round j every rank sends `elems` elements to rank + j (pairwise exchange), or
+// only to the ranks marked in `owners` (the direct exchange of deterministic mode, which brings
+// every contribution to a part's owner). A round's chunks are independent, so a round costs one
+// stage per chunk.
+void Model::DirectRounds(std::string_view label, uint64_t elems, const std::vector<char>* owners) {
+  const Split s = SplitElems(elems);
+  if (s.chunks == 0) return;
+  std::vector<Hop> hops;
+  for (int j = 1; j < p_ && !failed_; ++j) {
+    hops.clear();
+    for (int r = 0; r < p_; ++r)
+      if (owners == nullptr || (*owners)[static_cast<size_t>((r + j) % p_)]) hops.push_back({r, (r + j) % p_, false});
+    Stage(label, hops, s.bytes, s.chunks, s.channels);
+  }
+}
+
+void Model::RingReduceScatter(uint64_t part_elems) {
+  const Split s = SplitElems(part_elems);
+  Stage("reduce-scatter", RingHops(true), s.bytes, s.chunks * (p_ - 1), s.channels);
+}
+
+void Model::RingAllGather(uint64_t part_elems) {
+  const Split s = SplitElems(part_elems);
+  Stage("allgather", RingHops(false), s.bytes, s.chunks * (p_ - 1), s.channels);
+}
+
+// Both trees, each half the data, reduce up and broadcast down pipelined. Filling the pipeline
+// takes d stages going up (every upward edge of both trees busy) and d - 1 coming down; in the
+// steady state a stage carries one chunk over every edge of both trees in both directions.
+void Model::TreeAllReduce() {
+  const Split s = SplitElems(CeilDiv(req_.count, 2));
+  if (s.chunks == 0) return;
+  std::vector<Hop> hops, up_hops, down_hops;
+  int depth = 0;
+  for (int t = 0; t < 2; ++t) {
+    const std::vector<int> parent = DtreeParents(p_, t);
+    depth = std::max(depth, TreeDepth(parent));
+    for (int r = 0; r < p_; ++r) {
+      const int up = parent[static_cast<size_t>(r)];
+      if (up < 0) continue;
+      up_hops.push_back({r, up, true});
+      down_hops.push_back({up, r, false});
+    }
+  }
+  hops = up_hops;
+  hops.insert(hops.end(), down_hops.begin(), down_hops.end());
+  Add("tree reduce+broadcast", Cost(up_hops, s.max_bytes, s.channels), depth);
+  Add("tree reduce+broadcast", Cost(down_hops, s.max_bytes, s.channels), depth - 1);
+  Add("tree reduce+broadcast", Cost(hops, s.bytes, s.channels), s.chunks);
+}
+
+// Broadcast (down) or Reduce (up) over two trees both rooted at the root (tree.cc): the first on
+// the ranks rotated so that the root is label 0, the second with the other labels mirrored (odd
+// p) or shifted (even p), so that the first tree's leaves are mostly the second's inner nodes.
+void Model::TreeRooted(bool reduce) {
+  const Split s = SplitElems(CeilDiv(req_.count, 2));
+  if (s.chunks == 0) return;
+  std::vector<Hop> hops;
+  int depth = 0;
+  for (int t = 0; t < 2; ++t) {
+    std::vector<int> label(static_cast<size_t>(p_)), rank_of(static_cast<size_t>(p_));
+    for (int r = 0; r < p_; ++r) {
+      const int v = (r - req_.root + p_) % p_;
+      const int l = t == 0 || v == 0 ? v : (p_ % 2 == 1 ? p_ - v : (v - 2 + (p_ - 1)) % (p_ - 1) + 1);
+      label[static_cast<size_t>(r)] = l;
+      rank_of[static_cast<size_t>(l)] = r;
+    }
+    std::vector<int> parent(static_cast<size_t>(p_));
+    for (int r = 0; r < p_; ++r) {
+      const int up = BtreeParent(p_, label[static_cast<size_t>(r)]);
+      parent[static_cast<size_t>(r)] = up < 0 ? -1 : rank_of[static_cast<size_t>(up)];
+    }
+    depth = std::max(depth, TreeDepth(parent));
+    for (int r = 0; r < p_; ++r) {
+      const int up = parent[static_cast<size_t>(r)];
+      if (up >= 0) hops.push_back(reduce ? Hop{r, up, true} : Hop{up, r, false});
+    }
+  }
+  Pipeline(reduce ? "tree reduce" : "tree broadcast", hops, s, depth);
+}
+
+// Non-powers of two: the first 2·rem ranks pair up; the even one of each pair hands its data to
+// the odd one (which takes part in the power-of-two rounds) and gets the result back.
+// `parts` parts of `elems` elements each, every part chunked on its own (as rhd and rd send them).
+void Model::Fold(std::string_view label, uint64_t parts, uint64_t elems, bool reduce) {
+  if (rem_ == 0) return;
+  const Split s = SplitElems(elems);
+  std::vector<Hop> hops;
+  for (int i = 0; i < rem_; ++i) hops.push_back({2 * i, 2 * i + 1, reduce});
+  Stage(label, hops, s.bytes, static_cast<double>(parts) * s.chunks, s.channels);
+}
+
+void Model::Unfold(std::string_view label, uint64_t parts, uint64_t elems) {
+  if (rem_ == 0) return;
+  const Split s = SplitElems(elems);
+  std::vector<Hop> hops;
+  for (int i = 0; i < rem_; ++i) hops.push_back({2 * i + 1, 2 * i, false});
+  Stage(label, hops, s.bytes, static_cast<double>(parts) * s.chunks, s.channels);
+}
+
+// Recursive halving (partners at distance p2/2, ..., 1, reducing what they receive) or doubling
+// (distances 1, ..., p2/2) over the p2 active ranks. rhd sends the blocks of a round one by one,
+// each chunked on its own: the round at distance m moves m blocks (halving: the half it gives
+// away; doubling: what it has gathered). AllReduce's blocks are the vector's p2 blocks;
+// ReduceScatter's and AllGather's are the parts of the ranks an active rank stands for (p/p2 on
+// average, `count` elements each).
+void Model::HypercubeRounds(std::string_view label, bool halving, uint64_t count) {
+  const bool blocks_are_parts = req_.collective != Collective::kAllReduce;
+  const uint64_t block = blocks_are_parts ? count : CeilDiv(count, static_cast<uint64_t>(p2_));
+  const Split s = SplitElems(block);
+  if (s.chunks == 0) return;
+  std::vector<Hop> hops(static_cast<size_t>(p2_));
+  for (int i = 0; i < FloorLog2(static_cast<uint64_t>(p2_)) && !failed_; ++i) {
+    const int mask = halving ? p2_ >> (i + 1) : 1 << i;
+    for (int nr = 0; nr < p2_; ++nr) hops[static_cast<size_t>(nr)] = {Real(nr), Real(nr ^ mask), halving};
+    // Messages per round: a part per block, p/p2 on average when blocks stand for folded pairs;
+    // AllReduce's blocks are empty (and not sent) past the channel's element count.
+    const uint64_t parts =
+        blocks_are_parts ? CeilDiv(static_cast<uint64_t>(mask) * static_cast<uint64_t>(p_), static_cast<uint64_t>(p2_))
+                         : std::min(static_cast<uint64_t>(mask), CeilDiv(count, static_cast<uint64_t>(s.channels)));
+    Stage(label, hops, s.bytes, static_cast<double>(parts) * s.chunks, s.channels);
+  }
+}
+
+// Send / Recv: the request does not say which rank calls, so the slowest reachable peer of
+// `root` counts (every rank predicts the same).
+void Model::PointToPoint(bool send) {
+  const Split s = SplitElems(req_.count);
+  StageCost worst;
+  bool any = false;
+  for (int r = 0; r < p_; ++r) {
+    if (r == req_.root) continue;
+    const Hop h = send ? Hop{r, req_.root, false} : Hop{req_.root, r, false};
+    if (!shape_.Reachable(h.from, h.to)) continue;
+    const StageCost c = Cost({h}, s.bytes, s.channels);
+    if (!any || c.total() > worst.total()) worst = c;
+    any = true;
+  }
+  if (!any)
+    return Fail(fmt::format("no rank can reach {} rank {}", send ? "the destination" : "from the source", req_.root));
+  Add(send ? "send" : "recv", worst, s.chunks == 0 ? 1 : s.chunks);
+}
+
+void Model::Body(Algorithm a) {
+  const uint64_t count = req_.count;
+  const auto p = static_cast<uint64_t>(p_);
+  switch (a) {
+    case Algorithm::kRing:
+      switch (req_.collective) {
+        case Collective::kAllReduce:
+          RingReduceScatter(CeilDiv(count, p));
+          RingAllGather(CeilDiv(count, p));
+          return;
+        case Collective::kReduceScatter:
+          return RingReduceScatter(count);
+        case Collective::kAllGather:
+          return RingAllGather(count);
+        case Collective::kBroadcast: {
+          const Split s = SplitElems(count);
+          return Pipeline("chain broadcast", ChainHops(req_.root, false), s, p_ - 1);
+        }
+        case Collective::kReduce: {
+          const Split s = SplitElems(count);
+          return Pipeline("chain reduce", ChainHops(req_.root + 1, true), s, p_ - 1);
+        }
+        default:
+          return;
+      }
+    case Algorithm::kTree:
+      if (req_.collective == Collective::kAllReduce) return TreeAllReduce();
+      return TreeRooted(req_.collective == Collective::kReduce);
+    case Algorithm::kRhd:
+      switch (req_.collective) {
+        case Collective::kAllReduce:
+          Fold("fold", 1, count, true);
+          HypercubeRounds("halving", true, count);
+          HypercubeRounds("doubling", false, count);
+          return Unfold("unfold", 1, count);
+        case Collective::kReduceScatter:  // the fold hands over every part, the unfold one
+          Fold("fold", p, count, true);
+          HypercubeRounds("halving", true, count);
+          return Unfold("unfold", 1, count);
+        case Collective::kAllGather:  // the fold hands over one part, the unfold all others
+          Fold("fold", 1, count, false);
+          HypercubeRounds("doubling", false, count);
+          return Unfold("unfold", p - 1, count);
+        default:
+          return;
+      }
+    case Algorithm::kRd:
+      if (req_.collective == Collective::kBarrier) {
+        for (int dist = 1; dist < p_ && !failed_; dist *= 2) {
+          std::vector<Hop> hops;
+          for (int r = 0; r < p_; ++r) hops.push_back({r, (r + dist) % p_, false});
+          Stage("dissemination", hops, 0, 1, 1);
+        }
+        return;
+      } else {
+        // Every round exchanges and adds the whole vector.
+        const Split s = SplitElems(count);
+        Fold("fold", 1, count, true);
+        std::vector<Hop> hops(static_cast<size_t>(p2_));
+        for (int mask = 1; mask < p2_ && !failed_; mask *= 2) {
+          for (int nr = 0; nr < p2_; ++nr) hops[static_cast<size_t>(nr)] = {Real(nr), Real(nr ^ mask), true};
+          Stage("doubling", hops, s.bytes, s.chunks, s.channels);
+        }
+        return Unfold("unfold", 1, count);
+      }
+    case Algorithm::kPairwise:
+      switch (req_.collective) {
+        case Collective::kAllToAll:
+        case Collective::kAllGather:
+          return DirectRounds(req_.collective == Collective::kAllToAll ? "exchange" : "direct allgather", count);
+        case Collective::kReduceScatter:
+          DirectRounds("exchange", count);
+          return Local("ordered reduce", LocalKind::kReduce, p_, count, -1);
+        case Collective::kAllReduce:
+          DirectRounds("exchange", CeilDiv(count, p));
+          Local("ordered reduce", LocalKind::kReduce, p_, CeilDiv(count, p), -1);
+          return DirectRounds("direct allgather", CeilDiv(count, p));
+        case Collective::kBarrier: {
+          std::vector<Hop> hops;
+          for (int a2 = 0; a2 < p_; ++a2)
+            for (int b = 0; b < p_; ++b)
+              if (a2 != b) hops.push_back({a2, b, false});
+          return Stage("all pairs", hops, 0, 1, 1);
+        }
+        default:
+          return;
+      }
+    case Algorithm::kP2p:
+      return PointToPoint(req_.collective == Collective::kSend);
+    case Algorithm::kFused:
+      return Fused();
+    case Algorithm::kIna:
+      return InaAllReduce();
+  }
+}
+
+// fused.cc: one device operation per rank over every rank's buffers, counted as copy traffic (a
+// copy moves each byte read and written, so a byte read or a byte written is half a copied byte).
+// Per rank, with slice = count / p: AllReduce reads p slices and writes p (p x slice copied
+// bytes); Reduce reads p slices and writes one, Broadcast reads one and writes p ((p + 1) / 2 x
+// slice); ReduceScatter reads p blocks and writes one ((p + 1) / 2 x count); AllGather reads its
+// block and writes it into p outputs ((p + 1) / 2 x count). Ranks that share a device share its
+// memory system, so a device's ranks take that many times as long. Two rendezvous and a stream
+// synchronization per operation (direct_rendezvous_us), one launch.
+void Model::Fused() {
+  const auto p = static_cast<double>(p_);
+  const double slice = static_cast<double>(CeilDiv(req_.count, static_cast<uint64_t>(p_)));
+  const double count = static_cast<double>(req_.count);
+  double copied = 0;
+  const char* what = "";
+  switch (req_.collective) {
+    case Collective::kAllReduce:
+      copied = p * slice, what = "one-pass reduce into every output";
+      break;
+    case Collective::kReduce:
+      copied = (p + 1) / 2 * slice, what = "one-pass reduce into the root's output";
+      break;
+    case Collective::kBroadcast:
+      copied = (p + 1) / 2 * slice, what = "one-pass copy of the root's slices into every output";
+      break;
+    case Collective::kReduceScatter:
+      copied = (p + 1) / 2 * count, what = "one-pass reduce of every input's block";
+      break;
+    case Collective::kAllGather:
+      copied = (p + 1) / 2 * count, what = "one-pass copy of this rank's block into every output";
+      break;
+    case Collective::kBarrier:
+      what = "rendezvous";
+      break;
+    default:
+      copied = p * count, what = "one-pass copy of every input";
+      break;
+  }
+  const double traffic_bytes = copied * elem_;
+  // Every rank takes part (the host term: cost_model_host.h).
+  for (int r = 0; r < p_; ++r) host_->Join(r);
+  // Small AllReduces between processes run on the calling thread through the shared pages: each
+  // rank copies its input in and reads every rank's copy (no launch, no stream, one rendezvous).
+  // A barrier there is that rendezvous alone.
+  if ((req_.collective == Collective::kAllReduce || req_.collective == Collective::kBarrier) &&
+      shape_.direct_inline_bytes > 0 && count * elem_ <= static_cast<double>(shape_.direct_inline_bytes)) {
+    StageCost c;
+    double copy = 0;
+    for (int r = 0; r < p_; ++r) {
+      copy = std::max(copy, copy_[static_cast<size_t>(r)]);
+      host_->Traffic(r, (p + 1) * count * elem_);
+    }
+    const HostSharing::Extra host = host_->End(0);
+    c.alpha = k_.oneshot_us * 1e-6 + host.wake_s;
+    c.gamma = std::max(host.slowdown * (p + 1) / 2 * count * elem_ * copy, host.memory_s);
+    Add("one-shot through shared pages on the calling thread", c, 1);
+    return;
+  }
+  StageCost worst;
+  int critical = 0;
+  for (int r = 0; r < p_; ++r) {
+    int sharing = 0;
+    for (int q = 0; q < p_; ++q)
+      if (shape_.ranks[static_cast<size_t>(q)].host_id == shape_.ranks[static_cast<size_t>(r)].host_id &&
+          shape_.ranks[static_cast<size_t>(q)].device == shape_.ranks[static_cast<size_t>(r)].device)
+        ++sharing;
+    host_->Traffic(r, 2 * traffic_bytes);  // a copied byte is read once and written once
+    StageCost c;
+    // Between processes whose memory the CPU reaches, the calling thread does the part itself
+    // (Executor::TryInline): two rendezvous through the shared pages, no launch.
+    c.alpha = shape_.direct_inline_bytes > 0 ? 2 * k_.oneshot_us * 1e-6
+                                             : launch_[static_cast<size_t>(r)] + k_.direct_rendezvous_us * 1e-6;
+    c.gamma = static_cast<double>(sharing) * traffic_bytes * copy_[static_cast<size_t>(r)];
+    if (c.total() > worst.total()) worst = c, critical = r;
+  }
+  // Two rendezvous, each waiting for every rank beyond the CPUs to be scheduled.
+  const HostSharing::Extra host = host_->End(critical);
+  worst.alpha += 2 * host.wake_s;
+  worst.gamma = std::max(worst.gamma * host.slowdown, host.memory_s);
+  Add(what, worst, 1);
+}
+
+// ina.cc, through the layout's parts (cost_model_ina.cc): the slowest worker stands for the
+// aggregation devices, the slowest link (between workers, or a worker's to a device:
+// CommShape::ina_link) for every cable.
+void Model::InaAllReduce() {
+  cost_internal::InaResolved r;
+  r.elem = elem_;
+  r.latency_s = 0;
+  r.wire_per_byte = 0;
+  for (int a = 0; a < p_; ++a) {
+    const auto i = static_cast<size_t>(a);
+    r.staging_per_byte = std::max(r.staging_per_byte, staging_[i]);
+    r.reduce_per_byte = std::max(r.reduce_per_byte, reduce_[i]);
+    r.launch_s = std::max(r.launch_s, launch_[i]);
+    for (int b = 0; b < p_; ++b)
+      if (shape_.Reachable(a, b)) {
+        r.latency_s = std::max(r.latency_s, Latency(shape_.link(a, b)));
+        r.wire_per_byte = std::max(r.wire_per_byte, WirePerByte(shape_.link(a, b)));
+      }
+  }
+  if (shape_.ina_link.reachable) {  // the cables to the aggregation devices, measured at creation
+    r.latency_s = std::max(r.latency_s, Latency(shape_.ina_link));
+    r.wire_per_byte = std::max(r.wire_per_byte, WirePerByte(shape_.ina_link));
+  }
+  if (r.latency_s == 0) r.latency_s = k_.unknown_link_latency_us * 1e-6;
+  if (r.wire_per_byte == 0) r.wire_per_byte = 1.0 / (k_.unknown_link_gbps * 1e9);
+  Result<std::vector<cost_internal::InaStage>> stages = cost_internal::InaStages(req_, shape_, opt_, k_, r);
+  if (!stages.ok()) return Fail(stages.status().message());
+  for (const cost_internal::InaStage& st : *stages) {
+    StageCost c;
+    c.alpha = st.alpha;
+    c.beta = st.beta;
+    c.gamma = st.gamma;
+    Add(st.label, c, st.repeat);
+  }
+}
+
+// KIZUNA_DETERMINISTIC (algorithm.h and the algorithms' files): every part's raw contributions go
+// straight to its owner (the direct exchange), which reduces them in rank order in one operation,
+// then the algorithm distributes the results.
+void Model::Deterministic(Algorithm a) {
+  const uint64_t count = req_.count;
+  const auto p = static_cast<uint64_t>(p_);
+  std::vector<char> owners(static_cast<size_t>(p_), 0);
+  std::vector<int> owner_list;
+  auto own = [&](int r) {
+    if (!owners[static_cast<size_t>(r)]) owner_list.push_back(r);
+    owners[static_cast<size_t>(r)] = 1;
+  };
+  switch (req_.collective) {
+    case Collective::kReduceScatter:  // every rank owns its part
+      DirectRounds("exchange", count);
+      return Local("ordered reduce", LocalKind::kReduce, p_, count, -1);
+    case Collective::kReduce:  // the root owns everything
+      own(req_.root);
+      DirectRounds("gather", count, &owners);
+      return Local("ordered reduce", LocalKind::kReduce, p_, count, req_.root);
+    case Collective::kAllReduce:
+      if (a == Algorithm::kTree) return OrderedTreeAllReduce();
+      if (a == Algorithm::kRhd) {  // the p2 active ranks own a block each, then double and unfold
+        for (int nr = 0; nr < p2_; ++nr) own(Real(nr));
+        const uint64_t block = CeilDiv(count, static_cast<uint64_t>(p2_));
+        DirectRounds("exchange", block, &owners);
+        Local("ordered reduce", LocalKind::kReduce, p_, block, owner_list);
+        HypercubeRounds("doubling", false, count);
+        return Unfold("unfold", 1, count);
+      } else {
+        const uint64_t part = CeilDiv(count, p);
+        DirectRounds("exchange", part);
+        Local("ordered reduce", LocalKind::kReduce, p_, part, -1);
+        if (a == Algorithm::kRing) return RingAllGather(part);
+        return DirectRounds("direct allgather", part);  // rd, pairwise
+      }
+    default:
+      return;
+  }
+}
+
+// Deterministic tree AllReduce: each tree's root owns its half; the contributions go straight to
+// it, it reduces them in rank order, and the tree broadcasts the result down, pipelined.
+void Model::OrderedTreeAllReduce() {
+  const uint64_t half = CeilDiv(req_.count, 2);
+  std::vector<char> owners(static_cast<size_t>(p_), 0);
+  std::vector<int> roots;
+  std::vector<Hop> down;
+  int depth = 0;
+  for (int t = 0; t < 2; ++t) {
+    const std::vector<int> parent = DtreeParents(p_, t);
+    depth = std::max(depth, TreeDepth(parent));
+    for (int r = 0; r < p_; ++r) {
+      const int up = parent[static_cast<size_t>(r)];
+      if (up >= 0) down.push_back({up, r, false});
+      if (up < 0 && !owners[static_cast<size_t>(r)]) {
+        owners[static_cast<size_t>(r)] = 1;
+        roots.push_back(r);
+      }
+    }
+  }
+  DirectRounds("exchange", half, &owners);
+  Local("ordered reduce", LocalKind::kReduce, p_, half, roots);
+  Pipeline("tree broadcast", down, SplitElems(half), depth);
+}
+
+}  // namespace kizuna::collectives::cost_internal

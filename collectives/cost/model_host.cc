@@ -1,0 +1,68 @@
+#include "collectives/cost/model_host.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+namespace kizuna::collectives::cost_internal {
+
+HostSharing::HostSharing(const CommShape& shape, const CostConstants& k)
+    : wake_s_(k.oversubscribed_wake_us * 1e-6), memory_s_per_byte_(1.0 / (k.host_memory_gbps * 1e9)) {
+  std::map<std::string, int> index;
+  const auto n = static_cast<size_t>(shape.nranks);
+  host_.resize(n);
+  compute_.resize(n);
+  rank_joined_.assign(n, 0);
+  for (size_t r = 0; r < n && r < shape.ranks.size(); ++r) {
+    const RankDesc& d = shape.ranks[r];
+    const auto [it, added] = index.emplace(d.host_id, static_cast<int>(cpus_.size()));
+    if (added) cpus_.push_back(0);
+    host_[r] = it->second;
+    compute_[r] = d.host_compute ? 1 : 0;
+    int& cpus = cpus_[static_cast<size_t>(it->second)];
+    cpus = std::max(cpus, d.host_cpus);
+  }
+  active_.assign(cpus_.size(), 0);
+  threads_.assign(cpus_.size(), 0);
+  traffic_.assign(cpus_.size(), 0);
+}
+
+void HostSharing::Join(int rank, bool executor) {
+  const auto r = static_cast<size_t>(rank);
+  if (rank_joined_[r]) return;
+  rank_joined_[r] = 1;
+  joined_.push_back(rank);
+  const auto h = static_cast<size_t>(host_[r]);
+  threads_[h] += executor && compute_[r] ? 2 : 1;
+  if (active_[h]++ == 0 && traffic_[h] == 0) hosts_touched_.push_back(static_cast<int>(h));
+}
+
+void HostSharing::Traffic(int rank, double bytes) {
+  const auto r = static_cast<size_t>(rank);
+  if (!compute_[r] || bytes <= 0) return;
+  const auto h = static_cast<size_t>(host_[r]);
+  if (active_[h] == 0 && traffic_[h] == 0) hosts_touched_.push_back(static_cast<int>(h));
+  traffic_[h] += bytes;
+}
+
+HostSharing::Extra HostSharing::End(int critical) {
+  Extra e;
+  for (int hi : hosts_touched_) {
+    const auto h = static_cast<size_t>(hi);
+    const int cpus = cpus_[h];
+    if (cpus > 0 && threads_[h] > cpus)
+      e.wake_s = std::max(e.wake_s, wake_s_ * static_cast<double>(threads_[h] - cpus));
+    if (cpus > 0 && active_[h] > cpus && critical >= 0 && host_[static_cast<size_t>(critical)] == hi)
+      e.slowdown = static_cast<double>(active_[h]) / static_cast<double>(cpus);
+    e.memory_s = std::max(e.memory_s, traffic_[h] * memory_s_per_byte_);
+    active_[h] = 0;
+    threads_[h] = 0;
+    traffic_[h] = 0;
+  }
+  hosts_touched_.clear();
+  for (int r : joined_) rank_joined_[static_cast<size_t>(r)] = 0;
+  joined_.clear();
+  return e;
+}
+
+}  // namespace kizuna::collectives::cost_internal

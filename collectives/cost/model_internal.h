@@ -1,0 +1,225 @@
+// The cost model's internals (cost_model.h): the shared helpers and the Model class that walks an
+// algorithm's stages. Internal to the cost model: only cost_model.cc (resolving the inputs,
+// costing a stage, the entry points) and cost_model_algorithms.cc (each algorithm's stages)
+// include it.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "collectives/cost/model.h"
+#include "collectives/cost/model_host.h"
+#include "collectives/plan/plan.h"
+#include "collectives/plan/shape.h"
+
+namespace kizuna::collectives::cost_internal {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// std::isfinite only inspects the bits: no dependence on the floating-point environment.
+inline bool Known(double v) { return std::isfinite(v) && v > 0; }
+
+inline uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
+inline int FloorLog2(uint64_t v) {
+  int l = 0;
+  while (v > 1) {
+    v >>= 1;
+    ++l;
+  }
+  return l;
+}
+
+// NCCL's ncclGetBtree: the parent of `rank` in the in-order binary tree over 0..n-1 rooted at 0
+// (root 0 has one child, the largest power of two below n; -1 for the root).
+inline int BtreeParent(int n, int rank) {
+  if (rank == 0) return -1;
+  int bit = 1;
+  while (bit < n && (bit & rank) == 0) bit <<= 1;
+  int up = (rank ^ bit) | (bit << 1);
+  if (up >= n) up = rank ^ bit;
+  return up;
+}
+
+// NCCL's ncclGetDtree: the second tree mirrors the first for an even n and shifts it by one rank
+// for an odd n, so that every rank is an inner node in at most one of the two.
+inline int DtreeParent(int n, int tree, int rank) {
+  if (tree == 0) return BtreeParent(n, rank);
+  if (n % 2 == 1) {
+    const int u = BtreeParent(n, (rank - 1 + n) % n);
+    return u == -1 ? -1 : (u + 1) % n;
+  }
+  const int u = BtreeParent(n, n - 1 - rank);
+  return u == -1 ? -1 : n - 1 - u;
+}
+
+// Every rank's parent in tree `tree` (DtreeParent).
+inline std::vector<int> DtreeParents(int n, int tree) {
+  std::vector<int> parent(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) parent[static_cast<size_t>(r)] = DtreeParent(n, tree, r);
+  return parent;
+}
+
+// Depth of the deepest rank of tree `parent` (parent[r] == -1 at the root).
+inline int TreeDepth(const std::vector<int>& parent) {
+  int depth = 0;
+  for (size_t r = 0; r < parent.size(); ++r) {
+    int d = 0;
+    for (int at = static_cast<int>(r); parent[static_cast<size_t>(at)] != -1 && d <= static_cast<int>(parent.size());
+         at = parent[static_cast<size_t>(at)])
+      ++d;
+    depth = std::max(depth, d);
+  }
+  return depth;
+}
+
+inline bool Serves(Algorithm a, Collective c) {
+  switch (a) {
+    case Algorithm::kRing:
+      return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
+             c == Collective::kBroadcast || c == Collective::kReduce;
+    case Algorithm::kTree:
+      return c == Collective::kAllReduce || c == Collective::kBroadcast || c == Collective::kReduce;
+    case Algorithm::kRhd:
+      return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather;
+    case Algorithm::kRd:
+      return c == Collective::kAllReduce || c == Collective::kBarrier;
+    case Algorithm::kPairwise:
+      return c == Collective::kAllToAll || c == Collective::kAllGather || c == Collective::kReduceScatter ||
+             c == Collective::kAllReduce || c == Collective::kBarrier;
+    case Algorithm::kP2p:
+      return c == Collective::kSend || c == Collective::kRecv;
+    case Algorithm::kFused:
+      return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
+             c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kBarrier;
+    case Algorithm::kIna:
+      return c == Collective::kAllReduce;
+  }
+  return false;
+}
+
+struct Hop {
+  int from;
+  int to;
+  bool reduce;  // the receiver reduces the message into its data
+};
+
+// The cost of one stage (see the header), or why it has none.
+struct StageCost {
+  double alpha = 0, beta = 0, gamma = 0;
+  bool ok = true;
+  std::string note;
+  double total() const { return alpha + beta + gamma; }
+};
+
+// A part of the data, split over channels and chunks as the algorithms split it.
+struct Split {
+  double chunks = 0;     // per channel (a double: counts times stages must not overflow)
+  int channels = 1;      // channels that carry data
+  double bytes = 0;      // per chunk, on average
+  double max_bytes = 0;  // the largest chunk
+};
+
+enum class LocalKind { kCopy, kReduce, kScale };
+
+class Model {
+ public:
+  Model(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options, const CostConstants& k)
+      : req_(request), shape_(shape), opt_(options), k_(k), p_(request.nranks) {}
+
+  Prediction Run(Algorithm algorithm);
+
+ private:
+  // ---- Inputs, resolved ----
+  bool Resolve();
+  double Latency(const LinkDesc& l) const {
+    return (Known(l.latency_us) ? l.latency_us : k_.unknown_link_latency_us) * 1e-6;
+  }
+  double WirePerByte(const LinkDesc& l) const { return 1.0 / ((Known(l.gbps) ? l.gbps : k_.unknown_link_gbps) * 1e9); }
+
+  Split SplitElems(uint64_t elems) const {
+    if (elems == 0) return {};
+    const uint64_t channels = std::min<uint64_t>(static_cast<uint64_t>(opt_.channels), elems);
+    const uint64_t per = CeilDiv(elems, channels);
+    const uint64_t chunks = CeilDiv(per, opt_.chunk_count);
+    return {static_cast<double>(chunks), static_cast<int>(channels),
+            static_cast<double>(per) * elem_ / static_cast<double>(chunks),
+            static_cast<double>(std::min(per, opt_.chunk_count)) * elem_};
+  }
+
+  // ---- Accumulation ----
+  StageCost Cost(const std::vector<Hop>& hops, double bytes, int channels);
+  void Add(std::string_view label, const StageCost& cost, double repeat);
+  // `repeat` stages of `hops`, each hop moving `bytes` on each of `channels` channels.
+  void Stage(std::string_view label, const std::vector<Hop>& hops, double bytes, double repeat, int channels) {
+    if (repeat <= 0 || failed_) return;
+    Add(label, Cost(hops, bytes, channels), repeat);
+  }
+  // A pipeline of `depth` stages carrying s.chunks chunks: the first chunk fills it (depth - 1
+  // stages at the largest chunk's size), then one stage per chunk, which together move all the
+  // data. Linear in the bytes per stage, so this is (depth + k - 1) stages with the fill paid at
+  // the chunk size, and it never decreases when the data grows.
+  void Pipeline(std::string_view label, const std::vector<Hop>& hops, const Split& s, double depth) {
+    if (s.chunks == 0 || failed_) return;
+    const StageCost fill = Cost(hops, s.max_bytes, s.channels);
+    Add(label, fill, depth - 1);
+    Add(label, Cost(hops, s.bytes, s.channels), s.chunks);
+  }
+  // Local device work on `rank` (or every rank when rank < 0) over `elems` elements, chunked.
+  void Local(std::string_view label, LocalKind kind, int inputs, uint64_t elems, int rank);
+  void Local(std::string_view label, LocalKind kind, int inputs, uint64_t elems, const std::vector<int>& ranks);
+  void Fail(std::string note) {
+    if (!failed_) note_ = std::move(note);
+    failed_ = true;
+  }
+
+  // ---- Structures ----
+  std::vector<Hop> RingHops(bool reduce) const;
+  std::vector<Hop> ChainHops(int first, bool reduce) const;
+  void DirectRounds(std::string_view label, uint64_t elems, const std::vector<char>* owners = nullptr);
+  void RingReduceScatter(uint64_t part_elems);
+  void RingAllGather(uint64_t part_elems);
+  void TreeAllReduce();
+  void Fused();
+  void InaAllReduce();  // cost_model_ina.cc
+  void TreeRooted(bool reduce);
+  int Real(int nr) const { return nr < rem_ ? 2 * nr + 1 : nr + rem_; }  // rhd/rd fold numbering
+  void Fold(std::string_view label, uint64_t parts, uint64_t elems, bool reduce);
+  void Unfold(std::string_view label, uint64_t parts, uint64_t elems);
+  void HypercubeRounds(std::string_view label, bool halving, uint64_t count);
+  void OrderedTreeAllReduce();
+  void PointToPoint(bool send);
+
+  void Body(Algorithm a);
+  void Deterministic(Algorithm a);
+
+  const CollectiveRequest& req_;
+  const CommShape& shape_;
+  const PlanOptions& opt_;
+  const CostConstants& k_;
+  const int p_;
+  double elem_ = 0;
+  int p2_ = 1, rem_ = 0;  // largest power of two <= p, and p - p2
+
+  // Per rank, resolved: seconds per byte, seconds.
+  std::vector<double> copy_, staging_, reduce_, launch_;
+  std::optional<HostSharing> host_;  // ranks sharing a host's CPUs and memory
+  // Per-stage scratch, reset after each stage.
+  std::vector<double> cpu_, wout_, win_, stage_, red_;
+  std::vector<char> touched_mark_;
+  std::vector<int> touched_;
+
+  Prediction pred_;
+  std::vector<std::pair<std::string, double>> phases_;
+  bool failed_ = false;
+  std::string note_;
+};
+
+}  // namespace kizuna::collectives::cost_internal

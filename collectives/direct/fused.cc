@@ -1,0 +1,129 @@
+// The fused one-pass collectives' work (fused.h): one rank's part, given every rank's buffers.
+#include "collectives/direct/fused.h"
+
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/device/host_reduce.h"
+
+namespace kizuna::collectives {
+namespace {
+
+// Rank `rank`'s part of a fused operation, given every rank's buffers, into `stream` (a device
+// stream or the CPU; fused.h says who does what).
+template <typename Sink>
+Status FusedPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
+                 std::span<void* const> outputs, Sink& stream) {
+  const size_t elem = DataTypeSize(req.dtype);
+  const auto n = static_cast<size_t>(req.nranks);
+  const auto me = static_cast<size_t>(rank);
+  const auto root = static_cast<size_t>(req.root);
+  auto at = [elem](const void* p, uint64_t elements) {
+    return const_cast<uint8_t*>(static_cast<const uint8_t*>(p)) + elements * elem;
+  };
+  std::vector<const void*> srcs;
+  std::vector<void*> dsts;
+  switch (req.collective) {
+    case Collective::kAllReduce:
+    case Collective::kReduce: {
+      const auto [offset, count] = FusedSlice(req.count, req.nranks, rank);
+      if (count == 0) return Status::Ok();
+      for (size_t q = 0; q < n; ++q) {
+        srcs.push_back(at(inputs[q], offset));
+        if (req.collective == Collective::kAllReduce) dsts.push_back(at(outputs[q], offset));
+      }
+      if (req.collective == Collective::kReduce) dsts.push_back(at(outputs[root], offset));
+      return stream.ReduceMulti(dsts, srcs, count, req.dtype, req.op);
+    }
+    case Collective::kReduceScatter: {
+      if (req.count == 0) return Status::Ok();
+      for (size_t q = 0; q < n; ++q) srcs.push_back(at(inputs[q], me * req.count));
+      dsts.push_back(outputs[me]);
+      return stream.ReduceMulti(dsts, srcs, req.count, req.dtype, req.op);
+    }
+    case Collective::kAllGather: {
+      // Pushed, not pulled: block r of every output is this rank's input, read once for all n.
+      if (req.count == 0) return Status::Ok();
+      for (size_t q = 0; q < n; ++q) {
+        uint8_t* dst = at(outputs[q], me * req.count);
+        if (dst != inputs[me]) dsts.push_back(dst);
+      }
+      return stream.CopyMulti(dsts, inputs[me], req.count * elem);
+    }
+    case Collective::kBroadcast: {
+      const auto [offset, count] = FusedSlice(req.count, req.nranks, rank);
+      if (count == 0) return Status::Ok();
+      const uint8_t* src = at(inputs[root], offset);
+      for (size_t q = 0; q < n; ++q) {
+        uint8_t* dst = at(outputs[q], offset);
+        if (dst != src) dsts.push_back(dst);
+      }
+      return stream.CopyMulti(dsts, src, count * elem);
+    }
+    case Collective::kBarrier:
+      return Status::Ok();  // the rendezvous around the part is the barrier
+    default:
+      return Internal(fmt::format("fused does not run {}", req.ToString()));
+  }
+}
+
+// Where a fused part goes: onto a device stream, or straight to the CPU (host-accessible memory,
+// run on the calling thread).
+struct HostSink {
+  Status ReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count, DataType type,
+                     ReduceOp op) {
+    return HostReduceMulti(dsts, srcs, count, type, op);
+  }
+  Status Copy(void* dst, const void* src, size_t bytes) {
+    HostCopy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status CopyMulti(std::span<void* const> dsts, const void* src, size_t bytes) {
+    HostCopyMulti(dsts, src, bytes);
+    return Status::Ok();
+  }
+};
+
+// A device stream as DirectPart's sink: one copy per output.
+struct StreamSink {
+  device::Stream& stream;
+  Status ReduceMulti(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count, DataType type,
+                     ReduceOp op) {
+    return stream.ReduceMulti(dsts, srcs, count, type, op);
+  }
+  Status Copy(void* dst, const void* src, size_t bytes) { return stream.Copy(dst, src, bytes); }
+  Status CopyMulti(std::span<void* const> dsts, const void* src, size_t bytes) {
+    for (void* dst : dsts) KZ_RETURN_IF_ERROR(stream.Copy(dst, src, bytes));
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+Status EnqueueFusedPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
+                        std::span<void* const> outputs, device::Stream& stream) {
+  StreamSink sink{stream};
+  return FusedPart(req, rank, inputs, outputs, sink);
+}
+
+Status RunFusedPartOnCpu(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
+                         std::span<void* const> outputs) {
+  HostSink sink;
+  return FusedPart(req, rank, inputs, outputs, sink);
+}
+
+std::pair<uint64_t, uint64_t> FusedBytes(const CollectiveRequest& req, int rank) {
+  const uint64_t elem = DataTypeSize(req.dtype);
+  uint64_t in = req.input_count() * elem, out = req.output_count() * elem;
+  if (req.collective == Collective::kBroadcast && rank != req.root) in = 0;
+  if (req.collective == Collective::kReduce && rank != req.root) out = 0;
+  return {in, out};
+}
+
+bool CpuDoesParts(const device::DeviceProperties& props) {
+  const bool throttled = props.copy_gbps > 0 || props.reduce_gbps > 0 || props.launch_latency_us > 0;
+  return props.host_compute && props.host_accessible && !throttled;
+}
+
+}  // namespace kizuna::collectives

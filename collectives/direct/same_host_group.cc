@@ -1,0 +1,525 @@
+#include "collectives/direct/same_host_group.h"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <bit>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "runtime/device/host_reduce.h"
+#include "runtime/core/logging.h"
+
+namespace kizuna::collectives {
+
+// One rank's page. Only its owner writes it; the others read it. The owner writes a region before
+// it stores `arrived` (release); a reader loads `arrived` (acquire) before it reads the regions.
+// A region stays valid until every rank has finished the operation, and the owner cannot publish
+// the next one before that, so one set of regions suffices.
+struct SharedRegion {
+  int32_t fd;            // the allocation's fd in the owner's process; -1: empty region
+  uint32_t pad;
+  uint64_t serial;       // the allocation's serial (Device::FindAllocation)
+  uint64_t alloc_bytes;  // the allocation's size
+  uint64_t offset;       // where the buffer starts in it
+  uint64_t bytes;        // the buffer's size
+};
+
+// What a rank's op-th host-group operation was (op % 2 picks the slot): a peer that reads the
+// slot checks that it holds the operation it expects before it trusts the data next to it.
+struct SlotHeader {
+  uint64_t seq;        // the operation's number (0: none yet)
+  uint64_t signature;  // its header signature
+  uint32_t protocol;   // SameHostGroup::Protocol: the data is in the slot (one-shot) or the regions
+  CollectiveRequest request;
+};
+
+// A one-shot operation of at most SameHostGroup::kLineBytes whole in one cache line: a peer that sees
+// `seq` has the data in the same line, so it crosses between cores once.
+struct alignas(64) OneLine {
+  std::atomic<uint64_t> seq;  // the operation (written last, release)
+  uint64_t signature;
+  uint8_t data[SameHostGroup::kLineBytes];
+};
+static_assert(sizeof(OneLine) == 64);
+
+struct SameHostPage {
+  OneLine lines[2];  // by slot, as `slots`
+  alignas(64) std::atomic<uint64_t> arrived;  // the last operation whose slot / regions are published
+  alignas(64) std::atomic<uint64_t> finished;  // the last operation whose device work is done
+  alignas(64) std::atomic<uint32_t> bell;      // futex word: bumped at every change
+  std::atomic<uint32_t> sleepers;              // ranks sleeping on `bell`
+  std::atomic<uint32_t> failed;                // nonzero once `failure` is written
+  SlotHeader slots[2];
+  SharedRegion regions[2];  // input, output (Exchange)
+  char failure[600];
+  alignas(64) uint8_t data[2][SameHostGroup::kInlineBytes];  // RunOneShot: the inputs
+};
+static_assert(std::is_trivially_copyable_v<CollectiveRequest>);
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the page's atomics must be lock-free to work across processes");
+
+namespace {
+
+constexpr size_t kPageBytes = (sizeof(SameHostPage) + 4095) / 4096 * 4096;
+// Imports kept per group before the least recently used ones are dropped (a buffer freed by its
+// owner stays mapped here until then).
+constexpr size_t kMaxImportsPerRank = 16;
+// How long a rank with a core of its own spins before it yields (WaitFor).
+constexpr auto kSpinWindow = std::chrono::microseconds(50);
+// How often a rank polls its peer, a pause apart, before it yields (Wait). Ranks that outnumber
+// the CPUs yield at once: a peer not there yet usually waits for this CPU, and 64 pauses took
+// about 2 µs of it (8 B at 4 processes: 17.4-22.4 -> 14.9-16.4 µs; at 8: 42-52 -> 37 µs; 1 MiB
+// at 8: 352-365 -> 330-351 µs; 2 CPUs, ranks pinned two or four to a CPU, 2026-11-23).
+constexpr int kSpins = 64, kOversubscribedSpins = 0;
+
+// The CPUs this process may run on, a bit each (none when the kernel does not say).
+void UsableCpus(uint64_t (&bits)[16]) {
+  std::fill(std::begin(bits), std::end(bits), 0);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return;
+  for (int c = 0; c < std::min(CPU_SETSIZE, 1024); ++c)
+    if (CPU_ISSET(c, &set)) bits[c / 64] |= uint64_t{1} << (c % 64);
+}
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+void CopyString(char* dst, size_t cap, std::string_view s) {
+  const size_t n = std::min(cap - 1, s.size());
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
+}
+
+struct Hello {  // what each rank allgathers at creation
+  int32_t pid;
+  int32_t fd;         // its page; -1 when it has none (the reason follows in the verdicts)
+  char backend[48];   // its device's backend: imports need one backend on every rank
+  int32_t host_accessible;  // the CPU reaches its device memory (RunOneShot needs every rank's to)
+  uint64_t cpus[16];        // the CPUs its process may run on (a bit each, the first 1024)
+};
+
+bool ProcessEnded(int pidfd) {
+  if (pidfd < 0) return false;
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
+}  // namespace
+
+SameHostGroup::SameHostGroup(int rank, int nranks, device::Device& device)
+    : rank_(rank), nranks_(nranks), device_(device), peers_(static_cast<size_t>(nranks)) {}
+
+SameHostGroup::~SameHostGroup() {
+  for (Peer& p : peers_)
+    if (p.map != nullptr) ::munmap(p.map, kPageBytes);
+}
+
+namespace {
+
+// Whether `device` names the allocation behind an address (Device::FindAllocation), tried on a
+// small allocation of its own.
+Status CanNameAllocations(device::Device& device) {
+  KZ_ASSIGN_OR_RETURN(auto probe, device.Allocate(64));
+  return device.FindAllocation(probe->data(), probe->size()).status();
+}
+
+}  // namespace
+
+Result<std::shared_ptr<SameHostGroup>> SameHostGroup::Create(int rank, int nranks, device::Device& device,
+                                                     const AllGather& allgather) {
+  std::shared_ptr<SameHostGroup> g(new SameHostGroup(rank, nranks, device));
+  // Step 1: this rank's page. A failure here is still reported through the allgathers below, so
+  // every rank learns it and none waits for the others.
+  Status local;
+  Hello hello{static_cast<int32_t>(::getpid()), -1, {}, device.properties().host_accessible ? 1 : 0, {}};
+  UsableCpus(hello.cpus);
+  uint64_t all_cpus[16] = {};  // the union of every rank's CPUs
+  CopyString(hello.backend, sizeof(hello.backend), device.properties().backend);
+  if (!device.properties().export_fd) {
+    local = NotSupported(fmt::format("{} does not export its memory as file descriptors", device.label()));
+  } else if (Status named = CanNameAllocations(device); !named.ok()) {
+    // Peers find a buffer's allocation by its address (PublishRegion): a device that cannot say
+    // which allocation an address lies in would fail every fused call.
+    local = NotSupported(named.message());
+  } else {
+    UniqueFd fd(::memfd_create("kizuna-host-group", MFD_CLOEXEC));
+    if (!fd.valid() || ::ftruncate(fd.get(), kPageBytes) != 0) {
+      local = FromErrno(errno, "memfd_create/ftruncate for the host group's page");
+    } else {
+      void* map = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+      if (map == MAP_FAILED) {
+        local = FromErrno(errno, "mmap of the host group's page");
+      } else {
+        Peer& me = g->peers_[static_cast<size_t>(rank)];
+        me.map = map;
+        me.page = new (map) SameHostPage{};
+        me.pid = ::getpid();
+        hello.fd = fd.get();
+        g->page_fd_ = std::move(fd);
+      }
+    }
+  }
+  KZ_ASSIGN_OR_RETURN(auto hellos, allgather(std::span(reinterpret_cast<const uint8_t*>(&hello), sizeof(hello))));
+  // Step 2: every peer's page, through pidfd_getfd.
+  for (int q = 0; q < nranks && local.ok(); ++q) {
+    if (hellos[static_cast<size_t>(q)].size() != sizeof(Hello)) {
+      // Still through the verdicts below: every rank must reach the second allgather.
+      local = NotSupported(fmt::format("rank {} sent {} bytes, not a host-group hello (another kizuna version?)", q,
+                                       hellos[static_cast<size_t>(q)].size()));
+      break;
+    }
+    Hello h;
+    std::memcpy(&h, hellos[static_cast<size_t>(q)].data(), sizeof(h));
+    h.backend[sizeof(h.backend) - 1] = '\0';
+    if (std::string_view(h.backend) != hello.backend) {
+      local = NotSupported(fmt::format("rank {} has a {} device, rank {} a {} device", q, h.backend, rank, hello.backend));
+      break;
+    }
+    if (!h.host_accessible) g->one_shot_ = false;
+    for (int w = 0; w < 16; ++w) all_cpus[w] |= h.cpus[w];
+    for (int o = 0; o < q; ++o)
+      if (g->peers_[static_cast<size_t>(o)].pid == h.pid) g->one_rank_per_process_ = false;
+    if (h.fd < 0) {
+      local = NotSupported(fmt::format("rank {} could not create its page", q));
+      break;
+    }
+    Peer& p = g->peers_[static_cast<size_t>(q)];
+    p.pid = h.pid;
+    p.pidfd.Reset(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(h.pid), 0)));
+    if (!p.pidfd.valid()) {
+      local = FromErrno(errno, fmt::format("pidfd_open of rank {} (pid {})", q, h.pid));
+      break;
+    }
+    if (q == rank) continue;
+    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, p.pidfd.get(), h.fd, 0)));
+    if (!fd.valid()) {
+      local = FromErrno(errno, fmt::format("pidfd_getfd of rank {}'s page (pid {})", q, h.pid));
+      break;
+    }
+    void* map = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (map == MAP_FAILED) {
+      local = FromErrno(errno, fmt::format("mmap of rank {}'s page", q));
+      break;
+    }
+    p.map = map;
+    p.page = static_cast<SameHostPage*>(map);
+  }
+  int cpus = 0;
+  for (uint64_t w : all_cpus) cpus += std::popcount(w);
+  g->spin_ = cpus >= nranks;
+  g->cpus_ = cpus;
+  // Step 3: all or none.
+  const std::string verdict = local.ok() ? std::string() : local.ToString();
+  KZ_ASSIGN_OR_RETURN(auto verdicts, allgather(std::span(reinterpret_cast<const uint8_t*>(verdict.data()),
+                                                         verdict.size())));
+  for (int q = 0; q < nranks; ++q) {
+    const auto& v = verdicts[static_cast<size_t>(q)];
+    if (!v.empty())
+      return NotSupported(fmt::format("rank {}: {}", q, std::string(v.begin(), v.end())));
+  }
+  return g;
+}
+
+void SameHostGroup::Ring() {
+  if (spin_) return;  // nobody sleeps: every rank spins (WaitFor)
+  SameHostPage& p = mine();
+  p.bell.fetch_add(1, std::memory_order_seq_cst);
+  if (p.sleepers.load(std::memory_order_seq_cst) > 0) Futex(&p.bell, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void SameHostGroup::Fail(const Status& why) {
+  SameHostPage& p = mine();
+  if (p.failed.load() != 0) return;
+  CopyString(p.failure, sizeof(p.failure), why.ToString());
+  p.failed.store(1, std::memory_order_release);
+  Ring();
+}
+
+Status SameHostGroup::WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadline deadline,
+                          const std::atomic<bool>& abort) {
+  const SameHostPage& p = *peers_[static_cast<size_t>(q)].page;
+  if (phase == Phase::kFinish)
+    return Wait(q, seq, "finish", [&] { return p.finished.load(std::memory_order_acquire) >= seq; }, deadline, abort);
+  // A peer that took the one-line protocol for this operation does not store `arrived`: seeing
+  // its line ends the wait too, and the caller names the mismatch.
+  return Wait(
+      q, seq, "arrive at",
+      [&] {
+        return p.arrived.load(std::memory_order_acquire) >= seq ||
+               p.lines[slot].seq.load(std::memory_order_acquire) == seq;
+      },
+      deadline, abort);
+}
+
+template <typename Reached>
+Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reached, Deadline deadline,
+                       const std::atomic<bool>& abort) {
+  SameHostPage& p = *peers_[static_cast<size_t>(q)].page;
+  // With a CPU for every rank, spin (the peer is usually there already or about to be), yielding
+  // once per kSpinWindow: a system call costs a microsecond or more (more inside a VM), longer
+  // than a peer running on another CPU takes to arrive, and with no sleeper nobody needs to ring
+  // (Ring). With more ranks than CPUs, look once, then yield the core a few times, then sleep on
+  // the peer's bell: the peer may need this CPU. Every slice ends to look at the deadline and the
+  // peer.
+  if (reached()) return Status::Ok();
+  for (int i = 0; i < (spin_ ? kSpins : kOversubscribedSpins); ++i) {
+    __builtin_ia32_pause();
+    if (reached()) return Status::Ok();
+  }
+  if (spin_) {
+    // No rank sleeps, so none rings (Ring): spin, yielding the core between windows, and look at
+    // the peer, the abort flag and the deadline after each window.
+    while (true) {
+      const auto until = std::chrono::steady_clock::now() + kSpinWindow;
+      do {
+        for (int i = 0; i < 64; ++i) {
+          if (reached()) return Status::Ok();
+          __builtin_ia32_pause();
+        }
+      } while (std::chrono::steady_clock::now() < until);
+      KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort));
+      ::sched_yield();
+    }
+  }
+  for (int round = 0;; ++round) {
+    if (reached()) return Status::Ok();
+    if (p.failed.load(std::memory_order_acquire) != 0)
+      return Aborted(fmt::format("rank {} failed: {}", q, std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
+    if (round < 32) {
+      ::sched_yield();
+      continue;
+    }
+    KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort));
+    p.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t bell = p.bell.load(std::memory_order_seq_cst);
+    if (!reached() && p.failed.load() == 0) {
+      const auto slice = std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(10), deadline.Remaining());
+      const timespec ts{0, static_cast<long>(std::max<int64_t>(slice.count(), 1000))};
+      Futex(&p.bell, FUTEX_WAIT, bell, &ts);
+    }
+    p.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+Status SameHostGroup::Stalled(int q, uint64_t seq, const char* what, Deadline deadline,
+                          const std::atomic<bool>& abort) const {
+  const Peer& peer = peers_[static_cast<size_t>(q)];
+  const SameHostPage& p = *peer.page;
+  if (p.failed.load(std::memory_order_acquire) != 0)
+    return Aborted(fmt::format("rank {} failed: {}", q, std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
+  if (abort.load()) return Aborted("the communicator was aborted");
+  if (ProcessEnded(peer.pidfd.get()))
+    return RemoteError(fmt::format("operation {}: rank {} (pid {}) ended before it could {} the fused collective", seq,
+                                   q, peer.pid, what));
+  if (deadline.Expired())
+    return Timeout(fmt::format("operation {}: rank {} did not {} the fused collective by the deadline", seq, q, what));
+  return Status::Ok();
+}
+
+Status SameHostGroup::PublishRegion(int which, const void* ptr, uint64_t bytes) {
+  SharedRegion& r = mine().regions[which];
+  r = SharedRegion{-1, 0, 0, 0, 0, bytes};
+  if (bytes == 0) return Status::Ok();
+  KZ_ASSIGN_OR_RETURN(device::AllocationRef a, device_.FindAllocation(ptr, bytes));
+  r.fd = a.fd;
+  r.serial = a.serial;
+  r.alloc_bytes = a.bytes;
+  r.offset = static_cast<uint64_t>(static_cast<const uint8_t*>(ptr) - static_cast<const uint8_t*>(a.base));
+  return Status::Ok();
+}
+
+Result<uint8_t*> SameHostGroup::Resolve(int q, int which, uint64_t seq) {
+  const SharedRegion r = peers_[static_cast<size_t>(q)].page->regions[which];
+  if (r.bytes == 0) return nullptr;
+  if (r.fd < 0 || r.offset > r.alloc_bytes || r.bytes > r.alloc_bytes - r.offset)
+    return InvalidArgument(fmt::format("rank {} published a malformed buffer (fd {}, offset {}, {} of {} bytes)", q,
+                                       r.fd, r.offset, r.bytes, r.alloc_bytes));
+  auto it = imports_.find({q, r.serial});
+  if (it == imports_.end() || it->second.buffer->size() != r.alloc_bytes) {
+    const Peer& p = peers_[static_cast<size_t>(q)];
+    device::ExportedMemory e;
+    e.kind = device::ExportKind::kFd;
+    e.fd.Reset(static_cast<int>(::syscall(SYS_pidfd_getfd, p.pidfd.get(), r.fd, 0)));
+    if (!e.fd.valid())
+      return FromErrno(errno, fmt::format("pidfd_getfd of rank {}'s buffer (pid {}, fd {})", q, p.pid, r.fd));
+    e.offset = 0;
+    e.size = r.alloc_bytes;
+    e.backend = device_.properties().backend;
+    e.device_uuid = device_.properties().uuid;
+    auto buffer = device_.Import(e);
+    if (!buffer.ok()) return buffer.status().WithContext(fmt::format("mapping rank {}'s buffer", q));
+    if (it != imports_.end()) {  // a mapping of another size: replaced
+      Retire(std::move(it->second.buffer));
+      imports_.erase(it);
+    }
+    Evict(seq);
+    it = imports_.insert_or_assign({q, r.serial}, Import{std::move(*buffer), seq}).first;
+    KZ_INFO(kLogColl, "rank {}: mapped rank {}'s allocation {} ({} bytes) for the fused collectives", rank_, q,
+            r.serial, r.alloc_bytes);
+  }
+  it->second.last_used = seq;
+  return static_cast<uint8_t*>(it->second.buffer->data()) + r.offset;
+}
+
+void SameHostGroup::Retire(std::unique_ptr<device::Buffer> buffer) {
+  if (buffer) retired_.push_back(std::move(buffer));
+}
+
+void SameHostGroup::ReleaseRetired() {
+  if (retired_.empty()) return;
+  KZ_TRACE(kLogColl, "rank {}: releasing {} mappings and buffers the fused collectives no longer use", rank_,
+           retired_.size());
+  retired_.clear();
+}
+
+void SameHostGroup::Evict(uint64_t seq) {
+  const size_t cap = kMaxImportsPerRank * static_cast<size_t>(nranks_);
+  while (imports_.size() >= cap) {
+    auto oldest = imports_.end();
+    for (auto it = imports_.begin(); it != imports_.end(); ++it)
+      if (it->second.last_used < seq && (oldest == imports_.end() || it->second.last_used < oldest->second.last_used))
+        oldest = it;
+    if (oldest == imports_.end()) return;  // all in use by this operation
+    Retire(std::move(oldest->second.buffer));
+    imports_.erase(oldest);
+  }
+}
+
+Status SameHostGroup::Mismatch(int q, uint64_t seq, const CollectiveRequest& request, Protocol protocol,
+                           int slot) const {
+  const SameHostPage& p = *peers_[static_cast<size_t>(q)].page;
+  const SlotHeader& h = p.slots[slot];
+  std::string why;
+  if (h.seq == seq && static_cast<Protocol>(h.protocol) != protocol &&
+      (protocol == Protocol::kStaged || static_cast<Protocol>(h.protocol) == Protocol::kStaged))
+    why = fmt::format(" (rank {} passes {}, rank {} {}: pass the same kind of memory on every rank)", rank_,
+                      protocol == Protocol::kStaged ? "plain host memory" : "device memory", q,
+                      protocol == Protocol::kStaged ? "device memory" : "plain host memory");
+  else if (h.seq == seq && h.request.ToString() == request.ToString())
+    why = " (run another way: the ranks disagree on the algorithm)";
+  return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at operation {}: {}; rank {} is at "
+                                     "operation {}: {}{}",
+                                     rank_, seq, request.ToString(), q, h.seq, h.request.ToString(), why));
+}
+
+Status SameHostGroup::Meet(uint64_t seq, uint64_t signature, const CollectiveRequest& request, Protocol protocol,
+                       Deadline deadline, const std::atomic<bool>& abort) {
+  SameHostPage& me = mine();
+  const int slot = static_cast<int>(ops_++ % 2);
+  me.slots[slot] = SlotHeader{seq, signature, static_cast<uint32_t>(protocol), request};
+  me.arrived.store(seq, std::memory_order_release);
+  Ring();
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_) continue;
+    KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kArrive, slot, deadline, abort));
+    const SlotHeader& h = peers_[static_cast<size_t>(q)].page->slots[slot];
+    if (h.seq != seq || h.signature != signature || h.protocol != static_cast<uint32_t>(protocol))
+      return Mismatch(q, seq, request, protocol, slot);
+  }
+  return Status::Ok();
+}
+
+Result<SameHostGroup::Buffers> SameHostGroup::Exchange(uint64_t seq, uint64_t signature, const CollectiveRequest& request,
+                                               const void* input, uint64_t input_bytes, const void* output,
+                                               uint64_t output_bytes, Deadline deadline,
+                                               const std::atomic<bool>& abort) {
+  KZ_RETURN_IF_ERROR(PublishRegion(0, input, input_bytes).WithContext("the fused collective's input"));
+  KZ_RETURN_IF_ERROR(PublishRegion(1, output, output_bytes).WithContext("the fused collective's output"));
+  KZ_RETURN_IF_ERROR(Meet(seq, signature, request, Protocol::kMapped, deadline, abort));
+  Buffers b;
+  b.inputs.resize(static_cast<size_t>(nranks_));
+  b.outputs.resize(static_cast<size_t>(nranks_));
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_) {
+      b.inputs[static_cast<size_t>(q)] = input;
+      b.outputs[static_cast<size_t>(q)] = const_cast<void*>(output);
+      continue;
+    }
+    KZ_ASSIGN_OR_RETURN(uint8_t * in, Resolve(q, 0, seq));
+    KZ_ASSIGN_OR_RETURN(uint8_t * out, Resolve(q, 1, seq));
+    b.inputs[static_cast<size_t>(q)] = in;
+    b.outputs[static_cast<size_t>(q)] = out;
+  }
+  return b;
+}
+
+Status SameHostGroup::Finish(uint64_t seq, Deadline deadline, const std::atomic<bool>& abort) {
+  mine().finished.store(seq, std::memory_order_release);
+  Ring();
+  for (int q = 0; q < nranks_; ++q)
+    if (q != rank_) KZ_RETURN_IF_ERROR(WaitFor(q, seq, Phase::kFinish, 0, deadline, abort));
+  return Status::Ok();
+}
+
+Status SameHostGroup::RunOneShot(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input,
+                          void* output, Deadline deadline, const std::atomic<bool>& abort) {
+  const uint64_t bytes = request.count * DataTypeSize(request.dtype);
+  const bool barrier = request.collective == Collective::kBarrier;
+  if ((request.collective != Collective::kAllReduce && !barrier) || bytes > kInlineBytes)
+    return Internal(fmt::format("one-shot cannot run {}", request.ToString()));
+  // The slot is free: every peer has arrived at this rank's previous operation (this rank waited
+  // for that), so each has read the operation before it, the last one to use this slot.
+  const int slot = static_cast<int>(ops_ % 2);
+  if (bytes <= kLineBytes) {
+    // One line: the header (for a mismatch's message), then the data and signature, then seq.
+    ++ops_;
+    SameHostPage& me = mine();
+    me.slots[slot] = SlotHeader{seq, signature, static_cast<uint32_t>(Protocol::kOneShot), request};
+    OneLine& line = me.lines[slot];
+    if (bytes > 0 && !barrier) std::memcpy(line.data, input, bytes);
+    line.signature = signature;
+    line.seq.store(seq, std::memory_order_release);
+    Ring();
+    // Every rank's line, on the stack for the usual group sizes (no allocation on this path).
+    const void* few[16];
+    std::vector<const void*> many;
+    if (nranks_ > 16) many.resize(static_cast<size_t>(nranks_));
+    const std::span<const void*> srcs(nranks_ > 16 ? many.data() : few, static_cast<size_t>(nranks_));
+    for (int q = 0; q < nranks_; ++q) {
+      const OneLine& theirs = peers_[static_cast<size_t>(q)].page->lines[slot];
+      // This rank's own data from its input, not from its line: once a spinning peer has read
+      // the line, reading it back here misses the cache (about 300 cycles measured on the build
+      // machines, the largest single cost of an 8-byte AllReduce after the transfer itself).
+      srcs[static_cast<size_t>(q)] = q == rank_ ? input : theirs.data;
+      if (q == rank_) continue;
+      const SameHostPage& p = *peers_[static_cast<size_t>(q)].page;
+      // `arrived` first: a peer that ran this operation another way stored it after its line.
+      KZ_RETURN_IF_ERROR(Wait(
+          q, seq, "arrive at",
+          [&] {
+            const bool other = p.arrived.load(std::memory_order_acquire) >= seq;
+            return theirs.seq.load(std::memory_order_acquire) == seq || other;
+          },
+          deadline, abort));
+      if (theirs.seq.load(std::memory_order_acquire) != seq || theirs.signature != signature)
+        return Mismatch(q, seq, request, Protocol::kOneShot, slot);
+    }
+    if (barrier) return Status::Ok();
+    return HostReduce(output, srcs, request.count, request.dtype, request.op);
+  }
+  if (bytes > 0 && !barrier) std::memcpy(mine().data[slot], input, bytes);
+  KZ_RETURN_IF_ERROR(Meet(seq, signature, request, Protocol::kOneShot, deadline, abort));
+  if (barrier) return Status::Ok();
+  std::vector<const void*> srcs(static_cast<size_t>(nranks_));
+  for (int q = 0; q < nranks_; ++q)
+    srcs[static_cast<size_t>(q)] = q == rank_ ? input : peers_[static_cast<size_t>(q)].page->data[slot];
+  // A peer may move on to its next operation meanwhile; it writes the other slot, and cannot get
+  // further before this rank arrives there too.
+  return HostReduce(output, srcs, request.count, request.dtype, request.op);
+}
+
+}  // namespace kizuna::collectives

@@ -1,0 +1,314 @@
+// The executor's direct path: operations whose plan is the single-host direct algorithm
+// (direct/fused.h) run here instead of through steps and the transport. The ranks of one process
+// meet in their SameProcessGroup, the ranks of one host in several processes in their
+// SameHostGroup: each publishes its buffer addresses, does its part (on the emulated device: on
+// the executor's thread), waits for it, and waits for every other rank to have done the same
+// before its held stream continues (another rank writes into this rank's output until then).
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "collectives/direct/fused.h"
+#include "collectives/executor/internal.h"
+#include "runtime/device/host_reduce.h"
+#include "runtime/core/logging.h"
+
+namespace kizuna::collectives {
+
+// ---- Executor::RunDirect ----
+
+Status Executor::DirectStream() {
+  if (streams_.empty()) {
+    KZ_ASSIGN_OR_RETURN(auto s, device_->CreateStream());
+    streams_.push_back(std::move(s));
+  }
+  return Status::Ok();
+}
+
+Status Executor::RunDirect(Operation& op, Deadline deadline) {
+  if (options_.same_host) return RunHostDirect(op, deadline);
+  SameProcessGroup* group = options_.same_process.get();
+  const OperationMember& m = op.members[0];
+  const Plan& plan = *m.plan;
+  const CollectiveRequest& req = plan.request;
+  if (group == nullptr || group->nranks() != req.nranks)
+    return Internal(fmt::format("operation {}: a {} plan on a communicator without an in-process group", op.seq,
+                                AlgorithmName(plan.algorithm)));
+  const int rank = options_.rank;
+  SameProcessGroup::Entry mine{m.input, m.output, op.header.signature, true, req.ToString()};
+  auto exchanged = group->Exchange(op.seq, rank, mine, deadline, abort_);
+  if (!exchanged.ok()) return exchanged.status();
+  const std::vector<SameProcessGroup::Entry>& all = *exchanged;
+  auto failed = [&](const Status& s) {
+    Status f = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, rank, req.ToString()));
+    group->Fail(f);
+    return f;
+  };
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  for (const SameProcessGroup::Entry& e : all) {
+    inputs.push_back(e.input);
+    outputs.push_back(e.output);
+  }
+  // Where the CPU does the parts (CpuDoesParts), this thread does this rank's itself, and the
+  // operation is done for this rank once every rank's part is. Two thread hand-offs fewer per
+  // call (to the stream's thread and back; 8-byte AllReduce of 2 in-process ranks 151-204 ->
+  // 135-140 us on the 2-core VM). A rank that published no event finished its part before
+  // publishing; the events of ranks that went through their streams are waited for here.
+  if (CpuDoesParts(device_->properties())) {
+    if (Status s = RunFusedPartOnCpu(req, rank, inputs, outputs); !s.ok()) return failed(s);
+    KZ_ASSIGN_OR_RETURN(std::vector<device::Event*> events,
+                        group->Finish(op.seq, rank, nullptr, deadline, abort_));
+    for (device::Event* e : events)
+      if (e != nullptr)
+        if (Status s = e->Synchronize(deadline); !s.ok()) return failed(s);
+    return Status::Ok();  // FinishOperation releases the caller's stream
+  }
+  KZ_RETURN_IF_ERROR(DirectStream());
+  device::Stream& stream = *streams_[0];
+  if (!direct_done_) {
+    KZ_ASSIGN_OR_RETURN(direct_done_, device_->CreateEvent());
+  }
+  if (Status s = EnqueueFusedPart(req, rank, inputs, outputs, stream); !s.ok()) return failed(s);
+  if (Status s = stream.Record(*direct_done_); !s.ok()) return failed(s);
+  // The finish stays on the device: this rank's stream waits for every other rank's part, then
+  // releases the caller's stream itself. No host thread waits for the device pass.
+  KZ_ASSIGN_OR_RETURN(std::vector<device::Event*> events,
+                      group->Finish(op.seq, rank, direct_done_.get(), deadline, abort_));
+  for (int q = 0; q < req.nranks; ++q)
+    if (q != rank && events[static_cast<size_t>(q)] != nullptr)
+      if (Status s = stream.Wait(*events[static_cast<size_t>(q)]); !s.ok()) return failed(s);
+  std::unique_ptr<device::StreamHold> hold;
+  {
+    std::lock_guard lock(op.mu);
+    hold = std::move(op.hold);
+  }
+  if (hold) {
+    if (Status s = stream.EnqueueRelease(std::move(hold)); !s.ok()) return failed(s);
+  }
+  return Status::Ok();
+}
+
+}  // namespace kizuna::collectives
+
+namespace kizuna::collectives {
+
+// ---- Executor::RunHostDirect ----
+
+// Ranks in several processes: the buffers come through the host group (peers' allocations mapped
+// on first use), and since events do not cross processes this rank waits for its own device pass
+// on the host, then for every other rank's in the group, before the operation ends
+// (FinishOperation then releases the caller's stream).
+Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
+  SameHostGroup& group = *options_.same_host;
+  const OperationMember& m = op.members[0];
+  const CollectiveRequest& req = m.plan->request;
+  const int rank = options_.rank;
+  auto failed = [&](const Status& s) {
+    Status f = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", op.seq, rank, req.ToString()));
+    group.Fail(f);
+    return f;
+  };
+  // Small AllReduces take the one-shot protocol wherever they run (TryInline ran them on the
+  // caller's thread when it could): the inputs are ready now, and the result is written by the
+  // CPU before the caller's stream is released.
+  // (FinishOperation releases the caller's stream, once the executor no longer counts it.)
+  if (group.UsesOneShot(req)) {
+    if (Status s = group.RunOneShot(op.seq, op.header.signature, req, m.input, m.output, deadline, abort_); !s.ok())
+      return failed(s);
+    return Status::Ok();
+  }
+  const auto [in_bytes, out_bytes] = FusedBytes(req, rank);
+  auto buffers = group.Exchange(op.seq, op.header.signature, req, m.input, in_bytes, m.output, out_bytes, deadline,
+                                abort_);
+  if (!buffers.ok()) return failed(buffers.status());
+  if (Status s = DirectStream(); !s.ok()) return failed(s);
+  device::Stream& stream = *streams_[0];
+  if (Status s = EnqueueFusedPart(req, rank, buffers->inputs, buffers->outputs, stream); !s.ok()) return failed(s);
+  if (Status s = stream.Synchronize(deadline); !s.ok()) return failed(s);
+  if (Status s = group.Finish(op.seq, deadline, abort_); !s.ok()) return failed(s);
+  return Status::Ok();
+}
+
+// ---- Executor::TryInline ----
+
+Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, device::Stream& stream,
+                                 bool host_memory) {
+  if (host_memory) {
+    if (!TakesHostMemory()) return InvalidArgument("this communicator does not take plain host memory");
+    if (members.size() != 1)
+      return InvalidArgument("plain host memory in a group of several calls: call them one by one");
+    if (members[0].plan->algorithm != Algorithm::kFused)
+      return InvalidArgument(fmt::format("{} with plain host memory runs only as fused (the algorithm asked for or "
+                                         "chosen is {})",
+                                         members[0].plan->request.ToString(),
+                                         AlgorithmName(members[0].plan->algorithm)));
+    // Wait for earlier work on the stream and in the executor: then it runs here.
+    const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
+    KZ_RETURN_IF_ERROR(stream.Synchronize(deadline));
+    while (true) {
+      {
+        std::lock_guard lock(mu_);
+        if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
+        if (queue_.empty() && pending_ == 0) break;
+      }
+      if (deadline.Expired())
+        return Timeout("earlier operations of this communicator did not finish by the deadline");
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  if (!options_.same_host || members.size() != 1) return false;
+  const OperationMember& m = members[0];
+  const CollectiveRequest& req = m.plan->request;
+  SameHostGroup& group = *options_.same_host;
+  if (m.plan->algorithm != Algorithm::kFused || !group.host_accessible() || !group.one_rank_per_process()) return false;
+  // The caller's stream must have nothing queued: then the inputs are ready now, and running the
+  // operation before returning orders it before whatever the caller enqueues next.
+  auto idle = stream.Query();
+  if (!idle.ok() || !*idle) {
+    if (host_memory) return idle.ok() ? Internal("the caller's stream is busy again") : idle.status();
+    return false;
+  }
+  KZ_ASSIGN_OR_RETURN(const uint64_t signature, executor_internal::OperationSignature(members));
+  uint64_t seq = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
+    // Anything still queued or running goes first, on the executor's thread: not inline.
+    if (!queue_.empty() || pending_ > 0) {
+      if (host_memory) return Internal("another thread submitted work to this communicator meanwhile");
+      return false;
+    }
+    seq = next_seq_++;
+  }
+  group.ReleaseRetired();  // nothing of this rank in flight, no stream held (SameHostGroup::ReleaseRetired)
+  const Deadline deadline = Deadline::AfterSecondsCoarse(options_.timeout_s);
+  // Ranks outnumbering the CPUs each do their part on this thread alone.
+  const ScopedSerialHostWork serial(group.oversubscribed());
+  Status s;
+  if (group.UsesOneShot(req)) {
+    s = group.RunOneShot(seq, signature, req, m.input, m.output, deadline, abort_);
+  } else if (host_memory) {
+    s = group.RunStaged(seq, signature, req, m.input, m.output, deadline, abort_);
+  } else {
+    // The same protocol as RunHostDirect, with the CPU doing this rank's part.
+    const auto [in_bytes, out_bytes] = FusedBytes(req, options_.rank);
+    auto buffers = group.Exchange(seq, signature, req, m.input, in_bytes, m.output, out_bytes, deadline,
+                                  abort_);
+    s = buffers.ok() ? RunFusedPartOnCpu(req, options_.rank, buffers->inputs, buffers->outputs) : buffers.status();
+    if (s.ok()) s = group.Finish(seq, deadline, abort_);
+  }
+  if (!s.ok()) {
+    s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", seq, options_.rank, req.ToString()));
+    Fail(s);
+    return s;
+  }
+  return true;
+}
+
+// ---- Executor::TryInlineGroup ----
+
+Result<bool> Executor::TryInlineGroup(std::span<Executor* const> executors,
+                                      std::span<const std::vector<OperationMember>* const> members,
+                                      std::span<device::Stream* const> streams) {
+  const size_t n = executors.size();
+  SameProcessGroup* group = executors[0]->options_.same_process.get();
+  if (group == nullptr || static_cast<size_t>(group->nranks()) != n) return false;
+  // Every rank of the group once, each with one fused call; the CPU does every part (on idle
+  // streams) or the devices do every part.
+  std::vector<int> order(n, -1);  // order[rank]: its index in executors
+  const bool cpu = CpuDoesParts(executors[0]->device_->properties());
+  for (size_t i = 0; i < n; ++i) {
+    Executor& ex = *executors[i];
+    const auto rank = static_cast<size_t>(ex.options_.rank);
+    if (ex.options_.same_process.get() != group || rank >= n || order[rank] >= 0) return false;
+    order[rank] = static_cast<int>(i);
+    if (members[i]->size() != 1 || (*members[i])[0].plan->algorithm != Algorithm::kFused) return false;
+    if (CpuDoesParts(ex.device_->properties()) != cpu) return false;
+    if (cpu) {
+      auto idle = streams[i]->Query();
+      if (!idle.ok() || !*idle) return false;
+    } else {
+      for (auto* event : {&ex.group_ready_, &ex.group_done_}) {
+        if (*event) continue;
+        auto created = ex.device_->CreateEvent();
+        if (!created.ok()) return false;  // the usual path needs none
+        *event = std::move(*created);
+      }
+    }
+  }
+  // The same call on every rank; otherwise the usual path reports the mismatch.
+  uint64_t signature = 0;
+  for (size_t i = 0; i < n; ++i) {
+    auto s = executor_internal::OperationSignature(*members[i]);
+    if (!s.ok() || (i > 0 && *s != signature)) return false;
+    signature = *s;
+  }
+  // Every executor idle and at the same operation: each takes its next number, all at once.
+  std::vector<Executor*> by_address(executors.begin(), executors.end());
+  std::sort(by_address.begin(), by_address.end());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(n);
+  for (Executor* ex : by_address) locks.emplace_back(ex->mu_);
+  const uint64_t seq = executors[0]->next_seq_;
+  for (Executor* ex : executors)
+    if (!ex->error_.ok() || !ex->queue_.empty() || ex->pending_ > 0 || ex->next_seq_ != seq) return false;
+  for (Executor* ex : executors) ++ex->next_seq_;
+  locks.clear();
+  std::vector<const void*> inputs(n);
+  std::vector<void*> outputs(n);
+  for (size_t r = 0; r < n; ++r) {
+    const OperationMember& m = (*members[static_cast<size_t>(order[r])])[0];
+    inputs[r] = m.input;
+    outputs[r] = m.output;
+  }
+  auto fail = [&](Status s, size_t r, const CollectiveRequest& req) -> Status {
+    s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}, {} by the thread that grouped the "
+                                  "calls",
+                                  seq, r, req.ToString(), cpu ? "run" : "enqueued"));
+    for (Executor* ex : executors) ex->Fail(s);
+    return s;
+  };
+  auto request = [&](size_t r) -> const CollectiveRequest& {
+    return (*members[static_cast<size_t>(order[r])])[0].plan->request;
+  };
+  if (cpu) {
+    for (size_t r = 0; r < n; ++r)
+      if (Status s = RunFusedPartOnCpu(request(r), static_cast<int>(r), inputs, outputs); !s.ok())
+        return fail(s, r, request(r));
+    return true;
+  }
+  // The devices do the parts, each rank's on its caller's stream (where rank r's later work goes).
+  auto stream = [&](size_t r) -> device::Stream& { return *streams[static_cast<size_t>(order[r])]; };
+  auto ex = [&](size_t r) -> Executor& { return *executors[static_cast<size_t>(order[r])]; };
+  if (!ex(0).group_on_streams_logged_) {
+    ex(0).group_on_streams_logged_ = true;
+    KZ_INFO(kLogColl, "{} ranks' fused calls grouped by one thread: each rank's part goes on its own stream, ordered "
+                      "by events between the streams (no executor thread, no held stream); first: {}",
+            n, request(0).ToString());
+  }
+  // 1. Where each caller's stream reached the call: its input is ready, its output free.
+  for (size_t r = 0; r < n; ++r)
+    if (Status s = stream(r).Record(*ex(r).group_ready_); !s.ok()) return fail(s, r, request(r));
+  // 2. Each part once every rank's stream has reached the call (it reads every input and writes
+  //    every output), then where it is done.
+  for (size_t r = 0; r < n; ++r) {
+    Status s;
+    for (size_t q = 0; q < n && s.ok(); ++q)
+      if (q != r) s = stream(r).Wait(*ex(q).group_ready_);
+    if (s.ok()) s = EnqueueFusedPart(request(r), static_cast<int>(r), inputs, outputs, stream(r));
+    if (s.ok()) s = stream(r).Record(*ex(r).group_done_);
+    if (!s.ok()) return fail(s, r, request(r));
+  }
+  // 3. Each stream's later work after every part: the others write into its output and read its
+  //    input until then.
+  for (size_t r = 0; r < n; ++r)
+    for (size_t q = 0; q < n; ++q)
+      if (q != r)
+        if (Status s = stream(r).Wait(*ex(q).group_done_); !s.ok()) return fail(s, r, request(r));
+  return true;
+}
+
+}  // namespace kizuna::collectives

@@ -1,0 +1,341 @@
+#include "collectives/executor/executor.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "collectives/executor/internal.h"
+#include "runtime/core/logging.h"
+
+namespace kizuna::collectives {
+
+using namespace executor_internal;  // the executor's own constants and control messages
+
+// ---------------------------------------------------------------------------------------------
+// The executor
+
+Executor::Executor(Transport* transport, device::Device* device, const ExecutorOptions& options)
+    : transport_(transport), device_(device), options_(options) {
+  control_ = std::make_unique<ControlState>();
+  control_->recv.assign(static_cast<size_t>(transport->nranks()), nullptr);
+  control_->inbox.resize(static_cast<size_t>(transport->nranks()));
+  control_->gone.resize(static_cast<size_t>(transport->nranks()));
+}
+
+Result<std::unique_ptr<Executor>> Executor::Create(Transport* transport, device::Device* device,
+                                                   const ExecutorOptions& options) {
+  if (transport == nullptr || device == nullptr) return InvalidArgument("executor: null transport or device");
+  if (options.window < 2) return InvalidArgument(fmt::format("executor: window {} (at least 2)", options.window));
+  if (!(options.timeout_s > 0)) return InvalidArgument("executor: timeout must be positive");
+  for (int q = 0; q < transport->nranks(); ++q) {
+    Transport::Peer* p = transport->peer(q);
+    if (p != nullptr && p->control_out.size() < kControlSlotBytes)
+      return InvalidArgument(fmt::format("executor: control buffers of {} bytes (at least {})", p->control_out.size(),
+                                         kControlSlotBytes));
+  }
+  std::unique_ptr<Executor> ex(new Executor(transport, device, options));
+  ex->thread_ = std::thread([e = ex.get()] { e->Loop(); });
+  return ex;
+}
+
+Executor::~Executor() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Control receives and header sends still posted are released with the comms (the
+  // transport's); nothing here refers to them after this point.
+  for (auto& s : streams_) s->Synchronize(Deadline::AfterSeconds(10)).IgnoreError();
+}
+
+size_t Executor::slot_bytes_for(int total_channels, size_t chunk_bytes) const {
+  const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
+  size_t bytes = transport_->staging().size() / slots;
+  const size_t cap = transport_->network() ? kNetworkChunkBytes : kDefaultChunkBytes;
+  bytes = std::min(bytes, chunk_bytes > 0 ? chunk_bytes : cap);
+  bytes = bytes / kMinSlotBytes * kMinSlotBytes;
+  return bytes;
+}
+
+Status Executor::FillHeader(Operation& op, int* total_channels) {
+  return executor_internal::FillHeader(op.members, &op.header, total_channels);
+}
+
+uint64_t PlanSignature(const Plan& plan) { return executor_internal::MemberSignature(plan); }
+
+Result<uint64_t> executor_internal::OperationSignature(const std::vector<OperationMember>& members) {
+  uint64_t signature = 0xcbf29ce484222325ull;
+  // Point-to-point members differ between ranks by nature (rank 0 sends to 1 while 1 receives
+  // from 0): they are checked pairwise, by the receiver comparing the bytes that arrive with the
+  // bytes it expects, and stay out of the signature, which must be equal on every rank.
+  for (const OperationMember& m : members) {
+    if (!m.plan || m.plan->ranks.size() != 1) return Internal("an operation member without this rank's plan");
+    const Collective c = m.plan->request.collective;
+    if (c != Collective::kSend && c != Collective::kRecv)
+      signature = Mix(signature, m.plan->signature != 0 ? m.plan->signature : MemberSignature(*m.plan));
+  }
+  return signature;
+}
+
+Status executor_internal::FillHeader(const std::vector<OperationMember>& members, ControlMessage* header,
+                                     int* total_channels) {
+  KZ_ASSIGN_OR_RETURN(const uint64_t signature, OperationSignature(members));
+  *total_channels = 0;
+  const OperationMember* described = nullptr;
+  for (const OperationMember& m : members) {
+    const Collective c = m.plan->request.collective;
+    if (c != Collective::kSend && c != Collective::kRecv && described == nullptr) described = &m;
+    *total_channels += static_cast<int>(m.plan->ranks[0].channels.size());
+  }
+  if (described == nullptr) described = &members[0];
+  const Plan& first = *described->plan;
+  ControlMessage& h = *header;
+  h.signature = signature;
+  h.members = static_cast<uint32_t>(members.size());
+  h.collective = static_cast<uint8_t>(first.request.collective);
+  h.dtype = static_cast<uint8_t>(first.request.dtype);
+  h.op = static_cast<uint8_t>(first.request.op);
+  h.algorithm = static_cast<uint8_t>(first.algorithm);
+  h.root = first.request.root;
+  h.nranks = first.request.nranks;
+  h.count = first.request.count;
+  h.chunk_count = first.chunk_count;
+  h.channels = static_cast<uint32_t>(first.channels);
+  return Status::Ok();
+}
+
+Status Executor::Submit(std::vector<OperationMember> members, device::Stream& stream, size_t slot_bytes) {
+  if (members.empty()) return InvalidArgument("an operation with no collective");
+  if (slot_bytes < kMinSlotBytes)
+    return InvalidArgument(fmt::format("staging slots of {} bytes (at least {}): too many channels for the staging "
+                                       "buffer",
+                                       slot_bytes, kMinSlotBytes));
+  auto op = std::make_shared<Operation>();
+  op->members = std::move(members);
+  op->slot_bytes = slot_bytes;
+  int total_channels = 0;
+  KZ_RETURN_IF_ERROR(FillHeader(*op, &total_channels));
+  const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
+  if (slots * slot_bytes > transport_->staging().size())
+    return Internal(fmt::format("{} slots of {} bytes exceed the staging buffer of {} bytes", slots, slot_bytes,
+                                transport_->staging().size()));
+  op->slots = static_cast<int>(slots);
+  ControlMessage& h = op->header;
+  bool idle_executor = false;
+  {
+    std::lock_guard lock(mu_);
+    if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
+    op->seq = next_seq_++;
+    h.seq = op->seq;
+    idle_executor = queue_.empty() && pending_ == 0;
+  }
+  // Memory the host group stopped using is freed here, with no operation of this rank in flight
+  // and before this call holds the stream: a free may wait for the whole device (cudaFree does).
+  if (idle_executor && options_.same_host) options_.same_host->ReleaseRetired();
+  // The stream tells the executor when it reaches the call (the inputs are ready), then is held
+  // until the operation is done, so later work on it sees the results. The hold blocks no host
+  // thread where the device can wait on memory (several ranks' streams in one process must not
+  // wait behind each other's held callbacks: CUDA runs them all on one thread).
+  // A stream with nothing queued has reached the call already: the executor need not wait for a
+  // callback from it (one thread hand-off fewer per call; the hold below still orders later work).
+  auto idle = stream.Query();
+  Status enq;
+  if (idle.ok() && *idle) {
+    op->inputs_ready = true;  // not yet shared with another thread
+  } else {
+    enq = stream.EnqueueHostCallback([op](const Status& stream_status) {
+      std::lock_guard lock(op->mu);
+      op->inputs_ready = true;
+      op->stream_status = stream_status;
+      op->cv.notify_all();
+    });
+  }
+  if (enq.ok()) {
+    auto hold = stream.EnqueueHold();
+    if (hold.ok()) {
+      std::lock_guard lock(op->mu);
+      op->hold = std::move(*hold);
+    } else {
+      enq = hold.status();
+    }
+  }
+  if (!enq.ok()) {
+    // Sequence numbers must stay dense across ranks: a call that was numbered but never runs
+    // would make every later header disagree. Fail the communicator, saying why.
+    Fail(enq.WithContext("enqueueing a collective on the caller's stream"));
+    return enq;
+  }
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(op);
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+void Executor::FinishOperation(Operation& op, const Status& status) {
+  if (!status.ok()) KZ_WARN(kLogColl, "operation {} failed: {}", op.seq, status.ToString());
+  // No longer pending before the caller's stream goes on: a call made as soon as the stream is
+  // free finds the executor idle and may run on the calling thread (TryInline), instead of
+  // queueing behind this one, and every call after it too.
+  {
+    std::lock_guard lock(mu_);
+    --pending_;
+  }
+  {
+    std::lock_guard lock(op.mu);
+    op.done = true;
+    if (op.hold) op.hold->Release();
+  }
+  op.cv.notify_all();
+}
+
+void Executor::Fail(const Status& status) {
+  {
+    std::lock_guard lock(mu_);
+    if (!error_.ok()) return;
+    error_ = status;
+    failing_.store(true, std::memory_order_release);
+  }
+  // The other ranks of an in-process group may be waiting for this one: they fail now, naming
+  // this rank's error, instead of at their deadline.
+  if (options_.same_process)
+    options_.same_process->Fail(status.WithContext(fmt::format("rank {} failed", options_.rank)));
+  if (options_.same_host) options_.same_host->Fail(status);  // its peers say "rank R failed: ..."
+  failed_.store(true);
+  cv_.notify_all();
+}
+
+void Executor::Abort(std::string_view why) {
+  Fail(Aborted(fmt::format("aborted: {}", why)));
+  abort_.store(true);
+  cv_.notify_all();
+}
+
+Status Executor::AsyncError() const {
+  if (!failing_.load(std::memory_order_acquire)) return Status::Ok();  // no lock on the common path
+  std::lock_guard lock(mu_);
+  return error_;
+}
+
+int Executor::pending() const {
+  std::lock_guard lock(mu_);
+  return pending_ + static_cast<int>(queue_.size());
+}
+
+void Executor::TellPeersAndClose(const Status& status, bool tell) {
+  // Best effort: one abort message per peer, then the connections close, so that peers waiting on
+  // this rank fail at once (kRemoteError) with the first cause in hand.
+  ControlMessage m;
+  m.kind = ControlKind::kAbort;
+  const std::string why = fmt::format("{}", status.ToString());
+  std::memcpy(m.reason, why.data(), std::min(why.size(), sizeof m.reason - 1));
+  std::vector<std::pair<Transport::Peer*, fabric::Request*>> sent;
+  for (int q = 0; tell && q < transport_->nranks(); ++q) {
+    Transport::Peer* p = transport_->peer(q);
+    if (p == nullptr || !p->send) continue;
+    auto& pending = control_->pending[q];
+    const size_t nslots = p->control_out.size() / kControlSlotBytes;
+    if (pending.size() >= nslots) continue;
+    const size_t slot = control_->next[q]++ % nslots;
+    uint8_t* where = p->control_out.data() + slot * kControlSlotBytes;
+    std::memcpy(where, &m, sizeof m);
+    auto r = p->send->Send(where, sizeof m, kControlTag, p->send_control);
+    if (r.ok() && *r != nullptr) sent.emplace_back(p, *r);
+  }
+  const Deadline grace = Deadline::After(std::chrono::milliseconds(200));
+  for (auto& [p, r] : sent) p->send->Wait(r, grace).status().IgnoreError();
+  control_->pending.clear();
+  for (int q = 0; q < transport_->nranks(); ++q) {
+    Transport::Peer* p = transport_->peer(q);
+    if (p == nullptr) continue;
+    control_->recv[static_cast<size_t>(q)] = nullptr;
+    p->send.reset();
+    p->recv.reset();
+  }
+  closed_ = true;
+}
+
+void Executor::Loop() {
+  // One control receive per peer from the start, so that a notice a peer sends before this rank's
+  // first operation (an abort while idle) is delivered, not lost with the peer's connection.
+  for (int q = 0; q < transport_->nranks(); ++q) {
+    Transport::Peer* p = transport_->peer(q);
+    if (p == nullptr || !p->recv) continue;
+    auto r = p->recv->Recv(p->control_in.data(), kControlSlotBytes, kControlTag, p->recv_control);
+    if (r.ok()) control_->recv[static_cast<size_t>(q)] = *r;
+  }
+  if (options_.serve) {
+    Serve();
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return stopping_; });
+    return;
+  }
+  while (true) {
+    std::shared_ptr<Operation> op;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || (abort_.load() && !closed_); });
+      if (queue_.empty() && abort_.load() && !closed_) {
+        // Aborted while idle: tell the peers now, so that they do not wait for this rank.
+        lock.unlock();
+        TellPeersAndClose(AsyncError());
+        continue;
+      }
+      if (queue_.empty()) break;
+      op = queue_.front();
+      queue_.pop_front();
+      ++pending_;
+    }
+    Status status;
+    // Wait for the caller's stream to reach the call.
+    {
+      const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
+      std::unique_lock lock(op->mu);
+      while (!op->inputs_ready && !abort_.load() && !deadline.Expired())
+        op->cv.wait_for(lock, std::chrono::milliseconds(10));
+      if (!op->inputs_ready)
+        status = abort_.load() ? Aborted("the communicator was aborted")
+                               : Timeout(fmt::format("the caller's stream did not reach operation {} within {} s",
+                                                     op->seq, options_.timeout_s));
+      else if (!op->stream_status.ok())
+        status = op->stream_status.WithContext("the caller's stream failed before the collective");
+    }
+    if (status.ok()) {
+      std::lock_guard lock(mu_);
+      if (!error_.ok()) status = Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
+    }
+    if (status.ok()) {
+      const bool direct = op->members.size() == 1 && op->members[0].plan->algorithm == Algorithm::kFused;
+      if (direct) {
+        status = RunDirect(*op, Deadline::AfterSeconds(options_.timeout_s));
+      } else {
+        if (options_.same_process) {
+          std::string call = op->members[0].plan->request.ToString();
+          if (op->members.size() > 1) call += fmt::format(" and {} more calls in a group", op->members.size() - 1);
+          options_.same_process->Publish(op->seq, options_.rank, op->header.signature, std::move(call));
+        }
+        Run run(*this, *op, op->slot_bytes, op->slots);
+        status = run.Execute(Deadline::AfterSeconds(options_.timeout_s));
+      }
+    }
+    if (!status.ok()) {
+      Fail(status);
+      if (!closed_) TellPeersAndClose(status);
+    }
+    FinishOperation(*op, status);
+  }
+  if (!closed_) {
+    // Control receives stay posted on the comms; the transport releases them with the comms.
+  }
+}
+
+}  // namespace kizuna::collectives

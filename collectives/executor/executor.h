@@ -1,0 +1,207 @@
+// The executor: one thread per communicator (NCCL's proxy thread) that runs operations — a
+// collective call, or a group of calls fused by GroupStart/GroupEnd — by driving their plans'
+// steps over the transport's fabric connections and the device's streams (DESIGN.md section 3).
+//
+// How one operation flows:
+//  1. Submit (on the caller's thread, returns at once) queues the operation and enqueues on the
+//     caller's stream a host callback that (a) tells the executor the stream has reached the
+//     call — the inputs are ready; a stream with nothing queued has, and gets no callback — and
+//     (b) holds the stream until the operation is done, so later work on the stream sees the
+//     results (NCCL's semantics; a device with stream memory
+//     operations could do this without holding a host thread, later).
+//  2. The executor takes operations in submission order. For each: it sends an operation header
+//     (sequence number and signature) to every peer it will send data to, and checks the header
+//     of every peer it receives from before consuming that peer's data; a rank at another
+//     operation, or at the same sequence number with another signature, fails the operation
+//     with an error naming both signatures and both ranks (mismatch detection).
+//  3. Steps run as plan.h specifies: each channel in order, with a window of started steps;
+//     sends copy their source into a staging slot on the channel's device stream, then post a
+//     fabric send from the slot; receives land in a staging slot, then a device copy or reduce
+//     moves them to their destination; local steps are device operations. Tags keep channels
+//     and group members apart on the shared connections.
+//  4. When every step has completed (device work included), the operation is done: the held
+//     stream continues. On failure the held stream continues too and the stream's later
+//     Synchronize does not see an error (the device did nothing wrong): the error is the
+//     communicator's (AsyncError), as with NCCL's ncclCommGetAsyncError.
+//
+// Failures are sticky: after one operation fails, every queued and later operation fails with
+// that error (kAborted wrapping it), and the executor closes its connections so that peers waiting
+// on this rank fail promptly with kRemoteError instead of waiting for their timeout. Before
+// closing, it tells every peer why (a control message), so their errors name the first cause.
+//
+// Deadlines: an operation that has not completed KIZUNA_TIMEOUT after its inputs were ready fails
+// with kTimeout naming the peers it still waits on and the steps.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/direct/same_host_group.h"
+#include "collectives/direct/same_process_group.h"
+#include "collectives/plan/plan.h"
+#include "collectives/transport/transport.h"
+#include "runtime/core/config.h"
+#include "runtime/device/device.h"
+#include "runtime/core/status.h"
+
+namespace kizuna::collectives {
+
+// One collective of an operation: its plan (this rank's part) and the caller's buffers.
+// What every rank's plan of one operation must agree on, hashed (the operation header's signature
+// is made of these): cache it in Plan::signature when the plan is kept for many calls.
+uint64_t PlanSignature(const Plan& plan);
+
+struct OperationMember {
+  std::shared_ptr<const Plan> plan;  // ranks[0] is this rank's RankPlan
+  const void* input = nullptr;       // device addresses, per plan.h's buffer table
+  void* output = nullptr;
+};
+
+struct ExecutorOptions {
+  double timeout_s = 600;  // per operation, from its inputs being ready
+  int window = 4;          // started steps per channel (>= 2, plan.h)
+  // The in-process group for the direct algorithms, and this rank's place in it; null when the
+  // communicator's ranks do not address each other's memory (CommShape::direct is false).
+  std::shared_ptr<SameProcessGroup> same_process;
+  // The same for ranks of one host in several processes (same_host.h); null unless every rank
+  // of the communicator is on this host and their devices share allocations across processes.
+  std::shared_ptr<SameHostGroup> same_host;
+  int rank = 0;
+  // An aggregation device of an INA job (algorithms/ina.cc): it makes no calls of its own. Set,
+  // the executor runs an operation whenever one of its peers' operation headers arrives, with the
+  // plan this returns for the request the header describes, until the job ends (every peer has
+  // closed its connections: kUnavailable) or an operation fails. Submit is not used.
+  std::function<Result<std::shared_ptr<const Plan>>(const CollectiveRequest& request, Algorithm algorithm,
+                                                    uint64_t chunk_count, int channels)>
+      serve;
+  // Serve: the job's workers are ranks 0..workers-1 (the other aggregation devices follow them);
+  // the job has ended when every worker has closed its connections.
+  int workers = 0;
+};
+
+class Executor {
+ public:
+  // Starts the executor thread. `transport` and `device` must outlive the executor.
+  static Result<std::unique_ptr<Executor>> Create(Transport* transport, device::Device* device,
+                                                  const ExecutorOptions& options);
+  // Finishes the queued operations (bounded by their deadlines), then stops the thread and
+  // releases the device resources. Never throws, never hangs past the deadlines.
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // The staging slot size (bytes) for an operation whose members have `total_channels` channels
+  // in all: the staging buffer split into total_channels x window slots, at most `chunk_bytes`
+  // (0: the default chunk), a multiple of 64. Plans submitted with it must have no step larger.
+  size_t slot_bytes_for(int total_channels, size_t chunk_bytes) const;
+
+  // Queues one operation (a group: several members, run concurrently) behind `stream`'s current
+  // work, with staging slots of `slot_bytes` (from slot_bytes_for). kAborted (nothing queued)
+  // when the executor has failed or been aborted.
+  Status Submit(std::vector<OperationMember> members, device::Stream& stream, size_t slot_bytes);
+  // A fused operation between processes whose device memory the CPU reaches runs at once on the
+  // calling thread when the executor and the caller's stream are idle (a small AllReduce through
+  // SameHostGroup::RunOneShot, the rest through the mapped buffers with the CPU doing this rank's part):
+  // no hand-off to the executor's or the stream's thread. True when it ran (its error, if it
+  // failed, fails the communicator as any operation's would); false: Submit it as usual.
+  // `host_memory`: the buffers are plain host memory (TakesHostMemory): the operation must run
+  // here, so this waits for the caller's stream and the executor to be idle, and fails when the
+  // plan is not fused.
+  Result<bool> TryInline(const std::vector<OperationMember>& members, device::Stream& stream,
+                         bool host_memory = false);
+  // One thread calling every rank of an in-process group together (GroupStart, one fused call on
+  // each rank's communicator, GroupEnd: how one thread drives several devices), every executor
+  // idle and the calls matching. When the CPU does the parts (memory it reaches, devices not
+  // throttled) and every caller's stream is idle, this thread runs every rank's part itself, in
+  // rank order, before returning. When the devices do the parts (GPUs, opaque memory), this
+  // thread enqueues every rank's part on that rank's own stream, ordered by events between the
+  // streams (each part after every rank's earlier work; each stream's later work after every
+  // part), and returns: no executor thread, no held stream, no host wait. `executors[i]` runs
+  // `members[i]` (one member) on `streams[i]`. True when it ran (its error, if it failed, fails
+  // every executor); false: submit them as usual (the usual path names a mismatch).
+  static Result<bool> TryInlineGroup(std::span<Executor* const> executors,
+                                     std::span<const std::vector<OperationMember>* const> members,
+                                     std::span<device::Stream* const> streams);
+  // Calls may pass plain host memory (malloc): the communicator's ranks are processes of one host
+  // sharing buffers, and the CPU reaches their device memory, so fused operations run on the
+  // calling thread (TryInline) through staging allocations the peers map (SameHostGroup::RunStaged).
+  bool TakesHostMemory() const {
+    return options_.same_host && options_.same_host->host_accessible() &&
+           options_.same_host->one_rank_per_process();
+  }
+
+  // Fails the current and queued operations with kAborted, releases held streams, closes the
+  // connections. Returns promptly (does not wait for peers).
+  void Abort(std::string_view why);
+  // The first failure, or ok.
+  Status AsyncError() const;
+  // Operations submitted and not yet finished.
+  int pending() const;
+  // ExecutorOptions::serve: blocks until the executor stops serving — the job ended (kUnavailable)
+  // or failed, or Abort — and returns why; operations served so far in `served`.
+  Status WaitServing(uint64_t* served = nullptr);
+
+ private:
+  struct Operation;
+  class Run;
+  Executor(Transport* transport, device::Device* device, const ExecutorOptions& options);
+  void Loop();
+  // ExecutorOptions::serve's loop (executor_serve.cc).
+  void Serve();
+  // Takes every control message that arrived into the inbox and reposts the receives; a peer
+  // whose control connection ended is recorded in `gone`. True when anything arrived.
+  Result<bool> ReceiveControl();
+  // The operation header every rank computes for the same members (Submit, Serve).
+  static Status FillHeader(Operation& op, int* total_channels);
+  // A fused member (fused.cc), run through the direct group (executor_direct.cc).
+  Status RunDirect(Operation& op, Deadline deadline);
+  Status RunHostDirect(Operation& op, Deadline deadline);  // through the host group
+  Status DirectStream();                                    // streams_[0] exists after it
+  void Fail(const Status& status);
+  void FinishOperation(Operation& op, const Status& status);
+  // `tell` false: close without the abort notice (an aggregation device whose job ended normally).
+  void TellPeersAndClose(const Status& status, bool tell = true);
+
+  Transport* const transport_;
+  device::Device* const device_;
+  const ExecutorOptions options_;
+
+  std::vector<std::unique_ptr<device::Stream>> streams_;  // one per channel, grown on demand
+  std::unique_ptr<device::Buffer> scratch_;               // grown on demand
+  std::unique_ptr<device::Event> direct_done_;            // RunDirect: this rank's part is done
+  std::vector<std::unique_ptr<device::Buffer>> retired_scratch_;  // outgrown, freed with the executor
+  // TryInlineGroup on devices: where this rank's caller stream reached the call, and where its
+  // part was done (created on first use, by the thread that groups the calls).
+  std::unique_ptr<device::Event> group_ready_, group_done_;
+  bool group_on_streams_logged_ = false;  // said once at INFO (rank 0's executor)
+
+  // Control traffic (operation headers, abort notices), used by the executor thread only.
+  struct ControlState;
+  std::unique_ptr<ControlState> control_;
+  bool closed_ = false;  // executor thread only: the connections were closed after a failure
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Operation>> queue_;  // guarded by mu_
+  Status error_;                                   // guarded by mu_; first failure
+  bool stopping_ = false;                          // guarded by mu_
+  std::atomic<bool> abort_{false};
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> failing_{false};  // set with error_ (under mu_): AsyncError reads it without mu_
+  uint64_t next_seq_ = 1;  // guarded by mu_
+  uint64_t served_ = 0;    // guarded by mu_: operations run by Serve
+  int pending_ = 0;        // guarded by mu_: taken from the queue, not finished
+  std::thread thread_;
+};
+
+}  // namespace kizuna::collectives

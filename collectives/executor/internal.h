@@ -1,0 +1,242 @@
+// The executor's private parts, shared by executor.cc (the executor's life: queue, thread,
+// failures) and executor_run.cc (running one operation: headers, steps, waits). Not a public
+// header: only these two files include it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "collectives/executor/executor.h"
+
+namespace kizuna::collectives {
+namespace executor_internal {
+
+using Clock = std::chrono::steady_clock;
+
+// Control messages travel on their own tag, beside the data tags (member * kMaxChannels + channel).
+constexpr int kControlTag = 1 << 30;
+constexpr int kMaxChannels = 64;
+// Point-to-point members of a group take tags from here up (see Run::Setup).
+constexpr int kP2pTagBase = 1 << 29;
+constexpr uint32_t kControlMagic = 0x6b7a4354;  // "kzCT"
+constexpr size_t kControlSlotBytes = 256;       // one control message; control_bytes holds several
+// A slot is at least this big: smaller chunks would be all overhead (and the staging split below
+// rounds to it).
+constexpr size_t kMinSlotBytes = 64;
+// The largest chunk when KIZUNA_CHUNK_BYTES does not say: large enough that per-step overhead
+// (a stream round trip and a fabric post, ~10-30 us here) is small against the copy of the chunk
+// at memory speed, small enough that a 2-channel window of 4 fits the default 8 MiB staging.
+constexpr size_t kDefaultChunkBytes = 512 << 10;
+// The same where some peer is reached over a network (Transport::network()): a message there
+// pays a fixed cost that 512 KiB does not amortize (over tcp;ofi_rxm between two namespaces,
+// 64 MiB AllReduce at 2 ranks: 0.55-0.65 GB/s with 512 KiB chunks, 0.80-0.91 with 2 MiB; 4 and
+// 8 MiB no better).
+constexpr size_t kNetworkChunkBytes = 2 << 20;
+// Steps up to this size on host-accessible memory run on the executor's thread (Run::OnCpu).
+constexpr size_t kCpuStepBytes = 64 << 10;
+// How long the executor blocks on one thing before looking at everything again: short, so a
+// completion elsewhere is not left waiting, long enough not to burn a core.
+constexpr auto kWaitSlice = std::chrono::microseconds(200);
+
+enum class ControlKind : uint32_t { kHeader = 1, kAbort = 2 };
+
+// What a rank says about the operation it is at; compared field by field with the receiver's own.
+struct ControlMessage {
+  uint32_t magic = kControlMagic;
+  ControlKind kind = ControlKind::kHeader;
+  uint64_t seq = 0;
+  uint64_t signature = 0;  // hash over every member's signature
+  uint32_t members = 0;
+  uint8_t collective = 0, dtype = 0, op = 0, algorithm = 0;
+  int32_t root = 0;
+  int32_t nranks = 0;
+  uint64_t count = 0;
+  uint64_t chunk_count = 0;
+  uint32_t channels = 0;
+  char reason[kControlSlotBytes - 64] = {};  // kAbort: why, NUL-terminated
+};
+static_assert(sizeof(ControlMessage) == kControlSlotBytes);
+
+inline uint64_t Mix(uint64_t h, uint64_t v) {
+  // A whole word per step (multiply by the golden-ratio constant, fold the high bits down): stable
+  // across processes and builds of one version, and a few cycles, where FNV-1a's byte at a time
+  // was 8 dependent multiplies per value on every call's path.
+  h = (h ^ v) * 0x9e3779b97f4a7c15ull;
+  return h ^ (h >> 29);
+}
+
+// What must agree between ranks for one member. in_place may differ between ranks (as in NCCL),
+// so plans never let it change a rank's transfers, and it is not part of the signature.
+inline uint64_t MemberSignature(const Plan& plan) {
+  const CollectiveRequest& r = plan.request;
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = Mix(h, static_cast<uint64_t>(r.collective));
+  h = Mix(h, r.count);
+  h = Mix(h, static_cast<uint64_t>(r.dtype));
+  h = Mix(h, IsReduction(r.collective) ? static_cast<uint64_t>(r.op) : 0);
+  h = Mix(h, static_cast<uint64_t>(r.root));
+  h = Mix(h, static_cast<uint64_t>(r.nranks));
+  h = Mix(h, static_cast<uint64_t>(plan.algorithm));
+  h = Mix(h, plan.chunk_count);
+  h = Mix(h, static_cast<uint64_t>(plan.channels));
+  return h;
+}
+
+// The header of an operation made of `members` (Executor::FillHeader).
+Status FillHeader(const std::vector<OperationMember>& members, ControlMessage* header, int* total_channels);
+// Its signature alone (what the calling thread's path needs), checking that every member has this
+// rank's plan.
+Result<uint64_t> OperationSignature(const std::vector<OperationMember>& members);
+
+inline std::string DescribeHeader(const ControlMessage& m) {
+  CollectiveRequest r;
+  r.collective = static_cast<Collective>(m.collective);
+  r.nranks = m.nranks;
+  r.count = m.count;
+  r.dtype = static_cast<DataType>(m.dtype);
+  r.op = static_cast<ReduceOp>(m.op);
+  r.root = m.root;
+  std::string s = fmt::format("operation {}: {} ({}, chunk {}, {} channels)", m.seq, r.ToString(),
+                              AlgorithmName(static_cast<Algorithm>(m.algorithm)), m.chunk_count, m.channels);
+  if (m.members > 1) s += fmt::format(" and {} more in a group", m.members - 1);
+  return s;
+}
+
+
+}  // namespace executor_internal
+
+using executor_internal::ControlMessage;
+
+// ---------------------------------------------------------------------------------------------
+// Operations
+
+struct Executor::ControlState {
+  std::vector<fabric::Request*> recv;                 // the control receive posted per peer
+  std::vector<std::deque<ControlMessage>> inbox;      // received, not yet consumed, per peer
+  std::map<int, std::deque<fabric::Request*>> pending;  // header sends in flight, per peer
+  std::map<int, uint64_t> next;                       // the next control slot to use, per peer
+  std::vector<Status> gone;                           // per peer: why its control connection ended
+};
+
+struct Executor::Operation {
+  uint64_t seq = 0;
+  size_t slot_bytes = 0;
+  int slots = 0;
+  std::vector<OperationMember> members;
+  ControlMessage header;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool inputs_ready = false;  // guarded by mu
+  Status stream_status;       // guarded by mu: the user stream's state when it reached the call
+  bool done = false;          // guarded by mu
+  std::unique_ptr<device::StreamHold> hold;  // guarded by mu: the caller's stream, held until done
+};
+
+// ---------------------------------------------------------------------------------------------
+// Running one operation
+
+class Executor::Run {
+ public:
+  Run(Executor& ex, Operation& op, size_t slot_bytes, int slots)
+      : ex_(ex),
+        op_(op),
+        tr_(*ex.transport_),
+        slot_bytes_(slot_bytes),
+        slots_(slots),
+        cpu_steps_(CpuSteps(ex.device_->properties())) {}
+
+  Status Execute(Deadline deadline);
+
+ private:
+  enum class Phase : uint8_t { kWaiting, kCopyIn, kReadyToPost, kPosted, kReceived, kConsume, kDone };
+
+  struct StepState {
+    Phase phase = Phase::kWaiting;
+    int slot = -1;
+    fabric::Request* request = nullptr;
+    device::Event* event = nullptr;
+    // What WaitBriefly found for the posted request: its completion, or its failure (the request
+    // is then already released).
+    std::optional<Result<fabric::Completion>> waited;
+  };
+
+  struct ChannelRun {
+    int member = 0;
+    int channel = 0;
+    const std::vector<Step>* steps = nullptr;
+    std::vector<StepState> states;
+    size_t next = 0;              // the next step to start
+    std::vector<size_t> active;   // started, not done, in order
+    device::Stream* stream = nullptr;
+    int tag = 0;
+    bool epilogue = false;
+    bool done() const { return next == steps->size() && active.empty(); }
+  };
+
+  Status Setup();
+  Status SendHeaders();
+  Result<bool> PollControl();
+  Result<bool> Advance(ChannelRun& ch);
+  Result<bool> Drive(ChannelRun& ch, size_t index, std::set<int>& send_blocked, std::set<int>& recv_blocked);
+  Status Start(ChannelRun& ch, size_t index);
+  // A local step (copy, reduce, scale), on the channel's stream, or done here when `cpu`.
+  Status EnqueueLocal(ChannelRun& ch, const Step& step, bool cpu);
+  // What a receive's slot goes into (a copy or a reduce), on the stream or here when `cpu`.
+  Status EnqueueConsume(ChannelRun& ch, const Step& step, StepState& st, bool cpu);
+  // Whether a step moving `bytes` runs on this thread instead of a device stream: small steps on
+  // memory the CPU reaches, where the hand-off to the stream's thread and back costs far more
+  // than the copy (40-190 us per step measured between two namespaces on the build VM, against
+  // a 5 us fabric transfer).
+  bool OnCpu(size_t bytes) const { return cpu_steps_ && bytes <= executor_internal::kCpuStepBytes; }
+  // The CPU reaches the device's memory, and its streams model no speed or launch latency that
+  // running a step here would skip (an emulated device with KIZUNA_EMU_* throttles keeps them).
+  static bool CpuSteps(const device::DeviceProperties& p) {
+    return p.host_accessible && p.copy_gbps == 0 && p.reduce_gbps == 0 && p.launch_latency_us == 0;
+  }
+  Result<bool> EventDone(StepState& st);
+  Status CompleteRecv(ChannelRun& ch, size_t index, size_t size);
+  void WaitBriefly();
+  Status CheckHeader(int peer, const ControlMessage& m);
+  std::string Waiting() const;
+  void Release();
+
+  const OperationMember& member(const ChannelRun& ch) const { return op_.members[static_cast<size_t>(ch.member)]; }
+  size_t elem(const ChannelRun& ch) const { return DataTypeSize(member(ch).plan->request.dtype); }
+  const void* Address(const ChannelRun& ch, const Slice& s) const;
+  void* MutableAddress(const ChannelRun& ch, const Slice& s) const { return const_cast<void*>(Address(ch, s)); }
+  uint8_t* SlotAddress(int slot) const {
+    return static_cast<uint8_t*>(tr_.staging().data()) + static_cast<size_t>(slot) * slot_bytes_;
+  }
+  std::string StepName(const ChannelRun& ch, size_t index) const;
+
+  Executor& ex_;
+  Operation& op_;
+  Transport& tr_;
+  const size_t slot_bytes_;
+  const int slots_;
+  const bool cpu_steps_;  // the device's memory is host accessible (OnCpu)
+
+  std::vector<ChannelRun> channels_;
+  std::vector<ChannelRun> epilogues_;  // one per member that has an epilogue
+  std::vector<int> free_slots_;
+  std::vector<std::unique_ptr<device::Event>> events_;  // the pool's storage
+  std::vector<device::Event*> free_events_;
+  std::vector<size_t> scratch_offsets_;  // bytes into the scratch buffer, per member
+
+  // Headers: which peers this rank must hear from, and what it heard.
+  std::set<int> expect_from_;
+  std::set<int> verified_;
+};
+
+}  // namespace kizuna::collectives

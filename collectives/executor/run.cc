@@ -1,0 +1,594 @@
+// Running one operation: headers, steps over staging slots and device streams, waits.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "collectives/executor/internal.h"
+#include "runtime/device/host_reduce.h"
+#include "runtime/core/logging.h"
+
+namespace kizuna::collectives {
+
+using namespace executor_internal;  // the executor's own constants and control messages
+
+const void* Executor::Run::Address(const ChannelRun& ch, const Slice& s) const {
+  const OperationMember& m = member(ch);
+  const size_t off = static_cast<size_t>(s.offset) * elem(ch);
+  switch (s.buffer) {
+    case BufferKind::kInput:
+      return static_cast<const uint8_t*>(m.input) + off;
+    case BufferKind::kOutput:
+      return static_cast<uint8_t*>(m.output) + off;
+    case BufferKind::kScratch:
+      return static_cast<uint8_t*>(ex_.scratch_->data()) + scratch_offsets_[static_cast<size_t>(ch.member)] + off;
+  }
+  return nullptr;
+}
+
+std::string Executor::Run::StepName(const ChannelRun& ch, size_t index) const {
+  const Step& s = (*ch.steps)[index];
+  std::string where = ch.epilogue ? "epilogue" : fmt::format("channel {}", ch.channel);
+  if (op_.members.size() > 1) where = fmt::format("member {} {}", ch.member, where);
+  std::string text = fmt::format("{} step {} ({}", where, index, StepKindName(s.kind));
+  if (s.peer >= 0) text += fmt::format(" {} rank {}", s.kind == StepKind::kSend ? "to" : "from", s.peer);
+  return text + ")";
+}
+
+Status Executor::Run::Setup() {
+  // Scratch: one region per member, grown when too small (every earlier operation is finished,
+  // so the old buffer is unused).
+  size_t scratch_bytes = 0;
+  for (const OperationMember& m : op_.members) {
+    scratch_offsets_.push_back(scratch_bytes);
+    const RankPlan& rp = m.plan->ranks[0];
+    scratch_bytes += (rp.scratch_count * DataTypeSize(m.plan->request.dtype) + 255) / 256 * 256;
+  }
+  if (scratch_bytes > 0 && (!ex_.scratch_ || ex_.scratch_->size() < scratch_bytes)) {
+    // The old buffer is kept until the executor goes away: freeing device memory can wait for the
+    // whole device (CUDA), and the caller's stream — held until this operation is done — is part
+    // of it. Growth at least doubles, so the kept buffers add up to less than the current one.
+    if (ex_.scratch_) {
+      scratch_bytes = std::max(scratch_bytes, 2 * ex_.scratch_->size());
+      ex_.retired_scratch_.push_back(std::move(ex_.scratch_));
+    }
+    KZ_ASSIGN_OR_RETURN(ex_.scratch_, ex_.device_->Allocate(scratch_bytes));
+  }
+
+  int stream_index = 0;
+  auto stream_for = [&]() -> Result<device::Stream*> {
+    const size_t i = static_cast<size_t>(stream_index++ % kMaxChannels);
+    while (ex_.streams_.size() <= i) {
+      KZ_ASSIGN_OR_RETURN(auto s, ex_.device_->CreateStream());
+      ex_.streams_.push_back(std::move(s));
+    }
+    return ex_.streams_[i].get();
+  };
+  // Tags: the sender's and the receiver's must agree. Collective members are numbered alike on
+  // every rank (the signature checks it); a point-to-point member's position differs between the
+  // two ranks (one lists a send where the other lists a receive), so it takes the next tag of its
+  // (peer, direction) pair instead: the k-th send to q meets q's k-th receive from this rank.
+  int collective_index = 0;
+  std::map<std::pair<int, bool>, int> p2p_index;
+  for (size_t mi = 0; mi < op_.members.size(); ++mi) {
+    const RankPlan& rp = op_.members[mi].plan->ranks[0];
+    const CollectiveRequest& req = op_.members[mi].plan->request;
+    int tag_base = 0;
+    if (req.collective == Collective::kSend || req.collective == Collective::kRecv) {
+      const int k = p2p_index[{req.root, req.collective == Collective::kSend}]++;
+      tag_base = kP2pTagBase + k * kMaxChannels;
+    } else {
+      tag_base = collective_index++ * kMaxChannels;
+    }
+    if (tag_base >= kControlTag) return InvalidArgument("too many collectives in one group");
+    if (rp.channels.size() > static_cast<size_t>(kMaxChannels))
+      return Internal(fmt::format("plan with {} channels (at most {})", rp.channels.size(), kMaxChannels));
+    for (size_t c = 0; c < rp.channels.size(); ++c) {
+      if (rp.channels[c].empty()) continue;
+      ChannelRun ch;
+      ch.member = static_cast<int>(mi);
+      ch.channel = static_cast<int>(c);
+      ch.steps = &rp.channels[c];
+      ch.states.resize(ch.steps->size());
+      ch.tag = tag_base + static_cast<int>(c);
+      KZ_ASSIGN_OR_RETURN(ch.stream, stream_for());
+      for (const Step& s : *ch.steps) {
+        if (s.kind == StepKind::kRecv || s.kind == StepKind::kRecvReduce) expect_from_.insert(s.peer);
+        if (s.peer >= 0 && tr_.peer(s.peer) == nullptr)
+          return Internal(fmt::format("the plan needs rank {}, which this rank has no connection to", s.peer));
+      }
+      channels_.push_back(std::move(ch));
+    }
+    if (!rp.epilogue.empty()) {
+      ChannelRun ch;
+      ch.member = static_cast<int>(mi);
+      ch.steps = &rp.epilogue;
+      ch.states.resize(ch.steps->size());
+      ch.epilogue = true;
+      KZ_ASSIGN_OR_RETURN(ch.stream, stream_for());
+      epilogues_.push_back(std::move(ch));
+    }
+  }
+  if (static_cast<size_t>(tr_.staging().size()) < slot_bytes_ * static_cast<size_t>(slots_))
+    return Internal(fmt::format("staging of {} bytes holds no {} slots of {} bytes", tr_.staging().size(), slots_,
+                                slot_bytes_));
+  for (int s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
+  return Status::Ok();
+}
+
+Status Executor::Run::SendHeaders() {
+  std::set<int> send_to;
+  for (const ChannelRun& ch : channels_)
+    for (const Step& s : *ch.steps)
+      if (s.kind == StepKind::kSend) send_to.insert(s.peer);
+  for (int peer : send_to) {
+    Transport::Peer* p = tr_.peer(peer);
+    // A message slot that no earlier header send still uses (they complete as the peer reposts
+    // its control receive, one message at a time).
+    const size_t nslots = p->control_out.size() / kControlSlotBytes;
+    auto& pending = ex_.control_->pending[peer];
+    Deadline deadline = Deadline::AfterSeconds(ex_.options_.timeout_s);
+    while (pending.size() >= nslots) {
+      fabric::Request* r = pending.front();
+      KZ_ASSIGN_OR_RETURN(size_t n, p->send->Wait(r, deadline));
+      (void)n;
+      pending.pop_front();
+    }
+    const size_t slot = ex_.control_->next[peer]++ % nslots;
+    uint8_t* where = p->control_out.data() + slot * kControlSlotBytes;
+    std::memcpy(where, &op_.header, sizeof op_.header);
+    fabric::Request* r = nullptr;
+    while (r == nullptr) {
+      KZ_ASSIGN_OR_RETURN(r, p->send->Send(where, sizeof op_.header, kControlTag, p->send_control));
+      if (r == nullptr) {
+        if (deadline.Expired()) return Timeout(fmt::format("could not post the operation header to rank {}", peer));
+        std::this_thread::sleep_for(kWaitSlice);
+      }
+    }
+    pending.push_back(r);
+  }
+  return Status::Ok();
+}
+
+Status Executor::Run::CheckHeader(int peer, const ControlMessage& m) {
+  if (m.magic != kControlMagic) return RemoteError(fmt::format("rank {} sent a malformed control message", peer));
+  if (m.kind == ControlKind::kAbort) {
+    std::string why(m.reason, strnlen(m.reason, sizeof m.reason));
+    return RemoteError(fmt::format("rank {} failed: {}", peer, why));
+  }
+  if (m.seq != op_.seq || m.signature != op_.header.signature) {
+    return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at {}; rank {} is at {}",
+                                       tr_.rank(), DescribeHeader(op_.header), peer, DescribeHeader(m)));
+  }
+  return Status::Ok();
+}
+
+Result<bool> Executor::ReceiveControl() {
+  bool progress = false;
+  for (int q = 0; q < transport_->nranks(); ++q) {
+    Transport::Peer* p = transport_->peer(q);
+    if (p == nullptr || !p->recv) continue;
+    fabric::Request*& r = control_->recv[static_cast<size_t>(q)];
+    Status& gone = control_->gone[static_cast<size_t>(q)];
+    if (!gone.ok()) continue;
+    if (r != nullptr) {
+      auto c = p->recv->Test(r);
+      if (!c.ok()) {
+        // The peer closed its side (it finished and left, or failed). That matters only if this
+        // operation still needs the peer: its data steps then fail on their own, and a header
+        // still expected from it fails below with this reason.
+        r = nullptr;
+        gone = c.status().WithContext(fmt::format("control connection from rank {}", q));
+        continue;
+      }
+      if (!c->done) continue;
+      r = nullptr;
+      progress = true;
+      ControlMessage m;
+      if (c->size != sizeof m)
+        return RemoteError(fmt::format("rank {} sent a control message of {} bytes", q, c->size));
+      std::memcpy(&m, p->control_in.data(), sizeof m);
+      control_->inbox[static_cast<size_t>(q)].push_back(m);
+    }
+    KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(p->control_in.data(), kControlSlotBytes, kControlTag, p->recv_control));
+  }
+  return progress;
+}
+
+Result<bool> Executor::Run::PollControl() {
+  bool progress = false;
+  // Header sends: reap completed ones.
+  for (auto& [peer, pending] : ex_.control_->pending) {
+    Transport::Peer* p = tr_.peer(peer);
+    while (!pending.empty()) {
+      KZ_ASSIGN_OR_RETURN(fabric::Completion c, p->send->Test(pending.front()));
+      if (!c.done) break;
+      pending.pop_front();
+      progress = true;
+    }
+  }
+  // Control receives: one posted per peer, always; each message is queued and the receive
+  // reposted.
+  KZ_ASSIGN_OR_RETURN(bool received, ex_.ReceiveControl());
+  progress |= received;
+  // Headers waited for.
+  for (int q : expect_from_) {
+    if (verified_.count(q)) continue;
+    auto& inbox = ex_.control_->inbox[static_cast<size_t>(q)];
+    if (inbox.empty()) {
+      const Status& gone = ex_.control_->gone[static_cast<size_t>(q)];
+      if (!gone.ok()) return gone;
+      continue;
+    }
+    ControlMessage m = inbox.front();
+    inbox.pop_front();
+    KZ_RETURN_IF_ERROR(CheckHeader(q, m));
+    verified_.insert(q);
+    progress = true;
+  }
+  // An abort from any peer ends the operation, whether or not this rank talks to it now.
+  for (int q = 0; q < tr_.nranks(); ++q) {
+    const auto& inbox = ex_.control_->inbox[static_cast<size_t>(q)];
+    for (const ControlMessage& m : inbox)
+      if (m.kind == ControlKind::kAbort) KZ_RETURN_IF_ERROR(CheckHeader(q, m));
+  }
+  return progress;
+}
+
+Result<bool> Executor::Run::EventDone(StepState& st) {
+  KZ_ASSIGN_OR_RETURN(bool done, st.event->Query());
+  if (done) {
+    free_events_.push_back(st.event);
+    st.event = nullptr;
+  }
+  return done;
+}
+
+Status Executor::Run::EnqueueLocal(ChannelRun& ch, const Step& step, bool cpu) {
+  const CollectiveRequest& r = member(ch).plan->request;
+  const size_t bytes = static_cast<size_t>(step.dst.count) * elem(ch);
+  const ReduceOp op = r.op == ReduceOp::kAvg ? ReduceOp::kSum : r.op;
+  switch (step.kind) {
+    case StepKind::kCopy:
+      if (cpu) {
+        HostCopy(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), bytes);
+        return Status::Ok();
+      }
+      return ch.stream->Copy(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), bytes);
+    case StepKind::kReduce: {
+      std::vector<const void*> srcs;
+      for (const Slice& s : step.srcs) srcs.push_back(Address(ch, s));
+      if (cpu) return HostReduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype, op);
+      return ch.stream->Reduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype, op);
+    }
+    case StepKind::kScale: {
+      const uint32_t divisor = member(ch).plan->ranks[0].divisor;
+      void* dst = MutableAddress(ch, step.dst);
+      const void* src = Address(ch, step.srcs[0]);
+      if (cpu) return HostScale(dst, src, step.dst.count, r.dtype, divisor);
+      return ch.stream->Scale(dst, src, step.dst.count, r.dtype, divisor);
+    }
+    default:
+      return Internal("not a local step");
+  }
+}
+
+Status Executor::Run::EnqueueConsume(ChannelRun& ch, const Step& step, StepState& st, bool cpu) {
+  const CollectiveRequest& r = member(ch).plan->request;
+  const size_t bytes = static_cast<size_t>(step.dst.count) * elem(ch);
+  const uint8_t* slot = SlotAddress(st.slot);
+  if (step.kind == StepKind::kRecv) {
+    if (bytes == 0) return Status::Ok();
+    if (cpu) {
+      HostCopy(MutableAddress(ch, step.dst), slot, bytes);
+      return Status::Ok();
+    }
+    return ch.stream->Copy(MutableAddress(ch, step.dst), slot, bytes);
+  }
+  const std::array<const void*, 2> srcs = {Address(ch, step.srcs[0]), slot};
+  const ReduceOp op = r.op == ReduceOp::kAvg ? ReduceOp::kSum : r.op;
+  if (cpu) return HostReduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype, op);
+  return ch.stream->Reduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype, op);
+}
+
+Status Executor::Run::Start(ChannelRun& ch, size_t index) {
+  const Step& step = (*ch.steps)[index];
+  StepState& st = ch.states[index];
+  const bool moves_bytes = step.count() > 0;
+  if ((step.kind == StepKind::kSend || step.kind == StepKind::kRecv || step.kind == StepKind::kRecvReduce) &&
+      moves_bytes) {
+    st.slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  auto record = [&]() -> Status {
+    if (free_events_.empty()) {
+      KZ_ASSIGN_OR_RETURN(auto e, ex_.device_->CreateEvent());
+      free_events_.push_back(e.get());
+      events_.push_back(std::move(e));
+    }
+    st.event = free_events_.back();
+    free_events_.pop_back();
+    return ch.stream->Record(*st.event);
+  };
+  const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
+  switch (step.kind) {
+    case StepKind::kSend:
+      if (moves_bytes && OnCpu(bytes)) {
+        HostCopy(SlotAddress(st.slot), Address(ch, step.srcs[0]), bytes);
+        st.phase = Phase::kReadyToPost;
+      } else if (moves_bytes) {
+        KZ_RETURN_IF_ERROR(ch.stream->Copy(SlotAddress(st.slot), Address(ch, step.srcs[0]), bytes));
+        KZ_RETURN_IF_ERROR(record());
+        st.phase = Phase::kCopyIn;
+      } else {
+        st.phase = Phase::kReadyToPost;
+      }
+      break;
+    case StepKind::kRecv:
+    case StepKind::kRecvReduce:
+      st.phase = Phase::kReadyToPost;
+      break;
+    default: {
+      const bool cpu = OnCpu(static_cast<size_t>(step.dst.count) * elem(ch));
+      KZ_RETURN_IF_ERROR(EnqueueLocal(ch, step, cpu));
+      if (cpu) {
+        st.phase = Phase::kDone;
+        break;
+      }
+      KZ_RETURN_IF_ERROR(record());
+      st.phase = Phase::kConsume;
+      break;
+    }
+  }
+  ch.active.push_back(index);
+  return Status::Ok();
+}
+
+Status Executor::Run::CompleteRecv(ChannelRun& ch, size_t index, size_t size) {
+  const Step& step = (*ch.steps)[index];
+  const size_t want = static_cast<size_t>(step.dst.count) * elem(ch);
+  if (size != want) {
+    return InvalidArgument(fmt::format(
+        "collective mismatch between ranks: rank {} sent {} bytes where rank {} expects {} at {} of {}", step.peer,
+        size, tr_.rank(), want, StepName(ch, index), DescribeHeader(op_.header)));
+  }
+  ch.states[index].phase = Phase::kReceived;
+  return Status::Ok();
+}
+
+Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& send_blocked,
+                                  std::set<int>& recv_blocked) {
+  const Step& step = (*ch.steps)[index];
+  StepState& st = ch.states[index];
+  const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
+  bool progress = false;
+  const bool is_send = step.kind == StepKind::kSend;
+  const bool is_recv = step.kind == StepKind::kRecv || step.kind == StepKind::kRecvReduce;
+
+  if (st.phase == Phase::kCopyIn) {
+    KZ_ASSIGN_OR_RETURN(bool done, EventDone(st));
+    if (done) {
+      st.phase = Phase::kReadyToPost;
+      progress = true;
+    }
+  }
+  if (st.phase == Phase::kReadyToPost || st.phase == Phase::kCopyIn) {
+    // Posts to one peer on one tag go out in step order: an earlier step that has not posted
+    // blocks the later ones.
+    std::set<int>& blocked = is_send ? send_blocked : recv_blocked;
+    if (st.phase == Phase::kCopyIn || blocked.count(step.peer)) {
+      blocked.insert(step.peer);
+      return progress;
+    }
+    Transport::Peer* p = tr_.peer(step.peer);
+    fabric::Request* r = nullptr;
+    if (is_send) {
+      void* data = bytes > 0 ? SlotAddress(st.slot) : p->control_out.data();
+      KZ_ASSIGN_OR_RETURN(r, p->send->Send(data, bytes, ch.tag, bytes > 0 ? p->send_staging : nullptr));
+    } else {
+      void* data = bytes > 0 ? SlotAddress(st.slot) : nullptr;
+      // Capacity is the whole slot, so that a peer sending more than expected is reported here,
+      // with both operations named, rather than as a bare length error.
+      KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(data, bytes > 0 ? slot_bytes_ : 0, ch.tag,
+                                           bytes > 0 ? p->recv_staging : nullptr));
+    }
+    if (r == nullptr) {
+      blocked.insert(step.peer);
+      return progress;
+    }
+    st.request = r;
+    st.phase = Phase::kPosted;
+    progress = true;
+  }
+  if (st.phase == Phase::kPosted) {
+    Transport::Peer* p = tr_.peer(step.peer);
+    fabric::Comm& comm = is_send ? static_cast<fabric::Comm&>(*p->send) : static_cast<fabric::Comm&>(*p->recv);
+    // A completion WaitBriefly already collected, or a fresh test.
+    Result<fabric::Completion> c = st.waited ? *st.waited : comm.Test(st.request);
+    st.waited.reset();
+    if (!c.ok()) {
+      st.request = nullptr;
+      return c.status().WithContext(fmt::format("{} of {}", StepName(ch, index), DescribeHeader(op_.header)));
+    }
+    if (!c->done) return progress;
+    st.request = nullptr;
+    progress = true;
+    if (is_send) {
+      st.phase = Phase::kDone;
+    } else {
+      KZ_RETURN_IF_ERROR(CompleteRecv(ch, index, c->size));
+    }
+  }
+  if (st.phase == Phase::kReceived) {
+    (void)is_recv;
+    if (!verified_.count(step.peer)) return progress;  // its data is not trusted before its header
+    if (bytes > 0 && OnCpu(bytes)) {
+      KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st, /*cpu=*/true));
+      st.phase = Phase::kDone;
+    } else if (bytes > 0) {
+      KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st, /*cpu=*/false));
+      if (free_events_.empty()) {
+        KZ_ASSIGN_OR_RETURN(auto e, ex_.device_->CreateEvent());
+        free_events_.push_back(e.get());
+        events_.push_back(std::move(e));
+      }
+      st.event = free_events_.back();
+      free_events_.pop_back();
+      KZ_RETURN_IF_ERROR(ch.stream->Record(*st.event));
+      st.phase = Phase::kConsume;
+    } else {
+      st.phase = Phase::kDone;
+    }
+    progress = true;
+  }
+  if (st.phase == Phase::kConsume) {
+    KZ_ASSIGN_OR_RETURN(bool done, EventDone(st));
+    if (done) {
+      st.phase = Phase::kDone;
+      progress = true;
+    }
+  }
+  if (st.phase == Phase::kDone && st.slot >= 0) {
+    free_slots_.push_back(st.slot);
+    st.slot = -1;
+  }
+  return progress;
+}
+
+Result<bool> Executor::Run::Advance(ChannelRun& ch) {
+  bool progress = false;
+  std::set<int> send_blocked, recv_blocked;
+  for (size_t index : ch.active) {
+    KZ_ASSIGN_OR_RETURN(bool p, Drive(ch, index, send_blocked, recv_blocked));
+    progress |= p;
+  }
+  std::erase_if(ch.active, [&](size_t i) { return ch.states[i].phase == Phase::kDone; });
+  const size_t window = static_cast<size_t>(ex_.options_.window);
+  while (ch.next < ch.steps->size() && ch.active.size() < window) {
+    const Step& step = (*ch.steps)[ch.next];
+    bool conflict = false;
+    for (size_t a : ch.active)
+      if ((*ch.steps)[a].ConflictsWith(step)) conflict = true;
+    if (conflict) break;
+    const bool needs_slot = step.kind != StepKind::kCopy && step.kind != StepKind::kReduce &&
+                            step.kind != StepKind::kScale && step.count() > 0;
+    if (needs_slot && free_slots_.empty()) break;
+    KZ_RETURN_IF_ERROR(Start(ch, ch.next));
+    ++ch.next;
+    progress = true;
+    // A receive posts at once (after any earlier one to the same peer that has not).
+    KZ_ASSIGN_OR_RETURN(bool p, Drive(ch, ch.active.back(), send_blocked, recv_blocked));
+    (void)p;
+    std::erase_if(ch.active, [&](size_t i) { return ch.states[i].phase == Phase::kDone; });
+  }
+  return progress;
+}
+
+void Executor::Run::WaitBriefly() {
+  // Block on the first thing the operation waits for — a device event, else a posted fabric
+  // request — in that backend's own primitive (futex, eventfd), so that its completion wakes this
+  // thread at once; a timed sleep would cost the timer slack (~50 us) per wait.
+  std::vector<ChannelRun*> all;
+  for (auto& c : channels_) all.push_back(&c);
+  for (auto& c : epilogues_) all.push_back(&c);
+  for (ChannelRun* ch : all)
+    for (size_t i : ch->active)
+      if (StepState& st = ch->states[i]; st.event != nullptr) {
+        st.event->Synchronize(Deadline::After(kWaitSlice)).IgnoreError();  // the loop reads the verdict
+        return;
+      }
+  for (ChannelRun* ch : all)
+    for (size_t i : ch->active) {
+      StepState& st = ch->states[i];
+      if (st.phase != Phase::kPosted || st.request == nullptr || st.waited) continue;
+      const Step& step = (*ch->steps)[i];
+      Transport::Peer* p = tr_.peer(step.peer);
+      fabric::Comm& comm = step.kind == StepKind::kSend ? static_cast<fabric::Comm&>(*p->send)
+                                                        : static_cast<fabric::Comm&>(*p->recv);
+      auto got = comm.Wait(st.request, Deadline::After(kWaitSlice));
+      if (got.ok()) {
+        st.waited = Result<fabric::Completion>(fabric::Completion{true, *got});
+      } else if (got.status().code() != StatusCode::kTimeout) {
+        st.waited = Result<fabric::Completion>(got.status());  // failed, and released by the comm
+      }
+      return;
+    }
+  std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
+std::string Executor::Run::Waiting() const {
+  std::vector<std::string> items;
+  std::set<int> peers;
+  for (const auto* list : {&channels_, &epilogues_})
+    for (const ChannelRun& ch : *list)
+      for (size_t i : ch.active) {
+        const Step& s = (*ch.steps)[i];
+        if (s.peer >= 0) peers.insert(s.peer);
+        if (items.size() < 6) items.push_back(StepName(ch, i));
+      }
+  for (int q : expect_from_)
+    if (!verified_.count(q)) {
+      peers.insert(q);
+      if (items.size() < 6) items.push_back(fmt::format("the operation header of rank {}", q));
+    }
+  std::string ranks;
+  for (int q : peers) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", q);
+  return fmt::format("waiting on rank(s) {} ({})", ranks.empty() ? "none" : ranks, fmt::join(items, "; "));
+}
+
+void Executor::Run::Release() {
+  // Device work still queued reads or writes memory this run owns (slots, scratch): let it
+  // finish, bounded, before the slots are reused by the next operation.
+  for (auto& s : ex_.streams_) s->Synchronize(Deadline::AfterSeconds(10)).IgnoreError();
+}
+
+Status Executor::Run::Execute(Deadline deadline) {
+  Status status = [&]() -> Status {
+    KZ_RETURN_IF_ERROR(Setup());
+    // Control messages first: an abort notice a peer sent while this rank was idle names the
+    // cause better than the closed connection the headers would run into.
+    KZ_RETURN_IF_ERROR(PollControl().status());
+    KZ_RETURN_IF_ERROR(SendHeaders());
+    bool epilogue_started = false;
+    while (true) {
+      if (ex_.abort_.load()) return Aborted("the communicator was aborted");
+      bool progress = false;
+      KZ_ASSIGN_OR_RETURN(bool p, PollControl());
+      progress |= p;
+      bool all_done = true;
+      for (ChannelRun& ch : channels_) {
+        if (ch.done()) continue;
+        KZ_ASSIGN_OR_RETURN(bool q, Advance(ch));
+        progress |= q;
+        all_done &= ch.done();
+      }
+      if (all_done) {
+        epilogue_started = true;
+        bool epilogue_done = true;
+        for (ChannelRun& ch : epilogues_) {
+          if (ch.done()) continue;
+          KZ_ASSIGN_OR_RETURN(bool q, Advance(ch));
+          progress |= q;
+          epilogue_done &= ch.done();
+        }
+        if (epilogue_done && verified_.size() == expect_from_.size()) return Status::Ok();
+      }
+      (void)epilogue_started;
+      if (deadline.Expired())
+        return Timeout(fmt::format("{} did not complete within {} s: rank {} is {}", DescribeHeader(op_.header),
+                                   ex_.options_.timeout_s, tr_.rank(), Waiting()));
+      if (!progress) WaitBriefly();
+    }
+  }();
+  // Requests still outstanding after a failure belong to the comms, which the failure path
+  // closes; device work still queued is waited for here.
+  Release();
+  return status;
+}
+
+}  // namespace kizuna::collectives

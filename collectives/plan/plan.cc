@@ -1,0 +1,257 @@
+#include "collectives/plan/plan.h"
+
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace kizuna::collectives {
+namespace {
+
+constexpr std::array<std::string_view, kNumCollectives> kCollectiveNames = {
+    "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "send", "recv", "barrier"};
+constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {"ring", "tree",     "rhd",  "rd",
+                                                                          "pairwise", "p2p", "fused", "ina"};
+
+std::string Lower(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '_' || c == '-') continue;  // "all_reduce", "all-gather"
+    out.push_back(static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c));
+  }
+  return out;
+}
+
+std::string SliceString(const Slice& s) {
+  return fmt::format("{}[{}+{}]", BufferKindName(s.buffer), s.offset, s.count);
+}
+
+}  // namespace
+
+std::string_view CollectiveName(Collective c) {
+  auto i = static_cast<size_t>(c);
+  return i < kCollectiveNames.size() ? kCollectiveNames[i] : "invalid";
+}
+
+std::optional<Collective> ParseCollective(std::string_view name) {
+  const std::string n = Lower(name);
+  for (size_t i = 0; i < kCollectiveNames.size(); ++i)
+    if (n == kCollectiveNames[i]) return static_cast<Collective>(i);
+  if (n == "sendrecv") return Collective::kSend;
+  return std::nullopt;
+}
+
+bool IsReduction(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kReduce;
+}
+
+bool HasRoot(Collective c) {
+  return c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kSend || c == Collective::kRecv;
+}
+
+std::string_view AlgorithmName(Algorithm a) {
+  auto i = static_cast<size_t>(a);
+  return i < kAlgorithmNames.size() ? kAlgorithmNames[i] : "invalid";
+}
+
+std::optional<Algorithm> ParseAlgorithm(std::string_view name) {
+  const std::string n = Lower(name);
+  for (size_t i = 0; i < kAlgorithmNames.size(); ++i)
+    if (n == kAlgorithmNames[i]) return static_cast<Algorithm>(i);
+  if (n == "doublebinarytree" || n == "dbt") return Algorithm::kTree;
+  if (n == "halvingdoubling" || n == "rabenseifner") return Algorithm::kRhd;
+  if (n == "recursivedoubling") return Algorithm::kRd;
+  if (n == "direct") return Algorithm::kPairwise;
+  if (n == "onepass") return Algorithm::kFused;
+  // DESIGN.md section 11 names partial INA `pina`: the same algorithm (the layout decides).
+  if (n == "pina" || n == "innetwork") return Algorithm::kIna;
+  return std::nullopt;
+}
+
+uint64_t CollectiveRequest::input_count() const {
+  const auto n = static_cast<uint64_t>(nranks);
+  switch (collective) {
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll:
+      return n * count;
+    case Collective::kRecv:
+    case Collective::kBarrier:
+      return 0;
+    default:
+      return count;
+  }
+}
+
+uint64_t CollectiveRequest::output_count() const {
+  const auto n = static_cast<uint64_t>(nranks);
+  switch (collective) {
+    case Collective::kAllGather:
+    case Collective::kAllToAll:
+      return n * count;
+    case Collective::kSend:
+    case Collective::kBarrier:
+      return 0;
+    default:
+      return count;
+  }
+}
+
+std::string CollectiveRequest::ToString() const {
+  std::string s = fmt::format("{} count={} {}", CollectiveName(collective), count, DataTypeName(dtype));
+  if (IsReduction(collective)) s += fmt::format(" {}", ReduceOpName(op));
+  if (collective == Collective::kSend || collective == Collective::kRecv)
+    s += fmt::format(" peer={}", root);
+  else if (HasRoot(collective))
+    s += fmt::format(" root={}", root);
+  if (in_place) s += " in-place";
+  s += fmt::format(" nranks={}", nranks);
+  return s;
+}
+
+std::string_view BufferKindName(BufferKind b) {
+  switch (b) {
+    case BufferKind::kInput:
+      return "in";
+    case BufferKind::kOutput:
+      return "out";
+    case BufferKind::kScratch:
+      return "scratch";
+  }
+  return "invalid";
+}
+
+std::string_view StepKindName(StepKind k) {
+  switch (k) {
+    case StepKind::kSend:
+      return "send";
+    case StepKind::kRecv:
+      return "recv";
+    case StepKind::kRecvReduce:
+      return "recv-reduce";
+    case StepKind::kCopy:
+      return "copy";
+    case StepKind::kReduce:
+      return "reduce";
+    case StepKind::kScale:
+      return "scale";
+  }
+  return "invalid";
+}
+
+bool Step::ConflictsWith(const Step& other) const {
+  const bool writes = kind != StepKind::kSend;
+  const bool other_writes = other.kind != StepKind::kSend;
+  if (writes && other_writes && dst.Overlaps(other.dst)) return true;
+  if (writes)
+    for (const Slice& s : other.srcs)
+      if (dst.Overlaps(s)) return true;
+  if (other_writes)
+    for (const Slice& s : srcs)
+      if (other.dst.Overlaps(s)) return true;
+  return false;
+}
+
+size_t RankPlan::step_count() const {
+  size_t n = epilogue.size();
+  for (const auto& c : channels) n += c.size();
+  return n;
+}
+
+Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, uint64_t max_step_count,
+                        int aggregators) {
+  const bool aggregator = plan.rank >= request.nranks;
+  const uint64_t sizes[3] = {aggregator ? 0 : request.input_count(), aggregator ? 0 : request.output_count(),
+                             plan.scratch_count};
+  const int world = request.nranks + std::max(aggregators, 0);
+  auto check_slice = [&](const Slice& s, std::string_view role) -> std::string {
+    const auto b = static_cast<size_t>(s.buffer);
+    if (b >= 3) return fmt::format("{} names no buffer", role);
+    if (s.count > sizes[b] || s.offset > sizes[b] - s.count)
+      return fmt::format("{} {} lies outside the {} buffer of {} elements", role, SliceString(s),
+                         BufferKindName(s.buffer), sizes[b]);
+    return {};
+  };
+  auto check_step = [&](const Step& step) -> std::string {
+    const bool transfer =
+        step.kind == StepKind::kSend || step.kind == StepKind::kRecv || step.kind == StepKind::kRecvReduce;
+    if (transfer) {
+      if (step.peer < 0 || step.peer >= world) return fmt::format("peer {} out of range", step.peer);
+      if (step.peer == plan.rank) return "a transfer to the rank itself";
+    } else if (step.peer != -1) {
+      return "a local step with a peer";
+    }
+    size_t want_srcs = 1;
+    if (step.kind == StepKind::kRecv) want_srcs = 0;
+    if (step.kind == StepKind::kReduce) {
+      if (step.srcs.size() < 2) return "a reduce with fewer than 2 sources";
+    } else if (step.srcs.size() != want_srcs) {
+      return fmt::format("{} sources where {} expected", step.srcs.size(), want_srcs);
+    }
+    for (const Slice& s : step.srcs) {
+      if (std::string e = check_slice(s, "source"); !e.empty()) return e;
+      if (step.kind != StepKind::kSend && s.count != step.dst.count)
+        return fmt::format("source {} and destination {} differ in count", SliceString(s), SliceString(step.dst));
+    }
+    if (step.kind != StepKind::kSend) {
+      if (std::string e = check_slice(step.dst, "destination"); !e.empty()) return e;
+      const bool reduction = step.kind == StepKind::kRecvReduce || step.kind == StepKind::kReduce ||
+                             step.kind == StepKind::kScale;
+      for (const Slice& s : step.srcs)
+        if (s.Overlaps(step.dst) && !(reduction && s == step.dst))
+          return fmt::format("destination {} overlaps source {}", SliceString(step.dst), SliceString(s));
+    }
+    const uint64_t n = step.count();
+    // Zero-element messages are how barriers synchronize; zero-element local work is a bug.
+    if (n == 0 && step.kind != StepKind::kSend && step.kind != StepKind::kRecv) return "an empty step";
+    if (max_step_count > 0 && n > max_step_count)
+      return fmt::format("{} elements, more than the chunk of {}", n, max_step_count);
+    if (step.kind == StepKind::kScale && plan.divisor == 0) return "a scale step with divisor 0";
+    return {};
+  };
+  for (size_t c = 0; c <= plan.channels.size(); ++c) {
+    const bool epilogue = c == plan.channels.size();
+    const std::vector<Step>& steps = epilogue ? plan.epilogue : plan.channels[c];
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (std::string e = check_step(steps[i]); !e.empty()) {
+        return Internal(fmt::format("plan for {} rank {}: {} step {} ({}): {}", request.ToString(), plan.rank,
+                                    epilogue ? std::string("epilogue") : fmt::format("channel {}", c), i,
+                                    StepKindName(steps[i].kind), e));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+std::string RankPlanToString(const RankPlan& plan) {
+  std::string out = fmt::format("rank {}: {} steps, scratch {} elements\n", plan.rank, plan.step_count(),
+                                plan.scratch_count);
+  auto print = [&](const std::vector<Step>& steps, const std::string& label) {
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const Step& s = steps[i];
+      out += fmt::format("  {} #{} {}", label, i, StepKindName(s.kind));
+      if (s.peer >= 0) out += fmt::format(" peer={}", s.peer);
+      if (s.kind != StepKind::kSend) out += " " + SliceString(s.dst);
+      if (!s.srcs.empty()) {
+        if (s.kind != StepKind::kSend) out += " <-";
+        for (size_t j = 0; j < s.srcs.size(); ++j) out += (j ? ", " : " ") + SliceString(s.srcs[j]);
+      }
+      if (s.kind == StepKind::kScale) out += fmt::format(" / {}", plan.divisor);
+      out += "\n";
+    }
+  };
+  for (size_t c = 0; c < plan.channels.size(); ++c) print(plan.channels[c], fmt::format("c{}", c));
+  print(plan.epilogue, "epilogue");
+  return out;
+}
+
+std::string PlanToString(const Plan& plan) {
+  std::string out = fmt::format("plan: {} algorithm={} chunk={} elements channels={}\n", plan.request.ToString(),
+                                AlgorithmName(plan.algorithm), plan.chunk_count, plan.channels);
+  if (plan.aggregators > 0)
+    out += fmt::format("aggregation devices: ranks {}..{}\n", plan.request.nranks, plan.world() - 1);
+  for (const RankPlan& r : plan.ranks) out += RankPlanToString(r);
+  return out;
+}
+
+}  // namespace kizuna::collectives

@@ -1,0 +1,218 @@
+// Plans: what one rank does for one collective, as data (DESIGN.md sections 3 and 6).
+//
+// An algorithm (collectives/algorithms/<name>.cc) turns a CollectiveRequest into a RankPlan for
+// each rank: channels of steps (send / receive / receive-and-reduce / copy / reduce) on slices of
+// three buffers. Plans are printable (PlanToString, kizuna-plan --dump, KIZUNA_DEBUG=TRACE),
+// cached per request, simulated on host memory without any fabric (simulate.h), and executed by
+// the executor over fabric connections and device streams (executor.h). The same plan runs on
+// emulated and real devices.
+//
+// Buffers and element counts follow NCCL (counts are elements of the request's dtype):
+//   collective      input (sendbuff)          output (recvbuff)         in place when
+//   AllReduce       count                     count                     input == output
+//   ReduceScatter   nranks * count            count (this rank's part)  input + rank*count == output
+//   AllGather       count                     nranks * count            input == output + rank*count
+//   Broadcast       count (read at root)      count                     input == output
+//   Reduce          count                     count (written at root)   input == output
+//   AllToAll        nranks * count            nranks * count            (not supported in place)
+//   Send            count to rank `root`      -
+//   Recv            -                         count from rank `root`
+//   Barrier         -                         -
+// ReduceScatter puts the reduction of every rank's input[r*count, (r+1)*count) in rank r's output;
+// AllToAll puts rank j's input[r*count, (r+1)*count) in rank r's output[j*count, (j+1)*count).
+//
+// Execution semantics (the contract between algorithms, the simulator and the executor):
+//  - A rank runs its channels independently; within a channel, steps are started in order, and
+//    step i starts once every earlier step of its channel whose slices overlap step i's slices
+//    (one writes what the other reads or writes) has completed. Non-overlapping steps may be in
+//    flight together (a send and the next receive), up to a window of started, incomplete steps.
+//  - Matching: the k-th send from rank a to rank b on channel c is received by b's k-th receiving
+//    step (kRecv or kRecvReduce) from a on channel c; the two must have the same count. A send
+//    completes when the matching receive has started (rendezvous: assume no buffering).
+//  - Plans must complete (no deadlock) with a window of 2 started, incomplete steps per channel;
+//    the executor's window is at least that. The simulator checks it.
+//  - The epilogue runs after every channel of the rank has completed.
+//  - Reductions use the request's op, except kAvg: algorithms reduce with kSum and the plan's
+//    epilogue divides the rank's results by nranks (kScale); see BuildPlan in algorithm.h.
+//  - Every slice lies inside its buffer (input/output sizes from the table above, scratch from
+//    RankPlan::scratch_count); a step's destination overlaps none of its sources, except that a
+//    reduction's (or a scale's) destination may be exactly one of its sources.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
+
+namespace kizuna::collectives {
+
+// Values are part of the C API (kz_coll_t... not exposed yet) and of plan dumps: append only.
+enum class Collective : uint8_t {
+  kAllReduce = 0,
+  kReduceScatter = 1,
+  kAllGather = 2,
+  kBroadcast = 3,
+  kReduce = 4,
+  kAllToAll = 5,
+  kSend = 6,
+  kRecv = 7,
+  kBarrier = 8,
+};
+inline constexpr int kNumCollectives = 9;
+std::string_view CollectiveName(Collective c);  // "allreduce", "reducescatter", ...
+// Accepts the names above, case-insensitively, and the NCCL-style "AllReduce" spellings.
+std::optional<Collective> ParseCollective(std::string_view name);
+bool IsReduction(Collective c);  // AllReduce, ReduceScatter, Reduce
+bool HasRoot(Collective c);      // Broadcast, Reduce, Send, Recv (the peer)
+
+// Algorithms, by the names KIZUNA_ALGO uses (DESIGN.md section 11). Append only.
+enum class Algorithm : uint8_t {
+  kRing = 0,      // ring.cc: AllReduce, ReduceScatter, AllGather, Broadcast, Reduce
+  kTree = 1,      // tree.cc: double binary tree; AllReduce, Broadcast, Reduce
+  kRhd = 2,       // rhd.cc: recursive halving-doubling; AllReduce, ReduceScatter, AllGather
+  kRd = 3,        // rd.cc: recursive doubling, small AllReduce; dissemination Barrier
+  kPairwise = 4,  // pairwise.cc: direct exchange; AllToAll, AllGather, ReduceScatter, Barrier
+  kP2p = 5,       // p2p.cc: Send, Recv
+  // fused.cc: single-host direct AllReduce. Every rank reads its slice of every rank's input and
+  // writes the result into that slice of every rank's output, in one device pass over directly
+  // addressed memory (CommShape::direct); the minimum traffic, 2 x the bytes of each rank.
+  kFused = 6,
+  // ina.cc: in-network aggregation, AllReduce only. Runs the communicator's INA layout
+  // (collectives/ina/layout.h; CommShape::ina): trees through aggregation devices, partial trees,
+  // lines and rings at once, each on its share of the data. The aggregation devices are ranks
+  // nranks..nranks+aggregators-1 of the plan (Plan::aggregators), with plans of their own.
+  kIna = 7,
+};
+inline constexpr int kNumAlgorithms = 8;
+std::string_view AlgorithmName(Algorithm a);  // "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina"
+std::optional<Algorithm> ParseAlgorithm(std::string_view name);
+
+struct CollectiveRequest {
+  Collective collective = Collective::kAllReduce;
+  int nranks = 1;
+  uint64_t count = 0;  // elements, per the table above
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;  // reductions only
+  int root = 0;                  // Broadcast / Reduce root; Send / Recv: the peer
+  bool in_place = false;
+
+  // Elements of each buffer, per the table above (0 where the collective has none).
+  uint64_t input_count() const;
+  uint64_t output_count() const;
+  // "allreduce count=1000 float32 sum" (+ " root=2", " in-place"): how logs and errors name it.
+  std::string ToString() const;
+};
+
+enum class BufferKind : uint8_t { kInput = 0, kOutput = 1, kScratch = 2 };
+std::string_view BufferKindName(BufferKind b);  // "in", "out", "scratch"
+
+// A range of elements of one buffer.
+struct Slice {
+  BufferKind buffer = BufferKind::kInput;
+  uint64_t offset = 0;  // elements
+  uint64_t count = 0;   // elements
+
+  uint64_t end() const { return offset + count; }
+  bool Overlaps(const Slice& o) const {
+    return buffer == o.buffer && count > 0 && o.count > 0 && offset < o.end() && o.offset < end();
+  }
+  friend bool operator==(const Slice&, const Slice&) = default;
+};
+
+enum class StepKind : uint8_t {
+  kSend = 0,        // send srcs[0] to peer
+  kRecv = 1,        // receive dst.count elements from peer into dst
+  kRecvReduce = 2,  // dst = srcs[0] op (dst.count elements received from peer)
+  kCopy = 3,        // dst = srcs[0]
+  kReduce = 4,      // dst = srcs[0] op srcs[1] op ... (in this order; one rounding for float16/bfloat16)
+  kScale = 5,       // dst = srcs[0] / RankPlan::divisor (the avg epilogue)
+};
+std::string_view StepKindName(StepKind k);  // "send", "recv", "recv-reduce", "copy", "reduce", "scale"
+
+struct Step {
+  StepKind kind = StepKind::kCopy;
+  int peer = -1;            // kSend, kRecv, kRecvReduce
+  Slice dst;                // unused by kSend
+  std::vector<Slice> srcs;  // kSend, kRecvReduce, kCopy, kScale: 1; kReduce: >= 2; kRecv: none
+
+  static Step Send(int peer, Slice src) { return {StepKind::kSend, peer, {}, {src}}; }
+  static Step Recv(int peer, Slice dst) { return {StepKind::kRecv, peer, dst, {}}; }
+  static Step RecvReduce(int peer, Slice local, Slice dst) { return {StepKind::kRecvReduce, peer, dst, {local}}; }
+  static Step Copy(Slice src, Slice dst) { return {StepKind::kCopy, -1, dst, {src}}; }
+  static Step Reduce(std::vector<Slice> srcs, Slice dst) { return {StepKind::kReduce, -1, dst, std::move(srcs)}; }
+  static Step Scale(Slice src, Slice dst) { return {StepKind::kScale, -1, dst, {src}}; }
+
+  // Elements the step moves or computes (dst.count, or srcs[0].count for a send).
+  uint64_t count() const { return kind == StepKind::kSend ? srcs[0].count : dst.count; }
+  // True when the two steps touch overlapping slices and at least one of them writes there.
+  bool ConflictsWith(const Step& other) const;
+  friend bool operator==(const Step&, const Step&) = default;
+};
+
+// One rank's part of a plan.
+struct RankPlan {
+  int rank = 0;
+  std::vector<std::vector<Step>> channels;  // channel c's steps, in order; channels may be empty
+  std::vector<Step> epilogue;               // after every channel completed
+  uint64_t scratch_count = 0;               // elements of scratch the steps use
+  uint32_t divisor = 1;                     // for kScale steps
+
+  size_t step_count() const;
+};
+
+// How to cut a request into steps; part of a plan cache key.
+struct PlanOptions {
+  // The largest step, in elements (>= 1). Larger transfers are split into chunks of at most this
+  // many elements so that they pipeline; the executor's staging slots hold one chunk.
+  uint64_t chunk_count = 1;
+  // Channels to spread the work over (>= 1): independent step sequences that run concurrently,
+  // each over its own tag. An algorithm may use fewer (a tiny message needs one).
+  int channels = 1;
+  // KIZUNA_DETERMINISTIC: every element's reduction is srcs in rank order 0, 1, ..., nranks-1,
+  // as one kReduce over all ranks' contributions (so one rounding for float16/bfloat16), whatever
+  // the algorithm, chunk size or placement: results are bitwise identical across all of them.
+  bool deterministic = false;
+  // Heterogeneity: where an algorithm can split work unevenly (the double binary tree's two
+  // halves, pairwise AllReduce's parts), split it in proportion to the capability the shape
+  // reports (link and reduce speeds), so faster ranks and links carry more. Equal or unknown
+  // speeds give the even split. false: always the even split (for comparisons).
+  bool balance = true;
+};
+
+// What a plan was built from and for, and every rank's steps (or only the one rank's, when built
+// for execution: `ranks` then holds exactly that rank).
+struct Plan {
+  CollectiveRequest request;
+  Algorithm algorithm = Algorithm::kRing;
+  uint64_t chunk_count = 0;  // the largest step, in elements (from PlanOptions)
+  int channels = 1;
+  // Ranks beyond the request's: the aggregation devices of an INA plan (Algorithm::kIna), ranks
+  // nranks..nranks+aggregators-1, which have no input or output buffer (scratch only).
+  int aggregators = 0;
+  std::vector<RankPlan> ranks;
+  // The executor's signature of this plan (executor_internal::MemberSignature), stored once when
+  // a plan is cached so that calls need not hash it again; 0: not stored, computed per call.
+  uint64_t signature = 0;
+
+  int world() const { return request.nranks + aggregators; }
+};
+
+// Per-rank checks that need no other rank: slices inside their buffers, source/destination
+// overlap rules, step shapes (srcs counts, peer in range and not the rank itself, counts equal
+// between sources and destination), and no step larger than `max_step_count` (0: no limit).
+// kInternal naming the channel, step and problem: a plan that fails is an algorithm bug.
+// `aggregators`: Plan::aggregators (peers may be below nranks + aggregators; a rank at or beyond
+// nranks is an aggregation device and has no input or output buffer).
+Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, uint64_t max_step_count,
+                        int aggregators = 0);
+
+// One line per step: "c0 #3 recv-reduce peer=2 out[100+50] <- in[100+50]".
+std::string RankPlanToString(const RankPlan& plan);
+// The header (request, algorithm, chunk, channels) and every rank held.
+std::string PlanToString(const Plan& plan);
+
+}  // namespace kizuna::collectives

@@ -1,0 +1,77 @@
+// What every rank of a communicator knows about all ranks, identically: their devices and the
+// links between them. Built at communicator creation from an allgather (every rank then has the
+// same bytes), so algorithm support, cost predictions and plans come out the same on every rank
+// (DESIGN.md section 6). Tools and tests build shapes by hand (Uniform, below).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/core/status.h"
+
+namespace kizuna::collectives {
+namespace ina {
+struct Layout;  // collectives/ina/layout.h
+}
+
+// One rank's device, as the cost model sees it.
+struct RankDesc {
+  std::string host_id;           // ranks with equal host ids share a host
+  std::string device;            // "host_emulated:3" (for logs)
+  double copy_gbps = 0;          // device-local copy throughput; 0: unknown (cost model default)
+  double reduce_gbps = 0;        // reduce throughput, input bytes / s / 1e9; 0: unknown
+  double launch_us = 0;          // cost of one device operation
+  int host_cpus = 0;             // CPUs the rank's process may run on; 0: unknown
+  bool host_compute = false;     // its copies and reductions run on the host's CPUs and memory
+};
+
+// The connection from one rank to another, as the cost model sees it.
+struct LinkDesc {
+  bool reachable = false;   // a connection exists (direct-connect fabrics reach only linked peers)
+  double latency_us = 0;    // one-way latency of a small message; 0: unknown
+  double gbps = 0;          // bandwidth per direction, GB/s (bytes); 0: unknown
+  bool staged = true;       // bytes go through staging buffers on both ends (an extra device copy each)
+};
+
+struct CommShape {
+  int nranks = 1;
+  std::vector<RankDesc> ranks;  // nranks entries
+  std::vector<LinkDesc> links;  // nranks * nranks entries, [from * nranks + to]; the diagonal unused
+  // Every rank can address every other rank's buffers directly in its device operations (the
+  // ranks live in one process, on one device or on devices whose memory the others reach): the
+  // single-host direct algorithms (fused) apply.
+  bool direct = false;
+  // With `direct` across processes (collectives/direct/same_host_group.h): AllReduces up to this many bytes
+  // run whole on the calling thread through shared pages (SameHostGroup::RunOneShot); 0: never.
+  uint64_t direct_inline_bytes = 0;
+  // In-network aggregation (collectives/ina/layout.h): the layout of the job's aggregation
+  // devices, which are ranks nranks..nranks+ina->aggregators-1 of the transport (not of the
+  // communicator); null without any. Not serialized: every rank derives the same layout from the
+  // same configuration.
+  std::shared_ptr<const ina::Layout> ina;
+  // With `ina`: the slowest connection between a worker and an aggregation device (the cost
+  // model's aggregation cables); unreachable when none was measured. Not serialized either.
+  LinkDesc ina_link;
+
+  const LinkDesc& link(int from, int to) const { return links[static_cast<size_t>(from * nranks + to)]; }
+  LinkDesc& link(int from, int to) { return links[static_cast<size_t>(from * nranks + to)]; }
+  bool Reachable(int from, int to) const { return from != to && link(from, to).reachable; }
+  // True when every ordered pair of distinct ranks is reachable.
+  bool FullyConnected() const;
+  // Number of distinct host ids.
+  int host_count() const;
+
+  // n ranks on one host, every pair linked with `link`, every device described by `rank`.
+  static CommShape Uniform(int n, const RankDesc& rank, const LinkDesc& link);
+  // kInvalidArgument when the vectors do not have nranks / nranks^2 entries or a value is
+  // negative or not finite.
+  Status Validate() const;
+
+  // A stable serialization (for the allgather at init and for tests that compare shapes).
+  std::vector<uint8_t> Serialize() const;
+  static Result<CommShape> Deserialize(const std::vector<uint8_t>& bytes);
+};
+
+}  // namespace kizuna::collectives

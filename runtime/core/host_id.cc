@@ -1,0 +1,27 @@
+#include "runtime/core/host_id.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <fstream>
+
+namespace kizuna {
+
+std::string HostId() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) name[0] = '\0';
+  std::string id = name[0] ? name : "localhost";
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  if (boot && std::getline(boot, boot_id) && !boot_id.empty()) id += ":" + boot_id.substr(0, 8);
+  return id;
+}
+
+int UsableCpuCount() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  return CPU_COUNT(&set);
+}
+
+}  // namespace kizuna

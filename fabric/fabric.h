@@ -1,5 +1,5 @@
 // The fabric abstraction: devices (NICs, ports), connections, memory registration, tagged
-// send/receive, one-sided write with immediate data, completions (DESIGN.md section 5).
+// send/receive, one-sided write with immediate data, completions (fabric/README.md).
 //
 // The shape follows NCCL's net plugin API (ncclNet_v8 .. v12, ext-net/ in NCCL's repository), so
 // that a vendor who has written an ncclNet_t recognizes every call:
@@ -32,7 +32,7 @@
 // Public entry points are non-virtual: they validate arguments (ranges inside registrations,
 // registrations and requests belonging to this comm, sizes within the device's limits), enforce
 // the in-flight limit and trace (subsystem FABRIC), then call the protected Do* virtuals, so
-// backends never repeat these checks (STYLE habit 3).
+// backends never repeat these checks.
 //
 // Threading: a Fabric's methods are thread-safe. A ListenComm, SendComm or RecvComm is used by
 // one thread at a time (NCCL's proxy thread owns its comms the same way); different comms may be

@@ -1,9 +1,9 @@
 // The algorithm interface: one implementation per file in collectives/algorithms/, each serving
-// every collective it supports (DESIGN.md section 11), found through AllAlgorithms().
+// every collective it supports (collectives/README.md, docs/ALGORITHMS.md), found through AllAlgorithms().
 //
 // An algorithm answers two questions: can you serve this request on this communicator
-// (Supports: ok, or kNotSupported with the reason, so the selector tries the next candidate —
-// STYLE habit 5), and what does rank r do (Build: a RankPlan, see plan.h for the semantics).
+// (Supports: ok, or kNotSupported with the reason, so the selector tries the next candidate:
+// runtime/core/status.h's two "no"s), and what does rank r do (Build: a RankPlan, see plan.h for the semantics).
 // Costs are not here: the cost model (cost_model.h) predicts every algorithm's time from the
 // same shape, as formulas with named constants.
 //

@@ -1,4 +1,4 @@
-// The algorithm implementations, one file each (DESIGN.md section 11), reached through
+// The algorithm implementations, one file each (docs/ALGORITHMS.md), reached through
 // AllAlgorithms() in algorithm.h; and the direct exchange that pairwise.cc implements and the
 // deterministic mode of every reduction algorithm reuses.
 #pragma once

@@ -1,4 +1,4 @@
-// In-network aggregation (DESIGN.md section 6): AllReduce over the communicator's INA layout
+// In-network aggregation (docs/ALGORITHMS.md): AllReduce over the communicator's INA layout
 // (collectives/ina/layout.h, CommShape::ina). The layout's parts run at once, part i on its share
 // of the vector (ina::SplitCount: in proportion to the parts' bandwidths), each on channels of
 // its own:

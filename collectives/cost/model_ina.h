@@ -1,4 +1,4 @@
-// The cost model's INA term (cost_model.h, DESIGN.md section 6): the stages an INA AllReduce
+// The cost model's INA term (model.h, docs/ALGORITHMS.md): the stages an INA AllReduce
 // (algorithms/ina.cc) takes on the communicator's layout. Internal to the cost model: only
 // cost_model_algorithms.cc and cost_model_ina.cc include it.
 #pragma once

@@ -5,7 +5,7 @@
 namespace kizuna::collectives {
 namespace {
 
-// DESIGN.md section 11's names that have no implementation yet.
+// KIZUNA_ALGO names reserved for algorithms not built yet (docs/ALGORITHMS.md, "Names and overrides").
 constexpr std::string_view kNotYetAvailable[] = {"oneshot", "twoshot"};
 
 std::string Trim(std::string_view s) {

@@ -1,5 +1,5 @@
-// Algorithm selection: which algorithm serves one request on one communicator (DESIGN.md
-// section 6), in the manner of UCC's score map with fallbacks (STYLE habits 5 and 6).
+// Algorithm selection: which algorithm serves one request on one communicator
+// (docs/ALGORITHMS.md), in the manner of UCC's score map with fallbacks.
 //
 // Every algorithm is a candidate. Each says whether it can serve the request on the shape
 // (SupportsFn: kNotSupported with a reason, or ok), and the cost model predicts the time of those
@@ -33,7 +33,7 @@
 
 namespace kizuna::collectives {
 
-// KIZUNA_ALGO (Config::algo), parsed. Forms (DESIGN.md section 11):
+// KIZUNA_ALGO (Config::algo), parsed. Forms (docs/ALGORITHMS.md, "Names and overrides"):
 //   ""                              no override: the cost model chooses
 //   "ring"                          that algorithm for every collective
 //   "allreduce:ring;allgather:rhd"  per collective (names as ParseCollective accepts them;

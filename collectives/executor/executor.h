@@ -1,6 +1,6 @@
 // The executor: one thread per communicator (NCCL's proxy thread) that runs operations — a
 // collective call, or a group of calls fused by GroupStart/GroupEnd — by driving their plans'
-// steps over the transport's fabric connections and the device's streams (DESIGN.md section 3).
+// steps over the transport's fabric connections and the device's streams (docs/ARCHITECTURE.md).
 //
 // How one operation flows:
 //  1. Submit (on the caller's thread, returns at once) queues the operation and enqueues on the

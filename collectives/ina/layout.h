@@ -1,10 +1,10 @@
-// In-network aggregation layouts (DESIGN.md section 6): which sub-topologies an INA AllReduce runs
+// In-network aggregation layouts (docs/ALGORITHMS.md): which sub-topologies an INA AllReduce runs
 // on, how their cables join workers and aggregation devices, and what share of the data each
 // carries. The planner (planner.h) produces a Layout; the INA algorithm (algorithms/ina.cc) turns
 // one into plans; directconnect runs it on the topology TopologyJson writes (the optical circuit
 // switch's port map). Pure data: every rank computes the same Layout from the same inputs.
 //
-// The model (per port, DESIGN.md section 6, and seed 003's): a worker has D ports, an aggregation
+// The model (per port, README.md; NTT's SWoPP 2024 talk's): a worker has D ports, an aggregation
 // device E, each with bandwidth b per direction. The optical circuit switch joins ports by
 // circuits; a duplex cable joins two ports both ways, and a simplex circuit joins one port's
 // transmit side to another port's receive side (so one port can send to one peer and receive from

@@ -1,15 +1,15 @@
-// The partial in-network-aggregation planner (DESIGN.md section 6; seed 003, NTT SWoPP 2024):
+// The partial in-network-aggregation planner (docs/ALGORITHMS.md; NTT's SWoPP 2024 talk):
 // which sub-topologies an INA AllReduce should run on, given N workers with D ports each and M
 // aggregation devices with E ports each, in a direct-connect (optical circuit switched) network.
 //
-// The method is the seed's: enumerate sub-topologies whose AllReduce is known (layout.h's table:
+// The method is the talk's: enumerate sub-topologies whose AllReduce is known (layout.h's table:
 // full tree, partial tree with k aggregation devices, line, ring), each an item with a bandwidth,
 // a number of aggregation devices and a number of worker ports; since parts on disjoint ports run
 // in parallel and their bandwidths add up, choose the multiset of items that maximizes the total
 // bandwidth with at most M devices and at most N·D worker ports: a two-dimensional unbounded
 // knapsack. Worker ports can be balanced (BuildLayout) so that the total is the only port
 // constraint: no worker needs more than D ports. README.md has the derivations; the ring is
-// seed 003's, one port per worker (N/(2(N−1))), which its slide-20 figures require.
+// the talk's, one port per worker (N/(2(N−1))), which its slide-20 figures require.
 //
 // Everything here is exact integer arithmetic on one model and deterministic: every rank computes
 // the same plan from the same inputs. Bandwidths are in units of b, one port's bandwidth per
@@ -43,7 +43,7 @@ inline constexpr int kMaxPlannerPorts = 64;
 Status CheckProblem(const Problem& p);
 
 // T = ⌈(N−2)/(E−2)⌉ (at least 1): the devices of a full tree, the root with E children and the
-// others with E−1 (DESIGN.md section 11; the seed's (N−1)/(E−2) approximates it).
+// others with E−1 (docs/ALGORITHMS.md; the talk's (N−1)/(E−2) approximates it).
 int FullTreeAggregators(int workers, int aggregator_ports);
 
 // One sub-topology: a knapsack item. Its bandwidth is value / (2(N − 1)) in units of b, so that
@@ -79,14 +79,14 @@ struct Selection {
 // How a selection was found.
 enum class Solver : uint8_t {
   kAuto = 0,        // the DP when its table is small (kDpAutoWork), the closed form otherwise
-  kDp = 1,          // the seed's dynamic programming, any items
+  kDp = 1,          // the talk's dynamic programming, any items
   kClosedForm = 2,  // the exact shortcut for this model's items
 };
 std::string_view SolverName(Solver s);  // "auto", "dp", "closed-form"
 inline constexpr int64_t kDpAutoWork = 200'000'000;  // cells × items: ~0.07 s at -O2 (3·10⁹ a second)
 inline constexpr int64_t kDpMaxCells = int64_t{1} << 25;  // 128 MiB of table: beyond, kDp is refused
 
-// The seed's method for any items: dynamic programming over (aggregation devices used 0..M,
+// The talk's method for any items: dynamic programming over (aggregation devices used 0..M,
 // worker ports used 0..P) maximizing the value, ties broken towards fewer devices, then fewer
 // ports, then EnumerateItems' order. Speed-ups, none of which changes the answer: items that
 // cannot fit or that another item dominates (no more devices, no more ports, no less value) are
@@ -118,7 +118,7 @@ Selection Canonical(const Problem& p, const Selection& s);
 // ring" ratio divides by it).
 double RingBandwidth(const Problem& p);
 
-// Seed 003's baseline, the aggregation tree protocol: k = min(D, ⌊M/T⌋) full trees used alone
+// The talk's baseline, the aggregation tree protocol: k = min(D, ⌊M/T⌋) full trees used alone
 // (bandwidth k), or the D rings (D·N/(2(N−1))) when those are at least as fast.
 struct Baseline {
   int trees = 0;
@@ -130,7 +130,7 @@ Baseline BaselineOf(const Problem& p);
 // The upper bound: the LP relaxation of the same knapsack (items usable fractionally, M and N·D
 // as the only limits), so no plan can exceed it. Two constraints: an optimum mixes at most two
 // items; every partial tree is a convex combination of the line and the partial tree with T−1
-// devices (ports are affine in k), so four items suffice. Seed 003's bound is computed from the
+// devices (ports are affine in k), so four items suffice. The talk's bound is computed from the
 // aggregation volume with devices of unlimited ports; this is the fractional version of our model.
 double UpperBound(const Problem& p);
 // The LP over any items (every single item and every pair), value units.
@@ -160,7 +160,7 @@ struct LayoutPlan {
 // problem has a plan: a ring fits in N of the N·D worker ports.
 Result<LayoutPlan> PlanLayout(const Problem& p, Solver solver = Solver::kAuto);
 
-// Seed 002's table (NTT 2024: 8 workers, 4 ports each, the same data time for every row) as
+// The table of NTT's 2024 talk on collectives (8 workers, 4 ports each, the same data time for every row) as
 // closed forms: the data time of an AllReduce of L bytes over D parallel channels, 2(N−1)/N·L/D
 // (in units of L·b, b seconds per byte per port), and the transfer steps of each algorithm.
 struct StepsRow {

@@ -66,7 +66,7 @@ double Ratio(const Problem& p, double bandwidth) { return bandwidth / RingBandwi
 
 TEST(InaPlanner, ItemsFollowTheModelTable) {
   const Problem p{16, 4, 8, 8};
-  EXPECT_EQ(FullTreeAggregators(16, 8), 3);  // DESIGN.md: 3 for N=16, E=8
+  EXPECT_EQ(FullTreeAggregators(16, 8), 3);  // docs/ALGORITHMS.md: 3 for N=16, E=8
   EXPECT_EQ(FullTreeAggregators(128, 4), 63);
   EXPECT_EQ(FullTreeAggregators(8, 8), 1);
   EXPECT_EQ(FullTreeAggregators(9, 8), 2);
@@ -161,7 +161,7 @@ TEST(InaPlanner, UpperBoundIsTheLpOverAllItemsAndBoundsThePlan) {
 }
 
 TEST(InaPlanner, BaselineFirstGainsAtFifteenDevicesAsTheSeedSays) {
-  // DESIGN.md section 6: N=16, D=8, E=8: 4 trees (12 devices) = 4 < 8*16/30, 5 trees (15) = 5.
+  // docs/ALGORITHMS.md: N=16, D=8, E=8: 4 trees (12 devices) = 4 < 8*16/30, 5 trees (15) = 5.
   for (int m = 0; m <= 14; ++m) {
     const Problem p{16, m, 8, 8};
     const Baseline b = BaselineOf(p);
@@ -220,7 +220,7 @@ TEST(InaPlanner, PartialInaGainsLongBeforeTheBaseline) {
 }
 
 TEST(InaPlanner, SeedSlideTwentyFigures) {
-  // Seed 003's slide 20: 6 workers, 3 ports, 4-port devices (T = 2); times against "3 Ring", the
+  // Slide 20 of the SWoPP 2024 talk: 6 workers, 3 ports, 4-port devices (T = 2); times against "3 Ring", the
   // three one-port rings: 3 x 6/10 = 1.8.
   const double ring = RingBandwidth({6, 0, 3, 4});
   EXPECT_DOUBLE_EQ(ring, 1.8);
@@ -239,7 +239,7 @@ TEST(InaPlanner, SeedSlideTwentyFigures) {
     auto plan = PlanLayout({6, w.m, 3, 4});
     ASSERT_TRUE(plan.ok()) << w.m;
     EXPECT_NEAR(plan->bandwidth, w.bandwidth, 1e-12) << w.m;
-    EXPECT_NEAR(ring / plan->bandwidth, w.time, 0.005) << w.m;  // the seed gives two decimals
+    EXPECT_NEAR(ring / plan->bandwidth, w.time, 0.005) << w.m;  // the talk gives two decimals
     EXPECT_NEAR(Ratio(plan->problem, plan->bandwidth), w.bandwidth / 1.8, 1e-12) << w.m;
     std::vector<std::pair<PartKind, int>> got;
     for (const Pick& pk : plan->selection.picks) got.push_back({pk.item.kind, pk.count});
@@ -449,7 +449,7 @@ TEST(InaPlanner, RingsAvoidPairsOtherPartsCable) {
   auto two = PlanLayout({16, 2, 8, 8});
   ASSERT_TRUE(two.ok());
   EXPECT_EQ(CountPairs(two->layout).most_directed, 1);
-  // Seed 003's small examples, which the demo runs (6 workers, 3 ports): one stride class only,
+  // The talk's small examples, which the demo runs (6 workers, 3 ports): one stride class only,
   // yet no ordered pair carries two parts (M=0: 3 rings; M=1: partial tree + line).
   for (int m : {0, 1, 2}) {
     auto six = PlanLayout({6, m, 3, 4});
@@ -482,7 +482,7 @@ TEST(InaPlanner, Seed002Table) {
 }
 
 TEST(InaPlanner, PlansTwoThousandWorkers) {
-  // Issue 7's shapes (DESIGN.md section 11); their timing is in docs/INA_PLANNER.md. D = 8, E = 8,
+  // The planning-time target's shapes; their timing is in docs/INA_PLANNER.md. D = 8, E = 8,
   // T = 341: eight rings fill the 16384 ports; to beat them takes a full tree (341 devices, and
   // seven rings: 1.1249) or four partial trees of 85 devices and a ring (340: 1.1245).
   const Problem p64{2048, 64, 8, 8}, p512{2048, 512, 8, 8};

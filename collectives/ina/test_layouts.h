@@ -12,8 +12,8 @@
 namespace kizuna::collectives::ina::testing {
 
 // Layouts with every kind of part: N=16, D=8, E=8, M=4 gives four one-device partial trees and two
-// rings; M=24 gives eight full trees; N=6, D=3, E=4, M=1 a partial tree and a line (seed 003's
-// slide 20); Mixed() all four kinds at once.
+// rings; M=24 gives eight full trees; N=6, D=3, E=4, M=1 a partial tree and a line (slide 20
+// of the SWoPP 2024 talk); Mixed() all four kinds at once.
 inline Layout Planned(int workers, int aggregators, int worker_ports, int aggregator_ports) {
   auto plan = PlanLayout({workers, aggregators, worker_ports, aggregator_ports});
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();

@@ -64,7 +64,7 @@ std::optional<Algorithm> ParseAlgorithm(std::string_view name) {
   if (n == "recursivedoubling") return Algorithm::kRd;
   if (n == "direct") return Algorithm::kPairwise;
   if (n == "onepass") return Algorithm::kFused;
-  // DESIGN.md section 11 names partial INA `pina`: the same algorithm (the layout decides).
+  // `pina`, partial INA, is the same algorithm: the layout decides (docs/ALGORITHMS.md).
   if (n == "pina" || n == "innetwork") return Algorithm::kIna;
   return std::nullopt;
 }

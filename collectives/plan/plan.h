@@ -1,4 +1,4 @@
-// Plans: what one rank does for one collective, as data (DESIGN.md sections 3 and 6).
+// Plans: what one rank does for one collective, as data (docs/ARCHITECTURE.md, docs/ALGORITHMS.md).
 //
 // An algorithm (collectives/algorithms/<name>.cc) turns a CollectiveRequest into a RankPlan for
 // each rank: channels of steps (send / receive / receive-and-reduce / copy / reduce) on slices of
@@ -69,7 +69,7 @@ std::optional<Collective> ParseCollective(std::string_view name);
 bool IsReduction(Collective c);  // AllReduce, ReduceScatter, Reduce
 bool HasRoot(Collective c);      // Broadcast, Reduce, Send, Recv (the peer)
 
-// Algorithms, by the names KIZUNA_ALGO uses (DESIGN.md section 11). Append only.
+// Algorithms, by the names KIZUNA_ALGO uses (docs/ALGORITHMS.md). Append only.
 enum class Algorithm : uint8_t {
   kRing = 0,      // ring.cc: AllReduce, ReduceScatter, AllGather, Broadcast, Reduce
   kTree = 1,      // tree.cc: double binary tree; AllReduce, Broadcast, Reduce

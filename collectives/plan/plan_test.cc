@@ -47,7 +47,7 @@ TEST(PlanTest, AlgorithmNamesRoundTrip) {
   EXPECT_EQ(ParseAlgorithm("recursive_doubling"), Algorithm::kRd);
   EXPECT_EQ(ParseAlgorithm("direct"), Algorithm::kPairwise);
   EXPECT_EQ(ParseAlgorithm("ina"), Algorithm::kIna);
-  EXPECT_EQ(ParseAlgorithm("pina"), Algorithm::kIna);  // DESIGN.md's name for partial INA: the same algorithm
+  EXPECT_EQ(ParseAlgorithm("pina"), Algorithm::kIna);  // partial INA's name: the same algorithm
   EXPECT_EQ(ParseAlgorithm("twoshot"), std::nullopt);
   EXPECT_EQ(ParseAlgorithm(""), std::nullopt);
 }

@@ -1,4 +1,4 @@
-// A communicator's connections (DESIGN.md section 3, step 4): for every peer some fabric reaches,
+// A communicator's connections (docs/ARCHITECTURE.md): for every peer some fabric reaches,
 // one SendComm (bytes to the peer) and one RecvComm (bytes from it), a registered staging region
 // through which plan steps move data (device memory, or host memory where a fabric cannot reach
 // the device's), and small host control buffers for the executor's per-operation headers.
@@ -18,7 +18,7 @@
 //
 // Memory: one staging buffer per rank, through which plan steps move data, registered on every
 // comm (so by each comm's own fabric). Zero-copy where the pair allows, staged through host
-// memory only where it must be (DESIGN.md section 3, step 4):
+// memory only where it must be (docs/ARCHITECTURE.md):
 //  1. Device memory (Device::Allocate), registered per comm the first way the comm accepts:
 //     by DMA-BUF fd (Device::ExportDmaBuf, what an RDMA NIC registers) when the device exports
 //     one and the comm takes fds; by the device's own exported fd (a memfd of the emulated

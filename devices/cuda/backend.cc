@@ -17,9 +17,9 @@ namespace {
 
 // Share of the HBM's peak (clock x bus width x 2) a streaming kernel reaches: a device-to-device
 // copy and an 8-input reduce both measured 3.0 TB/s (read + write) on an H100 whose peak is
-// 3.35 TB/s (DESIGN.md section 10).
+// 3.35 TB/s (docs/PERFORMANCE.md, "CUDA backend on an H100").
 constexpr double kStreamingEfficiency = 0.9;
-// Launch cost of one small kernel or copy, measured on an H100 (DESIGN.md section 10).
+// Launch cost of one small kernel or copy, measured on an H100 (docs/PERFORMANCE.md, same section).
 constexpr double kLaunchLatencyUs = 4.2;
 
 std::string UuidText(const CUuuid& u) {

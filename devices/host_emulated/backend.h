@@ -1,7 +1,7 @@
 // host_emulated: the CPU-emulated accelerator, so that the whole stack (collectives, fabrics,
 // tools, tests) runs without a GPU. Registered in the device registry as "host_emulated".
 //
-// Devices are host-wide (DESIGN 11): KIZUNA_EMULATED_DEVICES=N describes N devices on the host,
+// Devices are host-wide (README.md, "Devices"): KIZUNA_EMULATED_DEVICES=N describes N devices on the host,
 // and device i has the same uuid in every process on the host ("emu-<host>-<boot id>-<i>"), so
 // ranks in different processes can tell that they share a device. Each process still keeps its
 // own memory budget and throttle timeline per device (see README.md, "Limits").

@@ -1,4 +1,4 @@
-// The throttled memory timeline of an emulated device, shared host-wide (DESIGN 11: emulated
+// The throttled memory timeline of an emulated device, shared host-wide (README.md: emulated
 // devices are host-wide, so ranks in different processes that use device i also share its
 // throttle).
 //

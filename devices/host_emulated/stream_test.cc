@@ -154,7 +154,7 @@ TEST(HostEmulatedStream, ReduceThrottleCountsInputBytes) {
 
 TEST(HostEmulatedStream, ThrottleIsSharedByEveryInstanceOfADevice) {
   // Two backend instances share nothing in the process, exactly like two processes: device 0's
-  // throttle must still be one timeline (DESIGN 11: emulated devices are host-wide), so two
+  // throttle must still be one timeline (README.md: emulated devices are host-wide), so two
   // concurrent 8 MiB copies at 1 GB/s take twice as long as one.
   Config c = SmallConfig();
   c.emu_copy_gbps = 1.0;

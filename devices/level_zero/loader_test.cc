@@ -86,7 +86,7 @@ TEST(LevelZeroLoader, RealLoaderWithoutDriverIsUnavailable) {
   if (s.ok()) GTEST_SKIP() << "a Level Zero driver is installed here: the no-driver path cannot be seen";
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_TRUE(Mentions(s, "zeInit: ZE_RESULT_")) << s.ToString();
-  // Loader 1.8 without a driver answers exactly this (DESIGN.md section 10).
+  // Loader 1.8 without a driver answers exactly this (README.md, as seen on the build machines).
   EXPECT_TRUE(Mentions(s, "ZE_RESULT_ERROR_UNINITIALIZED (no Level Zero driver")) << s.ToString();
   // Loader() gives the same answer, every call.
   auto once = Loader();

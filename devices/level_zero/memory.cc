@@ -6,7 +6,7 @@
 //   Level Zero only exports what was allocated exportable.
 // - AllocateHost: zeMemAllocHost: host memory the CPU and the device's streams both use.
 // - Export: the allocation's IPC handle (zeMemGetIpcHandle on the allocation's base) as an opaque
-//   blob (ExportKind::kOpaque, DESIGN 11) plus the region's offset; Import opens it in this
+//   blob (ExportKind::kOpaque, runtime/device/README.md) plus the region's offset; Import opens it in this
 //   process (zeMemOpenIpcHandle) and closes it with the buffer (zeMemCloseIpcHandle).
 // - ExportDmaBuf: zeMemGetAllocProperties with ze_external_memory_export_fd_t chained. The driver
 //   keeps the fd it returns (it hands out the same one on every call), so the export carries a

@@ -19,10 +19,10 @@
 namespace kizuna::level_zero {
 
 // Share of the memory's peak a streaming copy reaches; the cuda backend's figure (3.0 of 3.35 TB/s
-// on an H100, DESIGN.md section 10). Not yet measured on an Intel GPU.
+// on an H100, docs/PERFORMANCE.md). Not yet measured on an Intel GPU.
 inline constexpr double kStreamingEfficiency = 0.9;
 // Share of the PCIe link's theoretical bandwidth a pinned host <-> device copy reaches: 55 of
-// 63 GB/s on the H100's PCIe 5.0 x16 (DESIGN.md section 10).
+// 63 GB/s on the H100's PCIe 5.0 x16 (docs/PERFORMANCE.md, "CUDA backend on an H100").
 inline constexpr double kPcieEfficiency = 0.87;
 // The link assumed when the driver does not report one (zeDevicePciGetPropertiesExt missing or
 // maxBandwidth -1): PCIe 4.0 x16, 31.5 GB/s theoretical, the link of current Intel data-center

@@ -1,4 +1,4 @@
-// libfabric, reached at run time through dlopen (STYLE habit 15), so that kizuna builds and runs
+// libfabric, reached at run time through dlopen, so that kizuna builds and runs
 // on a machine without it: there the ofi fabric reports kUnavailable with the reason.
 //
 // Almost all of libfabric's API (fi_domain, fi_endpoint, fi_tsend, fi_cq_read, fi_mr_reg, ...) is

@@ -1,4 +1,4 @@
-// libibverbs, reached at run time through dlopen (STYLE habit 15), so that kizuna builds and runs
+// libibverbs, reached at run time through dlopen, so that kizuna builds and runs
 // on a machine without it: there the roce fabric reports kUnavailable with the reason.
 //
 // Most of the verbs data path (ibv_post_send, ibv_post_recv, ibv_poll_cq, ibv_req_notify_cq) is

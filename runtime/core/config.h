@@ -1,5 +1,5 @@
 // The typed configuration: every KIZUNA_* environment variable, parsed once at the edge
-// (STYLE habit 12) and passed explicitly to what needs it.
+// (README.md, "Configuration") and passed explicitly to what needs it.
 //
 // Unknown KIZUNA_* names and malformed values produce a warning naming the variable (and, for a
 // misspelling, the closest known name); the default is kept. The table of variables (name, form,

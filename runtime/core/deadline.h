@@ -1,4 +1,4 @@
-// Deadlines for every blocking wait (STYLE habit 13). There is no "wait forever": the longest
+// Deadlines for every blocking wait. There is no "wait forever": the longest
 // wait is KIZUNA_TIMEOUT (600 s by default), after which the call returns kTimeout.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Status and Result<T>: errors are values (STYLE habit 4).
+// Status and Result<T>: errors are values.
 //
 // Every fallible call in kizuna returns a [[nodiscard]] Status or Result<T>. Foreign error codes
 // (errno, CUDA, ibverbs, libfabric, Level Zero, plugin ABI codes) are converted once, at the
@@ -15,7 +15,7 @@
 
 namespace kizuna {
 
-// Two different "no"s (STYLE habit 5): kNotSupported means "this backend/algorithm cannot do this,
+// Two different "no"s: kNotSupported means "this backend/algorithm cannot do this,
 // try the next one"; kUnavailable means "no hardware or library here" (tests skip, saying why).
 enum class StatusCode : uint8_t {
   kOk = 0,

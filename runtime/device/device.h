@@ -1,9 +1,9 @@
-// The device abstraction layer: Backend -> Device -> Buffer, Stream, Event (DESIGN.md section 4).
+// The device abstraction layer: Backend -> Device -> Buffer, Stream, Event (README.md).
 //
 // A backend (host_emulated, cuda, level_zero, or a vendor plugin) registers a factory in the
 // registry (registry.h); nothing above this layer names a backend. Public entry points are
 // non-virtual: they validate arguments and trace, then call the protected Do* virtuals, so
-// backends never repeat argument checks (STYLE habit 3).
+// backends never repeat argument checks.
 //
 // Device addresses are plain pointers, as in CUDA and NCCL: a pointer returned by Allocate or
 // Import, plus an offset. Whether the CPU may dereference one is DeviceProperties::host_accessible.
@@ -79,7 +79,7 @@ class Buffer {
   bool imported_;
 };
 
-// Memory exported for another process on the same host (the device layer's handle; DESIGN 11).
+// Memory exported for another process on the same host (the device layer's handle; README.md).
 // An allocation found by Device::FindAllocation. The fd is the allocation's own (memfd or
 // DMA-BUF), borrowed: valid while the allocation lives; another process takes its own copy with
 // pidfd_getfd and maps [0, bytes) of it (Device::Import with an fd export).

@@ -1,4 +1,4 @@
-// Moving exported device memory between processes on one host (DESIGN 11): the descriptor
+// Moving exported device memory between processes on one host (README.md): the descriptor
 // (backend, device, offset, size, opaque handle bytes) travels as a message on a Unix-domain
 // stream socket, and an fd travels beside it with SCM_RIGHTS, so the receiver gets its own fd to
 // the same memfd / DMA-BUF object.

@@ -9,7 +9,7 @@
 #               of processes share it with no tricks)
 #   rxe_veth0   on veth0   10.91.0.1/24 } the two ends of a veth pair: two "hosts". Both addresses
 #   rxe_veth1   on veth1   10.91.0.2/24 } are local, so without policy routing the kernel would send
-#               their traffic through lo and the QPs would fail to reach RTR (DESIGN §10).
+#               their traffic through lo and the QPs would fail to reach RTR (README.md).
 # Results go to /mnt/kizuna/results (the host's results folder): results.txt (one line per step,
 # then DONE), one log per step, and setup.log.
 

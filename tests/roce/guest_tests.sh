@@ -157,7 +157,8 @@ step_smoke() {
   WHY="3 rxe devices; ib_write_bw and ib_send_lat ran"
 }
 
-# b. The fabric conformance suite, roce instances only, messages up to 64 MiB (DESIGN §11).
+# b. The fabric conformance suite, roce instances only, messages up to 64 MiB
+# (tests/conformance/fabric/README.md: the guest has 2 GiB).
 step_conformance() {
   need_bin fabric_conformance_test libkz_example_fabric.so || return
   local log=$TEST_TMPDIR/conformance.out rc=0

@@ -1,4 +1,4 @@
-// kizuna-aggd: an aggregation device (DESIGN.md section 6; NTT's Optcast: a spare CPU as the
+// kizuna-aggd: an aggregation device (docs/ALGORITHMS.md; NTT's Optcast: a spare CPU as the
 // switch). It joins an INA job as one of the ranks after the layout's workers
 // (KIZUNA_INA_LAYOUT), receives the chunks its children stream up, reduces them as they arrive
 // in a bounded number of scratch slots, and sends the result up its tree or back down

@@ -16,7 +16,7 @@
 // receives from rank - 1 (mod n), the two calls in one group.
 //
 // algbw = size / time; busbw = algbw * factor: allreduce 2(n-1)/n; reducescatter, allgather,
-// alltoall (n-1)/n; broadcast, reduce, sendrecv 1 (DESIGN.md section 8; nccl-tests' PERFORMANCE.md).
+// alltoall (n-1)/n; broadcast, reduce, sendrecv 1 (README.md; nccl-tests' PERFORMANCE.md).
 #pragma once
 
 #include <cstdint>

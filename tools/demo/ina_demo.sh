@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ./kz demo-ina: in-network aggregation on one machine. Six workers and up to six aggregation
 # devices (kizuna-aggd processes, standing in for switches or SmartNICs) on a direct-connect
-# network of 3 ports per worker and 4 per device (seed 003's example), every port shaped to the
+# network of 3 ports per worker and 4 per device (the example of NTT's SWoPP 2024 talk), every port shaped to the
 # same bandwidth so that this machine shows the modelled network. For M = 0 (three rings), 1, 2
 # and 6 devices: the planner's layout, an AllReduce checked then timed, and the measured
 # bandwidth against the rings' next to the planner's and the cost model's predictions.

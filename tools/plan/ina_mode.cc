@@ -30,7 +30,7 @@ constexpr std::string_view kInaFlags[] = {"--workers", "--aggregators", "--worke
                                           "--seed002"};
 constexpr std::string_view kShared[] = {"--latency-us", "--json", "--help"};
 
-// Seed 003's figures: N = 16, 32, 64 workers with D = 8 ports, devices with E = 8 and 16 ports.
+// The SWoPP 2024 talk's figures: N = 16, 32, 64 workers with D = 8 ports, devices with E = 8 and 16 ports.
 constexpr int kSweepWorkers[] = {16, 32, 64};
 constexpr int kSweepPorts = 8;
 constexpr int kSweepAggPorts[] = {8, 16};
@@ -194,7 +194,7 @@ int PrintSeed002(const InaOptions& o, bool json) {
     return 0;
   }
   std::string out = fmt::format(
-      "# seed 002 (NTT 2024): {} workers with {} ports each, {} parallel channels; an AllReduce of L bytes, b "
+      "# NTT 2024's table: {} workers with {} ports each, {} parallel channels; an AllReduce of L bytes, b "
       "seconds per byte and port\n",
       o.workers, o.worker_ports, o.worker_ports);
   out += fmt::format("{:<10} {:<40} {:>5}  {}\n", "topology", "algorithm", "steps", "transfer time");
@@ -204,7 +204,7 @@ int PrintSeed002(const InaOptions& o, bool json) {
   for (const ina::StepsRow& r : rows) out += fmt::format("# {}: {}\n", r.algorithm, r.how);
   out += fmt::format(
       "# transfer time 2(N-1)/N * L / D for every row: each worker sends and receives 2(N-1)/N of the data, "
-      "spread over its {} ports. The seed's rows 2 and 3 come from a MILP; these closed forms give the same counts.\n",
+      "spread over its {} ports. The talk's rows 2 and 3 come from a MILP; these closed forms give the same counts.\n",
       o.worker_ports);
   std::fputs(out.c_str(), stdout);
   return std::fflush(stdout) == 0 ? 0 : 1;
@@ -215,7 +215,7 @@ struct SweepRow {
   double baseline = 0, partial = 0, upper = 0;  // ratios to the rings
 };
 
-// One panel per (N, D, E): the lines of seed 003's figure, written by hand.
+// One panel per (N, D, E): the lines of the talk's figure, written by hand.
 std::string Svg(const std::vector<std::vector<SweepRow>>& panels) {
   const int cols = static_cast<int>(std::min<size_t>(3, panels.size()));
   const int rows = static_cast<int>((panels.size() + static_cast<size_t>(cols) - 1) / static_cast<size_t>(cols));
@@ -224,7 +224,7 @@ std::string Svg(const std::vector<std::vector<SweepRow>>& panels) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"12\" y=\"20\" font-size=\"15\">Partial in-network aggregation: algorithm bandwidth relative to D "
-      "parallel rings (seed 003's figure, per-port model)</text>\n",
+      "parallel rings (NTT SWoPP 2024's figure, per-port model)</text>\n",
       cols * pw, top + rows * ph);
   struct Line {
     const char *name, *color, *dash;
@@ -385,16 +385,16 @@ void AddInaOptions(CLI::App& app, InaOptions& o) {
       ->capture_default_str();
   app.add_option("--worker-ports", o.worker_ports, "INA: ports per worker D")->capture_default_str();
   app.add_option("--agg-ports", o.agg_ports, "INA: ports per aggregation device E")->capture_default_str();
-  app.add_option("--solver", o.solver, "INA: auto, dp (the seed's DP) or closed-form")->capture_default_str();
+  app.add_option("--solver", o.solver, "INA: auto, dp (SWoPP 2024's DP) or closed-form")->capture_default_str();
   app.add_option("--layout", o.layout, "INA: write the layout as JSON (KIZUNA_INA_LAYOUT's format) to FILE");
   app.add_option("--topology", o.topology, "INA: write the layout's direct-connect topology file to FILE");
   app.add_option("--bandwidth-gbps", o.bandwidth_gbps, "INA --topology: link bandwidth per direction (0: unknown)")
       ->capture_default_str();
   app.add_flag("--shaping", o.shaping, "INA --topology: pace transfers to the links' bandwidth and latency");
-  app.add_flag("--sweep", o.sweep, "INA: seed 003's sweep over M (N=16,32,64, D=8, E=8,16) as CSV");
+  app.add_flag("--sweep", o.sweep, "INA: NTT SWoPP 2024's sweep over M (N=16,32,64, D=8, E=8,16) as CSV");
   app.add_option("--csv", o.csv, "INA --sweep: write the CSV to FILE (default: standard output)");
   app.add_option("--plot", o.plot, "INA --sweep: write an SVG plot to FILE");
-  app.add_flag("--seed002", o.seed002, "INA: seed 002's table of transfer steps (--workers 8 --worker-ports 4)");
+  app.add_flag("--seed002", o.seed002, "INA: NTT 2024's table of transfer steps (--workers 8 --worker-ports 4)");
 }
 
 bool InaRequested(const CLI::App& app) {

@@ -1,5 +1,6 @@
 // kizuna-plan's INA mode: the partial in-network-aggregation planner (collectives/ina/planner.h)
-// for a shape given by flags, seed 003's sweep as CSV and SVG, and seed 002's table.
+// for a shape given by flags, the sweep of NTT's SWoPP 2024 talk as CSV and SVG, and the table of
+// NTT's 2024 talk on collectives.
 //
 //   kizuna-plan --workers N [--aggregators M] [--worker-ports D] [--agg-ports E] [--solver auto|dp|closed-form]
 //               [--layout FILE] [--topology FILE [--bandwidth-gbps X] [--latency-us Y] [--shaping]] [--json]

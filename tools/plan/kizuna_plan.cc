@@ -17,13 +17,13 @@
 // reports none. --algo takes KIZUNA_ALGO's forms; names not available yet warn and let the model
 // choose.
 //
-// The partial in-network-aggregation planner (DESIGN.md section 6, seed 003) is this tool's INA
+// The partial in-network-aggregation planner (docs/ALGORITHMS.md; NTT's SWoPP 2024 talk) is this tool's INA
 // mode (ina_mode.h), selected by its own flags:
 //
 //   kizuna-plan --workers N --aggregators M --worker-ports D --agg-ports E [--layout FILE]
 //               [--topology FILE [--bandwidth-gbps X --latency-us Y --shaping]] [--solver S] [--json]
-//   kizuna-plan --sweep [--csv FILE] [--plot FILE.svg]      seed 003's figure: N=16,32,64, D=8, E=8,16
-//   kizuna-plan --seed002 [--workers 8 --worker-ports 4]    seed 002's table of transfer steps
+//   kizuna-plan --sweep [--csv FILE] [--plot FILE.svg]      the SWoPP 2024 talk's figure: N=16,32,64, D=8, E=8,16
+//   kizuna-plan --seed002 [--workers 8 --worker-ports 4]    NTT's 2024 table of transfer steps
 //
 // Exit status: 0 success; 1 a plan could not be built (--dump) or the INA mode could not write a
 // file; 2 bad command line (CLI11's parse errors included), with a message naming the flag.

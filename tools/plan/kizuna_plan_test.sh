@@ -2,8 +2,9 @@
 # kizuna-plan end to end: the table has a column per algorithm and the choice; the regimes show
 # (rd for a tiny allreduce, something else for a large one); forcing, fallback and heterogeneity
 # change what they should; --json parses; --dump prints a plan; bad flags fail with a clear
-# message and exit status 2 (CLI11's parse errors included). The INA mode: seed 003's thresholds
-# and slide-20 figures, the layout and topology files, the sweep's CSV and SVG, seed 002's table,
+# message and exit status 2 (CLI11's parse errors included). The INA mode: the SWoPP 2024 talk's
+# thresholds and slide-20 figures, the layout and topology files, the sweep's CSV and SVG, the table
+# of NTT's 2024 talk,
 # its bad flags.
 set -uo pipefail
 plan="$1"
@@ -125,7 +126,7 @@ trap 'rm -rf "$tmp"' EXIT
 ratio() {  # label output: the "= R x" figure of a summary line
   sed -nE "s/^$1 +[0-9.]+ b = ([0-9.]+) x .*/\1/p" <<<"$2"
 }
-# Seed 003's threshold (DESIGN.md section 6): N=16, D=8, E=8: the baseline (aggregation trees)
+# The SWoPP 2024 talk's threshold (docs/ALGORITHMS.md): N=16, D=8, E=8: the baseline (aggregation trees)
 # equals the eight one-port rings up to 14 devices and first gains at 15.
 out="$("$plan" --workers 16 --aggregators 14 --worker-ports 8 --agg-ports 8 2>&1)" || fail "ina M=14: exit $?: $out"
 echo "$out"
@@ -151,8 +152,8 @@ grep -Eq '^ring +5 +0 +16 +0\.5333 ' <<<"$out" || fail "ina M=2: five rings: $ou
 out="$("$plan" --workers 16 --aggregators 4 2>&1)" || fail "ina M=4: exit $?"
 grep -Eq '^partial-tree +4 +1 +24 +1\.0000 ' <<<"$out" || fail "ina M=4: four one-device partial trees: $out"
 grep -Eq '^ring +2 +0 +16 +0\.5333 ' <<<"$out" || fail "ina M=4: two rings: $out"
-# Seed 003's slide 20 (6 workers, 3 ports, 4-port devices): 3 rings 1.8; one device a partial tree
-# and a line (2: the seed's 0.90 of the time), two a full tree and two rings (2.2: 0.82), six three
+# Slide 20 of the SWoPP 2024 talk (6 workers, 3 ports, 4-port devices): 3 rings 1.8; one device a partial tree
+# and a line (2: the talk's 0.90 of the time), two a full tree and two rings (2.2: 0.82), six three
 # full trees (3: 0.60).
 for mr in 0:1.0000:ring 1:1.1111:line 2:1.2222:full-tree 6:1.6667:full-tree; do
   IFS=: read -r m want kind <<<"$mr"
@@ -201,7 +202,7 @@ assert abs(sum(p["count"] * p["data_share"] for p in d["parts"]) - 1) < 1e-12
 ' <<<"$out" || fail "ina --json: malformed: $out"
 out="$("$plan" --workers 16 --aggregators 4 --solver closed-form 2>&1)" || fail "--solver closed-form: exit $?"
 [ "$(ratio bandwidth "$out")" = "1.1875" ] && grep -q '^solver  *closed-form' <<<"$out" || fail "closed form: $out"
-# The sweep: CSV and SVG over seed 003's grid.
+# The sweep: CSV and SVG over the talk's grid.
 out="$("$plan" --sweep --csv "$tmp/s.csv" --plot "$tmp/s.svg" 2>&1)" || fail "--sweep: exit $?: $out"
 echo "$out"
 grep -q '^N=16 D=8 E=8 .*partial INA M=2 (1.0938), baseline M=15 (1.1719)' <<<"$out" || fail "--sweep summary: $out"
@@ -222,7 +223,7 @@ PY
   fail "--sweep: the SVG has not 6 panels"
 out="$("$plan" --sweep --workers 8 --agg-ports 4 --aggregators 5 2>&1)" || fail "--sweep one shape: exit $?"
 [ "$(wc -l <<<"$out")" -eq 7 ] || fail "--sweep one shape to stdout: $out"
-# Seed 002's table.
+# The table of NTT's 2024 talk (--seed002).
 out="$("$plan" --seed002 2>&1)" || fail "--seed002: exit $?"
 echo "$out"
 grep -Eq '^ring +ring allreduce +14  0\.4375 L\*b$' <<<"$out" || fail "--seed002 ring row: $out"

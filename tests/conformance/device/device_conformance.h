@@ -1,4 +1,4 @@
-// The device conformance suite (STYLE habit 8, in the manner of IREE's CTS): one set of tests,
+// The device conformance suite (README.md; in the manner of IREE's CTS): one set of tests,
 // compiled once, instantiated for every backend the DeviceRegistry holds — the built-in backends
 // linked into the binary and every plugin named with --plugin=PATH or KIZUNA_DEVICE_PLUGINS.
 //

@@ -1,4 +1,4 @@
-// The fabric conformance suite (STYLE habit 8, like tests/conformance/device/): one set of tests,
+// The fabric conformance suite (README.md; like tests/conformance/device/): one set of tests,
 // compiled once, instantiated for every fabric registered in the binary (the fabrics whose
 // libraries are linked in: directconnect now; ofi, roce as they arrive).
 //
@@ -47,7 +47,7 @@ inline constexpr double kTestTimeoutSeconds = 30.0;
 inline Deadline TestDeadline() { return Deadline::AfterSeconds(kTestTimeoutSeconds); }
 
 // The largest message of the default run, and of `--large` (capped by each fabric's
-// max_message_bytes). DESIGN §11: up to 1 GiB on the host.
+// max_message_bytes). README.md: up to 1 GiB on the host.
 inline constexpr uint64_t kDefaultMaxBytes = uint64_t{64} << 20;
 inline constexpr uint64_t kLargeMaxBytes = uint64_t{1} << 30;
 

@@ -79,9 +79,9 @@ constexpr size_t kMaxImportsPerRank = 16;
 // How long a rank with a core of its own spins before it yields (WaitFor).
 constexpr auto kSpinWindow = std::chrono::microseconds(50);
 // How often a rank polls its peer, a pause apart, before it yields (Wait). Ranks that outnumber
-// the CPUs yield at once: a peer not there yet usually waits for this CPU, and 64 pauses took
-// about 2 µs of it (8 B at 4 processes: 17.4-22.4 -> 14.9-16.4 µs; at 8: 42-52 -> 37 µs; 1 MiB
-// at 8: 352-365 -> 330-351 µs; 2 CPUs, ranks pinned two or four to a CPU, 2026-11-23).
+// the CPUs yield at once: a peer not there yet usually waits for this CPU, and 64 pauses cost
+// about 2 µs of it (docs/RACE.md, "Since the 16:04 run": oversubscribed waits look once, then
+// yield).
 constexpr int kSpins = 64, kOversubscribedSpins = 0;
 
 // The CPUs this process may run on, a bit each (none when the kernel does not say).

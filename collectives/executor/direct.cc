@@ -54,8 +54,8 @@ Status Executor::RunDirect(Operation& op, Deadline deadline) {
   }
   // Where the CPU does the parts (CpuDoesParts), this thread does this rank's itself, and the
   // operation is done for this rank once every rank's part is. Two thread hand-offs fewer per
-  // call (to the stream's thread and back; 8-byte AllReduce of 2 in-process ranks 151-204 ->
-  // 135-140 us on the 2-core VM). A rank that published no event finished its part before
+  // call (to the stream's thread and back; docs/PERFORMANCE.md, "Ranks of one process"). A rank
+  // that published no event finished its part before
   // publishing; the events of ranks that went through their streams are waited for here.
   if (CpuDoesParts(device_->properties())) {
     if (Status s = RunFusedPartOnCpu(req, rank, inputs, outputs); !s.ok()) return failed(s);

@@ -34,13 +34,12 @@ constexpr size_t kControlSlotBytes = 256;       // one control message; control_
 // rounds to it).
 constexpr size_t kMinSlotBytes = 64;
 // The largest chunk when KIZUNA_CHUNK_BYTES does not say: large enough that per-step overhead
-// (a stream round trip and a fabric post, ~10-30 us here) is small against the copy of the chunk
+// (a stream round trip and a fabric post, tens of microseconds) is small against the copy of the chunk
 // at memory speed, small enough that a 2-channel window of 4 fits the default 8 MiB staging.
 constexpr size_t kDefaultChunkBytes = 512 << 10;
 // The same where some peer is reached over a network (Transport::network()): a message there
-// pays a fixed cost that 512 KiB does not amortize (over tcp;ofi_rxm between two namespaces,
-// 64 MiB AllReduce at 2 ranks: 0.55-0.65 GB/s with 512 KiB chunks, 0.80-0.91 with 2 MiB; 4 and
-// 8 MiB no better).
+// pays a fixed cost that 512 KiB does not amortize; over tcp;ofi_rxm 2 MiB chunks were faster
+// than 512 KiB and 4 or 8 MiB no better (docs/RACE.md, "Where the gaps are, and why": TCP).
 constexpr size_t kNetworkChunkBytes = 2 << 20;
 // Steps up to this size on host-accessible memory run on the executor's thread (Run::OnCpu).
 constexpr size_t kCpuStepBytes = 64 << 10;
@@ -196,8 +195,8 @@ class Executor::Run {
   Status EnqueueConsume(ChannelRun& ch, const Step& step, StepState& st, bool cpu);
   // Whether a step moving `bytes` runs on this thread instead of a device stream: small steps on
   // memory the CPU reaches, where the hand-off to the stream's thread and back costs far more
-  // than the copy (40-190 us per step measured between two namespaces on the build VM, against
-  // a 5 us fabric transfer).
+  // than the copy, and more than the fabric transfer itself (docs/RACE.md, "After the 09:11
+  // run").
   bool OnCpu(size_t bytes) const { return cpu_steps_ && bytes <= executor_internal::kCpuStepBytes; }
   // The CPU reaches the device's memory, and its streams model no speed or launch latency that
   // running a step here would skip (an emulated device with KIZUNA_EMU_* throttles keeps them).

@@ -6,12 +6,11 @@
 // Built by nvcc into a fatbin (BUILD: kernels_fatbin) with -fmad=false -ftz=false -prec-div=true,
 // and never with --use_fast_math: the results must equal HostReduce's bit for bit.
 //
-// Measured on an H100 (132 SMs) with 256 MiB per buffer and 64 blocks per SM: the reduces
-// measured (sum of 1 to 8 inputs for float32 / float16 / bfloat16 / float64 / uint8, and samples
-// of every op over the other types) moved 2.97-3.10 TB/s, the scales 2.66-2.93 TB/s (bytes read
-// + written), against 2.98 TB/s for a device-to-device copy. Fewer blocks per SM cost up to 10 %
-// on large buffers; on small ones (16 MiB) about 8 blocks per SM did best, since every thread
-// first sets up avg's divider (kernel_math.h) and should then handle a few vectors.
+// On an H100 with 256 MiB per buffer and 64 blocks per SM the reduces and scales move about as
+// many bytes per second as a device-to-device copy (docs/PERFORMANCE.md, "CUDA backend on an
+// H100", the kernels' grid). Fewer blocks per SM are slower on large buffers; on small ones
+// (16 MiB) about 8 blocks per SM did best, since every thread first sets up avg's divider
+// (kernel_math.h) and should then handle a few vectors.
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

@@ -20,15 +20,17 @@ constexpr const char* kTypeNames[kNumDataTypes] = {"f16", "bf16", "f32", "f64", 
                                                    "u8",  "i32",  "u32", "i64", "u64"};
 constexpr const char* kOpNames[kNumReduceOps] = {"sum", "prod", "min", "max", "avg"};
 
-// Grid size (measured on an H100 with 256 MiB and 16 MiB buffers): about one block per 1024
-// vectors of 16 bytes, at most 64 blocks per SM. Fewer blocks per SM cost up to 10 % at 256 MiB;
-// at 16 MiB a smaller grid wins because each thread first sets up avg's divider.
+// Grid size (measured on an H100 with 256 MiB and 16 MiB buffers: docs/PERFORMANCE.md, "CUDA
+// backend on an H100", the kernels' grid): about one block per 1024 vectors of 16 bytes, at most
+// 64 blocks per SM. Fewer blocks per SM are slower at 256 MiB; at 16 MiB a smaller grid wins
+// because each thread first sets up avg's divider.
 constexpr size_t kVectorsPerBlock = 1024;
 constexpr int kMaxBlocksPerSm = 64;
 // How long a wait polls the driver (yielding the core between polls) before it starts sleeping,
-// and the longest sleep: a wait ends at most about kMaxSleep after the work did. (A fused
-// AllReduce of 4 x 256 MiB on one H100 took 1.28 ms against a 0.8 ms device pass while these
-// were 50 us and 1 ms: each rank's finish is a synchronization.)
+// and the longest sleep: a wait ends at most about kMaxSleep after the work did. (With a shorter
+// spin and sleeps growing to 1 ms, each rank's finish, a synchronization, cost the fused
+// AllReduce on an H100 a large share of its time: docs/PERFORMANCE.md, "CUDA backend on an
+// H100".)
 constexpr auto kSpin = std::chrono::microseconds(200);
 constexpr auto kMaxSleep = std::chrono::microseconds(200);
 

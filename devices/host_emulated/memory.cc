@@ -285,7 +285,8 @@ Result<std::unique_ptr<device::Buffer>> MemoryManager::AllocateKind(device::Devi
   // kOutOfMemory, instead of killing the process at the first touch of a page. Together with
   // MAP_POPULATE below it also takes most of the page-fault cost out of the first (possibly
   // throttled and measured) stream operation; populating in one call is several times cheaper
-  // than faulting page by page (on a 2-core VM: first write of 8 MiB 30 ms -> 5 ms).
+  // than faulting page by page (docs/PERFORMANCE.md, "Emulated device memory committed at
+  // allocation").
   if (::fallocate(fd.get(), 0, 0, static_cast<off_t>(bytes)) != 0) {
     const int err = errno;
     if (err != EOPNOTSUPP && err != ENOSYS) return KernelError(err, "fallocate", *device, bytes);

@@ -26,10 +26,10 @@ namespace {
 //    ignores it) a message up to this size goes at once, straight into the receive this fabric
 //    has always posted before its send starts (transfer.h), instead of paying rxm's rendezvous
 //    round trips. 2 MiB is the collective executor's chunk when peers are over a network
-//    (collectives/executor/internal.h, kNetworkChunkBytes). Measured between two network
-//    namespaces, 2-rank AllReduce: 64 MiB 0.78-0.86 -> 0.98-1.08 GB/s, 1 MiB 0.30-0.47 ->
-//    0.42-0.90 GB/s (docs/RACE.md). Every rank must use the same value: rxm refuses a connection
-//    between endpoints whose eager limits differ.
+//    (collectives/executor/internal.h, kNetworkChunkBytes). Between two network namespaces it
+//    made 2-rank AllReduces faster at 1 and 64 MiB (docs/RACE.md, "Between the 09:11 and 11:42
+//    runs"). Every rank must use the same value: rxm refuses a connection between endpoints whose
+//    eager limits differ.
 void PrepareProviderEnvironment() {
   static std::once_flag once;
   std::call_once(once, [] {

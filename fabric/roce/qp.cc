@@ -21,8 +21,8 @@ constexpr uint64_t kRecvSlotBit = uint64_t{1} << 63;
 constexpr uint64_t kSendSlotBit = uint64_t{1} << 62;
 constexpr int kSendQueueDepth = 4 * kMaxRequests + 64;
 // How long a wait polls the completion queue before blocking on the channel. Waking from the
-// channel costs an interrupt and a thread wake-up (measured in the Soft-RoCE VM: median 8-byte
-// latency 452 us after a 64-poll spin, 111 us with busy polling); 100 us covers tens of round trips
+// channel costs an interrupt and a thread wake-up (several times the 8-byte latency of busy
+// polling in the Soft-RoCE VM: docs/PERFORMANCE.md, "RoCE over Soft-RoCE"); 100 us covers tens of round trips
 // on RoCE hardware (a few us each), so a transfer in flight completes without sleeping, while a
 // comm that waits for a slow peer blocks after 100 us and costs no CPU (cuda/stream.cc spins 200 us,
 // directconnect 10 us).

@@ -33,14 +33,14 @@ constexpr size_t kTaskBytes = size_t{256} << 10;
 // A call that writes at least this many bytes stores them non-temporally (StreamCopy): output
 // that large leaves the caches before anyone reads it, and an ordinary store first reads the line
 // it overwrites (write-allocate), so streaming stores cut the memory traffic of a copy from 3
-// bytes per byte to 2 and of a broadcast from a cached source to 1. Measured on the build VM
-// (docs/PERFORMANCE.md, "Streaming stores"): 8 ranks' Broadcast of 64 MiB 5.2 -> 8.7 GB/s.
+// bytes per byte to 2 and of a broadcast from a cached source to 1 (docs/PERFORMANCE.md,
+// "Streaming stores").
 // Below it the output may still be in cache when it is read next, which streaming would forfeit.
 constexpr size_t kStreamingBytes = size_t{4} << 20;
 // A large reduction into one output streams only from this many inputs or fewer: the
-// write-allocate reads it saves are a quarter of the traffic with 2 inputs (ReduceScatter of 2
-// ranks at 64 MiB: +13-16 %) but a sixth or less from 4, where the pass through an L1 scratch
-// cost more than that (ReduceScatter of 4 and 8 ranks: 5-23 % slower, alternating runs).
+// write-allocate reads it saves are a quarter of the traffic with 2 inputs but a sixth or less
+// from 4, where the pass through an L1 scratch cost more than that (ReduceScatter of 4 and 8
+// ranks ran slower streamed: docs/PERFORMANCE.md, "Streaming stores").
 constexpr size_t kStreamedReduceInputs = 2;
 // Bytes per block of the multi-output kernels: the block (reduced, or the source of a
 // broadcast) stays in L1 while it is written to every output.
@@ -288,7 +288,7 @@ void StreamCopy(void* dst_v, const void* src_v, size_t bytes) {
 
 // StreamCopy into two destinations at once, each line loaded once and stored to both: one read
 // stream and two write streams, where copying 8 KiB blocks to each in turn interrupts the read
-// stream (2 ranks' AllGather: ~20 % faster in a probe, docs/PERFORMANCE.md "AllGather pushes").
+// stream (2 ranks' AllGather ran faster this way: docs/PERFORMANCE.md, "AllGather pushes").
 // Both destinations must have the same alignment modulo 16.
 void StreamCopy2(void* dst0_v, void* dst1_v, const void* src_v, size_t bytes) {
 #if defined(__x86_64__)

@@ -70,7 +70,8 @@ void HostCopyMulti(std::span<void* const> dsts, const void* src, size_t bytes);
 // While one is alive (and made with serial = true), HostReduce, HostReduceMulti, HostScale,
 // HostCopy and HostCopyMulti called on this thread run on it alone instead of splitting large work across oneTBB's
 // threads: for callers that already run more threads than there are CPUs (ranks in several
-// processes outnumbering the CPUs, where 1 MiB AllReduces ran 15-50 % faster this way).
+// processes outnumbering the CPUs, where 1 MiB AllReduces ran faster this way: docs/PERFORMANCE.md,
+// "Oversubscribed ranks keep their CPU work on one thread").
 class ScopedSerialHostWork {
  public:
   explicit ScopedSerialHostWork(bool serial = true);

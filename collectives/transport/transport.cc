@@ -16,6 +16,7 @@
 
 #include "collectives/transport/internal.h"
 #include "runtime/core/logging.h"
+#include "runtime/core/wire.h"
 
 namespace kizuna::collectives {
 
@@ -46,14 +47,14 @@ using fabric::Handle;
 
 // ---- The records each rank contributes to the two allgathers ----
 //
-// Every integer is little-endian; records come from other processes, so every length is checked
-// before use, and any problem is "malformed connection record from rank q: why".
+// Encoded with kizuna::wire (little-endian); records come from other processes, so every length is
+// checked before use, and any problem is "malformed connection record from rank q: why".
 //
 // 1. Reach: which peers this rank can serve on each fabric (a device of the fabric reaches them).
-//    magic "KZR1" | rank count (u32) | fabric count (u32) | per fabric: name length (u32) | name |
+//    magic "KZR1" | rank count (u32) | fabric count (u32) | per fabric: name (string) |
 //    bitmap of (rank count + 7) / 8 bytes, bit q of byte q / 8 set when peer q is served.
 // 2. Handles: magic "KZT2" | rank count (u32) | per rank q: flags (u8) [| fabric index (u32) |
-//    device (u32) | handle size (u8) | handle bytes]. Entry q carries the handle this rank listens
+//    device (u32) | handle bytes (a byte run)]. Entry q carries the handle this rank listens
 //    on for q, the fabric (index into Create's list) and its device, and whether that device is
 //    point-to-point (the connecting side then needs the port at the far end of exactly that link).
 constexpr uint8_t kReachMagic[4] = {'K', 'Z', 'R', '1'};
@@ -75,43 +76,8 @@ struct Offer {
 };
 using Record = std::vector<std::optional<Offer>>;  // indexed by the peer the offer is for
 
-void PutU32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-// Reads a record front to back; every read says whether the bytes were there.
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
-  bool Magic(const uint8_t (&magic)[4]) {
-    if (in_.size() < 4 || !std::equal(std::begin(magic), std::end(magic), in_.begin())) return false;
-    pos_ = 4;
-    return true;
-  }
-  bool U32(uint32_t& v) {
-    if (in_.size() - pos_ < 4) return false;
-    v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(in_[pos_ + static_cast<size_t>(i)]) << (8 * i);
-    pos_ += 4;
-    return true;
-  }
-  bool U8(uint8_t& v) {
-    if (pos_ >= in_.size()) return false;
-    v = in_[pos_++];
-    return true;
-  }
-  bool Bytes(size_t n, std::span<const uint8_t>& out) {
-    if (in_.size() - pos_ < n) return false;
-    out = in_.subspan(pos_, n);
-    pos_ += n;
-    return true;
-  }
-  size_t left() const { return in_.size() - pos_; }
-
- private:
-  std::span<const uint8_t> in_;
-  size_t pos_ = 0;
-};
+// Whether `in` starts with `magic` (consumed).
+bool Magic(wire::Reader& in, const uint8_t (&magic)[4]) { return std::ranges::equal(in.Take(sizeof magic), magic); }
 
 Status Malformed(int from, std::string_view why) {
   return InvalidArgument(fmt::format("malformed connection record from rank {}: {}", from, why));
@@ -119,11 +85,10 @@ Status Malformed(int from, std::string_view why) {
 
 std::vector<uint8_t> SerializeReach(const Reach& reach, int nranks) {
   std::vector<uint8_t> out(std::begin(kReachMagic), std::end(kReachMagic));
-  PutU32(out, static_cast<uint32_t>(nranks));
-  PutU32(out, static_cast<uint32_t>(reach.fabrics.size()));
+  wire::PutI32(out, nranks);
+  wire::PutU32(out, static_cast<uint32_t>(reach.fabrics.size()));
   for (size_t f = 0; f < reach.fabrics.size(); ++f) {
-    PutU32(out, static_cast<uint32_t>(reach.fabrics[f].size()));
-    out.insert(out.end(), reach.fabrics[f].begin(), reach.fabrics[f].end());
+    wire::PutString(out, reach.fabrics[f]);
     std::vector<uint8_t> bits((static_cast<size_t>(nranks) + 7) / 8, 0);
     for (int q = 0; q < nranks; ++q)
       if (reach.serves[f][static_cast<size_t>(q)]) bits[static_cast<size_t>(q) / 8] |= static_cast<uint8_t>(1u << (q % 8));
@@ -133,24 +98,24 @@ std::vector<uint8_t> SerializeReach(const Reach& reach, int nranks) {
 }
 
 Result<Reach> ParseReach(std::span<const uint8_t> in, int nranks, int from) {
-  Reader r(in);
-  if (!r.Magic(kReachMagic))
+  wire::Reader r(in);
+  if (!Magic(r, kReachMagic))
     return Malformed(from, "it does not start with the transport's magic (a different kizuna version?)");
-  uint32_t count = 0, fabrics = 0;
-  if (!r.U32(count) || count != static_cast<uint32_t>(nranks))
+  const uint32_t count = r.U32();
+  if (!r.ok() || count != static_cast<uint32_t>(nranks))
     return Malformed(from, fmt::format("it describes {} ranks, the job has {}", count, nranks));
   // Each fabric takes at least its name length and its bitmap: a count beyond what the bytes can
   // hold is refused before anything is allocated for it.
   const size_t bitmap_bytes = (static_cast<size_t>(nranks) + 7) / 8;
-  if (!r.U32(fabrics) || fabrics == 0 || fabrics > r.left() / (4 + bitmap_bytes))
+  const uint32_t fabrics = r.U32();
+  if (!r.ok() || fabrics == 0 || fabrics > r.left() / (4 + bitmap_bytes))
     return Malformed(from, fmt::format("it lists {} fabrics in {} bytes", fabrics, in.size()));
   Reach reach;
   for (uint32_t f = 0; f < fabrics; ++f) {
-    uint32_t length = 0;
-    std::span<const uint8_t> name, bits;
-    if (!r.U32(length) || !r.Bytes(length, name) || !r.Bytes(bitmap_bytes, bits))
-      return Malformed(from, fmt::format("the entry for fabric {} is truncated", f));
-    reach.fabrics.emplace_back(name.begin(), name.end());
+    std::string name = r.String();
+    const std::span<const uint8_t> bits = r.Take(bitmap_bytes);
+    if (!r.ok()) return Malformed(from, fmt::format("the entry for fabric {} is truncated", f));
+    reach.fabrics.push_back(std::move(name));
     std::vector<bool> serves(static_cast<size_t>(nranks));
     for (int q = 0; q < nranks; ++q) serves[static_cast<size_t>(q)] = (bits[static_cast<size_t>(q) / 8] >> (q % 8)) & 1;
     reach.serves.push_back(std::move(serves));
@@ -161,44 +126,44 @@ Result<Reach> ParseReach(std::span<const uint8_t> in, int nranks, int from) {
 
 std::vector<uint8_t> SerializeRecord(const Record& record) {
   std::vector<uint8_t> out(std::begin(kMagic), std::end(kMagic));
-  PutU32(out, static_cast<uint32_t>(record.size()));
+  wire::PutU32(out, static_cast<uint32_t>(record.size()));
   for (const std::optional<Offer>& offer : record) {
     if (!offer) {
-      out.push_back(0);
+      wire::PutU8(out, 0);
       continue;
     }
-    out.push_back(static_cast<uint8_t>(kHasHandle | (offer->point_to_point ? kPointToPoint : 0)));
-    PutU32(out, static_cast<uint32_t>(offer->fabric));
-    PutU32(out, static_cast<uint32_t>(offer->device));
-    out.push_back(static_cast<uint8_t>(offer->handle.size));  // <= 128
-    const auto bytes = offer->handle.bytes();
-    out.insert(out.end(), bytes.begin(), bytes.end());
+    wire::PutU8(out, static_cast<uint8_t>(kHasHandle | (offer->point_to_point ? kPointToPoint : 0)));
+    wire::PutI32(out, offer->fabric);
+    wire::PutI32(out, offer->device);
+    wire::PutBytes(out, offer->handle.bytes());
   }
   return out;
 }
 
 Result<Record> ParseRecord(std::span<const uint8_t> in, int nranks, int nfabrics, int from) {
-  Reader r(in);
-  if (!r.Magic(kMagic))
+  wire::Reader r(in);
+  if (!Magic(r, kMagic))
     return Malformed(from, "it does not start with the transport's magic (a different kizuna version?)");
-  uint32_t count = 0;
-  if (!r.U32(count) || count != static_cast<uint32_t>(nranks))
+  const uint32_t count = r.U32();
+  if (!r.ok() || count != static_cast<uint32_t>(nranks))
     return Malformed(from, fmt::format("it describes {} ranks, the job has {}", count, nranks));
   Record record(static_cast<size_t>(nranks));
   for (int q = 0; q < nranks; ++q) {
-    uint8_t flags = 0;
-    if (!r.U8(flags)) return Malformed(from, fmt::format("it ends before the entry for rank {}", q));
+    const uint8_t flags = r.U8();
+    if (!r.ok()) return Malformed(from, fmt::format("it ends before the entry for rank {}", q));
     if ((flags & ~kKnownFlags) != 0) return Malformed(from, fmt::format("unknown flags {:#x} for rank {}", flags, q));
     if ((flags & kHasHandle) == 0) continue;
-    uint32_t fabric = 0, device = 0;
-    uint8_t size = 0;
-    std::span<const uint8_t> bytes;
-    if (!r.U32(fabric) || !r.U32(device) || !r.U8(size))
-      return Malformed(from, fmt::format("the entry for rank {} is truncated", q));
+    const uint32_t fabric = r.U32();
+    const uint32_t device = r.U32();
+    const uint32_t size = r.U32();
+    if (!r.ok()) return Malformed(from, fmt::format("the entry for rank {} is truncated", q));
     if (fabric >= static_cast<uint32_t>(nfabrics) || device > static_cast<uint32_t>(INT32_MAX))
       return Malformed(from, fmt::format("the entry for rank {} names fabric {} and device {} ({} fabrics)", q, fabric,
                                          device, nfabrics));
-    if (!r.Bytes(size, bytes)) return Malformed(from, fmt::format("the handle for rank {} is truncated", q));
+    if (size > Handle::kMax)
+      return Malformed(from, fmt::format("the handle for rank {} has {} bytes (at most {})", q, size, Handle::kMax));
+    const std::span<const uint8_t> bytes = r.Take(size);
+    if (!r.ok()) return Malformed(from, fmt::format("the handle for rank {} is truncated", q));
     auto handle = Handle::FromBytes(bytes);
     if (!handle.ok()) return Malformed(from, handle.status().message());
     record[static_cast<size_t>(q)] =

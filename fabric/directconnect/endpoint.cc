@@ -1,7 +1,6 @@
 #include "fabric/directconnect/endpoint.h"
 
 #include <poll.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 #include "fabric/directconnect/channel.h"
 #include "fabric/directconnect/transfer.h"
 #include "runtime/core/logging.h"
+#include "runtime/core/random.h"
 
 namespace kizuna::fabric::directconnect {
 namespace {
@@ -57,20 +57,6 @@ struct Hello {
   uint32_t reserved2;
 };
 constexpr int kHelloFds = 3;  // channel segment, sender's wakeup, receiver's wakeup
-
-Status RandomBytes(void* out, size_t n) {
-  auto* p = static_cast<uint8_t*>(out);
-  while (n > 0) {
-    const ssize_t got = ::getrandom(p, n, 0);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return FromErrno(errno, "getrandom");
-    }
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return Status::Ok();
-}
 
 std::string Hex(const uint8_t* p, size_t n) {
   std::string out;

@@ -1,11 +1,8 @@
 #include "fabric/ofi/endpoint.h"
 
-#include <sys/random.h>
-
 #include <rdma/fi_errno.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -15,6 +12,7 @@
 
 #include "fabric/ofi/transfer.h"
 #include "runtime/core/logging.h"
+#include "runtime/core/random.h"
 
 namespace kizuna::fabric::ofi {
 namespace {
@@ -65,20 +63,6 @@ struct Welcome {
   uint8_t address[kMaxAddressBytes];
 };
 static_assert(sizeof(Welcome) <= Link::kSlotBytes);
-
-Status RandomBytes(void* out, size_t n) {
-  auto* p = static_cast<uint8_t*>(out);
-  while (n > 0) {
-    const ssize_t got = ::getrandom(p, n, 0);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return FromErrno(errno, "getrandom");
-    }
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return Status::Ok();
-}
 
 bool ConstantTimeEqual(const uint8_t* a, const uint8_t* b, size_t n) {
   uint8_t diff = 0;

@@ -286,8 +286,7 @@ OfiFabric::OfiFabric(const Config* config, FabricContext context, std::shared_pt
 }
 
 OfiFabric::~OfiFabric() {
-  std::lock_guard<std::mutex> lock(mu_);
-  pending_.clear();
+  pending_.Clear();
 }
 
 Result<std::unique_ptr<Fabric>> OfiFabric::Create(const Config& config, const FabricContext& context) {
@@ -357,34 +356,22 @@ Result<std::unique_ptr<Fabric>> OfiFabric::CreateWith(const Config& config, cons
 
 Result<std::unique_ptr<ListenComm>> OfiFabric::DoListen(int dev) { return ListenOn(*this, dev); }
 
-std::shared_ptr<PendingConnect> OfiFabric::FindPending(int dev, const Handle& handle) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = pending_.find({dev, std::string(reinterpret_cast<const char*>(handle.data.data()), handle.size)});
-  return it == pending_.end() ? nullptr : it->second;
-}
-
 Result<std::unique_ptr<SendComm>> OfiFabric::DoConnect(int dev, const Handle& handle) {
-  const std::pair<int, std::string> key{dev, std::string(reinterpret_cast<const char*>(handle.data.data()), handle.size)};
-  std::shared_ptr<PendingConnect> p = FindPending(dev, handle);
+  std::shared_ptr<PendingConnect> p = pending_.Find(dev, handle);
   if (p == nullptr) {
     KZ_ASSIGN_OR_RETURN(p, PendingConnect::Start(*this, dev, handle));
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_[key] = p;
+    pending_.Add(dev, handle, p);
   }
   Result<std::unique_ptr<SendComm>> r = [&] {
     std::lock_guard<std::mutex> lock(p->mu);
     return p->Poll();
   }();
-  if (!r.ok() || *r != nullptr) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = pending_.find(key);
-    if (it != pending_.end() && it->second == p) pending_.erase(it);
-  }
+  if (!r.ok() || *r != nullptr) pending_.Remove(dev, handle, p);
   return r;
 }
 
 Status OfiFabric::DoWaitConnectable(int dev, const Handle& handle, Deadline deadline, int attempt) {
-  std::shared_ptr<PendingConnect> p = FindPending(dev, handle);
+  std::shared_ptr<PendingConnect> p = pending_.Find(dev, handle);
   if (p == nullptr) return Fabric::DoWaitConnectable(dev, handle, deadline, attempt);
   std::lock_guard<std::mutex> lock(p->mu);
   return p->Wait(deadline, attempt);

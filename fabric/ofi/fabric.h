@@ -20,15 +20,14 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "fabric/fabric.h"
 #include "fabric/ofi/loader.h"
+#include "fabric/pending_connects.h"
 #include "runtime/core/config.h"
 #include "runtime/core/status.h"
 
@@ -158,14 +157,12 @@ class OfiFabric : public Fabric {
  private:
   OfiFabric(const Config* config, FabricContext context, std::shared_ptr<const LibFabric> lib,
             std::vector<std::shared_ptr<OfiDevice>> devices);
-  std::shared_ptr<PendingConnect> FindPending(int dev, const Handle& handle);
 
   std::shared_ptr<const LibFabric> lib_;
   std::vector<std::shared_ptr<OfiDevice>> ofi_devices_;
-  std::mutex mu_;
   // Connections in progress, by device and handle bytes (Fabric::Connect is called again with the
-  // same pair until it yields a comm). Guarded by mu_.
-  std::map<std::pair<int, std::string>, std::shared_ptr<PendingConnect>> pending_;
+  // same pair until it yields a comm).
+  PendingConnects<PendingConnect> pending_;
 };
 
 }  // namespace kizuna::fabric::ofi

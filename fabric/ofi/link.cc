@@ -1,7 +1,6 @@
 #include "fabric/ofi/link.h"
 
 #include <poll.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -22,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "runtime/core/logging.h"
+#include "runtime/core/random.h"
 
 namespace kizuna::fabric::ofi {
 namespace {
@@ -52,7 +52,11 @@ uint64_t StartTime(const std::string& pid) {
 
 ProcessIdentity ComputeSelf() {
   ProcessIdentity id;
-  if (::getrandom(&id.nonce, sizeof(id.nonce), 0) != static_cast<ssize_t>(sizeof(id.nonce)))
+  // Without the kernel's randomness the nonce still differs between processes (pid and time):
+  // it tells processes apart, it is not a secret.
+  if (Result<uint64_t> nonce = RandomValue<uint64_t>(); nonce.ok())
+    id.nonce = *nonce;
+  else
     id.nonce = static_cast<uint64_t>(::getpid()) * 0x9e3779b97f4a7c15ull ^
                static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   std::ifstream boot("/proc/sys/kernel/random/boot_id");

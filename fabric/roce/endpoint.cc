@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -16,6 +15,7 @@
 
 #include "fabric/roce/transfer.h"
 #include "runtime/core/logging.h"
+#include "runtime/core/random.h"
 
 namespace kizuna::fabric::roce {
 namespace {
@@ -86,20 +86,6 @@ QpInfo FromWire(const WireQp& w) {
   std::memcpy(q.gid.data(), w.gid, 16);
   q.mtu = w.mtu;
   return q;
-}
-
-Status RandomBytes(void* out, size_t n) {
-  auto* p = static_cast<uint8_t*>(out);
-  while (n > 0) {
-    const ssize_t got = ::getrandom(p, n, 0);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return FromErrno(errno, "getrandom");
-    }
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return Status::Ok();
 }
 
 bool SameSecret(const uint8_t* a, const uint8_t* b) {

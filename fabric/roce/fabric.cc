@@ -110,8 +110,7 @@ RoceFabric::RoceFabric(const Config* config, FabricContext context, std::vector<
 }
 
 RoceFabric::~RoceFabric() {
-  std::lock_guard<std::mutex> lock(mu_);
-  pending_.clear();
+  pending_.Clear();
 }
 
 Result<std::unique_ptr<Fabric>> RoceFabric::Create(const Config& config, const FabricContext& context) {
@@ -264,35 +263,22 @@ Result<std::unique_ptr<Fabric>> RoceFabric::CreateWith(const Config& config, con
 
 Result<std::unique_ptr<ListenComm>> RoceFabric::DoListen(int dev) { return ListenOn(*this, dev); }
 
-std::shared_ptr<PendingConnect> RoceFabric::FindPending(int dev, const Handle& handle) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = pending_.find({dev, std::string(reinterpret_cast<const char*>(handle.data.data()), handle.size)});
-  return it == pending_.end() ? nullptr : it->second;
-}
-
 Result<std::unique_ptr<SendComm>> RoceFabric::DoConnect(int dev, const Handle& handle) {
-  const std::pair<int, std::string> key{dev,
-                                        std::string(reinterpret_cast<const char*>(handle.data.data()), handle.size)};
-  std::shared_ptr<PendingConnect> p = FindPending(dev, handle);
+  std::shared_ptr<PendingConnect> p = pending_.Find(dev, handle);
   if (p == nullptr) {
     KZ_ASSIGN_OR_RETURN(p, PendingConnect::Start(*this, dev, handle));
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_[key] = p;
+    pending_.Add(dev, handle, p);
   }
   Result<std::unique_ptr<SendComm>> r = [&] {
     std::lock_guard<std::mutex> lock(p->mu);
     return p->Poll();
   }();
-  if (!r.ok() || *r != nullptr) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = pending_.find(key);
-    if (it != pending_.end() && it->second == p) pending_.erase(it);
-  }
+  if (!r.ok() || *r != nullptr) pending_.Remove(dev, handle, p);
   return r;
 }
 
 Status RoceFabric::DoWaitConnectable(int dev, const Handle& handle, Deadline deadline, int attempt) {
-  std::shared_ptr<PendingConnect> p = FindPending(dev, handle);
+  std::shared_ptr<PendingConnect> p = pending_.Find(dev, handle);
   if (p == nullptr) return Fabric::DoWaitConnectable(dev, handle, deadline, attempt);
   std::lock_guard<std::mutex> lock(p->mu);
   return p->Wait(deadline);

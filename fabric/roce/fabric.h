@@ -13,13 +13,12 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "fabric/fabric.h"
+#include "fabric/pending_connects.h"
 #include "fabric/roce/gid.h"
 #include "fabric/roce/loader.h"
 #include "fabric/roce/memory.h"
@@ -109,12 +108,10 @@ class RoceFabric : public Fabric {
 
  private:
   RoceFabric(const Config* config, FabricContext context, std::vector<std::shared_ptr<RoceDevice>> devices);
-  std::shared_ptr<PendingConnect> FindPending(int dev, const Handle& handle);
 
   std::vector<std::shared_ptr<RoceDevice>> roce_devices_;
-  std::mutex mu_;
-  // Connections in progress, by device and handle bytes. Guarded by mu_.
-  std::map<std::pair<int, std::string>, std::shared_ptr<PendingConnect>> pending_;
+  // Connections in progress, by device and handle bytes.
+  PendingConnects<PendingConnect> pending_;
 };
 
 // Link speed in Gb/s from ibv_port_attr's active_speed and active_width; 0 when unknown.

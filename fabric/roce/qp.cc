@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "runtime/core/logging.h"
+#include "runtime/core/random.h"
 
 namespace kizuna::fabric::roce {
 namespace {
@@ -95,8 +95,7 @@ Result<std::unique_ptr<Link>> Link::Create(std::shared_ptr<RoceDevice> device, s
     return lib.Error(rc, "ibv_modify_qp(INIT)");
   for (int s = 0; s < kRecvSlots; ++s) KZ_RETURN_IF_ERROR(link->PostRecvSlot(s));
 
-  uint32_t psn = 0;
-  if (::getrandom(&psn, sizeof(psn), 0) != sizeof(psn)) return FromErrno(errno, "getrandom");
+  KZ_ASSIGN_OR_RETURN(const uint32_t psn, RandomValue<uint32_t>());
   link->local_.qpn = link->qp_->qp_num;
   link->local_.psn = psn & 0xffffff;
   link->local_.gid = d.gid().gid;

@@ -1,9 +1,8 @@
 #include "runtime/bootstrap/auth.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <span>
 #include <string>
 
 #include <fmt/format.h>
@@ -12,6 +11,8 @@
 #include <openssl/hmac.h>
 
 #include "runtime/bootstrap/socket.h"
+#include "runtime/core/random.h"
+#include "runtime/core/wire.h"
 
 namespace kizuna::bootstrap {
 namespace {
@@ -22,19 +23,6 @@ constexpr uint16_t kVersion = 2;
 constexpr std::string_view kServerLabel = "kizuna-bootstrap-v2 server";
 constexpr std::string_view kClientLabel = "kizuna-bootstrap-v2 client";
 static_assert(kServerLabel.size() == kClientLabel.size(), "the MAC input has one layout for both directions");
-
-Status RandomBytes(uint8_t* out, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = getrandom(out + got, n - got, 0);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return FromErrno(errno, "getrandom");
-    }
-    got += static_cast<size_t>(r);
-  }
-  return Status::Ok();
-}
 
 // HMAC-SHA256(secret, label | client hello | server nonce). The hello carries the client nonce and
 // the route, so both are covered.
@@ -54,28 +42,23 @@ Result<std::array<uint8_t, kMacBytes>> Mac(const Secret& secret, std::string_vie
   return mac;
 }
 
-void PutU32(uint8_t* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+// The 8 bytes both hellos start with: the magic, the version (u16) and a zero u16.
+constexpr size_t kHeaderBytes = 8;
+static_assert(kClientHelloBytes == kHeaderBytes + 8 + kClientNonceBytes);
+static_assert(kServerHelloBytes == kHeaderBytes + kServerNonceBytes + kMacBytes);
+
+void PutHeader(wire::Bytes& out) {
+  out.insert(out.end(), std::begin(kMagic), std::end(kMagic));
+  wire::PutU16(out, kVersion);
+  wire::PutU16(out, 0);
 }
 
-uint32_t GetU32(const uint8_t* in) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t{in[i]} << (8 * i);
-  return v;
-}
-
-void PutHeader(uint8_t* out) {
-  std::memcpy(out, kMagic, 4);
-  out[4] = static_cast<uint8_t>(kVersion & 0xff);
-  out[5] = static_cast<uint8_t>(kVersion >> 8);
-  out[6] = 0;
-  out[7] = 0;
-}
-
-Status CheckHeader(const uint8_t* in, std::string_view what) {
-  if (std::memcmp(in, kMagic, 4) != 0)
+// Reads the header off `in` (a whole fixed-size message, so no read falls short).
+Status CheckHeader(wire::Reader& in, std::string_view what) {
+  if (!std::ranges::equal(in.Take(sizeof kMagic), kMagic))
     return InvalidArgument(fmt::format("{} does not start with the kizuna bootstrap magic (not a kizuna rank)", what));
-  uint16_t version = static_cast<uint16_t>(in[4] | in[5] << 8);
+  const uint16_t version = in.U16();
+  in.U16();
   if (version != kVersion)
     return InvalidArgument(fmt::format("{} has protocol version {} (this build speaks {})", what, version, kVersion));
   return Status::Ok();
@@ -86,21 +69,25 @@ Status CheckHeader(const uint8_t* in, std::string_view what) {
 Result<ClientHandshake> ClientHandshake::Start(const Secret& secret, Route route) {
   ClientHandshake h;
   h.secret_ = secret;
-  PutHeader(h.hello_.data());
-  PutU32(h.hello_.data() + 8, route.from);
-  PutU32(h.hello_.data() + 12, route.to);
-  KZ_RETURN_IF_ERROR(RandomBytes(h.hello_.data() + 16, kClientNonceBytes));
+  wire::Bytes fixed;
+  PutHeader(fixed);
+  wire::PutU32(fixed, route.from);
+  wire::PutU32(fixed, route.to);
+  std::copy(fixed.begin(), fixed.end(), h.hello_.begin());
+  KZ_RETURN_IF_ERROR(RandomBytes(h.hello_.data() + fixed.size(), kClientNonceBytes));
   return h;
 }
 
 Result<ClientProof> ClientHandshake::OnServerHello(const ServerHello& reply) const {
-  KZ_RETURN_IF_ERROR(CheckHeader(reply.data(), "the server's hello"));
+  wire::Reader in(reply);
+  KZ_RETURN_IF_ERROR(CheckHeader(in, "the server's hello"));
   std::array<uint8_t, kServerNonceBytes> server_nonce;
-  std::memcpy(server_nonce.data(), reply.data() + 8, kServerNonceBytes);
+  std::ranges::copy(in.Take(kServerNonceBytes), server_nonce.begin());
+  const std::span<const uint8_t> mac = in.Take(kMacBytes);
   // The MAC over this client's own hello: a server that saw a different one (another rank's
   // address, another nonce) cannot have produced it.
   KZ_ASSIGN_OR_RETURN(auto expected, Mac(secret_, kServerLabel, hello_, server_nonce));
-  if (CRYPTO_memcmp(expected.data(), reply.data() + 8 + kServerNonceBytes, kMacBytes) != 0)
+  if (CRYPTO_memcmp(expected.data(), mac.data(), kMacBytes) != 0)
     return RemoteError("the peer failed authentication: it does not know this job's secret (another job, or a "
                        "stale unique id?)");
   KZ_ASSIGN_OR_RETURN(auto proof, Mac(secret_, kClientLabel, hello_, server_nonce));
@@ -118,20 +105,24 @@ Result<ServerHandshake> ServerHandshake::Start(const Secret& secret, uint32_t se
 }
 
 Result<ServerHello> ServerHandshake::OnClientHello(const ClientHello& hello) {
-  KZ_RETURN_IF_ERROR(CheckHeader(hello.data(), "the client's hello"));
-  uint32_t to = GetU32(hello.data() + 12);
+  wire::Reader in(hello);
+  KZ_RETURN_IF_ERROR(CheckHeader(in, "the client's hello"));
+  const uint32_t from = in.U32();
+  const uint32_t to = in.U32();
   if (to != self_)
     return InvalidArgument(fmt::format("the client's hello is addressed to rank {}, not to this rank ({}): a "
                                        "handshake meant for another rank",
                                        to, self_));
   hello_ = hello;
-  client_rank_ = GetU32(hello.data() + 8);
+  client_rank_ = from;
   got_hello_ = true;
   KZ_ASSIGN_OR_RETURN(auto mac, Mac(secret_, kServerLabel, hello_, nonce_));
+  wire::Bytes reply;
+  PutHeader(reply);
+  reply.insert(reply.end(), nonce_.begin(), nonce_.end());
+  reply.insert(reply.end(), mac.begin(), mac.end());
   ServerHello out;
-  PutHeader(out.data());
-  std::memcpy(out.data() + 8, nonce_.data(), kServerNonceBytes);
-  std::memcpy(out.data() + 8 + kServerNonceBytes, mac.data(), kMacBytes);
+  std::copy(reply.begin(), reply.end(), out.begin());
   return out;
 }
 

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/core/wire.h"
+
 namespace kizuna::bootstrap {
 namespace {
 
@@ -13,18 +15,6 @@ constexpr uint32_t kGatherTag = 0;    // member -> first member: its AllGather b
 constexpr uint32_t kScatterTag = 1;   // first member -> member: the whole table
 constexpr uint32_t kUserTagBase = 3;  // Send/Recv tags start here
 constexpr uint32_t kMaxUserTag = 1u << 16;
-
-void PutU64(Bytes& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-bool GetU64(const Bytes& in, size_t& pos, uint64_t* v) {
-  if (in.size() - pos < 8) return false;
-  *v = 0;
-  for (int i = 0; i < 8; ++i) *v |= static_cast<uint64_t>(in[pos + static_cast<size_t>(i)]) << (8 * i);
-  pos += 8;
-  return true;
-}
 
 class SubBootstrap : public Bootstrap {
  public:
@@ -51,10 +41,8 @@ class SubBootstrap : public Bootstrap {
                                                                      tag_base_ + kGatherTag, deadline));
     }
     Bytes table;
-    for (const Bytes& b : all) {
-      PutU64(table, b.size());
-      table.insert(table.end(), b.begin(), b.end());
-    }
+    // Each contribution is at most kMaxMessageBytes (the parent's Send limit): a u32 length holds it.
+    for (const Bytes& b : all) wire::PutBytes(table, b);
     for (int r = 1; r < n; ++r)
       KZ_RETURN_IF_ERROR(parent_->Send(members_[static_cast<size_t>(r)], tag_base_ + kScatterTag, table, deadline));
     return all;
@@ -75,16 +63,13 @@ class SubBootstrap : public Bootstrap {
  private:
   static Result<std::vector<Bytes>> Decode(const Bytes& table, int n) {
     std::vector<Bytes> all;
-    size_t pos = 0;
+    wire::Reader in(table);
     for (int r = 0; r < n; ++r) {
-      uint64_t len = 0;
-      if (!GetU64(table, pos, &len) || len > table.size() - pos)
-        return Internal(fmt::format("split bootstrap: malformed allgather table at entry {}", r));
-      all.emplace_back(table.begin() + static_cast<std::ptrdiff_t>(pos),
-                       table.begin() + static_cast<std::ptrdiff_t>(pos + len));
-      pos += len;
+      const std::span<const uint8_t> part = in.Bytes();
+      if (!in.ok()) return Internal(fmt::format("split bootstrap: malformed allgather table at entry {}", r));
+      all.emplace_back(part.begin(), part.end());
     }
-    if (pos != table.size()) return Internal("split bootstrap: trailing bytes in the allgather table");
+    if (!in.AtEnd()) return Internal("split bootstrap: trailing bytes in the allgather table");
     return all;
   }
 

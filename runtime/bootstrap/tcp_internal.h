@@ -1,7 +1,7 @@
 // The TCP Bootstrap's private pieces, shared by its implementation files (internal to
 // runtime/bootstrap; nothing outside this folder includes it):
 //
-//   tcp_wire.cc        the byte encoding and the frames on authenticated connections
+//   tcp_wire.cc        the frames on authenticated connections (bytes encoded with runtime/core/wire.h)
 //   tcp_connection.cc  one connection's socket: accepting, connecting (with retries), sending, reading
 //   tcp_progress.cc    the poll loop, the handshake state machine and the dispatch of frames
 //   tcp_root.cc        rank 0's side: the rendezvous, the star collectives, the job's verdicts
@@ -33,6 +33,7 @@
 #include "runtime/core/deadline.h"
 #include "runtime/core/status.h"
 #include "runtime/core/unique_fd.h"
+#include "runtime/core/wire.h"
 
 namespace kizuna::bootstrap::tcp {
 
@@ -40,30 +41,11 @@ using Clock = Deadline::Clock;
 
 double SecondsSince(Clock::time_point t);
 
-// ---- wire encoding (tcp_wire.cc) ------------------------------------------------------------
+// ---- frames (tcp_wire.cc) ---------------------------------------------------------------------
 
-// Little-endian encoding, so ranks on hosts of different byte order agree.
-void PutU16(Bytes& b, uint16_t v);
-void PutU32(Bytes& b, uint32_t v);
-void PutU64(Bytes& b, uint64_t v);
-void PutString(Bytes& b, std::string_view s);
-
-// Reads what Put* wrote; every read is bounds-checked (ok() turns false on a short message).
-class WireReader {
- public:
-  explicit WireReader(std::span<const uint8_t> b) : b_(b) {}
-  uint64_t Uint(int bytes);
-  std::string String(size_t max);
-  std::span<const uint8_t> Take(size_t n);
-  bool ok() const { return ok_; }
-  bool AtEnd() const { return ok_ && pos_ == b_.size(); }
-
- private:
-  std::span<const uint8_t> b_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-};
-
+// Payloads are encoded with kizuna::wire (little-endian, strings behind a u32 length), so ranks on
+// hosts of different byte order agree.
+//
 // Frames on authenticated connections: a fixed header, then `length` payload bytes.
 enum class FrameType : uint32_t {
   kJoin = 1,          // rank -> root: rank, size, where it listens for peers

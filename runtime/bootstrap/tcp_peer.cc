@@ -14,17 +14,17 @@ namespace kizuna::bootstrap::tcp {
 // This rank's outgoing connection to `c.peer` is authenticated: say who sends, and to whom.
 void TcpBootstrap::SendPeerHello(Conn& c) {
   Bytes hello;
-  PutU32(hello, static_cast<uint32_t>(rank()));
-  PutU32(hello, static_cast<uint32_t>(c.peer));
+  wire::PutI32(hello, rank());
+  wire::PutI32(hello, c.peer);
   QueueFrame(c, FrameType::kPeerHello, 0, hello);
   KZ_TRACE(kLogBootstrap, "{}: connected to rank {} at {}", Me(), c.peer, c.address);
 }
 
 // An authenticated incoming connection says it is rank `from` sending to this rank.
 void TcpBootstrap::OnPeerHello(Conn& c, Bytes payload) {
-  WireReader r(payload);
-  int from = static_cast<int>(r.Uint(4));
-  int to = static_cast<int>(r.Uint(4));
+  wire::Reader r(payload);
+  const int from = r.I32();
+  const int to = r.I32();
   if (!r.AtEnd()) return Reject(c, "malformed peer hello");
   // The handshake named both ends; the introduction must agree with it.
   if (static_cast<uint32_t>(from) != c.server->client_rank())

@@ -78,12 +78,12 @@ void TcpBootstrap::OnUnit(Conn& c) {
         else OnFrame(c, std::move(payload));
         return;
       }
-      WireReader r(c.in);
-      uint32_t magic = static_cast<uint32_t>(r.Uint(4));
-      uint32_t type = static_cast<uint32_t>(r.Uint(4));
-      uint32_t tag = static_cast<uint32_t>(r.Uint(4));
-      r.Uint(4);
-      uint64_t length = r.Uint(8);
+      wire::Reader r(c.in);
+      const uint32_t magic = r.U32();
+      const uint32_t type = r.U32();
+      const uint32_t tag = r.U32();
+      r.U32();  // reserved
+      const uint64_t length = r.U64();
       std::string bad;
       if (magic != kFrameMagic) bad = "a frame without the frame magic";
       else if (type < 1 || type > 7) bad = fmt::format("a frame of unknown type {}", type);

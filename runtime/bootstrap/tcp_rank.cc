@@ -61,21 +61,21 @@ void TcpBootstrap::SendJoin(Conn& c) {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   Bytes join;
-  PutU32(join, static_cast<uint32_t>(rank()));
-  PutU32(join, static_cast<uint32_t>(size()));
-  PutU16(join, bound.Port());
-  PutString(join, bound.Host());
-  PutString(join, std::string_view(host).substr(0, kMaxHostBytes));
+  wire::PutI32(join, rank());
+  wire::PutI32(join, size());
+  wire::PutU16(join, bound.Port());
+  wire::PutString(join, bound.Host());
+  wire::PutString(join, std::string_view(host).substr(0, kMaxHostBytes));
   QueueFrame(c, FrameType::kJoin, 0, join);
 }
 
 // The root's table of where every rank listens for peers.
 void TcpBootstrap::OnWelcome(Conn& c, Bytes payload) {
-  WireReader r(payload);
-  int n = static_cast<int>(r.Uint(4));
+  wire::Reader r(payload);
+  const int n = r.I32();
   std::vector<HostPort> table;
   for (int i = 0; i < n && r.ok() && n == size(); ++i) {
-    uint16_t port = static_cast<uint16_t>(r.Uint(2));
+    const uint16_t port = r.U16();
     std::string host = r.String(kMaxHostBytes);
     table.push_back(HostPort{host, port});
   }
@@ -90,11 +90,9 @@ void TcpBootstrap::OnWelcome(Conn& c, Bytes payload) {
 
 // The root says the job failed: every later call returns this.
 void TcpBootstrap::OnAbort(Bytes payload) {
-  WireReader r(payload);
-  auto code = static_cast<StatusCode>(r.Uint(4));
-  size_t len = r.Uint(4);
-  auto text = r.Take(len);
-  std::string message(text.begin(), text.end());
+  wire::Reader r(payload);
+  auto code = static_cast<StatusCode>(r.U32());
+  const std::string message = r.String(kMaxAbortBytes);
   if (!r.ok() || code == StatusCode::kOk || static_cast<uint32_t>(code) > static_cast<uint32_t>(StatusCode::kInternal))
     code = StatusCode::kRemoteError;
   fatal_ = Status(code, fmt::format("rank 0 (the root) reports: {}", message));
@@ -135,10 +133,10 @@ Result<std::vector<Bytes>> TcpBootstrap::Collective(uint32_t kind, std::span<con
   }
   std::vector<Bytes> out;
   if (kind == kKindBarrier) return out;
-  WireReader r(payload);
-  uint32_t n = static_cast<uint32_t>(r.Uint(4));
+  wire::Reader r(payload);
+  const uint32_t n = r.U32();
   std::vector<uint64_t> lengths;
-  for (uint32_t i = 0; i < n && r.ok() && n == static_cast<uint32_t>(size()); ++i) lengths.push_back(r.Uint(8));
+  for (uint32_t i = 0; i < n && r.ok() && n == static_cast<uint32_t>(size()); ++i) lengths.push_back(r.U64());
   for (uint32_t i = 0; i < n && r.ok() && lengths.size() == n; ++i) {
     auto part = r.Take(lengths[i]);
     out.emplace_back(part.begin(), part.end());

@@ -16,10 +16,8 @@ Status TcpBootstrap::FailJob(Status status, Conn* also) {
   job_error_conn_ = nullptr;
   if (is_root()) {
     Bytes msg;
-    PutU32(msg, static_cast<uint32_t>(status.code()));
-    std::string text = status.message().substr(0, kMaxAbortBytes - 64);
-    PutU32(msg, static_cast<uint32_t>(text.size()));
-    msg.insert(msg.end(), text.begin(), text.end());
+    wire::PutU32(msg, static_cast<uint32_t>(status.code()));
+    wire::PutString(msg, std::string_view(status.message()).substr(0, kMaxAbortBytes - 64));
     std::vector<Conn*> targets;
     for (Conn* c : rank_conn_)
       if (c != nullptr && c->open()) targets.push_back(c);
@@ -44,10 +42,10 @@ Status TcpBootstrap::FailJob(Status status, Conn* also) {
 
 // A rank introduces itself: its rank, the size it was given, where it listens for peers.
 void TcpBootstrap::OnJoin(Conn& c, Bytes payload) {
-  WireReader r(payload);
-  int64_t jrank = static_cast<int32_t>(r.Uint(4));
-  int64_t jsize = static_cast<int32_t>(r.Uint(4));
-  uint16_t port = static_cast<uint16_t>(r.Uint(2));
+  wire::Reader r(payload);
+  const int64_t jrank = r.I32();
+  const int64_t jsize = r.I32();
+  const uint16_t port = r.U16();
   std::string host = r.String(kMaxHostBytes);
   std::string hostname = r.String(kMaxHostBytes);
   if (!r.AtEnd() || port == 0 || ValidateHost(host, "peer address").code() != StatusCode::kOk)
@@ -124,10 +122,10 @@ Status TcpBootstrap::StartRoot(Deadline deadline) {
 
   rendezvous_done_ = true;
   Bytes table;
-  PutU32(table, static_cast<uint32_t>(size()));
+  wire::PutI32(table, size());
   for (const HostPort& p : peers_) {
-    PutU16(table, p.port);
-    PutString(table, p.host);
+    wire::PutU16(table, p.port);
+    wire::PutString(table, p.host);
   }
   auto shared = std::make_shared<const Bytes>(std::move(table));
   for (int r = 1; r < size(); ++r) QueueShared(*rank_conn_[r], FrameType::kWelcome, 0, shared);
@@ -188,8 +186,8 @@ Result<std::vector<Bytes>> TcpBootstrap::RootCollective(uint32_t kind, std::span
       return FailJob(InvalidArgument(fmt::format("AllGather: {} bytes in all exceed the limit of {} bytes", total,
                                                  kMaxAllGatherBytes)));
     payload->reserve(4 + 8 * out.size() + total);
-    PutU32(*payload, static_cast<uint32_t>(size()));
-    for (const Bytes& b : out) PutU64(*payload, b.size());
+    wire::PutU32(*payload, static_cast<uint32_t>(size()));
+    for (const Bytes& b : out) wire::PutU64(*payload, b.size());
     for (const Bytes& b : out) payload->insert(payload->end(), b.begin(), b.end());
   }
   std::shared_ptr<const Bytes> shared = std::move(payload);

@@ -4,9 +4,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <sys/random.h>
 
-#include <cerrno>
 #include <charconv>
 #include <mutex>
 
@@ -15,6 +13,7 @@
 #include "runtime/bootstrap/launch_env.h"
 #include "runtime/bootstrap/socket.h"
 #include "runtime/core/logging.h"
+#include "runtime/core/random.h"
 
 namespace kizuna::bootstrap {
 namespace {
@@ -138,19 +137,7 @@ Result<HostPort> ParseHostPort(std::string_view text, std::string_view what) {
   return out;
 }
 
-Result<Secret> RandomSecret() {
-  Secret s;
-  size_t got = 0;
-  while (got < s.size()) {
-    ssize_t n = getrandom(s.data() + got, s.size() - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return FromErrno(errno, "getrandom");
-    }
-    got += static_cast<size_t>(n);
-  }
-  return s;
-}
+Result<Secret> RandomSecret() { return RandomValue<Secret>(); }
 
 std::string UniqueId::ToString() const {
   std::string hex;

@@ -44,35 +44,24 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "collectives/engine.h"
 #include "collectives/plan/plan.h"
-#include "collectives/cost/selector.h"
 #include "collectives/plan/shape.h"
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/bootstrap/unique_id.h"
 #include "runtime/core/config.h"
-#include "runtime/device/device.h"
 #include "runtime/core/dtype.h"
 #include "runtime/core/status.h"
+#include "runtime/device/device.h"
 
 namespace kizuna {
 
-namespace collectives {
-class SameProcessGroup;
-class Executor;
-struct OperationMember;
-class Transport;
-}  // namespace collectives
-namespace fabric {
-class FabricRegistry;
-}
 namespace device {
 class DeviceRegistry;
 }
@@ -133,11 +122,11 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const { return engine_->rank(); }
+  int size() const { return engine_->size(); }
   device::Device& device() const { return *device_; }
   // What every rank knows about every rank's device and links (the cost model's inputs).
-  const collectives::CommShape& shape() const { return shape_; }
+  const collectives::CommShape& shape() const { return engine_->shape(); }
   // This rank's connections: which fabric serves which peers, over which devices, and how the
   // staging memory is registered — "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3
   // (device tcp;ofi_rxm:lo); staging by fd (device export)" (collectives/transport/transport.h). Every
@@ -183,7 +172,7 @@ class Communicator {
   // In-network aggregation (KIZUNA_INA_LAYOUT, collectives/ina/layout.h): the ranks after the
   // layout's workers are its aggregation devices. They are not ranks of the communicator (size()
   // counts the workers) and make no calls: true here, they run ServeAggregation instead.
-  bool aggregation_device() const { return aggregation_device_; }
+  bool aggregation_device() const { return engine_->aggregation_device(); }
   // Calls may pass plain host memory (malloc), as MPI and Gloo users do: true when the ranks are
   // processes of one host sharing buffers (one rank each) and the CPU reaches their devices'
   // memory. Such calls run fused on the calling thread (they return when done); AllReduce,
@@ -200,59 +189,23 @@ class Communicator {
   Result<std::string> ExplainChoice(collectives::Collective collective, size_t count, DataType type) const;
 
  private:
-  struct Call;
-  struct PlanCache;
   Communicator() = default;
-  // `direct`: the in-process group of CreateLocal when its ranks address each other's memory
-  // (the single-host direct algorithms then apply); null otherwise.
-  static Result<std::unique_ptr<Communicator>> Init(std::shared_ptr<bootstrap::Bootstrap> bootstrap,
-                                                    device::Device& device, const CommOptions& options,
-                                                    std::shared_ptr<collectives::SameProcessGroup> direct = nullptr);
-  Status Enqueue(Call call);
-  // Runs or queues `calls` as one operation; call_mu_ held.
-  Status Launch(std::span<Call> calls);
-  // Launch's first half: the operation's members into launch_members_ (plans chosen, buffers
-  // checked), and where it goes. call_mu_ held.
-  struct Prepared {
-    device::Stream* stream = nullptr;
-    bool host_memory = false;  // plain host memory: it must run inline (Executor::TryInline)
-    size_t slot_bytes = 0;
-  };
-  Status Prepare(std::span<Call> calls, Prepared* out);
-  // GroupEnd: one call on each of `comms`, together every rank of an in-process group, run by
-  // this thread at once (Executor::TryInlineGroup) when it can; false: launch them one by one.
-  static Result<bool> TryLaunchTogether(std::span<Communicator* const> comms,
-                                        std::map<Communicator*, std::vector<Call>>& calls);
-  // `grouped`: the call is one of several in a group (the direct algorithms run alone).
-  Result<collectives::Selection> Select(const collectives::CollectiveRequest& request,
-                                       const collectives::PlanOptions& options,
-                                       std::optional<collectives::Algorithm> per_call, bool grouped = false) const;
-  // The plan for one call, from the cache or built; the pointer stays valid until the next call.
-  Result<const std::shared_ptr<const collectives::Plan>*> PlanFor(const collectives::CollectiveRequest& request,
-                                                                  const CallOptions& options, size_t slot_bytes,
-                                                                  int channels, bool grouped);
+  // `same_process`: the in-process group of CreateLocal when its ranks address each other's
+  // memory (the single-host direct algorithms then apply); null otherwise.
+  static Result<std::unique_ptr<Communicator>> Init(
+      std::shared_ptr<bootstrap::Bootstrap> bootstrap, device::Device& device, const CommOptions& options,
+      std::shared_ptr<collectives::SameProcessGroup> same_process = nullptr);
+  // A validated call: launched now, or kept for GroupEnd.
+  Status Enqueue(collectives::EngineCall call);
   friend struct GroupState;
 
-  int rank_ = 0;
-  int size_ = 1;
-  bool aggregation_device_ = false;
   const Config* config_ = nullptr;
   CommOptions options_;
   std::unique_ptr<device::DeviceRegistry> owned_devices_;  // CreateFromEnvironment only
   device::Device* device_ = nullptr;
-  std::shared_ptr<bootstrap::Bootstrap> bootstrap_;
-  Config fabric_config_;  // the configuration the fabrics see (outlives them)
-  std::unique_ptr<fabric::FabricRegistry> fabrics_;
-  std::unique_ptr<collectives::Transport> transport_;
-  std::unique_ptr<collectives::Executor> executor_;
-  collectives::CommShape shape_;
-  collectives::AlgoOverrides overrides_;  // KIZUNA_ALGO, parsed at creation
-  std::unique_ptr<PlanCache> plans_;
+  std::shared_ptr<bootstrap::Bootstrap> bootstrap_;  // Split's rendezvous
+  std::unique_ptr<collectives::Engine> engine_;
   uint32_t splits_ = 0;  // splits made from this communicator (tags for their bootstraps)
-  std::mutex call_mu_;   // one call at a time
-  // Launch's list of operation members, kept between calls (guarded by call_mu_) so that a call
-  // run inline allocates nothing.
-  std::vector<collectives::OperationMember> launch_members_;
 };
 
 }  // namespace kizuna

@@ -4,7 +4,7 @@
 // An algorithm answers two questions: can you serve this request on this communicator
 // (Supports: ok, or kNotSupported with the reason, so the selector tries the next candidate:
 // runtime/core/status.h's two "no"s), and what does rank r do (Build: a RankPlan, see plan.h for the semantics).
-// Costs are not here: the cost model (cost_model.h) predicts every algorithm's time from the
+// Costs are not here: the cost model (cost/model.h) predicts every algorithm's time from the
 // same shape, as formulas with named constants.
 //
 // Build is pure: the same inputs give the same plan on every rank and every run.

@@ -46,7 +46,7 @@
 
 namespace kizuna::collectives {
 
-struct SameHostPage;  // the shared page's layout (same_host.cc)
+struct SameHostPage;  // the shared page's layout (same_host_group.cc)
 
 class SameHostGroup {
  public:

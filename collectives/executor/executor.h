@@ -73,7 +73,7 @@ struct ExecutorOptions {
   // The in-process group for the direct algorithms, and this rank's place in it; null when the
   // communicator's ranks do not address each other's memory (CommShape::direct is false).
   std::shared_ptr<SameProcessGroup> same_process;
-  // The same for ranks of one host in several processes (same_host.h); null unless every rank
+  // The same for ranks of one host in several processes (direct/same_host_group.h); null unless every rank
   // of the communicator is on this host and their devices share allocations across processes.
   std::shared_ptr<SameHostGroup> same_host;
   int rank = 0;

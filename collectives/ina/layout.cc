@@ -1,15 +1,21 @@
 #include "collectives/ina/layout.h"
 
-#include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
-#include <nlohmann/json.hpp>
+#include <cstdlib>
+#include <fstream>
 #include <numeric>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace kizuna::collectives::ina {
 namespace {
@@ -47,7 +53,8 @@ class PortMap {
                                          ports, ports - 1));
     const size_t at = static_cast<size_t>(n.index) * static_cast<size_t>(ports) + static_cast<size_t>(port);
     int& owner = n.aggregator() ? aggregator_[at] : worker_[at];
-    if (owner == part) return InvalidArgument(fmt::format("port {} carries two cables of this part", PortName(n, port)));
+    if (owner == part)
+      return InvalidArgument(fmt::format("port {} carries two cables of this part", PortName(n, port)));
     if (owner >= 0) return InvalidArgument(fmt::format("port {} is already used by part {}", PortName(n, port), owner));
     owner = part;
     return Status::Ok();
@@ -134,7 +141,8 @@ Status CheckTree(const Layout& l, const Part& part, int pi, PortMap& ports, Tree
       if (part.kind == PartKind::kLine)
         return InvalidArgument(fmt::format("a line has no aggregation device, but {} is in it", n.Name()));
       if (children == 0)
-        return InvalidArgument(fmt::format("aggregation device {} has no children (it would reduce nothing)", n.Name()));
+        return InvalidArgument(
+            fmt::format("aggregation device {} has no children (it would reduce nothing)", n.Name()));
       if (part.kind == PartKind::kPartialTree && parent && !parent->aggregator())
         return InvalidArgument(fmt::format("aggregation device {} hangs below worker {}: a partial tree's aggregation "
                                            "devices form its top",
@@ -168,7 +176,8 @@ Status CheckTree(const Layout& l, const Part& part, int pi, PortMap& ports, Tree
     return InvalidArgument(
         fmt::format("declares {} aggregation device(s) but its tree has {}", part.aggregators, aggregators));
   if (worker_ports != part.worker_ports)
-    return InvalidArgument(fmt::format("declares {} worker ports but its cables use {}", part.worker_ports, worker_ports));
+    return InvalidArgument(
+        fmt::format("declares {} worker ports but its cables use {}", part.worker_ports, worker_ports));
   return Status::Ok();
 }
 
@@ -275,8 +284,9 @@ struct Reader {
     for (size_t i = 0; i < v->size(); ++i) {
       const Json& e = (*v)[i];
       // Ranges are Validate's to check, with the part's context; here only what fits an int.
-      if (!e.is_number_integer() || (e.is_number_unsigned() ? e.get<uint64_t>() > uint64_t{kMaxLayoutPorts}
-                                                            : e.get<int64_t>() < -kMaxLayoutPorts || e.get<int64_t>() > kMaxLayoutPorts))
+      if (!e.is_number_integer() ||
+          (e.is_number_unsigned() ? e.get<uint64_t>() > uint64_t{kMaxLayoutPorts}
+                                  : e.get<int64_t>() < -kMaxLayoutPorts || e.get<int64_t>() > kMaxLayoutPorts))
         return Error(fmt::format("{}[{}]", at, i), fmt::format("expected an index, got {}", e.dump()));
       out.push_back(static_cast<int>(e.get<int64_t>()));
     }
@@ -389,7 +399,8 @@ Status Validate(const Layout& l) {
                                        "topology file, which allows {})",
                                        l.worker_ports, kMaxWorkerPorts, kMaxPortsPerNode));
   if (l.aggregators < 0 || l.aggregators > kMaxAggregators)
-    return InvalidArgument(fmt::format("layout: {} aggregation devices: expected 0..{}", l.aggregators, kMaxAggregators));
+    return InvalidArgument(
+        fmt::format("layout: {} aggregation devices: expected 0..{}", l.aggregators, kMaxAggregators));
   if (l.aggregator_ports < (l.aggregators > 0 ? 1 : 0) || l.aggregator_ports > kMaxPortsPerNode)
     return InvalidArgument(fmt::format("layout: {} ports per aggregation device: expected {}..{}", l.aggregator_ports,
                                        l.aggregators > 0 ? 1 : 0, kMaxPortsPerNode));
@@ -404,7 +415,8 @@ Status Validate(const Layout& l) {
     const Part& part = l.parts[i];
     const int pi = static_cast<int>(i);
     if (!(part.bandwidth > 0) || !std::isfinite(part.bandwidth))
-      return InvalidArgument(fmt::format("layout: {}: bandwidth {} must be positive", PartName(i, part), part.bandwidth));
+      return InvalidArgument(
+          fmt::format("layout: {}: bandwidth {} must be positive", PartName(i, part), part.bandwidth));
     Status s;
     switch (part.kind) {
       case PartKind::kFullTree:
@@ -441,8 +453,8 @@ std::vector<PartRange> SplitCount(const Layout& layout, uint64_t count, uint64_t
   std::vector<long double> frac(n, 0);
   uint64_t given = 0;
   for (size_t i = 0; i < n; ++i) {
-    const long double quota =
-        total > 0 ? static_cast<long double>(units) * layout.parts[i].bandwidth / total : static_cast<long double>(units) / n;
+    const long double quota = total > 0 ? static_cast<long double>(units) * layout.parts[i].bandwidth / total
+                                        : static_cast<long double>(units) / n;
     const long double whole = std::floor(quota);
     share[i] = std::min<uint64_t>(static_cast<uint64_t>(whole), units - given);
     frac[i] = quota - whole;
@@ -512,8 +524,9 @@ std::string TopologyJson(const Layout& layout, double bandwidth_gbps, double lat
 
 std::string ToJson(const Layout& layout) {
   std::string out = "{\n";
-  out += fmt::format("  \"workers\": {},\n  \"aggregators\": {},\n  \"worker_ports\": {},\n  \"aggregator_ports\": {},\n",
-                     layout.workers, layout.aggregators, layout.worker_ports, layout.aggregator_ports);
+  out +=
+      fmt::format("  \"workers\": {},\n  \"aggregators\": {},\n  \"worker_ports\": {},\n  \"aggregator_ports\": {},\n",
+                  layout.workers, layout.aggregators, layout.worker_ports, layout.aggregator_ports);
   out += "  \"parts\": [";
   for (size_t i = 0; i < layout.parts.size(); ++i) {
     const Part& p = layout.parts[i];
@@ -557,6 +570,30 @@ Result<Layout> FromJson(const std::string& text, const std::string& what) {
   }
   if (Status s = Validate(l); !s.ok()) return InvalidArgument(fmt::format("{}: {}", what, s.message()));
   return l;
+}
+
+Result<Layout> LoadLayoutFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return InvalidArgument(fmt::format("KIZUNA_INA_LAYOUT {}: cannot read the file", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return FromJson(text.str(), path);
+}
+
+Result<std::string> WriteTopologyFile(const Layout& layout) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = fmt::format("{}/kizuna-ina-topology-XXXXXX", tmp != nullptr && *tmp != 0 ? tmp : "/tmp");
+  const int fd = ::mkstemp(path.data());
+  if (fd < 0) return FromErrno(errno, "mkstemp " + path);
+  const std::string json = TopologyJson(layout, 0, 0, false);
+  const ssize_t n = ::write(fd, json.data(), json.size());
+  const int err = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(json.size())) {
+    ::unlink(path.c_str());
+    return FromErrno(n < 0 ? err : EIO, "write " + path);
+  }
+  return path;
 }
 
 }  // namespace kizuna::collectives::ina

@@ -123,4 +123,12 @@ std::string TopologyJson(const Layout& layout, double bandwidth_gbps, double lat
 std::string ToJson(const Layout& layout);
 Result<Layout> FromJson(const std::string& text, const std::string& what);
 
+// KIZUNA_INA_LAYOUT's file, read and validated (FromJson names the problem, prefixed with the
+// path).
+Result<Layout> LoadLayoutFile(const std::string& path);
+// The layout's cables as a directconnect topology file (TopologyJson, no shaping) in $TMPDIR (else
+// /tmp); returns its path. The caller removes it once the fabrics have read it. Every rank writes
+// the same content, so their topology fingerprints agree.
+Result<std::string> WriteTopologyFile(const Layout& layout);
+
 }  // namespace kizuna::collectives::ina

@@ -1,57 +1,49 @@
 #include "collectives/plan/shape.h"
 
 #include <cmath>
-#include <cstring>
 #include <set>
 
 #include <fmt/format.h>
 
+#include "runtime/core/wire.h"
+
 namespace kizuna::collectives {
 namespace {
 
-// A little-endian byte writer/reader for Serialize. The format is internal: every rank of one
-// communicator runs the same build.
-class Writer {
- public:
-  void U32(uint32_t v) { Raw(&v, sizeof v); }
-  void F64(double v) { Raw(&v, sizeof v); }
-  void Str(const std::string& s) {
-    U32(static_cast<uint32_t>(s.size()));
-    Raw(s.data(), s.size());
-  }
-  std::vector<uint8_t> bytes;
+// Serialize's and the rank rows' encoding (runtime/core/wire.h): a rank's device, then links.
+void PutRank(wire::Bytes& out, const RankDesc& r) {
+  wire::PutString(out, r.host_id);
+  wire::PutString(out, r.device);
+  wire::PutF64(out, r.copy_gbps);
+  wire::PutF64(out, r.reduce_gbps);
+  wire::PutF64(out, r.launch_us);
+  wire::PutI32(out, r.host_cpus);
+  wire::PutU8(out, r.host_compute ? 1 : 0);
+}
 
- private:
-  void Raw(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    bytes.insert(bytes.end(), b, b + n);
-  }
-};
+void GetRank(wire::Reader& in, RankDesc& r) {
+  r.host_id = in.String();
+  r.device = in.String();
+  r.copy_gbps = in.F64();
+  r.reduce_gbps = in.F64();
+  r.launch_us = in.F64();
+  r.host_cpus = in.I32();
+  r.host_compute = in.U8() != 0;
+}
 
-class Reader {
- public:
-  explicit Reader(const std::vector<uint8_t>& b) : b_(b) {}
-  bool U32(uint32_t* v) { return Raw(v, sizeof *v); }
-  bool F64(double* v) { return Raw(v, sizeof *v); }
-  bool Str(std::string* s) {
-    uint32_t n = 0;
-    if (!U32(&n) || n > b_.size() - pos_) return false;
-    s->assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
-    pos_ += n;
-    return true;
-  }
-  bool done() const { return pos_ == b_.size(); }
+void PutLink(wire::Bytes& out, const LinkDesc& l) {
+  wire::PutU8(out, static_cast<uint8_t>((l.reachable ? 1 : 0) | (l.staged ? 2 : 0)));
+  wire::PutF64(out, l.latency_us);
+  wire::PutF64(out, l.gbps);
+}
 
- private:
-  bool Raw(void* p, size_t n) {
-    if (n > b_.size() - pos_) return false;
-    std::memcpy(p, b_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  const std::vector<uint8_t>& b_;
-  size_t pos_ = 0;
-};
+void GetLink(wire::Reader& in, LinkDesc& l) {
+  const uint8_t flags = in.U8();
+  l.reachable = (flags & 1) != 0;
+  l.staged = (flags & 2) != 0;
+  l.latency_us = in.F64();
+  l.gbps = in.F64();
+}
 
 constexpr uint32_t kShapeMagic = 0x6b7a5348;  // "kzSH"
 constexpr int kMaxShapeRanks = 1 << 20;
@@ -106,61 +98,51 @@ Status CommShape::Validate() const {
 }
 
 std::vector<uint8_t> CommShape::Serialize() const {
-  Writer w;
-  w.U32(kShapeMagic);
-  w.U32(static_cast<uint32_t>(nranks));
-  for (const RankDesc& r : ranks) {
-    w.Str(r.host_id);
-    w.Str(r.device);
-    w.F64(r.copy_gbps);
-    w.F64(r.reduce_gbps);
-    w.F64(r.launch_us);
-    w.U32(static_cast<uint32_t>(r.host_cpus));
-    w.U32(r.host_compute ? 1u : 0u);
-  }
-  for (const LinkDesc& l : links) {
-    w.U32((l.reachable ? 1u : 0u) | (l.staged ? 2u : 0u));
-    w.F64(l.latency_us);
-    w.F64(l.gbps);
-  }
-  w.U32(direct ? 1u : 0u);
-  w.U32(static_cast<uint32_t>(std::min<uint64_t>(direct_inline_bytes, UINT32_MAX)));
-  return std::move(w.bytes);
+  wire::Bytes out;
+  wire::PutU32(out, kShapeMagic);
+  wire::PutU32(out, static_cast<uint32_t>(nranks));
+  for (const RankDesc& r : ranks) PutRank(out, r);
+  for (const LinkDesc& l : links) PutLink(out, l);
+  wire::PutU8(out, direct ? 1 : 0);
+  wire::PutU64(out, direct_inline_bytes);
+  return out;
 }
 
 Result<CommShape> CommShape::Deserialize(const std::vector<uint8_t>& bytes) {
-  Reader r(bytes);
-  uint32_t magic = 0, n = 0;
-  if (!r.U32(&magic) || magic != kShapeMagic || !r.U32(&n) || n < 1 || n > kMaxShapeRanks)
+  wire::Reader in(bytes);
+  const uint32_t magic = in.U32(), n = in.U32();
+  if (!in.ok() || magic != kShapeMagic || n < 1 || n > kMaxShapeRanks)
     return InvalidArgument("shape: not a serialized communicator shape");
   CommShape s;
   s.nranks = static_cast<int>(n);
   s.ranks.resize(n);
-  for (RankDesc& d : s.ranks) {
-    uint32_t cpus = 0, compute = 0;
-    if (!r.Str(&d.host_id) || !r.Str(&d.device) || !r.F64(&d.copy_gbps) || !r.F64(&d.reduce_gbps) ||
-        !r.F64(&d.launch_us) || !r.U32(&cpus) || !r.U32(&compute))
-      return InvalidArgument("shape: truncated rank entry");
-    if (cpus > static_cast<uint32_t>(INT32_MAX)) return InvalidArgument("shape: a rank's CPU count is out of range");
-    d.host_cpus = static_cast<int>(cpus);
-    d.host_compute = compute != 0;
-  }
+  for (RankDesc& d : s.ranks) GetRank(in, d);
+  if (!in.ok()) return InvalidArgument("shape: truncated rank entry");
   s.links.resize(static_cast<size_t>(n) * n);
-  for (LinkDesc& l : s.links) {
-    uint32_t flags = 0;
-    if (!r.U32(&flags) || !r.F64(&l.latency_us) || !r.F64(&l.gbps)) return InvalidArgument("shape: truncated link entry");
-    l.reachable = (flags & 1u) != 0;
-    l.staged = (flags & 2u) != 0;
-  }
-  uint32_t direct = 0;
-  if (!r.U32(&direct)) return InvalidArgument("shape: truncated (no direct-access flag)");
-  s.direct = direct != 0;
-  uint32_t inline_bytes = 0;
-  if (!r.U32(&inline_bytes)) return InvalidArgument("shape: truncated (no inline size)");
-  s.direct_inline_bytes = inline_bytes;
-  if (!r.done()) return InvalidArgument("shape: trailing bytes");
+  for (LinkDesc& l : s.links) GetLink(in, l);
+  if (!in.ok()) return InvalidArgument("shape: truncated link entry");
+  s.direct = in.U8() != 0;
+  s.direct_inline_bytes = in.U64();
+  if (!in.ok()) return InvalidArgument("shape: truncated (no direct-access flags)");
+  if (!in.AtEnd()) return InvalidArgument("shape: trailing bytes");
   KZ_RETURN_IF_ERROR(s.Validate());
   return s;
+}
+
+std::vector<uint8_t> EncodeRankRow(const RankDesc& me, std::span<const LinkDesc> row) {
+  wire::Bytes out;
+  PutRank(out, me);
+  for (const LinkDesc& l : row) PutLink(out, l);
+  return out;
+}
+
+Status DecodeRankRow(std::span<const uint8_t> bytes, int rank, CommShape& shape, std::span<LinkDesc> extra) {
+  wire::Reader in(bytes);
+  GetRank(in, shape.ranks[static_cast<size_t>(rank)]);
+  for (int q = 0; q < shape.nranks; ++q) GetLink(in, shape.link(rank, q));
+  for (LinkDesc& l : extra) GetLink(in, l);
+  if (!in.AtEnd()) return InvalidArgument(fmt::format("rank {} sent a malformed description of its links", rank));
+  return Status::Ok();
 }
 
 }  // namespace kizuna::collectives

@@ -1,11 +1,12 @@
 // What every rank of a communicator knows about all ranks, identically: their devices and the
 // links between them. Built at communicator creation from an allgather (every rank then has the
-// same bytes), so algorithm support, cost predictions and plans come out the same on every rank
-// (DESIGN.md section 6). Tools and tests build shapes by hand (Uniform, below).
+// same bytes), so algorithm support, cost predictions and plans come out the same on every rank. Tools and tests build
+// shapes by hand (Uniform, below).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -69,9 +70,17 @@ struct CommShape {
   // negative or not finite.
   Status Validate() const;
 
-  // A stable serialization (for the allgather at init and for tests that compare shapes).
+  // A stable serialization (for tests and tools that compare or store shapes).
   std::vector<uint8_t> Serialize() const;
   static Result<CommShape> Deserialize(const std::vector<uint8_t>& bytes);
 };
+
+// How the ranks agree on a shape at creation: each allgathers its row (its device, its links to
+// every rank, then `extra` links: an INA job's cable to the aggregation devices), and every rank
+// decodes every row into the same shape. The encoding is runtime/core/wire.h's.
+std::vector<uint8_t> EncodeRankRow(const RankDesc& me, std::span<const LinkDesc> row);
+// Fills rank `rank`'s entry and link row of `shape` (sized for shape.nranks) from its bytes, then
+// `extra`; kInvalidArgument naming the rank when the bytes are not one such row.
+Status DecodeRankRow(std::span<const uint8_t> bytes, int rank, CommShape& shape, std::span<LinkDesc> extra = {});
 
 }  // namespace kizuna::collectives

@@ -61,7 +61,19 @@
 #include "runtime/device/device.h"
 #include "runtime/core/status.h"
 
+namespace kizuna::fabric {
+class FabricRegistry;
+}
+
 namespace kizuna::collectives {
+
+// The fabrics every rank can use, in rank 0's preference order: each pair of ranks must see the
+// same list, or they would pick different fabrics for one connection (fabric_choice.cc).
+// Collective over `boot`. A rank with no usable fabric still takes part in the exchange (with an
+// empty list), so that every rank fails at once with the reason, naming each rank's fabrics,
+// instead of waiting for it until the deadline.
+Result<std::vector<fabric::Fabric*>> AgreeOnFabrics(const fabric::FabricRegistry& registry, bootstrap::Bootstrap& boot,
+                                                    int rank, Deadline deadline);
 
 struct TransportOptions {
   size_t staging_bytes = 8u << 20;  // memory per rank for staging slots
@@ -112,9 +124,9 @@ class Transport {
   // every reachable peer (connects and accepts are interleaved, non-blocking, so no pair waits on
   // another) and allocates and registers the staging buffer and the control buffers, and returns
   // after a bootstrap barrier: every rank has its connections then, so a rank may close its
-  // transport at once without leaving a peer in its handshake. kInvalidArgument when `fabrics` is empty, holds a null, a fabric twice, or a fabric created for
-  // another rank, or when the ranks pass different fabric lists (naming both lists). Fails as a
-  // whole (every comm released) on any error; kTimeout at the deadline naming the peers not yet
+  // transport at once without leaving a peer in its handshake. kInvalidArgument when `fabrics` is empty, holds a null,
+  // a fabric twice, or a fabric created for another rank, or when the ranks pass different fabric lists (naming both
+  // lists). Fails as a whole (every comm released) on any error; kTimeout at the deadline naming the peers not yet
   // connected.
   static Result<std::unique_ptr<Transport>> Create(std::span<fabric::Fabric* const> fabrics,
                                                    bootstrap::Bootstrap& bootstrap, device::Device& device,

@@ -1,0 +1,233 @@
+// The engine's calls: plans (the cache, the selection and its fallback), operations launched on
+// the calling thread or through the executor. Creation is in engine_create.cc.
+#include "collectives/engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/executor/executor.h"
+#include "collectives/transport/transport.h"
+#include "fabric/registry.h"
+#include "runtime/core/logging.h"
+
+namespace kizuna::collectives {
+namespace {
+
+// Messages at least this large are spread over two channels (two device streams, two tag
+// sequences): below it one channel's chunk pipeline is enough and a second only adds steps.
+constexpr size_t kTwoChannelBytes = 256 << 10;
+// Plans kept per engine; a workload cycles through far fewer distinct shapes.
+constexpr size_t kPlanCacheEntries = 1024;
+
+}  // namespace
+
+Engine::Engine() = default;
+
+Engine::~Engine() {
+  executor_.reset();
+  transport_.reset();
+  fabrics_.reset();
+}
+
+std::string Engine::DescribeConnections() const { return transport_->description(); }
+
+// ---------------------------------------------------------------------------------------------
+// Plans
+
+Result<const std::shared_ptr<const Plan>*> Engine::PlanFor(const EngineCall& call, size_t slot_bytes, int channels,
+                                                           bool grouped) {
+  const CollectiveRequest& request = call.request;
+  PlanOptions popts;
+  popts.chunk_count = std::max<uint64_t>(1, slot_bytes / DataTypeSize(request.dtype));
+  popts.channels = channels;
+  popts.deterministic = config_->deterministic;
+  popts.balance = call.balance;
+  const PlanKey key{request.collective, request.count, request.dtype,  request.op,
+                    request.root,       request.in_place, call.algorithm, popts.chunk_count,
+                    channels,           popts.deterministic, popts.balance, grouped};
+  // The plan is returned as the cache's last one, valid until the next call (call_mu_ is held):
+  // the caller copies it where it keeps it, so that a repeated call costs no reference count.
+  if (last_plan_ != nullptr && last_key_ == key) return &last_plan_;
+  {
+    std::lock_guard lock(plans_mu_);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) {
+      last_key_ = key;
+      last_plan_ = it->second;
+      return &last_plan_;
+    }
+  }
+  KZ_ASSIGN_OR_RETURN(Selection sel, Select(request, popts, call.algorithm, grouped));
+  KZ_ASSIGN_OR_RETURN(Plan plan, BuildWithFallback(request, popts, sel));
+  KZ_INFO(kLogColl, "rank {} plan: {} via {}, chunk {} elements, {} channel(s), {} steps, scratch {} elements", rank_,
+          request.ToString(), AlgorithmName(plan.algorithm), plan.chunk_count, plan.channels,
+          plan.ranks[0].step_count(), plan.ranks[0].scratch_count);
+  KZ_TRACE(kLogColl, "{}", PlanToString(plan));
+  plan.signature = PlanSignature(plan);
+  auto shared = std::make_shared<const Plan>(std::move(plan));
+  std::lock_guard lock(plans_mu_);
+  if (plans_.size() >= kPlanCacheEntries) plans_.clear();
+  plans_[key] = shared;
+  last_key_ = key;
+  last_plan_ = std::move(shared);
+  return &last_plan_;
+}
+
+Result<Plan> Engine::BuildWithFallback(const CollectiveRequest& request, const PlanOptions& options,
+                                       Selection& sel) {
+  std::vector<const Candidate*> order;
+  for (const Candidate& cand : sel.candidates)
+    if (cand.supported() && cand.algorithm != sel.chosen) order.push_back(&cand);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto* a, const auto* b) { return a->seconds() < b->seconds(); });
+  Result<Plan> built = BuildPlan(sel.chosen, request, shape_, options, rank_);
+  std::string refused;
+  for (const Candidate* next : order) {
+    if (built.ok() || built.status().code() != StatusCode::kNotSupported) break;
+    refused +=
+        fmt::format("{}{}: {}", refused.empty() ? "" : "; ", AlgorithmName(sel.chosen), built.status().message());
+    sel.chosen = next->algorithm;
+    built = BuildPlan(sel.chosen, request, shape_, options, rank_);
+  }
+  if (!built.ok()) return built.status().WithContext(request.ToString());
+  if (rank_ == 0 || !refused.empty()) {
+    KZ_INFO(kLogTune, "{}{}", SelectionToString(sel),
+            refused.empty() ? ""
+                            : fmt::format(" [building refused: {}; using {}]", refused, AlgorithmName(sel.chosen)));
+  }
+  return built;
+}
+
+Result<Selection> Engine::Select(const CollectiveRequest& request, const PlanOptions& options,
+                                 std::optional<Algorithm> per_call, bool grouped) const {
+  return SelectAlgorithm(request, shape_, options, CostConstants{}, overrides_, per_call,
+                         [grouped](Algorithm a, const CollectiveRequest& r, const CommShape& s) {
+                           if (grouped && a == Algorithm::kFused)
+                             return NotSupported("fused runs alone, not as one of several calls of a group");
+                           return GetAlgorithm(a).Supports(r, s);
+                         });
+}
+
+Result<std::string> Engine::ExplainChoice(Collective collective, size_t count, DataType type) const {
+  CollectiveRequest r;
+  r.collective = collective;
+  r.nranks = size_;
+  r.count = count;
+  r.dtype = type;
+  PlanOptions popts;
+  const size_t elem = std::max<size_t>(1, DataTypeSize(type));
+  popts.chunk_count = std::max<uint64_t>(1, executor_->slot_bytes_for(1, config_->chunk_bytes.value_or(0)) / elem);
+  popts.deterministic = config_->deterministic;
+  KZ_ASSIGN_OR_RETURN(Selection sel, Select(r, popts, std::nullopt, false));
+  return SelectionToString(sel);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operations
+
+bool Engine::TakesHostMemory() const { return executor_ && executor_->TakesHostMemory(); }
+
+Status Engine::Prepare(std::span<EngineCall> calls, Prepared* out) {
+  // One operation: every call of this communicator, with staging slots sized for all channels.
+  device::Stream* stream = calls[0].stream;
+  for (const EngineCall& c : calls)
+    if (c.stream != stream)
+      return InvalidArgument("a group uses two different streams for one communicator; use one stream per "
+                             "communicator within a group");
+  // Plain host memory (the API let it through: TakesHostMemory): the call runs fused on this
+  // thread (Executor::TryInline). Without TakesHostMemory the API refused every address the
+  // device does not own.
+  bool host_memory = false;
+  for (EngineCall& c : TakesHostMemory() ? calls : std::span<EngineCall>()) {
+    const size_t elem = DataTypeSize(c.request.dtype);
+    const uint64_t in = c.request.input_count() * elem, out = c.request.output_count() * elem;
+    const bool host = (c.input != nullptr && in > 0 && !device_->Addressable(c.input, in)) ||
+                      (c.output != nullptr && out > 0 && !device_->Addressable(c.output, out));
+    if (host && !c.algorithm) c.algorithm = Algorithm::kFused;
+    host_memory = host_memory || host;
+  }
+  // Channels asked for per call: two for one large call, else one.
+  auto channels = [&](const EngineCall& c) {
+    const size_t bytes = std::max(c.request.input_count(), c.request.output_count()) * DataTypeSize(c.request.dtype);
+    return bytes >= kTwoChannelBytes && calls.size() == 1 ? 2 : 1;
+  };
+  int total = 0;
+  for (const EngineCall& c : calls) total += channels(c);
+  size_t slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
+  // An algorithm may use more channels than asked (ina: one per part of the layout): then the
+  // slots are sized again for the channels the plans really have, and the plans rebuilt for them.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    // Resized, not cleared: a member assigned the plan it already holds costs no reference count.
+    members_.resize(calls.size());
+    int used = 0;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      KZ_ASSIGN_OR_RETURN(const std::shared_ptr<const Plan>* plan,
+                          PlanFor(calls[i], slot_bytes, channels(calls[i]), calls.size() > 1));
+      used += static_cast<int>((*plan)->ranks[0].channels.size());
+      members_[i].plan = *plan;
+      members_[i].input = calls[i].input;
+      members_[i].output = calls[i].output;
+    }
+    if (used <= total) break;
+    total = used;
+    slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
+  }
+  *out = Prepared{stream, host_memory, slot_bytes};
+  return Status::Ok();
+}
+
+Status Engine::Launch(std::span<EngineCall> calls) {
+  std::lock_guard lock(call_mu_);
+  return LaunchLocked(calls);
+}
+
+Status Engine::LaunchLocked(std::span<EngineCall> calls) {
+  Prepared p;
+  KZ_RETURN_IF_ERROR(Prepare(calls, &p));
+  KZ_ASSIGN_OR_RETURN(const bool ran, executor_->TryInline(members_, *p.stream, p.host_memory));
+  if (ran) return Status::Ok();
+  return executor_->Submit(std::exchange(members_, {}), *p.stream, p.slot_bytes);
+}
+
+Result<bool> Engine::LaunchTogether(std::span<Engine* const> engines, std::span<std::vector<EngineCall>* const> calls) {
+  // Cheap refusals first: one call per engine, none an aggregation device.
+  for (size_t i = 0; i < engines.size(); ++i)
+    if (calls[i]->size() != 1 || engines[i]->aggregation_device_) return false;
+  // Every engine's call lock, in one order (by address) whoever groups them.
+  std::vector<Engine*> by_address(engines.begin(), engines.end());
+  std::sort(by_address.begin(), by_address.end());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(by_address.size());
+  for (Engine* e : by_address) locks.emplace_back(e->call_mu_);
+  std::vector<Executor*> executors;
+  std::vector<const std::vector<OperationMember>*> members;
+  std::vector<device::Stream*> streams;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    Prepared p;
+    // An error here is the usual path's to report, call by call.
+    if (!engines[i]->Prepare(*calls[i], &p).ok() || p.host_memory) return false;
+    executors.push_back(engines[i]->executor_.get());
+    members.push_back(&engines[i]->members_);
+    streams.push_back(p.stream);
+  }
+  return Executor::TryInlineGroup(executors, members, streams);
+}
+
+Status Engine::ServeAggregation(uint64_t* served) {
+  if (!aggregation_device_)
+    return InvalidArgument(fmt::format("rank {} is a worker, not an aggregation device", rank_));
+  return executor_->WaitServing(served);
+}
+
+void Engine::Abort(std::string_view why) {
+  if (executor_) executor_->Abort(why);
+}
+
+Status Engine::AsyncError() const { return executor_ ? executor_->AsyncError() : Status::Ok(); }
+
+int Engine::InFlight() const { return executor_ ? executor_->pending() : 0; }
+
+}  // namespace kizuna::collectives

@@ -1,0 +1,171 @@
+// The collective engine's one entry: what the public API (runtime/communicator.h, the C API)
+// calls. An Engine is one rank's state in one communicator: its connections (transport/), the
+// shape every rank agreed on (plan/shape.h), the plans it has built (a cache keyed by PlanKey),
+// and its executor (executor/). The API validates arguments and hands the engine calls it can
+// trust; the engine chooses the algorithm (cost/selector.h, with the fallback to the next
+// candidate when building one answers kNotSupported), builds or finds the plan, and runs the
+// operation: on the calling thread when it can (executor's TryInline, TryInlineGroup), else
+// through the executor's thread. docs/ARCHITECTURE.md follows one AllReduce through it.
+//
+// Threading: every method may be called from any thread; Launch runs one operation at a time per
+// engine (a call lock), as NCCL runs one call at a time per communicator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "collectives/cost/selector.h"
+#include "collectives/plan/plan.h"
+#include "collectives/plan/shape.h"
+#include "runtime/bootstrap/bootstrap.h"
+#include "runtime/core/config.h"
+#include "runtime/core/status.h"
+#include "runtime/device/device.h"
+
+namespace kizuna::fabric {
+class FabricRegistry;
+}
+
+namespace kizuna::collectives {
+
+class Executor;
+class SameProcessGroup;
+class Transport;
+struct OperationMember;
+
+struct EngineOptions {
+  // The configuration; must outlive the engine.
+  const Config* config = nullptr;
+  // CommOptions' fields of the same names (runtime/communicator.h says what each does).
+  size_t staging_bytes = 0;
+  std::string host_id;  // "" = HostId()
+  bool direct_access = true;
+  bool force_host_staging = false;
+};
+
+// One collective call, its arguments already validated by the API.
+struct EngineCall {
+  CollectiveRequest request;
+  const void* input = nullptr;
+  void* output = nullptr;
+  device::Stream* stream = nullptr;
+  std::optional<Algorithm> algorithm;  // the caller's choice for this call (CallOptions)
+  bool balance = true;                 // PlanOptions::balance
+};
+
+// What a plan is built for: a cached plan serves exactly the calls with an equal key.
+struct PlanKey {
+  Collective collective = Collective::kAllReduce;
+  uint64_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  bool in_place = false;
+  std::optional<Algorithm> forced;  // the call's own choice, if any
+  uint64_t chunk_count = 0;
+  int channels = 1;
+  bool deterministic = false;
+  bool balance = false;
+  bool grouped = false;  // one of several calls of a group (fused runs alone)
+  bool operator==(const PlanKey&) const = default;
+  auto operator<=>(const PlanKey&) const = default;
+};
+
+class Engine {
+ public:
+  // Collective over `bootstrap`: every rank's engine is created together. Loads the INA layout
+  // (KIZUNA_INA_LAYOUT), agrees with the other ranks on the fabrics they all have and connects
+  // (transport), sets up the same-host group where ranks of one host share buffers, agrees on the
+  // shape, and starts the executor. `same_process`: the group of CreateLocal's ranks when they
+  // address each other's memory; null otherwise.
+  static Result<std::unique_ptr<Engine>> Create(std::shared_ptr<bootstrap::Bootstrap> bootstrap,
+                                                device::Device& device, const EngineOptions& options,
+                                                std::shared_ptr<SameProcessGroup> same_process = nullptr);
+  // Finishes the queued operations (bounded by their deadlines), then closes the connections.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int rank() const { return rank_; }
+  // The communicator's ranks: in an INA job the workers only (the aggregation devices follow).
+  int size() const { return size_; }
+  // In an INA job, this rank is an aggregation device: it serves operations and makes no calls.
+  bool aggregation_device() const { return aggregation_device_; }
+  const CommShape& shape() const { return shape_; }
+  // This rank's connections, for logs and tools (Transport::description).
+  std::string DescribeConnections() const;
+
+  // Runs or queues `calls` (one or several calls of one group, on one stream) as one operation.
+  // Not on an aggregation device (the API refuses its calls).
+  Status Launch(std::span<EngineCall> calls);
+  // One call on each of `engines` (`calls[i]` for engines[i]): together every rank of an
+  // in-process group, run by this thread at once when they can (Executor::TryInlineGroup).
+  // false: launch them one by one. Locks every engine's call lock, in one order.
+  static Result<bool> LaunchTogether(std::span<Engine* const> engines,
+                                     std::span<std::vector<EngineCall>* const> calls);
+  // Plain host memory is accepted (Executor::TakesHostMemory).
+  bool TakesHostMemory() const;
+  // The algorithm and predicted times chosen for a request, as logged at INFO.
+  Result<std::string> ExplainChoice(Collective collective, size_t count, DataType type) const;
+  // An aggregation device's life (Executor::WaitServing); kInvalidArgument on a worker.
+  Status ServeAggregation(uint64_t* served);
+  void Abort(std::string_view why);
+  Status AsyncError() const;
+  int InFlight() const;
+
+ private:
+  struct Prepared {
+    device::Stream* stream = nullptr;
+    bool host_memory = false;  // plain host memory: it must run inline (Executor::TryInline)
+    size_t slot_bytes = 0;
+  };
+  class Builder;  // Create's steps (engine_create.cc)
+  Engine();
+  // Launch, call_mu_ held.
+  Status LaunchLocked(std::span<EngineCall> calls);
+  // Launch's first half: the operation's members into members_ (plans chosen), and where it goes.
+  Status Prepare(std::span<EngineCall> calls, Prepared* out);
+  // The plan for one call, from the cache or built; the pointer stays valid until the next call.
+  Result<const std::shared_ptr<const Plan>*> PlanFor(const EngineCall& call, size_t slot_bytes, int channels,
+                                                     bool grouped);
+  // The model's ranking, with per_call / KIZUNA_ALGO applied; `grouped`: fused is not a candidate.
+  Result<Selection> Select(const CollectiveRequest& request, const PlanOptions& options,
+                           std::optional<Algorithm> per_call, bool grouped) const;
+  // Builds the selection's choice, falling back to the next supported candidate by predicted time
+  // when building answers kNotSupported (what only building can tell: a deterministic plan on
+  // links that are not all there, a point-to-point peer out of reach).
+  Result<Plan> BuildWithFallback(const CollectiveRequest& request, const PlanOptions& options, Selection& selection);
+
+  int rank_ = 0;
+  int size_ = 1;
+  bool aggregation_device_ = false;
+  const Config* config_ = nullptr;
+  std::shared_ptr<bootstrap::Bootstrap> bootstrap_;
+  device::Device* device_ = nullptr;
+  Config fabric_config_;  // the configuration the fabrics see (outlives them)
+  std::unique_ptr<fabric::FabricRegistry> fabrics_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Executor> executor_;
+  CommShape shape_;
+  AlgoOverrides overrides_;  // KIZUNA_ALGO, parsed at creation
+
+  std::mutex call_mu_;  // one operation at a time (Launch)
+  // The plan cache. The plan of the last lookup is checked before the map: a loop repeating one
+  // call finds it without the map's lock and key comparisons (call_mu_ guards these two).
+  std::mutex plans_mu_;
+  std::map<PlanKey, std::shared_ptr<const Plan>> plans_;  // guarded by plans_mu_
+  PlanKey last_key_;
+  std::shared_ptr<const Plan> last_plan_;
+  // Launch's members, kept between calls (guarded by call_mu_) so that a call run inline
+  // allocates nothing.
+  std::vector<OperationMember> members_;
+};
+
+}  // namespace kizuna::collectives

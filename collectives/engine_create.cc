@@ -1,0 +1,313 @@
+// Creating an engine (engine.h): every rank, together, learns who shares its host, agrees on the
+// fabrics and connects, sets up the group of ranks that share buffers, agrees on the shape the
+// engine plans with, and starts its executor. Each step is one of Builder's methods, in order.
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/direct/same_host_group.h"
+#include "collectives/engine.h"
+#include "collectives/executor/executor.h"
+#include "collectives/ina/layout.h"
+#include "collectives/transport/transport.h"
+#include "fabric/registry.h"
+#include "runtime/core/host_id.h"
+#include "runtime/core/logging.h"
+
+namespace kizuna::collectives {
+namespace {
+
+// EngineOptions::staging_bytes 0: this much, or kNetworkStagingBytes when a peer is reached over a
+// network (a 2-channel window of 4 slots of the executor's network chunk).
+constexpr size_t kDefaultStagingBytes = 8u << 20;
+constexpr size_t kNetworkStagingBytes = 16u << 20;
+
+// The executor's window in INA jobs. An INA plan has many steps per chunk at a node with
+// children (a receive per child, a reduce, a send up, a receive down, a send per child), and a
+// chunk stays in flight for a round trip through the tree, so a node must hold several chunks'
+// steps at once. Workers use kInaWindow (their staging slots, and so the chunks, get smaller with
+// it: finer pipelining); an aggregation device with E ports 4(E+1), about two chunks of its E+5
+// steps. (A deeper window did not speed up the slowest layout: docs/PERFORMANCE.md, INA.)
+constexpr int kInaWindow = 16;
+int InaWindow(const ina::Layout& layout, bool aggregation_device) {
+  return aggregation_device ? std::max(kInaWindow, 4 * (layout.aggregator_ports + 1)) : kInaWindow;
+}
+
+// "3 ranks on this host's 2 CPUs (oversubscribed: they take turns, the cost model counts it)".
+std::string DescribeHostCpus(const CommShape& shape, int rank) {
+  const RankDesc& me = shape.ranks[static_cast<size_t>(rank)];
+  int here = 0;
+  for (const RankDesc& d : shape.ranks) here += d.host_id == me.host_id ? 1 : 0;
+  if (me.host_cpus <= 0) return fmt::format("{} rank(s) on this host, its CPUs unknown", here);
+  return fmt::format("{} rank(s) on this host's {} CPUs{}", here, me.host_cpus,
+                     here > me.host_cpus ? " (oversubscribed: they take turns, the cost model counts it)" : "");
+}
+
+}  // namespace
+
+class Engine::Builder {
+ public:
+  Builder(Engine& e, const EngineOptions& options, std::shared_ptr<SameProcessGroup> same_process)
+      : e_(e), options_(options), same_process_(std::move(same_process)),
+        deadline_(Deadline::AfterSeconds(e.config_->timeout_s)) {}
+
+  Status LoadInaLayout();
+  Status ExchangeHosts();
+  Status Connect(device::Device& device);
+  Status JoinSameHostGroup(device::Device& device);
+  Status AgreeOnShape(device::Device& device);
+  Status StartExecutor(device::Device& device);
+  void LogCreated(device::Device& device) const;
+
+ private:
+  // The transport over the fabrics every rank has (more than one rank).
+  Status ConnectFabrics(device::Device& device, TransportOptions topts);
+  // This rank's row of the shape: its links to the workers, and in an INA job its slowest cable
+  // to an aggregation device (the cost model's aggregation cables).
+  std::vector<LinkDesc> LinkRow() const;
+
+  Engine& e_;
+  const EngineOptions& options_;
+  std::shared_ptr<SameProcessGroup> same_process_;
+  const Deadline deadline_;
+  std::shared_ptr<const ina::Layout> layout_;
+  std::string host_;
+  std::vector<std::string> rank_hosts_;
+  int local_rank_ = 0;
+  std::shared_ptr<SameHostGroup> same_host_;
+};
+
+// In-network aggregation: the layout names the job's aggregation devices, the ranks after its
+// workers. The communicator is the workers'; the devices join its transport.
+Status Engine::Builder::LoadInaLayout() {
+  const Config& config = *e_.config_;
+  if (config.ina_layout.empty()) return Status::Ok();
+  KZ_ASSIGN_OR_RETURN(ina::Layout layout, ina::LoadLayoutFile(config.ina_layout));
+  const int ranks = e_.bootstrap_->size();
+  if (ranks != layout.workers + layout.aggregators)
+    return InvalidArgument(fmt::format("KIZUNA_INA_LAYOUT {}: {} workers and {} aggregation devices, but the job has "
+                                       "{} ranks (workers first, then the devices)",
+                                       config.ina_layout, layout.workers, layout.aggregators, ranks));
+  e_.size_ = layout.workers;
+  e_.aggregation_device_ = e_.rank_ >= layout.workers;
+  layout_ = std::make_shared<const ina::Layout>(std::move(layout));
+  return Status::Ok();
+}
+
+// Who shares this host: the local rank for the fabrics, which pairs direct links can join, and
+// whether every rank is here (the same-host group).
+Status Engine::Builder::ExchangeHosts() {
+  host_ = options_.host_id.empty() ? HostId() : options_.host_id;
+  KZ_ASSIGN_OR_RETURN(
+      auto hosts,
+      e_.bootstrap_->AllGather(std::span(reinterpret_cast<const uint8_t*>(host_.data()), host_.size()), deadline_));
+  for (const auto& h : hosts) rank_hosts_.emplace_back(h.begin(), h.end());
+  for (int r = 0; r < e_.rank_; ++r) local_rank_ += rank_hosts_[static_cast<size_t>(r)] == host_ ? 1 : 0;
+  return Status::Ok();
+}
+
+Status Engine::Builder::Connect(device::Device& device) {
+  TransportOptions topts;
+  topts.staging_bytes = options_.staging_bytes > 0 ? options_.staging_bytes : kDefaultStagingBytes;
+  topts.force_host_staging = options_.force_host_staging;
+  if (e_.bootstrap_->size() == 1) {
+    // Nothing to connect: no fabric is needed (or wanted: a one-rank job must work anywhere).
+    KZ_ASSIGN_OR_RETURN(e_.transport_, Transport::CreateSingle(device, topts));
+    return Status::Ok();
+  }
+  // Not in INA jobs: their workers' and aggregation devices' slots must match (InaWindow).
+  if (options_.staging_bytes == 0 && !layout_) topts.network_staging_bytes = kNetworkStagingBytes;
+  // An aggregation device keeps more steps in flight (InaWindow): its staging grows with its
+  // window, so that its slots are as large as the workers' chunks.
+  if (layout_ && e_.aggregation_device_)
+    topts.staging_bytes = topts.staging_bytes / kInaWindow * static_cast<size_t>(InaWindow(*layout_, true));
+  return ConnectFabrics(device, topts);
+}
+
+Status Engine::Builder::ConnectFabrics(device::Device& device, TransportOptions topts) {
+  fabric::FabricContext context;
+  context.rank = e_.rank_;
+  context.world_size = e_.bootstrap_->size();
+  if (e_.aggregation_device_) context.node = ina::Node::Aggregator(e_.rank_ - layout_->workers).Name();
+  if (layout_)
+    for (int a = 0; a < layout_->aggregators; ++a)
+      context.node_ranks[ina::Node::Aggregator(a).Name()] = layout_->workers + a;
+  context.local_rank = local_rank_;
+  context.host_id = host_;
+  context.rank_hosts = rank_hosts_;
+  context.device_uuids = {device.properties().uuid};
+  // With no topology given, every pair of ranks on one host is one hop of shared memory away:
+  // describe that to the fabrics as direct-connect links ("full" links the ranks of each host,
+  // since the fabric knows every rank's host), so that they can use direct links (single-copy,
+  // mapped peer memory) instead of a network stack; pairs across hosts take a network fabric.
+  const Config& config = *e_.config_;
+  e_.fabric_config_ = config;
+  if (e_.fabric_config_.topology.empty()) e_.fabric_config_.topology = "full";
+  // An INA job without a topology file runs on the layout's cables (the circuit switch's map).
+  std::string layout_topology;
+  if (layout_ && config.topology.empty()) {
+    KZ_ASSIGN_OR_RETURN(layout_topology, ina::WriteTopologyFile(*layout_));
+    e_.fabric_config_.topology = layout_topology;
+  }
+  e_.fabrics_ = fabric::FabricRegistry::Create(e_.fabric_config_, context);
+  if (!layout_topology.empty()) ::unlink(layout_topology.c_str());
+  KZ_ASSIGN_OR_RETURN(std::vector<fabric::Fabric*> common,
+                      AgreeOnFabrics(*e_.fabrics_, *e_.bootstrap_, e_.rank_, deadline_));
+  KZ_ASSIGN_OR_RETURN(e_.transport_, Transport::Create(common, *e_.bootstrap_, device, topts, deadline_));
+  return Status::Ok();
+}
+
+// Ranks of one host in several processes share their allocations for the fused collectives when
+// their devices allow (same_host_group.h); all ranks take part in deciding.
+Status Engine::Builder::JoinSameHostGroup(device::Device& device) {
+  const bool one_host = std::all_of(rank_hosts_.begin(), rank_hosts_.end(), [&](const auto& h) { return h == host_; });
+  if (same_process_ != nullptr || layout_ || e_.size_ == 1 || !one_host || !options_.direct_access)
+    return Status::Ok();
+  auto allgather = [&](std::span<const uint8_t> bytes) { return e_.bootstrap_->AllGather(bytes, deadline_); };
+  Result<std::shared_ptr<SameHostGroup>> group = SameHostGroup::Create(e_.rank_, e_.size_, device, allgather);
+  if (group.ok()) {
+    same_host_ = std::move(*group);
+    if (e_.rank_ == 0)
+      KZ_INFO(kLogInit, "{} ranks on one host in separate processes share their buffers directly (fused "
+                        "algorithms available; each rank maps a peer's buffer on first use)", e_.size_);
+    return Status::Ok();
+  }
+  if (group.status().code() != StatusCode::kNotSupported)
+    return group.status().WithContext("setting up the ranks' shared buffers");
+  if (e_.rank_ == 0)
+    KZ_INFO(kLogInit, "ranks on one host do not share buffers directly (fused algorithms not available): {}",
+            group.status().message());
+  return Status::Ok();
+}
+
+std::vector<LinkDesc> Engine::Builder::LinkRow() const {
+  const std::vector<LinkDesc>& full_row = e_.transport_->link_row();
+  std::vector<LinkDesc> row(full_row.begin(), full_row.begin() + std::min<ptrdiff_t>(e_.size_, std::ssize(full_row)));
+  if (!layout_) return row;
+  LinkDesc slowest;
+  for (size_t q = static_cast<size_t>(e_.size_); q < full_row.size(); ++q) {
+    const LinkDesc& l = full_row[q];
+    if (!l.reachable) continue;
+    if (!slowest.reachable || l.gbps < slowest.gbps) slowest.gbps = l.gbps;
+    slowest.latency_us = std::max(slowest.latency_us, l.latency_us);
+    slowest.reachable = true;
+  }
+  row.push_back(slowest);
+  return row;
+}
+
+// The shape: every rank's device and link row, allgathered, so every rank holds the same.
+Status Engine::Builder::AgreeOnShape(device::Device& device) {
+  const device::DeviceProperties& props = device.properties();
+  RankDesc me;
+  me.host_id = host_;
+  me.device = device.label();
+  me.copy_gbps = props.copy_gbps;
+  me.reduce_gbps = props.reduce_gbps;
+  me.launch_us = props.launch_latency_us;
+  // The ranks' CPUs together where they share a host group (ranks bound to a CPU each see one),
+  // else this process's.
+  me.host_cpus = same_host_ && same_host_->cpus() > 0 ? same_host_->cpus() : UsableCpuCount();
+  me.host_compute = props.host_compute;
+  KZ_ASSIGN_OR_RETURN(auto rows, e_.bootstrap_->AllGather(EncodeRankRow(me, LinkRow()), deadline_));
+  CommShape shape;
+  shape.nranks = e_.size_;
+  shape.ranks.resize(static_cast<size_t>(e_.size_));
+  shape.links.resize(static_cast<size_t>(e_.size_) * static_cast<size_t>(e_.size_));
+  for (int r = 0; r < e_.size_; ++r) {
+    LinkDesc extra;
+    KZ_RETURN_IF_ERROR(
+        DecodeRankRow(rows[static_cast<size_t>(r)], r, shape, layout_ ? std::span(&extra, 1) : std::span<LinkDesc>()));
+    // The slowest worker's slowest cable stands for every aggregation cable.
+    if (layout_ && extra.reachable &&
+        (!shape.ina_link.reachable || extra.gbps < shape.ina_link.gbps || shape.ina_link.gbps == 0)) {
+      const double latency = std::max(shape.ina_link.latency_us, extra.latency_us);
+      shape.ina_link = extra;
+      shape.ina_link.latency_us = latency;
+    }
+  }
+  // A link is usable only when both directions are (every transfer needs its connection).
+  for (int a = 0; a < e_.size_; ++a)
+    for (int b = 0; b < e_.size_; ++b)
+      if (a == b || !shape.link(a, b).reachable || !shape.link(b, a).reachable) shape.link(a, b).reachable = false;
+  shape.direct = same_process_ != nullptr || same_host_ != nullptr;
+  if (same_host_) shape.direct_inline_bytes = same_host_->one_shot_bytes();
+  shape.ina = layout_;
+  KZ_RETURN_IF_ERROR(shape.Validate());
+  e_.shape_ = std::move(shape);
+  return Status::Ok();
+}
+
+Status Engine::Builder::StartExecutor(device::Device& device) {
+  ExecutorOptions eopts;
+  eopts.timeout_s = e_.config_->timeout_s;
+  eopts.same_process = same_process_;
+  eopts.same_host = same_host_;
+  eopts.rank = e_.rank_;
+  // INA jobs: deeper windows (InaWindow).
+  if (layout_) eopts.window = InaWindow(*layout_, e_.aggregation_device_);
+  if (e_.aggregation_device_) {
+    eopts.workers = e_.size_;
+    // Plans for what the workers start (their operation headers say what): this device's part.
+    Engine* self = &e_;
+    eopts.serve = [self](const CollectiveRequest& request, Algorithm algorithm, uint64_t chunk_count,
+                         int channels) -> Result<std::shared_ptr<const Plan>> {
+      if (algorithm != Algorithm::kIna)
+        return InvalidArgument(fmt::format("an aggregation device serves ina, not {}", AlgorithmName(algorithm)));
+      PlanOptions po;
+      po.chunk_count = chunk_count;
+      po.channels = channels;
+      KZ_ASSIGN_OR_RETURN(Plan plan, BuildPlan(algorithm, request, self->shape_, po, self->rank_));
+      return std::make_shared<const Plan>(std::move(plan));
+    };
+  }
+  KZ_ASSIGN_OR_RETURN(e_.executor_, Executor::Create(e_.transport_.get(), &device, eopts));
+  return Status::Ok();
+}
+
+void Engine::Builder::LogCreated(device::Device& device) const {
+  if (e_.aggregation_device_) {
+    KZ_INFO(kLogInit, "aggregation device {} (rank {} of a job of {} workers) on {}, {}",
+            ina::Node::Aggregator(e_.rank_ - layout_->workers).Name(), e_.rank_, e_.size_, device.label(),
+            e_.transport_->description());
+    return;
+  }
+  KZ_INFO(kLogInit, "communicator rank {} of {} on {} ({}), {}; {} host(s), {}{}", e_.rank_, e_.size_, device.label(),
+          device.properties().name, e_.transport_->description(), e_.shape_.host_count(),
+          DescribeHostCpus(e_.shape_, e_.rank_),
+          layout_ ? fmt::format("; INA layout {} with {} aggregation devices, {:.3g} x b", e_.config_->ina_layout,
+                                layout_->aggregators, layout_->bandwidth())
+                  : std::string());
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<bootstrap::Bootstrap> bootstrap, device::Device& device,
+                                               const EngineOptions& options,
+                                               std::shared_ptr<SameProcessGroup> same_process) {
+  if (!bootstrap) return InvalidArgument("Engine::Create: no bootstrap");
+  std::unique_ptr<Engine> e(new Engine());
+  e->config_ = options.config != nullptr ? options.config : &GlobalConfig();
+  e->rank_ = bootstrap->rank();
+  e->size_ = bootstrap->size();
+  e->bootstrap_ = std::move(bootstrap);
+  e->device_ = &device;
+  Builder b(*e, options, std::move(same_process));
+  KZ_RETURN_IF_ERROR(b.LoadInaLayout());
+  KZ_RETURN_IF_ERROR(b.ExchangeHosts());
+  KZ_RETURN_IF_ERROR(b.Connect(device));
+  KZ_RETURN_IF_ERROR(b.JoinSameHostGroup(device));
+  KZ_RETURN_IF_ERROR(b.AgreeOnShape(device));
+  // KIZUNA_ALGO, parsed once: a malformed value fails creation, naming the bad item, instead of
+  // every call; names not available yet are logged once.
+  KZ_ASSIGN_OR_RETURN(e->overrides_, ParseAlgoOverrides(e->config_->algo));
+  if (e->rank_ == 0)
+    for (const std::string& w : e->overrides_.warnings) KZ_WARN(kLogTune, "KIZUNA_ALGO: {}", w);
+  KZ_RETURN_IF_ERROR(b.StartExecutor(device));
+  b.LogCreated(device);
+  return e;
+}
+
+}  // namespace kizuna::collectives

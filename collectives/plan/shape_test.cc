@@ -1,0 +1,107 @@
+#include "collectives/plan/shape.h"
+
+#include <gtest/gtest.h>
+
+namespace kizuna::collectives {
+namespace {
+
+RankDesc Rank(const std::string& host, int cpus) {
+  RankDesc r;
+  r.host_id = host;
+  r.device = "host_emulated:" + host;
+  r.copy_gbps = 28.5;
+  r.reduce_gbps = 43.25;
+  r.launch_us = 4.2;
+  r.host_cpus = cpus;
+  r.host_compute = true;
+  return r;
+}
+
+LinkDesc Link(double gbps, bool staged) {
+  LinkDesc l;
+  l.reachable = true;
+  l.latency_us = 1.5;
+  l.gbps = gbps;
+  l.staged = staged;
+  return l;
+}
+
+TEST(Shape, SerializeRoundTrips) {
+  CommShape s = CommShape::Uniform(3, Rank("a", 2), Link(25, true));
+  s.ranks[2] = Rank("b", 16);
+  s.link(0, 2) = Link(12.5, false);
+  s.direct = true;
+  s.direct_inline_bytes = 16 << 10;
+  Result<CommShape> back = CommShape::Deserialize(s.Serialize());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Serialize(), s.Serialize());
+  EXPECT_EQ(back->ranks[2].host_id, "b");
+  EXPECT_EQ(back->ranks[2].host_cpus, 16);
+  EXPECT_FALSE(back->link(0, 2).staged);
+  EXPECT_EQ(back->link(0, 2).gbps, 12.5);
+  EXPECT_TRUE(back->direct);
+  EXPECT_EQ(back->direct_inline_bytes, 16u << 10);
+}
+
+TEST(Shape, DeserializeRefusesTruncatedAndTrailingBytes) {
+  const std::vector<uint8_t> bytes = CommShape::Uniform(2, Rank("a", 2), Link(25, true)).Serialize();
+  for (size_t cut : {size_t{0}, size_t{5}, bytes.size() / 2, bytes.size() - 1}) {
+    const std::vector<uint8_t> shorter(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(cut));
+    EXPECT_FALSE(CommShape::Deserialize(shorter).ok()) << cut << " bytes";
+  }
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  Result<CommShape> r = CommShape::Deserialize(longer);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("trailing"), std::string::npos) << r.status().ToString();
+}
+
+// What every rank does at creation: encode its row, then decode every rank's into one shape.
+TEST(Shape, RankRowsBuildTheSameShapeOnEveryRank) {
+  const int n = 3;
+  std::vector<std::vector<uint8_t>> rows;
+  for (int r = 0; r < n; ++r) {
+    std::vector<LinkDesc> row(n);
+    for (int q = 0; q < n; ++q)
+      if (q != r) row[static_cast<size_t>(q)] = Link(10.0 * (r + 1) + q, q == 0);
+    const LinkDesc extra[1] = {Link(100 + r, false)};
+    std::vector<LinkDesc> with_extra = row;
+    with_extra.push_back(extra[0]);
+    rows.push_back(EncodeRankRow(Rank(r < 2 ? "a" : "b", 2 + r), with_extra));
+  }
+  CommShape shape;
+  shape.nranks = n;
+  shape.ranks.resize(n);
+  shape.links.resize(n * n);
+  std::vector<LinkDesc> extras(n);
+  for (int r = 0; r < n; ++r)
+    ASSERT_TRUE(DecodeRankRow(rows[static_cast<size_t>(r)], r, shape, std::span(&extras[static_cast<size_t>(r)], 1)).ok());
+  EXPECT_TRUE(shape.Validate().ok());
+  EXPECT_EQ(shape.host_count(), 2);
+  EXPECT_EQ(shape.ranks[2].host_cpus, 4);
+  EXPECT_EQ(shape.link(1, 2).gbps, 22);
+  EXPECT_TRUE(shape.link(2, 0).staged);
+  EXPECT_FALSE(shape.link(0, 0).reachable);
+  EXPECT_EQ(extras[2].gbps, 102);
+}
+
+TEST(Shape, MalformedRankRowNamesTheRank) {
+  std::vector<LinkDesc> row(2);
+  row[1] = Link(25, true);
+  std::vector<uint8_t> bytes = EncodeRankRow(Rank("a", 2), row);
+  CommShape shape;
+  shape.nranks = 2;
+  shape.ranks.resize(2);
+  shape.links.resize(4);
+  bytes.pop_back();
+  Status s = DecodeRankRow(bytes, 1, shape);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.ToString();
+  // A row with links the decoder does not expect (an INA job's extra cable) is malformed too.
+  bytes = EncodeRankRow(Rank("a", 2), row);
+  bytes.push_back(0);
+  EXPECT_FALSE(DecodeRankRow(bytes, 0, shape).ok());
+}
+
+}  // namespace
+}  // namespace kizuna::collectives

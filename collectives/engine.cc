@@ -104,7 +104,7 @@ Result<Plan> Engine::BuildWithFallback(const CollectiveRequest& request, const P
 Result<Selection> Engine::Select(const CollectiveRequest& request, const PlanOptions& options,
                                  std::optional<Algorithm> per_call, bool grouped) const {
   return SelectAlgorithm(request, shape_, options, CostConstants{}, overrides_, per_call,
-                         [grouped](Algorithm a, const CollectiveRequest& r, const CommShape& s) {
+                         [grouped](Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
                            if (grouped && a == Algorithm::kFused)
                              return NotSupported("fused runs alone, not as one of several calls of a group");
                            return GetAlgorithm(a).Supports(r, s);

@@ -1,6 +1,6 @@
 // The collective engine's one entry: what the public API (runtime/communicator.h, the C API)
 // calls. An Engine is one rank's state in one communicator: its connections (transport/), the
-// shape every rank agreed on (plan/shape.h), the plans it has built (a cache keyed by PlanKey),
+// shape every rank agreed on (plan/topology.h), the plans it has built (a cache keyed by PlanKey),
 // and its executor (executor/). The API validates arguments and hands the engine calls it can
 // trust; the engine chooses the algorithm (cost/selector.h, with the fallback to the next
 // candidate when building one answers kNotSupported), builds or finds the plan, and runs the
@@ -23,7 +23,7 @@
 
 #include "collectives/cost/selector.h"
 #include "collectives/plan/plan.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/core/config.h"
 #include "runtime/core/status.h"
@@ -98,7 +98,7 @@ class Engine {
   int size() const { return size_; }
   // In an INA job, this rank is an aggregation device: it serves operations and makes no calls.
   bool aggregation_device() const { return aggregation_device_; }
-  const CommShape& shape() const { return shape_; }
+  const CommTopology& topology() const { return shape_; }
   // This rank's connections, for logs and tools (Transport::description).
   std::string DescribeConnections() const;
 
@@ -153,7 +153,7 @@ class Engine {
   std::unique_ptr<fabric::FabricRegistry> fabrics_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Executor> executor_;
-  CommShape shape_;
+  CommTopology shape_;
   AlgoOverrides overrides_;  // KIZUNA_ALGO, parsed at creation
 
   std::mutex call_mu_;  // one operation at a time (Launch)

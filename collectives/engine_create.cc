@@ -38,7 +38,7 @@ int InaWindow(const ina::Layout& layout, bool aggregation_device) {
 }
 
 // "3 ranks on this host's 2 CPUs (oversubscribed: they take turns, the cost model counts it)".
-std::string DescribeHostCpus(const CommShape& shape, int rank) {
+std::string DescribeHostCpus(const CommTopology& shape, int rank) {
   const RankDesc& me = shape.ranks[static_cast<size_t>(rank)];
   int here = 0;
   for (const RankDesc& d : shape.ranks) here += d.host_id == me.host_id ? 1 : 0;
@@ -214,7 +214,7 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
   me.host_cpus = same_host_ && same_host_->cpus() > 0 ? same_host_->cpus() : UsableCpuCount();
   me.host_compute = props.host_compute;
   KZ_ASSIGN_OR_RETURN(auto rows, e_.bootstrap_->AllGather(EncodeRankRow(me, LinkRow()), deadline_));
-  CommShape shape;
+  CommTopology shape;
   shape.nranks = e_.size_;
   shape.ranks.resize(static_cast<size_t>(e_.size_));
   shape.links.resize(static_cast<size_t>(e_.size_) * static_cast<size_t>(e_.size_));

@@ -106,12 +106,12 @@ std::vector<Named> Layouts() {
   return out;
 }
 
-CommShape ShapeFor(const Named& n) {
+CommTopology ShapeFor(const Named& n) {
   RankDesc rank;
   rank.host_id = "h";
   LinkDesc link;
   link.reachable = true;
-  CommShape s = CommShape::Uniform(n.layout->workers, rank, link);
+  CommTopology s = CommTopology::Uniform(n.layout->workers, rank, link);
   s.ina = n.layout;
   return s;
 }
@@ -238,7 +238,7 @@ TEST(InaAlgorithm, AggregationDevicesHaveBoundedScratch) {
 
 TEST(InaAlgorithm, RefusesWhatItCannotServe) {
   const Named n = Layouts()[0];
-  CommShape shape = ShapeFor(n);
+  CommTopology shape = ShapeFor(n);
   CollectiveRequest bcast{Collective::kBroadcast, 4, 10, DataType::kFloat32, ReduceOp::kSum, 0, false};
   EXPECT_EQ(GetAlgorithm(Algorithm::kIna).Supports(bcast, shape).code(), StatusCode::kNotSupported);
   CollectiveRequest ar{Collective::kAllReduce, 4, 10, DataType::kFloat32, ReduceOp::kSum, 0, false};
@@ -247,7 +247,7 @@ TEST(InaAlgorithm, RefusesWhatItCannotServe) {
   EXPECT_EQ(none.code(), StatusCode::kNotSupported);
   EXPECT_NE(none.message().find("no aggregation devices"), std::string::npos) << none.ToString();
   // A layout for another number of workers.
-  CommShape five = CommShape::Uniform(5, RankDesc{}, LinkDesc{true, 0, 0, true});
+  CommTopology five = CommTopology::Uniform(5, RankDesc{}, LinkDesc{true, 0, 0, true});
   five.ina = n.layout;
   CollectiveRequest ar5 = ar;
   ar5.nranks = 5;
@@ -266,7 +266,7 @@ TEST(InaAlgorithm, CostModelPredictsWhereALayoutExists) {
     po.chunk_count = 1 << 16;
     const Prediction with = Predict(Algorithm::kIna, req, ShapeFor(n), po, CostConstants{});
     EXPECT_TRUE(with.finite()) << n.name << ": " << with.note;
-    CommShape bare = ShapeFor(n);
+    CommTopology bare = ShapeFor(n);
     bare.ina = nullptr;
     EXPECT_FALSE(Predict(Algorithm::kIna, req, bare, po, CostConstants{}).finite()) << n.name;
   }
@@ -282,10 +282,10 @@ TEST(InaAlgorithm, TheModelChoosesInaWhereItWins) {
   RankDesc rank;
   rank.host_id = "h";
   LinkDesc link{true, 1.0, 0.0125, true};
-  CommShape shape = CommShape::Uniform(6, rank, link);
+  CommTopology shape = CommTopology::Uniform(6, rank, link);
   shape.ina = std::make_shared<const Layout>(planned->layout);
   shape.ina_link = link;
-  auto supports = [](Algorithm a, const CollectiveRequest& r, const CommShape& s) {
+  auto supports = [](Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
     return GetAlgorithm(a).Supports(r, s);
   };
   PlanOptions po;

@@ -52,7 +52,7 @@
 
 #include "collectives/engine.h"
 #include "collectives/plan/plan.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/bootstrap/unique_id.h"
 #include "runtime/core/config.h"
@@ -126,7 +126,7 @@ class Communicator {
   int size() const { return engine_->size(); }
   device::Device& device() const { return *device_; }
   // What every rank knows about every rank's device and links (the cost model's inputs).
-  const collectives::CommShape& shape() const { return engine_->shape(); }
+  const collectives::CommTopology& topology() const { return engine_->topology(); }
   // This rank's connections: which fabric serves which peers, over which devices, and how the
   // staging memory is registered — "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3
   // (device tcp;ofi_rxm:lo); staging by fd (device export)" (collectives/transport/transport.h). Every

@@ -15,7 +15,7 @@
 namespace kizuna::collectives {
 namespace {
 
-int AggregatorCount(const CommShape& shape) { return shape.ina ? shape.ina->aggregators : 0; }
+int AggregatorCount(const CommTopology& shape) { return shape.ina ? shape.ina->aggregators : 0; }
 
 // The largest buffer a request may describe, in bytes: offsets and sizes stay far from overflow
 // when multiplied out (elements x element size, plus offsets) anywhere downstream.
@@ -27,7 +27,7 @@ constexpr int kMaxChannels = 256;
 // far too small for the message): it would hold hundreds of millions of steps.
 constexpr uint64_t kMaxChunks = uint64_t{1} << 24;
 
-Status ValidateRequest(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+Status ValidateRequest(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                        const PlanOptions& options, int rank) {
   if (static_cast<int>(algorithm) >= kNumAlgorithms)
     return InvalidArgument(fmt::format("algorithm {} does not exist", static_cast<int>(algorithm)));
@@ -35,23 +35,23 @@ Status ValidateRequest(Algorithm algorithm, const CollectiveRequest& request, co
     return InvalidArgument(fmt::format("collective {} does not exist", static_cast<int>(request.collective)));
   if (request.nranks < 1) return InvalidArgument(fmt::format("nranks {} is not positive", request.nranks));
   if (shape.nranks != request.nranks)
-    return InvalidArgument(fmt::format("the request has {} ranks, the communicator shape {}", request.nranks, shape.nranks));
+    return InvalidArgument(
+        fmt::format("the request has {} ranks, the communicator shape {}", request.nranks, shape.nranks));
   KZ_RETURN_IF_ERROR(shape.Validate());
   const int aggregators = algorithm == Algorithm::kIna ? AggregatorCount(shape) : 0;
   if (rank >= request.nranks + aggregators)
-    return InvalidArgument(aggregators > 0 ? fmt::format("rank {} is not below nranks {} + {} aggregation devices", rank,
-                                                         request.nranks, aggregators)
+    return InvalidArgument(aggregators > 0 ? fmt::format("rank {} is not below nranks {} + {} aggregation devices",
+                                                         rank, request.nranks, aggregators)
                                            : fmt::format("rank {} is not below nranks {}", rank, request.nranks));
   if (!IsValid(request.dtype))
     return InvalidArgument(fmt::format("data type {} does not exist", static_cast<int>(request.dtype)));
   if (IsReduction(request.collective) && !IsValid(request.op))
     return InvalidArgument(fmt::format("reduction op {} does not exist", static_cast<int>(request.op)));
   if (HasRoot(request.collective) && (request.root < 0 || request.root >= request.nranks))
-    return InvalidArgument(fmt::format("{} {} is not a rank of {}",
-                                       request.collective == Collective::kSend || request.collective == Collective::kRecv
-                                           ? "peer"
-                                           : "root",
-                                       request.root, request.nranks));
+    return InvalidArgument(fmt::format(
+        "{} {} is not a rank of {}",
+        request.collective == Collective::kSend || request.collective == Collective::kRecv ? "peer" : "root",
+        request.root, request.nranks));
   if ((request.collective == Collective::kSend || request.collective == Collective::kRecv) && rank == request.root)
     return InvalidArgument(fmt::format("rank {} cannot {} itself", rank,
                                        request.collective == Collective::kSend ? "send to" : "receive from"));
@@ -62,7 +62,8 @@ Status ValidateRequest(Algorithm algorithm, const CollectiveRequest& request, co
   if (options.chunk_count < 1) return InvalidArgument("chunk_count is 0: a step must move at least one element");
   if (options.channels < 1) return InvalidArgument(fmt::format("channels {} is not positive", options.channels));
   if (options.channels > kMaxChannels)
-    return InvalidArgument(fmt::format("channels {} is more than the {} a plan may use", options.channels, kMaxChannels));
+    return InvalidArgument(
+        fmt::format("channels {} is more than the {} a plan may use", options.channels, kMaxChannels));
   const uint64_t largest = std::max(request.input_count(), request.output_count());
   if (algo::PieceCount(largest, options.chunk_count) > kMaxChunks)
     return InvalidArgument(fmt::format("chunk_count {} is too small for {} elements: more than {} chunks",
@@ -108,7 +109,7 @@ const AlgorithmImpl& GetAlgorithm(Algorithm a) {
   return *AllAlgorithms()[i];
 }
 
-Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                        const PlanOptions& options, int rank) {
   KZ_RETURN_IF_ERROR(ValidateRequest(algorithm, request, shape, options, rank)
                          .WithContext(fmt::format("{} plan for {}", AlgorithmName(algorithm), request.ToString())));

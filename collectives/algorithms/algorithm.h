@@ -14,7 +14,7 @@
 #include <span>
 
 #include "collectives/plan/plan.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "runtime/core/status.h"
 
 namespace kizuna::collectives {
@@ -26,11 +26,11 @@ class AlgorithmImpl {
 
   // ok, or kNotSupported naming why (a collective it does not implement, a peer pair the shape
   // cannot reach, in-place AllToAll, ...). Requests are already validated (count, dtype, root).
-  virtual Status Supports(const CollectiveRequest& request, const CommShape& shape) const = 0;
+  virtual Status Supports(const CollectiveRequest& request, const CommTopology& shape) const = 0;
 
   // Rank `rank`'s steps. Called only after Supports said ok. The request's op is never kAvg here
   // (BuildPlan asks for kSum and adds the epilogue); RankPlan::epilogue is left empty.
-  virtual Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape,
+  virtual Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape,
                                  const PlanOptions& options, int rank) const = 0;
 };
 
@@ -42,7 +42,7 @@ const AlgorithmImpl& GetAlgorithm(Algorithm a);
 // when rank < 0, for tools and tests), then the avg epilogue, then ValidateRankPlan on every
 // rank built. kNotSupported from Supports is passed through; a plan that fails validation is
 // kInternal (an algorithm bug).
-Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                        const PlanOptions& options, int rank);
 
 }  // namespace kizuna::collectives

@@ -7,15 +7,15 @@
 
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/plan/plan.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 
 namespace kizuna::collectives {
 namespace {
 
 // p ranks on one host, every pair linked.
-CommShape Full(int p) { return CommShape::Uniform(p, RankDesc{"host", "emu:"}, LinkDesc{true}); }
+CommTopology Full(int p) { return CommTopology::Uniform(p, RankDesc{"host", "emu:"}, LinkDesc{true}); }
 
-Status BuildStatus(Algorithm algo, const CollectiveRequest& req, const CommShape& shape, PlanOptions options = {},
+Status BuildStatus(Algorithm algo, const CollectiveRequest& req, const CommTopology& shape, PlanOptions options = {},
                    int rank = -1) {
   return BuildPlan(algo, req, shape, options, rank).status();
 }
@@ -26,7 +26,7 @@ void ExpectStatus(const Status& s, StatusCode code, const std::string& part) {
 }
 
 TEST(SupportsTest, RingNeedsEveryNextLink) {
-  CommShape shape = Full(6);
+  CommTopology shape = Full(6);
   shape.link(3, 4).reachable = false;
   const CollectiveRequest req{Collective::kAllReduce, 6, 100, DataType::kFloat32, ReduceOp::kSum, 0, false};
   ExpectStatus(GetAlgorithm(Algorithm::kRing).Supports(req, shape), StatusCode::kNotSupported,
@@ -40,16 +40,20 @@ TEST(SupportsTest, RingNeedsEveryNextLink) {
 
 TEST(SupportsTest, OtherAlgorithmsNameTheMissingLink) {
   const CollectiveRequest req{Collective::kAllReduce, 8, 100, DataType::kFloat32, ReduceOp::kSum, 0, false};
-  CommShape shape = Full(8);
+  CommTopology shape = Full(8);
   shape.link(0, 4).reachable = false;  // a tree edge (0's child is 4) and a hypercube pair
-  ExpectStatus(GetAlgorithm(Algorithm::kTree).Supports(req, shape), StatusCode::kNotSupported, "rank 0 cannot reach rank 4");
-  ExpectStatus(GetAlgorithm(Algorithm::kRhd).Supports(req, shape), StatusCode::kNotSupported, "rank 0 cannot reach rank 4");
-  ExpectStatus(GetAlgorithm(Algorithm::kRd).Supports(req, shape), StatusCode::kNotSupported, "rank 0 cannot reach rank 4");
+  ExpectStatus(GetAlgorithm(Algorithm::kTree).Supports(req, shape), StatusCode::kNotSupported,
+               "rank 0 cannot reach rank 4");
+  ExpectStatus(GetAlgorithm(Algorithm::kRhd).Supports(req, shape), StatusCode::kNotSupported,
+               "rank 0 cannot reach rank 4");
+  ExpectStatus(GetAlgorithm(Algorithm::kRd).Supports(req, shape), StatusCode::kNotSupported,
+               "rank 0 cannot reach rank 4");
   ExpectStatus(GetAlgorithm(Algorithm::kPairwise).Supports(req, shape), StatusCode::kNotSupported,
                "rank 0 cannot reach rank 4");
   // A Send over a missing link is refused when the sending rank's plan is built.
   const CollectiveRequest send{Collective::kSend, 8, 10, DataType::kFloat32, ReduceOp::kSum, 4, false};
-  ExpectStatus(BuildStatus(Algorithm::kP2p, send, shape, {}, 0), StatusCode::kNotSupported, "rank 0 cannot reach rank 4");
+  ExpectStatus(BuildStatus(Algorithm::kP2p, send, shape, {}, 0), StatusCode::kNotSupported,
+               "rank 0 cannot reach rank 4");
   EXPECT_TRUE(BuildPlan(Algorithm::kP2p, send, shape, {}, 1).ok());
 }
 
@@ -57,8 +61,10 @@ TEST(SupportsTest, InPlaceAllToAllAndBarrierOnRing) {
   const CollectiveRequest a2a{Collective::kAllToAll, 4, 10, DataType::kFloat32, ReduceOp::kSum, 0, true};
   ExpectStatus(BuildStatus(Algorithm::kPairwise, a2a, Full(4)), StatusCode::kNotSupported, "in place");
   const CollectiveRequest barrier{Collective::kBarrier, 4, 0, DataType::kFloat32, ReduceOp::kSum, 0, false};
-  ExpectStatus(BuildStatus(Algorithm::kRing, barrier, Full(4)), StatusCode::kNotSupported, "ring does not implement barrier");
-  ExpectStatus(BuildStatus(Algorithm::kTree, barrier, Full(4)), StatusCode::kNotSupported, "tree does not implement barrier");
+  ExpectStatus(BuildStatus(Algorithm::kRing, barrier, Full(4)), StatusCode::kNotSupported,
+               "ring does not implement barrier");
+  ExpectStatus(BuildStatus(Algorithm::kTree, barrier, Full(4)), StatusCode::kNotSupported,
+               "tree does not implement barrier");
 }
 
 TEST(BuildPlanTest, RejectsBadArgumentsByName) {
@@ -69,8 +75,8 @@ TEST(BuildPlanTest, RejectsBadArgumentsByName) {
     change(r);
     return r;
   };
-  ExpectStatus(BuildStatus(Algorithm::kRing, with([](auto& r) { r.nranks = 0; }), Full(4)), StatusCode::kInvalidArgument,
-               "nranks 0");
+  ExpectStatus(BuildStatus(Algorithm::kRing, with([](auto& r) { r.nranks = 0; }), Full(4)),
+               StatusCode::kInvalidArgument, "nranks 0");
   ExpectStatus(BuildStatus(Algorithm::kRing, good, Full(5)), StatusCode::kInvalidArgument, "shape 5");
   ExpectStatus(BuildStatus(Algorithm::kRing, with([](auto& r) { r.root = 4; }), Full(4)), StatusCode::kInvalidArgument,
                "root 4");
@@ -85,8 +91,9 @@ TEST(BuildPlanTest, RejectsBadArgumentsByName) {
                            }),
                            Full(4)),
                StatusCode::kInvalidArgument, "op 9");
-  ExpectStatus(BuildStatus(Algorithm::kRing, with([](auto& r) { r.collective = static_cast<Collective>(77); }), Full(4)),
-               StatusCode::kInvalidArgument, "collective 77");
+  ExpectStatus(
+      BuildStatus(Algorithm::kRing, with([](auto& r) { r.collective = static_cast<Collective>(77); }), Full(4)),
+      StatusCode::kInvalidArgument, "collective 77");
   ExpectStatus(BuildStatus(static_cast<Algorithm>(99), good, Full(4)), StatusCode::kInvalidArgument, "algorithm 99");
   ExpectStatus(BuildStatus(Algorithm::kRing, good, Full(4), {}, 4), StatusCode::kInvalidArgument, "rank 4");
   PlanOptions zero_chunk;
@@ -104,7 +111,11 @@ TEST(BuildPlanTest, RejectsBadArgumentsByName) {
                StatusCode::kInvalidArgument, "chunk_count 1 is too small");
   const CollectiveRequest self{Collective::kSend, 4, 10, DataType::kFloat32, ReduceOp::kSum, 2, false};
   ExpectStatus(BuildStatus(Algorithm::kP2p, self, Full(4), {}, 2), StatusCode::kInvalidArgument, "send to itself");
-  ExpectStatus(BuildStatus(Algorithm::kP2p, with([](auto& r) { r.collective = Collective::kRecv; r.root = 9; }), Full(4)),
+  ExpectStatus(BuildStatus(Algorithm::kP2p, with([](auto& r) {
+                             r.collective = Collective::kRecv;
+                             r.root = 9;
+                           }),
+                           Full(4)),
                StatusCode::kInvalidArgument, "peer 9");
   // A barrier has no buffers (plan.h's table), so its count means nothing and is not checked.
   const CollectiveRequest barrier{Collective::kBarrier, 4, 3, DataType::kFloat32, ReduceOp::kSum, 0, false};

@@ -19,7 +19,7 @@
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/plan/plan.h"
 #include "collectives/algorithms/reference.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "collectives/algorithms/simulate.h"
 #include "runtime/core/half.h"
 
@@ -131,7 +131,7 @@ TEST(DeterministicTest, OrderDiffersWithoutIt) {
 }
 
 TEST(DeterministicTest, NeedsAFullyConnectedShape) {
-  CommShape ring_only = Full(5);
+  CommTopology ring_only = Full(5);
   for (int a = 0; a < 5; ++a)
     for (int b = 0; b < 5; ++b)
       if (b != (a + 1) % 5) ring_only.link(a, b).reachable = false;
@@ -148,8 +148,8 @@ TEST(DeterministicTest, NeedsAFullyConnectedShape) {
 // ---- Heterogeneity ----
 
 // Six ranks whose links and devices report speeds; rank 2 reduces 4x slower than the others.
-CommShape SlowReducer() {
-  CommShape shape = Full(6);
+CommTopology SlowReducer() {
+  CommTopology shape = Full(6);
   for (RankDesc& r : shape.ranks) r.reduce_gbps = 20;
   shape.ranks[2].reduce_gbps = 5;
   for (int a = 0; a < 6; ++a)
@@ -200,7 +200,7 @@ TEST(HeterogeneousTest, TreesShareTheDataByTheirStreamingRates) {
     const CollectiveRequest req{coll, 6, 6000, DataType::kFloat32, ReduceOp::kSum, 1, false};
     PlanOptions options;
     options.chunk_count = 512;
-    CommShape shape = SlowReducer();
+    CommTopology shape = SlowReducer();
     // A slow link too, so that Broadcast (which reduces nothing) sees a difference.
     shape.link(0, 1).gbps = shape.link(1, 0).gbps = 1;
     auto balanced = BuildPlan(Algorithm::kTree, req, shape, options, -1);

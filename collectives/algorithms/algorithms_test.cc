@@ -20,7 +20,7 @@
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/plan/plan.h"
 #include "collectives/algorithms/reference.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "collectives/algorithms/simulate.h"
 #include "runtime/core/half.h"
 
@@ -46,7 +46,7 @@ TEST(AlgorithmsTest, SupportsExactlyTheDocumentedCollectives) {
       const auto coll = static_cast<Collective>(c);
       CollectiveRequest req{coll, 4, 16, DataType::kFloat32, ReduceOp::kSum, 1, false};
       if (coll == Collective::kBarrier) req.count = 0;
-      CommShape shape = Full(4);
+      CommTopology shape = Full(4);
       shape.direct = true;  // fused needs it; nothing else looks at it
       const Status s = GetAlgorithm(algo).Supports(req, shape);
       const bool listed = std::find(SupportedPairs().begin(), SupportedPairs().end(), std::pair(algo, coll)) !=
@@ -64,7 +64,7 @@ TEST(AlgorithmsTest, FusedNeedsDirectAccessAndCarriesNoSteps) {
   const Status s = GetAlgorithm(Algorithm::kFused).Supports(req, Full(4));
   EXPECT_EQ(s.code(), StatusCode::kNotSupported);
   EXPECT_NE(s.message().find("directly"), std::string::npos) << s.message();
-  CommShape shape = Full(4);
+  CommTopology shape = Full(4);
   shape.direct = true;
   PlanOptions options;
   Result<Plan> plan = BuildPlan(Algorithm::kFused, req, shape, options, -1);

@@ -21,7 +21,7 @@
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/plan/plan.h"
 #include "collectives/algorithms/reference.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "collectives/algorithms/simulate.h"
 #include "runtime/core/half.h"
 
@@ -37,13 +37,13 @@ inline constexpr int kChannels[] = {1, 2, 3};
 inline constexpr int kWindows[] = {2, 8};
 inline constexpr unsigned char kSentinel = 0xcd;  // output bytes a collective must not write
 
-inline CommShape Full(int p) {
+inline CommTopology Full(int p) {
   RankDesc rank;
   rank.host_id = "host";
   rank.device = "emu:";
   LinkDesc link;
   link.reachable = true;
-  return CommShape::Uniform(p, rank, link);
+  return CommTopology::Uniform(p, rank, link);
 }
 
 inline bool IsUnsigned(DataType t) {
@@ -137,7 +137,7 @@ struct Case {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   bool deterministic = false;
-  std::optional<CommShape> shape;  // default: Full(p)
+  std::optional<CommTopology> shape;  // default: Full(p)
   bool balance = true;
 
   CollectiveRequest Request() const { return {coll, p, count, dtype, op, root, in_place}; }

@@ -26,7 +26,7 @@
 
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/plan/plan.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "runtime/core/status.h"
 
 namespace kizuna::collectives::algo {
@@ -78,7 +78,7 @@ inline Range SplitWeighted(Range whole, const std::vector<double>& weights, size
 
 // Per rank, how much reduction work it should take: its device's reduce speed when
 // options.balance is on and every rank's speed is known, otherwise equal weights.
-inline std::vector<double> ReduceWeights(const CommShape& shape, const PlanOptions& options) {
+inline std::vector<double> ReduceWeights(const CommTopology& shape, const PlanOptions& options) {
   std::vector<double> w(static_cast<size_t>(shape.nranks), 1.0);
   if (!options.balance) return w;
   for (const RankDesc& r : shape.ranks)
@@ -116,13 +116,13 @@ inline int ChannelsFor(const PlanOptions& options, uint64_t elements) {
 }
 
 // kNotSupported unless `from` reaches `to`; `why` says what needs the link.
-inline Status RequireLink(const CommShape& shape, int from, int to, std::string_view algorithm, std::string_view why) {
+inline Status RequireLink(const CommTopology& shape, int from, int to, std::string_view algorithm, std::string_view why) {
   if (from == to || shape.Reachable(from, to)) return Status::Ok();
   return NotSupported(fmt::format("{}: rank {} cannot reach rank {} ({})", algorithm, from, to, why));
 }
 
 // kNotSupported unless every rank reaches every other.
-inline Status RequireFullyConnected(const CommShape& shape, std::string_view algorithm, std::string_view why) {
+inline Status RequireFullyConnected(const CommTopology& shape, std::string_view algorithm, std::string_view why) {
   for (int a = 0; a < shape.nranks; ++a)
     for (int b = 0; b < shape.nranks; ++b) KZ_RETURN_IF_ERROR(RequireLink(shape, a, b, algorithm, why));
   return Status::Ok();
@@ -147,7 +147,7 @@ struct Fold {
 
 // kNotSupported unless the links the fold and the hypercube exchanges between active ranks use
 // are there (both ways).
-inline Status RequireFoldedHypercube(const CommShape& shape, std::string_view algorithm) {
+inline Status RequireFoldedHypercube(const CommTopology& shape, std::string_view algorithm) {
   const Fold f(shape.nranks);
   for (int i = 0; i < f.rem; ++i) {
     KZ_RETURN_IF_ERROR(RequireLink(shape, 2 * i, 2 * i + 1, algorithm, "a folded pair of the non-power-of-two fold"));

@@ -11,7 +11,7 @@ class Fused final : public AlgorithmImpl {
  public:
   Algorithm id() const override { return Algorithm::kFused; }
 
-  Status Supports(const CollectiveRequest& request, const CommShape& shape) const override {
+  Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
     switch (request.collective) {
       case Collective::kAllReduce:
       case Collective::kReduceScatter:
@@ -29,7 +29,7 @@ class Fused final : public AlgorithmImpl {
     return Status::Ok();
   }
 
-  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape&, const PlanOptions& options,
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology&, const PlanOptions& options,
                          int rank) const override {
     Builder b(request, options, rank, 0);
     return std::move(b.plan);

@@ -14,10 +14,10 @@ namespace kizuna::collectives::algo {
 
 const AlgorithmImpl& RingAlgorithm();      // ring.cc
 const AlgorithmImpl& TreeAlgorithm();      // tree.cc
-const AlgorithmImpl& RhdAlgorithm();       // rhd.cc
-const AlgorithmImpl& RdAlgorithm();        // rd.cc
+const AlgorithmImpl& RhdAlgorithm();       // halving_doubling.cc
+const AlgorithmImpl& RdAlgorithm();        // recursive_doubling.cc
 const AlgorithmImpl& PairwiseAlgorithm();  // pairwise.cc
-const AlgorithmImpl& P2pAlgorithm();       // p2p.cc
+const AlgorithmImpl& P2pAlgorithm();       // point_to_point.cc
 const AlgorithmImpl& FusedAlgorithm();     // fused.cc
 const AlgorithmImpl& InaAlgorithm();       // ina.cc
 

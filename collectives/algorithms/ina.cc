@@ -1,5 +1,5 @@
 // In-network aggregation (docs/ALGORITHMS.md): AllReduce over the communicator's INA layout
-// (collectives/ina/layout.h, CommShape::ina). The layout's parts run at once, part i on its share
+// (collectives/ina/layout.h, CommTopology::ina). The layout's parts run at once, part i on its share
 // of the vector (ina::SplitCount: in proportion to the parts' bandwidths), each on channels of
 // its own:
 //
@@ -39,8 +39,8 @@ namespace {
 constexpr std::string_view kName = "ina";
 
 // A plan rank of a node: workers are ranks, aggregation devices follow them.
-int RankOf(const ina::Layout& layout, const ina::Node& n) {
-  return n.aggregator() ? layout.workers + n.index : n.index;
+int RankOf(const ina::Layout& layout, const ina::Node& node) {
+  return node.aggregator() ? layout.workers + node.index : node.index;
 }
 
 
@@ -48,19 +48,19 @@ class Ina final : public AlgorithmImpl {
  public:
   Algorithm id() const override { return Algorithm::kIna; }
 
-  Status Supports(const CollectiveRequest& request, const CommShape& shape) const override {
+  Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
     if (request.collective != Collective::kAllReduce) return NotImplemented(id(), request);
     if (!shape.ina)
       return NotSupported("ina: no aggregation layout for this allreduce: the communicator has no aggregation devices "
                           "(KIZUNA_INA_LAYOUT names them)");
-    const ina::Layout& L = *shape.ina;
-    if (L.workers != shape.nranks)
-      return NotSupported(fmt::format("ina: the layout is for {} workers, the communicator has {} ranks", L.workers,
-                                      shape.nranks));
-    if (L.parts.empty()) return NotSupported("ina: the layout has no parts");
+    const ina::Layout& layout = *shape.ina;
+    if (layout.workers != shape.nranks)
+      return NotSupported(fmt::format("ina: the layout is for {} workers, the communicator has {} ranks",
+                                      layout.workers, shape.nranks));
+    if (layout.parts.empty()) return NotSupported("ina: the layout has no parts");
     // Worker-to-worker cables (rings, chains) need the pair reachable; aggregation devices are
     // reached through the transport's extra ranks.
-    for (const ina::Part& part : L.parts) {
+    for (const ina::Part& part : layout.parts) {
       if (part.kind == ina::PartKind::kRing) {
         const size_t n = part.ring.size();
         for (size_t i = 0; i < n && n > 1; ++i)
@@ -76,25 +76,25 @@ class Ina final : public AlgorithmImpl {
     return Status::Ok();
   }
 
-  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                          int rank) const override {
     KZ_RETURN_IF_ERROR(Supports(request, shape));
     if (options.deterministic)
       return NotSupported("ina: aggregation devices reduce in tree order, not rank order (KIZUNA_DETERMINISTIC)");
-    const ina::Layout& L = *shape.ina;
+    const ina::Layout& layout = *shape.ina;
     // One channel per part: parts run at once, each on its own tag.
-    Builder b(request, options, rank, static_cast<int>(L.parts.size()));
-    const std::vector<ina::PartRange> shares = ina::SplitCount(L, request.count, 1);
-    for (size_t i = 0; i < L.parts.size(); ++i) {
-      const ina::Part& part = L.parts[i];
-      const Range R{shares[i].offset, shares[i].count};
-      const int c = static_cast<int>(i);
+    Builder b(request, options, rank, static_cast<int>(layout.parts.size()));
+    const std::vector<ina::PartRange> shares = ina::SplitCount(layout, request.count, 1);
+    for (size_t i = 0; i < layout.parts.size(); ++i) {
+      const ina::Part& part = layout.parts[i];
+      const Range range{shares[i].offset, shares[i].count};
+      const int channel = static_cast<int>(i);
       if (request.nranks == 1) {
-        if (rank == 0) b.CopyChunked(c, b.In(R), Builder::Out(R));
+        if (rank == 0) b.CopyChunked(channel, b.In(range), Builder::Out(range));
       } else if (part.kind == ina::PartKind::kRing) {
-        if (rank < request.nranks) RingAllReduce(b, c, R, part.ring);
+        if (rank < request.nranks) RingAllReduce(b, channel, range, part.ring);
       } else {
-        TreeAllReduce(b, c, R, L, part);
+        TreeAllReduce(b, channel, range, layout, part);
       }
     }
     return std::move(b.plan);
@@ -105,31 +105,31 @@ class Ina final : public AlgorithmImpl {
   // its children's chunks into slots of their own, all at once (so the children's transfers
   // overlap instead of waiting for each other's reduction), then reduces them with its own in
   // one step.
-  static void TreeAllReduce(Builder& b, int c, Range R, const ina::Layout& L, const ina::Part& part) {
+  static void TreeAllReduce(Builder& b, int channel, Range range, const ina::Layout& layout, const ina::Part& part) {
     const bool self_aggregator = b.rank >= b.p;
     int parent = -1;
     std::vector<int> children;
     for (const ina::TreeEdge& e : part.edges) {
-      if (RankOf(L, e.child) == b.rank) parent = RankOf(L, e.parent);
-      if (RankOf(L, e.parent) == b.rank) children.push_back(RankOf(L, e.child));
+      if (RankOf(layout, e.child) == b.rank) parent = RankOf(layout, e.parent);
+      if (RankOf(layout, e.parent) == b.rank) children.push_back(RankOf(layout, e.child));
     }
-    const bool root = RankOf(L, part.root) == b.rank;
+    const bool root = RankOf(layout, part.root) == b.rank;
     if (!root && parent < 0) return;  // an aggregation device this part does not use
-    const uint64_t chunks = PieceCount(R.count, b.chunk);
+    const uint64_t chunks = PieceCount(range.count, b.chunk);
     if (chunks == 0) return;
-    const uint64_t slot = std::min(b.chunk, R.count);
-    const uint64_t q = children.size();
+    const uint64_t slot = std::min(b.chunk, range.count);
+    const uint64_t nchildren = children.size();
     // Scratch, kScratchSlots chunks deep: one slot per child, and on a device the sum going up
     // and the result coming down (the root's sum is its result).
-    const uint64_t from_children = q > 0 ? b.AllocScratch(kScratchSlots * q * slot) : 0;
+    const uint64_t from_children = nchildren > 0 ? b.AllocScratch(kScratchSlots * nchildren * slot) : 0;
     uint64_t up = 0, down = 0;
-    if (self_aggregator && q > 1) up = b.AllocScratch(kScratchSlots * slot);
+    if (self_aggregator && nchildren > 1) up = b.AllocScratch(kScratchSlots * slot);
     if (self_aggregator && !root) down = b.AllocScratch(kScratchSlots * slot);
     // Where chunk k's sum and result live.
     auto acc_of = [&](uint64_t k, const Range& pc) {
       const uint64_t depth = k % kScratchSlots;
-      if (!self_aggregator) return q > 0 ? Builder::Out(pc) : b.In(pc);
-      return q == 1 ? Builder::Scratch(from_children + depth * q * slot, pc.count)
+      if (!self_aggregator) return nchildren > 0 ? Builder::Out(pc) : b.In(pc);
+      return nchildren == 1 ? Builder::Scratch(from_children + depth * nchildren * slot, pc.count)
                     : Builder::Scratch(up + depth * slot, pc.count);
     };
     auto result_of = [&](uint64_t k, const Range& pc) {
@@ -138,33 +138,33 @@ class Ina final : public AlgorithmImpl {
     };
     // The order of the steps: each at the time it can happen in a steady pipeline, counted in
     // transfers of one chunk (t). Chunk k leaves a node of height h (hops above its deepest leaf)
-    // at k + h + 1, reaches the root (height H) at k + H, and arrives at a node of depth d (hops
-    // below the root) at k + H + d. Steps start in order, and a step that needs an earlier one's
-    // data waits for it, so a step listed before its time would hold up everything after it (a
-    // relay would wait for each chunk's round trip before taking the next one up: a third of the
-    // cables' speed, measured). Both ends of a transfer give it the same time, so every rank lists
-    // its transfers in one global order (the window-of-2 argument of the file comment); at equal
-    // times receives come before sends.
+    // at k + h + 1, reaches the root (of height tree_height) at k + tree_height, and arrives at a
+    // node of depth d (hops below the root) at k + tree_height + d. Steps start in order, and a
+    // step that needs an earlier one's data waits for it, so a step listed before its time would
+    // hold up everything after it (a relay would wait for each chunk's round trip before taking
+    // the next one up: a third of the cables' speed, measured). Both ends of a transfer give it the
+    // same time, so every rank lists its transfers in one global order (the window-of-2 argument of
+    // the file comment); at equal times receives come before sends.
     std::map<int, int> parent_of, height, depth;
     std::map<int, std::vector<int>> kids;
     for (const ina::TreeEdge& e : part.edges) {
-      parent_of[RankOf(L, e.child)] = RankOf(L, e.parent);
-      kids[RankOf(L, e.parent)].push_back(RankOf(L, e.child));
+      parent_of[RankOf(layout, e.child)] = RankOf(layout, e.parent);
+      kids[RankOf(layout, e.parent)].push_back(RankOf(layout, e.child));
     }
-    const int root_rank = RankOf(L, part.root);
+    const int root_rank = RankOf(layout, part.root);
     std::function<int(int)> height_of = [&](int v) {
       if (auto it = height.find(v); it != height.end()) return it->second;
       int h = 0;
       for (int child : kids[v]) h = std::max(h, height_of(child) + 1);
       return height[v] = h;
     };
-    const int H = height_of(root_rank);
+    const int tree_height = height_of(root_rank);
     std::function<int(int)> depth_of = [&](int v) {
       if (v == root_rank) return 0;
       if (auto it = depth.find(v); it != depth.end()) return it->second;
       return depth[v] = depth_of(parent_of[v]) + 1;
     };
-    const int h = height_of(b.rank), d = depth_of(b.rank);
+    const int my_height = height_of(b.rank), my_depth = depth_of(b.rank);
     struct Event {
       double time;
       int order;  // 0: receive or local, 1: send
@@ -177,14 +177,14 @@ class Ina final : public AlgorithmImpl {
     std::vector<Event> events;
     for (uint64_t k = 0; k < chunks; ++k) {
       const double base = static_cast<double>(k);
-      for (uint64_t j = 0; j < q; ++j)
+      for (uint64_t j = 0; j < nchildren; ++j)
         events.push_back({base + height_of(children[j]) + 1, 0, k, static_cast<int>(j)});
-      events.push_back({base + h + 0.5, 0, k, kReduceStep});
+      events.push_back({base + my_height + 0.5, 0, k, kReduceStep});
       if (!root) {
-        events.push_back({base + h + 1, 1, k, kSendUp});
-        events.push_back({base + H + d, 0, k, kReceiveDown});
+        events.push_back({base + my_height + 1, 1, k, kSendUp});
+        events.push_back({base + tree_height + my_depth, 0, k, kReceiveDown});
       }
-      if (q > 0) events.push_back({base + H + d + 1, 1, k, kSendDown});
+      if (nchildren > 0) events.push_back({base + tree_height + my_depth + 1, 1, k, kSendDown});
     }
     std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& x) {
       if (a.time != x.time) return a.time < x.time;
@@ -192,51 +192,52 @@ class Ina final : public AlgorithmImpl {
       return a.k < x.k;
     });
     for (const Event& ev : events) {
-      const Range pc = Piece(R, b.chunk, ev.k);
+      const Range pc = Piece(range, b.chunk, ev.k);
       const uint64_t at = ev.k % kScratchSlots;
       if (ev.what >= 0) {
-        b.Recv(c, children[static_cast<size_t>(ev.what)],
-               Builder::Scratch(from_children + (at * q + static_cast<uint64_t>(ev.what)) * slot, pc.count));
+        b.Recv(channel, children[static_cast<size_t>(ev.what)],
+               Builder::Scratch(from_children + (at * nchildren + static_cast<uint64_t>(ev.what)) * slot, pc.count));
       } else if (ev.what == kReduceStep) {
         std::vector<Slice> received;
-        for (uint64_t j = 0; j < q; ++j) received.push_back(Builder::Scratch(from_children + (at * q + j) * slot, pc.count));
+        for (uint64_t j = 0; j < nchildren; ++j)
+          received.push_back(Builder::Scratch(from_children + (at * nchildren + j) * slot, pc.count));
         const Slice acc = acc_of(ev.k, pc);
         if (self_aggregator) {
-          if (q > 1) b.Reduce(c, received, acc);
-        } else if (q > 0) {
+          if (nchildren > 1) b.Reduce(channel, received, acc);
+        } else if (nchildren > 0) {
           std::vector<Slice> srcs{b.In(pc)};
           srcs.insert(srcs.end(), received.begin(), received.end());
-          b.Reduce(c, std::move(srcs), acc);
+          b.Reduce(channel, std::move(srcs), acc);
         }
-        if (root && !(acc == result_of(ev.k, pc))) b.Copy(c, acc, result_of(ev.k, pc));  // 1 node: a copy
+        if (root && !(acc == result_of(ev.k, pc))) b.Copy(channel, acc, result_of(ev.k, pc));  // 1 node: a copy
       } else if (ev.what == kSendUp) {
-        b.Send(c, parent, acc_of(ev.k, pc));
+        b.Send(channel, parent, acc_of(ev.k, pc));
       } else if (ev.what == kReceiveDown) {
-        b.Recv(c, parent, result_of(ev.k, pc));
+        b.Recv(channel, parent, result_of(ev.k, pc));
       } else {
-        for (int child : children) b.Send(c, child, result_of(ev.k, pc));
+        for (int child : children) b.Send(channel, child, result_of(ev.k, pc));
       }
     }
   }
 
-  // A ring allreduce of R among `order` (every worker once): each sends to the next in order.
-  static void RingAllReduce(Builder& b, int c, Range R, const std::vector<int>& order) {
+  // A ring allreduce of `range` among `order` (every worker once): each sends to the next in order.
+  static void RingAllReduce(Builder& b, int channel, Range range, const std::vector<int>& order) {
     const int n = static_cast<int>(order.size());
     int me = 0;
     while (order[static_cast<size_t>(me)] != b.rank) ++me;
     const int next = order[static_cast<size_t>(Mod(me + 1, n))], prev = order[static_cast<size_t>(Mod(me - 1, n))];
-    auto part = [&](int j) { return SplitEven(R, static_cast<uint64_t>(n), static_cast<uint64_t>(Mod(j, n))); };
+    auto part = [&](int j) { return SplitEven(range, static_cast<uint64_t>(n), static_cast<uint64_t>(Mod(j, n))); };
     const uint64_t rounds = PieceCount(part(0).count, b.chunk);
     for (uint64_t k = 0; k < rounds; ++k) {
       for (int s = 0; s + 1 < n; ++s) {  // reduce-scatter: part me-s leaves, part me-s-1 arrives
         const Range sp = Piece(part(me - s), b.chunk, k), rp = Piece(part(me - s - 1), b.chunk, k);
-        b.Send(c, next, s == 0 ? b.In(sp) : Builder::Out(sp));
-        b.RecvReduce(c, prev, b.In(rp), Builder::Out(rp));
+        b.Send(channel, next, s == 0 ? b.In(sp) : Builder::Out(sp));
+        b.RecvReduce(channel, prev, b.In(rp), Builder::Out(rp));
       }
       for (int s = 0; s + 1 < n; ++s) {  // allgather: this rank starts with part me+1 finished
         const Range sp = Piece(part(me + 1 - s), b.chunk, k), rp = Piece(part(me - s), b.chunk, k);
-        b.Send(c, next, Builder::Out(sp));
-        b.Recv(c, prev, Builder::Out(rp));
+        b.Send(channel, next, Builder::Out(sp));
+        b.Recv(channel, prev, Builder::Out(rp));
       }
     }
   }

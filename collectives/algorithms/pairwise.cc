@@ -86,11 +86,12 @@ class Pairwise final : public AlgorithmImpl {
  public:
   Algorithm id() const override { return Algorithm::kPairwise; }
 
-  Status Supports(const CollectiveRequest& request, const CommShape& shape) const override {
+  Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
     switch (request.collective) {
       case Collective::kAllToAll:
         if (request.in_place)
-          return NotSupported("pairwise: alltoall in place is not supported (a block would be overwritten before it is sent)");
+          return NotSupported(
+              "pairwise: alltoall in place is not supported (a block would be overwritten before it is sent)");
         break;
       case Collective::kAllGather:
       case Collective::kReduceScatter:
@@ -103,7 +104,7 @@ class Pairwise final : public AlgorithmImpl {
     return RequireFullyConnected(shape, kName, "every rank exchanges with every other rank");
   }
 
-  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                          int rank) const override {
     const CollectiveRequest& q = request;
     const std::vector<double> weights = ReduceWeights(shape, options);

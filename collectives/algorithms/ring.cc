@@ -31,7 +31,7 @@ class Ring final : public AlgorithmImpl {
  public:
   Algorithm id() const override { return Algorithm::kRing; }
 
-  Status Supports(const CollectiveRequest& request, const CommShape& shape) const override {
+  Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
     switch (request.collective) {
       case Collective::kAllReduce:
       case Collective::kReduceScatter:
@@ -47,7 +47,7 @@ class Ring final : public AlgorithmImpl {
     return Status::Ok();
   }
 
-  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                          int rank) const override {
     const bool ordered = options.deterministic && IsReduction(request.collective) && request.nranks > 1;
     if (ordered)

@@ -407,7 +407,8 @@ class Simulator {
         if (++stuck <= kMaxReportedChannels) msg += fmt::format("\n  rank {} channel {}:{}", r, c, waiting);
       }
     }
-    if (stuck > kMaxReportedChannels) msg += fmt::format("\n  ... and {} more stuck channels", stuck - kMaxReportedChannels);
+    if (stuck > kMaxReportedChannels)
+      msg += fmt::format("\n  ... and {} more stuck channels", stuck - kMaxReportedChannels);
     return Internal(msg);
   }
 

@@ -9,7 +9,7 @@
 
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/plan/plan.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "collectives/algorithms/simulate.h"
 
 namespace kizuna::collectives {
@@ -56,8 +56,9 @@ TEST(SimulatorTest, ReportsADeadlockNamingEveryStuckStep) {
   const Plan plan = HandPlan(recv_first(1), recv_first(0));
   const Status s = RunHand(plan, 2);
   ExpectStatus(s, StatusCode::kInternal, "deadlock");
-  for (const char* part : {"rank 0 channel 0:", "rank 1 channel 0:", "step 0 (recv from rank 1, 1 elements) waits",
-                           "step 1 (recv from rank 0, 1 elements) waits", "step 2 (send to rank 0, 1 elements) not started"})
+  for (const char* part :
+       {"rank 0 channel 0:", "rank 1 channel 0:", "step 0 (recv from rank 1, 1 elements) waits",
+        "step 1 (recv from rank 0, 1 elements) waits", "step 2 (send to rank 0, 1 elements) not started"})
     EXPECT_NE(s.message().find(part), std::string::npos) << part << " not in " << s.message();
   // With a window of 3 the first send starts, and everything completes.
   EXPECT_TRUE(RunHand(plan, 3).ok());
@@ -68,11 +69,13 @@ TEST(SimulatorTest, ARingNeedsAWindowOfTwo) {
   const CollectiveRequest req{Collective::kAllReduce, 3, 9, DataType::kInt32, ReduceOp::kSum, 0, false};
   PlanOptions whole;  // one chunk per part
   whole.chunk_count = kUnlimited;
-  Result<Plan> plan = BuildPlan(Algorithm::kRing, req, CommShape::Uniform(3, RankDesc{"host", "emu:"}, LinkDesc{true}), whole, -1);
+  Result<Plan> plan =
+      BuildPlan(Algorithm::kRing, req, CommTopology::Uniform(3, RankDesc{"host", "emu:"}, LinkDesc{true}), whole, -1);
   ASSERT_TRUE(plan.ok());
   std::vector<std::vector<int32_t>> in(3, std::vector<int32_t>(9, 1)), out(3, std::vector<int32_t>(9));
   std::vector<SimRankBuffers> buffers;
-  for (int r = 0; r < 3; ++r) buffers.push_back({in[static_cast<size_t>(r)].data(), out[static_cast<size_t>(r)].data()});
+  for (int r = 0; r < 3; ++r)
+    buffers.push_back({in[static_cast<size_t>(r)].data(), out[static_cast<size_t>(r)].data()});
   SimOptions options;
   options.window = 1;
   ExpectStatus(SimulatePlan(*plan, buffers, options).status(), StatusCode::kInternal, "deadlock");
@@ -97,7 +100,8 @@ TEST(SimulatorTest, ReportsUnmatchedSendsAndReceives) {
   ExpectStatus(RunHand(HandPlan({{Step::Send(1, In(0, 2))}}, {{}})), StatusCode::kInternal,
                "rank 0 channel 0 step 0 (send to rank 1, 2 elements) has no matching receive");
   ExpectStatus(RunHand(HandPlan({{}}, {{Step::Send(0, In(0, 1)), Step::RecvReduce(0, In(0, 1), Out(0, 1))}})),
-               StatusCode::kInternal, "rank 1 channel 0 step 1 (recv-reduce from rank 0, 1 elements) has no matching send");
+               StatusCode::kInternal,
+               "rank 1 channel 0 step 1 (recv-reduce from rank 0, 1 elements) has no matching send");
   // The same steps on different channels do not match either.
   ExpectStatus(RunHand(HandPlan({{Step::Send(1, In(0, 2))}}, {{}, {Step::Recv(0, Out(0, 2))}})),
                StatusCode::kInternal, "no matching");

@@ -91,7 +91,7 @@ Tree MakeTree(const std::vector<int>& label_of) {
 // stage — the slowest edge (both directions used: reduce up, broadcast down), or the node whose
 // reductions (one chunk per child) take longest. nullopt when a reducing node's speed is unknown;
 // 0 when nothing limits it that the shape reports.
-std::optional<double> TreeSecondsPerByte(const Tree& t, const CommShape& shape, bool up, bool down, bool reduces) {
+std::optional<double> TreeSecondsPerByte(const Tree& t, const CommTopology& shape, bool up, bool down, bool reduces) {
   double worst = 0;
   const int n = static_cast<int>(t.parent.size());
   for (int v = 0; v < n; ++v) {
@@ -118,7 +118,7 @@ std::optional<double> TreeSecondsPerByte(const Tree& t, const CommShape& shape, 
 // How much of the data each of the two trees carries: with balance and every speed known, in
 // proportion to the trees' streaming rates (a slow link or device inside one tree shifts data to
 // the other); otherwise half each.
-std::vector<double> TreeWeights(const std::vector<Tree>& trees, const CommShape& shape, const PlanOptions& options,
+std::vector<double> TreeWeights(const std::vector<Tree>& trees, const CommTopology& shape, const PlanOptions& options,
                                 Collective collective) {
   std::vector<double> w = {1.0, 1.0};
   if (!options.balance || shape.nranks < 3) return w;
@@ -169,7 +169,7 @@ class TreeAlgo final : public AlgorithmImpl {
  public:
   Algorithm id() const override { return Algorithm::kTree; }
 
-  Status Supports(const CollectiveRequest& request, const CommShape& shape) const override {
+  Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
     int root = 0;
     switch (request.collective) {
       case Collective::kAllReduce:
@@ -191,7 +191,7 @@ class TreeAlgo final : public AlgorithmImpl {
     return Status::Ok();
   }
 
-  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                          int rank) const override {
     const bool ordered = options.deterministic && IsReduction(request.collective) && request.nranks > 1;
     if (ordered)

@@ -264,17 +264,17 @@ std::string Prediction::ToString() const {
                      FormatSeconds(beta_s), FormatSeconds(gamma_s), stages, structure);
 }
 
-Prediction Predict(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+Prediction Predict(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                    const PlanOptions& options, const CostConstants& constants) {
   return Model(request, shape, options, constants).Run(algorithm);
 }
 
-double PredictSeconds(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+double PredictSeconds(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                       const PlanOptions& options, const CostConstants& constants) {
   return Predict(algorithm, request, shape, options, constants).seconds;
 }
 
-std::string ExplainPrediction(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+std::string ExplainPrediction(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                               const PlanOptions& options, const CostConstants& constants) {
   return fmt::format("{}: {}", AlgorithmName(algorithm),
                      Predict(algorithm, request, shape, options, constants).ToString());

@@ -52,7 +52,7 @@
 #include <string_view>
 
 #include "collectives/plan/plan.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "runtime/core/status.h"
 
 namespace kizuna::collectives {
@@ -97,7 +97,7 @@ struct CostConstants {
   // variables) and a stream synchronization before the ranks proceed.
   double direct_rendezvous_us = 20.0;
   // A small AllReduce between processes run whole on the calling thread through shared pages
-  // (SameHostGroup::RunOneShot, CommShape::direct_inline_bytes): the copy in, one rendezvous, the reduce
+  // (SameHostGroup::RunOneShot, CommTopology::direct_inline_bytes): the copy in, one rendezvous, the reduce
   // of every rank's copy; a Barrier is the rendezvous alone. kizuna-bench, 2 processes, 8 B:
   // 0.34-0.55 µs on the idle 2-core VM (docs/RACE.md, 2026-11-23 09:11 and after); the upper end.
   double oneshot_us = 0.55;
@@ -181,15 +181,15 @@ struct Prediction {
 //   avg      + an epilogue dividing the results (one pass over them at copy speed)
 //   local    own-block copies (AllGather out of place, AllToAll), the root's copy (Broadcast out
 //            of place), the copy of a 1-rank communicator: one device operation per chunk
-Prediction Predict(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+Prediction Predict(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                    const PlanOptions& options, const CostConstants& constants);
 
 // Predict(...).seconds.
-double PredictSeconds(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+double PredictSeconds(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                       const PlanOptions& options, const CostConstants& constants);
 
 // "ring: " + Predict(...).ToString(): what logs and kizuna-plan show.
-std::string ExplainPrediction(Algorithm algorithm, const CollectiveRequest& request, const CommShape& shape,
+std::string ExplainPrediction(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                               const PlanOptions& options, const CostConstants& constants);
 
 // Three significant digits: "950 ns", "12.3 us", "1.25 ms", "2.5 s"; "inf" for +infinity.

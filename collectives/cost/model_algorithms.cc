@@ -333,7 +333,7 @@ void Model::Fused() {
 
 // ina.cc, through the layout's parts (cost_model_ina.cc): the slowest worker stands for the
 // aggregation devices, the slowest link (between workers, or a worker's to a device:
-// CommShape::ina_link) for every cable.
+// CommTopology::ina_link) for every cable.
 void Model::InaAllReduce() {
   cost_internal::InaResolved r;
   r.elem = elem_;

@@ -6,7 +6,7 @@
 
 namespace kizuna::collectives::cost_internal {
 
-HostSharing::HostSharing(const CommShape& shape, const CostConstants& k)
+HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k)
     : wake_s_(k.oversubscribed_wake_us * 1e-6), memory_s_per_byte_(1.0 / (k.host_memory_gbps * 1e9)) {
   std::map<std::string, int> index;
   const auto n = static_cast<size_t>(shape.nranks);

@@ -19,13 +19,13 @@
 #include <vector>
 
 #include "collectives/cost/model.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 
 namespace kizuna::collectives::cost_internal {
 
 class HostSharing {
  public:
-  HostSharing(const CommShape& shape, const CostConstants& k);
+  HostSharing(const CommTopology& shape, const CostConstants& k);
 
   // One stage: Join every rank that takes part, add the memory traffic of each, then End.
   // `executor`: the rank takes part through the executor's thread and its device streams (a

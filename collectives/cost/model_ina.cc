@@ -48,7 +48,7 @@ std::pair<int, int> TreeShape(const ina::Part& part) {
 
 }  // namespace
 
-Result<std::vector<InaStage>> InaStages(const CollectiveRequest& request, const CommShape& shape,
+Result<std::vector<InaStage>> InaStages(const CollectiveRequest& request, const CommTopology& shape,
                                         const PlanOptions& options, const CostConstants& k, const InaResolved& r) {
   if (!shape.ina) return NotSupported("the communicator has no aggregation layout");
   const ina::Layout& L = *shape.ina;

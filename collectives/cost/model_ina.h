@@ -8,7 +8,7 @@
 
 #include "collectives/cost/model.h"
 #include "collectives/plan/plan.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "runtime/core/status.h"
 
 namespace kizuna::collectives::cost_internal {
@@ -32,7 +32,7 @@ struct InaStage {
 };
 
 // The stages, or kNotSupported naming why there are none (no layout, a layout for other ranks).
-Result<std::vector<InaStage>> InaStages(const CollectiveRequest& request, const CommShape& shape,
+Result<std::vector<InaStage>> InaStages(const CollectiveRequest& request, const CommTopology& shape,
                                         const PlanOptions& options, const CostConstants& k, const InaResolved& r);
 
 }  // namespace kizuna::collectives::cost_internal

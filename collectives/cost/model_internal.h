@@ -17,7 +17,7 @@
 #include "collectives/cost/model.h"
 #include "collectives/cost/model_host.h"
 #include "collectives/plan/plan.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 
 namespace kizuna::collectives::cost_internal {
 
@@ -131,7 +131,7 @@ enum class LocalKind { kCopy, kReduce, kScale };
 
 class Model {
  public:
-  Model(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options, const CostConstants& k)
+  Model(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options, const CostConstants& k)
       : req_(request), shape_(shape), opt_(options), k_(k), p_(request.nranks) {}
 
   Prediction Run(Algorithm algorithm);
@@ -201,7 +201,7 @@ class Model {
   void Deterministic(Algorithm a);
 
   const CollectiveRequest& req_;
-  const CommShape& shape_;
+  const CommTopology& shape_;
   const PlanOptions& opt_;
   const CostConstants& k_;
   const int p_;

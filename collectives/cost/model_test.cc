@@ -35,13 +35,13 @@ PlanOptions Options(uint64_t chunk_count = kUnlimited, int channels = 1) {
 
 // Known speeds, links that need no staging: numbers that are easy to follow by hand.
 // Device: copy 20 GB/s, reduce 40 GB/s, launch 2 us. Link: 1 us, 10 GB/s.
-CommShape HandShape(int n) {
-  return CommShape::Uniform(n, RankDesc{"host", "dev", 20, 40, 2}, LinkDesc{true, 1, 10, false});
+CommTopology HandShape(int n) {
+  return CommTopology::Uniform(n, RankDesc{"host", "dev", 20, 40, 2}, LinkDesc{true, 1, 10, false});
 }
 
 // Everything unknown: the model's defaults apply. Staged links, as the executor runs them.
-CommShape DefaultShape(int n) {
-  return CommShape::Uniform(n, RankDesc{"host", "dev", 0, 0, 0}, LinkDesc{true, 0, 0, true});
+CommTopology DefaultShape(int n) {
+  return CommTopology::Uniform(n, RankDesc{"host", "dev", 0, 0, 0}, LinkDesc{true, 0, 0, true});
 }
 
 // The constants' software overheads, per message at one rank: message + step.
@@ -54,8 +54,8 @@ TEST(CostModelTest, FusedAllReduceByHand) {
   // rendezvous; avg is divided in the same pass (no epilogue).
   CollectiveRequest r = Request(Collective::kAllReduce, 4, 4096);
   r.op = ReduceOp::kAvg;
-  const CommShape separate = HandShape(4);  // devices dev0..dev3
-  CommShape one_device = HandShape(4);
+  const CommTopology separate = HandShape(4);  // devices dev0..dev3
+  CommTopology one_device = HandShape(4);
   for (int q = 0; q < 4; ++q) one_device.ranks[static_cast<size_t>(q)].device = "dev";
   const Prediction alone = Predict(Algorithm::kFused, r, separate, Options(), k);
   EXPECT_NEAR(alone.alpha_s, 2e-6 + k.direct_rendezvous_us * 1e-6, 1e-12);
@@ -100,9 +100,9 @@ TEST(CostModelTest, RingAllReduceByHand) {
 TEST(CostModelTest, OversubscribedHostByHand) {
   const CostConstants k;
   const CollectiveRequest r = Request(Collective::kAllReduce, 4, 4096);
-  CommShape two_cpus = HandShape(4);
+  CommTopology two_cpus = HandShape(4);
   for (RankDesc& d : two_cpus.ranks) d.host_cpus = 2;
-  CommShape four_cpus = two_cpus;
+  CommTopology four_cpus = two_cpus;
   for (RankDesc& d : four_cpus.ranks) d.host_cpus = 4;
   // With a CPU each the host term adds nothing: RingAllReduceByHand's figures.
   const Prediction free = Predict(Algorithm::kRing, r, four_cpus, Options(), k);
@@ -119,7 +119,7 @@ TEST(CostModelTest, OversubscribedHostByHand) {
   EXPECT_NEAR(fused.alpha_s, 2e-6 + (k.direct_rendezvous_us + 2 * 2 * k.oversubscribed_wake_us) * 1e-6, 1e-12);
   EXPECT_NEAR(fused.gamma_s, 2 * 16384 / 20e9, 1e-12);
   // Ranks on two hosts of 2 CPUs each are not oversubscribed.
-  CommShape two_hosts = two_cpus;
+  CommTopology two_hosts = two_cpus;
   two_hosts.ranks[2].host_id = two_hosts.ranks[3].host_id = "other";
   EXPECT_NEAR(Predict(Algorithm::kRing, r, two_hosts, Options(), k).seconds, 23.472e-6, 1e-12);
   // Devices that compute on the host: a plan step also needs the device's stream thread, so 4
@@ -127,7 +127,7 @@ TEST(CostModelTest, OversubscribedHostByHand) {
   // calling threads alone). The memory term is kept out of the way here.
   CostConstants fast_memory = k;
   fast_memory.host_memory_gbps = 1e9;
-  CommShape emulated = four_cpus;
+  CommTopology emulated = four_cpus;
   for (RankDesc& d : emulated.ranks) d.host_compute = true;
   EXPECT_NEAR(Predict(Algorithm::kRing, r, emulated, Options(), fast_memory).seconds,
               23.472e-6 + 6 * 4 * k.oversubscribed_wake_us * 1e-6, 1e-12);
@@ -142,7 +142,7 @@ TEST(CostModelTest, HostMemoryBoundsDevicesThatComputeOnTheHost) {
   k.host_memory_gbps = 40;
   const uint64_t count = 16 << 20;  // 64 MiB of float32
   const CollectiveRequest r = Request(Collective::kAllReduce, 8, count);
-  CommShape emulated = HandShape(8);
+  CommTopology emulated = HandShape(8);
   for (RankDesc& d : emulated.ranks) d.host_compute = true;
   const Prediction fused = Predict(Algorithm::kFused, r, emulated, Options(), k);
   EXPECT_NEAR(fused.gamma_s, 2.0 * 8 * 4 * count / 40e9, 1e-9);
@@ -176,7 +176,7 @@ TEST(CostModelTest, StagedSendWithDefaultsByHand) {
 TEST(CostModelTest, StagingCopyIsCappedByTheHostLink) {
   CostConstants k;
   // A device that copies at 1500 GB/s (an H100's device-local copy) stages at 55 GB/s: host memory.
-  CommShape fast = CommShape::Uniform(2, RankDesc{"h", "gpu", 1500, 3000, 4.2}, LinkDesc{true, 2, 50, true});
+  CommTopology fast = CommTopology::Uniform(2, RankDesc{"h", "gpu", 1500, 3000, 4.2}, LinkDesc{true, 2, 50, true});
   CollectiveRequest r = Request(Collective::kRecv, 2, 1 << 20);
   const Prediction p = Predict(Algorithm::kP2p, r, fast, Options(), k);
   const double bytes = 4.0 * (1 << 20);
@@ -283,7 +283,7 @@ TEST(CostModelTest, DeterministicModeCostsTheExchangeAndTheOrderedReduce) {
 // Every (algorithm, collective) pair the model serves.
 std::vector<std::pair<Algorithm, Collective>> ServedPairs() {
   std::vector<std::pair<Algorithm, Collective>> out;
-  const CommShape shape = HandShape(3);
+  const CommTopology shape = HandShape(3);
   for (int a = 0; a < kNumAlgorithms; ++a)
     for (int c = 0; c < kNumCollectives; ++c) {
       CollectiveRequest r = Request(static_cast<Collective>(c), 3, 8);
@@ -307,7 +307,7 @@ TEST(CostModelTest, MonotonicInSize) {
   const CostConstants k;
   for (const auto& [algorithm, collective] : ServedPairs()) {
     for (int n : {2, 3, 8, 13}) {
-      for (const CommShape& shape : {HandShape(n), DefaultShape(n)}) {
+      for (const CommTopology& shape : {HandShape(n), DefaultShape(n)}) {
         for (const PlanOptions& o : {Options(), Options(1024, 1), Options(1024, 3)}) {
           double last = 0;
           for (uint64_t count = 0; count <= (uint64_t{1} << 26); count = count == 0 ? 1 : count * 3) {
@@ -327,7 +327,7 @@ TEST(CostModelTest, MonotonicInSize) {
 
 TEST(CostModelTest, RegimesAtEightRanksWithDefaults) {
   const CostConstants k;
-  const CommShape shape = DefaultShape(8);
+  const CommTopology shape = DefaultShape(8);
   const PlanOptions o = Options(262144, 1);  // 1 MiB chunks of float32
   auto seconds = [&](Algorithm a, uint64_t count) {
     return PredictSeconds(a, Request(Collective::kAllReduce, 8, count), shape, o, k);
@@ -349,8 +349,8 @@ TEST(CostModelTest, SlowLinkSlowsTheRingByItsFactor) {
   k.message_overhead_us = 0;
   k.step_overhead_us = 0;
   const CollectiveRequest r = Request(Collective::kAllReduce, 8, 1 << 22);
-  const CommShape uniform = HandShape(8);
-  CommShape slow = uniform;
+  const CommTopology uniform = HandShape(8);
+  CommTopology slow = uniform;
   slow.link(3, 4).gbps = 10.0 / 4;
   const Prediction a = Predict(Algorithm::kRing, r, uniform, Options(), k);
   const Prediction b = Predict(Algorithm::kRing, r, slow, Options(), k);
@@ -362,7 +362,7 @@ TEST(CostModelTest, SlowLinkSlowsTheRingByItsFactor) {
   const Prediction d = Predict(Algorithm::kRhd, r, slow, Options(), k);
   EXPECT_LT(d.beta_s / c.beta_s, 2.0);
   // A link the ring does not use changes nothing.
-  CommShape unused = uniform;
+  CommTopology unused = uniform;
   unused.link(4, 3).gbps = 10.0 / 4;
   EXPECT_EQ(Predict(Algorithm::kRing, r, unused, Options(), k).seconds, a.seconds);
 }
@@ -372,17 +372,17 @@ TEST(CostModelTest, SlowDeviceSlowsTheRingByItsFactor) {
   k.message_overhead_us = 0;
   k.step_overhead_us = 0;
   const CollectiveRequest r = Request(Collective::kAllReduce, 8, 1 << 22);
-  const CommShape uniform = HandShape(8);
-  CommShape slow = uniform;
+  const CommTopology uniform = HandShape(8);
+  CommTopology slow = uniform;
   slow.ranks[5].reduce_gbps = 40.0 / 4;
   const Prediction a = Predict(Algorithm::kRing, r, uniform, Options(), k);
   const Prediction b = Predict(Algorithm::kRing, r, slow, Options(), k);
   EXPECT_NEAR(b.gamma_s / a.gamma_s, 4.0, 1e-12);
   EXPECT_EQ(b.beta_s, a.beta_s);
   // A slow copy engine shows where copies happen: the staging copies of staged links.
-  CommShape staged = uniform;
+  CommTopology staged = uniform;
   for (LinkDesc& l : staged.links) l.staged = true;
-  CommShape slow_copy = staged;
+  CommTopology slow_copy = staged;
   slow_copy.ranks[2].copy_gbps = 20.0 / 4;
   EXPECT_GT(Predict(Algorithm::kRing, r, slow_copy, Options(), k).beta_s,
             1.5 * Predict(Algorithm::kRing, r, staged, Options(), k).beta_s);
@@ -392,7 +392,7 @@ TEST(CostModelTest, HeterogeneityCanChangeTheCheapestAlgorithm) {
   const CostConstants k;
   // 6 ranks (rhd and rd fold), 64 MiB: the ring is cheapest on a uniform shape.
   const CollectiveRequest r = Request(Collective::kAllReduce, 6, 16 << 20);
-  auto cheapest = [&](const CommShape& shape) {
+  auto cheapest = [&](const CommTopology& shape) {
     Algorithm best = Algorithm::kRing;
     double best_s = std::numeric_limits<double>::infinity();
     for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd, Algorithm::kRd, Algorithm::kPairwise}) {
@@ -404,22 +404,22 @@ TEST(CostModelTest, HeterogeneityCanChangeTheCheapestAlgorithm) {
     }
     return best;
   };
-  const CommShape uniform = DefaultShape(6);
+  const CommTopology uniform = DefaultShape(6);
   EXPECT_EQ(cheapest(uniform), Algorithm::kRing);
   // The link between ranks 4 and 5 4x slower (both directions): every ring step crosses it, the
   // direct exchange only in 2 of its 10 rounds, the trees on one edge.
-  CommShape slow = uniform;
+  CommTopology slow = uniform;
   slow.link(4, 5).gbps = slow.link(5, 4).gbps = k.unknown_link_gbps / 4;
   EXPECT_NE(cheapest(slow), Algorithm::kRing);
   // A slow link that no ring step crosses keeps the ring.
-  CommShape other = uniform;
+  CommTopology other = uniform;
   other.link(5, 4).gbps = k.unknown_link_gbps / 4;
   EXPECT_EQ(cheapest(other), Algorithm::kRing);
 }
 
 TEST(CostModelTest, UnreachableLinksGiveInfinity) {
   const CostConstants k;
-  CommShape shape = DefaultShape(8);
+  CommTopology shape = DefaultShape(8);
   shape.link(2, 3).reachable = false;
   const CollectiveRequest r = Request(Collective::kAllReduce, 8, 1000);
   const Prediction ring = Predict(Algorithm::kRing, r, shape, Options(), k);
@@ -431,7 +431,7 @@ TEST(CostModelTest, UnreachableLinksGiveInfinity) {
   EXPECT_FALSE(Predict(Algorithm::kRhd, r, shape, Options(), k).finite());
 
   // A bidirectional ring topology: neighbours only.
-  CommShape ring_only = DefaultShape(8);
+  CommTopology ring_only = DefaultShape(8);
   for (int a = 0; a < 8; ++a)
     for (int b = 0; b < 8; ++b) ring_only.link(a, b).reachable = a != b && ((a + 1) % 8 == b || (b + 1) % 8 == a);
   EXPECT_TRUE(Predict(Algorithm::kRing, r, ring_only, Options(), k).finite());
@@ -441,7 +441,7 @@ TEST(CostModelTest, UnreachableLinksGiveInfinity) {
   CollectiveRequest send = Request(Collective::kSend, 8, 1000);
   send.root = 0;
   EXPECT_TRUE(Predict(Algorithm::kP2p, send, ring_only, Options(), k).finite());
-  CommShape isolated = DefaultShape(3);
+  CommTopology isolated = DefaultShape(3);
   isolated.link(1, 0).reachable = isolated.link(2, 0).reachable = false;
   send.nranks = 3;
   EXPECT_FALSE(Predict(Algorithm::kP2p, send, isolated, Options(), k).finite());
@@ -449,7 +449,7 @@ TEST(CostModelTest, UnreachableLinksGiveInfinity) {
 
 TEST(CostModelTest, SendCountsTheSlowestPeer) {
   const CostConstants k;
-  CommShape shape = HandShape(4);
+  CommTopology shape = HandShape(4);
   CollectiveRequest send = Request(Collective::kSend, 4, 1 << 20);
   send.root = 0;
   const double uniform = PredictSeconds(Algorithm::kP2p, send, shape, Options(), k);
@@ -460,8 +460,8 @@ TEST(CostModelTest, SendCountsTheSlowestPeer) {
 
 TEST(CostModelTest, MalformedInputsGiveInfinityNotACrash) {
   const CostConstants k;
-  const CommShape shape = HandShape(4);
-  auto note = [&](Algorithm a, const CollectiveRequest& r, const CommShape& s, const PlanOptions& o) {
+  const CommTopology shape = HandShape(4);
+  auto note = [&](Algorithm a, const CollectiveRequest& r, const CommTopology& s, const PlanOptions& o) {
     const Prediction p = Predict(a, r, s, o, k);
     EXPECT_FALSE(p.finite());
     EXPECT_FALSE(p.note.empty());
@@ -470,7 +470,7 @@ TEST(CostModelTest, MalformedInputsGiveInfinityNotACrash) {
   };
   EXPECT_NE(note(Algorithm::kRing, Request(Collective::kAllReduce, 5, 10), shape, Options()).find("describes 4 ranks"),
             std::string::npos);
-  CommShape truncated = shape;
+  CommTopology truncated = shape;
   truncated.links.pop_back();
   note(Algorithm::kRing, Request(Collective::kAllReduce, 4, 10), truncated, Options());
   note(Algorithm::kRing, Request(Collective::kAllReduce, 4, 10), shape, Options(0));
@@ -484,12 +484,12 @@ TEST(CostModelTest, MalformedInputsGiveInfinityNotACrash) {
   note(Algorithm::kRing, bad_root, shape, Options());
   note(Algorithm::kP2p, Request(Collective::kSend, 1, 10), HandShape(1), Options());
   CollectiveRequest zero_ranks = Request(Collective::kAllReduce, 0, 10);
-  CommShape empty;
+  CommTopology empty;
   empty.nranks = 0;
   note(Algorithm::kRing, zero_ranks, empty, Options());
 
   // Garbage speeds count as unknown.
-  CommShape garbage = DefaultShape(4);
+  CommTopology garbage = DefaultShape(4);
   garbage.ranks[1].copy_gbps = -3;
   garbage.ranks[2].reduce_gbps = std::numeric_limits<double>::quiet_NaN();
   garbage.link(0, 1).gbps = std::numeric_limits<double>::infinity();
@@ -518,11 +518,11 @@ TEST(CostModelTest, OneRankCopiesOrDoesNothing) {
 
 TEST(CostModelTest, DeterministicAcrossCallsAndCopies) {
   const CostConstants k;
-  CommShape shape = DefaultShape(7);
+  CommTopology shape = DefaultShape(7);
   shape.ranks[3].reduce_gbps = 11.5;
   shape.link(1, 2).gbps = 3.3;
   for (RankDesc& d : shape.ranks) d.host_cpus = 3, d.host_compute = true;  // the host term applies
-  const CommShape copy = *CommShape::Deserialize(shape.Serialize());
+  const CommTopology copy = *CommTopology::Deserialize(shape.Serialize());
   EXPECT_EQ(copy.ranks[4].host_cpus, 3);
   EXPECT_TRUE(copy.ranks[4].host_compute);
   for (const auto& [algorithm, collective] : ServedPairs()) {

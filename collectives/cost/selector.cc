@@ -132,7 +132,7 @@ Result<AlgoOverrides> ParseAlgoOverrides(std::string_view text) {
   return out;
 }
 
-Result<Selection> SelectAlgorithm(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+Result<Selection> SelectAlgorithm(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                                   const CostConstants& constants, const AlgoOverrides& overrides,
                                   std::optional<Algorithm> per_call, const SupportsFn& supports) {
   KZ_RETURN_IF_ERROR(shape.Validate().WithContext("algorithm selection"));

@@ -28,7 +28,7 @@
 
 #include "collectives/plan/plan.h"
 #include "collectives/cost/model.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "runtime/core/status.h"
 
 namespace kizuna::collectives {
@@ -64,7 +64,7 @@ Result<AlgoOverrides> ParseAlgoOverrides(std::string_view text);
 
 // Whether an algorithm can serve a request on a shape: ok, or kNotSupported with the reason.
 // The engine passes GetAlgorithm(a).Supports; tests pass fakes.
-using SupportsFn = std::function<Status(Algorithm, const CollectiveRequest&, const CommShape&)>;
+using SupportsFn = std::function<Status(Algorithm, const CollectiveRequest&, const CommTopology&)>;
 
 struct Candidate {
   Algorithm algorithm = Algorithm::kRing;
@@ -91,10 +91,10 @@ struct Selection {
 };
 
 // Chooses as the header comment says. kInvalidArgument when the shape is malformed
-// (CommShape::Validate) or describes another number of ranks than the request; kNotSupported when
+// (CommTopology::Validate) or describes another number of ranks than the request; kNotSupported when
 // no candidate can serve the request, listing every candidate's reason. A supported candidate
 // whose prediction is infinite is still a valid choice, after every finite one.
-Result<Selection> SelectAlgorithm(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+Result<Selection> SelectAlgorithm(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                                   const CostConstants& constants, const AlgoOverrides& overrides,
                                   std::optional<Algorithm> per_call, const SupportsFn& supports);
 

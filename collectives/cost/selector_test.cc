@@ -21,7 +21,7 @@ CollectiveRequest Request(Collective c, int nranks, uint64_t count) {
   return r;
 }
 
-CommShape Shape(int n) { return CommShape::Uniform(n, RankDesc{"host", "dev", 0, 0, 0}, LinkDesc{true, 0, 0, true}); }
+CommTopology Shape(int n) { return CommTopology::Uniform(n, RankDesc{"host", "dev", 0, 0, 0}, LinkDesc{true, 0, 0, true}); }
 
 PlanOptions Options() {
   PlanOptions o;
@@ -31,7 +31,7 @@ PlanOptions Options() {
 
 // What algorithm.h says the algorithms serve, with reachability: the ring needs r -> r+1, fused
 // direct access, the others every pair.
-Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const CommShape& s) {
+Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
   static const std::vector<std::vector<Collective>> serves = {
       {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather, Collective::kBroadcast,
        Collective::kReduce},
@@ -60,7 +60,7 @@ Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const Comm
   return Status::Ok();
 }
 
-Result<Selection> Select(const CollectiveRequest& r, const CommShape& s, const AlgoOverrides& o,
+Result<Selection> Select(const CollectiveRequest& r, const CommTopology& s, const AlgoOverrides& o,
                          std::optional<Algorithm> per_call = std::nullopt,
                          const SupportsFn& f = AlgorithmLikeSupports) {
   return SelectAlgorithm(r, s, Options(), CostConstants{}, o, per_call, f);
@@ -187,7 +187,7 @@ TEST(SelectorTest, TheModelChoosesTheCheapestSupported) {
 
 TEST(SelectorTest, TheShapeDecidesWhatIsSupported) {
   // Neighbours only: only the ring can run an AllReduce, whatever the size.
-  CommShape ring = Shape(8);
+  CommTopology ring = Shape(8);
   for (int a = 0; a < 8; ++a)
     for (int b = 0; b < 8; ++b) ring.link(a, b).reachable = a != b && ((a + 1) % 8 == b || (b + 1) % 8 == a);
   auto s = Select(Request(Collective::kAllReduce, 8, 2), ring, {});
@@ -240,7 +240,7 @@ TEST(SelectorTest, ForcedButNotSupportedFallsBackAndSaysWhy) {
   EXPECT_FALSE(s->forced);
   EXPECT_TRUE(Contains(s->reason, "the call's algorithm option (p2p) cannot serve reducescatter")) << s->reason;
   // A forced algorithm the shape cannot run falls back too.
-  CommShape missing = Shape(4);
+  CommTopology missing = Shape(4);
   missing.link(0, 2).reachable = false;
   s = Select(Request(Collective::kAllReduce, 4, 100), missing, Parse("rd"));
   EXPECT_EQ(s->chosen, Algorithm::kRing);
@@ -249,7 +249,7 @@ TEST(SelectorTest, ForcedButNotSupportedFallsBackAndSaysWhy) {
 
 TEST(SelectorTest, NothingSupportedListsEveryReason) {
   auto s = Select(Request(Collective::kAllReduce, 4, 10), Shape(4), {}, std::nullopt,
-                  [](Algorithm a, const CollectiveRequest&, const CommShape&) {
+                  [](Algorithm a, const CollectiveRequest&, const CommTopology&) {
                     return NotSupported(std::string(AlgorithmName(a)) + " is switched off");
                   });
   ASSERT_FALSE(s.ok());
@@ -262,7 +262,7 @@ TEST(SelectorTest, NothingSupportedListsEveryReason) {
         << m;
   // Forcing changes nothing when nothing can run.
   EXPECT_EQ(Select(Request(Collective::kAllReduce, 4, 10), Shape(4), Parse("ring"), Algorithm::kRing,
-                   [](Algorithm, const CollectiveRequest&, const CommShape&) { return NotSupported("no"); })
+                   [](Algorithm, const CollectiveRequest&, const CommTopology&) { return NotSupported("no"); })
                 .status()
                 .code(),
             StatusCode::kNotSupported);
@@ -274,7 +274,7 @@ TEST(SelectorTest, TiesGoToTheFirstAlgorithm) {
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->chosen, Algorithm::kRing);
   s = Select(Request(Collective::kAllReduce, 8, 0), Shape(8), {}, std::nullopt,
-             [](Algorithm a, const CollectiveRequest&, const CommShape&) {
+             [](Algorithm a, const CollectiveRequest&, const CommTopology&) {
                return a == Algorithm::kRd || a == Algorithm::kPairwise ? Status::Ok() : NotSupported("off");
              });
   EXPECT_EQ(s->chosen, Algorithm::kRd);
@@ -283,13 +283,13 @@ TEST(SelectorTest, TiesGoToTheFirstAlgorithm) {
 TEST(SelectorTest, ASupportedAlgorithmWithoutAPredictionComesLast) {
   // A Supports that accepts what the model has no formula for: the finite candidates win; alone,
   // it is still chosen.
-  auto everything = [](Algorithm, const CollectiveRequest&, const CommShape&) { return Status::Ok(); };
+  auto everything = [](Algorithm, const CollectiveRequest&, const CommTopology&) { return Status::Ok(); };
   auto s = Select(Request(Collective::kAllToAll, 4, 10), Shape(4), {}, std::nullopt, everything);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->chosen, Algorithm::kPairwise);
   EXPECT_FALSE(s->candidate(Algorithm::kRing).prediction.finite());
   EXPECT_TRUE(Contains(SelectionToString(*s), "ring inf")) << SelectionToString(*s);
-  auto only_tree = [](Algorithm a, const CollectiveRequest&, const CommShape&) {
+  auto only_tree = [](Algorithm a, const CollectiveRequest&, const CommTopology&) {
     return a == Algorithm::kTree ? Status::Ok() : NotSupported("off");
   };
   s = Select(Request(Collective::kAllToAll, 4, 10), Shape(4), {}, std::nullopt, only_tree);
@@ -304,7 +304,7 @@ TEST(SelectorTest, BadInputs) {
   EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(s.status().message(), "the shape describes 5 ranks")) << s.status().message();
 
-  CommShape broken = Shape(4);
+  CommTopology broken = Shape(4);
   broken.ranks[2].reduce_gbps = -1;
   s = Select(r, broken, {});
   ASSERT_FALSE(s.ok());
@@ -323,10 +323,10 @@ TEST(SelectorTest, BadInputs) {
 
 TEST(SelectorTest, SameInputsSameChoice) {
   // Every rank runs this with the same shape (deserialized from the same bytes).
-  CommShape shape = Shape(7);
+  CommTopology shape = Shape(7);
   shape.ranks[2].reduce_gbps = 9;
   shape.link(3, 4).gbps = 4;
-  const CommShape copy = *CommShape::Deserialize(shape.Serialize());
+  const CommTopology copy = *CommTopology::Deserialize(shape.Serialize());
   const AlgoOverrides o = Parse("allgather:rhd");
   for (int c = 0; c < kNumCollectives; ++c)
     for (uint64_t count = 1; count < (uint64_t{1} << 26); count *= 5) {

@@ -1,5 +1,5 @@
 // Fused one-pass collectives, the single-host direct algorithm (docs/ALGORITHMS.md): when every
-// rank addresses every other rank's buffers directly (CommShape::direct: the ranks are threads of
+// rank addresses every other rank's buffers directly (CommTopology::direct: the ranks are threads of
 // one process on devices that reach each other's memory, same_process_group.h, or processes of one
 // host that map each other's allocations, same_host_group.h), each rank does its share in one pass
 // over the others' buffers.

@@ -1,5 +1,5 @@
 // The ranks of one communicator that are threads of one process (CreateLocal) and address each
-// other's buffers directly (CommShape::direct): where their executors meet to run the single-host
+// other's buffers directly (CommTopology::direct): where their executors meet to run the single-host
 // direct algorithms (fused.h), which need every rank's buffer addresses and a common finish.
 // same_host_group.h is the same for ranks that are processes of one host.
 #pragma once

@@ -71,7 +71,7 @@ struct ExecutorOptions {
   double timeout_s = 600;  // per operation, from its inputs being ready
   int window = 4;          // started steps per channel (>= 2, plan.h)
   // The in-process group for the direct algorithms, and this rank's place in it; null when the
-  // communicator's ranks do not address each other's memory (CommShape::direct is false).
+  // communicator's ranks do not address each other's memory (CommTopology::direct is false).
   std::shared_ptr<SameProcessGroup> same_process;
   // The same for ranks of one host in several processes (direct/same_host_group.h); null unless every rank
   // of the communicator is on this host and their devices share allocations across processes.

@@ -73,16 +73,16 @@ bool HasRoot(Collective c);      // Broadcast, Reduce, Send, Recv (the peer)
 enum class Algorithm : uint8_t {
   kRing = 0,      // ring.cc: AllReduce, ReduceScatter, AllGather, Broadcast, Reduce
   kTree = 1,      // tree.cc: double binary tree; AllReduce, Broadcast, Reduce
-  kRhd = 2,       // rhd.cc: recursive halving-doubling; AllReduce, ReduceScatter, AllGather
-  kRd = 3,        // rd.cc: recursive doubling, small AllReduce; dissemination Barrier
+  kRhd = 2,       // halving_doubling.cc: recursive halving-doubling; AllReduce, ReduceScatter, AllGather
+  kRd = 3,        // recursive_doubling.cc: recursive doubling, small AllReduce; dissemination Barrier
   kPairwise = 4,  // pairwise.cc: direct exchange; AllToAll, AllGather, ReduceScatter, Barrier
-  kP2p = 5,       // p2p.cc: Send, Recv
+  kP2p = 5,       // point_to_point.cc: Send, Recv
   // fused.cc: single-host direct AllReduce. Every rank reads its slice of every rank's input and
   // writes the result into that slice of every rank's output, in one device pass over directly
-  // addressed memory (CommShape::direct); the minimum traffic, 2 x the bytes of each rank.
+  // addressed memory (CommTopology::direct); the minimum traffic, 2 x the bytes of each rank.
   kFused = 6,
   // ina.cc: in-network aggregation, AllReduce only. Runs the communicator's INA layout
-  // (collectives/ina/layout.h; CommShape::ina): trees through aggregation devices, partial trees,
+  // (collectives/ina/layout.h; CommTopology::ina): trees through aggregation devices, partial trees,
   // lines and rings at once, each on its share of the data. The aggregation devices are ranks
   // nranks..nranks+aggregators-1 of the plan (Plan::aggregators), with plans of their own.
   kIna = 7,

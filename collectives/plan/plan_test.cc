@@ -163,7 +163,8 @@ class ValidateTest : public testing::Test {
     const Status s = ValidateRankPlan(req_, p, max_step);
     ASSERT_FALSE(s.ok()) << parts[0];
     EXPECT_EQ(s.code(), StatusCode::kInternal);
-    for (const std::string& part : parts) EXPECT_NE(s.message().find(part), std::string::npos) << part << " in " << s.message();
+    for (const std::string& part : parts)
+      EXPECT_NE(s.message().find(part), std::string::npos) << part << " in " << s.message();
   }
 };
 
@@ -178,7 +179,8 @@ TEST_F(ValidateTest, SlicesOutsideTheirBuffers) {
             {"rank 1", "channel 0 step 0 (send)", "source in[6+4] lies outside the in buffer of 8 elements"});
   ExpectBad([](RankPlan& p) { p.channels[0][4] = Step::Copy(In(0, 4), Out(8, 4)); },
             {"channel 0 step 4 (copy)", "destination out[8+4] lies outside the out buffer of 8 elements"});
-  ExpectBad([](RankPlan& p) { p.scratch_count = 3; }, {"channel 0 step 2 (recv)", "scratch[0+4]", "scratch buffer of 3"});
+  ExpectBad([](RankPlan& p) { p.scratch_count = 3; },
+            {"channel 0 step 2 (recv)", "scratch[0+4]", "scratch buffer of 3"});
   // Offset + count overflowing must not wrap into range.
   ExpectBad([](RankPlan& p) { p.channels[0][0] = Step::Send(2, In(~uint64_t{0}, 2)); }, {"lies outside"});
   ExpectBad([](RankPlan& p) { p.channels[0][0] = Step::Send(2, {static_cast<BufferKind>(5), 0, 1}); },
@@ -201,7 +203,8 @@ TEST_F(ValidateTest, DestinationsOverlappingSources) {
   ExpectBad([](RankPlan& p) { p.channels[0][4] = Step::Copy(Out(0, 4), Out(2, 4)); },
             {"destination out[2+4] overlaps source out[0+4]"});
   // A reduction may update one of its sources in place, but only exactly that slice.
-  ExpectBad([](RankPlan& p) { p.channels[0][1] = Step::RecvReduce(0, Out(3, 4), Out(4, 4)); }, {"overlaps source out[3+4]"});
+  ExpectBad([](RankPlan& p) { p.channels[0][1] = Step::RecvReduce(0, Out(3, 4), Out(4, 4)); },
+            {"overlaps source out[3+4]"});
   ExpectBad([](RankPlan& p) { p.channels[0][3] = Step::Reduce({Out(0, 4), Out(2, 4)}, Out(0, 4)); },
             {"destination out[0+4] overlaps source out[2+4]"});
   ExpectBad([](RankPlan& p) { p.epilogue[0] = Step::Scale(Out(0, 4), Out(2, 4)); },
@@ -209,7 +212,8 @@ TEST_F(ValidateTest, DestinationsOverlappingSources) {
 }
 
 TEST_F(ValidateTest, EmptyAndOversizedSteps) {
-  ExpectBad([](RankPlan& p) { p.channels[0][4] = Step::Copy(In(0, 0), Out(0, 0)); }, {"step 4 (copy)", "an empty step"});
+  ExpectBad([](RankPlan& p) { p.channels[0][4] = Step::Copy(In(0, 0), Out(0, 0)); },
+            {"step 4 (copy)", "an empty step"});
   ExpectBad([](RankPlan& p) { p.channels[0][1] = Step::RecvReduce(0, In(4, 0), Out(4, 0)); }, {"an empty step"});
   ExpectBad([](RankPlan&) {}, {"channel 0 step 0 (send)", "4 elements, more than the chunk of 3"}, 3);
   ExpectBad([](RankPlan& p) { p.divisor = 0; }, {"epilogue step 0 (scale)", "a scale step with divisor 0"});

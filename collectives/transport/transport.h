@@ -54,7 +54,7 @@
 #include <string_view>
 #include <vector>
 
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "fabric/fabric.h"
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/core/deadline.h"

@@ -182,7 +182,7 @@ int Main(int argc, char** argv) {
     collectives::PlanOptions po;
     po.chunk_count = (512u << 10) / 4;
     const double predicted =
-        collectives::PredictSeconds(*algo, req, comm.shape(), po, collectives::CostConstants{});
+        collectives::PredictSeconds(*algo, req, comm.topology(), po, collectives::CostConstants{});
     if (comm.rank() == 0) std::printf("bench %s %llu %.6g %.6g\n", algo_name.c_str(),
                                       static_cast<unsigned long long>(count * 4), seconds, predicted);
     return 0;

@@ -248,7 +248,7 @@ TEST(Communicator, HeterogeneousDevicesInOneCommunicator) {
   options.staging_bytes = 2u << 20;
   auto comms = Communicator::CreateLocal(devices, options);
   ASSERT_TRUE(comms.ok()) << comms.status().ToString();
-  const collectives::CommShape& shape = (*comms)[0]->shape();
+  const collectives::CommTopology& shape = (*comms)[0]->topology();
   EXPECT_EQ(shape.ranks[0].reduce_gbps, 40);
   EXPECT_EQ(shape.ranks[2].reduce_gbps, 10);
   const size_t count = 100003;
@@ -448,7 +448,7 @@ TEST(Communicator, RanksOnTwoHostsUseDirectLinksInsideAHostAndOfiBetween) {
     EXPECT_NE(d.find(fmt::format("directconnect: rank {} (", partner)), std::string::npos) << "rank " << r << ": " << d;
     EXPECT_NE(d.find(fmt::format("ofi: {} (", across)), std::string::npos) << "rank " << r << ": " << d;
     EXPECT_EQ(d.find("unreachable"), std::string::npos) << "rank " << r << ": " << d;
-    EXPECT_EQ(comms[r]->shape().host_count(), 2);
+    EXPECT_EQ(comms[r]->topology().host_count(), 2);
   }
 
   // AllReduce with every algorithm that spans the ranks, for a small and a multi-chunk count (not

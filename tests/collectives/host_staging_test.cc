@@ -116,7 +116,7 @@ class Engine {
     }
     collectives::RankDesc rank;
     rank.host_id = "host-staging-test";
-    shape_ = collectives::CommShape::Uniform(n, rank, collectives::LinkDesc{true, 0, 0, true});
+    shape_ = collectives::CommTopology::Uniform(n, rank, collectives::LinkDesc{true, 0, 0, true});
   }
   ~Engine() {
     io_.clear();
@@ -178,7 +178,7 @@ class Engine {
   std::vector<std::unique_ptr<collectives::Executor>> executors_;
   std::vector<std::unique_ptr<device::Stream>> streams_;
   std::vector<std::unique_ptr<DeviceIo>> io_;
-  collectives::CommShape shape_;
+  collectives::CommTopology shape_;
 };
 
 // Element j of rank r's output, for inputs InputValue(op, q, i) (reductions) or

@@ -251,7 +251,7 @@ std::vector<Algorithm> Serving(World& w, Collective coll) {
   r.nranks = w.size();
   r.count = 7;
   for (const collectives::AlgorithmImpl* a : collectives::AllAlgorithms())
-    if (a->Supports(r, w.comm(0).shape()).ok()) out.push_back(a->id());
+    if (a->Supports(r, w.comm(0).topology()).ok()) out.push_back(a->id());
   return out;
 }
 

@@ -31,7 +31,7 @@ int Fail(const std::string& what) {
 // place. Each rank checks its whole output.
 int FusedMatrix(Communicator& comm, device::Stream& stream) {
   const int n = comm.size(), r = comm.rank();
-  if (!comm.shape().direct) return Fail("the ranks of this host do not share buffers (shape.direct is false)");
+  if (!comm.topology().direct) return Fail("the ranks of this host do not share buffers (topology().direct is false)");
   int cases = 0;
   CallOptions options;
   options.algorithm = collectives::Algorithm::kFused;
@@ -53,7 +53,8 @@ int FusedMatrix(Communicator& comm, device::Stream& stream) {
     for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kInt32, DataType::kFloat64})
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAvg})
         if (!(op == ReduceOp::kAvg && t == DataType::kInt32)) list.push_back({count, t, op, false});
-  for (uint64_t count : {uint64_t{5}, uint64_t{10007}, big}) list.push_back({count, DataType::kFloat32, ReduceOp::kSum, true});
+  for (uint64_t count : {uint64_t{5}, uint64_t{10007}, big})
+    list.push_back({count, DataType::kFloat32, ReduceOp::kSum, true});
   for (int round = 0; round < 2; ++round) {
     for (const Case& c : list) {
       // The second round uses fresh buffers: peers map them anew.
@@ -143,7 +144,8 @@ int FusedMatrix(Communicator& comm, device::Stream& stream) {
           else if (coll == Collective::kBroadcast) want = static_cast<double>(InputValue(op, root, j));
           else want = Reduced(op, n, j, t);
           const double got = LoadValue(h, j, t);
-          if (!Matches(got, want, t, op)) return Fail(fmt::format("{}: element {} is {}, expected {}", name, j, got, want));
+          if (!Matches(got, want, t, op))
+            return Fail(fmt::format("{}: element {} is {}, expected {}", name, j, got, want));
         }
         ++cases;
       }
@@ -189,8 +191,8 @@ int FusedFault(Communicator& comm, device::Stream& stream, const std::string& ho
 }
 
 // Plain host memory (malloc), as MPI and Gloo users pass it: AllReduce through the one-shot and
-// the staged fused path (SameHostGroup::RunStaged), in place and not, and the other fused collectives; AllToAll, which fused
-// does not serve, is refused naming why.
+// the staged fused path (SameHostGroup::RunStaged), in place and not, and the other fused collectives; AllToAll, which
+// fused does not serve, is refused naming why.
 int HostMemory(Communicator& comm, device::Stream& stream) {
   const int n = comm.size(), r = comm.rank();
   if (!comm.TakesHostMemory()) return Fail("the communicator does not take host memory");
@@ -330,7 +332,7 @@ int Main(int argc, char** argv) {
       probe.collective = coll;
       probe.nranks = n;
       probe.count = 7;
-      if (!algo->Supports(probe, comm.shape()).ok()) continue;
+      if (!algo->Supports(probe, comm.topology()).ok()) continue;
       for (DataType t : {DataType::kFloat32, DataType::kBfloat16}) {
         const uint64_t count = 10007;
         const ReduceOp op = t == DataType::kFloat32 ? ReduceOp::kSum : ReduceOp::kMax;
@@ -389,8 +391,8 @@ int Main(int argc, char** argv) {
             case Collective::kBroadcast:
               return static_cast<double>(InputValue(ReduceOp::kSum, root, j));
             case Collective::kAllToAll:
-              return static_cast<double>(
-                  InputValue(ReduceOp::kSum, static_cast<int>(j / count), static_cast<uint64_t>(r) * count + j % count));
+              return static_cast<double>(InputValue(ReduceOp::kSum, static_cast<int>(j / count),
+                                                    static_cast<uint64_t>(r) * count + j % count));
             default:
               return 0;
           }

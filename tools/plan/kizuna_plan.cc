@@ -45,7 +45,7 @@
 #include "collectives/cost/model.h"
 #include "collectives/plan/plan.h"
 #include "collectives/cost/selector.h"
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 #include "runtime/core/dtype.h"
 #include "runtime/core/status.h"
 #include "tools/plan/ina_mode.h"
@@ -56,7 +56,7 @@ namespace {
 using collectives::Algorithm;
 using collectives::Collective;
 using collectives::CollectiveRequest;
-using collectives::CommShape;
+using collectives::CommTopology;
 
 // Sizes are capped so that counts stay far from overflow; the model itself takes any count.
 constexpr uint64_t kMaxBytes = uint64_t{1} << 50;
@@ -96,7 +96,7 @@ struct Setup {
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   uint64_t min_bytes = 0, max_bytes = 0, chunk_bytes = 0;
-  CommShape shape;
+  CommTopology shape;
   collectives::PlanOptions plan;
   collectives::CostConstants constants;
   collectives::AlgoOverrides overrides;
@@ -202,7 +202,7 @@ Result<Setup> Resolve(const Options& o) {
   s.constants = *constants;
 
   // The unknown speeds stay 0: the cost model's defaults apply to them.
-  s.shape = CommShape::Uniform(o.ranks, collectives::RankDesc{"host", "dev", o.copy_gbps, o.reduce_gbps, o.launch_us},
+  s.shape = CommTopology::Uniform(o.ranks, collectives::RankDesc{"host", "dev", o.copy_gbps, o.reduce_gbps, o.launch_us},
                                collectives::LinkDesc{true, o.latency_us, o.link_gbps, !o.zero_copy});
   s.shape.direct = o.direct;
   if (o.shared_device)
@@ -268,7 +268,7 @@ CollectiveRequest RequestFor(const Setup& s, const Options& o, uint64_t count) {
   return r;
 }
 
-Status Supports(Algorithm a, const CollectiveRequest& r, const CommShape& shape) {
+Status Supports(Algorithm a, const CollectiveRequest& r, const CommTopology& shape) {
   return collectives::GetAlgorithm(a).Supports(r, shape);
 }
 

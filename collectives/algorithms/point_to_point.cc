@@ -18,13 +18,13 @@ class P2p final : public AlgorithmImpl {
  public:
   Algorithm id() const override { return Algorithm::kP2p; }
 
-  Status Supports(const CollectiveRequest& request, const CommShape&) const override {
+  Status Supports(const CollectiveRequest& request, const CommTopology&) const override {
     if (request.collective != Collective::kSend && request.collective != Collective::kRecv)
       return NotImplemented(id(), request);
     return Status::Ok();
   }
 
-  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                          int rank) const override {
     const bool send = request.collective == Collective::kSend;
     const int peer = request.root;

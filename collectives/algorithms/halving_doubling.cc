@@ -47,7 +47,7 @@ class Rhd final : public AlgorithmImpl {
  public:
   Algorithm id() const override { return Algorithm::kRhd; }
 
-  Status Supports(const CollectiveRequest& request, const CommShape& shape) const override {
+  Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
     switch (request.collective) {
       case Collective::kAllReduce:
       case Collective::kReduceScatter:
@@ -59,7 +59,7 @@ class Rhd final : public AlgorithmImpl {
     return RequireFoldedHypercube(shape, kName);
   }
 
-  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                          int rank) const override {
     const bool ordered = options.deterministic && IsReduction(request.collective) && request.nranks > 1;
     if (ordered)
@@ -98,7 +98,9 @@ class Rhd final : public AlgorithmImpl {
     void AllReduce() {
       const int r = b_.rank;
       std::vector<bool> touched(static_cast<size_t>(f_.pp), f_.Folded(r) && a_ >= 0);
-      auto cur = [&](const PieceRef& x) { return touched[static_cast<size_t>(x.part)] ? Builder::Out(x.index) : b_.In(x.index); };
+      auto cur = [&](const PieceRef& x) {
+        return touched[static_cast<size_t>(x.part)] ? Builder::Out(x.index) : b_.In(x.index);
+      };
       ForEachPiece(R_, [&](Range pc) {
         if (f_.Folded(r) && a_ < 0) b_.Send(c_, r + 1, b_.In(pc));
         if (f_.Folded(r) && a_ >= 0) b_.RecvReduce(c_, r - 1, b_.In(pc), Builder::Out(pc));
@@ -116,7 +118,8 @@ class Rhd final : public AlgorithmImpl {
         Doubling();
       }
       Unfold([&](int peer, bool send) {
-        ForEachPiece(R_, [&](Range pc) { send ? b_.Send(c_, peer, Builder::Out(pc)) : b_.Recv(c_, peer, Builder::Out(pc)); });
+        ForEachPiece(
+            R_, [&](Range pc) { send ? b_.Send(c_, peer, Builder::Out(pc)) : b_.Recv(c_, peer, Builder::Out(pc)); });
       });
     }
 
@@ -127,7 +130,8 @@ class Rhd final : public AlgorithmImpl {
       for (uint64_t k = 0; k < x.rounds(); ++k) x.Reduce(k);
       if (a_ >= 0) Doubling();
       Unfold([&](int peer, bool send) {
-        ForEachPiece(R_, [&](Range pc) { send ? b_.Send(c_, peer, Builder::Out(pc)) : b_.Recv(c_, peer, Builder::Out(pc)); });
+        ForEachPiece(
+            R_, [&](Range pc) { send ? b_.Send(c_, peer, Builder::Out(pc)) : b_.Recv(c_, peer, Builder::Out(pc)); });
       });
     }
 
@@ -167,7 +171,8 @@ class Rhd final : public AlgorithmImpl {
           Interleave(f_.RankOf(a_ ^ m), out.size(), in.size(), [&](size_t i) { return cur(out[i]); },
                      [&](int peer, size_t i) {
                        const PieceRef& x = in[i];
-                       const Slice dst = last && x.part == r ? Builder::Sub(Builder::Out(R_), x.rel) : work(x.part, x.rel);
+                       const Slice dst =
+                           last && x.part == r ? Builder::Sub(Builder::Out(R_), x.rel) : work(x.part, x.rel);
                        b_.RecvReduce(c_, peer, cur(x), dst);
                      });
           for (int j = f_.FirstRank(keep); j <= f_.LastRank(keep + m - 1); ++j) touched[static_cast<size_t>(j)] = true;

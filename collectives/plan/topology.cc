@@ -1,4 +1,4 @@
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 
 #include <cmath>
 #include <set>
@@ -52,21 +52,21 @@ bool Good(double v) { return std::isfinite(v) && v >= 0; }
 
 }  // namespace
 
-bool CommShape::FullyConnected() const {
+bool CommTopology::FullyConnected() const {
   for (int a = 0; a < nranks; ++a)
     for (int b = 0; b < nranks; ++b)
       if (a != b && !link(a, b).reachable) return false;
   return true;
 }
 
-int CommShape::host_count() const {
+int CommTopology::host_count() const {
   std::set<std::string> hosts;
   for (const RankDesc& r : ranks) hosts.insert(r.host_id);
   return static_cast<int>(hosts.size());
 }
 
-CommShape CommShape::Uniform(int n, const RankDesc& rank, const LinkDesc& link) {
-  CommShape s;
+CommTopology CommTopology::Uniform(int n, const RankDesc& rank, const LinkDesc& link) {
+  CommTopology s;
   s.nranks = n;
   s.ranks.assign(static_cast<size_t>(n), rank);
   for (int i = 0; i < n; ++i) s.ranks[static_cast<size_t>(i)].device = fmt::format("{}{}", rank.device, i);
@@ -75,7 +75,7 @@ CommShape CommShape::Uniform(int n, const RankDesc& rank, const LinkDesc& link) 
   return s;
 }
 
-Status CommShape::Validate() const {
+Status CommTopology::Validate() const {
   if (nranks < 1 || nranks > kMaxShapeRanks) return InvalidArgument(fmt::format("shape: {} ranks", nranks));
   if (ranks.size() != static_cast<size_t>(nranks))
     return InvalidArgument(fmt::format("shape: {} rank entries for {} ranks", ranks.size(), nranks));
@@ -97,7 +97,7 @@ Status CommShape::Validate() const {
   return Status::Ok();
 }
 
-std::vector<uint8_t> CommShape::Serialize() const {
+std::vector<uint8_t> CommTopology::Serialize() const {
   wire::Bytes out;
   wire::PutU32(out, kShapeMagic);
   wire::PutU32(out, static_cast<uint32_t>(nranks));
@@ -108,12 +108,12 @@ std::vector<uint8_t> CommShape::Serialize() const {
   return out;
 }
 
-Result<CommShape> CommShape::Deserialize(const std::vector<uint8_t>& bytes) {
+Result<CommTopology> CommTopology::Deserialize(const std::vector<uint8_t>& bytes) {
   wire::Reader in(bytes);
   const uint32_t magic = in.U32(), n = in.U32();
   if (!in.ok() || magic != kShapeMagic || n < 1 || n > kMaxShapeRanks)
     return InvalidArgument("shape: not a serialized communicator shape");
-  CommShape s;
+  CommTopology s;
   s.nranks = static_cast<int>(n);
   s.ranks.resize(n);
   for (RankDesc& d : s.ranks) GetRank(in, d);
@@ -136,7 +136,7 @@ std::vector<uint8_t> EncodeRankRow(const RankDesc& me, std::span<const LinkDesc>
   return out;
 }
 
-Status DecodeRankRow(std::span<const uint8_t> bytes, int rank, CommShape& shape, std::span<LinkDesc> extra) {
+Status DecodeRankRow(std::span<const uint8_t> bytes, int rank, CommTopology& shape, std::span<LinkDesc> extra) {
   wire::Reader in(bytes);
   GetRank(in, shape.ranks[static_cast<size_t>(rank)]);
   for (int q = 0; q < shape.nranks; ++q) GetLink(in, shape.link(rank, q));

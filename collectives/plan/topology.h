@@ -1,7 +1,7 @@
-// What every rank of a communicator knows about all ranks, identically: their devices and the
-// links between them. Built at communicator creation from an allgather (every rank then has the
-// same bytes), so algorithm support, cost predictions and plans come out the same on every rank. Tools and tests build
-// shapes by hand (Uniform, below).
+// A communicator's topology (CommTopology): what every rank knows about all ranks, identically —
+// their devices and the links between them. Built at communicator creation from an allgather of
+// each rank's row (every rank then has the same bytes), so algorithm support, cost predictions and
+// plans come out the same on every rank. Tools and tests build topologies by hand (Uniform).
 #pragma once
 
 #include <cstdint>
@@ -36,7 +36,7 @@ struct LinkDesc {
   bool staged = true;       // bytes go through staging buffers on both ends (an extra device copy each)
 };
 
-struct CommShape {
+struct CommTopology {
   int nranks = 1;
   std::vector<RankDesc> ranks;  // nranks entries
   std::vector<LinkDesc> links;  // nranks * nranks entries, [from * nranks + to]; the diagonal unused
@@ -65,14 +65,14 @@ struct CommShape {
   int host_count() const;
 
   // n ranks on one host, every pair linked with `link`, every device described by `rank`.
-  static CommShape Uniform(int n, const RankDesc& rank, const LinkDesc& link);
+  static CommTopology Uniform(int n, const RankDesc& rank, const LinkDesc& link);
   // kInvalidArgument when the vectors do not have nranks / nranks^2 entries or a value is
   // negative or not finite.
   Status Validate() const;
 
   // A stable serialization (for tests and tools that compare or store shapes).
   std::vector<uint8_t> Serialize() const;
-  static Result<CommShape> Deserialize(const std::vector<uint8_t>& bytes);
+  static Result<CommTopology> Deserialize(const std::vector<uint8_t>& bytes);
 };
 
 // How the ranks agree on a shape at creation: each allgathers its row (its device, its links to
@@ -81,6 +81,6 @@ struct CommShape {
 std::vector<uint8_t> EncodeRankRow(const RankDesc& me, std::span<const LinkDesc> row);
 // Fills rank `rank`'s entry and link row of `shape` (sized for shape.nranks) from its bytes, then
 // `extra`; kInvalidArgument naming the rank when the bytes are not one such row.
-Status DecodeRankRow(std::span<const uint8_t> bytes, int rank, CommShape& shape, std::span<LinkDesc> extra = {});
+Status DecodeRankRow(std::span<const uint8_t> bytes, int rank, CommTopology& shape, std::span<LinkDesc> extra = {});
 
 }  // namespace kizuna::collectives

@@ -1,4 +1,4 @@
-#include "collectives/plan/shape.h"
+#include "collectives/plan/topology.h"
 
 #include <gtest/gtest.h>
 
@@ -27,12 +27,12 @@ LinkDesc Link(double gbps, bool staged) {
 }
 
 TEST(Shape, SerializeRoundTrips) {
-  CommShape s = CommShape::Uniform(3, Rank("a", 2), Link(25, true));
+  CommTopology s = CommTopology::Uniform(3, Rank("a", 2), Link(25, true));
   s.ranks[2] = Rank("b", 16);
   s.link(0, 2) = Link(12.5, false);
   s.direct = true;
   s.direct_inline_bytes = 16 << 10;
-  Result<CommShape> back = CommShape::Deserialize(s.Serialize());
+  Result<CommTopology> back = CommTopology::Deserialize(s.Serialize());
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->Serialize(), s.Serialize());
   EXPECT_EQ(back->ranks[2].host_id, "b");
@@ -44,14 +44,14 @@ TEST(Shape, SerializeRoundTrips) {
 }
 
 TEST(Shape, DeserializeRefusesTruncatedAndTrailingBytes) {
-  const std::vector<uint8_t> bytes = CommShape::Uniform(2, Rank("a", 2), Link(25, true)).Serialize();
+  const std::vector<uint8_t> bytes = CommTopology::Uniform(2, Rank("a", 2), Link(25, true)).Serialize();
   for (size_t cut : {size_t{0}, size_t{5}, bytes.size() / 2, bytes.size() - 1}) {
     const std::vector<uint8_t> shorter(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(cut));
-    EXPECT_FALSE(CommShape::Deserialize(shorter).ok()) << cut << " bytes";
+    EXPECT_FALSE(CommTopology::Deserialize(shorter).ok()) << cut << " bytes";
   }
   std::vector<uint8_t> longer = bytes;
   longer.push_back(0);
-  Result<CommShape> r = CommShape::Deserialize(longer);
+  Result<CommTopology> r = CommTopology::Deserialize(longer);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("trailing"), std::string::npos) << r.status().ToString();
 }
@@ -69,7 +69,7 @@ TEST(Shape, RankRowsBuildTheSameShapeOnEveryRank) {
     with_extra.push_back(extra[0]);
     rows.push_back(EncodeRankRow(Rank(r < 2 ? "a" : "b", 2 + r), with_extra));
   }
-  CommShape shape;
+  CommTopology shape;
   shape.nranks = n;
   shape.ranks.resize(n);
   shape.links.resize(n * n);
@@ -89,7 +89,7 @@ TEST(Shape, MalformedRankRowNamesTheRank) {
   std::vector<LinkDesc> row(2);
   row[1] = Link(25, true);
   std::vector<uint8_t> bytes = EncodeRankRow(Rank("a", 2), row);
-  CommShape shape;
+  CommTopology shape;
   shape.nranks = 2;
   shape.ranks.resize(2);
   shape.links.resize(4);

@@ -30,7 +30,7 @@ class Rd final : public AlgorithmImpl {
  public:
   Algorithm id() const override { return Algorithm::kRd; }
 
-  Status Supports(const CollectiveRequest& request, const CommShape& shape) const override {
+  Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
     switch (request.collective) {
       case Collective::kAllReduce:
         return RequireFoldedHypercube(shape, kName);
@@ -45,7 +45,7 @@ class Rd final : public AlgorithmImpl {
     }
   }
 
-  Result<RankPlan> Build(const CollectiveRequest& request, const CommShape& shape, const PlanOptions& options,
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                          int rank) const override {
     const int p = request.nranks;
     if (request.collective == Collective::kBarrier) {

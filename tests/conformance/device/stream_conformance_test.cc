@@ -8,6 +8,7 @@
 // host_memory, and multi_device): copies and events across two devices. What the groups check and
 // need: README.md.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -30,6 +31,13 @@ using namespace std::chrono_literals;
 
 // A short deadline for waits that are expected to time out.
 Deadline Short() { return Deadline::After(30ms); }
+
+// The negative checks below ("B has not run past its wait yet") never sleep and then look: the
+// work that must not run early is held behind a gate (or a hold) that only the test opens, the
+// test waits for that work's own completion (an event, the stream) with Short() and expects
+// kTimeout, so a stream that runs ahead is seen the moment it does, and the work records what it
+// saw when it ran (the data it read, or whether the test had released it yet), so running ahead at
+// any moment before the release fails the test, however late the test looks.
 
 // ---- DeviceConformance: streams and events through host callbacks ----
 
@@ -152,7 +160,8 @@ TEST_P(DeviceConformance, CrossStreamWaitOrdersWork) {
   }));
 
   ASSERT_TRUE(gate->WaitReached(TestDeadline()));
-  std::this_thread::sleep_for(20ms);  // give a wrongly unordered stream B time to run ahead
+  // A stream B that ignored its Wait would finish while A is held: waiting for it must time out.
+  KZ_EXPECT_CODE(b->Synchronize(Short()), StatusCode::kTimeout);
   EXPECT_FALSE(b_ran->load()) << "stream B ran past its Wait on an event that had not completed";
   auto qb = b->Query();
   KZ_ASSERT_OK(qb.status());
@@ -178,6 +187,10 @@ TEST_P(DeviceConformance, HoldsStopLaterWorkUntilReleased) {
     KZ_ASSERT_NOT_NULL(before.back());
     KZ_ASSERT_NOT_NULL(after.back());
   }
+  // released[i]: set by the test just before it releases stream i; early[i]: the work behind that
+  // hold ran before it (recorded by the work itself, whenever it runs).
+  auto released = std::make_shared<std::array<std::atomic<bool>, kStreams>>();
+  auto early = std::make_shared<std::array<std::atomic<bool>, kStreams>>();
   std::vector<std::unique_ptr<StreamHold>> holds;
   std::vector<std::unique_ptr<Stream>> streams;
   for (int i = 0; i < kStreams; ++i) {
@@ -189,39 +202,53 @@ TEST_P(DeviceConformance, HoldsStopLaterWorkUntilReleased) {
     KZ_ASSERT_OK_AND_ASSIGN(auto hold, streams[i]->EnqueueHold());
     ASSERT_NE(hold, nullptr);
     holds.push_back(std::move(hold));
+    KZ_ASSERT_OK(streams[i]->EnqueueHostCallback([released, early, i](const Status&) {
+      if (!(*released)[i].load()) (*early)[i].store(true);
+    }));
     KZ_ASSERT_OK(streams[i]->Record(*after[i]));
   }
   for (int i = 0; i < kStreams; ++i) KZ_EXPECT_OK(before[i]->Synchronize(TestDeadline())) << "stream " << i;
-  std::this_thread::sleep_for(20ms);  // give a hold that does not hold time to let work through
+  // A hold that does not hold would let the work behind it finish: waiting for it must time out.
   for (int i = 0; i < kStreams; ++i) {
+    KZ_EXPECT_CODE(after[i]->Synchronize(Short()), StatusCode::kTimeout) << " (stream " << i << ")";
     auto done = after[i]->Query();
     KZ_ASSERT_OK(done.status());
     EXPECT_FALSE(*done) << "stream " << i << " ran past its hold before the release";
   }
   // Released in reverse order: each stream goes on by itself.
   for (int i = kStreams - 1; i >= 0; --i) {
+    (*released)[i].store(true);
     holds[i]->Release();
     holds[i]->Release();  // idempotent
     KZ_EXPECT_OK(after[i]->Synchronize(TestDeadline())) << "stream " << i << " after its release";
   }
+  for (int i = 0; i < kStreams; ++i)
+    EXPECT_FALSE((*early)[i].load()) << "stream " << i << " ran the work behind its hold before the release";
   // A release enqueued on another stream lets the held stream go on once that stream gets there.
   {
+    auto opened = std::make_shared<std::atomic<bool>>(false);      // set by the test before it opens the gate
+    auto went_early = std::make_shared<std::atomic<bool>>(false);  // the held work ran before that
     auto gate = std::make_shared<Gate>();
     auto releaser = MustCreateStream();
     OpenOnExit opener(gate);
     KZ_ASSERT_NOT_NULL(releaser);
     KZ_ASSERT_OK_AND_ASSIGN(auto hold, streams[1]->EnqueueHold());
+    KZ_ASSERT_OK(streams[1]->EnqueueHostCallback([opened, went_early](const Status&) {
+      if (!opened->load()) went_early->store(true);
+    }));
     KZ_ASSERT_OK(streams[1]->Record(*after[1]));
     KZ_ASSERT_OK(EnqueueGate(*releaser, gate));
     KZ_ASSERT_OK(releaser->EnqueueRelease(std::move(hold)));
     ASSERT_TRUE(gate->WaitReached(TestDeadline()));
-    std::this_thread::sleep_for(20ms);
+    KZ_EXPECT_CODE(after[1]->Synchronize(Short()), StatusCode::kTimeout);
     auto done = after[1]->Query();
     KZ_ASSERT_OK(done.status());
     EXPECT_FALSE(*done) << "the held stream went on before the releasing stream reached the release";
+    opened->store(true);
     gate->Open();
     KZ_EXPECT_OK(after[1]->Synchronize(TestDeadline()));
     KZ_EXPECT_OK(releaser->Synchronize(TestDeadline()));
+    EXPECT_FALSE(went_early->load()) << "the held stream went on before the releasing stream reached the release";
   }
   // A hold destroyed unreleased lets the stream go on.
   {
@@ -260,18 +287,29 @@ TEST_P(DeviceConformance, EmptyHostCallbackIsInvalid) {
   KZ_EXPECT_OK(stream->Synchronize(TestDeadline()));
 }
 
+// The stream is destroyed while its queue is held behind a gate that only the test opens, so the
+// queued work cannot have finished by itself before the destructor returns: what ran by then is
+// counted when it returns. The gate opens once the destructor returns (too early: the count says
+// so) or after Short(), from another thread, since a correct destructor blocks the test's.
 TEST_P(DeviceConformance, StreamDestructorDrainsQueuedWork) {
   auto ran = std::make_shared<std::atomic<int>>(0);
+  auto gate = std::make_shared<Gate>();
+  auto returned = std::make_shared<Gate>();  // opened when the destructor has returned
   auto stream = MustCreateStream();
+  OpenOnExit opener(gate);
   KZ_ASSERT_NOT_NULL(stream);
-  for (int i = 0; i < 3; ++i) {
-    KZ_ASSERT_OK(stream->EnqueueHostCallback([ran](const Status&) {
-      std::this_thread::sleep_for(10ms);
-      ran->fetch_add(1);
-    }));
-  }
+  KZ_ASSERT_OK(EnqueueGate(*stream, gate));
+  for (int i = 0; i < 3; ++i) KZ_ASSERT_OK(stream->EnqueueHostCallback([ran](const Status&) { ran->fetch_add(1); }));
+  ASSERT_TRUE(gate->WaitReached(TestDeadline()));
+  std::thread open_later([gate, returned] {
+    returned->WaitOpen(Short());
+    gate->Open();
+  });
   stream.reset();
-  EXPECT_EQ(ran->load(), 3) << "destroying a stream must first finish its queued work";
+  const int ran_when_destroyed = ran->load();
+  returned->Open();
+  open_later.join();
+  EXPECT_EQ(ran_when_destroyed, 3) << "destroying a stream must first finish its queued work";
 }
 
 TEST_P(DeviceConformance, EventsDoNotCrossBackends) {
@@ -381,7 +419,9 @@ TEST_P(DataConformance, CrossStreamWaitOrdersData) {
   KZ_ASSERT_OK(b->Wait(*event));
   KZ_ASSERT_OK(b->Copy(dst->data(), mid->data(), kBytes));
   ASSERT_TRUE(gate->WaitReached(TestDeadline()));
-  std::this_thread::sleep_for(20ms);
+  // A stream B that ignored its Wait would finish its copy while A is held (and copy mid's old
+  // bytes: the final check sees them).
+  KZ_EXPECT_CODE(b->Synchronize(Short()), StatusCode::kTimeout);
   EXPECT_TRUE(dst_bytes.HasPattern(3)) << "stream B copied before the event it waits on completed";
   gate->Open();
   KZ_ASSERT_OK(b->Synchronize(TestDeadline()));
@@ -472,7 +512,9 @@ TEST_P(DataConformance, CrossStreamWaitOrdersScale) {
   KZ_ASSERT_OK(b->Wait(*event));
   KZ_ASSERT_OK(b->Scale(dst->data(), mid->data(), kCount, DataType::kInt32, 5));
   ASSERT_TRUE(gate->WaitReached(TestDeadline()));
-  std::this_thread::sleep_for(20ms);
+  // A stream B that ignored its Wait would finish its scale while A is held (of mid's old values:
+  // the final check sees them).
+  KZ_EXPECT_CODE(b->Synchronize(Short()), StatusCode::kTimeout);
   EXPECT_TRUE(dst_bytes.HasPattern(13)) << "stream B scaled before the event it waits on completed";
   EXPECT_TRUE(mid_bytes.HasPattern(12)) << "stream A scaled before the gate ahead of it opened";
   gate->Open();
@@ -680,7 +722,9 @@ TEST_P(MultiDeviceConformance, EventOrdersStreamsOfTwoDevices) {
   KZ_ASSERT_OK(s1->Wait(*event));  // an event of device 0 waited on by device 1's stream
   KZ_ASSERT_OK(s1->Copy(dst->data(), staging->data(), kBytes));
   ASSERT_TRUE(gate->WaitReached(TestDeadline()));
-  std::this_thread::sleep_for(20ms);
+  // A device 1 stream that ignored its Wait would finish its copy while device 0's is held (of
+  // the staging buffer's old bytes: the final check sees them).
+  KZ_EXPECT_CODE(s1->Synchronize(Short()), StatusCode::kTimeout);
   EXPECT_TRUE(dst_bytes.HasPattern(53)) << "device 1's stream ran past its wait";
   gate->Open();
   KZ_ASSERT_OK(s1->Synchronize(TestDeadline()));

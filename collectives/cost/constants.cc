@@ -1,5 +1,8 @@
-// The cost model's constants as a table (cost_model.h): names, units and where each default
-// comes from, and the "name=value,..." form that kizuna-plan --cost reads.
+// The cost model's constants (model.h): the one table that gives each constant its name, unit,
+// default value and the reason for that value, the constructor of CostConstants that applies the
+// defaults, and the "name=value,..." form that kizuna-plan --cost reads. The measurements behind
+// the reasons, with machine, date and command: docs/PERFORMANCE.md, "Where the cost model's
+// constants come from".
 #include <fmt/format.h>
 
 #include <array>
@@ -14,36 +17,50 @@ namespace kizuna::collectives {
 namespace {
 
 constexpr std::array<CostConstantInfo, 12> kConstantTable = {{
-    {"unknown_link_latency_us", "us", "directconnect 8-byte one-way latency, 1.12-1.16 us (PERFORMANCE.md)",
+    {"unknown_link_latency_us", "us", 1.1,
+     "directconnect's 8-byte one-way latency, 1.12-1.16 us median (kizuna-p2p), its software path included",
      &CostConstants::unknown_link_latency_us},
-    {"unknown_link_gbps", "GB/s", "directconnect single-copy bandwidth, 25.3 GB/s at 1 MiB (PERFORMANCE.md)",
+    {"unknown_link_gbps", "GB/s", 25.0,
+     "directconnect's single copy, 25.3 GB/s at 1 MiB (kizuna-p2p); also a 200 Gb/s NIC",
      &CostConstants::unknown_link_gbps},
-    {"unknown_copy_gbps", "GB/s", "kizuna-demo copy on host_emulated:0, 28.1 GB/s (PERFORMANCE.md)",
+    {"unknown_copy_gbps", "GB/s", 28.0, "kizuna-demo's copy on host_emulated:0, 28.1 GB/s (the slower device)",
      &CostConstants::unknown_copy_gbps},
-    {"unknown_reduce_gbps", "GB/s", "kizuna-demo 2-input sum on host_emulated:0, 42.9 GB/s (PERFORMANCE.md)",
+    {"unknown_reduce_gbps", "GB/s", 43.0,
+     "kizuna-demo's 2-input sum on host_emulated:0, 42.9 GB/s (the slower device)",
      &CostConstants::unknown_reduce_gbps},
-    {"unknown_launch_us", "us", "H100 tiny kernel launch, 4.2 us (DESIGN.md section 10)",
+    {"unknown_launch_us", "us", 4.2, "a tiny kernel launch on the H100 (DESIGN.md section 10), the only one measured",
      &CostConstants::unknown_launch_us},
-    {"message_overhead_us", "us", "estimate, not measured yet: executor work per message",
+    {"message_overhead_us", "us", 0.5, "estimate, not measured yet: executor work per message beyond the fabric's",
      &CostConstants::message_overhead_us},
-    {"step_overhead_us", "us", "estimate, not measured yet: executor work per plan step",
+    {"step_overhead_us", "us", 0.2, "estimate, not measured yet: executor work per plan step",
      &CostConstants::step_overhead_us},
-    {"staging_copy_max_gbps", "GB/s", "H100 pinned host<->device copy, 55 GB/s per direction (DESIGN.md section 10)",
+    {"staging_copy_max_gbps", "GB/s", 55.0,
+     "H100 pinned host<->device copy per direction (DESIGN.md section 10); emulated devices are below it",
      &CostConstants::staging_copy_max_gbps},
-    {"direct_rendezvous_us", "us", "estimate, not measured yet: fused's two in-process rendezvous and stream sync",
+    {"direct_rendezvous_us", "us", 20.0,
+     "estimate, not measured yet: fused's two in-process rendezvous and stream sync",
      &CostConstants::direct_rendezvous_us},
-    {"oneshot_us", "us",
-     "one-shot AllReduce (and Barrier) through shared pages between processes (SameHostGroup::RunOneShot): 0.34-0.55 us "
-     "measured at 2 ranks, 8 B (RACE.md), the upper end",
+    {"oneshot_us", "us", 0.55, "one-shot AllReduce between 2 processes, 8 B: the upper end of 0.34-0.55 us (RACE.md)",
      &CostConstants::oneshot_us},
-    {"oversubscribed_wake_us", "us",
-     "per thread beyond a host's CPUs and rendezvous: 8-byte AllReduce, 4 and 8 processes on 2 CPUs, 14-48 us "
-     "(RACE.md)",
+    {"oversubscribed_wake_us", "us", 8.0,
+     "8-byte AllReduce on 2 CPUs: 7-14 us per thread beyond them at 4 processes, 8 us at 8 (RACE.md)",
      &CostConstants::oversubscribed_wake_us},
-    {"host_memory_gbps", "GB/s",
-     "memory traffic of a host's emulated devices together: the race ceiling's fused pass over 8 x 256 MiB, 45 GB/s",
+    {"host_memory_gbps", "GB/s", 50.0,
+     "a host's emulated devices together: the race ceiling's fused pass 45 GB/s, its copy 52-113 GB/s (RACE.md)",
      &CostConstants::host_memory_gbps},
 }};
+
+// The constructor sets a member only through the table: every member must be in it, once.
+constexpr bool EveryMemberOnce() {
+  for (size_t i = 0; i < kConstantTable.size(); ++i)
+    for (size_t j = i + 1; j < kConstantTable.size(); ++j)
+      if (kConstantTable[i].field == kConstantTable[j].field || kConstantTable[i].name == kConstantTable[j].name)
+        return false;
+  return true;
+}
+static_assert(EveryMemberOnce(), "a constant is in the table twice");
+static_assert(sizeof(CostConstants) == kConstantTable.size() * sizeof(double),
+              "every member of CostConstants needs a row in the table (its default value and reason)");
 
 std::string Trim(std::string_view s) {
   size_t b = 0, e = s.size();
@@ -53,6 +70,10 @@ std::string Trim(std::string_view s) {
 }
 
 }  // namespace
+
+CostConstants::CostConstants() {
+  for (const CostConstantInfo& c : kConstantTable) this->*c.field = c.value;
+}
 
 std::span<const CostConstantInfo> CostConstantTable() { return kConstantTable; }
 

@@ -57,69 +57,49 @@
 
 namespace kizuna::collectives {
 
-// Every constant of the model. Defaults come from measurements on this project's machines
-// (docs/PERFORMANCE.md, DESIGN.md section 10) where one exists, and say so; the others are
-// estimates, marked as such, to be calibrated against kizuna-bench (a model that mispredicts is a
-// bug, DESIGN.md section 6). Shape values of 0 ("unknown") are replaced by the unknown_* defaults.
+// Every constant of the model. A default-constructed CostConstants holds the defaults of the
+// table in constants.cc (CostConstantTable()), the one place each value and the reason for it are
+// written: measurements on this project's machines where one exists (docs/PERFORMANCE.md, "Where
+// the cost model's constants come from"), estimates marked as such otherwise, to be calibrated
+// against kizuna-bench (a model that mispredicts is a bug, DESIGN.md section 6). Shape values of 0
+// ("unknown") are replaced by the unknown_* defaults.
 struct CostConstants {
-  // Link latency when LinkDesc::latency_us is unknown: directconnect's 8-byte one-way latency on
-  // the build machine, 1.12 µs (host) and 1.16 µs (device-fd) median (PERFORMANCE.md, kizuna-p2p).
-  // It includes the fabric's own software path.
-  double unknown_link_latency_us = 1.1;
-  // Link bandwidth per direction when LinkDesc::gbps is unknown: directconnect moving registered
-  // device memory in one copy reached 25.3 GB/s at 1 MiB and 29.8 GB/s at 1 GiB (PERFORMANCE.md);
-  // 25 GB/s is also a 200 Gb/s NIC.
-  double unknown_link_gbps = 25.0;
-  // Device copy throughput (bytes copied) when RankDesc::copy_gbps is unknown: kizuna-demo's copy
-  // on host_emulated:0, 28.1 GB/s at 64 MiB (the slower of the two devices it measured).
-  double unknown_copy_gbps = 28.0;
-  // Reduce throughput (input bytes read) when RankDesc::reduce_gbps is unknown: kizuna-demo's
-  // 2-input sum on host_emulated:0, 42.9 GB/s at 64 MiB (the slower device). Plans reduce 2
-  // inputs per received message.
-  double unknown_reduce_gbps = 43.0;
-  // Cost of one device operation when RankDesc::launch_us is unknown: a tiny kernel launch on the
-  // H100, 4.2 µs (DESIGN.md section 10), the only launch figure measured so far.
-  double unknown_launch_us = 4.2;
-  // Estimate, not measured yet: the executor's own work per message it sends or receives
-  // (operation header, tag matching, slot accounting) beyond the fabric's path, which the link
-  // latency already includes. Serial on the executor thread.
-  double message_overhead_us = 0.5;
-  // Estimate, not measured yet: the executor's work to schedule one plan step (dependency check
-  // against the window, completion), for transfers and local steps alike.
-  double step_overhead_us = 0.2;
-  // The staging copy rule: a staged message is copied once at each end between the user's buffer
-  // and a staging slot in host memory, at min(device copy speed, this). 55 GB/s is the H100's
-  // pinned host<->device copy per direction (DESIGN.md section 10); emulated devices, whose memory
-  // is host memory (28-43 GB/s), are below it and unaffected.
-  double staging_copy_max_gbps = 55.0;
-  // Estimate, not measured yet: what a fused (single-host direct) operation costs besides its one
-  // device pass — two rendezvous of the ranks' executor threads in one process (condition
-  // variables) and a stream synchronization before the ranks proceed.
-  double direct_rendezvous_us = 20.0;
+  CostConstants();  // every member from the table
+
+  double unknown_link_latency_us;  // one-way link latency, the fabric's software path included
+  double unknown_link_gbps;        // link bandwidth per direction
+  double unknown_copy_gbps;        // device copy throughput (bytes copied)
+  double unknown_reduce_gbps;      // device reduce throughput (input bytes read; plans reduce 2 inputs)
+  double unknown_launch_us;        // one device operation (a kernel launch)
+  // The executor's own work per message it sends or receives (operation header, tag matching, slot
+  // accounting) beyond the fabric's path, which the link latency includes; serial on its thread.
+  double message_overhead_us;
+  // The executor's work to schedule one plan step (dependency check, completion), any step.
+  double step_overhead_us;
+  // A staged message is copied once at each end between the user's buffer and a staging slot in
+  // host memory, at min(device copy speed, this).
+  double staging_copy_max_gbps;
+  // A fused (single-host direct) operation besides its one device pass: two rendezvous of the
+  // ranks' executor threads in one process and a stream synchronization.
+  double direct_rendezvous_us;
   // A small AllReduce between processes run whole on the calling thread through shared pages
-  // (SameHostGroup::RunOneShot, CommTopology::direct_inline_bytes): the copy in, one rendezvous, the reduce
-  // of every rank's copy; a Barrier is the rendezvous alone. kizuna-bench, 2 processes, 8 B:
-  // 0.34-0.55 µs on the idle 2-core VM (docs/RACE.md, 2026-11-23 09:11 and after); the upper end.
-  double oneshot_us = 0.55;
-  // Ranks that share a host (equal RankDesc::host_id) share its CPUs and its memory. When a stage
-  // (or a fused pass) needs more threads to run than the host has CPUs (RankDesc::host_cpus), each
-  // thread beyond the CPUs must be woken and scheduled before the stage completes: this many µs
-  // per such thread and rendezvous (cost_model_host.h counts the threads). kizuna-bench, 8-byte
-  // AllReduce on the 2-CPU VM, fused on the calling threads: 4 processes 14-28 µs, 8 processes
-  // 48 µs (docs/RACE.md, 2026-11-23) — 7-14 and 8 µs per thread beyond 2.
-  double oversubscribed_wake_us = 8.0;
-  // Memory traffic (bytes read + bytes written) that all ranks of one host whose devices compute
-  // on the host (RankDesc::host_compute: emulated devices) move together per second. The race's
-  // ceiling program, one fused pass over 8 x 256 MiB buffers on 2 threads (past the caches): 45
-  // GB/s; its 2-thread copy of 1 GiB arrays: 52-113 GB/s in the same runs (docs/RACE.md).
-  double host_memory_gbps = 50.0;
+  // (SameHostGroup::RunOneShot, CommTopology::direct_inline_bytes); a Barrier is its rendezvous alone.
+  double oneshot_us;
+  // Per thread beyond a host's CPUs (RankDesc::host_cpus) and per rendezvous or stage: waking and
+  // scheduling it (cost_model_host.h counts the threads).
+  double oversubscribed_wake_us;
+  // Memory traffic (bytes read + written) per second of all ranks of one host whose devices
+  // compute on the host (RankDesc::host_compute: emulated devices), together.
+  double host_memory_gbps;
 };
 
-// One constant as documented: the table behind CostConstantsToString / ParseCostConstants.
+// One constant as documented: the table behind CostConstants(), CostConstantsToString and
+// ParseCostConstants.
 struct CostConstantInfo {
   std::string_view name;    // "unknown_link_gbps"
   std::string_view unit;    // "GB/s", "us"
-  std::string_view source;  // where the default comes from, in a line (the field's comment says more)
+  double value;             // the default
+  std::string_view source;  // why that value, in a line (docs/PERFORMANCE.md has the measurements)
   double CostConstants::*field;
 };
 std::span<const CostConstantInfo> CostConstantTable();

@@ -6,10 +6,14 @@
 
 #include <gtest/gtest.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 namespace kizuna::collectives {
@@ -552,14 +556,67 @@ TEST(CostModelTest, FormatSeconds) {
   EXPECT_EQ(FormatSeconds(std::numeric_limits<double>::infinity()), "inf");
 }
 
+// The fields of "name=value,name=value,...", split at the commas and the first '=' of each item;
+// a value that is not a whole number reads as NaN.
+std::vector<std::pair<std::string, double>> ParseDump(const std::string& text) {
+  std::vector<std::pair<std::string, double>> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    start = end + 1;
+    const size_t eq = item.find('=');
+    double v = std::numeric_limits<double>::quiet_NaN();
+    if (eq != std::string::npos) {
+      const char* first = item.data() + eq + 1;
+      const char* last = item.data() + item.size();
+      const auto [ptr, ec] = std::from_chars(first, last, v);
+      if (ec != std::errc() || ptr != last || first == last) v = std::numeric_limits<double>::quiet_NaN();
+    }
+    out.emplace_back(item.substr(0, eq), v);
+  }
+  return out;
+}
+
+TEST(CostModelTest, ConstantsTableGivesTheDefaults) {
+  const CostConstants defaults;
+  const std::span<const CostConstantInfo> table = CostConstantTable();
+  EXPECT_EQ(table.size(), 12u);
+  for (const CostConstantInfo& c : table) {
+    EXPECT_EQ(defaults.*c.field, c.value) << c.name << ": the default is not the table's value";
+    EXPECT_TRUE(std::isfinite(c.value) && c.value >= 0) << c.name;
+    if (c.unit == "GB/s") {
+      EXPECT_GT(c.value, 0) << c.name << ": a speed";
+    }
+    EXPECT_TRUE(c.unit == "GB/s" || c.unit == "us") << c.name << ": " << c.unit;
+    EXPECT_FALSE(c.source.empty()) << c.name << " has no reason for its value";
+  }
+}
+
 TEST(CostModelTest, ConstantsRoundTripAndOverride) {
   const CostConstants defaults;
+  const std::span<const CostConstantInfo> table = CostConstantTable();
   const std::string text = CostConstantsToString(defaults);
-  EXPECT_NE(text.find("unknown_link_gbps=25"), std::string::npos) << text;
-  EXPECT_EQ(CostConstantTable().size(), 12u);
+  // The form: one "name=value" per constant, comma-separated, in table order, each value a number
+  // that reads back as exactly the constant's value.
+  const auto fields = ParseDump(text);
+  ASSERT_EQ(fields.size(), table.size()) << text;
+  for (size_t i = 0; i < table.size(); ++i) {
+    EXPECT_EQ(fields[i].first, table[i].name) << text;
+    EXPECT_EQ(fields[i].second, defaults.*table[i].field) << table[i].name << " in " << text;
+  }
   auto back = ParseCostConstants(text);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
+  for (const CostConstantInfo& c : table) EXPECT_EQ((*back).*c.field, defaults.*c.field) << c.name;
   EXPECT_EQ(CostConstantsToString(*back), text);
+  // Values with no short decimal form survive the text too, bit for bit.
+  CostConstants odd;
+  double v = 1.0 / 3;
+  for (const CostConstantInfo& c : table) odd.*c.field = (v *= 7.1);
+  auto odd_back = ParseCostConstants(CostConstantsToString(odd));
+  ASSERT_TRUE(odd_back.ok()) << odd_back.status().ToString();
+  for (const CostConstantInfo& c : table) EXPECT_EQ((*odd_back).*c.field, odd.*c.field) << c.name;
 
   auto changed = ParseCostConstants(" unknown_link_gbps = 12.5 , message_overhead_us=0,");
   ASSERT_TRUE(changed.ok()) << changed.status().ToString();

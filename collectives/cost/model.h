@@ -1,6 +1,6 @@
 // The cost model: how long each algorithm takes for one request on one communicator shape
-// (DESIGN.md section 6), as α-β-γ formulas composed along the algorithm's structure from the
-// shape's devices and links, with every constant named and justified (STYLE habit 6).
+// (docs/ALGORITHMS.md), as α-β-γ formulas composed along the algorithm's structure from the
+// topology's devices and links, with every constant named and justified (constants.cc).
 //
 // The model in one page. An algorithm runs as a sequence of *stages*. In a stage a set of hops
 // (from -> to, one message of b bytes each, optionally reduced into the receiver's data) run
@@ -61,7 +61,7 @@ namespace kizuna::collectives {
 // table in constants.cc (CostConstantTable()), the one place each value and the reason for it are
 // written: measurements on this project's machines where one exists (docs/PERFORMANCE.md, "Where
 // the cost model's constants come from"), estimates marked as such otherwise, to be calibrated
-// against kizuna-bench (a model that mispredicts is a bug, DESIGN.md section 6). Shape values of 0
+// against kizuna-bench (a model that mispredicts is a bug: docs/PERFORMANCE.md tracks the error). Shape values of 0
 // ("unknown") are replaced by the unknown_* defaults.
 struct CostConstants {
   CostConstants();  // every member from the table
@@ -137,7 +137,7 @@ struct Prediction {
 // slowest peer's link is used. Shape values that are 0, negative or not finite count as unknown.
 //
 // Formulas (p ranks, n bytes of the request's count, k chunks per channel; the structures are the
-// ones collectives/algorithms/*.cc build, DESIGN.md section 6 gives the textbook forms):
+// ones collectives/algorithms/*.cc build; docs/ALGORITHMS.md gives the textbook forms):
 //   ring     AllReduce: k(p−1) reduce-scatter + k(p−1) allgather stages of n/p/k bytes;
 //            ReduceScatter, AllGather: k(p−1) stages; Broadcast, Reduce: a chain, (p−1)+k−1 stages
 //   tree     NCCL's double binary tree, each tree half the data. AllReduce: reduce up and

@@ -53,7 +53,8 @@ Result<std::vector<InaStage>> InaStages(const CollectiveRequest& request, const 
   if (!shape.ina) return NotSupported("the communicator has no aggregation layout");
   const ina::Layout& L = *shape.ina;
   if (L.workers != request.nranks)
-    return NotSupported(fmt::format("the layout is for {} workers, the communicator has {}", L.workers, request.nranks));
+    return NotSupported(
+        fmt::format("the layout is for {} workers, the communicator has {}", L.workers, request.nranks));
   if (options.deterministic) return NotSupported("aggregation devices do not reduce in rank order");
   const double message = (k.message_overhead_us + k.step_overhead_us) * 1e-6;
   const std::vector<ina::PartRange> shares = ina::SplitCount(L, request.count, 1);

@@ -70,7 +70,8 @@ TEST(CostModelTest, FusedAllReduceByHand) {
   EXPECT_NEAR(shared.gamma_s, 4 * 16384 / 20e9, 1e-12);
   // AllGather of 1024 elements per rank: every rank reads its block of 4096 bytes once and writes
   // it into 4 outputs: (4 + 1) / 2 copied blocks.
-  const Prediction gather = Predict(Algorithm::kFused, Request(Collective::kAllGather, 4, 1024), separate, Options(), k);
+  const Prediction gather =
+      Predict(Algorithm::kFused, Request(Collective::kAllGather, 4, 1024), separate, Options(), k);
   EXPECT_NEAR(gather.gamma_s, 2.5 * 4096 / 20e9, 1e-12);
   // ReduceScatter of 1024 elements per rank: 4 blocks read, one written: (4 + 1) / 2 copied blocks.
   const Prediction scatter =

@@ -49,6 +49,109 @@ std::string FabricsOf(const std::vector<StagingSlot>& slots) {
   return names.empty() ? std::string("no fabric") : NameList(names);
 }
 
+// ---- SetUpStaging's steps ----
+
+// The staging buffer's fd exports, each present when the device makes it and some comm takes fds.
+struct StagingExports {
+  std::optional<device::ExportedMemory> dmabuf, exported;
+};
+
+// Exported once each (when the device exports them and some comm takes fds); an export is only
+// needed during Register, which dup()s what it keeps.
+StagingExports ExportStaging(device::Device& device, device::Buffer& staging, const std::vector<StagingSlot>& slots,
+                             const std::string& where) {
+  const device::DeviceProperties& dprops = device.properties();
+  bool any_takes_fd = false;
+  for (const StagingSlot& s : slots)
+    any_takes_fd = any_takes_fd || (s.comm->properties().ptr_support & fabric::kPtrFd) != 0;
+  StagingExports out;
+  if (any_takes_fd && dprops.export_dmabuf) {
+    auto e = device.ExportDmaBuf(staging, 0, staging.size());
+    if (e.ok() && e->fd.valid()) {
+      out.dmabuf = std::move(e).value();
+    } else {
+      KZ_INFO(kLogColl, "{}: exporting the staging buffer of {} as a DMA-BUF failed ({}); trying its other exports",
+              where, device.label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
+    }
+  }
+  if (any_takes_fd && dprops.export_fd) {
+    auto e = device.Export(staging);
+    if (e.ok() && e->kind == device::ExportKind::kFd && e->fd.valid()) {
+      out.exported = std::move(e).value();
+    } else {
+      KZ_WARN(kLogColl,
+              "{}: exporting the staging buffer of {} failed ({}); registering it without an fd, so "
+              "transfers between staging buffers take an extra copy",
+              where, device.label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
+    }
+  }
+  return out;
+}
+
+using StagingTry = std::pair<StagingPath, fabric::MemoryDescriptor>;
+
+// The ways a comm that takes `support` (fabric::kPtr* bits) may register the staging buffer, in
+// the order they are tried.
+std::vector<StagingTry> StagingTries(uint32_t support, device::Buffer& staging, const StagingExports& exports,
+                                     const device::DeviceProperties& dprops) {
+  std::vector<StagingTry> tries;
+  if (exports.dmabuf && (support & fabric::kPtrFd) != 0)
+    tries.emplace_back(StagingPath::kDmaBuf,
+                       fabric::MemoryDescriptor::FromExport(staging.data(), *exports.dmabuf, dprops.host_accessible));
+  if (exports.exported && (support & fabric::kPtrFd) != 0)
+    tries.emplace_back(StagingPath::kFd,
+                       fabric::MemoryDescriptor::FromExport(staging.data(), *exports.exported, dprops.host_accessible));
+  if ((support & fabric::kPtrDevice) != 0)
+    tries.emplace_back(StagingPath::kDevicePointer,
+                       fabric::MemoryDescriptor{fabric::MemoryType::kDevice, staging.data(), staging.size(),
+                                                dprops.host_accessible, -1, 0});
+  if (dprops.host_accessible && (support & fabric::kPtrHost) != 0)
+    tries.emplace_back(StagingPath::kHostPointer, fabric::MemoryDescriptor::Host(staging.data(), staging.size()));
+  return tries;
+}
+
+// Registers the staging buffer on s's comm the first way of `tries` it accepts, and returns that
+// way; nullopt when the comm refuses every one (kNotSupported each, added to `fallbacks` and, as
+// "; path: why", to `refused`). Any other error fails.
+Result<std::optional<StagingPath>> RegisterFirst(const StagingSlot& s, const std::vector<StagingTry>& tries,
+                                                 const std::string& where, std::set<std::string>& fallbacks,
+                                                 std::string& refused) {
+  fabric::Comm& comm = *s.comm;
+  for (const auto& [path, memory] : tries) {
+    auto reg = comm.Register(memory);
+    if (reg.ok()) {
+      *s.registration = *reg;
+      return std::optional<StagingPath>(path);
+    }
+    if (reg.status().code() != StatusCode::kNotSupported)
+      return reg.status().WithContext(fmt::format("{}: registering the staging buffer {} for rank {} on {}", where,
+                                                  StagingPathName(path), s.peer, s.fabric->name()));
+    fallbacks.insert(
+        fmt::format("{} refused registration {}: {}", comm.label(), StagingPathName(path), reg.status().message()));
+    refused += fmt::format("; {}: {}", StagingPathName(path), reg.status().message());
+  }
+  return std::optional<StagingPath>();
+}
+
+// Why s's comm refused every way of registering the device's memory: what its fabric device takes,
+// what the device exports, and each refusal (`refused`, from RegisterFirst).
+std::string RefusalDetail(const StagingSlot& s, const device::DeviceProperties& dprops, const std::string& refused) {
+  const fabric::Comm& comm = *s.comm;
+  const uint32_t support = comm.properties().ptr_support;
+  std::string takes;
+  if ((support & fabric::kPtrHost) != 0) takes += " host pointers";
+  if ((support & fabric::kPtrDevice) != 0) takes += " device pointers";
+  if ((support & fabric::kPtrFd) != 0) takes += " fds";
+  const std::string exports = dprops.export_dmabuf && dprops.export_fd ? "DMA-BUF and fds"
+                              : dprops.export_dmabuf                   ? "DMA-BUF"
+                              : dprops.export_fd                       ? "fds"
+                                                                       : "nothing";
+  return fmt::format("{} for rank {} (fabric device {} takes{}; the device is {}host accessible and exports {}){}",
+                     comm.label(), s.peer, comm.properties().name, takes.empty() ? " nothing" : takes,
+                     dprops.host_accessible ? "" : "not ", exports,
+                     refused.empty() ? std::string(": no way of registering device memory applies") : refused);
+}
+
 }  // namespace
 
 std::string_view StagingPathName(StagingPath path) {
@@ -73,92 +176,35 @@ Status Transport::SetUpStaging(device::Device& device, const TransportOptions& o
         fmt::format("{}: allocating {} of staging on {}", where, SizeText(options.staging_bytes), device.label()));
   staging_ = std::move(allocated).value();
   const std::vector<StagingSlot> slots = StagingSlots(peers_);
-
-  // Exported once each (when the device exports them and some comm takes fds); an export is only
-  // needed during Register, which dup()s what it keeps.
-  bool any_takes_fd = false;
-  for (const StagingSlot& s : slots) any_takes_fd = any_takes_fd || (s.comm->properties().ptr_support & fabric::kPtrFd) != 0;
-  std::optional<device::ExportedMemory> dmabuf, exported;
-  if (any_takes_fd && dprops.export_dmabuf) {
-    auto e = device.ExportDmaBuf(*staging_, 0, staging_->size());
-    if (e.ok() && e->fd.valid()) {
-      dmabuf = std::move(e).value();
-    } else {
-      KZ_INFO(kLogColl, "{}: exporting the staging buffer of {} as a DMA-BUF failed ({}); trying its other exports",
-              where, device.label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
-    }
-  }
-  if (any_takes_fd && dprops.export_fd) {
-    auto e = device.Export(*staging_);
-    if (e.ok() && e->kind == device::ExportKind::kFd && e->fd.valid()) {
-      exported = std::move(e).value();
-    } else {
-      KZ_WARN(kLogColl, "{}: exporting the staging buffer of {} failed ({}); registering it without an fd, so "
-              "transfers between staging buffers take an extra copy", where, device.label(),
-              e.ok() ? std::string("no fd in the export") : e.status().ToString());
-    }
-  }
+  StagingExports exports = ExportStaging(device, *staging_, slots, where);
 
   // Per comm, so each by its own fabric: the first way the comm accepts.
   std::set<StagingPath> used;
   std::set<std::string> fallbacks;  // why some comm does not register by fd (an extra copy per transfer)
   for (const StagingSlot& s : slots) {
-    fabric::Comm& comm = *s.comm;
-    const uint32_t support = comm.properties().ptr_support;
-    std::vector<std::pair<StagingPath, fabric::MemoryDescriptor>> tries;
-    if (dmabuf && (support & fabric::kPtrFd) != 0)
-      tries.emplace_back(StagingPath::kDmaBuf,
-                         fabric::MemoryDescriptor::FromExport(staging_->data(), *dmabuf, dprops.host_accessible));
-    if (exported && (support & fabric::kPtrFd) != 0)
-      tries.emplace_back(StagingPath::kFd,
-                         fabric::MemoryDescriptor::FromExport(staging_->data(), *exported, dprops.host_accessible));
-    if ((support & fabric::kPtrDevice) != 0)
-      tries.emplace_back(StagingPath::kDevicePointer,
-                         fabric::MemoryDescriptor{fabric::MemoryType::kDevice, staging_->data(), staging_->size(),
-                                                  dprops.host_accessible, -1, 0});
-    if (dprops.host_accessible && (support & fabric::kPtrHost) != 0)
-      tries.emplace_back(StagingPath::kHostPointer, fabric::MemoryDescriptor::Host(staging_->data(), staging_->size()));
+    const uint32_t support = s.comm->properties().ptr_support;
+    const std::vector<StagingTry> tries = StagingTries(support, *staging_, exports, dprops);
     if ((dprops.export_fd || dprops.export_dmabuf) && (support & fabric::kPtrFd) == 0)
-      fallbacks.insert(fmt::format("{} does not register by fd", comm.properties().name));
+      fallbacks.insert(fmt::format("{} does not register by fd", s.comm->properties().name));
     std::string refused;
-    for (auto& [path, memory] : tries) {
-      auto reg = comm.Register(memory);
-      if (reg.ok()) {
-        *s.registration = *reg;
-        used.insert(path);
-        break;
-      }
-      if (reg.status().code() != StatusCode::kNotSupported)
-        return reg.status().WithContext(fmt::format("{}: registering the staging buffer {} for rank {} on {}", where,
-                                                    StagingPathName(path), s.peer, s.fabric->name()));
-      fallbacks.insert(fmt::format("{} refused registration {}: {}", comm.label(), StagingPathName(path),
-                                   reg.status().message()));
-      refused += fmt::format("; {}: {}", StagingPathName(path), reg.status().message());
+    KZ_ASSIGN_OR_RETURN(const std::optional<StagingPath> path, RegisterFirst(s, tries, where, fallbacks, refused));
+    if (path) {
+      used.insert(*path);
+      continue;
     }
-    if (*s.registration != nullptr) continue;
 
     // Every way refused: this fabric cannot reach the device's memory.
-    std::string takes;
-    if ((support & fabric::kPtrHost) != 0) takes += " host pointers";
-    if ((support & fabric::kPtrDevice) != 0) takes += " device pointers";
-    if ((support & fabric::kPtrFd) != 0) takes += " fds";
-    const std::string exports = dprops.export_dmabuf && dprops.export_fd ? "DMA-BUF and fds"
-                                : dprops.export_dmabuf                  ? "DMA-BUF"
-                                : dprops.export_fd                      ? "fds"
-                                                                        : "nothing";
     const std::string why = fmt::format("{} cannot reach {} memory", s.fabric->name(), device.label());
-    const std::string detail = fmt::format(
-        "{} for rank {} (fabric device {} takes{}; the device is {}host accessible and exports {}){}", comm.label(),
-        s.peer, comm.properties().name, takes.empty() ? " nothing" : takes, dprops.host_accessible ? "" : "not ",
-        exports, refused.empty() ? std::string(": no way of registering device memory applies") : refused);
+    const std::string detail = RefusalDetail(s, dprops, refused);
     if (dprops.host_accessible)
-      return NotSupported(fmt::format("{}: {}: {}; the CPU already addresses that memory, so staging through host "
-                                      "memory would not help",
-                                      where, why, detail));
+      return NotSupported(
+          fmt::format("{}: {}: {}; the CPU already addresses that memory, so staging through host "
+                      "memory would not help",
+                      where, why, detail));
     // One staging buffer serves every comm: release what the device buffer got, then stage
     // everything through host memory.
-    dmabuf.reset();
-    exported.reset();
+    exports.dmabuf.reset();
+    exports.exported.reset();
     KZ_RETURN_IF_ERROR(DeregisterStaging(where));
     staging_.reset();
     return SetUpHostStaging(device, options, where, why, detail);

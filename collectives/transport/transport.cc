@@ -237,6 +237,340 @@ class DeviceMap {
   int switched_ = -1;
 };
 
+// ---- Transport::Create's phases ----
+//
+// Create runs them in order: check the arguments, map each fabric's devices, choose the fabric of
+// each pair (round 1), listen and exchange the handles (round 2), match the offers, connect and
+// accept, register the control buffers; then staging and the description, which are the
+// Transport's own.
+
+std::vector<std::string> FabricNames(std::span<fabric::Fabric* const> fabrics) {
+  std::vector<std::string> names;
+  for (fabric::Fabric* f : fabrics) names.push_back(f != nullptr ? f->name() : std::string("(null)"));
+  return names;
+}
+
+// kInvalidArgument when `fabrics` is empty, holds a null, a fabric twice, or a fabric created for
+// another rank, or when a buffer size is 0.
+Status CheckArguments(std::span<fabric::Fabric* const> fabrics, const std::vector<std::string>& fabric_names, int rank,
+                      int n, const TransportOptions& options, const std::string& where) {
+  if (fabrics.empty()) return InvalidArgument(fmt::format("{}: no fabric given", where));
+  const int nfabrics = static_cast<int>(fabrics.size());
+  for (int f = 0; f < nfabrics; ++f) {
+    const fabric::Fabric* fab = fabrics[static_cast<size_t>(f)];
+    if (fab == nullptr) return InvalidArgument(fmt::format("{}: fabric {} of the list is null", where, f));
+    for (int g = 0; g < f; ++g)
+      if (fabric_names[static_cast<size_t>(g)] == fab->name())
+        return InvalidArgument(fmt::format("{}: fabric {} is listed twice", where, fab->name()));
+    if (fab->context().rank != rank || fab->context().world_size != n)
+      return InvalidArgument(fmt::format("{}: fabric {} was created for rank {} of {}, the bootstrap is rank {} of {}",
+                                         where, fab->name(), fab->context().rank, fab->context().world_size, rank, n));
+  }
+  if (options.staging_bytes == 0 || options.control_bytes == 0)
+    return InvalidArgument(fmt::format("{}: staging_bytes ({}) and control_bytes ({}) must be positive", where,
+                                       options.staging_bytes, options.control_bytes));
+  return Status::Ok();
+}
+
+// What the phases after the argument checks share. The comms it makes live in the Transport being
+// built (its peers and listens, passed in), so that a failure in any phase releases all of them.
+class Connector {
+ public:
+  using Peers = std::vector<std::unique_ptr<Transport::Peer>>;
+  using Listens = std::vector<std::unique_ptr<fabric::ListenComm>>;
+
+  Connector(std::span<fabric::Fabric* const> fabrics, const std::vector<std::string>& fabric_names,
+            bootstrap::Bootstrap& bootstrap, const std::string& where, Deadline deadline, Peers& peers,
+            Listens& listens)
+      : fabrics_(fabrics),
+        fabric_names_(fabric_names),
+        bootstrap_(bootstrap),
+        where_(where),
+        deadline_(deadline),
+        rank_(bootstrap.rank()),
+        n_(bootstrap.size()),
+        nfabrics_(static_cast<int>(fabrics.size())),
+        peers_(peers),
+        listens_(listens) {}
+
+  // Which device of each fabric serves which peer.
+  Status MapDevices(const device::Device& device);
+  // Round 1: which peers this rank can serve on each fabric. From every rank's answer each rank
+  // computes the fabric of each of its pairs: the first in the list that both ends serve.
+  Status ChooseFabrics();
+  // Round 2: listen once per peer, on the device of the pair's fabric that serves it; the handles
+  // go out in one allgather.
+  Status ExchangeOffers();
+  // Checks each peer's offer to this rank against the pair's fabric, and makes a Peer for each one
+  // to connect to (the rest are unreachable).
+  Status MatchOffers();
+  // Connects to every peer and accepts from every peer.
+  Status ConnectAll();
+  // Registers each peer's control buffers (`control_bytes` each) and fills in this rank's row of
+  // links; `network` becomes true when some peer is reached through a switched device.
+  Status RegisterControl(size_t control_bytes, std::vector<LinkDesc>& link_row, bool& network);
+
+  // Which fabric serves which peers, over which devices: "directconnect: rank 1 (device w0:port0);
+  // ofi: ranks 2, 3 (device tcp;ofi_rxm:lo)"; empty without peers.
+  std::string Groups() const;
+  const std::vector<int>& connected() const { return connected_; }
+  const std::vector<int>& unreachable() const { return unreachable_; }
+
+ private:
+  // The offer a peer's record holds for this rank, and the device to connect to it from.
+  struct Pending {
+    int connect_dev = -1;
+    const Handle* handle = nullptr;
+  };
+
+  // One round of ConnectAll for peer q: a connect and an accept when still missing. Adds q to
+  // no_send / no_recv for what is still missing; `progressed` when either completed.
+  Status TryConnect(int q, bool& progressed, std::vector<int>& no_send, std::vector<int>& no_recv);
+
+  const std::span<fabric::Fabric* const> fabrics_;
+  const std::vector<std::string>& fabric_names_;
+  bootstrap::Bootstrap& bootstrap_;
+  const std::string& where_;
+  const Deadline deadline_;
+  const int rank_;
+  const int n_;
+  const int nfabrics_;
+  Peers& peers_;
+  Listens& listens_;
+
+  std::vector<DeviceMap> maps_;                      // per fabric
+  std::vector<int> chosen_;                          // the fabric of the pair (rank, q); -1 for none
+  std::vector<Record> records_;                      // every rank's offers
+  std::vector<Pending> pending_;                     // per peer
+  std::vector<int> unreachable_;                     // peers no fabric serves
+  std::vector<int> connected_;                       // peers with comms both ways
+  std::vector<std::vector<int>> served_;             // per fabric: the peers it serves
+  std::vector<std::set<std::string>> device_names_;  // per fabric: the devices it uses for them
+};
+
+Status Connector::MapDevices(const device::Device& device) {
+  for (int f = 0; f < nfabrics_; ++f) {
+    auto map = DeviceMap::Build(*fabrics_[static_cast<size_t>(f)], device);
+    if (!map.ok())
+      return map.status().WithContext(
+          fmt::format("{}: the devices of {}", where_, fabric_names_[static_cast<size_t>(f)]));
+    maps_.push_back(std::move(map).value());
+  }
+  return Status::Ok();
+}
+
+Status Connector::ChooseFabrics() {
+  Reach mine_reach{fabric_names_, {}};
+  for (int f = 0; f < nfabrics_; ++f) {
+    std::vector<bool> serves(static_cast<size_t>(n_), false);
+    for (int q = 0; q < n_; ++q)
+      serves[static_cast<size_t>(q)] = q != rank_ && maps_[static_cast<size_t>(f)].Serving(q) >= 0;
+    mine_reach.serves.push_back(std::move(serves));
+  }
+  auto reach_gathered = bootstrap_.AllGather(SerializeReach(mine_reach, n_), deadline_);
+  if (!reach_gathered.ok())
+    return reach_gathered.status().WithContext(fmt::format("{}: exchanging which peers each fabric reaches", where_));
+  std::vector<Reach> reach;
+  for (int q = 0; q < n_; ++q) {
+    auto r = ParseReach((*reach_gathered)[static_cast<size_t>(q)], n_, q);
+    if (!r.ok()) return r.status().WithContext(where_);
+    if (r->fabrics != fabric_names_)
+      return InvalidArgument(
+          fmt::format("{}: rank {} connects over fabrics [{}], this rank over [{}]; every rank must "
+                      "pass the same fabrics in the same order",
+                      where_, q, NameList(r->fabrics), NameList(fabric_names_)));
+    reach.push_back(std::move(r).value());
+  }
+  auto serves = [&](int a, int f, int b) {
+    return static_cast<bool>(reach[static_cast<size_t>(a)].serves[static_cast<size_t>(f)][static_cast<size_t>(b)]);
+  };
+  chosen_.assign(static_cast<size_t>(n_), -1);
+  for (int q = 0; q < n_; ++q) {
+    if (q == rank_) continue;
+    for (int f = 0; f < nfabrics_ && chosen_[static_cast<size_t>(q)] < 0; ++f)
+      if (serves(rank_, f, q) && serves(q, f, rank_)) chosen_[static_cast<size_t>(q)] = f;
+    if (chosen_[static_cast<size_t>(q)] >= 0) continue;
+    for (int f = 0; f < nfabrics_; ++f)
+      if (serves(rank_, f, q) != serves(q, f, rank_))
+        KZ_WARN(kLogColl,
+                "{}: on {}, only {} has a device for the pair of ranks {} and {} (do the ranks see the same "
+                "topology?); no other fabric serves the pair, so it is left unconnected",
+                where_, fabric_names_[static_cast<size_t>(f)],
+                serves(rank_, f, q) ? "this rank" : fmt::format("rank {}", q), rank_, q);
+  }
+  return Status::Ok();
+}
+
+Status Connector::ExchangeOffers() {
+  Record mine(static_cast<size_t>(n_));
+  for (int q = 0; q < n_; ++q) {
+    const int f = chosen_[static_cast<size_t>(q)];
+    if (f < 0) continue;
+    fabric::Fabric& fab = *fabrics_[static_cast<size_t>(f)];
+    const DeviceMap& map = maps_[static_cast<size_t>(f)];
+    const int dev = map.Serving(q);
+    auto listen = fab.Listen(dev);
+    if (!listen.ok())
+      return listen.status().WithContext(
+          fmt::format("{}: listening for rank {} on {} {}", where_, q, fab.name(), map.props(dev).name));
+    mine[static_cast<size_t>(q)] = Offer{f, dev, map.props(dev).point_to_point, (*listen)->handle()};
+    listens_[static_cast<size_t>(q)] = std::move(listen).value();
+  }
+  auto gathered = bootstrap_.AllGather(SerializeRecord(mine), deadline_);
+  if (!gathered.ok()) return gathered.status().WithContext(fmt::format("{}: exchanging connection handles", where_));
+  for (int q = 0; q < n_; ++q) {
+    auto record = ParseRecord((*gathered)[static_cast<size_t>(q)], n_, nfabrics_, q);
+    if (!record.ok()) return record.status().WithContext(where_);
+    records_.push_back(std::move(record).value());
+  }
+  return Status::Ok();
+}
+
+// Both ends of a pair chose its fabric from the same data: an offer that disagrees comes from a
+// rank that decided differently (another build), and connecting anyway could pair the wrong comms.
+Status Connector::MatchOffers() {
+  pending_.assign(static_cast<size_t>(n_), Pending{});
+  for (int q = 0; q < n_; ++q) {
+    if (q == rank_) continue;
+    const int f = chosen_[static_cast<size_t>(q)];
+    const std::optional<Offer>& theirs = records_[static_cast<size_t>(q)][static_cast<size_t>(rank_)];
+    if (f < 0 && !theirs) {
+      unreachable_.push_back(q);
+      continue;
+    }
+    if (f < 0 || !theirs || theirs->fabric != f)
+      return InvalidArgument(fmt::format(
+          "{}: rank {} {} for this rank, but both ranks' reports say the pair is served by {} (do the ranks run the "
+          "same kizuna build?)",
+          where_, q,
+          theirs ? fmt::format("listens on {}", fabric_names_[static_cast<size_t>(theirs->fabric)])
+                 : std::string("does not listen"),
+          f < 0 ? std::string("no fabric") : fabric_names_[static_cast<size_t>(f)]));
+    const DeviceMap& map = maps_[static_cast<size_t>(f)];
+    const int dev = map.ConnectingFor(q, *theirs);
+    if (dev < 0)
+      return InvalidArgument(fmt::format(
+          "{}: rank {} listens for this rank on its {} {} device {}, and no device of this rank {}", where_, q,
+          fabric_names_[static_cast<size_t>(f)], theirs->point_to_point ? "point-to-point" : "switched", theirs->device,
+          theirs->point_to_point
+              ? fmt::format("is linked to port {} of rank {} (do the ranks load the same topology?)", theirs->device, q)
+              : std::string("is switched")));
+    pending_[static_cast<size_t>(q)] = Pending{dev, &theirs->handle};
+    peers_[static_cast<size_t>(q)] = std::make_unique<Transport::Peer>();
+    peers_[static_cast<size_t>(q)]->rank = q;
+    peers_[static_cast<size_t>(q)]->fabric = fabrics_[static_cast<size_t>(f)];
+  }
+  return Status::Ok();
+}
+
+// Connects and accepts are interleaved and non-blocking, so no pair waits for another; between
+// rounds that changed nothing it sleeps briefly (the 2-core machines this runs on in CI must not
+// be spun).
+Status Connector::ConnectAll() {
+  constexpr auto kMinSleep = std::chrono::microseconds(20);
+  constexpr auto kMaxSleep = std::chrono::microseconds(1000);
+  auto sleep = kMinSleep;
+  for (;;) {
+    bool progressed = false;
+    std::vector<int> no_send, no_recv;
+    for (int q = 0; q < n_; ++q) KZ_RETURN_IF_ERROR(TryConnect(q, progressed, no_send, no_recv));
+    if (no_send.empty() && no_recv.empty()) return Status::Ok();
+    if (deadline_.Expired()) {
+      std::string missing;
+      if (!no_send.empty()) missing += fmt::format("no connection to {}", RankList(no_send));
+      if (!no_recv.empty())
+        missing += fmt::format("{}no connection from {}", missing.empty() ? "" : ", ", RankList(no_recv));
+      return Timeout(fmt::format("{}: {} by the deadline", where_, missing));
+    }
+    if (progressed) {
+      sleep = kMinSleep;
+      continue;
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(sleep, deadline_.Remaining()));
+    sleep = std::min(sleep * 2, kMaxSleep);
+  }
+}
+
+Status Connector::TryConnect(int q, bool& progressed, std::vector<int>& no_send, std::vector<int>& no_recv) {
+  Transport::Peer* p = peers_[static_cast<size_t>(q)].get();
+  if (p == nullptr) return Status::Ok();
+  const Pending& pend = pending_[static_cast<size_t>(q)];
+  if (p->send == nullptr) {
+    auto send = p->fabric->Connect(pend.connect_dev, *pend.handle);
+    if (!send.ok()) {
+      auto props = p->fabric->properties(pend.connect_dev);
+      return send.status().WithContext(fmt::format("{}: connecting to rank {} from {} {}", where_, q, p->fabric->name(),
+                                                   props.ok() ? props->name : "?"));
+    }
+    if (*send != nullptr) {
+      p->send = std::move(send).value();
+      progressed = true;
+      KZ_TRACE(kLogColl, "{}: connected to rank {}: {}", where_, q, p->send->label());
+    } else {
+      no_send.push_back(q);
+    }
+  }
+  if (p->recv == nullptr) {
+    auto recv = listens_[static_cast<size_t>(q)]->Accept();
+    if (!recv.ok())
+      return recv.status().WithContext(fmt::format("{}: accepting rank {}'s connection on {} {}", where_, q,
+                                                   p->fabric->name(),
+                                                   listens_[static_cast<size_t>(q)]->properties().name));
+    if (*recv != nullptr) {
+      p->recv = std::move(recv).value();
+      progressed = true;
+      KZ_TRACE(kLogColl, "{}: accepted rank {}: {}", where_, q, p->recv->label());
+    } else {
+      no_recv.push_back(q);
+    }
+  }
+  return Status::Ok();
+}
+
+// Control buffers: host memory, which every fabric registers.
+Status Connector::RegisterControl(size_t control_bytes, std::vector<LinkDesc>& link_row, bool& network) {
+  auto register_control = [&](fabric::Comm& comm, std::vector<uint8_t>& buffer, int q,
+                              std::string_view dir) -> Result<fabric::Registration*> {
+    buffer.assign(control_bytes, 0);
+    auto reg = comm.Register(fabric::MemoryDescriptor::Host(buffer.data(), buffer.size()));
+    if (!reg.ok())
+      return reg.status().WithContext(fmt::format("{}: registering the control buffer {} rank {}", where_, dir, q));
+    return *reg;
+  };
+  served_.assign(static_cast<size_t>(nfabrics_), {});
+  device_names_.assign(static_cast<size_t>(nfabrics_), {});
+  for (int q = 0; q < n_; ++q) {
+    Transport::Peer* p = peers_[static_cast<size_t>(q)].get();
+    if (p == nullptr) continue;
+    KZ_ASSIGN_OR_RETURN(p->send_control, register_control(*p->send, p->control_out, q, "to"));
+    KZ_ASSIGN_OR_RETURN(p->recv_control, register_control(*p->recv, p->control_in, q, "from"));
+    // FabricDeviceProperties::speed_gbps is in gigabits per second (as NICs are rated);
+    // LinkDesc::gbps is in gigabytes per second (as the cost model counts bytes): divide by 8.
+    const FabricDeviceProperties& via = p->send->properties();
+    link_row[static_cast<size_t>(q)] = LinkDesc{true, via.latency_us, via.speed_gbps / 8.0, true};
+    connected_.push_back(q);
+    const size_t f = static_cast<size_t>(chosen_[static_cast<size_t>(q)]);
+    served_[f].push_back(q);
+    device_names_[f].insert(via.name);
+    device_names_[f].insert(p->recv->properties().name);
+    network = network || !via.point_to_point;
+  }
+  return Status::Ok();
+}
+
+std::string Connector::Groups() const {
+  std::string groups;
+  for (int f = 0; f < nfabrics_; ++f) {
+    const auto& names = device_names_[static_cast<size_t>(f)];
+    if (served_[static_cast<size_t>(f)].empty()) continue;
+    std::string devices;
+    for (const std::string& name : names) devices += fmt::format("{}{}", devices.empty() ? "" : ", ", name);
+    groups += fmt::format("{}{}: {} ({} {})", groups.empty() ? "" : "; ", fabric_names_[static_cast<size_t>(f)],
+                          RankList(served_[static_cast<size_t>(f)]), names.size() == 1 ? "device" : "devices", devices);
+  }
+  return groups;
+}
+
 }  // namespace
 
 Transport::~Transport() {
@@ -273,24 +607,9 @@ Result<std::unique_ptr<Transport>> Transport::Create(std::span<fabric::Fabric* c
                                                      const TransportOptions& options, Deadline deadline) {
   const int rank = bootstrap.rank();
   const int n = bootstrap.size();
-  std::vector<std::string> fabric_names;
-  for (fabric::Fabric* f : fabrics) fabric_names.push_back(f != nullptr ? f->name() : std::string("(null)"));
+  const std::vector<std::string> fabric_names = FabricNames(fabrics);
   const std::string where = fmt::format("transport (rank {} of {} on {})", rank, n, NameList(fabric_names));
-  if (fabrics.empty()) return InvalidArgument(fmt::format("{}: no fabric given", where));
-  const int nfabrics = static_cast<int>(fabrics.size());
-  for (int f = 0; f < nfabrics; ++f) {
-    const fabric::Fabric* fab = fabrics[static_cast<size_t>(f)];
-    if (fab == nullptr) return InvalidArgument(fmt::format("{}: fabric {} of the list is null", where, f));
-    for (int g = 0; g < f; ++g)
-      if (fabric_names[static_cast<size_t>(g)] == fab->name())
-        return InvalidArgument(fmt::format("{}: fabric {} is listed twice", where, fab->name()));
-    if (fab->context().rank != rank || fab->context().world_size != n)
-      return InvalidArgument(fmt::format("{}: fabric {} was created for rank {} of {}, the bootstrap is rank {} of {}",
-                                         where, fab->name(), fab->context().rank, fab->context().world_size, rank, n));
-  }
-  if (options.staging_bytes == 0 || options.control_bytes == 0)
-    return InvalidArgument(fmt::format("{}: staging_bytes ({}) and control_bytes ({}) must be positive", where,
-                                       options.staging_bytes, options.control_bytes));
+  KZ_RETURN_IF_ERROR(CheckArguments(fabrics, fabric_names, rank, n, options, where));
 
   std::unique_ptr<Transport> t(new Transport());
   t->rank_ = rank;
@@ -299,223 +618,25 @@ Result<std::unique_ptr<Transport>> Transport::Create(std::span<fabric::Fabric* c
   t->listens_.resize(static_cast<size_t>(n));
   t->link_row_.assign(static_cast<size_t>(n), LinkDesc{});
 
-  std::vector<DeviceMap> maps;
-  for (int f = 0; f < nfabrics; ++f) {
-    auto map = DeviceMap::Build(*fabrics[static_cast<size_t>(f)], device);
-    if (!map.ok())
-      return map.status().WithContext(fmt::format("{}: the devices of {}", where, fabric_names[static_cast<size_t>(f)]));
-    maps.push_back(std::move(map).value());
-  }
+  Connector connector(fabrics, fabric_names, bootstrap, where, deadline, t->peers_, t->listens_);
+  KZ_RETURN_IF_ERROR(connector.MapDevices(device));
+  KZ_RETURN_IF_ERROR(connector.ChooseFabrics());
+  KZ_RETURN_IF_ERROR(connector.ExchangeOffers());
+  KZ_RETURN_IF_ERROR(connector.MatchOffers());
+  KZ_RETURN_IF_ERROR(connector.ConnectAll());
+  KZ_RETURN_IF_ERROR(connector.RegisterControl(options.control_bytes, t->link_row_, t->network_));
 
-  // Round 1: which peers this rank can serve on each fabric. From every rank's answer each rank
-  // computes the fabric of each of its pairs: the first in the list that both ends serve.
-  Reach mine_reach{fabric_names, {}};
-  for (int f = 0; f < nfabrics; ++f) {
-    std::vector<bool> serves(static_cast<size_t>(n), false);
-    for (int q = 0; q < n; ++q) serves[static_cast<size_t>(q)] = q != rank && maps[static_cast<size_t>(f)].Serving(q) >= 0;
-    mine_reach.serves.push_back(std::move(serves));
-  }
-  auto reach_gathered = bootstrap.AllGather(SerializeReach(mine_reach, n), deadline);
-  if (!reach_gathered.ok())
-    return reach_gathered.status().WithContext(fmt::format("{}: exchanging which peers each fabric reaches", where));
-  std::vector<Reach> reach;
-  for (int q = 0; q < n; ++q) {
-    auto r = ParseReach((*reach_gathered)[static_cast<size_t>(q)], n, q);
-    if (!r.ok()) return r.status().WithContext(where);
-    if (r->fabrics != fabric_names)
-      return InvalidArgument(fmt::format("{}: rank {} connects over fabrics [{}], this rank over [{}]; every rank must "
-                                         "pass the same fabrics in the same order",
-                                         where, q, NameList(r->fabrics), NameList(fabric_names)));
-    reach.push_back(std::move(r).value());
-  }
-  auto serves = [&](int a, int f, int b) {
-    return static_cast<bool>(reach[static_cast<size_t>(a)].serves[static_cast<size_t>(f)][static_cast<size_t>(b)]);
-  };
-  std::vector<int> chosen(static_cast<size_t>(n), -1);  // the fabric of the pair (rank, q)
-  for (int q = 0; q < n; ++q) {
-    if (q == rank) continue;
-    for (int f = 0; f < nfabrics && chosen[static_cast<size_t>(q)] < 0; ++f)
-      if (serves(rank, f, q) && serves(q, f, rank)) chosen[static_cast<size_t>(q)] = f;
-    if (chosen[static_cast<size_t>(q)] >= 0) continue;
-    for (int f = 0; f < nfabrics; ++f)
-      if (serves(rank, f, q) != serves(q, f, rank))
-        KZ_WARN(kLogColl, "{}: on {}, only {} has a device for the pair of ranks {} and {} (do the ranks see the same "
-                "topology?); no other fabric serves the pair, so it is left unconnected", where,
-                fabric_names[static_cast<size_t>(f)], serves(rank, f, q) ? "this rank" : fmt::format("rank {}", q),
-                rank, q);
-  }
-
-  // Round 2: listen once per peer, on the device of the pair's fabric that serves it; the handles
-  // go out in one allgather.
-  Record mine(static_cast<size_t>(n));
-  for (int q = 0; q < n; ++q) {
-    const int f = chosen[static_cast<size_t>(q)];
-    if (f < 0) continue;
-    fabric::Fabric& fab = *fabrics[static_cast<size_t>(f)];
-    const DeviceMap& map = maps[static_cast<size_t>(f)];
-    const int dev = map.Serving(q);
-    auto listen = fab.Listen(dev);
-    if (!listen.ok())
-      return listen.status().WithContext(
-          fmt::format("{}: listening for rank {} on {} {}", where, q, fab.name(), map.props(dev).name));
-    mine[static_cast<size_t>(q)] = Offer{f, dev, map.props(dev).point_to_point, (*listen)->handle()};
-    t->listens_[static_cast<size_t>(q)] = std::move(listen).value();
-  }
-  auto gathered = bootstrap.AllGather(SerializeRecord(mine), deadline);
-  if (!gathered.ok()) return gathered.status().WithContext(fmt::format("{}: exchanging connection handles", where));
-  std::vector<Record> records;
-  for (int q = 0; q < n; ++q) {
-    auto record = ParseRecord((*gathered)[static_cast<size_t>(q)], n, nfabrics, q);
-    if (!record.ok()) return record.status().WithContext(where);
-    records.push_back(std::move(record).value());
-  }
-
-  // Both ends of a pair chose its fabric from the same data: an offer that disagrees comes from a
-  // rank that decided differently (another build), and connecting anyway could pair the wrong comms.
-  struct Pending {
-    int connect_dev = -1;
-    const Handle* handle = nullptr;
-  };
-  std::vector<Pending> pending(static_cast<size_t>(n));
-  std::vector<int> unreachable;
-  for (int q = 0; q < n; ++q) {
-    if (q == rank) continue;
-    const int f = chosen[static_cast<size_t>(q)];
-    const std::optional<Offer>& theirs = records[static_cast<size_t>(q)][static_cast<size_t>(rank)];
-    if (f < 0 && !theirs) {
-      unreachable.push_back(q);
-      continue;
-    }
-    if (f < 0 || !theirs || theirs->fabric != f)
-      return InvalidArgument(fmt::format(
-          "{}: rank {} {} for this rank, but both ranks' reports say the pair is served by {} (do the ranks run the "
-          "same kizuna build?)",
-          where, q,
-          theirs ? fmt::format("listens on {}", fabric_names[static_cast<size_t>(theirs->fabric)])
-                 : std::string("does not listen"),
-          f < 0 ? std::string("no fabric") : fabric_names[static_cast<size_t>(f)]));
-    const DeviceMap& map = maps[static_cast<size_t>(f)];
-    const int dev = map.ConnectingFor(q, *theirs);
-    if (dev < 0)
-      return InvalidArgument(fmt::format(
-          "{}: rank {} listens for this rank on its {} {} device {}, and no device of this rank {}", where, q,
-          fabric_names[static_cast<size_t>(f)], theirs->point_to_point ? "point-to-point" : "switched", theirs->device,
-          theirs->point_to_point ? fmt::format("is linked to port {} of rank {} (do the ranks load the same topology?)",
-                                               theirs->device, q)
-                                 : std::string("is switched")));
-    pending[static_cast<size_t>(q)] = Pending{dev, &theirs->handle};
-    t->peers_[static_cast<size_t>(q)] = std::make_unique<Peer>();
-    t->peers_[static_cast<size_t>(q)]->rank = q;
-    t->peers_[static_cast<size_t>(q)]->fabric = fabrics[static_cast<size_t>(f)];
-  }
-
-  // Connect to every peer and accept from every peer, interleaved and non-blocking, so no pair
-  // waits for another; sleep briefly between rounds that changed nothing (the 2-core machines
-  // this runs on in CI must not be spun).
-  constexpr auto kMinSleep = std::chrono::microseconds(20);
-  constexpr auto kMaxSleep = std::chrono::microseconds(1000);
-  auto sleep = kMinSleep;
-  for (;;) {
-    bool progressed = false;
-    std::vector<int> no_send, no_recv;
-    for (int q = 0; q < n; ++q) {
-      Peer* p = t->peers_[static_cast<size_t>(q)].get();
-      if (p == nullptr) continue;
-      const Pending& pend = pending[static_cast<size_t>(q)];
-      if (p->send == nullptr) {
-        auto send = p->fabric->Connect(pend.connect_dev, *pend.handle);
-        if (!send.ok()) {
-          auto props = p->fabric->properties(pend.connect_dev);
-          return send.status().WithContext(fmt::format("{}: connecting to rank {} from {} {}", where, q,
-                                                       p->fabric->name(), props.ok() ? props->name : "?"));
-        }
-        if (*send != nullptr) {
-          p->send = std::move(send).value();
-          progressed = true;
-          KZ_TRACE(kLogColl, "{}: connected to rank {}: {}", where, q, p->send->label());
-        } else {
-          no_send.push_back(q);
-        }
-      }
-      if (p->recv == nullptr) {
-        auto recv = t->listens_[static_cast<size_t>(q)]->Accept();
-        if (!recv.ok())
-          return recv.status().WithContext(fmt::format("{}: accepting rank {}'s connection on {} {}", where, q,
-                                                       p->fabric->name(),
-                                                       t->listens_[static_cast<size_t>(q)]->properties().name));
-        if (*recv != nullptr) {
-          p->recv = std::move(recv).value();
-          progressed = true;
-          KZ_TRACE(kLogColl, "{}: accepted rank {}: {}", where, q, p->recv->label());
-        } else {
-          no_recv.push_back(q);
-        }
-      }
-    }
-    if (no_send.empty() && no_recv.empty()) break;
-    if (deadline.Expired()) {
-      std::string missing;
-      if (!no_send.empty()) missing += fmt::format("no connection to {}", RankList(no_send));
-      if (!no_recv.empty())
-        missing += fmt::format("{}no connection from {}", missing.empty() ? "" : ", ", RankList(no_recv));
-      return Timeout(fmt::format("{}: {} by the deadline", where, missing));
-    }
-    if (progressed) {
-      sleep = kMinSleep;
-      continue;
-    }
-    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(sleep, deadline.Remaining()));
-    sleep = std::min(sleep * 2, kMaxSleep);
-  }
-
-  // Control buffers: host memory, which every fabric registers.
-  auto register_control = [&](fabric::Comm& comm, std::vector<uint8_t>& buffer, int q,
-                              std::string_view dir) -> Result<fabric::Registration*> {
-    buffer.assign(options.control_bytes, 0);
-    auto reg = comm.Register(fabric::MemoryDescriptor::Host(buffer.data(), buffer.size()));
-    if (!reg.ok())
-      return reg.status().WithContext(
-          fmt::format("{}: registering the control buffer {} rank {}", where, dir, q));
-    return *reg;
-  };
-  // Per fabric: the peers it serves and the devices it uses for them.
-  std::vector<std::vector<int>> served(static_cast<size_t>(nfabrics));
-  std::vector<std::set<std::string>> device_names(static_cast<size_t>(nfabrics));
-  std::vector<int> connected;
-  for (int q = 0; q < n; ++q) {
-    Peer* p = t->peers_[static_cast<size_t>(q)].get();
-    if (p == nullptr) continue;
-    KZ_ASSIGN_OR_RETURN(p->send_control, register_control(*p->send, p->control_out, q, "to"));
-    KZ_ASSIGN_OR_RETURN(p->recv_control, register_control(*p->recv, p->control_in, q, "from"));
-    // FabricDeviceProperties::speed_gbps is in gigabits per second (as NICs are rated);
-    // LinkDesc::gbps is in gigabytes per second (as the cost model counts bytes): divide by 8.
-    const FabricDeviceProperties& via = p->send->properties();
-    t->link_row_[static_cast<size_t>(q)] = LinkDesc{true, via.latency_us, via.speed_gbps / 8.0, true};
-    connected.push_back(q);
-    const size_t f = static_cast<size_t>(chosen[static_cast<size_t>(q)]);
-    served[f].push_back(q);
-    device_names[f].insert(via.name);
-    device_names[f].insert(p->recv->properties().name);
-    t->network_ = t->network_ || !via.point_to_point;
-  }
   TransportOptions staging_options = options;
   if (t->network_) staging_options.staging_bytes = std::max(options.staging_bytes, options.network_staging_bytes);
   KZ_RETURN_IF_ERROR(t->SetUpStaging(device, staging_options, where));
 
-  // "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3 (device tcp;ofi_rxm:lo)"
-  std::string groups;
-  for (int f = 0; f < nfabrics; ++f) {
-    const auto& names = device_names[static_cast<size_t>(f)];
-    if (served[static_cast<size_t>(f)].empty()) continue;
-    std::string devices;
-    for (const std::string& name : names) devices += fmt::format("{}{}", devices.empty() ? "" : ", ", name);
-    groups += fmt::format("{}{}: {} ({} {})", groups.empty() ? "" : "; ", fabric_names[static_cast<size_t>(f)],
-                          RankList(served[static_cast<size_t>(f)]), names.size() == 1 ? "device" : "devices", devices);
-  }
-  t->description_ = fmt::format(
-      "{}{}; staging {}", groups.empty() ? fmt::format("no peers over {}", NameList(fabric_names)) : groups,
-      unreachable.empty() ? std::string() : fmt::format("; unreachable: {}", RankList(unreachable)),
-      t->staging_text_);
+  const std::string groups = connector.Groups();
+  const std::vector<int>& connected = connector.connected();
+  const std::vector<int>& unreachable = connector.unreachable();
+  t->description_ =
+      fmt::format("{}{}; staging {}", groups.empty() ? fmt::format("no peers over {}", NameList(fabric_names)) : groups,
+                  unreachable.empty() ? std::string() : fmt::format("; unreachable: {}", RankList(unreachable)),
+                  t->staging_text_);
   KZ_INFO(kLogColl, "{}: {} peer(s) ({}){}{}", where, connected.size(),
           connected.empty() ? std::string("none") : RankList(connected),
           groups.empty() ? std::string() : fmt::format(" over {}", groups),

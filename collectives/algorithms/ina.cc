@@ -43,6 +43,72 @@ int RankOf(const ina::Layout& layout, const ina::Node& node) {
   return node.aggregator() ? layout.workers + node.index : node.index;
 }
 
+// One step of a tree node's part for chunk k, at the time it can happen (TreeSchedule).
+struct TreeEvent {
+  // `what` other than a child's index j >= 0 (a receive from child j).
+  enum : int { kReduceStep = -1, kSendUp = -2, kReceiveDown = -3, kSendDown = -4 };
+  double time;
+  int order;  // 0: receive or local, 1: send
+  uint64_t k;
+  // j >= 0: receive from child j; kReduceStep: the reduction (a root's copy); kSendUp; kReceiveDown;
+  // kSendDown: to every child
+  int what;
+};
+
+// The order of the steps of plan rank `rank` (whose children in `part` are `children`) for
+// `chunks` chunks: each at the time it can happen in a steady pipeline, counted in transfers of
+// one chunk (t). Chunk k leaves a node of height h (hops above its deepest leaf) at k + h + 1,
+// reaches the root (of height tree_height) at k + tree_height, and arrives at a node of depth d
+// (hops below the root) at k + tree_height + d. Steps start in order, and a step that needs an
+// earlier one's data waits for it, so a step listed before its time would hold up everything
+// after it (a relay would wait for each chunk's round trip before taking the next one up: a third
+// of the cables' speed, measured). Both ends of a transfer give it the same time, so every rank
+// lists its transfers in one global order (the window-of-2 argument of the file comment); at
+// equal times receives come before sends.
+std::vector<TreeEvent> TreeSchedule(int rank, uint64_t chunks, const std::vector<int>& children,
+                                    const ina::Layout& layout, const ina::Part& part) {
+  std::map<int, int> parent_of, height, depth;
+  std::map<int, std::vector<int>> kids;
+  for (const ina::TreeEdge& e : part.edges) {
+    parent_of[RankOf(layout, e.child)] = RankOf(layout, e.parent);
+    kids[RankOf(layout, e.parent)].push_back(RankOf(layout, e.child));
+  }
+  const int root_rank = RankOf(layout, part.root);
+  const bool root = root_rank == rank;
+  std::function<int(int)> height_of = [&](int v) {
+    if (auto it = height.find(v); it != height.end()) return it->second;
+    int h = 0;
+    for (int child : kids[v]) h = std::max(h, height_of(child) + 1);
+    return height[v] = h;
+  };
+  const int tree_height = height_of(root_rank);
+  std::function<int(int)> depth_of = [&](int v) {
+    if (v == root_rank) return 0;
+    if (auto it = depth.find(v); it != depth.end()) return it->second;
+    return depth[v] = depth_of(parent_of[v]) + 1;
+  };
+  const int my_height = height_of(rank), my_depth = depth_of(rank);
+  const uint64_t nchildren = children.size();
+  std::vector<TreeEvent> events;
+  for (uint64_t k = 0; k < chunks; ++k) {
+    const double base = static_cast<double>(k);
+    for (uint64_t j = 0; j < nchildren; ++j)
+      events.push_back({base + height_of(children[j]) + 1, 0, k, static_cast<int>(j)});
+    events.push_back({base + my_height + 0.5, 0, k, TreeEvent::kReduceStep});
+    if (!root) {
+      events.push_back({base + my_height + 1, 1, k, TreeEvent::kSendUp});
+      events.push_back({base + tree_height + my_depth, 0, k, TreeEvent::kReceiveDown});
+    }
+    if (nchildren > 0) events.push_back({base + tree_height + my_depth + 1, 1, k, TreeEvent::kSendDown});
+  }
+  std::stable_sort(events.begin(), events.end(), [](const TreeEvent& a, const TreeEvent& x) {
+    if (a.time != x.time) return a.time < x.time;
+    if (a.order != x.order) return a.order < x.order;
+    return a.k < x.k;
+  });
+  return events;
+}
+
 
 class Ina final : public AlgorithmImpl {
  public:
@@ -136,68 +202,13 @@ class Ina final : public AlgorithmImpl {
       if (!self_aggregator) return Builder::Out(pc);
       return root ? acc_of(k, pc) : Builder::Scratch(down + (k % kScratchSlots) * slot, pc.count);
     };
-    // The order of the steps: each at the time it can happen in a steady pipeline, counted in
-    // transfers of one chunk (t). Chunk k leaves a node of height h (hops above its deepest leaf)
-    // at k + h + 1, reaches the root (of height tree_height) at k + tree_height, and arrives at a
-    // node of depth d (hops below the root) at k + tree_height + d. Steps start in order, and a
-    // step that needs an earlier one's data waits for it, so a step listed before its time would
-    // hold up everything after it (a relay would wait for each chunk's round trip before taking
-    // the next one up: a third of the cables' speed, measured). Both ends of a transfer give it the
-    // same time, so every rank lists its transfers in one global order (the window-of-2 argument of
-    // the file comment); at equal times receives come before sends.
-    std::map<int, int> parent_of, height, depth;
-    std::map<int, std::vector<int>> kids;
-    for (const ina::TreeEdge& e : part.edges) {
-      parent_of[RankOf(layout, e.child)] = RankOf(layout, e.parent);
-      kids[RankOf(layout, e.parent)].push_back(RankOf(layout, e.child));
-    }
-    const int root_rank = RankOf(layout, part.root);
-    std::function<int(int)> height_of = [&](int v) {
-      if (auto it = height.find(v); it != height.end()) return it->second;
-      int h = 0;
-      for (int child : kids[v]) h = std::max(h, height_of(child) + 1);
-      return height[v] = h;
-    };
-    const int tree_height = height_of(root_rank);
-    std::function<int(int)> depth_of = [&](int v) {
-      if (v == root_rank) return 0;
-      if (auto it = depth.find(v); it != depth.end()) return it->second;
-      return depth[v] = depth_of(parent_of[v]) + 1;
-    };
-    const int my_height = height_of(b.rank), my_depth = depth_of(b.rank);
-    struct Event {
-      double time;
-      int order;  // 0: receive or local, 1: send
-      uint64_t k;
-      // j >= 0: receive from child j; kReduce: the reduction (a root's copy); kSendUp; kReceiveDown;
-      // kSendDown: to every child
-      int what;
-    };
-    enum : int { kReduceStep = -1, kSendUp = -2, kReceiveDown = -3, kSendDown = -4 };
-    std::vector<Event> events;
-    for (uint64_t k = 0; k < chunks; ++k) {
-      const double base = static_cast<double>(k);
-      for (uint64_t j = 0; j < nchildren; ++j)
-        events.push_back({base + height_of(children[j]) + 1, 0, k, static_cast<int>(j)});
-      events.push_back({base + my_height + 0.5, 0, k, kReduceStep});
-      if (!root) {
-        events.push_back({base + my_height + 1, 1, k, kSendUp});
-        events.push_back({base + tree_height + my_depth, 0, k, kReceiveDown});
-      }
-      if (nchildren > 0) events.push_back({base + tree_height + my_depth + 1, 1, k, kSendDown});
-    }
-    std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& x) {
-      if (a.time != x.time) return a.time < x.time;
-      if (a.order != x.order) return a.order < x.order;
-      return a.k < x.k;
-    });
-    for (const Event& ev : events) {
+    for (const TreeEvent& ev : TreeSchedule(b.rank, chunks, children, layout, part)) {
       const Range pc = Piece(range, b.chunk, ev.k);
       const uint64_t at = ev.k % kScratchSlots;
       if (ev.what >= 0) {
         b.Recv(channel, children[static_cast<size_t>(ev.what)],
                Builder::Scratch(from_children + (at * nchildren + static_cast<uint64_t>(ev.what)) * slot, pc.count));
-      } else if (ev.what == kReduceStep) {
+      } else if (ev.what == TreeEvent::kReduceStep) {
         std::vector<Slice> received;
         for (uint64_t j = 0; j < nchildren; ++j)
           received.push_back(Builder::Scratch(from_children + (at * nchildren + j) * slot, pc.count));
@@ -210,9 +221,9 @@ class Ina final : public AlgorithmImpl {
           b.Reduce(channel, std::move(srcs), acc);
         }
         if (root && !(acc == result_of(ev.k, pc))) b.Copy(channel, acc, result_of(ev.k, pc));  // 1 node: a copy
-      } else if (ev.what == kSendUp) {
+      } else if (ev.what == TreeEvent::kSendUp) {
         b.Send(channel, parent, acc_of(ev.k, pc));
-      } else if (ev.what == kReceiveDown) {
+      } else if (ev.what == TreeEvent::kReceiveDown) {
         b.Recv(channel, parent, result_of(ev.k, pc));
       } else {
         for (int child : children) b.Send(channel, child, result_of(ev.k, pc));

@@ -144,84 +144,15 @@ Result<std::shared_ptr<SameHostGroup>> SameHostGroup::Create(int rank, int nrank
   std::shared_ptr<SameHostGroup> g(new SameHostGroup(rank, nranks, device));
   // Step 1: this rank's page. A failure here is still reported through the allgathers below, so
   // every rank learns it and none waits for the others.
-  Status local;
   Hello hello{static_cast<int32_t>(::getpid()), -1, {}, device.properties().host_accessible ? 1 : 0, {}};
   UsableCpus(hello.cpus);
-  uint64_t all_cpus[16] = {};  // the union of every rank's CPUs
   CopyString(hello.backend, sizeof(hello.backend), device.properties().backend);
-  if (!device.properties().export_fd) {
-    local = NotSupported(fmt::format("{} does not export its memory as file descriptors", device.label()));
-  } else if (Status named = CanNameAllocations(device); !named.ok()) {
-    // Peers find a buffer's allocation by its address (PublishRegion): a device that cannot say
-    // which allocation an address lies in would fail every fused call.
-    local = NotSupported(named.message());
-  } else {
-    UniqueFd fd(::memfd_create("kizuna-host-group", MFD_CLOEXEC));
-    if (!fd.valid() || ::ftruncate(fd.get(), kPageBytes) != 0) {
-      local = FromErrno(errno, "memfd_create/ftruncate for the host group's page");
-    } else {
-      void* map = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-      if (map == MAP_FAILED) {
-        local = FromErrno(errno, "mmap of the host group's page");
-      } else {
-        Peer& me = g->peers_[static_cast<size_t>(rank)];
-        me.map = map;
-        me.page = new (map) SameHostPage{};
-        me.pid = ::getpid();
-        hello.fd = fd.get();
-        g->page_fd_ = std::move(fd);
-      }
-    }
-  }
+  Status local = g->OpenOwnPage();
+  if (local.ok()) hello.fd = g->page_fd_.get();
   KZ_ASSIGN_OR_RETURN(auto hellos, allgather(std::span(reinterpret_cast<const uint8_t*>(&hello), sizeof(hello))));
-  // Step 2: every peer's page, through pidfd_getfd.
-  for (int q = 0; q < nranks && local.ok(); ++q) {
-    if (hellos[static_cast<size_t>(q)].size() != sizeof(Hello)) {
-      // Still through the verdicts below: every rank must reach the second allgather.
-      local = NotSupported(fmt::format("rank {} sent {} bytes, not a host-group hello (another kizuna version?)", q,
-                                       hellos[static_cast<size_t>(q)].size()));
-      break;
-    }
-    Hello h;
-    std::memcpy(&h, hellos[static_cast<size_t>(q)].data(), sizeof(h));
-    h.backend[sizeof(h.backend) - 1] = '\0';
-    if (std::string_view(h.backend) != hello.backend) {
-      local = NotSupported(fmt::format("rank {} has a {} device, rank {} a {} device", q, h.backend, rank, hello.backend));
-      break;
-    }
-    if (!h.host_accessible) g->one_shot_ = false;
-    for (int w = 0; w < 16; ++w) all_cpus[w] |= h.cpus[w];
-    for (int o = 0; o < q; ++o)
-      if (g->peers_[static_cast<size_t>(o)].pid == h.pid) g->one_rank_per_process_ = false;
-    if (h.fd < 0) {
-      local = NotSupported(fmt::format("rank {} could not create its page", q));
-      break;
-    }
-    Peer& p = g->peers_[static_cast<size_t>(q)];
-    p.pid = h.pid;
-    p.pidfd.Reset(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(h.pid), 0)));
-    if (!p.pidfd.valid()) {
-      local = FromErrno(errno, fmt::format("pidfd_open of rank {} (pid {})", q, h.pid));
-      break;
-    }
-    if (q == rank) continue;
-    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, p.pidfd.get(), h.fd, 0)));
-    if (!fd.valid()) {
-      local = FromErrno(errno, fmt::format("pidfd_getfd of rank {}'s page (pid {})", q, h.pid));
-      break;
-    }
-    void* map = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-    if (map == MAP_FAILED) {
-      local = FromErrno(errno, fmt::format("mmap of rank {}'s page", q));
-      break;
-    }
-    p.map = map;
-    p.page = static_cast<SameHostPage*>(map);
-  }
-  int cpus = 0;
-  for (uint64_t w : all_cpus) cpus += std::popcount(w);
-  g->spin_ = cpus >= nranks;
-  g->cpus_ = cpus;
+  // Step 2: every peer's page, through pidfd_getfd. A failure still goes through the verdicts
+  // below: every rank must reach the second allgather.
+  if (local.ok()) local = g->MapPeerPages(hellos, hello.backend);
   // Step 3: all or none.
   const std::string verdict = local.ok() ? std::string() : local.ToString();
   KZ_ASSIGN_OR_RETURN(auto verdicts, allgather(std::span(reinterpret_cast<const uint8_t*>(verdict.data()),
@@ -232,6 +163,60 @@ Result<std::shared_ptr<SameHostGroup>> SameHostGroup::Create(int rank, int nrank
       return NotSupported(fmt::format("rank {}: {}", q, std::string(v.begin(), v.end())));
   }
   return g;
+}
+
+Status SameHostGroup::OpenOwnPage() {
+  if (!device_.properties().export_fd)
+    return NotSupported(fmt::format("{} does not export its memory as file descriptors", device_.label()));
+  // Peers find a buffer's allocation by its address (PublishRegion): a device that cannot say
+  // which allocation an address lies in would fail every fused call.
+  if (Status named = CanNameAllocations(device_); !named.ok()) return NotSupported(named.message());
+  UniqueFd fd(::memfd_create("kizuna-host-group", MFD_CLOEXEC));
+  if (!fd.valid() || ::ftruncate(fd.get(), kPageBytes) != 0)
+    return FromErrno(errno, "memfd_create/ftruncate for the host group's page");
+  void* map = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (map == MAP_FAILED) return FromErrno(errno, "mmap of the host group's page");
+  Peer& me = peers_[static_cast<size_t>(rank_)];
+  me.map = map;
+  me.page = new (map) SameHostPage{};
+  me.pid = ::getpid();
+  page_fd_ = std::move(fd);
+  return Status::Ok();
+}
+
+Status SameHostGroup::MapPeerPages(const std::vector<std::vector<uint8_t>>& hellos, std::string_view backend) {
+  uint64_t all_cpus[16] = {};  // the union of every rank's CPUs
+  for (int q = 0; q < nranks_; ++q) {
+    if (hellos[static_cast<size_t>(q)].size() != sizeof(Hello))
+      return NotSupported(fmt::format("rank {} sent {} bytes, not a host-group hello (another kizuna version?)", q,
+                                      hellos[static_cast<size_t>(q)].size()));
+    Hello h;
+    std::memcpy(&h, hellos[static_cast<size_t>(q)].data(), sizeof(h));
+    h.backend[sizeof(h.backend) - 1] = '\0';
+    if (std::string_view(h.backend) != backend)
+      return NotSupported(fmt::format("rank {} has a {} device, rank {} a {} device", q, h.backend, rank_, backend));
+    if (!h.host_accessible) one_shot_ = false;
+    for (int w = 0; w < 16; ++w) all_cpus[w] |= h.cpus[w];
+    for (int o = 0; o < q; ++o)
+      if (peers_[static_cast<size_t>(o)].pid == h.pid) one_rank_per_process_ = false;
+    if (h.fd < 0) return NotSupported(fmt::format("rank {} could not create its page", q));
+    Peer& p = peers_[static_cast<size_t>(q)];
+    p.pid = h.pid;
+    p.pidfd.Reset(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(h.pid), 0)));
+    if (!p.pidfd.valid()) return FromErrno(errno, fmt::format("pidfd_open of rank {} (pid {})", q, h.pid));
+    if (q == rank_) continue;
+    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, p.pidfd.get(), h.fd, 0)));
+    if (!fd.valid()) return FromErrno(errno, fmt::format("pidfd_getfd of rank {}'s page (pid {})", q, h.pid));
+    void* map = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (map == MAP_FAILED) return FromErrno(errno, fmt::format("mmap of rank {}'s page", q));
+    p.map = map;
+    p.page = static_cast<SameHostPage*>(map);
+  }
+  int cpus = 0;
+  for (uint64_t w : all_cpus) cpus += std::popcount(w);
+  spin_ = cpus >= nranks_;
+  cpus_ = cpus;
+  return Status::Ok();
 }
 
 void SameHostGroup::Ring() {

@@ -145,6 +145,12 @@ class SameHostGroup {
 
  private:
   SameHostGroup(int rank, int nranks, device::Device& device);
+  // Create's step 1: this rank's page (page_fd_ and its own entry of peers_).
+  Status OpenOwnPage();
+  // Create's step 2: every peer's page from its allgathered hello (Hello in the .cc), which must
+  // name this rank's device `backend`; also learns what the ranks together allow (one_shot_,
+  // one_rank_per_process_, spin_, cpus_).
+  Status MapPeerPages(const std::vector<std::vector<uint8_t>>& hellos, std::string_view backend);
 
   struct Peer {
     pid_t pid = 0;

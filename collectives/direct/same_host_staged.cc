@@ -20,15 +20,14 @@
 #include "runtime/device/host_reduce.h"
 
 namespace kizuna::collectives {
+namespace {
 
-Status SameHostGroup::RunStaged(uint64_t seq, uint64_t signature, const CollectiveRequest& req, const void* input,
-                         void* output, Deadline deadline, const std::atomic<bool>& abort) {
+// The bytes of this rank's stage and result for `req` (header comment); kInvalidArgument for a
+// collective the fused path does not run.
+Status StagedBytes(const CollectiveRequest& req, int n, int me, uint64_t& stage_bytes, uint64_t& result_bytes) {
   const uint64_t elem = DataTypeSize(req.dtype);
-  const int n = nranks_, me = rank_;
-  const auto* in = static_cast<const uint8_t*>(input);
-  auto* out = static_cast<uint8_t*>(output);
-  const uint64_t c = req.count;  // elements per rank block (ReduceScatter, AllGather)
-  uint64_t stage_bytes = req.input_count() * elem, result_bytes = 0;
+  stage_bytes = req.input_count() * elem;
+  result_bytes = 0;
   switch (req.collective) {
     case Collective::kAllReduce:
     case Collective::kReduce:
@@ -46,6 +45,108 @@ Status SameHostGroup::RunStaged(uint64_t seq, uint64_t signature, const Collecti
                                          "AllGather, Broadcast and Reduce only",
                                          req.ToString()));
   }
+  return Status::Ok();
+}
+
+// One rank's staged operation: its buffers, and after the meeting the other ranks' stages and
+// results, shared by the three steps of the header comment.
+struct StagedPass {
+  const CollectiveRequest& req;
+  int n, me;
+  uint64_t elem;
+  uint64_t c;  // elements per rank block (ReduceScatter, AllGather)
+  const uint8_t* in;
+  uint8_t* out;
+  uint8_t* stage;
+  uint8_t* result;
+  std::vector<const uint8_t*> stages, results;  // indexed by rank; null for this one
+
+  static void Copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+    if (bytes > 0 && dst != src) HostCopy(dst, src, bytes);
+  }
+
+  // Step 1: what the others read of this rank's input.
+  void FillStage() const {
+    switch (req.collective) {
+      case Collective::kAllReduce:
+      case Collective::kReduce:
+        for (int q = 0; q < n; ++q) {
+          if (q == me) continue;
+          const auto [first, count] = FusedSlice(req.count, n, q);
+          Copy(stage + first * elem, in + first * elem, count * elem);
+        }
+        break;
+      case Collective::kReduceScatter:
+        for (int q = 0; q < n; ++q) {
+          const uint64_t at = static_cast<uint64_t>(q) * c * elem;
+          if (q != me) Copy(stage + at, in + at, c * elem);
+        }
+        break;
+      case Collective::kAllGather:
+        Copy(stage, in, c * elem);
+        Copy(out + static_cast<uint64_t>(me) * c * elem, in, c * elem);
+        break;
+      default:  // kBroadcast
+        if (me == req.root) {
+          Copy(stage, in, c * elem);
+          Copy(out, in, c * elem);
+        }
+        break;
+    }
+  }
+
+  // Step 2: this rank's share, reading its own input and the others' stages.
+  Status DoShare() const {
+    switch (req.collective) {
+      case Collective::kAllReduce:
+      case Collective::kReduce:
+      case Collective::kReduceScatter: {
+        const bool scatter = req.collective == Collective::kReduceScatter;
+        const auto [first, count] = scatter ? std::pair<uint64_t, uint64_t>{static_cast<uint64_t>(me) * c, c}
+                                            : FusedSlice(req.count, n, me);
+        if (count == 0) break;
+        std::vector<const void*> srcs;
+        for (int q = 0; q < n; ++q) srcs.push_back((q == me ? in : stages[static_cast<size_t>(q)]) + first * elem);
+        std::vector<void*> dsts;
+        if (scatter)
+          dsts.push_back(out);
+        else if (req.collective == Collective::kAllReduce)
+          dsts = {out + first * elem, result};
+        else
+          dsts.push_back(me == req.root ? out + first * elem : result);
+        KZ_RETURN_IF_ERROR(HostReduceMulti(dsts, srcs, count, req.dtype, req.op));
+        break;
+      }
+      case Collective::kAllGather:
+        for (int q = 0; q < n; ++q)
+          if (q != me) Copy(out + static_cast<uint64_t>(q) * c * elem, stages[static_cast<size_t>(q)], c * elem);
+        break;
+      default:  // kBroadcast
+        if (me != req.root) Copy(out, stages[static_cast<size_t>(req.root)], c * elem);
+        break;
+    }
+    return Status::Ok();
+  }
+
+  // Step 3: the others' result slices.
+  void CopyResults() const {
+    if (req.collective == Collective::kAllReduce || (req.collective == Collective::kReduce && me == req.root)) {
+      for (int q = 0; q < n; ++q) {
+        if (q == me) continue;
+        const auto [first, count] = FusedSlice(req.count, n, q);
+        Copy(out + first * elem, results[static_cast<size_t>(q)], count * elem);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+Status SameHostGroup::RunStaged(uint64_t seq, uint64_t signature, const CollectiveRequest& req, const void* input,
+                         void* output, Deadline deadline, const std::atomic<bool>& abort) {
+  const int n = nranks_, me = rank_;
+  uint64_t stage_bytes = 0, result_bytes = 0;
+  KZ_RETURN_IF_ERROR(StagedBytes(req, n, me, stage_bytes, result_bytes));
   // The stage and the result, grown to a power of two so that a sweep of sizes maps a few.
   for (int which : {0, 1}) {
     const uint64_t bytes = which == 0 ? stage_bytes : result_bytes;
@@ -53,88 +154,32 @@ Status SameHostGroup::RunStaged(uint64_t seq, uint64_t signature, const Collecti
     Retire(std::move(staging_[which]));
     KZ_ASSIGN_OR_RETURN(staging_[which], device_.Allocate(std::bit_ceil(bytes)));
   }
-  uint8_t* stage = stage_bytes > 0 ? static_cast<uint8_t*>(staging_[0]->data()) : nullptr;
-  uint8_t* result = result_bytes > 0 ? static_cast<uint8_t*>(staging_[1]->data()) : nullptr;
-  auto copy = [](uint8_t* dst, const uint8_t* src, uint64_t bytes) {
-    if (bytes > 0 && dst != src) HostCopy(dst, src, bytes);
-  };
+  StagedPass pass{.req = req,
+                  .n = n,
+                  .me = me,
+                  .elem = DataTypeSize(req.dtype),
+                  .c = req.count,
+                  .in = static_cast<const uint8_t*>(input),
+                  .out = static_cast<uint8_t*>(output),
+                  .stage = stage_bytes > 0 ? static_cast<uint8_t*>(staging_[0]->data()) : nullptr,
+                  .result = result_bytes > 0 ? static_cast<uint8_t*>(staging_[1]->data()) : nullptr,
+                  .stages = std::vector<const uint8_t*>(static_cast<size_t>(n)),
+                  .results = std::vector<const uint8_t*>(static_cast<size_t>(n))};
 
-  // Step 1: what the others read of this rank's input.
-  switch (req.collective) {
-    case Collective::kAllReduce:
-    case Collective::kReduce:
-      for (int q = 0; q < n; ++q) {
-        if (q == me) continue;
-        const auto [first, count] = FusedSlice(req.count, n, q);
-        copy(stage + first * elem, in + first * elem, count * elem);
-      }
-      break;
-    case Collective::kReduceScatter:
-      for (int q = 0; q < n; ++q) {
-        const uint64_t at = static_cast<uint64_t>(q) * c * elem;
-        if (q != me) copy(stage + at, in + at, c * elem);
-      }
-      break;
-    case Collective::kAllGather:
-      copy(stage, in, c * elem);
-      copy(out + static_cast<uint64_t>(me) * c * elem, in, c * elem);
-      break;
-    default:  // kBroadcast
-      if (me == req.root) {
-        copy(stage, in, c * elem);
-        copy(out, in, c * elem);
-      }
-      break;
-  }
-  KZ_RETURN_IF_ERROR(PublishRegion(0, stage, stage_bytes).WithContext("the staged collective's stage"));
-  KZ_RETURN_IF_ERROR(PublishRegion(1, result, result_bytes).WithContext("the staged collective's result"));
+  pass.FillStage();
+  KZ_RETURN_IF_ERROR(PublishRegion(0, pass.stage, stage_bytes).WithContext("the staged collective's stage"));
+  KZ_RETURN_IF_ERROR(PublishRegion(1, pass.result, result_bytes).WithContext("the staged collective's result"));
   KZ_RETURN_IF_ERROR(Meet(seq, signature, req, Protocol::kStaged, deadline, abort));
-  std::vector<const uint8_t*> stages(static_cast<size_t>(n)), results(static_cast<size_t>(n));
   for (int q = 0; q < n; ++q) {
     if (q == me) continue;
-    KZ_ASSIGN_OR_RETURN(stages[static_cast<size_t>(q)], Resolve(q, 0, seq));
-    KZ_ASSIGN_OR_RETURN(results[static_cast<size_t>(q)], Resolve(q, 1, seq));
+    KZ_ASSIGN_OR_RETURN(pass.stages[static_cast<size_t>(q)], Resolve(q, 0, seq));
+    KZ_ASSIGN_OR_RETURN(pass.results[static_cast<size_t>(q)], Resolve(q, 1, seq));
   }
 
-  // Step 2: this rank's share, reading its own input and the others' stages.
-  switch (req.collective) {
-    case Collective::kAllReduce:
-    case Collective::kReduce:
-    case Collective::kReduceScatter: {
-      const bool scatter = req.collective == Collective::kReduceScatter;
-      const auto [first, count] = scatter ? std::pair<uint64_t, uint64_t>{static_cast<uint64_t>(me) * c, c}
-                                          : FusedSlice(req.count, n, me);
-      if (count == 0) break;
-      std::vector<const void*> srcs;
-      for (int q = 0; q < n; ++q) srcs.push_back((q == me ? in : stages[static_cast<size_t>(q)]) + first * elem);
-      std::vector<void*> dsts;
-      if (scatter)
-        dsts.push_back(out);
-      else if (req.collective == Collective::kAllReduce)
-        dsts = {out + first * elem, result};
-      else
-        dsts.push_back(me == req.root ? out + first * elem : result);
-      KZ_RETURN_IF_ERROR(HostReduceMulti(dsts, srcs, count, req.dtype, req.op));
-      break;
-    }
-    case Collective::kAllGather:
-      for (int q = 0; q < n; ++q)
-        if (q != me) copy(out + static_cast<uint64_t>(q) * c * elem, stages[static_cast<size_t>(q)], c * elem);
-      break;
-    default:  // kBroadcast
-      if (me != req.root) copy(out, stages[static_cast<size_t>(req.root)], c * elem);
-      break;
-  }
+  KZ_RETURN_IF_ERROR(pass.DoShare());
   KZ_RETURN_IF_ERROR(Finish(seq, deadline, abort));
 
-  // Step 3: the others' result slices.
-  if (req.collective == Collective::kAllReduce || (req.collective == Collective::kReduce && me == req.root)) {
-    for (int q = 0; q < n; ++q) {
-      if (q == me) continue;
-      const auto [first, count] = FusedSlice(req.count, n, q);
-      copy(out + first * elem, results[static_cast<size_t>(q)], count * elem);
-    }
-  }
+  pass.CopyResults();
   return Status::Ok();
 }
 

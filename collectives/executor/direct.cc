@@ -210,25 +210,62 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
 
 // ---- Executor::TryInlineGroup ----
 
-Result<bool> Executor::TryInlineGroup(std::span<Executor* const> executors,
-                                      std::span<const std::vector<OperationMember>* const> members,
-                                      std::span<device::Stream* const> streams) {
-  const size_t n = executors.size();
-  SameProcessGroup* group = executors[0]->options_.same_process.get();
-  if (group == nullptr || static_cast<size_t>(group->nranks()) != n) return false;
-  // Every rank of the group once, each with one fused call; the CPU does every part (on idle
-  // streams) or the devices do every part.
-  std::vector<int> order(n, -1);  // order[rank]: its index in executors
-  const bool cpu = CpuDoesParts(executors[0]->device_->properties());
-  for (size_t i = 0; i < n; ++i) {
-    Executor& ex = *executors[i];
+// One grouped call, through TryInlineGroup's steps: the executors, members and streams as the
+// caller passed them, and, once Matches has found every rank once, which index each rank has.
+class Executor::GroupCall {
+ public:
+  GroupCall(std::span<Executor* const> executors, std::span<const std::vector<OperationMember>* const> members,
+            std::span<device::Stream* const> streams)
+      : executors_(executors), members_(members), streams_(streams), n_(executors.size()) {}
+
+  // Every rank of the group once, each with one fused call, the same call on every rank (otherwise
+  // the usual path reports the mismatch); the CPU does every part (on idle streams) or the devices
+  // do every part (each executor then has its events, created here).
+  bool Matches();
+  // Every executor idle and at the same operation: each takes its next number, all at once.
+  bool TakeNumber();
+  // Each rank's buffers, in rank order.
+  void GatherBuffers();
+  bool cpu() const { return cpu_; }
+  // This thread runs every rank's part, in rank order.
+  Result<bool> RunOnCpu();
+  // The devices do the parts, each rank's on its caller's stream (where rank r's later work goes).
+  Result<bool> EnqueueOnStreams();
+
+ private:
+  const CollectiveRequest& request(size_t r) const {
+    return (*members_[static_cast<size_t>(order_[r])])[0].plan->request;
+  }
+  device::Stream& stream(size_t r) const { return *streams_[static_cast<size_t>(order_[r])]; }
+  Executor& ex(size_t r) const { return *executors_[static_cast<size_t>(order_[r])]; }
+  // Fails every executor with rank r's error `s`, and returns it.
+  Status FailAll(Status s, size_t r) const;
+
+  const std::span<Executor* const> executors_;
+  const std::span<const std::vector<OperationMember>* const> members_;
+  const std::span<device::Stream* const> streams_;
+  const size_t n_;
+  std::vector<int> order_;  // order_[rank]: its index in executors_
+  bool cpu_ = false;
+  uint64_t seq_ = 0;
+  std::vector<const void*> inputs_;
+  std::vector<void*> outputs_;
+};
+
+bool Executor::GroupCall::Matches() {
+  SameProcessGroup* group = executors_[0]->options_.same_process.get();
+  if (group == nullptr || static_cast<size_t>(group->nranks()) != n_) return false;
+  order_.assign(n_, -1);
+  cpu_ = CpuDoesParts(executors_[0]->device_->properties());
+  for (size_t i = 0; i < n_; ++i) {
+    Executor& ex = *executors_[i];
     const auto rank = static_cast<size_t>(ex.options_.rank);
-    if (ex.options_.same_process.get() != group || rank >= n || order[rank] >= 0) return false;
-    order[rank] = static_cast<int>(i);
-    if (members[i]->size() != 1 || (*members[i])[0].plan->algorithm != Algorithm::kFused) return false;
-    if (CpuDoesParts(ex.device_->properties()) != cpu) return false;
-    if (cpu) {
-      auto idle = streams[i]->Query();
+    if (ex.options_.same_process.get() != group || rank >= n_ || order_[rank] >= 0) return false;
+    order_[rank] = static_cast<int>(i);
+    if (members_[i]->size() != 1 || (*members_[i])[0].plan->algorithm != Algorithm::kFused) return false;
+    if (CpuDoesParts(ex.device_->properties()) != cpu_) return false;
+    if (cpu_) {
+      auto idle = streams_[i]->Query();
       if (!idle.ok() || !*idle) return false;
     } else {
       for (auto* event : {&ex.group_ready_, &ex.group_done_}) {
@@ -239,76 +276,89 @@ Result<bool> Executor::TryInlineGroup(std::span<Executor* const> executors,
       }
     }
   }
-  // The same call on every rank; otherwise the usual path reports the mismatch.
   uint64_t signature = 0;
-  for (size_t i = 0; i < n; ++i) {
-    auto s = executor_internal::OperationSignature(*members[i]);
+  for (size_t i = 0; i < n_; ++i) {
+    auto s = executor_internal::OperationSignature(*members_[i]);
     if (!s.ok() || (i > 0 && *s != signature)) return false;
     signature = *s;
   }
-  // Every executor idle and at the same operation: each takes its next number, all at once.
-  std::vector<Executor*> by_address(executors.begin(), executors.end());
+  return true;
+}
+
+bool Executor::GroupCall::TakeNumber() {
+  std::vector<Executor*> by_address(executors_.begin(), executors_.end());
   std::sort(by_address.begin(), by_address.end());
   std::vector<std::unique_lock<std::mutex>> locks;
-  locks.reserve(n);
+  locks.reserve(n_);
   for (Executor* ex : by_address) locks.emplace_back(ex->mu_);
-  const uint64_t seq = executors[0]->next_seq_;
-  for (Executor* ex : executors)
-    if (!ex->error_.ok() || !ex->queue_.empty() || ex->pending_ > 0 || ex->next_seq_ != seq) return false;
-  for (Executor* ex : executors) ++ex->next_seq_;
-  locks.clear();
-  std::vector<const void*> inputs(n);
-  std::vector<void*> outputs(n);
-  for (size_t r = 0; r < n; ++r) {
-    const OperationMember& m = (*members[static_cast<size_t>(order[r])])[0];
-    inputs[r] = m.input;
-    outputs[r] = m.output;
+  seq_ = executors_[0]->next_seq_;
+  for (Executor* ex : executors_)
+    if (!ex->error_.ok() || !ex->queue_.empty() || ex->pending_ > 0 || ex->next_seq_ != seq_) return false;
+  for (Executor* ex : executors_) ++ex->next_seq_;
+  return true;
+}
+
+void Executor::GroupCall::GatherBuffers() {
+  inputs_.resize(n_);
+  outputs_.resize(n_);
+  for (size_t r = 0; r < n_; ++r) {
+    const OperationMember& m = (*members_[static_cast<size_t>(order_[r])])[0];
+    inputs_[r] = m.input;
+    outputs_[r] = m.output;
   }
-  auto fail = [&](Status s, size_t r, const CollectiveRequest& req) -> Status {
-    s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}, {} by the thread that grouped the "
-                                  "calls",
-                                  seq, r, req.ToString(), cpu ? "run" : "enqueued"));
-    for (Executor* ex : executors) ex->Fail(s);
-    return s;
-  };
-  auto request = [&](size_t r) -> const CollectiveRequest& {
-    return (*members[static_cast<size_t>(order[r])])[0].plan->request;
-  };
-  if (cpu) {
-    for (size_t r = 0; r < n; ++r)
-      if (Status s = RunFusedPartOnCpu(request(r), static_cast<int>(r), inputs, outputs); !s.ok())
-        return fail(s, r, request(r));
-    return true;
-  }
-  // The devices do the parts, each rank's on its caller's stream (where rank r's later work goes).
-  auto stream = [&](size_t r) -> device::Stream& { return *streams[static_cast<size_t>(order[r])]; };
-  auto ex = [&](size_t r) -> Executor& { return *executors[static_cast<size_t>(order[r])]; };
+}
+
+Status Executor::GroupCall::FailAll(Status s, size_t r) const {
+  s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}, {} by the thread that grouped the "
+                                "calls",
+                                seq_, r, request(r).ToString(), cpu_ ? "run" : "enqueued"));
+  for (Executor* ex : executors_) ex->Fail(s);
+  return s;
+}
+
+Result<bool> Executor::GroupCall::RunOnCpu() {
+  for (size_t r = 0; r < n_; ++r)
+    if (Status s = RunFusedPartOnCpu(request(r), static_cast<int>(r), inputs_, outputs_); !s.ok())
+      return FailAll(s, r);
+  return true;
+}
+
+Result<bool> Executor::GroupCall::EnqueueOnStreams() {
   if (!ex(0).group_on_streams_logged_) {
     ex(0).group_on_streams_logged_ = true;
     KZ_INFO(kLogColl, "{} ranks' fused calls grouped by one thread: each rank's part goes on its own stream, ordered "
                       "by events between the streams (no executor thread, no held stream); first: {}",
-            n, request(0).ToString());
+            n_, request(0).ToString());
   }
   // 1. Where each caller's stream reached the call: its input is ready, its output free.
-  for (size_t r = 0; r < n; ++r)
-    if (Status s = stream(r).Record(*ex(r).group_ready_); !s.ok()) return fail(s, r, request(r));
+  for (size_t r = 0; r < n_; ++r)
+    if (Status s = stream(r).Record(*ex(r).group_ready_); !s.ok()) return FailAll(s, r);
   // 2. Each part once every rank's stream has reached the call (it reads every input and writes
   //    every output), then where it is done.
-  for (size_t r = 0; r < n; ++r) {
+  for (size_t r = 0; r < n_; ++r) {
     Status s;
-    for (size_t q = 0; q < n && s.ok(); ++q)
+    for (size_t q = 0; q < n_ && s.ok(); ++q)
       if (q != r) s = stream(r).Wait(*ex(q).group_ready_);
-    if (s.ok()) s = EnqueueFusedPart(request(r), static_cast<int>(r), inputs, outputs, stream(r));
+    if (s.ok()) s = EnqueueFusedPart(request(r), static_cast<int>(r), inputs_, outputs_, stream(r));
     if (s.ok()) s = stream(r).Record(*ex(r).group_done_);
-    if (!s.ok()) return fail(s, r, request(r));
+    if (!s.ok()) return FailAll(s, r);
   }
   // 3. Each stream's later work after every part: the others write into its output and read its
   //    input until then.
-  for (size_t r = 0; r < n; ++r)
-    for (size_t q = 0; q < n; ++q)
+  for (size_t r = 0; r < n_; ++r)
+    for (size_t q = 0; q < n_; ++q)
       if (q != r)
-        if (Status s = stream(r).Wait(*ex(q).group_done_); !s.ok()) return fail(s, r, request(r));
+        if (Status s = stream(r).Wait(*ex(q).group_done_); !s.ok()) return FailAll(s, r);
   return true;
+}
+
+Result<bool> Executor::TryInlineGroup(std::span<Executor* const> executors,
+                                      std::span<const std::vector<OperationMember>* const> members,
+                                      std::span<device::Stream* const> streams) {
+  GroupCall call(executors, members, streams);
+  if (!call.Matches() || !call.TakeNumber()) return false;
+  call.GatherBuffers();
+  return call.cpu() ? call.RunOnCpu() : call.EnqueueOnStreams();
 }
 
 }  // namespace kizuna::collectives

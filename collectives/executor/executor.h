@@ -154,10 +154,13 @@ class Executor {
  private:
   struct Operation;
   class Run;
+  class GroupCall;  // TryInlineGroup's steps (direct.cc)
   Executor(Transport* transport, device::Device* device, const ExecutorOptions& options);
   void Loop();
   // ExecutorOptions::serve's loop (executor_serve.cc).
   void Serve();
+  // Serve's step for one operation: runs the one whose header is first in rank `from`'s inbox.
+  Status ServeOne(int from);
   // Takes every control message that arrived into the inbox and reposts the receives; a peer
   // whose control connection ended is recorded in `gone`. True when anything arrived.
   Result<bool> ReceiveControl();

@@ -187,7 +187,16 @@ class Executor::Run {
   Status SendHeaders();
   Result<bool> PollControl();
   Result<bool> Advance(ChannelRun& ch);
+  // Takes step `index` of `ch` through its phases as far as it can go now (true when it moved),
+  // by these: Post (kReadyToPost: onto the fabric; a step that cannot post blocks the later ones to
+  // its peer in `send_blocked` / `recv_blocked`), TestPosted (kPosted: its completion) and Consume
+  // (kReceived: once its peer's header is verified, the slot into its destination).
   Result<bool> Drive(ChannelRun& ch, size_t index, std::set<int>& send_blocked, std::set<int>& recv_blocked);
+  Result<bool> Post(ChannelRun& ch, size_t index, std::set<int>& send_blocked, std::set<int>& recv_blocked);
+  Result<bool> TestPosted(ChannelRun& ch, size_t index);
+  Result<bool> Consume(ChannelRun& ch, size_t index);
+  // Records the step's event (from the pool) on the channel's stream.
+  Status RecordEvent(ChannelRun& ch, StepState& st);
   Status Start(ChannelRun& ch, size_t index);
   // A local step (copy, reduce, scale), on the channel's stream, or done here when `cpu`.
   Status EnqueueLocal(ChannelRun& ch, const Step& step, bool cpu);

@@ -305,16 +305,6 @@ Status Executor::Run::Start(ChannelRun& ch, size_t index) {
     st.slot = free_slots_.back();
     free_slots_.pop_back();
   }
-  auto record = [&]() -> Status {
-    if (free_events_.empty()) {
-      KZ_ASSIGN_OR_RETURN(auto e, ex_.device_->CreateEvent());
-      free_events_.push_back(e.get());
-      events_.push_back(std::move(e));
-    }
-    st.event = free_events_.back();
-    free_events_.pop_back();
-    return ch.stream->Record(*st.event);
-  };
   const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
   switch (step.kind) {
     case StepKind::kSend:
@@ -323,7 +313,7 @@ Status Executor::Run::Start(ChannelRun& ch, size_t index) {
         st.phase = Phase::kReadyToPost;
       } else if (moves_bytes) {
         KZ_RETURN_IF_ERROR(ch.stream->Copy(SlotAddress(st.slot), Address(ch, step.srcs[0]), bytes));
-        KZ_RETURN_IF_ERROR(record());
+        KZ_RETURN_IF_ERROR(RecordEvent(ch, st));
         st.phase = Phase::kCopyIn;
       } else {
         st.phase = Phase::kReadyToPost;
@@ -340,7 +330,7 @@ Status Executor::Run::Start(ChannelRun& ch, size_t index) {
         st.phase = Phase::kDone;
         break;
       }
-      KZ_RETURN_IF_ERROR(record());
+      KZ_RETURN_IF_ERROR(RecordEvent(ch, st));
       st.phase = Phase::kConsume;
       break;
     }
@@ -361,15 +351,12 @@ Status Executor::Run::CompleteRecv(ChannelRun& ch, size_t index, size_t size) {
   return Status::Ok();
 }
 
+// The step's phases in order, each taking it as far as it can go now: a phase that must wait
+// leaves the step where it is, and the later ones then have nothing to do.
 Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& send_blocked,
                                   std::set<int>& recv_blocked) {
-  const Step& step = (*ch.steps)[index];
   StepState& st = ch.states[index];
-  const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
   bool progress = false;
-  const bool is_send = step.kind == StepKind::kSend;
-  const bool is_recv = step.kind == StepKind::kRecv || step.kind == StepKind::kRecvReduce;
-
   if (st.phase == Phase::kCopyIn) {
     KZ_ASSIGN_OR_RETURN(bool done, EventDone(st));
     if (done) {
@@ -378,73 +365,16 @@ Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& s
     }
   }
   if (st.phase == Phase::kReadyToPost || st.phase == Phase::kCopyIn) {
-    // Posts to one peer on one tag go out in step order: an earlier step that has not posted
-    // blocks the later ones.
-    std::set<int>& blocked = is_send ? send_blocked : recv_blocked;
-    if (st.phase == Phase::kCopyIn || blocked.count(step.peer)) {
-      blocked.insert(step.peer);
-      return progress;
-    }
-    Transport::Peer* p = tr_.peer(step.peer);
-    fabric::Request* r = nullptr;
-    if (is_send) {
-      void* data = bytes > 0 ? SlotAddress(st.slot) : p->control_out.data();
-      KZ_ASSIGN_OR_RETURN(r, p->send->Send(data, bytes, ch.tag, bytes > 0 ? p->send_staging : nullptr));
-    } else {
-      void* data = bytes > 0 ? SlotAddress(st.slot) : nullptr;
-      // Capacity is the whole slot, so that a peer sending more than expected is reported here,
-      // with both operations named, rather than as a bare length error.
-      KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(data, bytes > 0 ? slot_bytes_ : 0, ch.tag,
-                                           bytes > 0 ? p->recv_staging : nullptr));
-    }
-    if (r == nullptr) {
-      blocked.insert(step.peer);
-      return progress;
-    }
-    st.request = r;
-    st.phase = Phase::kPosted;
-    progress = true;
+    KZ_ASSIGN_OR_RETURN(bool posted, Post(ch, index, send_blocked, recv_blocked));
+    progress |= posted;
   }
   if (st.phase == Phase::kPosted) {
-    Transport::Peer* p = tr_.peer(step.peer);
-    fabric::Comm& comm = is_send ? static_cast<fabric::Comm&>(*p->send) : static_cast<fabric::Comm&>(*p->recv);
-    // A completion WaitBriefly already collected, or a fresh test.
-    Result<fabric::Completion> c = st.waited ? *st.waited : comm.Test(st.request);
-    st.waited.reset();
-    if (!c.ok()) {
-      st.request = nullptr;
-      return c.status().WithContext(fmt::format("{} of {}", StepName(ch, index), DescribeHeader(op_.header)));
-    }
-    if (!c->done) return progress;
-    st.request = nullptr;
-    progress = true;
-    if (is_send) {
-      st.phase = Phase::kDone;
-    } else {
-      KZ_RETURN_IF_ERROR(CompleteRecv(ch, index, c->size));
-    }
+    KZ_ASSIGN_OR_RETURN(bool completed, TestPosted(ch, index));
+    progress |= completed;
   }
   if (st.phase == Phase::kReceived) {
-    (void)is_recv;
-    if (!verified_.count(step.peer)) return progress;  // its data is not trusted before its header
-    if (bytes > 0 && OnCpu(bytes)) {
-      KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st, /*cpu=*/true));
-      st.phase = Phase::kDone;
-    } else if (bytes > 0) {
-      KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st, /*cpu=*/false));
-      if (free_events_.empty()) {
-        KZ_ASSIGN_OR_RETURN(auto e, ex_.device_->CreateEvent());
-        free_events_.push_back(e.get());
-        events_.push_back(std::move(e));
-      }
-      st.event = free_events_.back();
-      free_events_.pop_back();
-      KZ_RETURN_IF_ERROR(ch.stream->Record(*st.event));
-      st.phase = Phase::kConsume;
-    } else {
-      st.phase = Phase::kDone;
-    }
-    progress = true;
+    KZ_ASSIGN_OR_RETURN(bool consumed, Consume(ch, index));
+    progress |= consumed;
   }
   if (st.phase == Phase::kConsume) {
     KZ_ASSIGN_OR_RETURN(bool done, EventDone(st));
@@ -458,6 +388,92 @@ Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& s
     st.slot = -1;
   }
   return progress;
+}
+
+Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, std::set<int>& send_blocked,
+                                 std::set<int>& recv_blocked) {
+  const Step& step = (*ch.steps)[index];
+  StepState& st = ch.states[index];
+  const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
+  const bool is_send = step.kind == StepKind::kSend;
+  // Posts to one peer on one tag go out in step order: an earlier step that has not posted
+  // blocks the later ones.
+  std::set<int>& blocked = is_send ? send_blocked : recv_blocked;
+  if (st.phase == Phase::kCopyIn || blocked.count(step.peer)) {
+    blocked.insert(step.peer);
+    return false;
+  }
+  Transport::Peer* p = tr_.peer(step.peer);
+  fabric::Request* r = nullptr;
+  if (is_send) {
+    void* data = bytes > 0 ? SlotAddress(st.slot) : p->control_out.data();
+    KZ_ASSIGN_OR_RETURN(r, p->send->Send(data, bytes, ch.tag, bytes > 0 ? p->send_staging : nullptr));
+  } else {
+    void* data = bytes > 0 ? SlotAddress(st.slot) : nullptr;
+    // Capacity is the whole slot, so that a peer sending more than expected is reported here,
+    // with both operations named, rather than as a bare length error.
+    KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(data, bytes > 0 ? slot_bytes_ : 0, ch.tag,
+                                         bytes > 0 ? p->recv_staging : nullptr));
+  }
+  if (r == nullptr) {
+    blocked.insert(step.peer);
+    return false;
+  }
+  st.request = r;
+  st.phase = Phase::kPosted;
+  return true;
+}
+
+Result<bool> Executor::Run::TestPosted(ChannelRun& ch, size_t index) {
+  const Step& step = (*ch.steps)[index];
+  StepState& st = ch.states[index];
+  const bool is_send = step.kind == StepKind::kSend;
+  Transport::Peer* p = tr_.peer(step.peer);
+  fabric::Comm& comm = is_send ? static_cast<fabric::Comm&>(*p->send) : static_cast<fabric::Comm&>(*p->recv);
+  // A completion WaitBriefly already collected, or a fresh test.
+  Result<fabric::Completion> c = st.waited ? *st.waited : comm.Test(st.request);
+  st.waited.reset();
+  if (!c.ok()) {
+    st.request = nullptr;
+    return c.status().WithContext(fmt::format("{} of {}", StepName(ch, index), DescribeHeader(op_.header)));
+  }
+  if (!c->done) return false;
+  st.request = nullptr;
+  if (is_send) {
+    st.phase = Phase::kDone;
+  } else {
+    KZ_RETURN_IF_ERROR(CompleteRecv(ch, index, c->size));
+  }
+  return true;
+}
+
+Result<bool> Executor::Run::Consume(ChannelRun& ch, size_t index) {
+  const Step& step = (*ch.steps)[index];
+  StepState& st = ch.states[index];
+  const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
+  if (!verified_.count(step.peer)) return false;  // its data is not trusted before its header
+  if (bytes > 0 && OnCpu(bytes)) {
+    KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st, /*cpu=*/true));
+    st.phase = Phase::kDone;
+  } else if (bytes > 0) {
+    KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st, /*cpu=*/false));
+    KZ_RETURN_IF_ERROR(RecordEvent(ch, st));
+    st.phase = Phase::kConsume;
+  } else {
+    st.phase = Phase::kDone;
+  }
+  return true;
+}
+
+Status Executor::Run::RecordEvent(ChannelRun& ch, StepState& st) {
+  if (free_events_.empty()) {
+    KZ_ASSIGN_OR_RETURN(auto e, ex_.device_->CreateEvent());
+    free_events_.push_back(e.get());
+    events_.push_back(std::move(e));
+  }
+  st.event = free_events_.back();
+  free_events_.pop_back();
+  return ch.stream->Record(*st.event);
 }
 
 Result<bool> Executor::Run::Advance(ChannelRun& ch) {

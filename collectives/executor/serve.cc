@@ -21,6 +21,22 @@ namespace kizuna::collectives {
 using executor_internal::ControlKind;
 using executor_internal::kWaitSlice;
 
+namespace {
+
+// The request an operation header describes.
+CollectiveRequest RequestOf(const ControlMessage& m) {
+  CollectiveRequest request;
+  request.collective = static_cast<Collective>(m.collective);
+  request.dtype = static_cast<DataType>(m.dtype);
+  request.op = static_cast<ReduceOp>(m.op);
+  request.root = m.root;
+  request.nranks = m.nranks;
+  request.count = m.count;
+  return request;
+}
+
+}  // namespace
+
 void Executor::Serve() {
   Status status;
   while (status.ok()) {
@@ -52,61 +68,50 @@ void Executor::Serve() {
       if (!*got) std::this_thread::sleep_for(kWaitSlice);  // idle: nothing is waiting on this device
       continue;
     }
-    const ControlMessage m = control_->inbox[static_cast<size_t>(from)].front();
-    if (m.kind == ControlKind::kAbort) {
-      std::string why(m.reason, strnlen(m.reason, sizeof m.reason));
-      status = RemoteError(fmt::format("rank {} failed: {}", from, why));
-      break;
-    }
-    if (m.members != 1) {
-      status = InvalidArgument(fmt::format("rank {} sent an operation of {} grouped calls; an aggregation device "
-                                           "serves one collective at a time",
-                                           from, m.members));
-      break;
-    }
-    CollectiveRequest request;
-    request.collective = static_cast<Collective>(m.collective);
-    request.dtype = static_cast<DataType>(m.dtype);
-    request.op = static_cast<ReduceOp>(m.op);
-    request.root = m.root;
-    request.nranks = m.nranks;
-    request.count = m.count;
-    auto plan = options_.serve(request, static_cast<Algorithm>(m.algorithm), m.chunk_count,
-                               static_cast<int>(m.channels));
-    if (!plan.ok()) {
-      status = plan.status().WithContext(fmt::format("serving rank {}'s {}", from, DescribeHeader(m)));
-      break;
-    }
-    Operation op;
-    op.members.push_back({std::move(*plan), nullptr, nullptr});
-    int channels = 0;
-    status = FillHeader(op, &channels);
-    if (!status.ok()) break;
-    op.seq = op.header.seq = m.seq;
-    op.slot_bytes = slot_bytes_for(channels, m.chunk_count * DataTypeSize(request.dtype));
-    op.slots = std::max(channels, 1) * options_.window;
-    if (op.slot_bytes < m.chunk_count * DataTypeSize(request.dtype)) {
-      status = InvalidArgument(fmt::format("{}: chunks of {} elements do not fit this device's staging slots of {} "
-                                           "bytes (give it the workers' staging size)",
-                                           DescribeHeader(m), m.chunk_count, op.slot_bytes));
-      break;
-    }
-    KZ_TRACE(kLogColl, "aggregation device rank {}: {}", options_.rank, DescribeHeader(m));
-    {
-      std::lock_guard lock(mu_);
-      ++pending_;
-    }
-    Run run(*this, op, op.slot_bytes, op.slots);
-    status = run.Execute(Deadline::AfterSeconds(options_.timeout_s));
-    std::lock_guard lock(mu_);
-    --pending_;
-    if (status.ok()) ++served_;
+    status = ServeOne(from);
   }
   KZ_INFO(kLogColl, "aggregation device rank {} stops serving after {} operations: {}", options_.rank, served_,
           status.ToString());
   Fail(status);
   // A job that ended owes nobody a notice (the other devices see their workers leave too).
   if (!closed_) TellPeersAndClose(status, status.code() != StatusCode::kUnavailable);
+}
+
+Status Executor::ServeOne(int from) {
+  const ControlMessage m = control_->inbox[static_cast<size_t>(from)].front();
+  if (m.kind == ControlKind::kAbort) {
+    std::string why(m.reason, strnlen(m.reason, sizeof m.reason));
+    return RemoteError(fmt::format("rank {} failed: {}", from, why));
+  }
+  if (m.members != 1)
+    return InvalidArgument(fmt::format("rank {} sent an operation of {} grouped calls; an aggregation device "
+                                       "serves one collective at a time",
+                                       from, m.members));
+  const CollectiveRequest request = RequestOf(m);
+  auto plan = options_.serve(request, static_cast<Algorithm>(m.algorithm), m.chunk_count, static_cast<int>(m.channels));
+  if (!plan.ok()) return plan.status().WithContext(fmt::format("serving rank {}'s {}", from, DescribeHeader(m)));
+  Operation op;
+  op.members.push_back({std::move(*plan), nullptr, nullptr});
+  int channels = 0;
+  KZ_RETURN_IF_ERROR(FillHeader(op, &channels));
+  op.seq = op.header.seq = m.seq;
+  op.slot_bytes = slot_bytes_for(channels, m.chunk_count * DataTypeSize(request.dtype));
+  op.slots = std::max(channels, 1) * options_.window;
+  if (op.slot_bytes < m.chunk_count * DataTypeSize(request.dtype))
+    return InvalidArgument(fmt::format("{}: chunks of {} elements do not fit this device's staging slots of {} "
+                                       "bytes (give it the workers' staging size)",
+                                       DescribeHeader(m), m.chunk_count, op.slot_bytes));
+  KZ_TRACE(kLogColl, "aggregation device rank {}: {}", options_.rank, DescribeHeader(m));
+  {
+    std::lock_guard lock(mu_);
+    ++pending_;
+  }
+  Run run(*this, op, op.slot_bytes, op.slots);
+  const Status status = run.Execute(Deadline::AfterSeconds(options_.timeout_s));
+  std::lock_guard lock(mu_);
+  --pending_;
+  if (status.ok()) ++served_;
+  return status;
 }
 
 Status Executor::WaitServing(uint64_t* served) {

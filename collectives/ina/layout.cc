@@ -85,9 +85,10 @@ struct TreeScratch {
   }
 };
 
-Status CheckTree(const Layout& l, const Part& part, int pi, PortMap& ports, TreeScratch& t,
-                 std::vector<int>& aggregator_part) {
-  t.Reset(l);
+// CheckTree's first step: the root and the edges name nodes that exist, each node has at most one
+// parent edge, every parent is in the tree, and every worker is. Fills t's positions and child
+// counts.
+Status CheckEdges(const Layout& l, const Part& part, const PortMap& ports, TreeScratch& t) {
   if (!ports.InRange(part.root)) return InvalidArgument(fmt::format("root {} does not exist", part.root.Name()));
   if (part.kind == PartKind::kLine ? part.root.aggregator() : !part.root.aggregator())
     return InvalidArgument(fmt::format("root {}: a {}'s root is {}", part.root.Name(), PartKindName(part.kind),
@@ -112,8 +113,12 @@ Status CheckTree(const Layout& l, const Part& part, int pi, PortMap& ports, Tree
   for (int w = 0; w < l.workers; ++w)
     if (t.worker_pos[static_cast<size_t>(w)] == TreeScratch::kAbsent)
       return InvalidArgument(fmt::format("worker {} is missing from the tree", Node::Worker(w).Name()));
-  // Every node has one parent edge, so the edges form a tree exactly when every walk up the
-  // parents reaches the root; a walk that meets itself is a cycle.
+  return Status::Ok();
+}
+
+// CheckTree's second step. Every node has one parent edge, so the edges form a tree exactly when
+// every walk up the parents reaches the root; a walk that meets itself is a cycle.
+Status CheckReachesRoot(const Part& part, TreeScratch& t) {
   t.state(part.root) = 2;
   std::vector<Node> walk;
   for (const TreeEdge& start : part.edges) {
@@ -129,45 +134,56 @@ Status CheckTree(const Layout& l, const Part& part, int pi, PortMap& ports, Tree
                                          part.root.Name()));
     for (const Node& m : walk) t.state(m) = 2;
   }
-  // The shapes of layout.h's table.
+  return Status::Ok();
+}
+
+// CheckTree's third step, per node: the shapes of layout.h's table. Counts the aggregation devices
+// in `aggregators` and claims each for part `pi` in `aggregator_part`.
+Status CheckNode(const Part& part, int pi, TreeScratch& t, const Node& n, std::vector<int>& aggregator_part,
+                 int& aggregators) {
+  const int pos = t.pos(n);
+  const bool has_parent = pos >= 0;
+  const int children = t.children(n);
+  const Node* parent = has_parent ? &part.edges[static_cast<size_t>(pos)].parent : nullptr;
+  if (n.aggregator()) {
+    ++aggregators;
+    if (part.kind == PartKind::kLine)
+      return InvalidArgument(fmt::format("a line has no aggregation device, but {} is in it", n.Name()));
+    if (children == 0)
+      return InvalidArgument(fmt::format("aggregation device {} has no children (it would reduce nothing)", n.Name()));
+    if (part.kind == PartKind::kPartialTree && parent && !parent->aggregator())
+      return InvalidArgument(fmt::format("aggregation device {} hangs below worker {}: a partial tree's aggregation "
+                                         "devices form its top",
+                                         n.Name(), parent->Name()));
+    int& owner = aggregator_part[static_cast<size_t>(n.index)];
+    if (owner >= 0 && owner != pi)
+      return InvalidArgument(fmt::format("aggregation device {} is already used by part {}", n.Name(), owner));
+    owner = pi;
+  } else if (part.kind == PartKind::kFullTree && (children > 0 || (parent && !parent->aggregator()))) {
+    return InvalidArgument(
+        fmt::format("worker {} is not a leaf below an aggregation device, as a full tree's workers are", n.Name()));
+  } else if (part.kind == PartKind::kPartialTree && children > 1) {
+    return InvalidArgument(
+        fmt::format("worker {} has {} children: a partial tree's workers form chains", n.Name(), children));
+  }
+  if (part.kind == PartKind::kLine && children + (has_parent ? 1 : 0) > 2)
+    return InvalidArgument(fmt::format("worker {} has {} neighbours: a line is a chain", n.Name(),
+                                       children + (has_parent ? 1 : 0)));
+  return Status::Ok();
+}
+
+Status CheckTree(const Layout& l, const Part& part, int pi, PortMap& ports, TreeScratch& t,
+                 std::vector<int>& aggregator_part) {
+  t.Reset(l);
+  KZ_RETURN_IF_ERROR(CheckEdges(l, part, ports, t));
+  KZ_RETURN_IF_ERROR(CheckReachesRoot(part, t));
+  // The shapes of layout.h's table, node by node, and the ports each edge's cable takes.
   int aggregators = 0;
-  auto node_check = [&](const Node& n) -> Status {
-    const int pos = t.pos(n);
-    const bool has_parent = pos >= 0;
-    const int children = t.children(n);
-    const Node* parent = has_parent ? &part.edges[static_cast<size_t>(pos)].parent : nullptr;
-    if (n.aggregator()) {
-      ++aggregators;
-      if (part.kind == PartKind::kLine)
-        return InvalidArgument(fmt::format("a line has no aggregation device, but {} is in it", n.Name()));
-      if (children == 0)
-        return InvalidArgument(
-            fmt::format("aggregation device {} has no children (it would reduce nothing)", n.Name()));
-      if (part.kind == PartKind::kPartialTree && parent && !parent->aggregator())
-        return InvalidArgument(fmt::format("aggregation device {} hangs below worker {}: a partial tree's aggregation "
-                                           "devices form its top",
-                                           n.Name(), parent->Name()));
-      int& owner = aggregator_part[static_cast<size_t>(n.index)];
-      if (owner >= 0 && owner != pi)
-        return InvalidArgument(fmt::format("aggregation device {} is already used by part {}", n.Name(), owner));
-      owner = pi;
-    } else if (part.kind == PartKind::kFullTree && (children > 0 || (parent && !parent->aggregator()))) {
-      return InvalidArgument(
-          fmt::format("worker {} is not a leaf below an aggregation device, as a full tree's workers are", n.Name()));
-    } else if (part.kind == PartKind::kPartialTree && children > 1) {
-      return InvalidArgument(
-          fmt::format("worker {} has {} children: a partial tree's workers form chains", n.Name(), children));
-    }
-    if (part.kind == PartKind::kLine && children + (has_parent ? 1 : 0) > 2)
-      return InvalidArgument(fmt::format("worker {} has {} neighbours: a line is a chain", n.Name(),
-                                         children + (has_parent ? 1 : 0)));
-    return Status::Ok();
-  };
-  KZ_RETURN_IF_ERROR(node_check(part.root));
+  KZ_RETURN_IF_ERROR(CheckNode(part, pi, t, part.root, aggregator_part, aggregators));
   int64_t worker_ports = 0;
   for (size_t j = 0; j < part.edges.size(); ++j) {
     const TreeEdge& e = part.edges[j];
-    KZ_RETURN_IF_ERROR(node_check(e.child));
+    KZ_RETURN_IF_ERROR(CheckNode(part, pi, t, e.child, aggregator_part, aggregators));
     KZ_RETURN_IF_ERROR(ports.Claim(e.child, e.child_port, pi).WithContext(fmt::format("edge {}", j)));
     KZ_RETURN_IF_ERROR(ports.Claim(e.parent, e.parent_port, pi).WithContext(fmt::format("edge {}", j)));
     worker_ports += (e.child.aggregator() ? 0 : 1) + (e.parent.aggregator() ? 0 : 1);

@@ -54,6 +54,7 @@ TEST(InaLayout, PlannedLayoutsHaveEveryKind) {
   EXPECT_TRUE(Validate(m).ok()) << Validate(m).ToString();
 }
 
+// Kept whole: a list of broken layouts, one block each next to the error it must name.
 TEST(InaLayout, ValidateRejectsBrokenLayoutsNamingTheProblem) {
   const Layout base = Planned(16, 4, 8, 8);
   const int tree = IndexOf(base, PartKind::kPartialTree), ring = IndexOf(base, PartKind::kRing);

@@ -405,9 +405,12 @@ Result<std::unique_ptr<ListenComm>> ListenOnPort(DirectConnectFabric& fabric, in
 
 // ---- Connect ----
 
-Result<std::unique_ptr<SendComm>> ConnectOnPort(DirectConnectFabric& fabric, int port, const Handle& handle) {
+namespace {
+
+// Whether handle `h`, taken by `port` of this node, names the listener at the far end of that
+// port's link in this host's topology; kInvalidArgument naming the mismatch otherwise.
+Status CheckTarget(const DirectConnectFabric& fabric, int port, const HandleInfo& h) {
   const Topology& t = fabric.topology();
-  KZ_ASSIGN_OR_RETURN(HandleInfo h, ParseHandle(handle));
   if (h.host != fabric.host_fingerprint())
     return InvalidArgument("directconnect: the handle comes from another host; direct-connect links run between "
                            "processes of one host (a link is a shared-memory channel)");
@@ -430,6 +433,66 @@ Result<std::unique_ptr<SendComm>> ConnectOnPort(DirectConnectFabric& fabric, int
                                        "listener at {}: connect on the port whose link reaches it",
                                        port, t.nodes[me.node].name, t.PortName(*peer), t.Describe(),
                                        t.PortName(target)));
+  return Status::Ok();
+}
+
+// The hello the connecting side sends first: the listener's token, both ends' ports, a fresh
+// nonce.
+Result<Hello> MakeHello(const DirectConnectFabric& fabric, int port, const HandleInfo& h) {
+  Hello hello{};
+  hello.magic = kHelloMagic;
+  hello.version = kProtocolVersion;
+  std::memcpy(hello.token, h.token, kTokenBytes);
+  hello.topology = fabric.topology().Fingerprint();
+  hello.from_node = static_cast<uint32_t>(fabric.node());
+  hello.from_port = static_cast<uint32_t>(port);
+  hello.to_node = static_cast<uint32_t>(h.node);
+  hello.to_port = static_cast<uint32_t>(h.port);
+  KZ_RETURN_IF_ERROR(RandomBytes(&hello.nonce, sizeof(hello.nonce)));
+  hello.pid = static_cast<int32_t>(::getpid());
+  return hello;
+}
+
+// Sends `hello` with the channel's fds (SCM_RIGHTS) on the fresh socket `sock` to the listener at
+// `target`, waiting for room until the deadline.
+Status SendHello(int sock, Hello hello, const int (&fds)[kHelloFds], const Topology& t, const PortRef& target,
+                 Deadline deadline) {
+  while (true) {
+    iovec iov{&hello, sizeof(hello)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(fds));
+    std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+    const ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(sizeof(hello))) return Status::Ok();
+    if (n >= 0) return Internal("directconnect: the hello was sent partially");  // a fresh socket has room for it
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      KZ_RETURN_IF_ERROR(WaitFd(sock, POLLOUT, deadline, "sending the hello"));
+      continue;
+    }
+    if (errno == EPIPE || errno == ECONNRESET)
+      return RemoteError(fmt::format("directconnect: the listener at {} closed during the handshake",
+                                     t.PortName(target)));
+    return FromErrno(errno, "sendmsg");
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SendComm>> ConnectOnPort(DirectConnectFabric& fabric, int port, const Handle& handle) {
+  const Topology& t = fabric.topology();
+  KZ_ASSIGN_OR_RETURN(HandleInfo h, ParseHandle(handle));
+  KZ_RETURN_IF_ERROR(CheckTarget(fabric, port, h));
+  const PortRef me{fabric.node(), port};
+  const PortRef target{h.node, h.port};
 
   UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!sock.valid()) return FromErrno(errno, "socket(AF_UNIX)");
@@ -445,46 +508,10 @@ Result<std::unique_ptr<SendComm>> ConnectOnPort(DirectConnectFabric& fabric, int
   }
 
   KZ_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, Channel::Create(ChannelSizes{}));
-  Hello hello{};
-  hello.magic = kHelloMagic;
-  hello.version = kProtocolVersion;
-  std::memcpy(hello.token, h.token, kTokenBytes);
-  hello.topology = t.Fingerprint();
-  hello.from_node = static_cast<uint32_t>(me.node);
-  hello.from_port = static_cast<uint32_t>(me.port);
-  hello.to_node = static_cast<uint32_t>(h.node);
-  hello.to_port = static_cast<uint32_t>(h.port);
-  KZ_RETURN_IF_ERROR(RandomBytes(&hello.nonce, sizeof(hello.nonce)));
-  hello.pid = static_cast<int32_t>(::getpid());
-
-  const int fds[kHelloFds] = {channel->segment_fd(), channel->wake_fd(Side::kSender), channel->wake_fd(Side::kReceiver)};
-  const Deadline deadline = Deadline::AfterSeconds(fabric.io_timeout_s());
-  while (true) {
-    iovec iov{&hello, sizeof(hello)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(fds));
-    std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
-    const ssize_t n = ::sendmsg(sock.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n == static_cast<ssize_t>(sizeof(hello))) break;
-    if (n >= 0) return Internal("directconnect: the hello was sent partially");  // a fresh socket has room for it
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      KZ_RETURN_IF_ERROR(WaitFd(sock.get(), POLLOUT, deadline, "sending the hello"));
-      continue;
-    }
-    if (errno == EPIPE || errno == ECONNRESET)
-      return RemoteError(fmt::format("directconnect: the listener at {} closed during the handshake",
-                                     t.PortName(target)));
-    return FromErrno(errno, "sendmsg");
-  }
+  KZ_ASSIGN_OR_RETURN(const Hello hello, MakeHello(fabric, port, h));
+  const int fds[kHelloFds] = {channel->segment_fd(), channel->wake_fd(Side::kSender),
+                              channel->wake_fd(Side::kReceiver)};
+  KZ_RETURN_IF_ERROR(SendHello(sock.get(), hello, fds, t, target, Deadline::AfterSeconds(fabric.io_timeout_s())));
 
   ConnectionParts parts;
   parts.channel = std::move(channel);

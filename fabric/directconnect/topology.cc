@@ -274,6 +274,140 @@ uint64_t FnvValue(uint64_t h, const T& v) {
   return Fnv(h, &v, sizeof(v));
 }
 
+// ---- Topology::Finalize's steps ----
+
+// Each node's name (not empty, not used twice), port count and kind; counts the workers, and
+// those that were given a rank.
+Status CheckNodes(const Topology& t, int& workers, int& with_rank) {
+  std::map<std::string_view, const TopologyNode*> names;
+  for (const TopologyNode& n : t.nodes) {
+    if (n.name.empty()) return EntryError(t.source, n.line, "a node has an empty name");
+    if (auto [it, fresh] = names.emplace(n.name, &n); !fresh)
+      return EntryError(t.source, n.line,
+                        fmt::format("node '{}' is described twice{}", n.name,
+                                    it->second->line > 0 ? fmt::format(" (first at line {})", it->second->line) : ""));
+    if (n.ports < 1 || n.ports > kMaxPortsPerNode)
+      return EntryError(t.source, n.line,
+                        fmt::format("node '{}': {} ports, outside [1, {}]", n.name, n.ports, kMaxPortsPerNode));
+    if (n.kind == NodeKind::kWorker) {
+      ++workers;
+      with_rank += n.rank >= 0 ? 1 : 0;
+    } else if (n.rank >= 0) {
+      return EntryError(t.source, n.line, fmt::format("node '{}': an aggregator has no rank", n.name));
+    }
+  }
+  return Status::Ok();
+}
+
+// The workers' ranks: in order of appearance when none was given one, else as given, which every
+// worker then must have. Each rank in range, and one worker's.
+Status AssignRanks(Topology& t, int workers, int with_rank) {
+  if (with_rank == 0) {
+    int next = 0;  // ranks in order of appearance
+    for (TopologyNode& n : t.nodes)
+      if (n.kind == NodeKind::kWorker) n.rank = next++;
+  } else if (with_rank != workers) {
+    for (const TopologyNode& n : t.nodes)
+      if (n.kind == NodeKind::kWorker && n.rank < 0)
+        return EntryError(t.source, n.line,
+                          fmt::format("worker '{}' has no rank, but other workers have one: give every worker a "
+                                      "rank, or none (ranks then follow the order of \"nodes\")",
+                                      n.name));
+  }
+  std::vector<const TopologyNode*> by_rank(static_cast<size_t>(workers), nullptr);
+  for (const TopologyNode& n : t.nodes) {
+    if (n.kind != NodeKind::kWorker) continue;
+    if (n.rank >= workers)
+      return EntryError(t.source, n.line,
+                        fmt::format("worker '{}': rank {} out of range: there are {} workers (ranks 0..{})", n.name,
+                                    n.rank, workers, workers - 1));
+    if (by_rank[n.rank] != nullptr)
+      return EntryError(t.source, n.line,
+                        fmt::format("worker '{}': rank {} is already worker '{}'s", n.name, n.rank,
+                                    by_rank[n.rank]->name));
+    by_rank[n.rank] = &n;
+  }
+  return Status::Ok();
+}
+
+// The port table: `base[i]`, where node i's ports start in it, and `link_of`, each port's link
+// (-1: none). Each link joins two ports that exist and no other link uses, on two nodes, with
+// finite figures.
+Status MapLinks(const Topology& t, std::vector<int>& base, std::vector<int>& link_of) {
+  base.assign(t.nodes.size(), 0);
+  int total = 0;
+  for (size_t i = 0; i < t.nodes.size(); ++i) {
+    base[i] = total;
+    total += t.nodes[i].ports;
+  }
+  link_of.assign(static_cast<size_t>(total), -1);
+  for (size_t li = 0; li < t.links.size(); ++li) {
+    const TopologyLink& l = t.links[li];
+    const PortRef ends[2] = {l.a, l.b};
+    for (const PortRef& e : ends) {
+      if (e.node < 0 || static_cast<size_t>(e.node) >= t.nodes.size())
+        return EntryError(t.source, l.line, fmt::format("link #{}: node index {} does not exist", li, e.node));
+      const TopologyNode& n = t.nodes[e.node];
+      if (e.port < 0 || e.port >= n.ports)
+        return EntryError(t.source, l.line,
+                          fmt::format("link {} - {}: port {} is beyond node '{}'s {} port(s) (0..{})", t.PortName(l.a),
+                                      t.PortName(l.b), e.port, n.name, n.ports, n.ports - 1));
+      int& slot = link_of[base[e.node] + e.port];
+      if (slot >= 0) {
+        const TopologyLink& other = t.links[slot];
+        return EntryError(t.source, l.line,
+                          fmt::format("link {} - {}: port {} is already used by link {} - {}{}", t.PortName(l.a),
+                                      t.PortName(l.b), t.PortName(e), t.PortName(other.a), t.PortName(other.b),
+                                      other.line > 0 ? fmt::format(" (line {})", other.line) : ""));
+      }
+      slot = static_cast<int>(li);
+    }
+    if (l.a.node == l.b.node)
+      return EntryError(t.source, l.line, fmt::format("link {} - {} connects node '{}' to itself", t.PortName(l.a),
+                                                       t.PortName(l.b), t.nodes[l.a.node].name));
+    if (!std::isfinite(l.bandwidth_gbps) || l.bandwidth_gbps < 0 || !std::isfinite(l.latency_us) || l.latency_us < 0)
+      return EntryError(t.source, l.line, fmt::format("link {} - {}: bandwidth and latency must be finite and >= 0",
+                                                       t.PortName(l.a), t.PortName(l.b)));
+  }
+  return Status::Ok();
+}
+
+// ---- ParseTopology's steps ----
+
+// The error for `text` that is not JSON: the parser's message, at the line and column it names.
+Status InvalidJson(std::string_view text, std::string_view source) {
+  ErrorCapture capture;
+  Json::sax_parse(text.begin(), text.end(), &capture);
+  // nlohmann reports the byte after the offending token: point at the token's start when the
+  // token is the text just before that (at the end of input the reported token is a
+  // description, and the position itself is the place to name).
+  size_t at = std::min(capture.position(), text.size());
+  const std::string& token = capture.last_token();
+  if (!token.empty() && at >= token.size() && text.substr(at - token.size(), token.size()) == token)
+    at -= token.size();
+  const LineColumn lc = LineColumnAt(text, at);
+  return InvalidArgument(fmt::format("{}:{}:{}: invalid JSON: {}", source, lc.line, lc.column, capture.message()));
+}
+
+// The "defaults" object `d` (at `line`): the figures of links that give none of their own.
+Result<Defaults> ParseDefaults(const Json& d, int line, std::string_view source) {
+  Defaults defaults;
+  if (!d.is_object()) return EntryError(source, line, "\"defaults\" must be an object");
+  if (Status s = CheckKeys(d, {"bandwidth_gbps", "latency_us"}, "defaults"); !s.ok())
+    return EntryError(source, line, s.message());
+  if (auto bw = d.find("bandwidth_gbps"); bw != d.end()) {
+    auto v = GetNonNegative(*bw, "defaults.bandwidth_gbps");
+    if (!v.ok()) return EntryError(source, line, v.status().message());
+    defaults.bandwidth_gbps = *v;
+  }
+  if (auto lat = d.find("latency_us"); lat != d.end()) {
+    auto v = GetNonNegative(*lat, "defaults.latency_us");
+    if (!v.ok()) return EntryError(source, line, v.status().message());
+    defaults.latency_us = *v;
+  }
+  return defaults;
+}
+
 }  // namespace
 
 namespace internal {
@@ -366,83 +500,11 @@ Status Topology::Finalize() {
   if (nodes.empty()) return EntryError(source, 0, "the topology has no nodes");
   if (nodes.size() > static_cast<size_t>(kMaxTopologyNodes))
     return EntryError(source, 0, fmt::format("{} nodes exceed the limit of {}", nodes.size(), kMaxTopologyNodes));
-
-  std::map<std::string_view, const TopologyNode*> names;
   int workers = 0, with_rank = 0;
-  for (const TopologyNode& n : nodes) {
-    if (n.name.empty()) return EntryError(source, n.line, "a node has an empty name");
-    if (auto [it, fresh] = names.emplace(n.name, &n); !fresh)
-      return EntryError(source, n.line,
-                        fmt::format("node '{}' is described twice{}", n.name,
-                                    it->second->line > 0 ? fmt::format(" (first at line {})", it->second->line) : ""));
-    if (n.ports < 1 || n.ports > kMaxPortsPerNode)
-      return EntryError(source, n.line, fmt::format("node '{}': {} ports, outside [1, {}]", n.name, n.ports, kMaxPortsPerNode));
-    if (n.kind == NodeKind::kWorker) {
-      ++workers;
-      with_rank += n.rank >= 0 ? 1 : 0;
-    } else if (n.rank >= 0) {
-      return EntryError(source, n.line, fmt::format("node '{}': an aggregator has no rank", n.name));
-    }
-  }
-  if (with_rank == 0) {
-    int next = 0;  // ranks in order of appearance
-    for (TopologyNode& n : nodes)
-      if (n.kind == NodeKind::kWorker) n.rank = next++;
-  } else if (with_rank != workers) {
-    for (const TopologyNode& n : nodes)
-      if (n.kind == NodeKind::kWorker && n.rank < 0)
-        return EntryError(source, n.line,
-                          fmt::format("worker '{}' has no rank, but other workers have one: give every worker a "
-                                      "rank, or none (ranks then follow the order of \"nodes\")",
-                                      n.name));
-  }
-  std::vector<const TopologyNode*> by_rank(static_cast<size_t>(workers), nullptr);
-  for (const TopologyNode& n : nodes) {
-    if (n.kind != NodeKind::kWorker) continue;
-    if (n.rank >= workers)
-      return EntryError(source, n.line, fmt::format("worker '{}': rank {} out of range: there are {} workers (ranks 0..{})",
-                                                    n.name, n.rank, workers, workers - 1));
-    if (by_rank[n.rank] != nullptr)
-      return EntryError(source, n.line,
-                        fmt::format("worker '{}': rank {} is already worker '{}'s", n.name, n.rank, by_rank[n.rank]->name));
-    by_rank[n.rank] = &n;
-  }
-
-  std::vector<int> base(nodes.size());
-  int total = 0;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    base[i] = total;
-    total += nodes[i].ports;
-  }
-  std::vector<int> link_of(static_cast<size_t>(total), -1);
-  for (size_t li = 0; li < links.size(); ++li) {
-    const TopologyLink& l = links[li];
-    const PortRef ends[2] = {l.a, l.b};
-    for (const PortRef& e : ends) {
-      if (e.node < 0 || static_cast<size_t>(e.node) >= nodes.size())
-        return EntryError(source, l.line, fmt::format("link #{}: node index {} does not exist", li, e.node));
-      const TopologyNode& n = nodes[e.node];
-      if (e.port < 0 || e.port >= n.ports)
-        return EntryError(source, l.line,
-                          fmt::format("link {} - {}: port {} is beyond node '{}'s {} port(s) (0..{})", PortName(l.a),
-                                      PortName(l.b), e.port, n.name, n.ports, n.ports - 1));
-      int& slot = link_of[base[e.node] + e.port];
-      if (slot >= 0) {
-        const TopologyLink& other = links[slot];
-        return EntryError(source, l.line,
-                          fmt::format("link {} - {}: port {} is already used by link {} - {}{}", PortName(l.a),
-                                      PortName(l.b), PortName(e), PortName(other.a), PortName(other.b),
-                                      other.line > 0 ? fmt::format(" (line {})", other.line) : ""));
-      }
-      slot = static_cast<int>(li);
-    }
-    if (l.a.node == l.b.node)
-      return EntryError(source, l.line, fmt::format("link {} - {} connects node '{}' to itself", PortName(l.a),
-                                                     PortName(l.b), nodes[l.a.node].name));
-    if (!std::isfinite(l.bandwidth_gbps) || l.bandwidth_gbps < 0 || !std::isfinite(l.latency_us) || l.latency_us < 0)
-      return EntryError(source, l.line, fmt::format("link {} - {}: bandwidth and latency must be finite and >= 0",
-                                                     PortName(l.a), PortName(l.b)));
-  }
+  KZ_RETURN_IF_ERROR(CheckNodes(*this, workers, with_rank));
+  KZ_RETURN_IF_ERROR(AssignRanks(*this, workers, with_rank));
+  std::vector<int> base, link_of;
+  KZ_RETURN_IF_ERROR(MapLinks(*this, base, link_of));
   port_base_ = std::move(base);
   port_link_ = std::move(link_of);
   return Status::Ok();
@@ -452,19 +514,7 @@ Status Topology::Finalize() {
 
 Result<Topology> ParseTopology(std::string_view text, std::string_view source) {
   Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    ErrorCapture capture;
-    Json::sax_parse(text.begin(), text.end(), &capture);
-    // nlohmann reports the byte after the offending token: point at the token's start when the
-    // token is the text just before that (at the end of input the reported token is a
-    // description, and the position itself is the place to name).
-    size_t at = std::min(capture.position(), text.size());
-    const std::string& token = capture.last_token();
-    if (!token.empty() && at >= token.size() && text.substr(at - token.size(), token.size()) == token)
-      at -= token.size();
-    const LineColumn lc = LineColumnAt(text, at);
-    return InvalidArgument(fmt::format("{}:{}:{}: invalid JSON: {}", source, lc.line, lc.column, capture.message()));
-  }
+  if (j.is_discarded()) return InvalidJson(text, source);
   const SourcePositions pos = ScanPositions(text);
   auto key_line = [&](const std::string& key) {
     auto it = pos.top_keys.find(key);
@@ -492,20 +542,7 @@ Result<Topology> ParseTopology(std::string_view text, std::string_view source) {
   }
   Defaults defaults;
   if (auto d = j.find("defaults"); d != j.end()) {
-    const int line = key_line("defaults");
-    if (!d->is_object()) return EntryError(source, line, "\"defaults\" must be an object");
-    if (Status s = CheckKeys(*d, {"bandwidth_gbps", "latency_us"}, "defaults"); !s.ok())
-      return EntryError(source, line, s.message());
-    if (auto bw = d->find("bandwidth_gbps"); bw != d->end()) {
-      auto v = GetNonNegative(*bw, "defaults.bandwidth_gbps");
-      if (!v.ok()) return EntryError(source, line, v.status().message());
-      defaults.bandwidth_gbps = *v;
-    }
-    if (auto lat = d->find("latency_us"); lat != d->end()) {
-      auto v = GetNonNegative(*lat, "defaults.latency_us");
-      if (!v.ok()) return EntryError(source, line, v.status().message());
-      defaults.latency_us = *v;
-    }
+    KZ_ASSIGN_OR_RETURN(defaults, ParseDefaults(*d, key_line("defaults"), source));
   }
 
   auto nodes = j.find("nodes");

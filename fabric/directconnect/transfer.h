@@ -140,8 +140,17 @@ class DcSendComm final : public SendComm {
   bool Progress();
   Result<bool> DrainPosts();
   Result<bool> RunOutbound();
-  // Pushes as much of `op` as the ring takes; true when op has nothing left to push.
+  // Pushes as much of `op` as the ring takes; true when op has nothing left to push. One step per
+  // path (Op::Path), each as Advance.
   Result<bool> Advance(Op& op);
+  Result<bool> AdvanceTooBig(Op& op);  // tells the receiver its receive is too small
+  Result<bool> AdvanceDirect(Op& op);  // copies into the receive's region, else the pull or staged path
+  Result<bool> AdvancePull(Op& op);    // asks the receiver to copy from this side's region
+  Result<bool> AdvanceStaged(Op& op);  // through the ring
+  Result<bool> AdvanceWrite(Op& op);   // a one-sided write: into the exposed region, else through the ring
+  Result<bool> Push(const RecordHeader& header, const void* payload = nullptr, size_t payload_bytes = 0) {
+    return link_.channel().TryPush(header, payload, payload_bytes);
+  }
   void Match(Op& op, const Post& post);
   void FailAll(const Status& why);
   std::optional<Link::Clock::time_point> NextWake() const;
@@ -180,6 +189,13 @@ class DcRecvComm final : public RecvComm {
   // Handles the record at the head of the forward ring; false when it must wait (reverse ring
   // full for an acknowledgement).
   Result<bool> Handle(const RecordHeader& record);
+  // Handle's larger cases: a chunk of a staged message, a pull (copy from the sender's region, then
+  // acknowledge), a chunk of a one-sided write.
+  Result<bool> HandleData(const RecordHeader& record);
+  Result<bool> HandlePull(const RecordHeader& record);
+  Result<bool> HandleWriteData(const RecordHeader& record);
+  // Marks `op` received: `length` bytes, to be delivered at `deliver_ns` (ToNs).
+  void Complete(Op* op, uint64_t length, uint64_t deliver_ns);
   Result<Op*> FindOp(uint64_t recv_id, std::string_view record);
   void FailAll(const Status& why);
   std::optional<Link::Clock::time_point> NextWake() const;

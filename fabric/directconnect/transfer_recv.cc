@@ -71,53 +71,24 @@ Result<DcRecvComm::Op*> DcRecvComm::FindOp(uint64_t recv_id, std::string_view re
   return it->second;
 }
 
+void DcRecvComm::Complete(Op* op, uint64_t length, uint64_t deliver_ns) {
+  op->state = Op::State::kDone;
+  op->length = length;
+  op->deliver_at = FromNs(deliver_ns);
+  posted_.erase(op->id);
+}
+
 Result<bool> DcRecvComm::Handle(const RecordHeader& rec) {
-  Channel& ch = link_.channel();
-  auto complete = [this](Op* op, uint64_t length, uint64_t deliver_ns) {
-    op->state = Op::State::kDone;
-    op->length = length;
-    op->deliver_at = FromNs(deliver_ns);
-    posted_.erase(op->id);
-  };
   switch (rec.type) {
-    case kData: {
-      KZ_ASSIGN_OR_RETURN(Op * op, FindOp(rec.id, "data"));
-      const uint64_t offset = rec.arg[0], total = rec.arg[1], n = rec.payload_bytes;
-      if (total > op->size() || offset > total || n > total - offset || n == 0)
-        return ProtocolError(label(), fmt::format("data chunk [{}, +{}) of a {}-byte message into a {}-byte receive",
-                                                  offset, n, total, op->size()));
-      ch.ReadPayload(0, op->dst + offset, n);
-      op->received += n;
-      stats_.staged_bytes += n;
-      if (offset + n == total) complete(op, total, rec.arg[2]);
-      return true;
-    }
+    case kData: return HandleData(rec);
     case kDone: {
       KZ_ASSIGN_OR_RETURN(Op * op, FindOp(rec.id, "done"));
       if (rec.arg[0] > op->size())
         return ProtocolError(label(), fmt::format("{} bytes delivered into a {}-byte receive", rec.arg[0], op->size()));
-      complete(op, rec.arg[0], rec.arg[2]);
+      Complete(op, rec.arg[0], rec.arg[2]);
       return true;
     }
-    case kPull: {
-      KZ_ASSIGN_OR_RETURN(Op * op, FindOp(rec.id, "pull"));
-      const uint64_t size = rec.arg[0], region_id = rec.arg[1], offset = rec.arg[3];
-      if (size > op->size())
-        return ProtocolError(label(), fmt::format("pull of {} bytes into a {}-byte receive", size, op->size()));
-      KZ_ASSIGN_OR_RETURN(const PeerRegions::Region* region, link_.AwaitRegion(region_id));
-      const bool ok = region->mappable;
-      if (ok && (offset > region->size || size > region->size - offset))
-        return ProtocolError(label(), fmt::format("pull of [{}, +{}) from a {}-byte region", offset, size, region->size));
-      if (ok && op->received == 0 && size > 0) {
-        HostCopy(op->dst, region->mapping.data() + offset, size);
-        op->received = size;  // marks the copy done, should the acknowledgement have to wait
-      }
-      RecordHeader ack{kPulled, 0, 0, rec.id, {ok ? 0 : kPullRefused, 0, 0, 0}};
-      KZ_ASSIGN_OR_RETURN(bool pushed, ch.TryPush(ack, nullptr, 0));
-      if (!pushed) return false;
-      if (ok) complete(op, size, rec.arg[2]);
-      return true;
-    }
+    case kPull: return HandlePull(rec);
     case kTooBig: {
       KZ_ASSIGN_OR_RETURN(Op * op, FindOp(rec.id, "too-big"));
       op->state = Op::State::kFailed;
@@ -127,25 +98,7 @@ Result<bool> DcRecvComm::Handle(const RecordHeader& rec) {
       posted_.erase(op->id);
       return true;
     }
-    case kWriteData: {
-      auto it = exposed_.find(rec.id);
-      if (it == exposed_.end())
-        return ProtocolError(label(), fmt::format("write into region {}, which is not exposed", rec.id));
-      DcRegistration* reg = it->second;
-      const uint64_t offset = rec.arg[0], n = rec.payload_bytes;
-      if (offset > reg->memory().size || n > reg->memory().size - offset)
-        return ProtocolError(label(), fmt::format("write of [{}, +{}) into a {}-byte region", offset, n,
-                                                  reg->memory().size));
-      if (n > 0) ch.ReadPayload(0, reg->cpu(reg->memory().data) + offset, n);
-      stats_.staged_bytes += n;
-      if ((rec.flags & kFlagLast) != 0) {
-        ++stats_.messages;
-        if ((rec.flags & kFlagImmediate) != 0)
-          immediates_.push_back(Immediate{static_cast<uint32_t>(rec.arg[3]), FromNs(rec.arg[2])});
-      }
-      stats_.bytes += n;
-      return true;
-    }
+    case kWriteData: return HandleWriteData(rec);
     case kWriteNotify:
       ++stats_.messages;
       immediates_.push_back(Immediate{static_cast<uint32_t>(rec.arg[0]), FromNs(rec.arg[2])});
@@ -153,6 +106,59 @@ Result<bool> DcRecvComm::Handle(const RecordHeader& rec) {
     default:
       return ProtocolError(label(), fmt::format("unexpected {} record on the forward ring", RecordName(rec.type)));
   }
+}
+
+Result<bool> DcRecvComm::HandleData(const RecordHeader& rec) {
+  KZ_ASSIGN_OR_RETURN(Op * op, FindOp(rec.id, "data"));
+  const uint64_t offset = rec.arg[0], total = rec.arg[1], n = rec.payload_bytes;
+  if (total > op->size() || offset > total || n > total - offset || n == 0)
+    return ProtocolError(label(), fmt::format("data chunk [{}, +{}) of a {}-byte message into a {}-byte receive",
+                                              offset, n, total, op->size()));
+  link_.channel().ReadPayload(0, op->dst + offset, n);
+  op->received += n;
+  stats_.staged_bytes += n;
+  if (offset + n == total) Complete(op, total, rec.arg[2]);
+  return true;
+}
+
+Result<bool> DcRecvComm::HandlePull(const RecordHeader& rec) {
+  KZ_ASSIGN_OR_RETURN(Op * op, FindOp(rec.id, "pull"));
+  const uint64_t size = rec.arg[0], region_id = rec.arg[1], offset = rec.arg[3];
+  if (size > op->size())
+    return ProtocolError(label(), fmt::format("pull of {} bytes into a {}-byte receive", size, op->size()));
+  KZ_ASSIGN_OR_RETURN(const PeerRegions::Region* region, link_.AwaitRegion(region_id));
+  const bool ok = region->mappable;
+  if (ok && (offset > region->size || size > region->size - offset))
+    return ProtocolError(label(), fmt::format("pull of [{}, +{}) from a {}-byte region", offset, size, region->size));
+  if (ok && op->received == 0 && size > 0) {
+    HostCopy(op->dst, region->mapping.data() + offset, size);
+    op->received = size;  // marks the copy done, should the acknowledgement have to wait
+  }
+  RecordHeader ack{kPulled, 0, 0, rec.id, {ok ? 0 : kPullRefused, 0, 0, 0}};
+  KZ_ASSIGN_OR_RETURN(bool pushed, link_.channel().TryPush(ack, nullptr, 0));
+  if (!pushed) return false;
+  if (ok) Complete(op, size, rec.arg[2]);
+  return true;
+}
+
+Result<bool> DcRecvComm::HandleWriteData(const RecordHeader& rec) {
+  auto it = exposed_.find(rec.id);
+  if (it == exposed_.end())
+    return ProtocolError(label(), fmt::format("write into region {}, which is not exposed", rec.id));
+  DcRegistration* reg = it->second;
+  const uint64_t offset = rec.arg[0], n = rec.payload_bytes;
+  if (offset > reg->memory().size || n > reg->memory().size - offset)
+    return ProtocolError(label(), fmt::format("write of [{}, +{}) into a {}-byte region", offset, n,
+                                              reg->memory().size));
+  if (n > 0) link_.channel().ReadPayload(0, reg->cpu(reg->memory().data) + offset, n);
+  stats_.staged_bytes += n;
+  if ((rec.flags & kFlagLast) != 0) {
+    ++stats_.messages;
+    if ((rec.flags & kFlagImmediate) != 0)
+      immediates_.push_back(Immediate{static_cast<uint32_t>(rec.arg[3]), FromNs(rec.arg[2])});
+  }
+  stats_.bytes += n;
+  return true;
 }
 
 bool DcRecvComm::Progress() {

@@ -154,73 +154,81 @@ Result<bool> DcSendComm::DrainPosts() {
 }
 
 Result<bool> DcSendComm::Advance(Op& op) {
-  Channel& ch = link_.channel();
   if (!op.started) {
     op.started = true;
     if (op.path != Op::Path::kTooBig && shaper_ != nullptr) op.times = shaper_->Reserve(op.size());
   }
+  switch (op.path) {
+    case Op::Path::kTooBig: return AdvanceTooBig(op);
+    case Op::Path::kDirect: return AdvanceDirect(op);
+    case Op::Path::kPull: return AdvancePull(op);
+    case Op::Path::kStaged: return AdvanceStaged(op);
+    case Op::Path::kWrite: break;
+  }
+  return AdvanceWrite(op);
+}
+
+Result<bool> DcSendComm::AdvanceTooBig(Op& op) {
+  RecordHeader h{kTooBig, 0, 0, op.post.recv_id, {op.size(), 0, 0, 0}};
+  KZ_ASSIGN_OR_RETURN(bool pushed, Push(h));
+  if (!pushed) return false;
+  op.state = Op::State::kFailed;
+  op.error = InvalidArgument(fmt::format("{}: message of {} bytes is longer than the matching receive's capacity "
+                                         "of {} bytes (tag {})",
+                                         label(), op.size(), op.post.capacity, op.tag()));
+  return true;
+}
+
+Result<bool> DcSendComm::AdvanceDirect(Op& op) {
+  KZ_ASSIGN_OR_RETURN(const PeerRegions::Region* region, link_.AwaitRegion(op.post.region));
+  if (!region->mappable) {
+    op.path = op.reg != nullptr && op.reg->offered_to_peer && op.size() > 0 ? Op::Path::kPull : Op::Path::kStaged;
+    return Advance(op);
+  }
+  if (op.post.offset > region->size || op.post.capacity > region->size - op.post.offset)
+    return ProtocolError(label(), fmt::format("receive {} of {} bytes at offset {} lies outside its region's {} bytes",
+                                              op.post.recv_id, op.post.capacity, op.post.offset, region->size));
+  if (!op.copied && op.size() > 0) HostCopy(region->mapping.data() + op.post.offset, op.src, op.size());
+  op.copied = true;
+  RecordHeader h{kDone, 0, 0, op.post.recv_id, {op.size(), 0, ToNs(op.times.delivered), 0}};
+  KZ_ASSIGN_OR_RETURN(bool pushed, Push(h));
+  if (!pushed) return false;
+  op.state = Op::State::kDone;
+  return true;
+}
+
+Result<bool> DcSendComm::AdvancePull(Op& op) {
+  RecordHeader h{kPull, 0, 0, op.post.recv_id, {op.size(), op.reg->id(), ToNs(op.times.delivered), op.reg_offset}};
+  KZ_ASSIGN_OR_RETURN(bool pushed, Push(h));
+  if (!pushed) return false;
+  op.state = Op::State::kAwaitPull;
+  awaiting_pull_[op.post.recv_id] = &op;
+  return true;
+}
+
+Result<bool> DcSendComm::AdvanceStaged(Op& op) {
   const uint64_t deliver = ToNs(op.times.delivered);
-  auto push = [&ch](const RecordHeader& h, const void* payload = nullptr, size_t n = 0) { return ch.TryPush(h, payload, n); };
-
-  if (op.path == Op::Path::kTooBig) {
-    RecordHeader h{kTooBig, 0, 0, op.post.recv_id, {op.size(), 0, 0, 0}};
-    KZ_ASSIGN_OR_RETURN(bool pushed, push(h));
-    if (!pushed) return false;
-    op.state = Op::State::kFailed;
-    op.error = InvalidArgument(fmt::format("{}: message of {} bytes is longer than the matching receive's capacity "
-                                           "of {} bytes (tag {})",
-                                           label(), op.size(), op.post.capacity, op.tag()));
-    return true;
-  }
-
-  if (op.path == Op::Path::kDirect) {
-    KZ_ASSIGN_OR_RETURN(const PeerRegions::Region* region, link_.AwaitRegion(op.post.region));
-    if (!region->mappable) {
-      op.path = op.reg != nullptr && op.reg->offered_to_peer && op.size() > 0 ? Op::Path::kPull : Op::Path::kStaged;
-      return Advance(op);
-    }
-    if (op.post.offset > region->size || op.post.capacity > region->size - op.post.offset)
-      return ProtocolError(label(), fmt::format("receive {} of {} bytes at offset {} lies outside its region's {} bytes",
-                                                op.post.recv_id, op.post.capacity, op.post.offset, region->size));
-    if (!op.copied && op.size() > 0) HostCopy(region->mapping.data() + op.post.offset, op.src, op.size());
-    op.copied = true;
-    RecordHeader h{kDone, 0, 0, op.post.recv_id, {op.size(), 0, deliver, 0}};
-    KZ_ASSIGN_OR_RETURN(bool pushed, push(h));
+  if (op.size() == 0) {
+    RecordHeader h{kDone, 0, 0, op.post.recv_id, {0, 0, deliver, 0}};
+    KZ_ASSIGN_OR_RETURN(bool pushed, Push(h));
     if (!pushed) return false;
     op.state = Op::State::kDone;
     return true;
   }
-
-  if (op.path == Op::Path::kPull) {
-    RecordHeader h{kPull, 0, 0, op.post.recv_id, {op.size(), op.reg->id(), deliver, op.reg_offset}};
-    KZ_ASSIGN_OR_RETURN(bool pushed, push(h));
+  while (op.pushed < op.size()) {
+    const uint64_t chunk = std::min<uint64_t>(link_.channel().max_payload(), op.size() - op.pushed);
+    RecordHeader h{kData, 0, 0, op.post.recv_id, {op.pushed, op.size(), deliver, 0}};
+    KZ_ASSIGN_OR_RETURN(bool pushed, Push(h, op.src + op.pushed, chunk));
     if (!pushed) return false;
-    op.state = Op::State::kAwaitPull;
-    awaiting_pull_[op.post.recv_id] = &op;
-    return true;
+    op.pushed += chunk;
+    stats_.staged_bytes += chunk;
   }
+  op.state = Op::State::kDone;
+  return true;
+}
 
-  if (op.path == Op::Path::kStaged) {
-    if (op.size() == 0) {
-      RecordHeader h{kDone, 0, 0, op.post.recv_id, {0, 0, deliver, 0}};
-      KZ_ASSIGN_OR_RETURN(bool pushed, push(h));
-      if (!pushed) return false;
-      op.state = Op::State::kDone;
-      return true;
-    }
-    while (op.pushed < op.size()) {
-      const uint64_t chunk = std::min<uint64_t>(ch.max_payload(), op.size() - op.pushed);
-      RecordHeader h{kData, 0, 0, op.post.recv_id, {op.pushed, op.size(), deliver, 0}};
-      KZ_ASSIGN_OR_RETURN(bool pushed, push(h, op.src + op.pushed, chunk));
-      if (!pushed) return false;
-      op.pushed += chunk;
-      stats_.staged_bytes += chunk;
-    }
-    op.state = Op::State::kDone;
-    return true;
-  }
-
-  // A one-sided write.
+Result<bool> DcSendComm::AdvanceWrite(Op& op) {
+  const uint64_t deliver = ToNs(op.times.delivered);
   bool direct = false;
   const PeerRegions::Region* region = nullptr;
   if (op.remote_mappable) {
@@ -235,7 +243,7 @@ Result<bool> DcSendComm::Advance(Op& op) {
     op.copied = true;
     if (op.immediate.has_value()) {
       RecordHeader h{kWriteNotify, kFlagImmediate, 0, op.region, {*op.immediate, 0, deliver, 0}};
-      KZ_ASSIGN_OR_RETURN(bool pushed, push(h));
+      KZ_ASSIGN_OR_RETURN(bool pushed, Push(h));
       if (!pushed) return false;
     }
     op.state = Op::State::kDone;
@@ -246,12 +254,12 @@ Result<bool> DcSendComm::Advance(Op& op) {
     return true;
   }
   do {
-    const uint64_t chunk = std::min<uint64_t>(ch.max_payload(), op.size() - op.pushed);
+    const uint64_t chunk = std::min<uint64_t>(link_.channel().max_payload(), op.size() - op.pushed);
     const bool last = op.pushed + chunk == op.size();
     const uint16_t flags = static_cast<uint16_t>((last ? kFlagLast : 0) | (last && op.immediate ? kFlagImmediate : 0));
     RecordHeader h{kWriteData, flags, 0, op.region,
                    {op.remote_offset + op.pushed, 0, deliver, op.immediate.value_or(0)}};
-    KZ_ASSIGN_OR_RETURN(bool pushed, push(h, chunk > 0 ? op.src + op.pushed : nullptr, chunk));
+    KZ_ASSIGN_OR_RETURN(bool pushed, Push(h, chunk > 0 ? op.src + op.pushed : nullptr, chunk));
     if (!pushed) return false;
     op.pushed += chunk;
     stats_.staged_bytes += chunk;

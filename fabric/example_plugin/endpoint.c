@@ -97,6 +97,7 @@ static void xf_connect_free(xf_connect_t* c) {
   free(c);
 }
 
+/* Kept whole: the example's connect state machine (first call, then each resumed step) reads best in one place. */
 kz_fabric_result_t xf_connect(void* context, int32_t dev, const void* handle, uint32_t handle_size,
                               kz_fabric_connect_state_t* state, kz_fabric_send_comm_t* send_comm) {
   xf_context_t* ctx = context;

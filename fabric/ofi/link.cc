@@ -435,72 +435,14 @@ Result<int> Link::Poll(CompletionSink& sink) {
     }
     if (n == -FI_EAGAIN) break;
     if (n == -FI_EAVAIL) {
-      fi_cq_err_entry err{};
-      if (fi_cq_readerr(endpoint_->cq(), &err, 0) != 1) break;
+      if (!OnFailedCompletion(sink)) break;
       ++handled;
-      auto* op = static_cast<FiOp*>(err.op_context);
-      if (op == nullptr) {
-        KZ_TRACE(kLogFabric, "ofi: completion error without a context: {}", CqError(*endpoint_, err, "").ToString());
-        continue;
-      }
-      const Status status = CqError(*endpoint_, err, "a transfer");
-      // This end cancels only data receives, and detaches them (owner null) first: any other
-      // operation cancelled means the provider tore the connection down (ofi_rxm reports
-      // ECANCELED with the cause in prov_errno).
-      const bool cancelled_here = op->kind == OpKind::kDataRecv && op->owner == nullptr;
-      const bool connection = IsConnectionError(err.err) || (err.err == FI_ECANCELED && !cancelled_here);
-      switch (op->kind) {
-        case OpKind::kMessageRecv: {
-          const int slot = op->slot;
-          recv_posted_[static_cast<size_t>(slot)] = false;
-          FreeOp(op);
-          if (err.err == FI_ECANCELED) break;
-          // A message too long for a slot can only come from a stranger or a broken peer.
-          KZ_WARN(kLogFabric, "ofi {}: dropped an incoming control message: {}", device().provider(),
-                  status.ToString());
-          if (slot < recv_active_) PostSlotReceive(slot).IgnoreError();
-          break;
-        }
-        case OpKind::kMessageSend:
-          free_send_slots_.push_back(op->slot);
-          sink.OnOpFailed(*op, status, connection);
-          FreeOp(op);
-          break;
-        default:
-          sink.OnOpFailed(*op, status, connection);
-          FreeOp(op);
-          break;
-      }
       continue;
     }
     if (n < 0) return lib().Error(static_cast<int>(n), "fi_cq_read");
     for (ssize_t i = 0; i < n; ++i) {
-      const fi_cq_tagged_entry& e = entries[i];
       ++handled;
-      if (e.op_context == nullptr) {
-        if ((e.flags & FI_REMOTE_CQ_DATA) != 0) sink.OnImmediate(e.data);
-        continue;
-      }
-      auto* op = static_cast<FiOp*>(e.op_context);
-      switch (op->kind) {
-        case OpKind::kMessageRecv: {
-          const int slot = op->slot;
-          recv_posted_[static_cast<size_t>(slot)] = false;
-          FreeOp(op);
-          const size_t len = std::min(e.len, kSlotBytes);
-          sink.OnMessage(Message{{arena_.data() + static_cast<size_t>(slot) * kSlotBytes, len}, e.tag});
-          if (slot < recv_active_ && !recv_posted_[static_cast<size_t>(slot)]) PostSlotReceive(slot).IgnoreError();
-          break;
-        }
-        case OpKind::kMessageSend:
-          free_send_slots_.push_back(op->slot);
-          FreeOp(op);
-          break;
-        default:
-          sink.OnOpDone(*op, e.len);
-          FreeOp(op);
-          break;
-      }
+      OnCompletion(entries[i], sink);
     }
     if (n < kBatch) break;
   }
@@ -508,6 +450,71 @@ Result<int> Link::Poll(CompletionSink& sink) {
   for (int s = 0; s < recv_active_; ++s)
     if (!recv_posted_[static_cast<size_t>(s)]) PostSlotReceive(s).IgnoreError();
   return handled;
+}
+
+bool Link::OnFailedCompletion(CompletionSink& sink) {
+  fi_cq_err_entry err{};
+  if (fi_cq_readerr(endpoint_->cq(), &err, 0) != 1) return false;
+  auto* op = static_cast<FiOp*>(err.op_context);
+  if (op == nullptr) {
+    KZ_TRACE(kLogFabric, "ofi: completion error without a context: {}", CqError(*endpoint_, err, "").ToString());
+    return true;
+  }
+  const Status status = CqError(*endpoint_, err, "a transfer");
+  // This end cancels only data receives, and detaches them (owner null) first: any other
+  // operation cancelled means the provider tore the connection down (ofi_rxm reports
+  // ECANCELED with the cause in prov_errno).
+  const bool cancelled_here = op->kind == OpKind::kDataRecv && op->owner == nullptr;
+  const bool connection = IsConnectionError(err.err) || (err.err == FI_ECANCELED && !cancelled_here);
+  switch (op->kind) {
+    case OpKind::kMessageRecv: {
+      const int slot = op->slot;
+      recv_posted_[static_cast<size_t>(slot)] = false;
+      FreeOp(op);
+      if (err.err == FI_ECANCELED) break;
+      // A message too long for a slot can only come from a stranger or a broken peer.
+      KZ_WARN(kLogFabric, "ofi {}: dropped an incoming control message: {}", device().provider(), status.ToString());
+      if (slot < recv_active_) PostSlotReceive(slot).IgnoreError();
+      break;
+    }
+    case OpKind::kMessageSend:
+      free_send_slots_.push_back(op->slot);
+      sink.OnOpFailed(*op, status, connection);
+      FreeOp(op);
+      break;
+    default:
+      sink.OnOpFailed(*op, status, connection);
+      FreeOp(op);
+      break;
+  }
+  return true;
+}
+
+void Link::OnCompletion(const fi_cq_tagged_entry& e, CompletionSink& sink) {
+  if (e.op_context == nullptr) {
+    if ((e.flags & FI_REMOTE_CQ_DATA) != 0) sink.OnImmediate(e.data);
+    return;
+  }
+  auto* op = static_cast<FiOp*>(e.op_context);
+  switch (op->kind) {
+    case OpKind::kMessageRecv: {
+      const int slot = op->slot;
+      recv_posted_[static_cast<size_t>(slot)] = false;
+      FreeOp(op);
+      const size_t len = std::min(e.len, kSlotBytes);
+      sink.OnMessage(Message{{arena_.data() + static_cast<size_t>(slot) * kSlotBytes, len}, e.tag});
+      if (slot < recv_active_ && !recv_posted_[static_cast<size_t>(slot)]) PostSlotReceive(slot).IgnoreError();
+      break;
+    }
+    case OpKind::kMessageSend:
+      free_send_slots_.push_back(op->slot);
+      FreeOp(op);
+      break;
+    default:
+      sink.OnOpDone(*op, e.len);
+      FreeOp(op);
+      break;
+  }
 }
 
 Result<bool> Link::Block(Deadline limit, bool watch_peer) {

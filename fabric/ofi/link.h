@@ -273,6 +273,11 @@ class Link {
  private:
   Link() = default;
   Status PostSlotReceive(int slot);
+  // Poll's two kinds of entries. A failed completion (read here with fi_cq_readerr; false when
+  // there is none to read), reported to its op's owner or, for a control message, dropped.
+  bool OnFailedCompletion(CompletionSink& sink);
+  // A completion: a control message to `sink` (its slot reposted), an op's end, an immediate.
+  void OnCompletion(const fi_cq_tagged_entry& e, CompletionSink& sink);
 
   std::unique_ptr<Endpoint> endpoint_;
   fi_addr_t peer_ = FI_ADDR_UNSPEC;

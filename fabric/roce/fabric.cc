@@ -69,6 +69,96 @@ Result<std::vector<GidRow>> GidTable(const IbVerbs& lib, ibv_context* ctx, uint8
   return rows;
 }
 
+// ---- CreateWith's steps ----
+
+// Records why a device or port is not used: in `skipped` (the error when no port is usable) and
+// in the log.
+void Skip(std::string& skipped, const std::string& what, const std::string& why) {
+  skipped += fmt::format("{}{}: {}", skipped.empty() ? "" : "; ", what, why);
+  KZ_INFO(kLogFabric, "roce: {} not used: {}", what, why);
+}
+
+// A device (index into the verbs device list) and the port KIZUNA_IB_HCA names on it, if any.
+struct Candidate {
+  int device;
+  std::optional<int> port;
+};
+
+// (device index, port) in KIZUNA_IB_HCA order, else every device's every port. kInvalidArgument
+// when KIZUNA_IB_HCA names a device that is not among `names`.
+Result<std::vector<Candidate>> Candidates(const std::vector<HcaSpec>& hca, const std::vector<std::string>& names) {
+  std::string all_names;
+  for (const std::string& n : names) all_names += (all_names.empty() ? "" : ", ") + n;
+  for (const HcaSpec& spec : hca)
+    if (std::find(names.begin(), names.end(), spec.device) == names.end())
+      return InvalidArgument(fmt::format("KIZUNA_IB_HCA names '{}', which is not an RDMA device here (devices: {})",
+                                         spec.device, all_names));
+  std::vector<Candidate> candidates;
+  if (hca.empty()) {
+    for (int i = 0; i < static_cast<int>(names.size()); ++i) candidates.push_back({i, std::nullopt});
+  } else {
+    for (const HcaSpec& spec : hca)
+      candidates.push_back(
+          {static_cast<int>(std::find(names.begin(), names.end(), spec.device) - names.begin()), spec.port});
+  }
+  return candidates;
+}
+
+// A port RoCE can use: its attributes and the GID it uses.
+struct UsablePort {
+  ibv_port_attr attr;
+  GidRow gid;
+};
+
+// Port `port` of an open device when it is active, Ethernet and has a GID to use; else nullopt,
+// with the reason recorded (Skip). Fails only on a wrong override (KIZUNA_IB_GID_INDEX).
+Result<std::optional<UsablePort>> ProbePort(const IbVerbs& l, ibv_context* ctx, int port, int ports,
+                                            const std::string& port_name, const GidRequest& gid_request,
+                                            std::string& skipped) {
+  ibv_port_attr pattr{};
+  if (const int rc = l.QueryPort(ctx, static_cast<uint8_t>(port), &pattr); rc != 0) {
+    Skip(skipped, port_name, l.Error(rc, "ibv_query_port").message());
+    return std::optional<UsablePort>();
+  }
+  if (pattr.state != IBV_PORT_ACTIVE) {
+    Skip(skipped, port_name, fmt::format("port state is {}, not active", static_cast<int>(pattr.state)));
+    return std::optional<UsablePort>();
+  }
+  if (pattr.link_layer != IBV_LINK_LAYER_ETHERNET) {
+    Skip(skipped, port_name, "link layer is InfiniBand, not Ethernet (RoCE)");
+    return std::optional<UsablePort>();
+  }
+  auto table = GidTable(l, ctx, static_cast<uint8_t>(port), pattr.gid_tbl_len, ports);
+  if (!table.ok()) {
+    Skip(skipped, port_name, table.status().message());
+    return std::optional<UsablePort>();
+  }
+  auto gid = SelectGid(*table, gid_request, port_name);
+  if (!gid.ok()) {
+    if (gid.status().code() == StatusCode::kInvalidArgument) return gid.status();  // a wrong override
+    Skip(skipped, port_name, gid.status().message());
+    return std::optional<UsablePort>();
+  }
+  return std::optional<UsablePort>(UsablePort{pattr, *gid});
+}
+
+// The fabric device properties of port `port_name` (of RDMA device `dev_name`), device `index`
+// of the fabric.
+void FillProperties(FabricDeviceProperties& p, int index, const std::string& port_name, const std::string& dev_name,
+                    const ibv_port_attr& pattr) {
+  p.fabric = std::string(kFabricName);
+  p.index = index;
+  p.name = port_name;
+  p.speed_gbps = PortSpeedGbps(pattr.active_speed, pattr.active_width);
+  p.latency_us = 0;
+  p.ptr_support = kPtrHost | kPtrFd;
+  p.max_requests = kMaxRequests;
+  p.max_message_bytes = kMaxMessageBytes;
+  p.write_immediate = true;
+  p.needs_flush = false;
+  Locality(dev_name, &p);
+}
+
 }  // namespace
 
 double PortSpeedGbps(uint32_t active_speed, uint8_t active_width) {
@@ -148,117 +238,69 @@ Result<std::unique_ptr<Fabric>> RoceFabric::CreateWith(const Config& config, con
 
   std::vector<std::string> names;
   for (int i = 0; i < count; ++i) names.emplace_back(l->get_device_name(list.get()[i]));
-  std::string all_names;
-  for (const std::string& n : names) all_names += (all_names.empty() ? "" : ", ") + n;
-  for (const HcaSpec& spec : hca)
-    if (std::find(names.begin(), names.end(), spec.device) == names.end())
-      return InvalidArgument(fmt::format("KIZUNA_IB_HCA names '{}', which is not an RDMA device here (devices: {})",
-                                         spec.device, all_names));
-
-  // (device index, port) in KIZUNA_IB_HCA order, else every device's every port.
-  struct Candidate {
-    int device;
-    std::optional<int> port;
-  };
-  std::vector<Candidate> candidates;
-  if (hca.empty()) {
-    for (int i = 0; i < count; ++i) candidates.push_back({i, std::nullopt});
-  } else {
-    for (const HcaSpec& spec : hca)
-      candidates.push_back(
-          {static_cast<int>(std::find(names.begin(), names.end(), spec.device) - names.begin()), spec.port});
-  }
-
+  KZ_ASSIGN_OR_RETURN(const std::vector<Candidate> candidates, Candidates(hca, names));
   std::vector<std::shared_ptr<RoceDevice>> devices;
   std::string skipped;
-  auto skip = [&](const std::string& what, const std::string& why) {
-    skipped += fmt::format("{}{}: {}", skipped.empty() ? "" : "; ", what, why);
-    KZ_INFO(kLogFabric, "roce: {} not used: {}", what, why);
-  };
-  for (const Candidate& c : candidates) {
-    const std::string& dev_name = names[static_cast<size_t>(c.device)];
-    ContextPtr probe = OpenContext(*l, list.get()[c.device]);
-    if (probe == nullptr) {
-      skip(dev_name, l->Error(errno, "ibv_open_device").message());
-      continue;
-    }
-    ibv_device_attr dattr{};
-    if (const int rc = l->query_device(probe.get(), &dattr); rc != 0) {
-      skip(dev_name, l->Error(rc, "ibv_query_device").message());
-      continue;
-    }
-    if (c.port.has_value() && *c.port > dattr.phys_port_cnt)
-      return InvalidArgument(fmt::format("KIZUNA_IB_HCA names {}:{}, but {} has {} port(s)", dev_name, *c.port,
-                                         dev_name, dattr.phys_port_cnt));
-    for (int port = 1; port <= dattr.phys_port_cnt; ++port) {
-      if (c.port.has_value() && port != *c.port) continue;
-      const std::string port_name = fmt::format("{}:{}", dev_name, port);
-      if (std::any_of(devices.begin(), devices.end(), [&](const auto& d) { return d->name() == port_name; }))
-        continue;
-      ibv_port_attr pattr{};
-      if (const int rc = l->QueryPort(probe.get(), static_cast<uint8_t>(port), &pattr); rc != 0) {
-        skip(port_name, l->Error(rc, "ibv_query_port").message());
-        continue;
-      }
-      if (pattr.state != IBV_PORT_ACTIVE) {
-        skip(port_name, fmt::format("port state is {}, not active", static_cast<int>(pattr.state)));
-        continue;
-      }
-      if (pattr.link_layer != IBV_LINK_LAYER_ETHERNET) {
-        skip(port_name, "link layer is InfiniBand, not Ethernet (RoCE)");
-        continue;
-      }
-      auto table = GidTable(*l, probe.get(), static_cast<uint8_t>(port), pattr.gid_tbl_len, dattr.phys_port_cnt);
-      if (!table.ok()) {
-        skip(port_name, table.status().message());
-        continue;
-      }
-      auto gid = SelectGid(*table, gid_request, port_name);
-      if (!gid.ok()) {
-        if (gid.status().code() == StatusCode::kInvalidArgument) return gid.status();  // a wrong override
-        skip(port_name, gid.status().message());
-        continue;
-      }
-
-      std::shared_ptr<RoceDevice> d(new RoceDevice());
-      d->lib_ = l;
-      d->context_ = l->open_device(list.get()[c.device]);
-      if (d->context_ == nullptr) return l->Error(errno, fmt::format("ibv_open_device({})", dev_name));
-      d->pd_ = l->alloc_pd(d->context_);
-      if (d->pd_ == nullptr) return l->Error(errno, fmt::format("ibv_alloc_pd({})", dev_name));
-      d->port_ = static_cast<uint8_t>(port);
-      d->gid_ = *gid;
-      d->active_mtu_ = static_cast<int>(pattr.active_mtu);
-      d->max_qp_wr_ = dattr.max_qp_wr;
-      d->max_write_bytes_ = std::clamp<uint64_t>(pattr.max_msg_sz, 4096, uint64_t{1} << 30);
-      d->settings_ = settings;
-      d->memory_ = std::make_unique<MemoryCache>(l, d->pd_, port_name);
-      FabricDeviceProperties& p = d->properties_;
-      p.fabric = std::string(kFabricName);
-      p.index = static_cast<int>(devices.size());
-      p.name = port_name;
-      p.speed_gbps = PortSpeedGbps(pattr.active_speed, pattr.active_width);
-      p.latency_us = 0;
-      p.ptr_support = kPtrHost | kPtrFd;
-      p.max_requests = kMaxRequests;
-      p.max_message_bytes = kMaxMessageBytes;
-      p.write_immediate = true;
-      p.needs_flush = false;
-      Locality(dev_name, &p);
-      KZ_INFO(kLogFabric, "roce: device {}: {}, GID index {} {} ({}, {}), traffic class {}, SL {}, MTU {} (active), "
-                          "{} Gb/s, {} bytes per RDMA write",
-              p.index, port_name, d->gid_.index, GidToString(d->gid_.gid), GidTypeName(d->gid_.type),
-              d->gid_.netdev.empty() ? "no netdev" : d->gid_.netdev, settings.traffic_class, settings.service_level,
-              MtuBytes(d->active_mtu_), p.speed_gbps > 0 ? fmt::format("{:g}", p.speed_gbps) : "unknown",
-              d->max_write_bytes_);
-      devices.push_back(std::move(d));
-    }
-  }
+  for (const Candidate& c : candidates)
+    KZ_RETURN_IF_ERROR(AddPorts(l, list.get()[c.device], names[static_cast<size_t>(c.device)], c.port, gid_request,
+                                settings, devices, skipped));
   if (devices.empty())
     return Unavailable(fmt::format("no usable RoCE port on the RDMA device(s) here ({})", skipped));
   KZ_INFO(kLogFabric, "roce: device memory registers by DMA-BUF fd (ibv_reg_dmabuf_mr) or, for an fd that is not a "
                       "DMA-BUF (a memfd), by mapping it; device memory without an fd is staged by the caller");
   return std::unique_ptr<Fabric>(new RoceFabric(&config, context, std::move(devices)));
+}
+
+Status RoceFabric::AddPorts(const std::shared_ptr<const IbVerbs>& l, ibv_device* device, const std::string& dev_name,
+                            std::optional<int> only_port, const GidRequest& gid_request, const QpSettings& settings,
+                            std::vector<std::shared_ptr<RoceDevice>>& devices, std::string& skipped) {
+  ContextPtr probe = OpenContext(*l, device);
+  if (probe == nullptr) {
+    Skip(skipped, dev_name, l->Error(errno, "ibv_open_device").message());
+    return Status::Ok();
+  }
+  ibv_device_attr dattr{};
+  if (const int rc = l->query_device(probe.get(), &dattr); rc != 0) {
+    Skip(skipped, dev_name, l->Error(rc, "ibv_query_device").message());
+    return Status::Ok();
+  }
+  if (only_port.has_value() && *only_port > dattr.phys_port_cnt)
+    return InvalidArgument(fmt::format("KIZUNA_IB_HCA names {}:{}, but {} has {} port(s)", dev_name, *only_port,
+                                       dev_name, dattr.phys_port_cnt));
+  for (int port = 1; port <= dattr.phys_port_cnt; ++port) {
+    if (only_port.has_value() && port != *only_port) continue;
+    const std::string port_name = fmt::format("{}:{}", dev_name, port);
+    if (std::any_of(devices.begin(), devices.end(), [&](const auto& d) { return d->name() == port_name; })) continue;
+    KZ_ASSIGN_OR_RETURN(const std::optional<UsablePort> usable,
+                        ProbePort(*l, probe.get(), port, dattr.phys_port_cnt, port_name, gid_request, skipped));
+    if (!usable) continue;
+    const ibv_port_attr& pattr = usable->attr;
+
+    std::shared_ptr<RoceDevice> d(new RoceDevice());
+    d->lib_ = l;
+    d->context_ = l->open_device(device);
+    if (d->context_ == nullptr) return l->Error(errno, fmt::format("ibv_open_device({})", dev_name));
+    d->pd_ = l->alloc_pd(d->context_);
+    if (d->pd_ == nullptr) return l->Error(errno, fmt::format("ibv_alloc_pd({})", dev_name));
+    d->port_ = static_cast<uint8_t>(port);
+    d->gid_ = usable->gid;
+    d->active_mtu_ = static_cast<int>(pattr.active_mtu);
+    d->max_qp_wr_ = dattr.max_qp_wr;
+    d->max_write_bytes_ = std::clamp<uint64_t>(pattr.max_msg_sz, 4096, uint64_t{1} << 30);
+    d->settings_ = settings;
+    d->memory_ = std::make_unique<MemoryCache>(l, d->pd_, port_name);
+    FabricDeviceProperties& p = d->properties_;
+    FillProperties(p, static_cast<int>(devices.size()), port_name, dev_name, pattr);
+    KZ_INFO(kLogFabric,
+            "roce: device {}: {}, GID index {} {} ({}, {}), traffic class {}, SL {}, MTU {} (active), "
+            "{} Gb/s, {} bytes per RDMA write",
+            p.index, port_name, d->gid_.index, GidToString(d->gid_.gid), GidTypeName(d->gid_.type),
+            d->gid_.netdev.empty() ? "no netdev" : d->gid_.netdev, settings.traffic_class, settings.service_level,
+            MtuBytes(d->active_mtu_), p.speed_gbps > 0 ? fmt::format("{:g}", p.speed_gbps) : "unknown",
+            d->max_write_bytes_);
+    devices.push_back(std::move(d));
+  }
+  return Status::Ok();
 }
 
 Result<std::unique_ptr<ListenComm>> RoceFabric::DoListen(int dev) { return ListenOn(*this, dev); }

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,12 @@ class RoceFabric : public Fabric {
 
  private:
   RoceFabric(const Config* config, FabricContext context, std::vector<std::shared_ptr<RoceDevice>> devices);
+  // CreateWith's step for one RDMA device (`dev_name`): adds a RoceDevice to `devices` for each of
+  // its ports that RoCE can use (only `only_port` when KIZUNA_IB_HCA names one), and records in
+  // `skipped` why the others are not used. A member, as only RoceFabric makes RoceDevices.
+  static Status AddPorts(const std::shared_ptr<const IbVerbs>& l, ibv_device* device, const std::string& dev_name,
+                         std::optional<int> only_port, const GidRequest& gid_request, const QpSettings& settings,
+                         std::vector<std::shared_ptr<RoceDevice>>& devices, std::string& skipped);
 
   std::vector<std::shared_ptr<RoceDevice>> roce_devices_;
   // Connections in progress, by device and handle bytes.

@@ -191,6 +191,8 @@ class TcpBootstrap final : public Bootstrap {
   Status Progress(Deadline deadline, const std::function<bool()>& done,
                   const std::function<Status()>& on_timeout);
   void OnUnit(Conn& c);
+  void OnServerHello(Conn& c);  // OnUnit's cases: the client's handshake step, and frames
+  void OnFrameUnit(Conn& c);
   void OnClientAuthenticated(Conn& c);
   void OnIntro(Conn& c, Bytes payload);
   void OnFrame(Conn& c, Bytes payload);

@@ -18,30 +18,7 @@ namespace kizuna::bootstrap::tcp {
 // A complete unit (handshake message, frame header or payload) is in c.in.
 void TcpBootstrap::OnUnit(Conn& c) {
   switch (c.phase) {
-    case Conn::Phase::kAwaitServerHello: {
-      ServerHello reply;
-      std::memcpy(reply.data(), c.in.data(), reply.size());
-      Result<ClientProof> proof = c.client->OnServerHello(reply);
-      if (!proof.ok()) {
-        std::string why = fmt::format("{} at {}: {}", c.role == Conn::Role::kToRoot ? std::string("the root")
-                                                                                    : fmt::format("rank {}", c.peer),
-                                      c.address, proof.status().message());
-        KZ_WARN(kLogBootstrap, "{}: {}", Me(), why);
-        if (c.role == Conn::Role::kToRoot) fatal_ = Status(proof.status().code(), why);
-        Close(c, why);
-        return;
-      }
-      c.out.push_back({std::make_shared<const Bytes>(proof->begin(), proof->end()), 0});
-      c.phase = Conn::Phase::kEstablished;
-      c.Expect(kFrameHeaderBytes);
-      c.in_payload = false;
-      OnClientAuthenticated(c);
-      while (!c.later.empty()) {
-        c.out.push_back(std::move(c.later.front()));
-        c.later.pop_front();
-      }
-      return;
-    }
+    case Conn::Phase::kAwaitServerHello: return OnServerHello(c);
     case Conn::Phase::kAwaitClientHello: {
       ClientHello hello;
       std::memcpy(hello.data(), c.in.data(), hello.size());
@@ -69,56 +46,84 @@ void TcpBootstrap::OnUnit(Conn& c) {
       return;
     }
     case Conn::Phase::kAwaitIntro:
-    case Conn::Phase::kEstablished: {
-      if (c.in_payload) {
-        Bytes payload = std::move(c.in);
-        c.in_payload = false;
-        c.Expect(kFrameHeaderBytes);
-        if (c.phase == Conn::Phase::kAwaitIntro) OnIntro(c, std::move(payload));
-        else OnFrame(c, std::move(payload));
-        return;
-      }
-      wire::Reader r(c.in);
-      const uint32_t magic = r.U32();
-      const uint32_t type = r.U32();
-      const uint32_t tag = r.U32();
-      r.U32();  // reserved
-      const uint64_t length = r.U64();
-      std::string bad;
-      if (magic != kFrameMagic) bad = "a frame without the frame magic";
-      else if (type < 1 || type > 7) bad = fmt::format("a frame of unknown type {}", type);
-      else if (c.phase == Conn::Phase::kAwaitIntro && type != static_cast<uint32_t>(FrameType::kJoin) &&
-               type != static_cast<uint32_t>(FrameType::kPeerHello))
-        bad = fmt::format("a frame of type {} before introducing itself", type);
-      else if (length > MaxPayload(static_cast<FrameType>(type), size()))
-        bad = fmt::format("a frame of type {} with {} bytes (limit {})", type, length,
-                          MaxPayload(static_cast<FrameType>(type), size()));
-      if (!bad.empty()) {
-        if (c.role == Conn::Role::kPending) {
-          Reject(c, fmt::format("authenticated, then sent {}", bad));
-        } else {
-          std::string why = fmt::format("rank {} (at {}) sent {}", c.peer, c.address, bad);
-          KZ_WARN(kLogBootstrap, "{}: {}", Me(), why);
-          if (c.role == Conn::Role::kToRoot) fatal_ = Internal(why);
-          Close(c, why);
-        }
-        return;
-      }
-      c.frame_type = static_cast<FrameType>(type);
-      c.frame_tag = tag;
-      if (length == 0) {
-        c.Expect(kFrameHeaderBytes);
-        if (c.phase == Conn::Phase::kAwaitIntro) OnIntro(c, {});
-        else OnFrame(c, {});
-        return;
-      }
-      c.in_payload = true;
-      c.Expect(static_cast<size_t>(length));
-      return;
-    }
+    case Conn::Phase::kEstablished: return OnFrameUnit(c);
     case Conn::Phase::kConnecting:
     case Conn::Phase::kClosed: return;
   }
+}
+
+// The client side of the handshake: the server's hello in, this side's proof out.
+void TcpBootstrap::OnServerHello(Conn& c) {
+  ServerHello reply;
+  std::memcpy(reply.data(), c.in.data(), reply.size());
+  Result<ClientProof> proof = c.client->OnServerHello(reply);
+  if (!proof.ok()) {
+    std::string why =
+        fmt::format("{} at {}: {}",
+                    c.role == Conn::Role::kToRoot ? std::string("the root") : fmt::format("rank {}", c.peer), c.address,
+                    proof.status().message());
+    KZ_WARN(kLogBootstrap, "{}: {}", Me(), why);
+    if (c.role == Conn::Role::kToRoot) fatal_ = Status(proof.status().code(), why);
+    Close(c, why);
+    return;
+  }
+  c.out.push_back({std::make_shared<const Bytes>(proof->begin(), proof->end()), 0});
+  c.phase = Conn::Phase::kEstablished;
+  c.Expect(kFrameHeaderBytes);
+  c.in_payload = false;
+  OnClientAuthenticated(c);
+  while (!c.later.empty()) {
+    c.out.push_back(std::move(c.later.front()));
+    c.later.pop_front();
+  }
+}
+
+// A frame's header or, when it announced one, its payload (an authenticated connection).
+void TcpBootstrap::OnFrameUnit(Conn& c) {
+  if (c.in_payload) {
+    Bytes payload = std::move(c.in);
+    c.in_payload = false;
+    c.Expect(kFrameHeaderBytes);
+    if (c.phase == Conn::Phase::kAwaitIntro) OnIntro(c, std::move(payload));
+    else OnFrame(c, std::move(payload));
+    return;
+  }
+  wire::Reader r(c.in);
+  const uint32_t magic = r.U32();
+  const uint32_t type = r.U32();
+  const uint32_t tag = r.U32();
+  r.U32();  // reserved
+  const uint64_t length = r.U64();
+  std::string bad;
+  if (magic != kFrameMagic) bad = "a frame without the frame magic";
+  else if (type < 1 || type > 7) bad = fmt::format("a frame of unknown type {}", type);
+  else if (c.phase == Conn::Phase::kAwaitIntro && type != static_cast<uint32_t>(FrameType::kJoin) &&
+           type != static_cast<uint32_t>(FrameType::kPeerHello))
+    bad = fmt::format("a frame of type {} before introducing itself", type);
+  else if (length > MaxPayload(static_cast<FrameType>(type), size()))
+    bad = fmt::format("a frame of type {} with {} bytes (limit {})", type, length,
+                      MaxPayload(static_cast<FrameType>(type), size()));
+  if (!bad.empty()) {
+    if (c.role == Conn::Role::kPending) {
+      Reject(c, fmt::format("authenticated, then sent {}", bad));
+    } else {
+      std::string why = fmt::format("rank {} (at {}) sent {}", c.peer, c.address, bad);
+      KZ_WARN(kLogBootstrap, "{}: {}", Me(), why);
+      if (c.role == Conn::Role::kToRoot) fatal_ = Internal(why);
+      Close(c, why);
+    }
+    return;
+  }
+  c.frame_type = static_cast<FrameType>(type);
+  c.frame_tag = tag;
+  if (length == 0) {
+    c.Expect(kFrameHeaderBytes);
+    if (c.phase == Conn::Phase::kAwaitIntro) OnIntro(c, {});
+    else OnFrame(c, {});
+    return;
+  }
+  c.in_payload = true;
+  c.Expect(static_cast<size_t>(length));
 }
 
 // The client side finished authenticating: introduce this rank.

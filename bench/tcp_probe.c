@@ -79,6 +79,7 @@ static int usage(void) {
   return 2;
 }
 
+/* Kept whole: a standalone probe, its argument parsing and both roles read as one script. */
 int main(int argc, char** argv) {
   const char* addr = NULL;
   int port = 0, listening = 0;

@@ -38,6 +38,7 @@ int Fail(const kizuna::Status& s) {
 
 }  // namespace
 
+// Kept whole: an example, meant to be read top to bottom as one program.
 int main(int argc, char** argv) {
   int ranks = 8, slow = 4, iters = 5;
   double fast_gbps = 8, slow_gbps = 2;

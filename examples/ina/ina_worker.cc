@@ -106,6 +106,7 @@ Status RunOne(Communicator& comm, device::Stream& stream, uint64_t count, DataTy
   return Status::Ok();
 }
 
+// Kept whole: an example, its modes (check, loop, bench) side by side as the usage line lists them.
 int Main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   auto created = Communicator::CreateFromEnvironment();

@@ -183,6 +183,7 @@ std::string ParseSubsys(std::string_view v, uint32_t& mask) {
   return "";
 }
 
+// Kept whole: the table of every KIZUNA_* variable, one entry each (its documentation next to its parser).
 const std::vector<Entry>& Entries() {
   static const std::vector<Entry> entries = [] {
     std::vector<Entry> e;

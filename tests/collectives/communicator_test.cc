@@ -402,6 +402,7 @@ TEST(Communicator, DeterministicModeIsBitwiseStable) {
 // list and no topology: every available fabric is used, pairs inside a host over direct links
 // (directconnect's "full" links the ranks of each host), pairs across hosts over ofi; every
 // algorithm's AllReduce is exact over the mixed connections.
+// Kept whole: one scenario, set up, run and checked in order.
 TEST(Communicator, RanksOnTwoHostsUseDirectLinksInsideAHostAndOfiBetween) {
   // The pretend hosts are one machine: libfabric's tcp provider stays on the loopback interface.
   ASSERT_EQ(::setenv("FI_TCP_IFACE", "lo", 1), 0);

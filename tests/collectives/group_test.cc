@@ -73,6 +73,7 @@ bool CpuDoesParts(World& w) {
 
 // Every fused collective as a group of all ranks' calls from one thread, interleaved with calls
 // one by one, a ring in a group and a group of some ranks, each checked.
+// Kept whole: the test's cases in the order they run on the same buffers, each checked after it.
 void GroupsOfEveryRank(World& w) {
   const int n = w.size();
   const size_t count = 1000;

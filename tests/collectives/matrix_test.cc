@@ -102,6 +102,118 @@ testing::AssertionResult Check(World& w, const Case& c, std::vector<RankBuffers>
   return testing::AssertionSuccess();
 }
 
+// RunCase's first step on rank r: allocates its buffers and writes their initial contents, an
+// input of `in_count` elements and an output of `out_count` (in place: one buffer for both).
+testing::AssertionResult PrepareRank(World& w, const Case& c, int r, uint64_t in_count, uint64_t out_count,
+                                     RankBuffers& b) {
+  const size_t elem = DataTypeSize(c.dtype);
+  const ReduceOp value_op = collectives::IsReduction(c.coll) ? c.op : ReduceOp::kSum;
+  auto alloc = [&](uint64_t elems) -> std::unique_ptr<device::Buffer> {
+    auto buf = w.Allocate(r, std::max<uint64_t>(elems, 1) * elem);
+    EXPECT_TRUE(buf.ok()) << buf.status().ToString();
+    return buf.ok() ? std::move(*buf) : nullptr;
+  };
+  // Initial contents: 99 where the call must write (visible if untouched), the input values
+  // where it reads; input element i of rank r sits at input + i. Written in place where the CPU
+  // may address the device's memory, else into a host image that is uploaded.
+  const bool direct = w.host_accessible(r);
+  auto fill99 = [&](uint8_t* bytes, uint64_t elems) {
+    // One element stored, then copied over the rest in doubling blocks (16 MiB cases stay fast).
+    StoreValue(bytes, 0, c.dtype, 99);
+    for (size_t done = elem, total = elems * elem; done < total;) {
+      const size_t block = std::min(done, total - done);
+      std::memcpy(bytes + done, bytes, block);
+      done += block;
+    }
+  };
+  auto put_input = [&](uint8_t* bytes, uint64_t offset) {
+    for (uint64_t i = 0; i < in_count; ++i)
+      StoreValue(bytes, offset + i, c.dtype, static_cast<double>(InputValue(value_op, r, i)));
+  };
+  // Where the host writes `buf`'s contents, and how they reach it.
+  std::vector<uint8_t> image_a, image_b;
+  auto target = [&](device::Buffer& buf, std::vector<uint8_t>& image) -> uint8_t* {
+    if (direct) return static_cast<uint8_t*>(buf.data());
+    image.resize(buf.size());
+    return image.data();
+  };
+  auto commit = [&](device::Buffer& buf, const std::vector<uint8_t>& image) -> Status {
+    return direct ? Status::Ok() : w.Upload(r, buf.data(), image);
+  };
+  b.out_count = out_count;
+  Status up;
+  if (c.in_place) {
+    const uint64_t elems = std::max(in_count, out_count);
+    b.a = alloc(elems);
+    if (!b.a) return testing::AssertionFailure() << "allocation failed";
+    uint64_t input_offset = 0;  // elements into `a` where the input starts
+    b.output = b.a->data();
+    if (c.coll == Collective::kAllGather) input_offset = static_cast<uint64_t>(r) * c.count;
+    b.input = static_cast<uint8_t*>(b.a->data()) + input_offset * elem;
+    if (c.coll == Collective::kReduceScatter) {
+      b.output = static_cast<uint8_t*>(b.a->data()) + static_cast<uint64_t>(r) * c.count * elem;
+      b.out_count = c.count;
+    }
+    uint8_t* a = target(*b.a, image_a);
+    fill99(a, std::max<uint64_t>(elems, 1));
+    put_input(a, input_offset);
+    up = commit(*b.a, image_a);
+  } else {
+    b.a = alloc(in_count);
+    b.b = alloc(out_count);
+    if (!b.a || !b.b) return testing::AssertionFailure() << "allocation failed";
+    b.input = b.a->data();
+    b.output = b.b->data();
+    put_input(target(*b.a, image_a), 0);
+    fill99(target(*b.b, image_b), out_count);
+    up = commit(*b.a, image_a);
+    if (up.ok()) up = commit(*b.b, image_b);
+  }
+  if (!up.ok()) return testing::AssertionFailure() << "rank " << r << ": uploading the inputs: " << up.ToString();
+  return testing::AssertionSuccess();
+}
+
+// RunCase's second step: the case's call on rank r's communicator and stream.
+testing::AssertionResult IssueCall(World& w, const Case& c, int r, RankBuffers& b, const CallOptions& options) {
+  const int n = w.size();
+  Communicator& comm = w.comm(r);
+  device::Stream& s = w.stream(r);
+  Status st;
+  switch (c.coll) {
+    case Collective::kAllReduce:
+      st = comm.AllReduce(b.input, b.output, c.count, c.dtype, c.op, s, options);
+      break;
+    case Collective::kReduceScatter:
+      st = comm.ReduceScatter(b.input, b.output, c.count, c.dtype, c.op, s, options);
+      break;
+    case Collective::kAllGather:
+      st = comm.AllGather(b.input, b.output, c.count, c.dtype, s, options);
+      break;
+    case Collective::kBroadcast:
+      st = comm.Broadcast(b.input, b.output, c.count, c.dtype, c.root, s, options);
+      break;
+    case Collective::kReduce:
+      st = comm.Reduce(b.input, b.output, c.count, c.dtype, c.op, c.root, s, options);
+      break;
+    case Collective::kAllToAll:
+      st = comm.AllToAll(b.input, b.output, c.count, c.dtype, s, options);
+      break;
+    case Collective::kBarrier:
+      st = comm.Barrier(s);
+      break;
+    case Collective::kRecv:
+      EXPECT_TRUE(Communicator::GroupStart().ok());
+      st = comm.Send(b.input, c.count, c.dtype, (r + 1) % n, s);
+      if (st.ok()) st = comm.Recv(b.output, c.count, c.dtype, (r + n - 1) % n, s);
+      EXPECT_TRUE(Communicator::GroupEnd().ok());
+      break;
+    default:
+      return testing::AssertionFailure() << "case not handled";
+  }
+  if (!st.ok()) return testing::AssertionFailure() << c.ToString() << ": rank " << r << ": " << st.ToString();
+  return testing::AssertionSuccess();
+}
+
 // Runs one case on every rank of `w` and checks it. Collective::kRecv stands for a ring of
 // Send/Recv pairs in a group (rank r sends to r+1, receives from r-1). Where the CPU cannot
 // address a device's memory, inputs go up and outputs come back through World::Upload /
@@ -116,111 +228,15 @@ testing::AssertionResult RunCase(World& w, const Case& c) {
   const uint64_t in_count = c.coll == Collective::kRecv ? c.count : req.input_count();
   const uint64_t out_count = c.coll == Collective::kRecv ? c.count : std::max<uint64_t>(req.output_count(), 1);
   std::vector<RankBuffers> bufs(static_cast<size_t>(n));
-  const ReduceOp value_op = collectives::IsReduction(c.coll) ? c.op : ReduceOp::kSum;
   for (int r = 0; r < n; ++r) {
-    RankBuffers& b = bufs[static_cast<size_t>(r)];
-    auto alloc = [&](uint64_t elems) -> std::unique_ptr<device::Buffer> {
-      auto buf = w.Allocate(r, std::max<uint64_t>(elems, 1) * elem);
-      EXPECT_TRUE(buf.ok()) << buf.status().ToString();
-      return buf.ok() ? std::move(*buf) : nullptr;
-    };
-    // Initial contents: 99 where the call must write (visible if untouched), the input values
-    // where it reads; input element i of rank r sits at input + i. Written in place where the CPU
-    // may address the device's memory, else into a host image that is uploaded.
-    const bool direct = w.host_accessible(r);
-    auto fill99 = [&](uint8_t* bytes, uint64_t elems) {
-      // One element stored, then copied over the rest in doubling blocks (16 MiB cases stay fast).
-      StoreValue(bytes, 0, c.dtype, 99);
-      for (size_t done = elem, total = elems * elem; done < total;) {
-        const size_t block = std::min(done, total - done);
-        std::memcpy(bytes + done, bytes, block);
-        done += block;
-      }
-    };
-    auto put_input = [&](uint8_t* bytes, uint64_t offset) {
-      for (uint64_t i = 0; i < in_count; ++i)
-        StoreValue(bytes, offset + i, c.dtype, static_cast<double>(InputValue(value_op, r, i)));
-    };
-    // Where the host writes `buf`'s contents, and how they reach it.
-    std::vector<uint8_t> image_a, image_b;
-    auto target = [&](device::Buffer& buf, std::vector<uint8_t>& image) -> uint8_t* {
-      if (direct) return static_cast<uint8_t*>(buf.data());
-      image.resize(buf.size());
-      return image.data();
-    };
-    auto commit = [&](device::Buffer& buf, const std::vector<uint8_t>& image) -> Status {
-      return direct ? Status::Ok() : w.Upload(r, buf.data(), image);
-    };
-    b.out_count = out_count;
-    Status up;
-    if (c.in_place) {
-      const uint64_t elems = std::max(in_count, out_count);
-      b.a = alloc(elems);
-      if (!b.a) return testing::AssertionFailure() << "allocation failed";
-      uint64_t input_offset = 0;  // elements into `a` where the input starts
-      b.output = b.a->data();
-      if (c.coll == Collective::kAllGather) input_offset = static_cast<uint64_t>(r) * c.count;
-      b.input = static_cast<uint8_t*>(b.a->data()) + input_offset * elem;
-      if (c.coll == Collective::kReduceScatter) {
-        b.output = static_cast<uint8_t*>(b.a->data()) + static_cast<uint64_t>(r) * c.count * elem;
-        b.out_count = c.count;
-      }
-      uint8_t* a = target(*b.a, image_a);
-      fill99(a, std::max<uint64_t>(elems, 1));
-      put_input(a, input_offset);
-      up = commit(*b.a, image_a);
-    } else {
-      b.a = alloc(in_count);
-      b.b = alloc(out_count);
-      if (!b.a || !b.b) return testing::AssertionFailure() << "allocation failed";
-      b.input = b.a->data();
-      b.output = b.b->data();
-      put_input(target(*b.a, image_a), 0);
-      fill99(target(*b.b, image_b), out_count);
-      up = commit(*b.a, image_a);
-      if (up.ok()) up = commit(*b.b, image_b);
-    }
-    if (!up.ok()) return testing::AssertionFailure() << "rank " << r << ": uploading the inputs: " << up.ToString();
+    testing::AssertionResult ready = PrepareRank(w, c, r, in_count, out_count, bufs[static_cast<size_t>(r)]);
+    if (!ready) return ready;
   }
   CallOptions options;
   options.algorithm = c.algo;
   for (int r = 0; r < n; ++r) {
-    RankBuffers& b = bufs[static_cast<size_t>(r)];
-    Communicator& comm = w.comm(r);
-    device::Stream& s = w.stream(r);
-    Status st;
-    switch (c.coll) {
-      case Collective::kAllReduce:
-        st = comm.AllReduce(b.input, b.output, c.count, c.dtype, c.op, s, options);
-        break;
-      case Collective::kReduceScatter:
-        st = comm.ReduceScatter(b.input, b.output, c.count, c.dtype, c.op, s, options);
-        break;
-      case Collective::kAllGather:
-        st = comm.AllGather(b.input, b.output, c.count, c.dtype, s, options);
-        break;
-      case Collective::kBroadcast:
-        st = comm.Broadcast(b.input, b.output, c.count, c.dtype, c.root, s, options);
-        break;
-      case Collective::kReduce:
-        st = comm.Reduce(b.input, b.output, c.count, c.dtype, c.op, c.root, s, options);
-        break;
-      case Collective::kAllToAll:
-        st = comm.AllToAll(b.input, b.output, c.count, c.dtype, s, options);
-        break;
-      case Collective::kBarrier:
-        st = comm.Barrier(s);
-        break;
-      case Collective::kRecv:
-        EXPECT_TRUE(Communicator::GroupStart().ok());
-        st = comm.Send(b.input, c.count, c.dtype, (r + 1) % n, s);
-        if (st.ok()) st = comm.Recv(b.output, c.count, c.dtype, (r + n - 1) % n, s);
-        EXPECT_TRUE(Communicator::GroupEnd().ok());
-        break;
-      default:
-        return testing::AssertionFailure() << "case not handled";
-    }
-    if (!st.ok()) return testing::AssertionFailure() << c.ToString() << ": rank " << r << ": " << st.ToString();
+    testing::AssertionResult issued = IssueCall(w, c, r, bufs[static_cast<size_t>(r)], options);
+    if (!issued) return issued;
   }
   if (Status s = w.SyncAll(); !s.ok())
     return testing::AssertionFailure() << c.ToString() << " on " << n << " ranks: " << s.ToString();

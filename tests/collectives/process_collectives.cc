@@ -25,23 +25,20 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-// The fused collectives between processes (collectives/direct/same_host_group.h): AllReduce with counts around
-// the rank count (empty slices), in place and not, several dtypes and ops, the same buffers again
-// (mapped once) and fresh ones; ReduceScatter, AllGather, Broadcast and Reduce in and out of
-// place. Each rank checks its whole output.
-int FusedMatrix(Communicator& comm, device::Stream& stream) {
+// FusedMatrix's buffers: device buffers `a` and `b` (the cases' inputs and outputs) and host memory
+// `host`, through which values go in and out.
+struct FusedBuffers {
+  std::unique_ptr<device::Buffer> a, b, host;
+};
+
+// FusedMatrix's AllReduces, twice: on the same buffers, and the second time on fresh ones for one
+// count. Adds the cases passed to `cases`; 0 when all passed, else Fail's.
+int FusedAllReduces(Communicator& comm, device::Stream& stream, const FusedBuffers& buffers, int& cases) {
   const int n = comm.size(), r = comm.rank();
-  if (!comm.topology().direct) return Fail("the ranks of this host do not share buffers (topology().direct is false)");
-  int cases = 0;
   CallOptions options;
   options.algorithm = collectives::Algorithm::kFused;
   const uint64_t big = 1u << 20;
-  auto a = comm.device().Allocate(big * 8), b = comm.device().Allocate(big * 8);
-  // Values go in and out through host memory and stream copies, so that device memory the CPU
-  // cannot touch (KIZUNA_EMU_OPAQUE=1) is exercised as well.
-  auto host = comm.device().AllocateHost(big * 8);
-  if (!a.ok() || !b.ok() || !host.ok()) return Fail("allocation failed");
-  void* h = (*host)->data();
+  void* h = buffers.host->data();
   struct Case {
     uint64_t count;
     DataType t;
@@ -59,8 +56,8 @@ int FusedMatrix(Communicator& comm, device::Stream& stream) {
     for (const Case& c : list) {
       // The second round uses fresh buffers: peers map them anew.
       std::unique_ptr<device::Buffer> fa, fb;
-      void* src = (*a)->data();
-      void* dst = (*b)->data();
+      void* src = buffers.a->data();
+      void* dst = buffers.b->data();
       if (round == 1 && c.count == 10007) {
         auto x = comm.device().Allocate(c.count * 8), y = comm.device().Allocate(c.count * 8);
         if (!x.ok() || !y.ok()) return Fail("allocation failed");
@@ -89,6 +86,16 @@ int FusedMatrix(Communicator& comm, device::Stream& stream) {
       ++cases;
     }
   }
+  return 0;
+}
+
+// FusedMatrix's other collectives. Adds the cases passed to `cases`; 0 when all passed, else
+// Fail's.
+int FusedOthers(Communicator& comm, device::Stream& stream, const FusedBuffers& buffers, int& cases) {
+  const int n = comm.size(), r = comm.rank();
+  CallOptions options;
+  options.algorithm = collectives::Algorithm::kFused;
+  void* h = buffers.host->data();
   // The other collectives fused runs, out of place and in place (NCCL's layout: AllGather's input
   // is this rank's block of the output, ReduceScatter's output this rank's block of the input).
   const int root = n - 1;
@@ -100,9 +107,9 @@ int FusedMatrix(Communicator& comm, device::Stream& stream) {
         const ReduceOp op = ReduceOp::kSum;
         collectives::CollectiveRequest req{coll, n, count, t, op, root, in_place};
         const uint64_t in = req.input_count(), out = req.output_count();
-        uint8_t* abase = static_cast<uint8_t*>((*a)->data());
+        uint8_t* abase = static_cast<uint8_t*>(buffers.a->data());
         uint8_t* src = abase;
-        uint8_t* dst = static_cast<uint8_t*>((*b)->data());
+        uint8_t* dst = static_cast<uint8_t*>(buffers.b->data());
         if (in_place) {
           if (coll == Collective::kAllGather) dst = abase, src = abase + static_cast<uint64_t>(r) * count * 4;
           else if (coll == Collective::kReduceScatter) dst = abase + static_cast<uint64_t>(r) * count * 4;
@@ -151,6 +158,26 @@ int FusedMatrix(Communicator& comm, device::Stream& stream) {
       }
     }
   }
+  return 0;
+}
+
+// The fused collectives between processes (collectives/direct/same_host_group.h): AllReduce with counts around
+// the rank count (empty slices), in place and not, several dtypes and ops, the same buffers again
+// (mapped once) and fresh ones; ReduceScatter, AllGather, Broadcast and Reduce in and out of
+// place. Each rank checks its whole output.
+int FusedMatrix(Communicator& comm, device::Stream& stream) {
+  const int n = comm.size(), r = comm.rank();
+  if (!comm.topology().direct) return Fail("the ranks of this host do not share buffers (topology().direct is false)");
+  int cases = 0;
+  const uint64_t big = 1u << 20;
+  auto a = comm.device().Allocate(big * 8), b = comm.device().Allocate(big * 8);
+  // Values go in and out through host memory and stream copies, so that device memory the CPU
+  // cannot touch (KIZUNA_EMU_OPAQUE=1) is exercised as well.
+  auto host = comm.device().AllocateHost(big * 8);
+  if (!a.ok() || !b.ok() || !host.ok()) return Fail("allocation failed");
+  const FusedBuffers buffers{std::move(*a), std::move(*b), std::move(*host)};
+  if (int failed = FusedAllReduces(comm, stream, buffers, cases); failed != 0) return failed;
+  if (int failed = FusedOthers(comm, stream, buffers, cases); failed != 0) return failed;
   std::printf("rank %d of %d: %d fused cases ok\n", r, n, cases);
   return 0;
 }
@@ -306,6 +333,105 @@ int Mismatch(Communicator& comm, device::Stream& stream) {
   return 0;
 }
 
+// Main's matrix, one case: `coll` through `algo` in `t`, on a count no rank count divides, each
+// rank checking its whole output. 0 when it passed, else Fail's.
+int MatrixCase(Communicator& comm, device::Stream& stream, Collective coll, const collectives::AlgorithmImpl& algo,
+               DataType t) {
+  const int n = comm.size(), r = comm.rank();
+  collectives::CollectiveRequest probe;
+  probe.collective = coll;
+  probe.nranks = n;
+  const uint64_t count = 10007;
+  const ReduceOp op = t == DataType::kFloat32 ? ReduceOp::kSum : ReduceOp::kMax;
+  probe.count = count;
+  const uint64_t in = probe.input_count(), out = std::max<uint64_t>(probe.output_count(), 1);
+  const size_t elem = DataTypeSize(t);
+  auto a = comm.device().Allocate(std::max<uint64_t>(in, 1) * elem);
+  auto b = comm.device().Allocate(out * elem);
+  if (!a.ok() || !b.ok()) return Fail("allocation failed");
+  const ReduceOp vop = collectives::IsReduction(coll) ? op : ReduceOp::kSum;
+  for (uint64_t i = 0; i < in; ++i)
+    StoreValue((*a)->data(), i, t, static_cast<double>(InputValue(vop, r, i)));
+  CallOptions options;
+  options.algorithm = algo.id();
+  void* src = (*a)->data();
+  void* dst = (*b)->data();
+  const int root = n - 1;
+  Status s;
+  switch (coll) {
+    case Collective::kAllReduce:
+      s = comm.AllReduce(src, dst, count, t, op, stream, options);
+      break;
+    case Collective::kReduceScatter:
+      s = comm.ReduceScatter(src, dst, count, t, op, stream, options);
+      break;
+    case Collective::kAllGather:
+      s = comm.AllGather(src, dst, count, t, stream, options);
+      break;
+    case Collective::kBroadcast:
+      s = comm.Broadcast(src, dst, count, t, root, stream, options);
+      break;
+    case Collective::kReduce:
+      s = comm.Reduce(src, dst, count, t, op, root, stream, options);
+      break;
+    case Collective::kAllToAll:
+      s = comm.AllToAll(src, dst, count, t, stream, options);
+      break;
+    default:
+      s = comm.Barrier(stream);
+      break;
+  }
+  const std::string name = fmt::format("{} via {} {} on rank {} of {}", collectives::CollectiveName(coll),
+                                       collectives::AlgorithmName(algo.id()), DataTypeName(t), r, n);
+  if (!s.ok()) return Fail(name + ": " + s.ToString());
+  if (Status e = stream.Synchronize(); !e.ok()) return Fail(name + ": " + e.ToString());
+  if (Status e = comm.AsyncError(); !e.ok()) return Fail(name + ": " + e.ToString());
+  auto want = [&](uint64_t j) -> double {
+    switch (coll) {
+      case Collective::kAllReduce:
+      case Collective::kReduce:
+        return Reduced(op, n, j, t);
+      case Collective::kReduceScatter:
+        return Reduced(op, n, static_cast<uint64_t>(r) * count + j, t);
+      case Collective::kAllGather:
+        return static_cast<double>(InputValue(ReduceOp::kSum, static_cast<int>(j / count), j % count));
+      case Collective::kBroadcast:
+        return static_cast<double>(InputValue(ReduceOp::kSum, root, j));
+      case Collective::kAllToAll:
+        return static_cast<double>(InputValue(ReduceOp::kSum, static_cast<int>(j / count),
+                                              static_cast<uint64_t>(r) * count + j % count));
+      default:
+        return 0;
+    }
+  };
+  const bool check = coll != Collective::kBarrier && (coll != Collective::kReduce || r == root);
+  for (uint64_t j = 0; check && j < probe.output_count(); ++j) {
+    const double got = LoadValue(dst, j, t);
+    if (!Matches(got, want(j), t, op))
+      return Fail(fmt::format("{}: element {} is {}, expected {}", name, j, got, want(j)));
+  }
+  return 0;
+}
+
+// Main's last case: point to point around the ring, in a group. 0 when it passed, else Fail's.
+int RingSendRecv(Communicator& comm, device::Stream& stream) {
+  const int n = comm.size(), r = comm.rank();
+  auto a = comm.device().Allocate(4000), b = comm.device().Allocate(4000);
+  if (!a.ok() || !b.ok()) return Fail("allocation failed");
+  for (int i = 0; i < 1000; ++i) static_cast<float*>((*a)->data())[i] = static_cast<float>(r * 1000 + i);
+  if (!Communicator::GroupStart().ok()) return Fail("GroupStart");
+  Status s1 = comm.Send((*a)->data(), 1000, DataType::kFloat32, (r + 1) % n, stream);
+  Status s2 = comm.Recv((*b)->data(), 1000, DataType::kFloat32, (r + n - 1) % n, stream);
+  Status s3 = Communicator::GroupEnd();
+  if (!s1.ok() || !s2.ok() || !s3.ok()) return Fail("send/recv: " + s1.ToString() + s2.ToString() + s3.ToString());
+  if (Status e = stream.Synchronize(); !e.ok()) return Fail("send/recv: " + e.ToString());
+  const int from = (r + n - 1) % n;
+  for (int i = 0; i < 1000; ++i)
+    if (static_cast<float*>((*b)->data())[i] != static_cast<float>(from * 1000 + i))
+      return Fail(fmt::format("send/recv: element {} wrong on rank {}", i, r));
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   auto created = Communicator::CreateFromEnvironment();
   if (!created.ok()) return Fail(created.status().ToString());
@@ -334,94 +460,14 @@ int Main(int argc, char** argv) {
       probe.count = 7;
       if (!algo->Supports(probe, comm.topology()).ok()) continue;
       for (DataType t : {DataType::kFloat32, DataType::kBfloat16}) {
-        const uint64_t count = 10007;
-        const ReduceOp op = t == DataType::kFloat32 ? ReduceOp::kSum : ReduceOp::kMax;
-        probe.count = count;
-        const uint64_t in = probe.input_count(), out = std::max<uint64_t>(probe.output_count(), 1);
-        const size_t elem = DataTypeSize(t);
-        auto a = comm.device().Allocate(std::max<uint64_t>(in, 1) * elem);
-        auto b = comm.device().Allocate(out * elem);
-        if (!a.ok() || !b.ok()) return Fail("allocation failed");
-        const ReduceOp vop = collectives::IsReduction(coll) ? op : ReduceOp::kSum;
-        for (uint64_t i = 0; i < in; ++i)
-          StoreValue((*a)->data(), i, t, static_cast<double>(InputValue(vop, r, i)));
-        CallOptions options;
-        options.algorithm = algo->id();
-        void* src = (*a)->data();
-        void* dst = (*b)->data();
-        const int root = n - 1;
-        Status s;
-        switch (coll) {
-          case Collective::kAllReduce:
-            s = comm.AllReduce(src, dst, count, t, op, stream, options);
-            break;
-          case Collective::kReduceScatter:
-            s = comm.ReduceScatter(src, dst, count, t, op, stream, options);
-            break;
-          case Collective::kAllGather:
-            s = comm.AllGather(src, dst, count, t, stream, options);
-            break;
-          case Collective::kBroadcast:
-            s = comm.Broadcast(src, dst, count, t, root, stream, options);
-            break;
-          case Collective::kReduce:
-            s = comm.Reduce(src, dst, count, t, op, root, stream, options);
-            break;
-          case Collective::kAllToAll:
-            s = comm.AllToAll(src, dst, count, t, stream, options);
-            break;
-          default:
-            s = comm.Barrier(stream);
-            break;
-        }
-        const std::string name = fmt::format("{} via {} {} on rank {} of {}", collectives::CollectiveName(coll),
-                                             collectives::AlgorithmName(algo->id()), DataTypeName(t), r, n);
-        if (!s.ok()) return Fail(name + ": " + s.ToString());
-        if (Status e = stream.Synchronize(); !e.ok()) return Fail(name + ": " + e.ToString());
-        if (Status e = comm.AsyncError(); !e.ok()) return Fail(name + ": " + e.ToString());
-        auto want = [&](uint64_t j) -> double {
-          switch (coll) {
-            case Collective::kAllReduce:
-            case Collective::kReduce:
-              return Reduced(op, n, j, t);
-            case Collective::kReduceScatter:
-              return Reduced(op, n, static_cast<uint64_t>(r) * count + j, t);
-            case Collective::kAllGather:
-              return static_cast<double>(InputValue(ReduceOp::kSum, static_cast<int>(j / count), j % count));
-            case Collective::kBroadcast:
-              return static_cast<double>(InputValue(ReduceOp::kSum, root, j));
-            case Collective::kAllToAll:
-              return static_cast<double>(InputValue(ReduceOp::kSum, static_cast<int>(j / count),
-                                                    static_cast<uint64_t>(r) * count + j % count));
-            default:
-              return 0;
-          }
-        };
-        const bool check = coll != Collective::kBarrier && (coll != Collective::kReduce || r == root);
-        for (uint64_t j = 0; check && j < probe.output_count(); ++j) {
-          const double got = LoadValue(dst, j, t);
-          if (!Matches(got, want(j), t, op))
-            return Fail(fmt::format("{}: element {} is {}, expected {}", name, j, got, want(j)));
-        }
+        if (int failed = MatrixCase(comm, stream, coll, *algo, t); failed != 0) return failed;
         ++cases;
       }
     }
   }
   // Point to point around the ring, in a group.
   if (n > 1) {
-    auto a = comm.device().Allocate(4000), b = comm.device().Allocate(4000);
-    if (!a.ok() || !b.ok()) return Fail("allocation failed");
-    for (int i = 0; i < 1000; ++i) static_cast<float*>((*a)->data())[i] = static_cast<float>(r * 1000 + i);
-    if (!Communicator::GroupStart().ok()) return Fail("GroupStart");
-    Status s1 = comm.Send((*a)->data(), 1000, DataType::kFloat32, (r + 1) % n, stream);
-    Status s2 = comm.Recv((*b)->data(), 1000, DataType::kFloat32, (r + n - 1) % n, stream);
-    Status s3 = Communicator::GroupEnd();
-    if (!s1.ok() || !s2.ok() || !s3.ok()) return Fail("send/recv: " + s1.ToString() + s2.ToString() + s3.ToString());
-    if (Status e = stream.Synchronize(); !e.ok()) return Fail("send/recv: " + e.ToString());
-    const int from = (r + n - 1) % n;
-    for (int i = 0; i < 1000; ++i)
-      if (static_cast<float*>((*b)->data())[i] != static_cast<float>(from * 1000 + i))
-        return Fail(fmt::format("send/recv: element {} wrong on rank {}", i, r));
+    if (int failed = RingSendRecv(comm, stream); failed != 0) return failed;
     ++cases;
   }
   std::printf("rank %d of %d: %d cases ok\n", r, n, cases);

@@ -155,6 +155,7 @@ Status ExchangeRound(int rank, std::vector<Link>& links, size_t bytes,
   return Status::Ok();
 }
 
+// Kept whole: the test's script, step by step (bootstrap, connect every link, the host round, the device round).
 int Main(int argc, char** argv) {
   CLI::App app{"torus_exchange: exchange data with every direct-link neighbour (run under kizuna-run)"};
   size_t bytes = (size_t{1} << 20) + 5;

@@ -95,6 +95,7 @@ std::string AlgorithmNames() {
   return out;
 }
 
+// Kept whole: one check per command-line option, in --help's order, which reads best as one list.
 Result<Plan> Resolve(const Options& o, bool step_bytes_given, const Config& config) {
   Plan p;
   // The collective: --coll, or a collective name given to -o (nccl-tests has one program per
@@ -367,6 +368,7 @@ Status WriteFile(File& file, const std::string& text) {
   return Status::Ok();
 }
 
+// Kept whole: the command line in --help's order, then the run it sets up; both halves share its variables.
 int Main(int argc, char** argv) {
   CLI::App app{
       "kizuna-bench: nccl-tests' measurements of kizuna's collectives (sizes, time, algbw, busbw, "

@@ -62,6 +62,7 @@ struct Series {
 
 }  // namespace
 
+// Kept whole: the scales from the rows, then the SVG's elements in drawing order, all sharing those scales.
 std::string PlotSvg(const std::vector<Row>& rows, double busbw_factor, std::string_view title) {
   std::set<std::string> types, ops;
   for (const Row& r : rows) types.insert(r.type), ops.insert(r.redop);

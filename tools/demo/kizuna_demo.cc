@@ -330,6 +330,7 @@ class SelfTestPrinter {
 
 // Self-tests one device with `bytes` per buffer. Prints one row per operation; returns false when
 // an operation failed or a result was wrong.
+// Kept whole: sizing, buffers, then the operations in the order of its printed rows, all sharing the buffers.
 bool SelfTest(Device& dev, uint64_t bytes, int max_iters, const SelfTestPrinter& out) {
   const std::string label = dev.label();
   auto fail = [&](std::string_view what, const Status& s) {
@@ -419,6 +420,7 @@ bool SelfTest(Device& dev, uint64_t bytes, int max_iters, const SelfTestPrinter&
   return all_ok;
 }
 
+// Kept whole: the command line, then the report it prints, section by section, in output order.
 int Main(int argc, char** argv) {
   CLI::App app{
       "kizuna-demo: the device backends and devices kizuna finds on this machine, and a short self-test of "

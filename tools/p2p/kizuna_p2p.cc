@@ -157,6 +157,7 @@ Status GenerateRing(TempTopology& out) {
   return Status::Ok();
 }
 
+// Kept whole: the command line, its checks and the measurements it selects, in order, sharing their variables.
 int Main(int argc, char** argv) {
   CLI::App app{"kizuna-p2p: point-to-point latency and bandwidth of the fabrics between two ranks"};
   Options o;

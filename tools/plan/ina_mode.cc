@@ -94,6 +94,7 @@ std::string SolverText(const ina::LayoutPlan& plan) {
   return "closed-form: O(D^2) over (full trees, other trees), the most rings that fit";
 }
 
+// Kept whole: the plan's report in output order (JSON or text), both from the same plan and timings.
 int PrintPlan(const InaOptions& o, double latency_us, bool json) {
   const ina::Problem p{o.workers, o.aggregators, o.worker_ports, o.agg_ports};
   auto solver = o.solver == "dp" ? ina::Solver::kDp

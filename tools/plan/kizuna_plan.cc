@@ -138,6 +138,7 @@ std::string CollectiveNames() {
   return out + ", sendrecv";
 }
 
+// Kept whole: one check per command-line option, in --help's order, which reads best as one list.
 Result<Setup> Resolve(const Options& o) {
   Setup s;
   auto coll = collectives::ParseCollective(o.coll);

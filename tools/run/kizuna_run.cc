@@ -51,6 +51,7 @@ Result<uint16_t> FreeLoopbackPort() {
   return ntohs(a.sin_port);
 }
 
+// Kept whole: the command line (with its ':'-separated apps) and its checks, in order, then one launch.
 int Main(int argc, char** argv) {
   CLI::App app{
       "kizuna-run: start N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and "

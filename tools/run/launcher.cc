@@ -114,6 +114,13 @@ class Runner {
   void BeginStop(int signal);
   void Reap(Rank& r);
   void Pump(UniqueFd& fd, LinePrefixer& lines, int to);
+  // Run's steps: checks the options and finds each app's program (its path, per app), and the
+  // CPUs to bind to; stops the ranks at the timeout and kills them after the grace period; acts
+  // on the signals that arrived; sets the result's exit code, saying why when it is not 0.
+  Result<std::vector<std::string>> Prepare();
+  void CheckTimers(Clock::time_point now, std::optional<Clock::time_point> end_at);
+  void OnSignals();
+  void Finish();
   int Running() const {
     int n = 0;
     for (const Rank& r : ranks_) n += r.running;
@@ -306,7 +313,7 @@ void Runner::Pump(UniqueFd& fd, LinePrefixer& lines, int to) {
   WriteOut(to, text);
 }
 
-Result<LaunchResult> Runner::Run() {
+Result<std::vector<std::string>> Runner::Prepare() {
   if (o_.nprocs < 1 || o_.nprocs > kMaxProcs)
     return InvalidArgument(fmt::format("-n {}: expected 1..{}", o_.nprocs, kMaxProcs));
   if (o_.command.empty()) return InvalidArgument("no program given (kizuna-run -n N -- PROGRAM ARGS...)");
@@ -336,6 +343,71 @@ Result<LaunchResult> Runner::Run() {
                                          "--bind-to core:overload-allowed or none to oversubscribe)",
                                          World(), cpus_.size()));
   }
+  return paths;
+}
+
+void Runner::CheckTimers(Clock::time_point now, std::optional<Clock::time_point> end_at) {
+  if (end_at && now >= *end_at && !stopping_) {
+    result_.timed_out = true;
+    Say(o_.err_fd, "timeout: the ranks ran longer than --timeout {:.1f} s", o_.timeout_s);
+    BeginStop(SIGTERM);
+  }
+  if (kill_at_ && now >= *kill_at_ && !killed_) {
+    killed_ = true;
+    int n = 0;
+    for (Rank& r : ranks_) {
+      if (!r.running) continue;
+      kill(-r.pid, SIGKILL);
+      ++n;
+    }
+    if (n > 0)
+      Say(o_.err_fd, "sent SIGKILL to {} rank{} still running after {:.1f} s", n, n == 1 ? "" : "s", o_.grace_s);
+  }
+}
+
+void Runner::OnSignals() {
+  signalfd_siginfo info;
+  while (read(signal_fd_.get(), &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
+    int sig = static_cast<int>(info.ssi_signo);
+    if (result_.interrupted_by == 0 && result_.first_failure < 0 && !result_.timed_out) result_.interrupted_by = sig;
+    if (!stopping_) {
+      Say(o_.err_fd, "received {}; stopping the ranks", SignalName(sig));
+      BeginStop(sig);
+    } else if (!killed_) {
+      // A second interrupt: do not wait out the grace period.
+      kill_at_ = Clock::now();
+    }
+  }
+}
+
+void Runner::Finish() {
+  for (Rank& r : ranks_) result_.ranks.push_back(r.outcome);
+  if (result_.first_failure >= 0) {
+    result_.exit_code = StatusOf(ranks_[result_.first_failure].outcome);
+  } else if (result_.interrupted_by != 0) {
+    result_.exit_code = 128 + result_.interrupted_by;
+  } else if (result_.timed_out) {
+    result_.exit_code = 124;
+  } else {
+    result_.exit_code = 0;
+  }
+  // Order of events decides the status; a timeout or signal that came first wins over failures
+  // of ranks stopped afterwards (those never set first_failure, as stopping_ was already set).
+  if (result_.exit_code != 0) {
+    for (const Rank& r : ranks_) {
+      if (r.outcome.stopped_by_us && !(r.outcome.exited && r.outcome.code == 0))
+        Say(o_.err_fd, "rank {} {} (stopped by kizuna-run)", r.index, Describe(r.outcome));
+    }
+    std::string why = result_.first_failure >= 0 ? fmt::format("rank {} failed first", result_.first_failure)
+                      : result_.interrupted_by != 0
+                          ? fmt::format("interrupted by {}", SignalName(result_.interrupted_by))
+                          : std::string("timeout");
+    Say(o_.err_fd, "exit status {} ({})", result_.exit_code, why);
+  }
+}
+
+Result<LaunchResult> Runner::Run() {
+  KZ_ASSIGN_OR_RETURN(const std::vector<std::string> paths, Prepare());
   // On failure, the destructor kills the ranks already started.
   KZ_RETURN_IF_ERROR(Start(paths));
 
@@ -360,21 +432,7 @@ Result<LaunchResult> Runner::Run() {
     bool pipes_open = false;
     for (const Rank& r : ranks_) pipes_open |= r.out.valid() || r.err.valid();
     if (drain_until && (!pipes_open || now >= *drain_until)) break;
-    if (end_at && now >= *end_at && !stopping_) {
-      result_.timed_out = true;
-      Say(o_.err_fd, "timeout: the ranks ran longer than --timeout {:.1f} s", o_.timeout_s);
-      BeginStop(SIGTERM);
-    }
-    if (kill_at_ && now >= *kill_at_ && !killed_) {
-      killed_ = true;
-      int n = 0;
-      for (Rank& r : ranks_) {
-        if (!r.running) continue;
-        kill(-r.pid, SIGKILL);
-        ++n;
-      }
-      if (n > 0) Say(o_.err_fd, "sent SIGKILL to {} rank{} still running after {:.1f} s", n, n == 1 ? "" : "s", o_.grace_s);
-    }
+    CheckTimers(now, end_at);
 
     Clock::time_point wake = now + std::chrono::seconds(3600);
     if (end_at && !stopping_) wake = std::min(wake, *end_at);
@@ -413,46 +471,10 @@ Result<LaunchResult> Runner::Run() {
       if (fds[i].revents == 0) continue;
       Source s = sources[i];
       if (s.what == 0 && s.rank->running) Reap(*s.rank);
-      if (s.what == 3) {
-        signalfd_siginfo info;
-        while (read(signal_fd_.get(), &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
-          int sig = static_cast<int>(info.ssi_signo);
-          if (result_.interrupted_by == 0 && result_.first_failure < 0 && !result_.timed_out)
-            result_.interrupted_by = sig;
-          if (!stopping_) {
-            Say(o_.err_fd, "received {}; stopping the ranks", SignalName(sig));
-            BeginStop(sig);
-          } else if (!killed_) {
-            // A second interrupt: do not wait out the grace period.
-            kill_at_ = Clock::now();
-          }
-        }
-      }
+      if (s.what == 3) OnSignals();
     }
   }
-
-  for (Rank& r : ranks_) result_.ranks.push_back(r.outcome);
-  if (result_.first_failure >= 0) {
-    result_.exit_code = StatusOf(ranks_[result_.first_failure].outcome);
-  } else if (result_.interrupted_by != 0) {
-    result_.exit_code = 128 + result_.interrupted_by;
-  } else if (result_.timed_out) {
-    result_.exit_code = 124;
-  } else {
-    result_.exit_code = 0;
-  }
-  // Order of events decides the status; a timeout or signal that came first wins over failures
-  // of ranks stopped afterwards (those never set first_failure, as stopping_ was already set).
-  if (result_.exit_code != 0) {
-    for (const Rank& r : ranks_) {
-      if (r.outcome.stopped_by_us && !(r.outcome.exited && r.outcome.code == 0))
-        Say(o_.err_fd, "rank {} {} (stopped by kizuna-run)", r.index, Describe(r.outcome));
-    }
-    std::string why = result_.first_failure >= 0 ? fmt::format("rank {} failed first", result_.first_failure)
-                      : result_.interrupted_by != 0 ? fmt::format("interrupted by {}", SignalName(result_.interrupted_by))
-                                                    : std::string("timeout");
-    Say(o_.err_fd, "exit status {} ({})", result_.exit_code, why);
-  }
+  Finish();
   return result_;
 }
 

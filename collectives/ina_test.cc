@@ -122,7 +122,11 @@ void Put(DataType t, uint8_t* p, double v) {
   switch (t) {
     case DataType::kInt32: { const int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
     case DataType::kFloat32: { const float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::kBfloat16: { const uint16_t x = FloatToBfloat16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
+    case DataType::kBfloat16: {
+      const uint16_t x = FloatToBfloat16(static_cast<float>(v));
+      std::memcpy(p, &x, 2);
+      break;
+    }
     default: { const double x = v; std::memcpy(p, &x, 8); break; }  // float64
   }
 }
@@ -176,7 +180,8 @@ void Check(const Named& n, uint64_t count, DataType dtype, ReduceOp op, bool in_
     for (uint64_t i = 0; i < count; ++i) {
       const double want = Expect(op, p, i);
       const double got = Get(dtype, out[static_cast<size_t>(r)].data() + i * es);
-      const double tol = op == ReduceOp::kAvg && dtype == DataType::kBfloat16 ? 0.02 : (op == ReduceOp::kAvg ? 1e-6 : 0);
+      const double tol =
+          op == ReduceOp::kAvg && dtype == DataType::kBfloat16 ? 0.02 : (op == ReduceOp::kAvg ? 1e-6 : 0);
       if (std::fabs(got - want) > tol) {
         FAIL() << what << ": rank " << r << " element " << i << " is " << got << ", expected " << want;
       }

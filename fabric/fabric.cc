@@ -62,7 +62,8 @@ Result<OpaqueBlob<kMaxBytes, Tag>> OpaqueBlob<kMaxBytes, Tag>::FromHex(std::stri
   for (size_t i = 0; i < out.size; ++i) {
     const int hi = HexValue(hex[2 * i]), lo = HexValue(hex[2 * i + 1]);
     if (hi < 0 || lo < 0)
-      return InvalidArgument(fmt::format("hex blob has a non-hex character at position {}", hi < 0 ? 2 * i : 2 * i + 1));
+      return InvalidArgument(
+          fmt::format("hex blob has a non-hex character at position {}", hi < 0 ? 2 * i : 2 * i + 1));
     out.data[i] = static_cast<uint8_t>(hi * 16 + lo);
   }
   return out;
@@ -236,7 +237,8 @@ Result<Request*> SendComm::Write(const void* data, size_t size, Registration* re
 
 Result<std::unique_ptr<Request>> SendComm::DoWrite(const void*, size_t, Registration*, const RemoteKey&, uint64_t,
                                                    std::optional<uint32_t>) {
-  return NotSupported(fmt::format("{}: this fabric has no one-sided write with immediate data (properties().write_immediate is false)", label()));
+  return NotSupported(fmt::format(
+      "{}: this fabric has no one-sided write with immediate data (properties().write_immediate is false)", label()));
 }
 
 // ---- RecvComm ----
@@ -287,11 +289,13 @@ Result<uint32_t> RecvComm::WaitImmediate(Deadline deadline) {
 Status RecvComm::DoFlush(void*, size_t, Registration&, Deadline) { return Status::Ok(); }
 
 Result<RemoteKey> RecvComm::DoExpose(Registration&) {
-  return NotSupported(fmt::format("{}: this fabric has no one-sided write with immediate data (properties().write_immediate is false)", label()));
+  return NotSupported(fmt::format(
+      "{}: this fabric has no one-sided write with immediate data (properties().write_immediate is false)", label()));
 }
 
 Result<std::optional<uint32_t>> RecvComm::DoPollImmediate() {
-  return NotSupported(fmt::format("{}: this fabric has no one-sided write with immediate data (properties().write_immediate is false)", label()));
+  return NotSupported(fmt::format(
+      "{}: this fabric has no one-sided write with immediate data (properties().write_immediate is false)", label()));
 }
 
 // ---- ListenComm ----

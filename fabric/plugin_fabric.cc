@@ -350,7 +350,8 @@ class PluginRecvComm final : public RecvComm {
 
   Result<std::optional<uint32_t>> DoPollImmediate() override {
     const kz_fabric_plugin_api_t& api = core_.ctx().api();
-    if (api.poll_immediate == nullptr) return NotSupported(fmt::format("{}: the plugin has no poll_immediate", label()));
+    if (api.poll_immediate == nullptr)
+      return NotSupported(fmt::format("{}: the plugin has no poll_immediate", label()));
     int32_t has = 0;
     uint32_t value = 0;
     KZ_RETURN_IF_ERROR(core_.ctx().ToStatus(api.poll_immediate(recv_handle(), &has, &value), "poll_immediate"));
@@ -487,7 +488,8 @@ Status CheckName(const char* name, const std::string& path) {
     return InvalidArgument(fmt::format("fabric plugin {}: fabric name must be 1..{} characters", path, kMaxNameLength));
   for (char c : n)
     if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'))
-      return InvalidArgument(fmt::format("fabric plugin {}: fabric name '{}' has characters outside [a-z0-9_]", path, n));
+      return InvalidArgument(
+          fmt::format("fabric plugin {}: fabric name '{}' has characters outside [a-z0-9_]", path, n));
   return Status::Ok();
 }
 

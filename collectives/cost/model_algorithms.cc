@@ -154,6 +154,7 @@ void Model::PointToPoint(bool send) {
   Add(send ? "send" : "recv", worst, s.chunks == 0 ? 1 : s.chunks);
 }
 
+// One short case per algorithm, kept in one switch so that their stage structures read side by side.
 void Model::Body(Algorithm a) {
   const uint64_t count = req_.count;
   const auto p = static_cast<uint64_t>(p_);

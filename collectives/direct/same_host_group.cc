@@ -283,7 +283,8 @@ Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reache
   for (int round = 0;; ++round) {
     if (reached()) return Status::Ok();
     if (p.failed.load(std::memory_order_acquire) != 0)
-      return Aborted(fmt::format("rank {} failed: {}", q, std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
+      return Aborted(
+          fmt::format("rank {} failed: {}", q, std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
     if (round < 32) {
       ::sched_yield();
       continue;
@@ -418,10 +419,10 @@ Status SameHostGroup::Meet(uint64_t seq, uint64_t signature, const CollectiveReq
   return Status::Ok();
 }
 
-Result<SameHostGroup::Buffers> SameHostGroup::Exchange(uint64_t seq, uint64_t signature, const CollectiveRequest& request,
-                                               const void* input, uint64_t input_bytes, const void* output,
-                                               uint64_t output_bytes, Deadline deadline,
-                                               const std::atomic<bool>& abort) {
+Result<SameHostGroup::Buffers> SameHostGroup::Exchange(uint64_t seq, uint64_t signature,
+                                                       const CollectiveRequest& request, const void* input,
+                                                       uint64_t input_bytes, const void* output, uint64_t output_bytes,
+                                                       Deadline deadline, const std::atomic<bool>& abort) {
   KZ_RETURN_IF_ERROR(PublishRegion(0, input, input_bytes).WithContext("the fused collective's input"));
   KZ_RETURN_IF_ERROR(PublishRegion(1, output, output_bytes).WithContext("the fused collective's output"));
   KZ_RETURN_IF_ERROR(Meet(seq, signature, request, Protocol::kMapped, deadline, abort));

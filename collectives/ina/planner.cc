@@ -320,10 +320,12 @@ class LayoutBuilder {
   }
 
   bool PairUsed(int a, int b) const {
-    return !pair_used_.empty() && pair_used_[static_cast<size_t>(a) * static_cast<size_t>(p_.workers) + static_cast<size_t>(b)];
+    return !pair_used_.empty() &&
+           pair_used_[static_cast<size_t>(a) * static_cast<size_t>(p_.workers) + static_cast<size_t>(b)];
   }
   void MarkPair(int a, int b) {
-    if (!pair_used_.empty()) pair_used_[static_cast<size_t>(a) * static_cast<size_t>(p_.workers) + static_cast<size_t>(b)] = 1;
+    if (!pair_used_.empty())
+      pair_used_[static_cast<size_t>(a) * static_cast<size_t>(p_.workers) + static_cast<size_t>(b)] = 1;
   }
 
   // A path through `middle` (any order) from `first` to `last` (either may be -1: free), or a
@@ -385,7 +387,8 @@ class LayoutBuilder {
     for (int i = 0, w = 0; i < n; ++i, w = static_cast<int>((int64_t{w} + best) % n)) order.push_back(w);
     // Where every stride repeats a pair (N = 6 has one class), search for a cycle that does not.
     bool repeats = false;
-    for (int i = 0; i < n; ++i) repeats |= PairUsed(order[static_cast<size_t>(i)], order[static_cast<size_t>((i + 1) % n)]);
+    for (int i = 0; i < n; ++i)
+      repeats |= PairUsed(order[static_cast<size_t>(i)], order[static_cast<size_t>((i + 1) % n)]);
     if (repeats) {
       std::vector<int> rest(order.begin() + 1, order.end());
       if (std::vector<int> found = SearchPath(rest, 0, -1, true, false); !found.empty()) order = std::move(found);
@@ -476,7 +479,8 @@ Selection SolveDp(const std::vector<Item>& items, int64_t aggregators, int64_t w
   int64_t most = 0;
   for (size_t i : keep) most = std::max(most, items[i].value);
   const int64_t bound = (worker_ports / std::max<int64_t>(1, st.gcd)) * most;
-  return bound < std::numeric_limits<int32_t>::max() ? RunDp<int32_t>(items, keep, st) : RunDp<int64_t>(items, keep, st);
+  return bound < std::numeric_limits<int32_t>::max() ? RunDp<int32_t>(items, keep, st)
+                                                     : RunDp<int64_t>(items, keep, st);
 }
 
 Selection SolveClosedForm(const Problem& p) {
@@ -575,7 +579,8 @@ Result<Layout> BuildLayout(const Problem& p, const Selection& s) {
   KZ_RETURN_IF_ERROR(CheckProblem(p));
   if (s.aggregators > p.aggregators || s.worker_ports > int64_t{p.workers} * p.worker_ports)
     return InvalidArgument(fmt::format("the selection uses {} aggregation devices and {} worker ports; {} and {} exist",
-                                       s.aggregators, s.worker_ports, p.aggregators, int64_t{p.workers} * p.worker_ports));
+                                       s.aggregators, s.worker_ports, p.aggregators,
+                                       int64_t{p.workers} * p.worker_ports));
   LayoutBuilder b(p);
   for (const Pick& pk : s.picks)
     for (int i = 0; i < pk.count; ++i) b.Add(pk.item);

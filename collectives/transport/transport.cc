@@ -91,7 +91,8 @@ std::vector<uint8_t> SerializeReach(const Reach& reach, int nranks) {
     wire::PutString(out, reach.fabrics[f]);
     std::vector<uint8_t> bits((static_cast<size_t>(nranks) + 7) / 8, 0);
     for (int q = 0; q < nranks; ++q)
-      if (reach.serves[f][static_cast<size_t>(q)]) bits[static_cast<size_t>(q) / 8] |= static_cast<uint8_t>(1u << (q % 8));
+      if (reach.serves[f][static_cast<size_t>(q)])
+        bits[static_cast<size_t>(q) / 8] |= static_cast<uint8_t>(1u << (q % 8));
     out.insert(out.end(), bits.begin(), bits.end());
   }
   return out;

@@ -24,9 +24,9 @@ constexpr double kLaunchLatencyUs = 4.2;
 
 std::string UuidText(const CUuuid& u) {
   const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
-  return fmt::format("GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-                     b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-                     b[15]);
+  return fmt::format(
+      "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}", b[0],
+      b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
 int NumaNodeOf(const std::string& pci_bus_id) {
@@ -90,8 +90,8 @@ Result<std::unique_ptr<CudaDevice>> OpenDevice(const DriverApi& api, int ordinal
     p.numa_node = NumaNodeOf(p.pci_bus_id);
   }
   // Peak HBM bandwidth: memory clock (kHz) x 2 (double data rate) x bus width (bytes).
-  const double peak_gbps =
-      2.0 * attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE) * 1e3 * attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH) / 8 / 1e9;
+  const double peak_gbps = 2.0 * attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE) * 1e3 *
+                           attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH) / 8 / 1e9;
   // A copy of n bytes reads and writes n; a two-input reduce reads 2n and writes n.
   p.copy_gbps = peak_gbps * kStreamingEfficiency / 2;
   p.reduce_gbps = peak_gbps * kStreamingEfficiency * 2 / 3;

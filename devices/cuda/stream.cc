@@ -148,7 +148,8 @@ Result<std::unique_ptr<device::StreamHold>> CudaStream::DoEnqueueHold() {
   {
     std::lock_guard lock(holds_->mu);
     size_t tries = 0;
-    while (holds_->busy[holds_->next] && tries++ < HoldSlots::kSlots) holds_->next = (holds_->next + 1) % HoldSlots::kSlots;
+    while (holds_->busy[holds_->next] && tries++ < HoldSlots::kSlots)
+      holds_->next = (holds_->next + 1) % HoldSlots::kSlots;
     if (holds_->busy[holds_->next])
       return Internal(fmt::format("{}: {} stream holds outstanding", device().label(), HoldSlots::kSlots));
     slot = holds_->next;
@@ -330,7 +331,8 @@ Status CudaStream::DoReduce(void* dst, std::span<const void* const> srcs, size_t
   if (n > KZ_CUDA_MAX_INPUTS &&
       std::find(srcs.begin() + KZ_CUDA_MAX_INPUTS, srcs.end(), static_cast<const void*>(dst)) != srcs.end()) {
     CUresult r = core_->api.cuMemAllocAsync(&scratch, count * esize, stream_);
-    if (r != CUDA_SUCCESS) return Refused(r, fmt::format("scratch of {} bytes for a {}-input reduce", count * esize, n));
+    if (r != CUDA_SUCCESS)
+      return Refused(r, fmt::format("scratch of {} bytes for a {}-input reduce", count * esize, n));
     out = reinterpret_cast<void*>(scratch);
   }
   size_t next = 0;

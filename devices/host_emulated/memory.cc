@@ -69,7 +69,8 @@ bool AddressMap::Contains(const void* ptr, size_t bytes) const {
   std::shared_lock lock(mu_);
   const auto* range = Find(p, bytes);
   if (range == nullptr) return false;
-  t_hits[t_next_hit++ % 2] = ContainsHit{this, version_.load(std::memory_order_relaxed), range->first, range->second.end};
+  t_hits[t_next_hit++ % 2] =
+      ContainsHit{this, version_.load(std::memory_order_relaxed), range->first, range->second.end};
   return true;
 }
 

@@ -55,7 +55,9 @@ TEST(LevelZeroLoader, LibraryWithoutLevelZeroNamesEveryFunction) {
 
 ze_result_t InitUninitialized(ze_init_flags_t) { return ZE_RESULT_ERROR_UNINITIALIZED; }
 ze_result_t InitDeviceLost(ze_init_flags_t) { return ZE_RESULT_ERROR_DEVICE_LOST; }
-ze_result_t InitOk(ze_init_flags_t flags) { return flags == 0 ? ZE_RESULT_SUCCESS : ZE_RESULT_ERROR_INVALID_ENUMERATION; }
+ze_result_t InitOk(ze_init_flags_t flags) {
+  return flags == 0 ? ZE_RESULT_SUCCESS : ZE_RESULT_ERROR_INVALID_ENUMERATION;
+}
 
 TEST(LevelZeroLoader, InitDriversNamesTheResult) {
   ZeApi api;

@@ -83,8 +83,8 @@ class Channel {
   // are in flight and the two sides copy concurrently).
   uint64_t max_payload() const { return out_capacity_ / 4; }
   // Appends a record with [payload, payload + payload_bytes) as its payload (copied straight from
-  // the caller's memory: the only copy on the sending side). payload_bytes <= max_payload(). false when the ring has no room (nothing written); kRemoteError when the peer corrupted the
-  // ring's indices. Notifies the peer.
+  // the caller's memory: the only copy on the sending side). payload_bytes <= max_payload(). false when the ring has no
+  // room (nothing written); kRemoteError when the peer corrupted the ring's indices. Notifies the peer.
   Result<bool> TryPush(const RecordHeader& header, const void* payload, size_t payload_bytes);
 
   // ---- Consuming this side's incoming ring ----

@@ -420,7 +420,8 @@ Status CheckTarget(const DirectConnectFabric& fabric, int port, const HandleInfo
                                        t.Describe()));
   const PortRef me{fabric.node(), port};
   const PortRef target{h.node, h.port};
-  if (target.node < 0 || static_cast<size_t>(target.node) >= t.nodes.size() || target.port >= t.nodes[target.node].ports)
+  if (target.node < 0 || static_cast<size_t>(target.node) >= t.nodes.size() ||
+      target.port >= t.nodes[target.node].ports)
     return InvalidArgument(fmt::format("directconnect: the handle names node #{} port {}, which topology {} does not "
                                        "have",
                                        h.node, h.port, t.Describe()));

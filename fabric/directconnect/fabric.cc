@@ -139,7 +139,8 @@ LinkShaper::Times LinkShaper::Reserve(uint64_t bytes) {
   const Clock::time_point end =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   busy_until_ = end;
-  const auto latency = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(latency_us_));
+  const auto latency =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(latency_us_));
   return Times{end, end + latency};
 }
 

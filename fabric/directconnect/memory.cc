@@ -22,7 +22,8 @@ Status CheckFdCovers(int fd, uint64_t offset, uint64_t size) {
   if (::fstat(fd, &st) != 0) return FromErrno(errno, "fstat");
   // A memfd's and a DMA-BUF's st_size is the object's size; anything else that reports 0 we let
   // mmap judge.
-  if (st.st_size > 0 && (offset > static_cast<uint64_t>(st.st_size) || size > static_cast<uint64_t>(st.st_size) - offset))
+  if (st.st_size > 0 &&
+      (offset > static_cast<uint64_t>(st.st_size) || size > static_cast<uint64_t>(st.st_size) - offset))
     return InvalidArgument(fmt::format("region [{}, +{}) lies beyond the fd's {} bytes", offset, size, st.st_size));
   return Status::Ok();
 }

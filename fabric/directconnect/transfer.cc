@@ -115,7 +115,8 @@ Result<const PeerRegions::Region*> Link::AwaitRegion(uint64_t id) {
     if (const PeerRegions::Region* r = peer_regions_.Find(id)) return r;
     if (peer_gone_) return RemoteError(fmt::format("{}: the peer went away before offering region {}", label_, id));
     if (id <= peer_regions_.highest_id())
-      return ProtocolError(label_, fmt::format("region {} is named, but the peer withdrew it (or never offered it)", id));
+      return ProtocolError(label_,
+                           fmt::format("region {} is named, but the peer withdrew it (or never offered it)", id));
     if (deadline.Expired()) return ProtocolError(label_, fmt::format("region {} was named but never offered", id));
     pollfd p{socket_.get(), POLLIN, 0};
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.Remaining()).count();

@@ -68,9 +68,10 @@ inline std::string_view RecordName(uint16_t type) {
 // Delivery times travel as steady_clock nanoseconds: both ends are on one host, and libstdc++'s
 // steady_clock is CLOCK_MONOTONIC, which all processes share. 0 means "no hold".
 inline uint64_t ToNs(Clock::time_point t) {
-  return t == Clock::time_point{} ? 0
-                                  : static_cast<uint64_t>(
-                                        std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+  return t == Clock::time_point{}
+             ? 0
+             : static_cast<uint64_t>(
+                   std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
 }
 inline Clock::time_point FromNs(uint64_t ns) {
   return ns == 0 ? Clock::time_point{} : Clock::time_point(std::chrono::nanoseconds(static_cast<int64_t>(ns)));

@@ -322,7 +322,8 @@ Result<std::shared_ptr<PendingConnect>> PendingConnect::Start(OfiFabric& fabric,
   const ProcessIdentity& self = ProcessIdentity::Self();
   if (h.process_nonce == self.nonce && h.pid == self.pid) {
     std::shared_ptr<EndpointLife> life = LocalEndpoints::Find(LocalKey{AddressId(h.address), EndpointRole::kListener});
-    if (life == nullptr) return RemoteError("ofi: nobody listens behind the handle any more (its ListenComm was closed)");
+    if (life == nullptr)
+      return RemoteError("ofi: nobody listens behind the handle any more (its ListenComm was closed)");
     listener_watch = PeerWatch::InProcess(std::move(life));
   }
 
@@ -366,7 +367,8 @@ void PendingConnect::OnMessage(const Message& message) {
   const TagLayout& tags = link_->device().tags();
   if (welcomed_) {
     // Control messages the RecvComm sent right after its welcome, read in the same batch.
-    if (message.tag == tags.Make(TagKind::kControl, nonce_, 0)) early_.emplace_back(message.bytes.begin(), message.bytes.end());
+    if (message.tag == tags.Make(TagKind::kControl, nonce_, 0))
+      early_.emplace_back(message.bytes.begin(), message.bytes.end());
     return;
   }
   Welcome w{};

@@ -345,7 +345,8 @@ Result<std::unique_ptr<Fabric>> OfiFabric::CreateWith(const Config& config, cons
     KZ_INFO(kLogFabric, "ofi: device {}: {} ({}), {} Gb/s, {} requests in flight, one-sided writes {}{}", p.index,
             p.name, d->info().fabric_attr->name != nullptr ? d->info().fabric_attr->name : "?",
             p.speed_gbps > 0 ? fmt::format("{:.1f}", p.speed_gbps) : std::string("unknown"), p.max_requests,
-            p.write_immediate ? "yes" : "no", p.write_immediate && !d->ordered_writes() ? " (unordered: serialized)" : "");
+            p.write_immediate ? "yes" : "no",
+            p.write_immediate && !d->ordered_writes() ? " (unordered: serialized)" : "");
   }
   KZ_INFO(kLogFabric, "ofi: libfabric {} registers host memory only (no DMA-BUF registration, no CUDA or Level Zero "
                       "memory): fd-exported regions are mapped and registered as host memory, and device memory the "

@@ -68,7 +68,8 @@ Result<FdMapping> FdMapping::Map(int fd, uint64_t offset, uint64_t size) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return FromErrno(errno, "fstat of the registered fd");
   // A memfd's and a DMA-BUF's st_size is the object's size; objects reporting 0 are left to mmap.
-  if (st.st_size > 0 && (offset > static_cast<uint64_t>(st.st_size) || size > static_cast<uint64_t>(st.st_size) - offset))
+  if (st.st_size > 0 &&
+      (offset > static_cast<uint64_t>(st.st_size) || size > static_cast<uint64_t>(st.st_size) - offset))
     return InvalidArgument(fmt::format("region [{}, +{}) lies beyond the fd's {} bytes", offset, size, st.st_size));
   // mmap wants a page-aligned file offset: map from the page holding the start.
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -109,9 +110,10 @@ Result<std::unique_ptr<OfiRegistration>> OfiRegistration::Create(OfiDevice& devi
                                       device.lib().VersionString(), memory.data, mapping.status().message()));
     }
   } else if (memory.type == MemoryType::kDevice && !memory.host_accessible) {
-    return NotSupported(fmt::format("libfabric {} registers host memory only: device memory at {} is not host "
-                                    "accessible; register it by fd so it can be mapped, or stage it through host memory",
-                                    device.lib().VersionString(), memory.data));
+    return NotSupported(
+        fmt::format("libfabric {} registers host memory only: device memory at {} is not host "
+                    "accessible; register it by fd so it can be mapped, or stage it through host memory",
+                    device.lib().VersionString(), memory.data));
   } else {
     reg->local_base_ = static_cast<uint8_t*>(memory.data);
   }

@@ -182,8 +182,9 @@ TEST_P(OfiProcess, APeerKilledMidTransferFailsTheSurvivorPromptly) {
   ::munmap(out, kBig);
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, OfiProcess, ::testing::Values("tcp;ofi_rxm", "shm"),
-                         [](const auto& info) { return info.param == "shm" ? std::string("shm") : std::string("tcp"); });
+INSTANTIATE_TEST_SUITE_P(Providers, OfiProcess, ::testing::Values("tcp;ofi_rxm", "shm"), [](const auto& info) {
+  return info.param == "shm" ? std::string("shm") : std::string("tcp");
+});
 
 }  // namespace
 

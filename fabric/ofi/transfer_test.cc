@@ -442,7 +442,8 @@ TEST_P(OfiTransfer, MemoryRegisteredByFdIsMappedAndMovedDirectly) {
   ASSERT_TRUE(src_fd.valid() && dst_fd.valid());
   ASSERT_EQ(::ftruncate(src_fd.get(), kBytes + 4096), 0);
   ASSERT_EQ(::ftruncate(dst_fd.get(), kBytes), 0);
-  auto* src = static_cast<uint8_t*>(::mmap(nullptr, kBytes + 4096, PROT_READ | PROT_WRITE, MAP_SHARED, src_fd.get(), 0));
+  auto* src =
+      static_cast<uint8_t*>(::mmap(nullptr, kBytes + 4096, PROT_READ | PROT_WRITE, MAP_SHARED, src_fd.get(), 0));
   auto* dst = static_cast<uint8_t*>(::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, dst_fd.get(), 0));
   ASSERT_NE(src, MAP_FAILED);
   ASSERT_NE(dst, MAP_FAILED);
@@ -637,8 +638,9 @@ TEST_P(OfiTransfer, PingPongThroughBlockingWaits) {
                  std::to_string(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / kRounds));
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, OfiTransfer, ::testing::Values("tcp;ofi_rxm", "shm"),
-                         [](const auto& info) { return info.param == "shm" ? std::string("shm") : std::string("tcp"); });
+INSTANTIATE_TEST_SUITE_P(Providers, OfiTransfer, ::testing::Values("tcp;ofi_rxm", "shm"), [](const auto& info) {
+  return info.param == "shm" ? std::string("shm") : std::string("tcp");
+});
 
 }  // namespace
 }  // namespace kizuna::fabric::ofi

@@ -230,7 +230,8 @@ Result<std::unique_ptr<Fabric>> RoceFabric::CreateWith(const Config& config, con
       });
   if (list == nullptr) {
     // ENOSYS: the kernel has no RDMA subsystem (/sys/class/infiniband is missing).
-    if (errno == ENOSYS) return Unavailable("no RDMA device (this kernel has no RDMA subsystem: no /sys/class/infiniband)");
+    if (errno == ENOSYS)
+      return Unavailable("no RDMA device (this kernel has no RDMA subsystem: no /sys/class/infiniband)");
     return Unavailable(fmt::format("no RDMA device ({})", l->Error(errno, "ibv_get_device_list").message()));
   }
   if (count == 0)

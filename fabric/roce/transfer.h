@@ -4,12 +4,11 @@
 // Send / receive is receiver-driven (as NCCL's IB transport): Recv sends the sender a post
 // (receive id, tag, capacity, the buffer's address and rkey). The sender matches posts with its
 // sends per tag, each in posting order, and moves the message with RDMA WRITEs (one per
-// max_msg_sz of the port) straight from the send buffer into the receive buffer, followed by a done message (id, size) on the same
-// queue pair — RC delivers the write's bytes before the done, so the receive completes on it with
-// every byte in place, and the send completes when the done has been acknowledged. A message
-// longer than the receive fails the send and, by a truncated message, the receive; both errors
-// name both sizes and the connection stays usable. Nothing is staged (TransferStats::staged_bytes
-// stays 0).
+// max_msg_sz of the port) straight from the send buffer into the receive buffer, followed by a done message (id, size)
+// on the same queue pair — RC delivers the write's bytes before the done, so the receive completes on it with every
+// byte in place, and the send completes when the done has been acknowledged. A message longer than the receive fails
+// the send and, by a truncated message, the receive; both errors name both sizes and the connection stays usable.
+// Nothing is staged (TransferStats::staged_bytes stays 0).
 //
 // Write: RDMA WRITE (WITH_IMM when there is an immediate) into a region the receiver exposed;
 // the RemoteKey (40 bytes) holds the connection nonce, address, size and rkey with a checksum, so

@@ -70,8 +70,8 @@ Status Bootstrap::Send(int peer, uint32_t tag, std::span<const uint8_t> bytes, D
   if (peer < 0 || peer >= size_)
     return InvalidArgument(fmt::format("Send: peer {} is not a rank (size {})", peer, size_));
   if (bytes.size() > kMaxMessageBytes)
-    return InvalidArgument(
-        fmt::format("Send: {} bytes exceed the bootstrap's limit of {} bytes per message", bytes.size(), kMaxMessageBytes));
+    return InvalidArgument(fmt::format("Send: {} bytes exceed the bootstrap's limit of {} bytes per message",
+                                       bytes.size(), kMaxMessageBytes));
   KZ_RETURN_IF_ERROR(Enter("Send"));
   CallGuard guard(this);
   return DoSend(peer, tag, bytes, deadline);

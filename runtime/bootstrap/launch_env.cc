@@ -172,7 +172,8 @@ std::string_view LauncherName(Launcher launcher) {
 std::string LaunchInfo::Describe() const {
   std::string local = local_size > 0 ? fmt::format("local {} of {}", local_rank, local_size)
                                      : fmt::format("local {}", local_rank);
-  if (launcher == Launcher::kNone) return fmt::format("rank {} of {} (no launcher detected: a single process)", rank, size);
+  if (launcher == Launcher::kNone)
+    return fmt::format("rank {} of {} (no launcher detected: a single process)", rank, size);
   return fmt::format("rank {} of {} ({}), from {}", rank, size, local, LauncherName(launcher));
 }
 
@@ -201,10 +202,11 @@ Result<LaunchInfo> DetectLaunch(const Environment& env) {
       continue;
     }
     if (other.size < chosen.size) {
-      info.notes.push_back(fmt::format("ignored {}={}, {}={} ({} started {} processes, each running {}: an outer "
-                                       "launcher)",
-                                       other.vars.rank, other.rank, other.vars.size, other.size,
-                                       LauncherName(other.vars.launcher), other.size, LauncherName(chosen.vars.launcher)));
+      info.notes.push_back(
+          fmt::format("ignored {}={}, {}={} ({} started {} processes, each running {}: an outer "
+                      "launcher)",
+                      other.vars.rank, other.rank, other.vars.size, other.size, LauncherName(other.vars.launcher),
+                      other.size, LauncherName(chosen.vars.launcher)));
       continue;
     }
     return InvalidArgument(fmt::format("conflicting launcher variables: {}={}, {}={} ({}) but {}={}, {}={} ({}); "

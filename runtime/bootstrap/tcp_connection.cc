@@ -280,7 +280,8 @@ void TcpBootstrap::ReadAvailable(Conn& c) {
       case Conn::Role::kPeerOut:
         Close(c, fmt::format("rank {} (at {}) closed the connection{}: its process ended or its Bootstrap was "
                              "destroyed",
-                             c.peer, c.address, c.phase == Conn::Phase::kAwaitServerHello ? " during authentication" : ""));
+                             c.peer, c.address,
+                             c.phase == Conn::Phase::kAwaitServerHello ? " during authentication" : ""));
         return;
     }
   }

@@ -32,7 +32,8 @@ void TcpBootstrap::OnPeerHello(Conn& c, Bytes payload) {
                                  c.server->client_rank()));
   if (to != rank()) return Reject(c, fmt::format("a peer connection meant for rank {} reached rank {}", to, rank()));
   if (from < 0 || from >= size() || from == rank())
-    return Reject(c, fmt::format("a peer connection from rank {}, which is not a peer in a job of {} ranks", from, size()));
+    return Reject(
+        c, fmt::format("a peer connection from rank {}, which is not a peer in a job of {} ranks", from, size()));
   if (in_conn_[from] != nullptr && in_conn_[from]->open())
     return Reject(c, fmt::format("a second connection claiming to be rank {}", from));
   c.role = Conn::Role::kPeerIn;

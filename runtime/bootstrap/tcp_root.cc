@@ -136,7 +136,9 @@ Status TcpBootstrap::StartRoot(Deadline deadline) {
           if (rank_conn_[r]->open() && !rank_conn_[r]->out.empty()) return false;
         return true;
       },
-      [&] { return Timeout("rendezvous: sending the address table to every rank did not finish before the deadline"); });
+      [&] {
+        return Timeout("rendezvous: sending the address table to every rank did not finish before the deadline");
+      });
   for (int r = 1; s.ok() && r < size(); ++r)
     if (!rank_conn_[r]->open()) s = RemoteError(fmt::format("rendezvous: {}", rank_conn_[r]->closed_reason));
   if (!s.ok()) return fatal_.ok() ? FailJob(s) : s;
@@ -160,8 +162,8 @@ Result<std::vector<Bytes>> TcpBootstrap::RootCollective(uint32_t kind, std::span
         std::vector<int> missing;
         for (int r = 1; r < size(); ++r)
           if (!have(r)) missing.push_back(r);
-        return Timeout(fmt::format("{}: {} did not call {} within {:.1f} s (or are stuck)", op, PluralRanks(missing), op,
-                                   SecondsSince(start)));
+        return Timeout(fmt::format("{}: {} did not call {} within {:.1f} s (or are stuck)", op, PluralRanks(missing),
+                                   op, SecondsSince(start)));
       });
   for (int r = 1; s.ok() && r < size(); ++r)
     if (!have(r)) s = RemoteError(fmt::format("{}: {}", op, rank_conn_[r]->closed_reason));

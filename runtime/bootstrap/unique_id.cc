@@ -106,7 +106,8 @@ Status ValidateHost(std::string_view host, std::string_view what) {
           fmt::format("{}: host name '{}' contains '{}' (allowed: letters, digits, '-', '_', '.')", what, host,
                       c == ' ' ? std::string("space") : std::string(1, c)));
     }
-    if (++label > 63) return InvalidArgument(fmt::format("{}: a label of host name '{}' exceeds 63 characters", what, host));
+    if (++label > 63)
+      return InvalidArgument(fmt::format("{}: a label of host name '{}' exceeds 63 characters", what, host));
   }
   if (label == 0) return InvalidArgument(fmt::format("{}: host name '{}' ends with '.'", what, host));
   if (host.front() == '-') return InvalidArgument(fmt::format("{}: host name '{}' starts with '-'", what, host));
@@ -179,9 +180,13 @@ Result<UniqueId> UniqueId::Parse(std::string_view text) {
     uint8_t byte = 0;
     for (size_t j = 0; j < 2; ++j) {
       char c = hex[2 * i + j];
-      int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      int v = c >= '0' && c <= '9'   ? c - '0'
+              : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                     : -1;
       if (v < 0)
-        return InvalidArgument(fmt::format("unique id: the secret has a non-hex character at position {}", 2 * i + j + 1));
+        return InvalidArgument(
+            fmt::format("unique id: the secret has a non-hex character at position {}", 2 * i + j + 1));
       byte = static_cast<uint8_t>(byte << 4 | v);
     }
     id.secret[i] = byte;

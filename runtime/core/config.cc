@@ -242,11 +242,15 @@ const std::vector<Entry>& Entries() {
         Text(&Config::unique_id_file));
     add({"KIZUNA_ROOT", "host:port", "MASTER_ADDR:MASTER_PORT+1", "root's bootstrap address"},
         Text(&Config::root));
-    add({"KIZUNA_FABRIC", "comma list (name or name:device)", "auto", "fabrics in preference order, e.g. ofi:shm,directconnect"}, List(&Config::fabric, ','));
-    add({"KIZUNA_TOPOLOGY", "path or spec", "", "direct-connect topology file, or full|ring[:N]|torus{1,2,3}d:shape"}, Text(&Config::topology));
+    add({"KIZUNA_FABRIC", "comma list (name or name:device)", "auto",
+         "fabrics in preference order, e.g. ofi:shm,directconnect"},
+        List(&Config::fabric, ','));
+    add({"KIZUNA_TOPOLOGY", "path or spec", "", "direct-connect topology file, or full|ring[:N]|torus{1,2,3}d:shape"},
+        Text(&Config::topology));
     add({"KIZUNA_ALGO", "name or coll:name;coll:name", "cost model", "algorithm override"},
         Text(&Config::algo));
-    add({"KIZUNA_INA_LAYOUT", "path", "", "INA layout (kizuna-plan --layout): ranks after its workers are aggregation devices"},
+    add({"KIZUNA_INA_LAYOUT", "path", "",
+         "INA layout (kizuna-plan --layout): ranks after its workers are aggregation devices"},
         Text(&Config::ina_layout));
     add({"KIZUNA_DETERMINISTIC", "0|1", "0", "same reduction order on every run"},
         Flag(&Config::deterministic));

@@ -116,7 +116,8 @@ inline typename Traits<T>::Storage Finish(typename Traits<T>::Acc a, size_t n) {
 // the last one as the result is stored, so n = 2 is one fused loop (d = s0 op s1) and n inputs
 // take n - 1 passes over an L1-resident accumulator.
 template <typename T, ReduceOp kOp>
-[[gnu::always_inline]] inline void ReduceTyped(void* dst_v, std::span<const void* const> srcs, size_t begin, size_t end) {
+[[gnu::always_inline]] inline void ReduceTyped(void* dst_v, std::span<const void* const> srcs, size_t begin,
+                                               size_t end) {
   using Tr = Traits<T>;
   using Acc = typename Tr::Acc;
   using S = typename Tr::Storage;
@@ -132,7 +133,8 @@ template <typename T, ReduceOp kOp>
     const S* s0 = src(0, begin);
     const S* s1 = src(1, begin);
     S* d = dst + begin;
-    for (size_t i = 0; i < end - begin; ++i) d[i] = Finish<T, kOp>(Combine<T, kOp>(Tr::Load(s0[i]), Tr::Load(s1[i])), 2);
+    for (size_t i = 0; i < end - begin; ++i)
+      d[i] = Finish<T, kOp>(Combine<T, kOp>(Tr::Load(s0[i]), Tr::Load(s1[i])), 2);
     return;
   }
   Acc acc[kBlock];
@@ -152,7 +154,8 @@ template <typename T, ReduceOp kOp>
 }
 
 template <typename T>
-[[gnu::always_inline]] inline void DispatchOp(void* dst, std::span<const void* const> srcs, size_t begin, size_t end, ReduceOp op) {
+[[gnu::always_inline]] inline void DispatchOp(void* dst, std::span<const void* const> srcs, size_t begin, size_t end,
+                                              ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return ReduceTyped<T, ReduceOp::kSum>(dst, srcs, begin, end);
     case ReduceOp::kProd: return ReduceTyped<T, ReduceOp::kProd>(dst, srcs, begin, end);
@@ -421,8 +424,9 @@ Status HostReduce(void* dst, std::span<const void* const> srcs, size_t count, Da
     return Status::Ok();
   }
   const size_t grain = std::max<size_t>(kBlock, kTaskBytes / (esize * (srcs.size() + 1)) / kBlock * kBlock);
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, count, grain),
-                    [&](const tbb::blocked_range<size_t>& r) { HostReduceRange(dst, srcs, r.begin(), r.end(), type, op); });
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, count, grain), [&](const tbb::blocked_range<size_t>& r) {
+    HostReduceRange(dst, srcs, r.begin(), r.end(), type, op);
+  });
   return Status::Ok();
 }
 

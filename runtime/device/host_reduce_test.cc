@@ -433,7 +433,8 @@ TEST(HostCopyTest, MultiCopiesIntoEveryOutput) {
     void* dsts[] = {outs[0].data() + 1, outs[1].data() + 1, outs[2].data() + 1};
     HostCopyMulti(dsts, src.data() + 3, n);
     for (size_t k = 0; k < outs.size(); ++k) {
-      EXPECT_TRUE(std::equal(outs[k].begin() + 1, outs[k].begin() + 1 + n, src.begin() + 3)) << "output " << k << ", n " << n;
+      EXPECT_TRUE(std::equal(outs[k].begin() + 1, outs[k].begin() + 1 + n, src.begin() + 3))
+          << "output " << k << ", n " << n;
       EXPECT_EQ(outs[k].front(), 0xee);
       EXPECT_EQ(outs[k].back(), 0xee);
     }

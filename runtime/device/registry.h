@@ -57,7 +57,8 @@ class DeviceRegistry {
   // 'x' is already taken by <origin>", so no plugin can stand in for another backend.
   static std::unique_ptr<DeviceRegistry> Create(const Config& config);
   // The same with these built-in registrations instead of RegisteredDeviceBackends(): for tests.
-  static std::unique_ptr<DeviceRegistry> Create(const Config& config, const std::vector<BackendRegistration>& built_ins);
+  static std::unique_ptr<DeviceRegistry> Create(const Config& config,
+                                                const std::vector<BackendRegistration>& built_ins);
 
   const std::vector<BackendSlot>& backends() const { return slots_; }
   // The available backend of that name, or nullptr.

@@ -34,7 +34,8 @@ TEST(Communicator, GroupFusesCallsAndPairsSendRecv) {
   }
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(Communicator::GroupStart().ok());
-    ASSERT_TRUE(w.comm(r).AllReduce(a[r]->data(), a[r]->data(), count, DataType::kFloat32, ReduceOp::kSum, w.stream(r)).ok());
+    ASSERT_TRUE(
+        w.comm(r).AllReduce(a[r]->data(), a[r]->data(), count, DataType::kFloat32, ReduceOp::kSum, w.stream(r)).ok());
     ASSERT_TRUE(w.comm(r).AllGather(b[r]->data(), c[r]->data(), count, DataType::kInt32, w.stream(r)).ok());
     ASSERT_TRUE(Communicator::GroupEnd().ok());
   }

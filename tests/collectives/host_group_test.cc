@@ -1,6 +1,5 @@
-// SameHostGroup (collectives/direct/same_host_group.h) in one process: which devices it takes, and that memory it stops using
-// waits for ReleaseRetired. The protocol between processes is tested by
-// tests/collectives/process_test.sh.
+// SameHostGroup (collectives/direct/same_host_group.h) in one process: which devices it takes, and that memory it stops
+// using waits for ReleaseRetired. The protocol between processes is tested by tests/collectives/process_test.sh.
 #include "collectives/direct/same_host_group.h"
 
 #include <memory>

@@ -208,7 +208,8 @@ double Expected(const CollectiveRequest& req, int r, uint64_t j) {
 testing::AssertionResult RunAndCheck(Engine& e, collectives::Algorithm algorithm, const CollectiveRequest& req) {
   const int n = e.size();
   const size_t elem = DataTypeSize(req.dtype);
-  const std::string what = fmt::format("{} via {} on {} ranks", req.ToString(), collectives::AlgorithmName(algorithm), n);
+  const std::string what =
+      fmt::format("{} via {} on {} ranks", req.ToString(), collectives::AlgorithmName(algorithm), n);
   const ReduceOp value_op = collectives::IsReduction(req.collective) ? req.op : ReduceOp::kSum;
   const uint64_t in_count = std::max<uint64_t>(req.input_count(), 1);
   const uint64_t out_count = std::max<uint64_t>(req.output_count(), 1);

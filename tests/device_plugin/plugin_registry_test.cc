@@ -44,8 +44,8 @@ TEST(PluginRegistry, ASecondPluginWithATakenNameIsRefused) {
   ASSERT_TRUE(first.status.ok()) << first.status.ToString();
   EXPECT_EQ(second.status.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(second.status.message(),
-              AllOf(HasSubstr(Canonical(copy)),
-                    HasSubstr("backend name 'example' is already taken by device plugin " + Canonical(g_example_plugin))));
+              AllOf(HasSubstr(Canonical(copy)), HasSubstr("backend name 'example' is already taken by device plugin " +
+                                                          Canonical(g_example_plugin))));
   EXPECT_EQ(second.backend, nullptr);
   EXPECT_EQ(second.name, Canonical(copy));
   EXPECT_EQ(registry->Find("example"), first.backend.get());

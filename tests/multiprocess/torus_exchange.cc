@@ -144,7 +144,8 @@ Status ExchangeRound(int rank, std::vector<Link>& links, size_t bytes,
     if (deadline.Expired()) return Timeout("the exchange did not finish by the deadline");
     // Nothing advanced: block in the fabric until the first pending request moves (or briefly).
     if (!advanced) {
-      Result<size_t> w = pending.front().comm->Wait(pending.front().request, Deadline::After(std::chrono::milliseconds(2)));
+      Result<size_t> w =
+          pending.front().comm->Wait(pending.front().request, Deadline::After(std::chrono::milliseconds(2)));
       if (w.ok()) {
         KZ_RETURN_IF_ERROR(finish(0, *w));
       } else if (w.status().code() != StatusCode::kTimeout) {
@@ -221,10 +222,12 @@ int Main(int argc, char** argv) {
   std::vector<std::vector<uint8_t>> host(2 * links.size(), std::vector<uint8_t>(bytes));
   std::vector<std::pair<MemoryDescriptor, MemoryDescriptor>> memory;
   for (size_t i = 0; i < links.size(); ++i)
-    memory.emplace_back(MemoryDescriptor::Host(host[2 * i].data(), bytes), MemoryDescriptor::Host(host[2 * i + 1].data(), bytes));
+    memory.emplace_back(MemoryDescriptor::Host(host[2 * i].data(), bytes),
+                        MemoryDescriptor::Host(host[2 * i + 1].data(), bytes));
   if (Status s = ExchangeRound(rank, links, bytes, memory, deadline); !s.ok()) return fail(s.WithContext("host round"));
   std::string ports;
-  for (const Link& l : links) ports += fmt::format("{}{}->{}:{}", ports.empty() ? "" : " ", l.port, l.peer.node, l.peer.port);
+  for (const Link& l : links)
+    ports += fmt::format("{}{}->{}:{}", ports.empty() ? "" : " ", l.port, l.peer.node, l.peer.port);
   fmt::print("rank {}: host round ok over {} links ({})\n", rank, links.size(), ports);
 
   // Round 2: emulated device buffers registered by fd, a single copy per message.
@@ -249,11 +252,14 @@ int Main(int argc, char** argv) {
                         MemoryDescriptor::FromExport(buffers[2 * i + 1]->data(), exports[2 * i + 1], true));
     staged_before.push_back(links[i].send->stats().staged_bytes + links[i].recv->stats().staged_bytes);
   }
-  if (Status s = ExchangeRound(rank, links, bytes, memory, deadline); !s.ok()) return fail(s.WithContext("device round"));
+  if (Status s = ExchangeRound(rank, links, bytes, memory, deadline); !s.ok())
+    return fail(s.WithContext("device round"));
   for (size_t i = 0; i < links.size(); ++i) {
-    const uint64_t staged = links[i].send->stats().staged_bytes + links[i].recv->stats().staged_bytes - staged_before[i];
+    const uint64_t staged =
+        links[i].send->stats().staged_bytes + links[i].recv->stats().staged_bytes - staged_before[i];
     if (staged != 0)
-      return fail(Internal(fmt::format("port {}: {} bytes of fd-registered device memory were staged", links[i].port, staged)));
+      return fail(
+          Internal(fmt::format("port {}: {} bytes of fd-registered device memory were staged", links[i].port, staged)));
   }
   fmt::print("rank {}: device round ok over {} links, single copy\n", rank, links.size());
 

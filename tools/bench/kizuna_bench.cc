@@ -279,7 +279,8 @@ class Bench {
       call.in_place = in_place;
       const std::string where = fmt::format("{} {} bytes {} {}", BenchCollName(p_.coll), row.size_bytes, row.type,
                                             in_place ? "in place" : "out of place");
-      auto seconds = o_.timing == "median" ? w_.TimeEach(call, o_.warmup, o_.iters) : w_.Time(call, o_.warmup, o_.iters);
+      auto seconds =
+          o_.timing == "median" ? w_.TimeEach(call, o_.warmup, o_.iters) : w_.Time(call, o_.warmup, o_.iters);
       if (!seconds.ok()) return seconds.status().WithContext(where);
       std::optional<uint64_t> wrong;
       for (int c = 0; c < o_.check; ++c) {

@@ -283,7 +283,8 @@ Status World::SyncAll(std::string_view what) {
   for (auto& rank : ranks_) {
     // An idle stream needs no deadline (a clock read inside the timed region of every call).
     Result<bool> idle = rank->stream->Query();
-    Status s = idle.ok() && *idle ? Status::Ok() : rank->stream->Synchronize(Deadline::AfterSeconds(config_->timeout_s));
+    Status s =
+        idle.ok() && *idle ? Status::Ok() : rank->stream->Synchronize(Deadline::AfterSeconds(config_->timeout_s));
     if (s.ok()) s = rank->comm->AsyncError();
     if (s.ok()) continue;
     // A failure spreads: the other ranks see "remote error" or "aborted". Report the rank of

@@ -208,14 +208,17 @@ int Main(int argc, char** argv) {
   if (o.max_bytes < kLatencyBytes)
     return usage(InvalidArgument(fmt::format("--max-bytes {}: at least {} (the latency message)", o.max_bytes,
                                              kLatencyBytes)));
-  if (!(o.factor > 1.0) || o.factor > 1024) return usage(InvalidArgument(fmt::format("--factor {}: expected 1 < f <= 1024", o.factor)));
-  if (o.window < 1 || o.window > 4096) return usage(InvalidArgument(fmt::format("--window {}: expected 1..4096", o.window)));
+  if (!(o.factor > 1.0) || o.factor > 1024)
+    return usage(InvalidArgument(fmt::format("--factor {}: expected 1 < f <= 1024", o.factor)));
+  if (o.window < 1 || o.window > 4096)
+    return usage(InvalidArgument(fmt::format("--window {}: expected 1..4096", o.window)));
   if (o.iters < 1) return usage(InvalidArgument(fmt::format("--iters {}: expected at least 1", o.iters)));
   if (o.warmup < 0) return usage(InvalidArgument(fmt::format("--warmup {}: expected 0 or more", o.warmup)));
   if (o.bw_bytes == 0) return usage(InvalidArgument("--bw-bytes 0: expected a positive size"));
   if (o.memory != "host" && o.memory != "device" && o.memory != "all")
     return usage(InvalidArgument(fmt::format("--memory '{}': expected host, device or all", o.memory)));
-  if (o.timeout_s < 0) return usage(InvalidArgument(fmt::format("--timeout {}: expected a positive value", o.timeout_s)));
+  if (o.timeout_s < 0)
+    return usage(InvalidArgument(fmt::format("--timeout {}: expected a positive value", o.timeout_s)));
 
   Config config = GlobalConfig();
   std::vector<std::string> notes;

@@ -129,7 +129,8 @@ Result<Connection> Connect(Fabric& fab, bootstrap::Bootstrap& boot, double timeo
       }
       if (c.recv != nullptr && connected == nullptr) {
         KZ_ASSIGN_OR_RETURN(connected, c.recv->Recv(nullptr, 0, kConnectedTag, nullptr));
-        if (connected == nullptr) return Internal(fmt::format("{}: a new comm refused a receive as busy", c.recv->label()));
+        if (connected == nullptr)
+          return Internal(fmt::format("{}: a new comm refused a receive as busy", c.recv->label()));
       }
       if (connected != nullptr && !connected_done) {
         KZ_ASSIGN_OR_RETURN(fabric::Completion done, c.recv->Test(connected));

@@ -334,7 +334,8 @@ int RunSweep(const CLI::App& app, const InaOptions& o, bool json) {
         rows.push_back({n, d, e, m, ina::BaselineOf(p).bandwidth / ring,
                         plan.ok() ? RingRatio(p, plan->selection) : 0, ina::UpperBound(p) / ring});
         const SweepRow& r = rows.back();
-        csv += fmt::format("{},{},{},{},{:.6f},{:.6f},{:.6f},{:.6f}\n", n, d, e, m, 1.0, r.baseline, r.partial, r.upper);
+        csv +=
+            fmt::format("{},{},{},{},{:.6f},{:.6f},{:.6f},{:.6f}\n", n, d, e, m, 1.0, r.baseline, r.partial, r.upper);
       }
       auto first_gain = [&](double SweepRow::*field) {
         for (const SweepRow& r : rows)

@@ -117,7 +117,8 @@ int Main(int argc, char** argv) {
     }
   }
   if (options.command.empty()) {
-    fmt::print(stderr, "kizuna-run: no program given\nusage: kizuna-run -n N [--timeout S] [--grace S] -- PROGRAM ARGS...\n");
+    fmt::print(stderr,
+               "kizuna-run: no program given\nusage: kizuna-run -n N [--timeout S] [--grace S] -- PROGRAM ARGS...\n");
     return 2;
   }
   if (options.command.front().starts_with("-")) {

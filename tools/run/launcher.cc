@@ -105,7 +105,9 @@ class Runner {
   Status StartRank(Rank& r, const std::string& path, const sigset_t& child_mask);
   // The program of rank i (LaunchOptions::more), and which of the apps it belongs to.
   size_t AppOf(int i) const;
-  const std::vector<std::string>& CommandOf(int i) const { return AppOf(i) == 0 ? o_.command : o_.more[AppOf(i) - 1].command; }
+  const std::vector<std::string>& CommandOf(int i) const {
+    return AppOf(i) == 0 ? o_.command : o_.more[AppOf(i) - 1].command;
+  }
   int World() const {
     int n = o_.nprocs;
     for (const LaunchOptions::App& a : o_.more) n += a.nprocs;

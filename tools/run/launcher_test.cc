@@ -53,9 +53,16 @@ TEST(LinePrefixer, CutsOverlongLines) {
 }
 
 TEST(RankEnvironment, SetsTheRankVariablesAndDropsOtherLaunchers) {
-  Environment base = {{"PATH", "/bin"},       {"HOME", "/h"},          {"RANK", "9"},         {"OMPI_COMM_WORLD_RANK", "4"},
-                      {"PMI_SIZE", "16"},     {"SLURM_PROCID", "2"},   {"MASTER_ADDR", "x"},  {"KIZUNA_ROOT", "a:1"},
-                      {"KIZUNA_UNIQUE_ID_FILE", "/f"}, {"KIZUNA_DEBUG", "INFO"}};
+  Environment base = {{"PATH", "/bin"},
+                      {"HOME", "/h"},
+                      {"RANK", "9"},
+                      {"OMPI_COMM_WORLD_RANK", "4"},
+                      {"PMI_SIZE", "16"},
+                      {"SLURM_PROCID", "2"},
+                      {"MASTER_ADDR", "x"},
+                      {"KIZUNA_ROOT", "a:1"},
+                      {"KIZUNA_UNIQUE_ID_FILE", "/f"},
+                      {"KIZUNA_DEBUG", "INFO"}};
   Environment env = RankEnvironment(base, 2, 4, "kz1:127.0.0.1:5:00");
   EXPECT_EQ(env["RANK"], "2");
   EXPECT_EQ(env["WORLD_SIZE"], "4");

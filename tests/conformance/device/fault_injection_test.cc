@@ -109,7 +109,8 @@ TEST_F(HostEmulatedFaultInjection, StreamFailureIsStickyAndReachesEventsAndCallb
   KZ_ASSERT_OK(waiter->Wait(*failed_event));
   KZ_ASSERT_OK(waiter->EnqueueHostCallback([&](const Status& s) { waiter_code.store(static_cast<int>(s.code())); }));
   KZ_EXPECT_CODE(waiter->Synchronize(TestDeadline()), StatusCode::kInternal);
-  EXPECT_EQ(waiter_code.load(), static_cast<int>(StatusCode::kInternal)) << "the waiter's callback saw the wrong status";
+  EXPECT_EQ(waiter_code.load(), static_cast<int>(StatusCode::kInternal))
+      << "the waiter's callback saw the wrong status";
 
   // ... while an independent stream keeps working.
   KZ_ASSERT_OK_AND_ASSIGN(auto independent, device(0).CreateStream());

@@ -31,8 +31,8 @@ using kizuna::fabric::conformance::Options;
 // Writes a 2-worker ring (ranks 0 and 1 linked twice) for point-to-point fabrics; returns its path.
 std::string WriteRingTopology() {
   const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path = fmt::format("{}/kizuna-fabric-conformance-{}.json", dir != nullptr && dir[0] != '\0' ? dir : "/tmp",
-                                 ::getpid());
+  std::string path =
+      fmt::format("{}/kizuna-fabric-conformance-{}.json", dir != nullptr && dir[0] != '\0' ? dir : "/tmp", ::getpid());
   auto topo = kizuna::fabric::directconnect::GenerateRing(2, {100, 1});
   if (!topo.ok()) {
     std::fprintf(stderr, "fabric conformance: generating the ring topology: %s\n", topo.status().ToString().c_str());

@@ -145,7 +145,8 @@ Status StartSession(Fabric& fabric, const std::string& name, const std::string& 
     }
   }
   KZ_ASSIGN_OR_RETURN(s.listen, fabric.Listen(listen_dev));
-  KZ_RETURN_IF_ERROR(SendLine(s.ctl.get(), fmt::format("handle {} {}", listen_dev, s.listen->handle().ToHex()), deadline));
+  KZ_RETURN_IF_ERROR(
+      SendLine(s.ctl.get(), fmt::format("handle {} {}", listen_dev, s.listen->handle().ToHex()), deadline));
   KZ_ASSIGN_OR_RETURN(s.recv, s.listen->Accept(deadline));
   KZ_ASSIGN_OR_RETURN(std::string line, ReceiveLine(s.ctl.get(), deadline));
   if (!line.starts_with("handle ")) return Internal(fmt::format("the child said \"{}\"", line));

@@ -149,14 +149,20 @@ Status Engine::Prepare(std::span<EngineCall> calls, Prepared* out) {
     if (host && !c.algorithm) c.algorithm = Algorithm::kFused;
     host_memory = host_memory || host;
   }
-  // Channels asked for per call: two for one large call, else one.
+  // A collective's plan depends on the collectives of the group only, and a point-to-point
+  // transfer's on the transfer only: the ranks of a transfer, and the ranks that take no part in
+  // it, may group other calls beside it.
+  int collectives = 0;
+  for (const EngineCall& c : calls) collectives += IsPointToPoint(c.request.collective) ? 0 : 1;
+  // Channels asked for per call: two for one large collective alone or one large transfer, else one.
   auto channels = [&](const EngineCall& c) {
     const size_t bytes = std::max(c.request.input_count(), c.request.output_count()) * DataTypeSize(c.request.dtype);
-    return bytes >= kTwoChannelBytes && calls.size() == 1 ? 2 : 1;
+    return bytes >= kTwoChannelBytes && (collectives == 1 || IsPointToPoint(c.request.collective)) ? 2 : 1;
   };
   int total = 0;
-  for (const EngineCall& c : calls) total += channels(c);
+  for (const EngineCall& c : calls) total += IsPointToPoint(c.request.collective) ? 0 : channels(c);
   size_t slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));
+  const size_t p2p_chunk_bytes = executor_->p2p_chunk_bytes();
   // An algorithm may use more channels than asked (ina: one per part of the layout): then the
   // slots are sized again for the channels the plans really have, and the plans rebuilt for them.
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -164,9 +170,11 @@ Status Engine::Prepare(std::span<EngineCall> calls, Prepared* out) {
     members_.resize(calls.size());
     int used = 0;
     for (size_t i = 0; i < calls.size(); ++i) {
+      const bool p2p = IsPointToPoint(calls[i].request.collective);
       KZ_ASSIGN_OR_RETURN(const std::shared_ptr<const Plan>* plan,
-                          PlanFor(calls[i], slot_bytes, channels(calls[i]), calls.size() > 1));
-      used += static_cast<int>((*plan)->ranks[0].channels.size());
+                          PlanFor(calls[i], p2p ? p2p_chunk_bytes : slot_bytes, channels(calls[i]),
+                                  !p2p && collectives > 1));
+      if (!p2p) used += static_cast<int>((*plan)->ranks[0].channels.size());
       members_[i].plan = *plan;
       members_[i].input = calls[i].input;
       members_[i].output = calls[i].output;
@@ -187,9 +195,22 @@ Status Engine::Launch(std::span<EngineCall> calls) {
 Status Engine::LaunchLocked(std::span<EngineCall> calls) {
   Prepared p;
   KZ_RETURN_IF_ERROR(Prepare(calls, &p));
+  // A fused collective runs alone (the direct groups): the transfers grouped with it on this rank
+  // — where the other ranks may call it alone — follow it as the next operation on the stream.
+  std::vector<OperationMember> transfers;
+  if (members_.size() > 1) {
+    auto fused = std::find_if(members_.begin(), members_.end(),
+                              [](const OperationMember& m) { return m.plan->algorithm == Algorithm::kFused; });
+    if (fused != members_.end()) {
+      OperationMember collective = std::move(*fused);
+      members_.erase(fused);
+      transfers = std::exchange(members_, {collective});
+    }
+  }
   KZ_ASSIGN_OR_RETURN(const bool ran, executor_->TryInline(members_, *p.stream, p.host_memory));
-  if (ran) return Status::Ok();
-  return executor_->Submit(std::exchange(members_, {}), *p.stream, p.slot_bytes);
+  if (!ran) KZ_RETURN_IF_ERROR(executor_->Submit(std::exchange(members_, {}), *p.stream, p.slot_bytes));
+  if (transfers.empty()) return Status::Ok();
+  return executor_->Submit(std::move(transfers), *p.stream, p.slot_bytes);
 }
 
 Result<bool> Engine::LaunchTogether(std::span<Engine* const> engines, std::span<std::vector<EngineCall>* const> calls) {

@@ -79,6 +79,7 @@ class Engine::Builder {
   std::vector<std::string> rank_hosts_;
   int local_rank_ = 0;
   std::shared_ptr<SameHostGroup> same_host_;
+  size_t p2p_staging_bytes_ = 0;  // point-to-point's part of the staging buffer (ExecutorOptions)
 };
 
 // In-network aggregation: the layout names the job's aggregation devices, the ranks after its
@@ -112,19 +113,25 @@ Status Engine::Builder::ExchangeHosts() {
 
 Status Engine::Builder::Connect(device::Device& device) {
   TransportOptions topts;
-  topts.staging_bytes = options_.staging_bytes > 0 ? options_.staging_bytes : kDefaultStagingBytes;
+  const size_t staging = options_.staging_bytes > 0 ? options_.staging_bytes : kDefaultStagingBytes;
+  topts.staging_bytes = staging;
   topts.force_host_staging = options_.force_host_staging;
+  // Point-to-point's slots follow the collectives' in the same buffer, their size a function of
+  // the configured staging and the ranks alone: equal on every rank, as a transfer's chunks must be.
+  p2p_staging_bytes_ = Executor::P2pStagingBytes(e_.bootstrap_->size(), staging);
   if (e_.bootstrap_->size() == 1) {
     // Nothing to connect: no fabric is needed (or wanted: a one-rank job must work anywhere).
+    topts.staging_bytes += p2p_staging_bytes_;
     KZ_ASSIGN_OR_RETURN(e_.transport_, Transport::CreateSingle(device, topts));
     return Status::Ok();
   }
   // Not in INA jobs: their workers' and aggregation devices' slots must match (InaWindow).
-  if (options_.staging_bytes == 0 && !layout_) topts.network_staging_bytes = kNetworkStagingBytes;
+  if (options_.staging_bytes == 0 && !layout_) topts.network_staging_bytes = kNetworkStagingBytes + p2p_staging_bytes_;
   // An aggregation device keeps more steps in flight (InaWindow): its staging grows with its
   // window, so that its slots are as large as the workers' chunks.
   if (layout_ && e_.aggregation_device_)
     topts.staging_bytes = topts.staging_bytes / kInaWindow * static_cast<size_t>(InaWindow(*layout_, true));
+  topts.staging_bytes += p2p_staging_bytes_;
   return ConnectFabrics(device, topts);
 }
 
@@ -245,6 +252,8 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
 Status Engine::Builder::StartExecutor(device::Device& device) {
   ExecutorOptions eopts;
   eopts.timeout_s = e_.config_->timeout_s;
+  eopts.p2p_staging_bytes = p2p_staging_bytes_;
+  eopts.chunk_bytes = e_.config_->chunk_bytes.value_or(0);
   eopts.same_process = same_process_;
   eopts.same_host = same_host_;
   eopts.rank = e_.rank_;

@@ -33,6 +33,10 @@ Result<std::unique_ptr<Executor>> Executor::Create(Transport* transport, device:
   if (transport == nullptr || device == nullptr) return InvalidArgument("executor: null transport or device");
   if (options.window < 2) return InvalidArgument(fmt::format("executor: window {} (at least 2)", options.window));
   if (!(options.timeout_s > 0)) return InvalidArgument("executor: timeout must be positive");
+  if (options.p2p_staging_bytes >= transport->staging().size())
+    return InvalidArgument(fmt::format("executor: point-to-point staging of {} bytes leaves nothing of the {} bytes "
+                                       "for the collectives",
+                                       options.p2p_staging_bytes, transport->staging().size()));
   for (int q = 0; q < transport->nranks(); ++q) {
     Transport::Peer* p = transport->peer(q);
     if (p != nullptr && p->control_out.size() < kControlSlotBytes)
@@ -58,11 +62,25 @@ Executor::~Executor() {
 
 size_t Executor::slot_bytes_for(int total_channels, size_t chunk_bytes) const {
   const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
-  size_t bytes = transport_->staging().size() / slots;
+  size_t bytes = (transport_->staging().size() - options_.p2p_staging_bytes) / slots;
   const size_t cap = transport_->network() ? kNetworkChunkBytes : kDefaultChunkBytes;
   bytes = std::min(bytes, chunk_bytes > 0 ? chunk_bytes : cap);
   bytes = bytes / kMinSlotBytes * kMinSlotBytes;
   return bytes;
+}
+
+size_t Executor::P2pStagingBytes(int nranks, size_t staging_bytes) {
+  // The most point-to-point channels active at once: a send and a receive per peer (a pair's
+  // transfers run one after the other), of two channels each (a large transfer's).
+  const size_t channels = 4 * static_cast<size_t>(std::max(nranks - 1, 1));
+  return std::max(staging_bytes / 2, channels * kP2pWindow * kMinP2pChunkBytes);
+}
+
+size_t Executor::p2p_chunk_bytes() const {
+  const size_t channels = 4 * static_cast<size_t>(std::max(transport_->nranks() - 1, 1));
+  size_t bytes = options_.p2p_staging_bytes / (channels * kP2pWindow);
+  bytes = std::min(bytes, options_.chunk_bytes > 0 ? options_.chunk_bytes : kDefaultChunkBytes);
+  return std::max(bytes / kMinSlotBytes * kMinSlotBytes, kMinSlotBytes);
 }
 
 Status Executor::FillHeader(Operation& op, int* total_channels) {
@@ -78,8 +96,7 @@ Result<uint64_t> executor_internal::OperationSignature(const std::vector<Operati
   // bytes it expects, and stay out of the signature, which must be equal on every rank.
   for (const OperationMember& m : members) {
     if (!m.plan || m.plan->ranks.size() != 1) return Internal("an operation member without this rank's plan");
-    const Collective c = m.plan->request.collective;
-    if (c != Collective::kSend && c != Collective::kRecv)
+    if (!IsPointToPoint(m.plan->request.collective))
       signature = Mix(signature, m.plan->signature != 0 ? m.plan->signature : MemberSignature(*m.plan));
   }
   return signature;
@@ -91,8 +108,8 @@ Status executor_internal::FillHeader(const std::vector<OperationMember>& members
   *total_channels = 0;
   const OperationMember* described = nullptr;
   for (const OperationMember& m : members) {
-    const Collective c = m.plan->request.collective;
-    if (c != Collective::kSend && c != Collective::kRecv && described == nullptr) described = &m;
+    if (IsPointToPoint(m.plan->request.collective)) continue;  // their slots are point-to-point's
+    if (described == nullptr) described = &m;
     *total_channels += static_cast<int>(m.plan->ranks[0].channels.size());
   }
   if (described == nullptr) described = &members[0];
@@ -114,7 +131,10 @@ Status executor_internal::FillHeader(const std::vector<OperationMember>& members
 
 Status Executor::Submit(std::vector<OperationMember> members, device::Stream& stream, size_t slot_bytes) {
   if (members.empty()) return InvalidArgument("an operation with no collective");
-  if (slot_bytes < kMinSlotBytes)
+  const bool collective = std::any_of(members.begin(), members.end(), [](const OperationMember& m) {
+    return m.plan && !IsPointToPoint(m.plan->request.collective);
+  });
+  if (collective && slot_bytes < kMinSlotBytes)
     return InvalidArgument(fmt::format("staging slots of {} bytes (at least {}): too many channels for the staging "
                                        "buffer",
                                        slot_bytes, kMinSlotBytes));
@@ -123,17 +143,21 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
   op->slot_bytes = slot_bytes;
   int total_channels = 0;
   KZ_RETURN_IF_ERROR(FillHeader(*op, &total_channels));
-  const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
-  if (slots * slot_bytes > transport_->staging().size())
-    return Internal(fmt::format("{} slots of {} bytes exceed the staging buffer of {} bytes", slots, slot_bytes,
-                                transport_->staging().size()));
+  const size_t slots =
+      collective ? static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window) : 0;
+  const size_t collectives_part = transport_->staging().size() - options_.p2p_staging_bytes;
+  if (slots * slot_bytes > collectives_part)
+    return Internal(fmt::format("{} slots of {} bytes exceed the collectives' staging of {} bytes", slots, slot_bytes,
+                                collectives_part));
   op->slots = static_cast<int>(slots);
   ControlMessage& h = op->header;
   bool idle_executor = false;
   {
     std::lock_guard lock(mu_);
     if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
-    op->seq = next_seq_++;
+    // Collectives are numbered alike on every rank; point-to-point transfers involve two ranks
+    // each, so counting them here would put the ranks that took no part behind the others.
+    if (collective) op->seq = next_seq_++;
     h.seq = op->seq;
     idle_executor = queue_.empty() && pending_ == 0;
   }
@@ -318,7 +342,7 @@ void Executor::Loop() {
       if (direct) {
         status = RunDirect(*op, Deadline::AfterSeconds(options_.timeout_s));
       } else {
-        if (options_.same_process) {
+        if (options_.same_process && op->seq != 0) {
           std::string call = op->members[0].plan->request.ToString();
           if (op->members.size() > 1) call += fmt::format(" and {} more calls in a group", op->members.size() - 1);
           options_.same_process->Publish(op->seq, options_.rank, op->header.signature, std::move(call));

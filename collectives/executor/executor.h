@@ -70,6 +70,11 @@ struct OperationMember {
 struct ExecutorOptions {
   double timeout_s = 600;  // per operation, from its inputs being ready
   int window = 4;          // started steps per channel (>= 2, plan.h)
+  // The last this many bytes of the transport's staging buffer are point-to-point's
+  // (P2pStagingBytes); the collectives' slots are cut from the rest.
+  size_t p2p_staging_bytes = 0;
+  // The largest point-to-point chunk (KIZUNA_CHUNK_BYTES; 0: the default chunk).
+  size_t chunk_bytes = 0;
   // The in-process group for the direct algorithms, and this rank's place in it; null when the
   // communicator's ranks do not address each other's memory (CommTopology::direct is false).
   std::shared_ptr<SameProcessGroup> same_process;
@@ -100,10 +105,19 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // The staging slot size (bytes) for an operation whose members have `total_channels` channels
-  // in all: the staging buffer split into total_channels x window slots, at most `chunk_bytes`
-  // (0: the default chunk), a multiple of 64. Plans submitted with it must have no step larger.
+  // The staging slot size (bytes) for an operation whose collective members have
+  // `total_channels` channels in all: the collectives' part of the staging buffer split into
+  // total_channels x window slots, at most `chunk_bytes` (0: the default chunk), a multiple of 64.
+  // Plans submitted with it must have no step larger.
   size_t slot_bytes_for(int total_channels, size_t chunk_bytes) const;
+  // Point-to-point's part of the staging buffer for `nranks` ranks and a collective staging of
+  // `staging_bytes` (ExecutorOptions::p2p_staging_bytes): large enough that every point-to-point
+  // channel that can be active at once gets its slots.
+  static size_t P2pStagingBytes(int nranks, size_t staging_bytes);
+  // The chunk of every Send and Recv (bytes): a function of the communicator's configuration
+  // alone — never of the other calls in a group, which differ between the two ranks of a transfer
+  // — so that the sender's messages are the receiver's. At most ExecutorOptions::chunk_bytes.
+  size_t p2p_chunk_bytes() const;
 
   // Queues one operation (a group: several members, run concurrently) behind `stream`'s current
   // work, with staging slots of `slot_bytes` (from slot_bytes_for). kAborted (nothing queued)

@@ -26,8 +26,13 @@ using Clock = std::chrono::steady_clock;
 // Control messages travel on their own tag, beside the data tags (member * kMaxChannels + channel).
 constexpr int kControlTag = 1 << 30;
 constexpr int kMaxChannels = 64;
-// Point-to-point members of a group take tags from here up (see Run::Setup).
+// Point-to-point transfers take tags from here up, one per channel (see Run::Setup).
 constexpr int kP2pTagBase = 1 << 29;
+// Started steps per point-to-point channel: enough to overlap a chunk's copy with the previous
+// chunk's transfer. P2pStagingBytes gives every channel that can be active at once this many slots.
+constexpr int kP2pWindow = 2;
+// Point-to-point chunks are never smaller than this (P2pStagingBytes grows with the ranks instead).
+constexpr size_t kMinP2pChunkBytes = 16 << 10;
 constexpr uint32_t kControlMagic = 0x6b7a4354;  // "kzCT"
 constexpr size_t kControlSlotBytes = 256;       // one control message; control_bytes holds several
 // A slot is at least this big: smaller chunks would be all overhead (and the staging split below
@@ -128,9 +133,9 @@ struct Executor::ControlState {
 };
 
 struct Executor::Operation {
-  uint64_t seq = 0;
+  uint64_t seq = 0;  // 0: point-to-point only (collectives are numbered, transfers are not)
   size_t slot_bytes = 0;
-  int slots = 0;
+  int slots = 0;  // the collectives' slots
   std::vector<OperationMember> members;
   ControlMessage header;
 
@@ -180,6 +185,12 @@ class Executor::Run {
     device::Stream* stream = nullptr;
     int tag = 0;
     bool epilogue = false;
+    // A Send or Recv: its slots are point-to-point's, its peer sends no operation header, and it
+    // starts once the transfers before it to or from the same peer (in `after`, indices into
+    // channels_) are done: a pair's transfers go in call order on the same tags.
+    bool p2p = false;
+    std::vector<size_t> after;
+    size_t window = 0;  // started steps at most
     bool done() const { return next == steps->size() && active.empty(); }
   };
 
@@ -214,6 +225,12 @@ class Executor::Run {
   }
   Result<bool> EventDone(StepState& st);
   Status CompleteRecv(ChannelRun& ch, size_t index, size_t size);
+  // Staging slots: the collectives' (0..slots_-1, slot_bytes_ each) and point-to-point's (from
+  // slots_ up, p2p_chunk_ each, after the collectives' part of the staging buffer).
+  bool HasFreeSlot(const ChannelRun& ch) const { return ch.p2p ? !free_p2p_slots_.empty() : !free_slots_.empty(); }
+  int TakeSlot(const ChannelRun& ch);
+  void FreeSlot(int slot) { (slot < slots_ ? free_slots_ : free_p2p_slots_).push_back(slot); }
+  size_t SlotCapacity(int slot) const { return slot < slots_ ? slot_bytes_ : p2p_chunk_; }
   void WaitBriefly();
   Status CheckHeader(int peer, const ControlMessage& m);
   std::string Waiting() const;
@@ -224,7 +241,9 @@ class Executor::Run {
   const void* Address(const ChannelRun& ch, const Slice& s) const;
   void* MutableAddress(const ChannelRun& ch, const Slice& s) const { return const_cast<void*>(Address(ch, s)); }
   uint8_t* SlotAddress(int slot) const {
-    return static_cast<uint8_t*>(tr_.staging().data()) + static_cast<size_t>(slot) * slot_bytes_;
+    auto* base = static_cast<uint8_t*>(tr_.staging().data());
+    if (slot < slots_) return base + static_cast<size_t>(slot) * slot_bytes_;
+    return base + p2p_offset_ + static_cast<size_t>(slot - slots_) * p2p_chunk_;
   }
   std::string StepName(const ChannelRun& ch, size_t index) const;
 
@@ -238,6 +257,9 @@ class Executor::Run {
   std::vector<ChannelRun> channels_;
   std::vector<ChannelRun> epilogues_;  // one per member that has an epilogue
   std::vector<int> free_slots_;
+  std::vector<int> free_p2p_slots_;
+  size_t p2p_offset_ = 0;  // where point-to-point's part of the staging buffer starts
+  size_t p2p_chunk_ = 0;
   std::vector<std::unique_ptr<device::Event>> events_;  // the pool's storage
   std::vector<device::Event*> free_events_;
   std::vector<size_t> scratch_offsets_;  // bytes into the scratch buffer, per member

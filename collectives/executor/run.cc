@@ -70,24 +70,24 @@ Status Executor::Run::Setup() {
     return ex_.streams_[i].get();
   };
   // Tags: the sender's and the receiver's must agree. Collective members are numbered alike on
-  // every rank (the signature checks it); a point-to-point member's position differs between the
-  // two ranks (one lists a send where the other lists a receive), so it takes the next tag of its
-  // (peer, direction) pair instead: the k-th send to q meets q's k-th receive from this rank.
+  // every rank (the signature checks it). Point-to-point transfers are matched per pair of ranks in
+  // call order, whatever the groups around them (they differ between the two ranks: one lists a
+  // send where the other lists a receive, beside other calls): every transfer to a peer uses the
+  // same tags (one per channel, its channels and chunks a function of the transfer alone) and
+  // starts when the one before it to that peer is done, so the k-th send to q meets q's k-th
+  // receive from this rank, in this operation or a later one.
   int collective_index = 0;
-  std::map<std::pair<int, bool>, int> p2p_index;
+  std::map<std::pair<int, bool>, std::vector<size_t>> previous_transfer;  // (peer, send): its channels
   for (size_t mi = 0; mi < op_.members.size(); ++mi) {
     const RankPlan& rp = op_.members[mi].plan->ranks[0];
     const CollectiveRequest& req = op_.members[mi].plan->request;
-    int tag_base = 0;
-    if (req.collective == Collective::kSend || req.collective == Collective::kRecv) {
-      const int k = p2p_index[{req.root, req.collective == Collective::kSend}]++;
-      tag_base = kP2pTagBase + k * kMaxChannels;
-    } else {
-      tag_base = collective_index++ * kMaxChannels;
-    }
-    if (tag_base >= kControlTag) return InvalidArgument("too many collectives in one group");
+    const bool p2p = IsPointToPoint(req.collective);
+    const int tag_base = p2p ? kP2pTagBase : collective_index++ * kMaxChannels;
+    if (tag_base >= kP2pTagBase && !p2p) return InvalidArgument("too many collectives in one group");
     if (rp.channels.size() > static_cast<size_t>(kMaxChannels))
       return Internal(fmt::format("plan with {} channels (at most {})", rp.channels.size(), kMaxChannels));
+    std::vector<size_t>* before = p2p ? &previous_transfer[{req.root, req.collective == Collective::kSend}] : nullptr;
+    std::vector<size_t> mine;
     for (size_t c = 0; c < rp.channels.size(); ++c) {
       if (rp.channels[c].empty()) continue;
       ChannelRun ch;
@@ -96,14 +96,19 @@ Status Executor::Run::Setup() {
       ch.steps = &rp.channels[c];
       ch.states.resize(ch.steps->size());
       ch.tag = tag_base + static_cast<int>(c);
+      ch.p2p = p2p;
+      ch.window = p2p ? kP2pWindow : static_cast<size_t>(ex_.options_.window);
+      if (before != nullptr) ch.after = *before;
       KZ_ASSIGN_OR_RETURN(ch.stream, stream_for());
       for (const Step& s : *ch.steps) {
-        if (s.kind == StepKind::kRecv || s.kind == StepKind::kRecvReduce) expect_from_.insert(s.peer);
+        if (!p2p && (s.kind == StepKind::kRecv || s.kind == StepKind::kRecvReduce)) expect_from_.insert(s.peer);
         if (s.peer >= 0 && tr_.peer(s.peer) == nullptr)
           return Internal(fmt::format("the plan needs rank {}, which this rank has no connection to", s.peer));
       }
+      mine.push_back(channels_.size());
       channels_.push_back(std::move(ch));
     }
+    if (before != nullptr && !mine.empty()) *before = std::move(mine);
     if (!rp.epilogue.empty()) {
       ChannelRun ch;
       ch.member = static_cast<int>(mi);
@@ -114,10 +119,18 @@ Status Executor::Run::Setup() {
       epilogues_.push_back(std::move(ch));
     }
   }
-  if (static_cast<size_t>(tr_.staging().size()) < slot_bytes_ * static_cast<size_t>(slots_))
-    return Internal(fmt::format("staging of {} bytes holds no {} slots of {} bytes", tr_.staging().size(), slots_,
-                                slot_bytes_));
+  const size_t p2p_bytes = ex_.options_.p2p_staging_bytes;
+  p2p_offset_ = tr_.staging().size() - p2p_bytes;
+  if (p2p_offset_ < slot_bytes_ * static_cast<size_t>(slots_))
+    return Internal(fmt::format("staging of {} bytes holds no {} slots of {} bytes", p2p_offset_, slots_, slot_bytes_));
   for (int s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
+  if (std::any_of(channels_.begin(), channels_.end(), [](const ChannelRun& ch) { return ch.p2p; })) {
+    p2p_chunk_ = ex_.p2p_chunk_bytes();
+    const int p2p_slots = static_cast<int>(p2p_bytes / p2p_chunk_);
+    if (p2p_slots < 1)
+      return Internal(fmt::format("no point-to-point staging for chunks of {} bytes ({} bytes)", p2p_chunk_, p2p_bytes));
+    for (int s = p2p_slots - 1; s >= 0; --s) free_p2p_slots_.push_back(slots_ + s);
+  }
   return Status::Ok();
 }
 
@@ -125,7 +138,7 @@ Status Executor::Run::SendHeaders() {
   std::set<int> send_to;
   for (const ChannelRun& ch : channels_)
     for (const Step& s : *ch.steps)
-      if (s.kind == StepKind::kSend) send_to.insert(s.peer);
+      if (s.kind == StepKind::kSend && !ch.p2p) send_to.insert(s.peer);
   for (int peer : send_to) {
     Transport::Peer* p = tr_.peer(peer);
     // A message slot that no earlier header send still uses (they complete as the peer reposts
@@ -301,10 +314,8 @@ Status Executor::Run::Start(ChannelRun& ch, size_t index) {
   StepState& st = ch.states[index];
   const bool moves_bytes = step.count() > 0;
   if ((step.kind == StepKind::kSend || step.kind == StepKind::kRecv || step.kind == StepKind::kRecvReduce) &&
-      moves_bytes) {
-    st.slot = free_slots_.back();
-    free_slots_.pop_back();
-  }
+      moves_bytes)
+    st.slot = TakeSlot(ch);
   const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
   switch (step.kind) {
     case StepKind::kSend:
@@ -339,10 +350,22 @@ Status Executor::Run::Start(ChannelRun& ch, size_t index) {
   return Status::Ok();
 }
 
+int Executor::Run::TakeSlot(const ChannelRun& ch) {
+  std::vector<int>& pool = ch.p2p ? free_p2p_slots_ : free_slots_;
+  const int slot = pool.back();
+  pool.pop_back();
+  return slot;
+}
+
 Status Executor::Run::CompleteRecv(ChannelRun& ch, size_t index, size_t size) {
   const Step& step = (*ch.steps)[index];
   const size_t want = static_cast<size_t>(step.dst.count) * elem(ch);
   if (size != want) {
+    if (ch.p2p)
+      return InvalidArgument(fmt::format(
+          "point-to-point mismatch: rank {} sent {} bytes where rank {} expects {} at {} of its {}", step.peer,
+          size == SlotCapacity(ch.states[index].slot) ? fmt::format("{} or more", size) : fmt::format("{}", size),
+          tr_.rank(), want, StepName(ch, index), member(ch).plan->request.ToString()));
     return InvalidArgument(fmt::format(
         "collective mismatch between ranks: rank {} sent {} bytes where rank {} expects {} at {} of {}", step.peer,
         size, tr_.rank(), want, StepName(ch, index), DescribeHeader(op_.header)));
@@ -384,7 +407,7 @@ Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& s
     }
   }
   if (st.phase == Phase::kDone && st.slot >= 0) {
-    free_slots_.push_back(st.slot);
+    FreeSlot(st.slot);
     st.slot = -1;
   }
   return progress;
@@ -412,7 +435,7 @@ Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, std::set<int>& se
     void* data = bytes > 0 ? SlotAddress(st.slot) : nullptr;
     // Capacity is the whole slot, so that a peer sending more than expected is reported here,
     // with both operations named, rather than as a bare length error.
-    KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(data, bytes > 0 ? slot_bytes_ : 0, ch.tag,
+    KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(data, bytes > 0 ? SlotCapacity(st.slot) : 0, ch.tag,
                                          bytes > 0 ? p->recv_staging : nullptr));
   }
   if (r == nullptr) {
@@ -451,7 +474,8 @@ Result<bool> Executor::Run::Consume(ChannelRun& ch, size_t index) {
   const Step& step = (*ch.steps)[index];
   StepState& st = ch.states[index];
   const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
-  if (!verified_.count(step.peer)) return false;  // its data is not trusted before its header
+  // A collective's data is not trusted before its sender's header; a transfer's size is its check.
+  if (!ch.p2p && !verified_.count(step.peer)) return false;
   if (bytes > 0 && OnCpu(bytes)) {
     KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st, /*cpu=*/true));
     st.phase = Phase::kDone;
@@ -477,6 +501,8 @@ Status Executor::Run::RecordEvent(ChannelRun& ch, StepState& st) {
 }
 
 Result<bool> Executor::Run::Advance(ChannelRun& ch) {
+  for (size_t before : ch.after)
+    if (!channels_[before].done()) return false;
   bool progress = false;
   std::set<int> send_blocked, recv_blocked;
   for (size_t index : ch.active) {
@@ -484,7 +510,7 @@ Result<bool> Executor::Run::Advance(ChannelRun& ch) {
     progress |= p;
   }
   std::erase_if(ch.active, [&](size_t i) { return ch.states[i].phase == Phase::kDone; });
-  const size_t window = static_cast<size_t>(ex_.options_.window);
+  const size_t window = ch.window > 0 ? ch.window : static_cast<size_t>(ex_.options_.window);
   while (ch.next < ch.steps->size() && ch.active.size() < window) {
     const Step& step = (*ch.steps)[ch.next];
     bool conflict = false;
@@ -493,7 +519,7 @@ Result<bool> Executor::Run::Advance(ChannelRun& ch) {
     if (conflict) break;
     const bool needs_slot = step.kind != StepKind::kCopy && step.kind != StepKind::kReduce &&
                             step.kind != StepKind::kScale && step.count() > 0;
-    if (needs_slot && free_slots_.empty()) break;
+    if (needs_slot && !HasFreeSlot(ch)) break;
     KZ_RETURN_IF_ERROR(Start(ch, ch.next));
     ++ch.next;
     progress = true;

@@ -68,6 +68,8 @@ std::string_view CollectiveName(Collective c);  // "allreduce", "reducescatter",
 std::optional<Collective> ParseCollective(std::string_view name);
 bool IsReduction(Collective c);  // AllReduce, ReduceScatter, Reduce
 bool HasRoot(Collective c);      // Broadcast, Reduce, Send, Recv (the peer)
+// Send and Recv: matched per pair of ranks in call order, never counted with the collectives.
+inline bool IsPointToPoint(Collective c) { return c == Collective::kSend || c == Collective::kRecv; }
 
 // Algorithms, by the names KIZUNA_ALGO uses (docs/ALGORITHMS.md). Append only.
 enum class Algorithm : uint8_t {

@@ -1,5 +1,20 @@
 // The C API (kizuna.h) over the C++ one. No exception or C++ type crosses it; every failure is
 // a kzResult_t plus the thread's last error message.
+//
+// Handles. What the API hands out for a communicator, a stream or a device is not a pointer but a
+// pointer-sized value: the kind (bits 0..7, an odd byte, so that no aligned pointer carries it),
+// a slot of that kind's table (bits 8..31) and the slot's generation when the handle was made
+// (bits 32..63). A call finds its object by indexing the table and copying a shared_ptr under the
+// slot's own lock (tens of nanoseconds, no global lock), and holds that reference while it runs:
+// a destroy on another thread only drops the table's reference, and the object goes when the last
+// call using it returns. Destroying bumps the slot's generation, so every later use of the old
+// handle, a second destroy included, is recognised and refused with kzInvalidArgument; a value
+// the tables never issued (a stray pointer, another kind's handle) is refused by its kind byte,
+// slot or generation without being dereferenced. Memory from kzMalloc is a real pointer (the
+// caller reads and writes it); kzFree looks it up in a map of live allocations.
+#include <array>
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -14,17 +29,12 @@
 #include "runtime/device/registry.h"
 #include "runtime/kizuna.h"
 
-struct kzComm {
-  std::unique_ptr<kizuna::Communicator> comm;
-};
-struct kzStream {
-  std::unique_ptr<kizuna::device::Stream> stream;
-};
-
 namespace {
 
 using kizuna::Status;
 using kizuna::StatusCode;
+
+static_assert(sizeof(uintptr_t) == 8, "handles carry a 32-bit generation beside the slot and the kind");
 
 thread_local std::string g_last_error;
 
@@ -58,6 +68,202 @@ kzResult_t Report(const Status& s) {
 }
 
 kzResult_t Invalid(std::string message) { return Report(kizuna::InvalidArgument(std::move(message))); }
+// Records why a handle was refused (the caller returns kzInvalidArgument).
+void Refuse(std::string message) { Invalid(std::move(message)); }
+
+// ---- Handle tables ----
+
+enum class Kind : uint8_t { kComm = 0xc5, kStream = 0x5b, kDevice = 0xd9 };
+
+const char* KindName(uint64_t tag) {
+  switch (static_cast<Kind>(tag)) {
+    case Kind::kComm: return "communicator";
+    case Kind::kStream: return "stream";
+    case Kind::kDevice: return "device";
+  }
+  return nullptr;
+}
+
+// One kind's handles. Slots live in chunks that are never freed, so a reader indexes them without
+// a lock; each slot's lock guards its generation and object.
+template <typename T>
+class HandleTable {
+ public:
+  explicit HandleTable(Kind kind) : kind_(kind) {}
+  HandleTable(const HandleTable&) = delete;
+  HandleTable& operator=(const HandleTable&) = delete;
+
+  // The new handle; 0 when kMaxSlots handles of this kind are live.
+  uintptr_t Add(std::shared_ptr<T> object) {
+    std::lock_guard lock(add_mu_);
+    uint32_t index;
+    if (!free_.empty()) {
+      index = free_.back();
+      free_.pop_back();
+    } else {
+      index = size_.load(std::memory_order_relaxed);
+      if (index >= kMaxSlots) return 0;
+      if (index % kChunkSlots == 0)
+        chunks_[index / kChunkSlots].store(new Slot[kChunkSlots], std::memory_order_release);
+    }
+    Slot& slot = At(index);
+    uint32_t generation;
+    {
+      std::lock_guard slot_lock(slot.mu);
+      slot.object = std::move(object);
+      generation = slot.generation;
+    }
+    // Published after the chunk: a reader that sees the index in range sees the chunk.
+    if (index == size_.load(std::memory_order_relaxed)) size_.store(index + 1, std::memory_order_release);
+    return (uintptr_t{generation} << 32) | (uintptr_t{index} << 8) | static_cast<uint8_t>(kind_);
+  }
+
+  // The object, or null with the reason in the thread's last error. `arg` names the argument.
+  std::shared_ptr<T> Find(uintptr_t handle, const char* arg) const {
+    Slot* slot = Locate(handle, arg);
+    if (slot == nullptr) return nullptr;
+    uint32_t current;
+    {
+      std::lock_guard lock(slot->mu);
+      current = slot->generation;
+      // A free slot has no object: a forged handle naming its next generation is refused too.
+      if (current == Generation(handle) && slot->object != nullptr) return slot->object;
+    }
+    Stale(handle, current, arg);
+    return nullptr;
+  }
+
+  // Takes the object out of the table (the caller drops the table's reference); later uses of the
+  // handle are refused. Null, with the reason, when the handle is not live.
+  std::shared_ptr<T> Remove(uintptr_t handle, const char* arg) {
+    Slot* slot = Locate(handle, arg);
+    if (slot == nullptr) return nullptr;
+    std::shared_ptr<T> object;
+    uint32_t current;
+    {
+      std::lock_guard lock(slot->mu);
+      current = slot->generation;
+      if (current == Generation(handle)) {
+        object = std::move(slot->object);
+        slot->object = nullptr;
+        // Generation 0 is never issued. A slot reused 2^32 times would accept its oldest handles
+        // again: far beyond any program's life.
+        slot->generation = current + 1 == 0 ? 1 : current + 1;
+      }
+    }
+    if (object == nullptr) {
+      Stale(handle, current, arg);
+      return nullptr;
+    }
+    std::lock_guard lock(add_mu_);
+    free_.push_back(Index(handle));
+    return object;
+  }
+
+ private:
+  static constexpr uint32_t kChunkSlots = 1024;
+  static constexpr uint32_t kMaxChunks = 1024;
+  static constexpr uint32_t kMaxSlots = kChunkSlots * kMaxChunks;  // live handles of one kind
+
+  struct Slot {
+    std::mutex mu;
+    uint32_t generation = 1;
+    std::shared_ptr<T> object;
+  };
+
+  static uint32_t Index(uintptr_t handle) { return static_cast<uint32_t>((handle >> 8) & 0xffffff); }
+  static uint32_t Generation(uintptr_t handle) { return static_cast<uint32_t>(handle >> 32); }
+  Slot& At(uint32_t index) const {
+    return chunks_[index / kChunkSlots].load(std::memory_order_acquire)[index % kChunkSlots];
+  }
+
+  // The slot a handle of this kind names, or null with the reason.
+  Slot* Locate(uintptr_t handle, const char* arg) const {
+    const char* kind = KindName(static_cast<uint8_t>(kind_));
+    if (handle == 0) {
+      Refuse(fmt::format("{} is NULL", arg));
+      return nullptr;
+    }
+    const uint64_t tag = handle & 0xff;
+    if (tag != static_cast<uint8_t>(kind_)) {
+      const char* other = KindName(tag);
+      Refuse(other != nullptr
+                 ? fmt::format("{}: {:#x} is not a {} handle (it is a {} handle)", arg, handle, kind, other)
+                 : fmt::format("{}: {:#x} is not a {} handle", arg, handle, kind));
+      return nullptr;
+    }
+    const uint32_t index = Index(handle);
+    if (Generation(handle) == 0 || index >= size_.load(std::memory_order_acquire)) {
+      Refuse(fmt::format("{}: {:#x} is not a {} handle", arg, handle, kind));
+      return nullptr;
+    }
+    return &At(index);
+  }
+
+  void Stale(uintptr_t handle, uint32_t current, const char* arg) const {
+    const char* kind = KindName(static_cast<uint8_t>(kind_));
+    if (Generation(handle) < current) {
+      Refuse(fmt::format("{}: {} handle {:#x} was destroyed", arg, kind, handle));
+    } else {
+      Refuse(fmt::format("{}: {:#x} is not a {} handle", arg, handle, kind));
+    }
+  }
+
+  const Kind kind_;
+  std::array<std::atomic<Slot*>, kMaxChunks> chunks_{};
+  std::atomic<uint32_t> size_{0};
+  std::mutex add_mu_;
+  std::vector<uint32_t> free_;  // guarded by add_mu_
+};
+
+// ---- The objects behind the handles ----
+
+// A communicator. One made by kzCommInitFromEnv owns its device (the registry it created), so
+// whatever uses that device — its streams, its memory, communicators split from it — holds
+// `device_keep`, a reference to the owner's entry: the device outlives them all.
+struct CommEntry {
+  std::shared_ptr<void> device_keep;  // declared first: released after `comm`
+  uintptr_t device = 0;               // the handle of its device
+  std::unique_ptr<kizuna::Communicator> comm;
+};
+
+struct StreamEntry {
+  std::shared_ptr<void> device_keep;
+  std::unique_ptr<kizuna::device::Stream> stream;
+};
+
+struct BufferEntry {
+  std::shared_ptr<void> device_keep;
+  std::unique_ptr<kizuna::device::Buffer> buffer;
+};
+
+// A device: one of the process's (below, kept for the life of the process) or one a
+// kzCommInitFromEnv communicator owns (usable while that communicator, or anything that keeps its
+// device, lives). Device slots are never removed: a communicator-owned one answers, once its
+// owner is gone, that the communicator was destroyed.
+struct DeviceEntry {
+  kizuna::device::Device* device = nullptr;
+  bool owned = false;
+  std::weak_ptr<CommEntry> owner;
+};
+
+HandleTable<CommEntry>& Comms() {
+  static auto* t = new HandleTable<CommEntry>(Kind::kComm);  // never destroyed: C callers may call at exit
+  return *t;
+}
+HandleTable<StreamEntry>& Streams() {
+  static auto* t = new HandleTable<StreamEntry>(Kind::kStream);
+  return *t;
+}
+HandleTable<DeviceEntry>& DeviceTable() {
+  static auto* t = new HandleTable<DeviceEntry>(Kind::kDevice);
+  return *t;
+}
+
+uintptr_t Bits(const void* handle) { return reinterpret_cast<uintptr_t>(handle); }
+kzComm_t CommHandle(uintptr_t bits) { return reinterpret_cast<kzComm_t>(bits); }
+kzStream_t StreamHandle(uintptr_t bits) { return reinterpret_cast<kzStream_t>(bits); }
+kzDevice_t DeviceHandle(uintptr_t bits) { return reinterpret_cast<kzDevice_t>(bits); }
 
 // The process's devices: the first available backend's, created on first use and kept for the
 // life of the process (communicators, buffers and streams refer to them).
@@ -68,38 +274,86 @@ class Devices {
     return *d;
   }
   kizuna::Status status() const { return status_; }
-  const std::vector<kizuna::device::Device*>& devices() const { return devices_; }
-
-  std::mutex mu;
-  std::map<void*, std::unique_ptr<kizuna::device::Buffer>> buffers;  // guarded by mu
+  const std::vector<uintptr_t>& handles() const { return handles_; }
 
  private:
   Devices() {
     registry_ = kizuna::device::DeviceRegistry::Create(kizuna::GlobalConfig());
-    devices_ = registry_->devices();
-    if (devices_.empty()) {
+    std::vector<kizuna::device::Device*> devices = registry_->devices();
+    if (devices.empty()) {
       std::string why;
       for (const auto& slot : registry_->backends()) why += fmt::format("; {}: {}", slot.name, slot.status.ToString());
       status_ = kizuna::Unavailable("no devices" + why);
       return;
     }
-    const std::string backend = devices_[0]->properties().backend;
-    std::erase_if(devices_, [&](kizuna::device::Device* d) { return d->properties().backend != backend; });
+    const std::string backend = devices[0]->properties().backend;
+    std::erase_if(devices, [&](kizuna::device::Device* d) { return d->properties().backend != backend; });
+    for (kizuna::device::Device* d : devices) {
+      auto entry = std::make_shared<DeviceEntry>();
+      entry->device = d;
+      handles_.push_back(DeviceTable().Add(std::move(entry)));
+    }
   }
   std::unique_ptr<kizuna::device::DeviceRegistry> registry_;
-  std::vector<kizuna::device::Device*> devices_;
+  std::vector<uintptr_t> handles_;
   kizuna::Status status_;
 };
 
-kizuna::device::Device* Dev(kzDevice_t d) { return reinterpret_cast<kizuna::device::Device*>(d); }
-kzDevice_t Handle(kizuna::device::Device* d) { return reinterpret_cast<kzDevice_t>(d); }
+// kzMalloc's live allocations, by address.
+struct Allocations {
+  std::mutex mu;
+  std::map<void*, BufferEntry> buffers;  // guarded by mu
+};
+Allocations& Buffers() {
+  static auto* a = new Allocations();  // never destroyed: C callers may free at exit in any order
+  return *a;
+}
+
+// A device handle resolved: the device, and what keeps it alive while it is used.
+struct DeviceRef {
+  kizuna::device::Device* device = nullptr;
+  std::shared_ptr<void> keep;
+};
+
+// False, with the reason, when `handle` is not a live device.
+bool FindDevice(kzDevice_t handle, const char* arg, DeviceRef* out) {
+  std::shared_ptr<DeviceEntry> entry = DeviceTable().Find(Bits(handle), arg);
+  if (entry == nullptr) return false;
+  out->device = entry->device;
+  out->keep = nullptr;
+  if (entry->owned) {
+    out->keep = entry->owner.lock();
+    if (out->keep == nullptr) {
+      Refuse(fmt::format("{}: device handle {:#x} belonged to a communicator of kzCommInitFromEnv, which was destroyed",
+                         arg, Bits(handle)));
+      return false;
+    }
+  }
+  return true;
+}
+
+// A new communicator's handle on `device` (a live device handle), kept alive by `keep`.
+kzResult_t AddComm(std::unique_ptr<kizuna::Communicator> comm, uintptr_t device, std::shared_ptr<void> keep,
+                   kzComm_t* out) {
+  auto entry = std::make_shared<CommEntry>();
+  entry->device_keep = std::move(keep);
+  entry->device = device;
+  entry->comm = std::move(comm);
+  const uintptr_t handle = Comms().Add(std::move(entry));
+  if (handle == 0) return Report(kizuna::OutOfMemory("too many live communicators (their handle table is full)"));
+  *out = CommHandle(handle);
+  return kzSuccess;
+}
 
 bool ValidType(kzDataType_t t) { return static_cast<int>(t) >= 0 && static_cast<int>(t) < kizuna::kNumDataTypes; }
 bool ValidOp(kzRedOp_t op) { return static_cast<int>(op) >= 0 && static_cast<int>(op) < kizuna::kNumReduceOps; }
 
-#define KZ_C_CHECK_COMM(comm, stream)                                        \
-  if ((comm) == nullptr || !(comm)->comm) return Invalid("comm is NULL");   \
-  if ((stream) == nullptr || !(stream)->stream) return Invalid("stream is NULL")
+// `c` and `s`: the communicator and stream entries of a call, held until it returns.
+#define KZ_C_CHECK_COMM(comm, stream)                                            \
+  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");         \
+  if (c == nullptr) return kzInvalidArgument;                                    \
+  const std::shared_ptr<StreamEntry> s = Streams().Find(Bits(stream), "stream"); \
+  if (s == nullptr) return kzInvalidArgument
 
 #define KZ_C_CHECK_TYPE(t) \
   if (!ValidType(t)) return Invalid(fmt::format("datatype {} is not a kzDataType_t", static_cast<int>(t)))
@@ -146,7 +400,7 @@ kzResult_t kzDeviceCount(int* count) {
   if (count == nullptr) return Invalid("count is NULL");
   Devices& d = Devices::Get();
   if (!d.status().ok()) return Report(d.status());
-  *count = static_cast<int>(d.devices().size());
+  *count = static_cast<int>(d.handles().size());
   return kzSuccess;
 }
 
@@ -154,62 +408,81 @@ kzResult_t kzDeviceGet(int index, kzDevice_t* device) {
   if (device == nullptr) return Invalid("device is NULL");
   Devices& d = Devices::Get();
   if (!d.status().ok()) return Report(d.status());
-  if (index < 0 || index >= static_cast<int>(d.devices().size()))
-    return Invalid(fmt::format("device index {} (there are {})", index, d.devices().size()));
-  *device = Handle(d.devices()[static_cast<size_t>(index)]);
+  if (index < 0 || index >= static_cast<int>(d.handles().size()))
+    return Invalid(fmt::format("device index {} (there are {})", index, d.handles().size()));
+  *device = DeviceHandle(d.handles()[static_cast<size_t>(index)]);
   return kzSuccess;
 }
 
 const char* kzDeviceName(kzDevice_t device) {
   if (device == nullptr) return "(null)";
+  DeviceRef ref;
+  if (!FindDevice(device, "device", &ref)) return "(not a device)";
   thread_local std::string name;
-  name = Dev(device)->label();
+  name = ref.device->label();
   return name.c_str();
 }
 
 kzResult_t kzMalloc(kzDevice_t device, size_t bytes, void** ptr) {
-  if (device == nullptr || ptr == nullptr) return Invalid("device or ptr is NULL");
-  auto buffer = Dev(device)->Allocate(bytes);
+  if (ptr == nullptr) return Invalid("ptr is NULL");
+  DeviceRef ref;
+  if (!FindDevice(device, "device", &ref)) return kzInvalidArgument;
+  auto buffer = ref.device->Allocate(bytes);
   if (!buffer.ok()) return Report(buffer.status());
   void* p = (*buffer)->data();
   if (p == nullptr) {
     *ptr = nullptr;  // a zero-byte allocation: nothing to track
     return kzSuccess;
   }
-  Devices& d = Devices::Get();
-  std::lock_guard lock(d.mu);
-  d.buffers[p] = std::move(*buffer);
+  Allocations& a = Buffers();
+  std::lock_guard lock(a.mu);
+  a.buffers[p] = BufferEntry{std::move(ref.keep), std::move(*buffer)};
   *ptr = p;
   return kzSuccess;
 }
 
 kzResult_t kzFree(kzDevice_t device, void* ptr) {
   if (ptr == nullptr) return kzSuccess;
-  Devices& d = Devices::Get();
-  std::lock_guard lock(d.mu);
-  auto it = d.buffers.find(ptr);
-  if (it == d.buffers.end() || &it->second->device() != Dev(device))
-    return Invalid(fmt::format("kzFree: {} was not allocated by kzMalloc on this device", ptr));
-  d.buffers.erase(it);
+  DeviceRef ref;
+  if (!FindDevice(device, "device", &ref)) return kzInvalidArgument;
+  BufferEntry freed;  // released after the lock
+  Allocations& a = Buffers();
+  std::lock_guard lock(a.mu);
+  auto it = a.buffers.find(ptr);
+  if (it == a.buffers.end())
+    return Invalid(fmt::format("kzFree: {} is not memory of kzMalloc (never allocated, or freed already)", ptr));
+  if (&it->second.buffer->device() != ref.device)
+    return Invalid(fmt::format("kzFree: {} was allocated on {}, not on {}", ptr, it->second.buffer->device().label(),
+                               ref.device->label()));
+  freed = std::move(it->second);
+  a.buffers.erase(it);
   return kzSuccess;
 }
 
 kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream) {
-  if (device == nullptr || stream == nullptr) return Invalid("device or stream is NULL");
-  auto s = Dev(device)->CreateStream();
-  if (!s.ok()) return Report(s.status());
-  *stream = new kzStream{std::move(*s)};
+  if (stream == nullptr) return Invalid("stream is NULL");
+  DeviceRef ref;
+  if (!FindDevice(device, "device", &ref)) return kzInvalidArgument;
+  auto created = ref.device->CreateStream();
+  if (!created.ok()) return Report(created.status());
+  auto entry = std::make_shared<StreamEntry>();
+  entry->device_keep = std::move(ref.keep);
+  entry->stream = std::move(*created);
+  const uintptr_t handle = Streams().Add(std::move(entry));
+  if (handle == 0) return Report(kizuna::OutOfMemory("too many live streams (their handle table is full)"));
+  *stream = StreamHandle(handle);
   return kzSuccess;
 }
 
 kzResult_t kzStreamDestroy(kzStream_t stream) {
-  delete stream;
-  return kzSuccess;
+  if (stream == nullptr) return kzSuccess;
+  return Streams().Remove(Bits(stream), "stream") != nullptr ? kzSuccess : kzInvalidArgument;
 }
 
 kzResult_t kzStreamSynchronize(kzStream_t stream) {
-  if (stream == nullptr) return Invalid("stream is NULL");
-  return Report(stream->stream->Synchronize());
+  const std::shared_ptr<StreamEntry> s = Streams().Find(Bits(stream), "stream");
+  if (s == nullptr) return kzInvalidArgument;
+  return Report(s->stream->Synchronize());
 }
 
 kzResult_t kzGetUniqueId(kzUniqueId* id) {
@@ -224,29 +497,41 @@ kzResult_t kzGetUniqueId(kzUniqueId* id) {
 }
 
 kzResult_t kzCommInitRank(kzComm_t* comm, int nranks, kzUniqueId id, int rank, kzDevice_t device) {
-  if (comm == nullptr || device == nullptr) return Invalid("comm or device is NULL");
+  if (comm == nullptr) return Invalid("comm is NULL");
+  DeviceRef ref;
+  if (!FindDevice(device, "device", &ref)) return kzInvalidArgument;
   const std::string text(id.internal, strnlen(id.internal, sizeof id.internal));
   auto parsed = kizuna::bootstrap::UniqueId::Parse(text);
   if (!parsed.ok()) return Report(parsed.status());
-  auto c = kizuna::Communicator::Create(*parsed, rank, nranks, *Dev(device));
+  auto c = kizuna::Communicator::Create(*parsed, rank, nranks, *ref.device);
   if (!c.ok()) return Report(c.status());
-  *comm = new kzComm{std::move(*c)};
-  return kzSuccess;
+  return AddComm(std::move(*c), Bits(device), std::move(ref.keep), comm);
 }
 
 kzResult_t kzCommInitAll(kzComm_t* comms, int ndev, const int* devlist) {
   if (comms == nullptr) return Invalid("comms is NULL");
   if (ndev < 1) return Invalid(fmt::format("ndev {} (at least 1)", ndev));
   std::vector<kizuna::device::Device*> devices;
+  std::vector<uintptr_t> handles;
   for (int i = 0; i < ndev; ++i) {
     kzDevice_t d = nullptr;
     const kzResult_t r = kzDeviceGet(devlist ? devlist[i] : i, &d);
     if (r != kzSuccess) return r;
-    devices.push_back(Dev(d));
+    DeviceRef ref;
+    if (!FindDevice(d, "device", &ref)) return kzInternalError;  // the process's devices are never destroyed
+    devices.push_back(ref.device);
+    handles.push_back(Bits(d));
   }
   auto all = kizuna::Communicator::CreateLocal(devices);
   if (!all.ok()) return Report(all.status());
-  for (int i = 0; i < ndev; ++i) comms[i] = new kzComm{std::move((*all)[static_cast<size_t>(i)])};
+  for (int i = 0; i < ndev; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    const kzResult_t r = AddComm(std::move((*all)[k]), handles[k], nullptr, &comms[i]);
+    if (r != kzSuccess) {
+      for (int j = 0; j < i; ++j) Comms().Remove(Bits(comms[j]), "comms");
+      return r;
+    }
+  }
   return kzSuccess;
 }
 
@@ -254,53 +539,81 @@ kzResult_t kzCommInitFromEnv(kzComm_t* comm) {
   if (comm == nullptr) return Invalid("comm is NULL");
   auto c = kizuna::Communicator::CreateFromEnvironment();
   if (!c.ok()) return Report(c.status());
-  *comm = new kzComm{std::move(*c)};
+  // The communicator owns its device: the device's handle lives while the communicator's entry does.
+  auto entry = std::make_shared<CommEntry>();
+  auto device = std::make_shared<DeviceEntry>();
+  device->device = &(*c)->device();
+  device->owned = true;
+  device->owner = entry;
+  entry->device = DeviceTable().Add(std::move(device));
+  if (entry->device == 0) return Report(kizuna::OutOfMemory("too many live devices (their handle table is full)"));
+  entry->comm = std::move(*c);
+  const uintptr_t handle = Comms().Add(std::move(entry));
+  if (handle == 0) return Report(kizuna::OutOfMemory("too many live communicators (their handle table is full)"));
+  *comm = CommHandle(handle);
   return kzSuccess;
 }
 
 kzResult_t kzCommSplit(kzComm_t comm, int color, int key, kzComm_t* newcomm) {
-  if (comm == nullptr || newcomm == nullptr) return Invalid("comm or newcomm is NULL");
-  auto c = comm->comm->Split(color, key);
+  if (newcomm == nullptr) return Invalid("newcomm is NULL");
+  const std::shared_ptr<CommEntry> parent = Comms().Find(Bits(comm), "comm");
+  if (parent == nullptr) return kzInvalidArgument;
+  DeviceRef ref;
+  if (!FindDevice(DeviceHandle(parent->device), "comm's device", &ref)) return kzInvalidArgument;
+  auto c = parent->comm->Split(color, key);
   if (!c.ok()) return Report(c.status());
-  *newcomm = *c ? new kzComm{std::move(*c)} : nullptr;
-  return kzSuccess;
+  if (*c == nullptr) {
+    *newcomm = nullptr;
+    return kzSuccess;
+  }
+  return AddComm(std::move(*c), parent->device, std::move(ref.keep), newcomm);
 }
 
 kzResult_t kzCommDestroy(kzComm_t comm) {
-  delete comm;
-  return kzSuccess;
+  if (comm == nullptr) return kzSuccess;
+  // The communicator goes with the last reference: here, or when a call running on another thread
+  // returns.
+  return Comms().Remove(Bits(comm), "comm") != nullptr ? kzSuccess : kzInvalidArgument;
 }
 
 kzResult_t kzCommAbort(kzComm_t comm) {
-  if (comm == nullptr) return Invalid("comm is NULL");
-  comm->comm->Abort();
-  delete comm;
+  const std::shared_ptr<CommEntry> c = Comms().Remove(Bits(comm), "comm");
+  if (c == nullptr) return kzInvalidArgument;
+  c->comm->Abort();
   return kzSuccess;
 }
 
 kzResult_t kzCommGetAsyncError(kzComm_t comm, kzResult_t* async_error) {
-  if (comm == nullptr || async_error == nullptr) return Invalid("comm or async_error is NULL");
-  const Status s = comm->comm->AsyncError();
+  if (async_error == nullptr) return Invalid("async_error is NULL");
+  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
+  if (c == nullptr) return kzInvalidArgument;
+  const Status s = c->comm->AsyncError();
   if (!s.ok()) g_last_error = s.ToString();
   *async_error = ToResult(s.code());
   return kzSuccess;
 }
 
 kzResult_t kzCommCount(const kzComm_t comm, int* count) {
-  if (comm == nullptr || count == nullptr) return Invalid("comm or count is NULL");
-  *count = comm->comm->size();
+  if (count == nullptr) return Invalid("count is NULL");
+  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
+  if (c == nullptr) return kzInvalidArgument;
+  *count = c->comm->size();
   return kzSuccess;
 }
 
 kzResult_t kzCommUserRank(const kzComm_t comm, int* rank) {
-  if (comm == nullptr || rank == nullptr) return Invalid("comm or rank is NULL");
-  *rank = comm->comm->rank();
+  if (rank == nullptr) return Invalid("rank is NULL");
+  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
+  if (c == nullptr) return kzInvalidArgument;
+  *rank = c->comm->rank();
   return kzSuccess;
 }
 
 kzResult_t kzCommDevice(const kzComm_t comm, kzDevice_t* device) {
-  if (comm == nullptr || device == nullptr) return Invalid("comm or device is NULL");
-  *device = Handle(&comm->comm->device());
+  if (device == nullptr) return Invalid("device is NULL");
+  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
+  if (c == nullptr) return kzInvalidArgument;
+  *device = DeviceHandle(c->device);
   return kzSuccess;
 }
 
@@ -309,16 +622,16 @@ kzResult_t kzAllReduce(const void* sendbuff, void* recvbuff, size_t count, kzDat
   KZ_C_CHECK_COMM(comm, stream);
   KZ_C_CHECK_TYPE(datatype);
   KZ_C_CHECK_OP(op);
-  return Report(comm->comm->AllReduce(sendbuff, recvbuff, count, static_cast<kizuna::DataType>(datatype),
-                                      static_cast<kizuna::ReduceOp>(op), *stream->stream));
+  return Report(c->comm->AllReduce(sendbuff, recvbuff, count, static_cast<kizuna::DataType>(datatype),
+                                   static_cast<kizuna::ReduceOp>(op), *s->stream));
 }
 
 kzResult_t kzBroadcast(const void* sendbuff, void* recvbuff, size_t count, kzDataType_t datatype, int root,
                        kzComm_t comm, kzStream_t stream) {
   KZ_C_CHECK_COMM(comm, stream);
   KZ_C_CHECK_TYPE(datatype);
-  return Report(comm->comm->Broadcast(sendbuff, recvbuff, count, static_cast<kizuna::DataType>(datatype), root,
-                                      *stream->stream));
+  return Report(
+      c->comm->Broadcast(sendbuff, recvbuff, count, static_cast<kizuna::DataType>(datatype), root, *s->stream));
 }
 
 kzResult_t kzReduce(const void* sendbuff, void* recvbuff, size_t count, kzDataType_t datatype, kzRedOp_t op, int root,
@@ -326,51 +639,49 @@ kzResult_t kzReduce(const void* sendbuff, void* recvbuff, size_t count, kzDataTy
   KZ_C_CHECK_COMM(comm, stream);
   KZ_C_CHECK_TYPE(datatype);
   KZ_C_CHECK_OP(op);
-  return Report(comm->comm->Reduce(sendbuff, recvbuff, count, static_cast<kizuna::DataType>(datatype),
-                                   static_cast<kizuna::ReduceOp>(op), root, *stream->stream));
+  return Report(c->comm->Reduce(sendbuff, recvbuff, count, static_cast<kizuna::DataType>(datatype),
+                                static_cast<kizuna::ReduceOp>(op), root, *s->stream));
 }
 
 kzResult_t kzAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, kzDataType_t datatype, kzComm_t comm,
                        kzStream_t stream) {
   KZ_C_CHECK_COMM(comm, stream);
   KZ_C_CHECK_TYPE(datatype);
-  return Report(comm->comm->AllGather(sendbuff, recvbuff, sendcount, static_cast<kizuna::DataType>(datatype),
-                                      *stream->stream));
+  return Report(c->comm->AllGather(sendbuff, recvbuff, sendcount, static_cast<kizuna::DataType>(datatype), *s->stream));
 }
 
-kzResult_t kzReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, kzDataType_t datatype,
-                           kzRedOp_t op, kzComm_t comm, kzStream_t stream) {
+kzResult_t kzReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, kzDataType_t datatype, kzRedOp_t op,
+                           kzComm_t comm, kzStream_t stream) {
   KZ_C_CHECK_COMM(comm, stream);
   KZ_C_CHECK_TYPE(datatype);
   KZ_C_CHECK_OP(op);
-  return Report(comm->comm->ReduceScatter(sendbuff, recvbuff, recvcount, static_cast<kizuna::DataType>(datatype),
-                                          static_cast<kizuna::ReduceOp>(op), *stream->stream));
+  return Report(c->comm->ReduceScatter(sendbuff, recvbuff, recvcount, static_cast<kizuna::DataType>(datatype),
+                                       static_cast<kizuna::ReduceOp>(op), *s->stream));
 }
 
 kzResult_t kzAllToAll(const void* sendbuff, void* recvbuff, size_t count, kzDataType_t datatype, kzComm_t comm,
                       kzStream_t stream) {
   KZ_C_CHECK_COMM(comm, stream);
   KZ_C_CHECK_TYPE(datatype);
-  return Report(
-      comm->comm->AllToAll(sendbuff, recvbuff, count, static_cast<kizuna::DataType>(datatype), *stream->stream));
+  return Report(c->comm->AllToAll(sendbuff, recvbuff, count, static_cast<kizuna::DataType>(datatype), *s->stream));
 }
 
 kzResult_t kzSend(const void* sendbuff, size_t count, kzDataType_t datatype, int peer, kzComm_t comm,
                   kzStream_t stream) {
   KZ_C_CHECK_COMM(comm, stream);
   KZ_C_CHECK_TYPE(datatype);
-  return Report(comm->comm->Send(sendbuff, count, static_cast<kizuna::DataType>(datatype), peer, *stream->stream));
+  return Report(c->comm->Send(sendbuff, count, static_cast<kizuna::DataType>(datatype), peer, *s->stream));
 }
 
 kzResult_t kzRecv(void* recvbuff, size_t count, kzDataType_t datatype, int peer, kzComm_t comm, kzStream_t stream) {
   KZ_C_CHECK_COMM(comm, stream);
   KZ_C_CHECK_TYPE(datatype);
-  return Report(comm->comm->Recv(recvbuff, count, static_cast<kizuna::DataType>(datatype), peer, *stream->stream));
+  return Report(c->comm->Recv(recvbuff, count, static_cast<kizuna::DataType>(datatype), peer, *s->stream));
 }
 
 kzResult_t kzBarrier(kzComm_t comm, kzStream_t stream) {
   KZ_C_CHECK_COMM(comm, stream);
-  return Report(comm->comm->Barrier(*stream->stream));
+  return Report(c->comm->Barrier(*s->stream));
 }
 
 kzResult_t kzGroupStart(void) { return Report(kizuna::Communicator::GroupStart()); }

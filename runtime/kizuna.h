@@ -12,7 +12,23 @@
  * returns the full message of the calling thread's last failure (which argument, which rank,
  * which peer), valid until the thread's next failing call.
  *
- * Threading and lifetimes are as in the C++ API. Values of the enums are stable (append only).
+ * Handles. kzComm_t, kzStream_t and kzDevice_t are opaque values, not pointers: never dereference
+ * one. A handle is live from the call that made it until the call that ends it (kzCommDestroy or
+ * kzCommAbort; kzStreamDestroy; device handles of kzDeviceGet live as long as the process). Any
+ * call given a handle that was destroyed, a second kzCommDestroy or kzStreamDestroy included,
+ * returns kzInvalidArgument and changes nothing; kzGetLastError then says "communicator handle
+ * 0x... was destroyed" (or stream, device). A value that never was a handle of that kind (another
+ * kind's handle, a stray pointer) gets kzInvalidArgument and "... is not a communicator handle"
+ * (or stream, device), and is never dereferenced. NULL gets kzInvalidArgument ("comm is NULL"),
+ * except in kzCommDestroy and kzStreamDestroy, where it does nothing and returns kzSuccess.
+ * Destroying a handle while a call on another thread uses it is safe: that call finishes with the
+ * object, which is destroyed when the last such call returns. A communicator of
+ * kzCommInitFromEnv owns its device: the streams, memory and split communicators made on that
+ * device keep it (and so the communicator's resources) until they are destroyed too. kzFree of a
+ * pointer that kzMalloc did not return, or that was freed already, returns kzInvalidArgument.
+ *
+ * Threading and lifetimes are otherwise as in the C++ API. Values of the enums are stable (append
+ * only).
  */
 #ifndef KIZUNA_H_
 #define KIZUNA_H_
@@ -80,8 +96,11 @@ kzResult_t kzDeviceGet(int index, kzDevice_t* device);
 /* "host_emulated:3" */
 const char* kzDeviceName(kzDevice_t device);
 kzResult_t kzMalloc(kzDevice_t device, size_t bytes, void** ptr);
+/* kzInvalidArgument when ptr is not live memory of kzMalloc on `device` (freed already, or never
+ * allocated); NULL is a no-op. */
 kzResult_t kzFree(kzDevice_t device, void* ptr);
 kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream);
+/* A destroyed stream's handle is refused by every later call (see Handles above). */
 kzResult_t kzStreamDestroy(kzStream_t stream);
 kzResult_t kzStreamSynchronize(kzStream_t stream);
 
@@ -93,6 +112,8 @@ kzResult_t kzCommInitAll(kzComm_t* comms, int ndev, const int* devlist);
 /* Rank, size and rendezvous from the launcher (kizuna-run, torchrun, mpirun, srun). */
 kzResult_t kzCommInitFromEnv(kzComm_t* comm);
 kzResult_t kzCommSplit(kzComm_t comm, int color, int key, kzComm_t* newcomm);
+/* Both end the handle: every later call with it, a second destroy included, returns
+ * kzInvalidArgument ("communicator handle 0x... was destroyed"). */
 kzResult_t kzCommDestroy(kzComm_t comm);
 kzResult_t kzCommAbort(kzComm_t comm);
 kzResult_t kzCommGetAsyncError(kzComm_t comm, kzResult_t* async_error);

@@ -1,5 +1,6 @@
 /* The C API from C (no C++ in this file): kizuna.h must compile as C, and the NCCL-style calls
- * must work: devices, memory, streams, kzCommInitAll, every collective once, groups, errors. */
+ * must work: devices, memory, streams, kzCommInitAll, every collective once, groups, errors,
+ * destroyed handles. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +99,13 @@ int main(void) {
   }
   r = kzFree(dev[0], buf[0]);
   CHECK(r == kzInvalidArgument, "double free: %s", kzGetErrorString(r));
+  /* Destroyed handles are recognised (kizuna.h, "Handles"). */
+  r = kzCommDestroy(comms[0]);
+  CHECK(r == kzInvalidArgument && strstr(kzGetLastError(), "was destroyed") != NULL, "double destroy: %s",
+        kzGetLastError());
+  r = kzStreamSynchronize(stream[0]);
+  CHECK(r == kzInvalidArgument && strstr(kzGetLastError(), "was destroyed") != NULL, "destroyed stream: %s",
+        kzGetLastError());
   if (failures == 0) printf("c_api_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

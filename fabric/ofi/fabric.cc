@@ -300,6 +300,8 @@ Result<std::unique_ptr<Fabric>> OfiFabric::CreateWith(const Config& config, cons
     return Unavailable(fmt::format("libfabric cannot be used: {}", lib.status().ToString()));
   }
   std::shared_ptr<const LibFabric> l = *lib;
+  // fi_getinfo loads and starts the providers, fi_fabric and fi_domain open them.
+  SignalHandlerGuard keep_signals("libfabric's provider discovery and device opening");
   auto found = Discover(*l);
   if (!found.ok()) return Unavailable(fmt::format("libfabric {}: {}", l->VersionString(), found.status().ToString()));
 

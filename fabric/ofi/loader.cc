@@ -1,7 +1,9 @@
 #include "fabric/ofi/loader.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <rdma/fi_errno.h>
+#include <string.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -59,7 +61,68 @@ bool Resolve(void* handle, const char* name, F* out, std::string* missing) {
   return true;
 }
 
+// What SignalHandlerGuard's scopes share.
+struct GuardState {
+  std::recursive_mutex mu;                       // held for the whole of a scope
+  std::set<std::string> brought_in;              // objects that appeared during a scope (guarded by mu)
+  bool logged[SignalHandlerGuard::kCount] = {};  // guarded by mu
+};
+
+GuardState& Guards() {
+  static auto* state = new GuardState();  // never destroyed: fabrics may be created during exit
+  return *state;
+}
+
+std::set<std::string> LoadedObjects() {
+  std::set<std::string> names;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        static_cast<std::set<std::string>*>(out)->insert(info->dlpi_name != nullptr ? info->dlpi_name : "");
+        return 0;
+      },
+      &names);
+  return names;
+}
+
+void* HandlerCode(const struct sigaction& a) {
+  return (a.sa_flags & SA_SIGINFO) != 0 ? reinterpret_cast<void*>(a.sa_sigaction)
+                                        : reinterpret_cast<void*>(a.sa_handler);
+}
+
 }  // namespace
+
+SignalHandlerGuard::SignalHandlerGuard(std::string_view during) : during_(during) {
+  Guards().mu.lock();
+  for (size_t i = 0; i < kCount; ++i) ::sigaction(kSignals[i], nullptr, &saved_[i]);
+  objects_before_ = LoadedObjects();
+}
+
+SignalHandlerGuard::~SignalHandlerGuard() {
+  GuardState& state = Guards();
+  for (const std::string& name : LoadedObjects())
+    if (!objects_before_.contains(name)) state.brought_in.insert(name);
+  for (size_t i = 0; i < kCount; ++i) {
+    struct sigaction now {};
+    if (::sigaction(kSignals[i], nullptr, &now) != 0) continue;
+    void* code = HandlerCode(now);
+    if (code == HandlerCode(saved_[i])) continue;
+    // Only a handler of a library that came with libfabric: SIG_DFL and SIG_IGN are in no object,
+    // and the program's own code is in objects that were loaded before.
+    Dl_info where{};
+    if (code == reinterpret_cast<void*>(SIG_DFL) || code == reinterpret_cast<void*>(SIG_IGN) ||
+        ::dladdr(code, &where) == 0 || where.dli_fname == nullptr || !state.brought_in.contains(where.dli_fname))
+      continue;
+    if (::sigaction(kSignals[i], &saved_[i], nullptr) != 0) continue;
+    if (!state.logged[i]) {
+      state.logged[i] = true;
+      KZ_INFO(kLogFabric,
+              "ofi: {} (loaded with libfabric) replaced the SIG{} handler during {}; the previous one is "
+              "restored, so that the program keeps its own handling (a crash stays a crash, with its core dump)",
+              where.dli_fname, ::sigabbrev_np(kSignals[i]), during_);
+    }
+  }
+  state.mu.unlock();
+}
 
 StatusCode ErrorCode(int fi_errno) {
   switch (fi_errno) {
@@ -97,12 +160,19 @@ Result<std::shared_ptr<const LibFabric>> LibFabric::Open(const std::string& path
   ::dlerror();
   // Never dlclose()d: providers start threads and register handlers that must outlive every
   // object created from the library, and unloading it while any of them runs is undefined.
-  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* handle = nullptr;
+  std::string why;
+  {
+    SignalHandlerGuard keep_signals(fmt::format("dlopen({})", path));
+    handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    const char* error = handle == nullptr ? ::dlerror() : nullptr;
+    why = error != nullptr ? error : "unknown reason";
+  }
   if (handle == nullptr) {
-    const char* why = ::dlerror();
-    return Unavailable(fmt::format("libfabric is not installed here: dlopen({}) failed: {} (install libfabric1, "
-                                   "or point the loader at it)",
-                                   path, why != nullptr ? why : "unknown reason"));
+    return Unavailable(
+        fmt::format("libfabric is not installed here: dlopen({}) failed: {} (install libfabric1, "
+                    "or point the loader at it)",
+                    path, why));
   }
   std::shared_ptr<LibFabric> lib(new LibFabric());
   lib->path_ = path;

@@ -13,9 +13,11 @@
 #pragma once
 
 #include <rdma/fabric.h>
+#include <signal.h>
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <source_location>
 #include <string>
 #include <string_view>
@@ -62,6 +64,33 @@ class LibFabric {
   LibFabric() = default;
   std::string path_;
   uint32_t runtime_version_ = 0;
+};
+
+// The program's crash and termination signals (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGINT,
+// SIGTERM) kept as they were across a scope that loads libfabric or lets it load and start its
+// providers (dlopen, fi_getinfo, fi_fabric, fi_domain). Libraries libfabric links take them over:
+// libinfinipath (the PSM provider's), loaded with libfabric.so.1 on Debian, installs handlers that
+// print a backtrace and exit(1), so that a crash reports "exited with status 1" with no core dump,
+// and SIGINT or SIGTERM no longer reach the program's own handlers. On leaving the scope, each of
+// those signals whose handler changed to code in a library that appeared during such a scope gets
+// its previous handler back (logged once per signal at INFO, naming the library); a handler whose
+// code lies anywhere else (the program's, installed meanwhile by another thread) is left alone.
+// Scopes nest and may run on several threads (one at a time: they take a process-wide lock).
+class SignalHandlerGuard {
+ public:
+  explicit SignalHandlerGuard(std::string_view during);
+  ~SignalHandlerGuard();
+  SignalHandlerGuard(const SignalHandlerGuard&) = delete;
+  SignalHandlerGuard& operator=(const SignalHandlerGuard&) = delete;
+
+  // The signals kept, and how many.
+  static constexpr int kSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGINT, SIGTERM};
+  static constexpr size_t kCount = sizeof kSignals / sizeof kSignals[0];
+
+ private:
+  std::string during_;
+  struct sigaction saved_[kCount];
+  std::set<std::string> objects_before_;  // names of the objects loaded when the scope began
 };
 
 // The kizuna code for a (positive) fi errno: connection failures -> kRemoteError, bad arguments

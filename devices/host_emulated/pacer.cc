@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "runtime/core/logging.h"
+#include "runtime/core/status.h"
 #include "runtime/core/unique_fd.h"
 
 namespace kizuna::host_emulated {
@@ -32,41 +33,34 @@ int64_t NowNs() {
 // One mapping of the shared segment per name, shared by the pacers of a process.
 class SharedTimelines {
  public:
-  static std::shared_ptr<SharedTimelines> Attach(const std::string& name) {
+  // The mapping, or why the segment cannot be used (the caller falls back to a per-process
+  // timeline).
+  static Result<std::shared_ptr<SharedTimelines>> Attach(const std::string& name) {
     static std::mutex mu;
     static std::map<std::string, std::weak_ptr<SharedTimelines>> open;
     std::lock_guard lock(mu);
     if (auto existing = open[name].lock()) return existing;
     UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-    if (!fd.valid()) {
-      KZ_WARN(kLogDevice, "host_emulated: shm_open({}) failed: {}; throttles are per process", name,
-              std::strerror(errno));
-      return nullptr;
-    }
+    if (!fd.valid()) return FromErrno(errno, fmt::format("shm_open(/dev/shm{})", name));
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0) {
-      KZ_WARN(kLogDevice, "host_emulated: fstat({}) failed: {}; throttles are per process", name, std::strerror(errno));
-      return nullptr;
-    }
+    if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, fmt::format("fstat(/dev/shm{})", name));
     // Only a segment this user owns and nobody else can write: anyone able to truncate it could
     // make every throttled process fault on its next reservation.
     if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-      KZ_WARN(kLogDevice, "host_emulated: /dev/shm{} is owned by uid {} with mode {:o}, not private to uid {}; "
-              "throttles are per process",
-              name, st.st_uid, st.st_mode & 0777, ::geteuid());
-      return nullptr;
+      return Unavailable(fmt::format("/dev/shm{} is owned by uid {} with mode {:o}, not private to uid {}", name,
+                                     st.st_uid, st.st_mode & 0777, ::geteuid()));
     }
-    if (st.st_size < static_cast<off_t>(kSegmentBytes) && ::ftruncate(fd.get(), kSegmentBytes) != 0) {
-      KZ_WARN(kLogDevice, "host_emulated: sizing {} failed: {}; throttles are per process", name,
-              std::strerror(errno));
-      return nullptr;
+    // Sized and given its memory now (posix_fallocate, also for a segment another process only
+    // sized): with ftruncate alone, a page gets its memory at its first touch, and when /dev/shm
+    // is full that touch is a SIGBUS in the middle of a throttled operation. 64 KiB: no cost worth
+    // measuring. posix_fallocate returns the error number; it does not set errno.
+    if (const int err = ::posix_fallocate(fd.get(), 0, kSegmentBytes); err != 0) {
+      return FromErrno(err, fmt::format("reserving the {} bytes of /dev/shm{} (posix_fallocate; is /dev/shm full? "
+                                        "`df /dev/shm`)",
+                                        kSegmentBytes, name));
     }
     void* p = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-    if (p == MAP_FAILED) {
-      KZ_WARN(kLogDevice, "host_emulated: mapping {} failed: {}; throttles are per process", name,
-              std::strerror(errno));
-      return nullptr;
-    }
+    if (p == MAP_FAILED) return FromErrno(errno, fmt::format("mmap(/dev/shm{}, {} bytes)", name, kSegmentBytes));
     auto timelines = std::shared_ptr<SharedTimelines>(new SharedTimelines(name, p));
     open[name] = timelines;
     KZ_INFO(kLogDevice, "host_emulated: throttle timelines shared host-wide in /dev/shm{}", name);
@@ -95,7 +89,13 @@ DevicePacer::~DevicePacer() = default;
 std::atomic<int64_t>* DevicePacer::Slot() {
   std::call_once(attach_once_, [this] {
     if (device_index_ >= 0 && device_index_ < kSlots) {
-      shared_ = SharedTimelines::Attach(fmt::format("/kizuna-emu-{}-{}", ::geteuid(), host_identity_));
+      auto shared = SharedTimelines::Attach(fmt::format("/kizuna-emu-{}-{}", ::geteuid(), host_identity_));
+      if (shared.ok()) {
+        shared_ = std::move(shared).value();
+      } else {
+        shared_error_ = shared.status().ToString();
+        KZ_WARN(kLogDevice, "host_emulated: device {}: {}; throttles are per process", device_index_, shared_error_);
+      }
     }
     slot_ = shared_ != nullptr ? shared_->slot(device_index_) : &local_;
   });
@@ -119,5 +119,7 @@ Deadline::Clock::time_point DevicePacer::Reserve(std::chrono::nanoseconds durati
 std::string DevicePacer::segment_name() const {
   return shared_ != nullptr && slot_ != nullptr ? shared_->name() : std::string();
 }
+
+std::string DevicePacer::shared_error() const { return slot_ != nullptr ? shared_error_ : std::string(); }
 
 }  // namespace kizuna::host_emulated

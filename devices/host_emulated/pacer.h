@@ -7,8 +7,10 @@
 // small POSIX shared-memory segment, one 64-byte slot per device index, named after the user and
 // the running kernel (host name + boot id), so every process of that user on this boot sees the
 // same timeline; CLOCK_MONOTONIC (steady_clock) is the same clock in all of them. The segment is
-// created on the first throttled operation only, so unthrottled use leaves nothing in /dev/shm.
-// When it cannot be created, the device falls back to a per-process timeline and says so (WARN).
+// created on the first throttled operation only, so unthrottled use leaves nothing in /dev/shm, and
+// its memory is reserved then (posix_fallocate): a full /dev/shm is an error at that point, not a
+// SIGBUS at a later touch. When it cannot be created or reserved, the device falls back to a
+// per-process timeline and says why (WARN: the segment, its size, the error).
 #pragma once
 
 #include <atomic>
@@ -36,6 +38,9 @@ class DevicePacer {
 
   // The shared-memory name of the timeline ("" until the first Reserve, or when per-process).
   std::string segment_name() const;
+  // Why the timeline is per process ("" until the first Reserve, or when it is shared): the
+  // segment, its size and the error, e.g. a full /dev/shm.
+  std::string shared_error() const;
 
  private:
   std::atomic<int64_t>* Slot();
@@ -44,6 +49,7 @@ class DevicePacer {
   const int device_index_;
   std::once_flag attach_once_;
   std::shared_ptr<SharedTimelines> shared_;  // set once by attach_once_
+  std::string shared_error_;                 // set once by attach_once_
   std::atomic<int64_t> local_{0};            // the per-process fallback
   std::atomic<int64_t>* slot_ = nullptr;     // set once by attach_once_
 };

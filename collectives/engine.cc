@@ -146,7 +146,11 @@ Status Engine::Prepare(std::span<EngineCall> calls, Prepared* out) {
     const uint64_t in = c.request.input_count() * elem, out = c.request.output_count() * elem;
     const bool host = (c.input != nullptr && in > 0 && !device_->Addressable(c.input, in)) ||
                       (c.output != nullptr && out > 0 && !device_->Addressable(c.output, out));
-    if (host && !c.algorithm) c.algorithm = Algorithm::kFused;
+    // Only fused serves host memory: a per-call choice falls back to it, as CallOptions says.
+    if (host && c.algorithm && *c.algorithm != Algorithm::kFused)
+      KZ_INFO(kLogTune, "rank {}: {} asked for {} on host memory, which only fused serves: using fused", rank_,
+              c.request.ToString(), AlgorithmName(*c.algorithm));
+    if (host) c.algorithm = Algorithm::kFused;
     host_memory = host_memory || host;
   }
   // A collective's plan depends on the collectives of the group only, and a point-to-point

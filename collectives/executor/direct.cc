@@ -166,7 +166,7 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
   if (m.plan->algorithm != Algorithm::kFused || !group.host_accessible() || !group.one_rank_per_process()) return false;
   // The caller's stream must have nothing queued: then the inputs are ready now, and running the
   // operation before returning orders it before whatever the caller enqueues next.
-  auto idle = stream.Query();
+  auto idle = stream.Idle();
   if (!idle.ok() || !*idle) {
     if (host_memory) return idle.ok() ? Internal("the caller's stream is busy again") : idle.status();
     return false;
@@ -265,7 +265,7 @@ bool Executor::GroupCall::Matches() {
     if (members_[i]->size() != 1 || (*members_[i])[0].plan->algorithm != Algorithm::kFused) return false;
     if (CpuDoesParts(ex.device_->properties()) != cpu_) return false;
     if (cpu_) {
-      auto idle = streams_[i]->Query();
+      auto idle = streams_[i]->Idle();
       if (!idle.ok() || !*idle) return false;
     } else {
       for (auto* event : {&ex.group_ready_, &ex.group_done_}) {

@@ -170,7 +170,7 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
   // wait behind each other's held callbacks: CUDA runs them all on one thread).
   // A stream with nothing queued has reached the call already: the executor need not wait for a
   // callback from it (one thread hand-off fewer per call; the hold below still orders later work).
-  auto idle = stream.Query();
+  auto idle = stream.Idle();
   Status enq;
   if (idle.ok() && *idle) {
     op->inputs_ready = true;  // not yet shared with another thread
@@ -187,6 +187,7 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
     if (hold.ok()) {
       std::lock_guard lock(op->mu);
       op->hold = std::move(*hold);
+      op->stream = &stream;
     } else {
       enq = hold.status();
     }
@@ -217,6 +218,8 @@ void Executor::FinishOperation(Operation& op, const Status& status) {
   {
     std::lock_guard lock(op.mu);
     op.done = true;
+    // The caller's Synchronize says the results it waited for are not there (not only AsyncError).
+    if (!status.ok() && op.hold && op.stream != nullptr) op.stream->ReportFailure(status);
     if (op.hold) op.hold->Release();
   }
   op.cv.notify_all();

@@ -20,9 +20,10 @@
 //     moves them to their destination; local steps are device operations. Tags keep channels
 //     and group members apart on the shared connections.
 //  4. When every step has completed (device work included), the operation is done: the held
-//     stream continues. On failure the held stream continues too and the stream's later
-//     Synchronize does not see an error (the device did nothing wrong): the error is the
-//     communicator's (AsyncError), as with NCCL's ncclCommGetAsyncError.
+//     stream continues. On failure the held stream continues too, told of the failure first
+//     (Stream::ReportFailure): its next Synchronize returns it, once, besides the communicator's
+//     AsyncError (NCCL has only ncclCommGetAsyncError; a caller waiting on the stream would take
+//     untouched outputs for results).
 //
 // Failures are sticky: after one operation fails, every queued and later operation fails with
 // that error (kAborted wrapping it), and the executor closes its connections so that peers waiting
@@ -178,6 +179,9 @@ class Executor {
   // Takes every control message that arrived into the inbox and reposts the receives; a peer
   // whose control connection ended is recorded in `gone`. True when anything arrived.
   Result<bool> ReceiveControl();
+  // The reason an abort notice from a peer gives, if one arrived (or arrives within a short
+  // grace), as a kRemoteError naming that peer; else `symptom`.
+  Status AbortReasonOr(const Status& symptom);
   // The operation header every rank computes for the same members (Submit, Serve).
   static Status FillHeader(Operation& op, int* total_channels);
   // A fused member (fused.cc), run through the direct group (executor_direct.cc).

@@ -145,6 +145,9 @@ struct Executor::Operation {
   Status stream_status;       // guarded by mu: the user stream's state when it reached the call
   bool done = false;          // guarded by mu
   std::unique_ptr<device::StreamHold> hold;  // guarded by mu: the caller's stream, held until done
+  // The caller's stream: valid while the hold is (a stream waits for its held work before it goes
+  // away); told of a failure before the hold is released (Stream::ReportFailure).
+  device::Stream* stream = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -213,6 +213,22 @@ Result<bool> Executor::ReceiveControl() {
   return progress;
 }
 
+Status Executor::AbortReasonOr(const Status& symptom) {
+  // The notice travels on the control connection, which closes right after it: take whatever
+  // arrived, for a short while (the peer waits as long for its notices to go out).
+  const Deadline grace = Deadline::After(std::chrono::milliseconds(200));
+  while (true) {
+    for (int q = 0; q < transport_->nranks(); ++q)
+      for (const ControlMessage& m : control_->inbox[static_cast<size_t>(q)])
+        if (m.magic == kControlMagic && m.kind == ControlKind::kAbort)
+          return RemoteError(fmt::format("rank {} failed: {} (here: {})", q,
+                                         std::string(m.reason, strnlen(m.reason, sizeof m.reason)), symptom.message()));
+    if (grace.Expired() || closed_) return symptom;
+    auto got = ReceiveControl();
+    if (!got.ok() || !*got) std::this_thread::sleep_for(kWaitSlice);
+  }
+}
+
 Result<bool> Executor::Run::PollControl() {
   bool progress = false;
   // Header sends: reap completed ones.
@@ -627,6 +643,10 @@ Status Executor::Run::Execute(Deadline deadline) {
       if (!progress) WaitBriefly();
     }
   }();
+  // A connection that closed under this operation is the symptom: the peer that failed first
+  // said why before closing (TellPeersAndClose), and that reason names the culprit.
+  if (status.code() == StatusCode::kRemoteError || status.code() == StatusCode::kUnavailable)
+    status = ex_.AbortReasonOr(status);
   // Requests still outstanding after a failure belong to the comms, which the failure path
   // closes; device work still queued is waited for here.
   Release();

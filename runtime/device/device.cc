@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <utility>
 
 #include "runtime/core/logging.h"
 
@@ -184,9 +185,30 @@ Status Stream::DoEnqueueRelease(std::unique_ptr<StreamHold> hold) {
   return s;
 }
 
-Status Stream::Synchronize(Deadline deadline) { return DoSynchronize(deadline); }
-Status Stream::Synchronize() { return DoSynchronize(Deadline::AfterSeconds(device().config().timeout_s)); }
-Result<bool> Stream::Query() { return DoQuery(); }
+Status Stream::Synchronize(Deadline deadline) {
+  KZ_RETURN_IF_ERROR(DoSynchronize(deadline));
+  return TakeFailure();
+}
+Status Stream::Synchronize() { return Synchronize(Deadline::AfterSeconds(device().config().timeout_s)); }
+Result<bool> Stream::Query() {
+  KZ_ASSIGN_OR_RETURN(bool done, DoQuery());
+  if (done) KZ_RETURN_IF_ERROR(TakeFailure());
+  return done;
+}
+
+void Stream::ReportFailure(const Status& failure) {
+  if (failure.ok()) return;
+  std::lock_guard lock(failure_mu_);
+  if (failure_.ok()) failure_ = failure;
+  failed_.store(true, std::memory_order_release);
+}
+
+Status Stream::TakeFailure() {
+  if (!failed_.load(std::memory_order_acquire)) return Status::Ok();  // the common path takes no lock
+  std::lock_guard lock(failure_mu_);
+  failed_.store(false, std::memory_order_relaxed);
+  return std::exchange(failure_, Status::Ok());
+}
 
 // ---- Event ----
 

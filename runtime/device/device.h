@@ -17,10 +17,12 @@
 // error. Bad arguments are reported by the enqueue call itself and nothing is enqueued.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -181,11 +183,21 @@ class Stream {
   // held stream never waits for ever).
   Status EnqueueRelease(std::unique_ptr<StreamHold> hold);
 
-  // Waits until all enqueued work is done; returns the stream's error, if any; kTimeout at the deadline.
+  // Waits until all enqueued work is done; returns the stream's error, if any, else a reported
+  // failure (ReportFailure); kTimeout at the deadline.
   Status Synchronize(Deadline deadline);
   Status Synchronize();  // deadline: the configured KIZUNA_TIMEOUT
-  // true when all enqueued work is done; the stream's error, if any.
+  // true when all enqueued work is done; the stream's error, if any, else a reported failure.
   Result<bool> Query();
+  // Query for the runtime's own checks (is the caller's stream idle?): a reported failure stays
+  // for the caller's Synchronize or Query.
+  Result<bool> Idle() { return DoQuery(); }
+  // Work this stream carried but did not run failed: a collective the stream was held for (the
+  // executor reports it before releasing the hold). The next Synchronize or Query that finds the
+  // stream's work done returns it, once, so that code waiting on the stream learns that the
+  // results it waited for are not there, as it would from a failed kernel — without making the
+  // stream unusable for later work. The first failure is kept until then.
+  void ReportFailure(const Status& failure);
 
  protected:
   explicit Stream(Device* device) : device_(device) {}
@@ -209,7 +221,12 @@ class Stream {
   virtual Result<bool> DoQuery() = 0;
 
  private:
+  Status TakeFailure();
+
   Device* device_;
+  std::atomic<bool> failed_{false};  // a reported failure waits in failure_ (read without the lock)
+  std::mutex failure_mu_;
+  Status failure_;  // guarded by failure_mu_
 };
 
 class Event {

@@ -280,6 +280,19 @@ int HostMemory(Communicator& comm, device::Stream& stream) {
       }
     }
   }
+  // A per-call algorithm that cannot serve host memory falls back to fused, as CallOptions says.
+  for (collectives::Algorithm forced : {collectives::Algorithm::kRing, collectives::Algorithm::kTree}) {
+    std::vector<float> v(1000, static_cast<float>(r + 1));
+    CallOptions options;
+    options.algorithm = forced;
+    Status s = comm.AllReduce(v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, stream, options);
+    if (s.ok()) s = stream.Synchronize();
+    if (s.ok()) s = comm.AsyncError();
+    const std::string name = fmt::format("host-memory AllReduce with {} asked for", collectives::AlgorithmName(forced));
+    if (!s.ok()) return Fail(name + ": " + s.ToString());
+    if (v[999] != static_cast<float>(n * (n + 1) / 2)) return Fail(fmt::format("{}: got {}", name, v[999]));
+    ++cases;
+  }
   std::vector<float> x(4 * static_cast<size_t>(n)), y(4 * static_cast<size_t>(n));
   const Status refused = comm.AllToAll(x.data(), y.data(), 4, DataType::kFloat32, stream);
   if (refused.ok() || refused.ToString().find("host memory") == std::string::npos)

@@ -26,6 +26,8 @@ Executor::Executor(Transport* transport, device::Device* device, const ExecutorO
   control_->recv.assign(static_cast<size_t>(transport->nranks()), nullptr);
   control_->inbox.resize(static_cast<size_t>(transport->nranks()));
   control_->gone.resize(static_cast<size_t>(transport->nranks()));
+  control_->state.resize(static_cast<size_t>(transport->nranks()));
+  control_->state_at.resize(static_cast<size_t>(transport->nranks()));
 }
 
 Result<std::unique_ptr<Executor>> Executor::Create(Transport* transport, device::Device* device,
@@ -310,7 +312,13 @@ void Executor::Loop() {
     std::shared_ptr<Operation> op;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || (abort_.load() && !closed_); });
+      // Idle, it still answers its peers' probes (a rank that has not called yet is named so).
+      while (!cv_.wait_for(lock, kIdlePoll, [&] { return stopping_ || !queue_.empty() || (abort_.load() && !closed_); })) {
+        if (closed_) continue;
+        lock.unlock();
+        ReceiveControl().status().IgnoreError();  // a failure here is the next operation's to report
+        lock.lock();
+      }
       if (queue_.empty() && abort_.load() && !closed_) {
         // Aborted while idle: tell the peers now, so that they do not wait for this rank.
         lock.unlock();
@@ -327,8 +335,15 @@ void Executor::Loop() {
     {
       const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
       std::unique_lock lock(op->mu);
-      while (!op->inputs_ready && !abort_.load() && !deadline.Expired())
+      stream_wait_seq_ = op->seq;
+      while (!op->inputs_ready && !abort_.load() && !deadline.Expired()) {
         op->cv.wait_for(lock, std::chrono::milliseconds(10));
+        if (op->inputs_ready || closed_) continue;
+        lock.unlock();
+        ReceiveControl().status().IgnoreError();  // answers probes meanwhile
+        lock.lock();
+      }
+      stream_wait_seq_ = 0;
       if (!op->inputs_ready)
         status = abort_.load() ? Aborted("the communicator was aborted")
                                : Timeout(fmt::format("the caller's stream did not reach operation {} within {} s",
@@ -351,9 +366,12 @@ void Executor::Loop() {
           options_.same_process->Publish(op->seq, options_.rank, op->header.signature, std::move(call));
         }
         Run run(*this, *op, op->slot_bytes, op->slots);
+        running_ = &run;
         status = run.Execute(Deadline::AfterSeconds(options_.timeout_s));
+        running_ = nullptr;
       }
     }
+    if (op->seq != 0) last_seq_ = op->seq;
     if (!status.ok()) {
       Fail(status);
       if (!closed_) TellPeersAndClose(status);

@@ -95,6 +95,10 @@ struct ExecutorOptions {
   int workers = 0;
 };
 
+namespace executor_internal {
+struct ControlMessage;  // internal.h
+}
+
 class Executor {
  public:
   // Starts the executor thread. `transport` and `device` must outlive the executor.
@@ -177,8 +181,14 @@ class Executor {
   // Serve's step for one operation: runs the one whose header is first in rank `from`'s inbox.
   Status ServeOne(int from);
   // Takes every control message that arrived into the inbox and reposts the receives; a peer
-  // whose control connection ended is recorded in `gone`. True when anything arrived.
+  // whose control connection ended is recorded in `gone`; probes are answered and answers kept
+  // (ControlState::state). True when anything arrived.
   Result<bool> ReceiveControl();
+  // Sends one control message to `peer` if a control slot is free (waiting for one until
+  // `deadline` when `wait`); false when none was.
+  Result<bool> SendControl(int peer, const executor_internal::ControlMessage& m, bool wait, Deadline deadline);
+  // This rank's answer to a probe: the running operation, or idle after the last one.
+  executor_internal::ControlMessage State() const;
   // The reason an abort notice from a peer gives, if one arrived (or arrives within a short
   // grace), as a kRemoteError naming that peer; else `symptom`.
   Status AbortReasonOr(const Status& symptom);
@@ -210,6 +220,9 @@ class Executor {
   struct ControlState;
   std::unique_ptr<ControlState> control_;
   bool closed_ = false;  // executor thread only: the connections were closed after a failure
+  Run* running_ = nullptr;  // executor thread only: the operation running now (State)
+  uint64_t last_seq_ = 0;   // executor thread only: the last numbered operation it ran
+  uint64_t stream_wait_seq_ = 0;  // executor thread only: waiting for the caller's stream to reach it
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -34,7 +34,7 @@ constexpr int kP2pWindow = 2;
 // Point-to-point chunks are never smaller than this (P2pStagingBytes grows with the ranks instead).
 constexpr size_t kMinP2pChunkBytes = 16 << 10;
 constexpr uint32_t kControlMagic = 0x6b7a4354;  // "kzCT"
-constexpr size_t kControlSlotBytes = 256;       // one control message; control_bytes holds several
+constexpr size_t kControlSlotBytes = 512;       // one control message; control_bytes holds several
 // A slot is at least this big: smaller chunks would be all overhead (and the staging split below
 // rounds to it).
 constexpr size_t kMinSlotBytes = 64;
@@ -52,7 +52,17 @@ constexpr size_t kCpuStepBytes = 64 << 10;
 // completion elsewhere is not left waiting, long enough not to burn a core.
 constexpr auto kWaitSlice = std::chrono::microseconds(200);
 
-enum class ControlKind : uint32_t { kHeader = 1, kAbort = 2 };
+// kProbe asks a peer where it is; it answers kState (members 0: idle, seq its last operation;
+// else the operation it is running, described as a header, and in `reason` what it waits on).
+// Both are consumed as they arrive (Executor::ReceiveControl), never queued with the headers.
+enum class ControlKind : uint32_t { kHeader = 1, kAbort = 2, kProbe = 3, kState = 4 };
+
+// An operation that has made no progress for this long asks its peers where they are: a peer at
+// the same operation with another signature is a mismatch, reported then; the answers (or their
+// absence) name the culprit when the deadline comes. At most a quarter of the deadline.
+constexpr std::chrono::milliseconds kProbeAfter{1000};
+// How often an idle executor looks for probes (an answer takes at most this long).
+constexpr std::chrono::milliseconds kIdlePoll{20};
 
 // What a rank says about the operation it is at; compared field by field with the receiver's own.
 struct ControlMessage {
@@ -96,6 +106,8 @@ inline uint64_t MemberSignature(const Plan& plan) {
   return h;
 }
 
+// A peer's abort notice as this rank's error: kRemoteError naming the rank that failed first.
+Status AbortNotice(int peer, const ControlMessage& m);
 // The header of an operation made of `members` (Executor::FillHeader).
 Status FillHeader(const std::vector<OperationMember>& members, ControlMessage* header, int* total_channels);
 // Its signature alone (what the calling thread's path needs), checking that every member has this
@@ -130,6 +142,9 @@ struct Executor::ControlState {
   std::map<int, std::deque<fabric::Request*>> pending;  // header sends in flight, per peer
   std::map<int, uint64_t> next;                       // the next control slot to use, per peer
   std::vector<Status> gone;                           // per peer: why its control connection ended
+  // Probes: each peer's last answer and when it came (time_point{}: never).
+  std::vector<ControlMessage> state;
+  std::vector<executor_internal::Clock::time_point> state_at;
 };
 
 struct Executor::Operation {
@@ -270,6 +285,20 @@ class Executor::Run {
   // Headers: which peers this rank must hear from, and what it heard.
   std::set<int> expect_from_;
   std::set<int> verified_;
+
+  // Probes (kProbeAfter): when this operation last moved, and when it last asked its peers.
+  executor_internal::Clock::time_point last_progress_{}, probed_at_{};
+ public:
+  // What this rank waits on (Waiting), for a peer's probe.
+  std::string WaitingText() const { return Waiting(); }
+  const ControlMessage& header() const { return op_.header; }
+ private:
+  // Asks every peer where it is, when the operation has not moved for kProbeAfter.
+  void ProbeIfStalled(bool progress);
+  // A peer's answer that shows a mismatch (the same operation, another signature); ok otherwise.
+  Status CheckStates() const;
+  // Where each peer said it was, for the timeout's message.
+  std::string DescribePeers() const;
 };
 
 }  // namespace kizuna::collectives

@@ -139,41 +139,17 @@ Status Executor::Run::SendHeaders() {
   for (const ChannelRun& ch : channels_)
     for (const Step& s : *ch.steps)
       if (s.kind == StepKind::kSend && !ch.p2p) send_to.insert(s.peer);
+  const Deadline deadline = Deadline::AfterSeconds(ex_.options_.timeout_s);
   for (int peer : send_to) {
-    Transport::Peer* p = tr_.peer(peer);
-    // A message slot that no earlier header send still uses (they complete as the peer reposts
-    // its control receive, one message at a time).
-    const size_t nslots = p->control_out.size() / kControlSlotBytes;
-    auto& pending = ex_.control_->pending[peer];
-    Deadline deadline = Deadline::AfterSeconds(ex_.options_.timeout_s);
-    while (pending.size() >= nslots) {
-      fabric::Request* r = pending.front();
-      KZ_ASSIGN_OR_RETURN(size_t n, p->send->Wait(r, deadline));
-      (void)n;
-      pending.pop_front();
-    }
-    const size_t slot = ex_.control_->next[peer]++ % nslots;
-    uint8_t* where = p->control_out.data() + slot * kControlSlotBytes;
-    std::memcpy(where, &op_.header, sizeof op_.header);
-    fabric::Request* r = nullptr;
-    while (r == nullptr) {
-      KZ_ASSIGN_OR_RETURN(r, p->send->Send(where, sizeof op_.header, kControlTag, p->send_control));
-      if (r == nullptr) {
-        if (deadline.Expired()) return Timeout(fmt::format("could not post the operation header to rank {}", peer));
-        std::this_thread::sleep_for(kWaitSlice);
-      }
-    }
-    pending.push_back(r);
+    KZ_ASSIGN_OR_RETURN(bool sent, ex_.SendControl(peer, op_.header, true, deadline));
+    if (!sent) return Timeout(fmt::format("could not post the operation header to rank {}", peer));
   }
   return Status::Ok();
 }
 
 Status Executor::Run::CheckHeader(int peer, const ControlMessage& m) {
   if (m.magic != kControlMagic) return RemoteError(fmt::format("rank {} sent a malformed control message", peer));
-  if (m.kind == ControlKind::kAbort) {
-    std::string why(m.reason, strnlen(m.reason, sizeof m.reason));
-    return RemoteError(fmt::format("rank {} failed: {}", peer, why));
-  }
+  if (m.kind == ControlKind::kAbort) return AbortNotice(peer, m);
   if (m.seq != op_.seq || m.signature != op_.header.signature) {
     return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at {}; rank {} is at {}",
                                        tr_.rank(), DescribeHeader(op_.header), peer, DescribeHeader(m)));
@@ -183,6 +159,7 @@ Status Executor::Run::CheckHeader(int peer, const ControlMessage& m) {
 
 Result<bool> Executor::ReceiveControl() {
   bool progress = false;
+  std::vector<int> answer;  // peers that asked where this rank is
   for (int q = 0; q < transport_->nranks(); ++q) {
     Transport::Peer* p = transport_->peer(q);
     if (p == nullptr || !p->recv) continue;
@@ -201,16 +178,92 @@ Result<bool> Executor::ReceiveControl() {
       }
       if (!c->done) continue;
       r = nullptr;
-      progress = true;
       ControlMessage m;
       if (c->size != sizeof m)
         return RemoteError(fmt::format("rank {} sent a control message of {} bytes", q, c->size));
       std::memcpy(&m, p->control_in.data(), sizeof m);
-      control_->inbox[static_cast<size_t>(q)].push_back(m);
+      if (m.magic == kControlMagic && m.kind == ControlKind::kProbe) {
+        answer.push_back(q);
+      } else if (m.magic == kControlMagic && m.kind == ControlKind::kState) {
+        control_->state[static_cast<size_t>(q)] = m;
+        control_->state_at[static_cast<size_t>(q)] = Clock::now();
+      } else {
+        control_->inbox[static_cast<size_t>(q)].push_back(m);
+        progress = true;  // probes and answers are not the operation's progress
+      }
     }
     KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(p->control_in.data(), kControlSlotBytes, kControlTag, p->recv_control));
   }
+  // Answered after the receives are reposted: the answer may prompt the peer's next message.
+  if (!answer.empty()) {
+    const ControlMessage state = State();
+    for (int q : answer) SendControl(q, state, false, Deadline::AfterSeconds(0)).status().IgnoreError();
+  }
   return progress;
+}
+
+Result<bool> Executor::SendControl(int peer, const ControlMessage& m, bool wait, Deadline deadline) {
+  Transport::Peer* p = transport_->peer(peer);
+  if (p == nullptr || !p->send) return false;
+  // A message slot that no earlier send still uses (they complete as the peer reposts its
+  // control receive, one message at a time).
+  const size_t nslots = p->control_out.size() / kControlSlotBytes;
+  auto& pending = control_->pending[peer];
+  while (!pending.empty()) {
+    KZ_ASSIGN_OR_RETURN(fabric::Completion c, p->send->Test(pending.front()));
+    if (!c.done) break;
+    pending.pop_front();
+  }
+  while (pending.size() >= nslots) {
+    if (!wait) return false;
+    KZ_ASSIGN_OR_RETURN(size_t n, p->send->Wait(pending.front(), deadline));
+    (void)n;
+    pending.pop_front();
+  }
+  const size_t slot = control_->next[peer]++ % nslots;
+  uint8_t* where = p->control_out.data() + slot * kControlSlotBytes;
+  std::memcpy(where, &m, sizeof m);
+  fabric::Request* r = nullptr;
+  while (r == nullptr) {
+    KZ_ASSIGN_OR_RETURN(r, p->send->Send(where, sizeof m, kControlTag, p->send_control));
+    if (r == nullptr) {
+      if (!wait || deadline.Expired()) return false;
+      std::this_thread::sleep_for(kWaitSlice);
+    }
+  }
+  pending.push_back(r);
+  return true;
+}
+
+ControlMessage Executor::State() const {
+  ControlMessage m;
+  if (running_ != nullptr) {
+    m = running_->header();
+    m.members = std::max<uint32_t>(m.members, 1);
+    const std::string waiting = running_->WaitingText();
+    std::memcpy(m.reason, waiting.data(), std::min(waiting.size(), sizeof m.reason - 1));
+  } else {
+    m.members = 0;
+    {
+      std::lock_guard lock(mu_);
+      m.seq = next_seq_ - 1;  // called (submitted) so far
+    }
+    const std::string what = stream_wait_seq_ != 0
+                                 ? fmt::format("waiting for its stream to reach operation {}", stream_wait_seq_)
+                                 : std::string("idle");
+    std::memcpy(m.reason, what.data(), std::min(what.size(), sizeof m.reason - 1));
+  }
+  m.magic = kControlMagic;
+  m.kind = ControlKind::kState;
+  return m;
+}
+
+Status executor_internal::AbortNotice(int peer, const ControlMessage& m) {
+  std::string why(m.reason, strnlen(m.reason, sizeof m.reason));
+  // A notice that only passes another rank's on names that rank: the first cause travels as is.
+  constexpr std::string_view kForwarded = "remote error: rank ";
+  if (why.starts_with(kForwarded)) return RemoteError(why.substr(std::string_view("remote error: ").size()));
+  return RemoteError(fmt::format("rank {} failed: {}", peer, why));
 }
 
 Status Executor::AbortReasonOr(const Status& symptom) {
@@ -220,9 +273,7 @@ Status Executor::AbortReasonOr(const Status& symptom) {
   while (true) {
     for (int q = 0; q < transport_->nranks(); ++q)
       for (const ControlMessage& m : control_->inbox[static_cast<size_t>(q)])
-        if (m.magic == kControlMagic && m.kind == ControlKind::kAbort)
-          return RemoteError(fmt::format("rank {} failed: {} (here: {})", q,
-                                         std::string(m.reason, strnlen(m.reason, sizeof m.reason)), symptom.message()));
+        if (m.magic == kControlMagic && m.kind == ControlKind::kAbort) return AbortNotice(q, m);
     if (grace.Expired() || closed_) return symptom;
     auto got = ReceiveControl();
     if (!got.ok() || !*got) std::this_thread::sleep_for(kWaitSlice);
@@ -237,8 +288,7 @@ Result<bool> Executor::Run::PollControl() {
     while (!pending.empty()) {
       KZ_ASSIGN_OR_RETURN(fabric::Completion c, p->send->Test(pending.front()));
       if (!c.done) break;
-      pending.pop_front();
-      progress = true;
+      pending.pop_front();  // not the operation's progress: probes and answers go this way too
     }
   }
   // Control receives: one posted per peer, always; each message is queued and the receive
@@ -605,7 +655,62 @@ void Executor::Run::Release() {
   for (auto& s : ex_.streams_) s->Synchronize(Deadline::AfterSeconds(10)).IgnoreError();
 }
 
+void Executor::Run::ProbeIfStalled(bool progress) {
+  const Clock::time_point now = Clock::now();
+  if (progress) last_progress_ = now;
+  const auto after = std::min<Clock::duration>(
+      kProbeAfter, std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ex_.options_.timeout_s / 4)));
+  if (now - last_progress_ < after || now - probed_at_ < after) return;
+  probed_at_ = now;
+  ControlMessage probe;
+  probe.kind = ControlKind::kProbe;
+  for (int q = 0; q < tr_.nranks(); ++q)
+    if (q != tr_.rank()) ex_.SendControl(q, probe, false, Deadline::AfterSeconds(0)).status().IgnoreError();
+}
+
+Status Executor::Run::CheckStates() const {
+  if (op_.seq == 0) return Status::Ok();  // transfers are matched by their sizes
+  for (int q = 0; q < tr_.nranks(); ++q) {
+    const ControlMessage& m = ex_.control_->state[static_cast<size_t>(q)];
+    if (m.members == 0 || m.seq != op_.seq || m.signature == op_.header.signature) continue;
+    if (ex_.control_->state_at[static_cast<size_t>(q)] < probed_at_) continue;  // an answer to an older probe
+    return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at {}; rank {} is at {}",
+                                       tr_.rank(), DescribeHeader(op_.header), q, DescribeHeader(m)));
+  }
+  return Status::Ok();
+}
+
+std::string Executor::Run::DescribePeers() const {
+  if (probed_at_ == Clock::time_point{}) return "";
+  std::vector<std::string> peers;
+  const Clock::time_point now = Clock::now();
+  for (int q = 0; q < tr_.nranks(); ++q) {
+    if (q == tr_.rank() || tr_.peer(q) == nullptr) continue;
+    const ControlMessage& m = ex_.control_->state[static_cast<size_t>(q)];
+    const Clock::time_point at = ex_.control_->state_at[static_cast<size_t>(q)];
+    const std::string reason(m.reason, strnlen(m.reason, sizeof m.reason));
+    if (at == Clock::time_point{} || now - at > std::chrono::seconds(2) + kProbeAfter) {
+      const Status& gone = ex_.control_->gone[static_cast<size_t>(q)];
+      peers.push_back(!gone.ok() ? fmt::format("rank {} is gone ({})", q, gone.message())
+                      : at == Clock::time_point{}
+                          ? fmt::format("rank {} does not answer (stopped, or its process not running)", q)
+                          : fmt::format("rank {} has not answered for {:.1f} s (stopped, or its process not running)",
+                                        q, std::chrono::duration<double>(now - at).count()));
+    } else if (m.members == 0 && op_.seq != 0 && m.seq < op_.seq) {
+      peers.push_back(fmt::format("rank {} has not called operation {} ({}; it called {} so far)", q, op_.seq,
+                                  reason, m.seq));
+    } else if (m.members != 0 && m.seq != op_.seq) {
+      peers.push_back(fmt::format("rank {} is at {}, {}", q, DescribeHeader(m), reason));
+    } else if (m.members != 0 && tr_.nranks() <= 8) {
+      peers.push_back(fmt::format("rank {} is {}", q, reason));
+    }
+  }
+  if (peers.empty()) return "";
+  return fmt::format("; where the others are: {}", fmt::join(peers, "; "));
+}
+
 Status Executor::Run::Execute(Deadline deadline) {
+  last_progress_ = Clock::now();
   Status status = [&]() -> Status {
     KZ_RETURN_IF_ERROR(Setup());
     // Control messages first: an abort notice a peer sent while this rank was idle names the
@@ -637,9 +742,13 @@ Status Executor::Run::Execute(Deadline deadline) {
         if (epilogue_done && verified_.size() == expect_from_.size()) return Status::Ok();
       }
       (void)epilogue_started;
-      if (deadline.Expired())
-        return Timeout(fmt::format("{} did not complete within {} s: rank {} is {}", DescribeHeader(op_.header),
-                                   ex_.options_.timeout_s, tr_.rank(), Waiting()));
+      ProbeIfStalled(progress);
+      KZ_RETURN_IF_ERROR(CheckStates());
+      // The deadline is for an operation that stopped moving: a slow operation that keeps
+      // moving (a throttled peer) runs past it.
+      if (deadline.Expired() && Clock::now() - last_progress_ > std::chrono::duration<double>(ex_.options_.timeout_s))
+        return Timeout(fmt::format("{} made no progress for {} s: rank {} is {}{}", DescribeHeader(op_.header),
+                                   ex_.options_.timeout_s, tr_.rank(), Waiting(), DescribePeers()));
       if (!progress) WaitBriefly();
     }
   }();

@@ -176,6 +176,7 @@ class StreamCore {
   // For DeviceStreams::WaitForDevice: how many operations were enqueued so far, waiting until as
   // many have completed, and failing the stream from outside (later work is skipped).
   uint64_t Enqueued() const { return enqueued_.load(std::memory_order_acquire); }
+  uint64_t Completed() const { return completed_.load(std::memory_order_acquire); }
   bool WaitUntilCompleted(uint64_t target, Deadline deadline) { return WaitCompleted(target, deadline); }
   void FailFromOutside(const Status& status) { Fail(status); }
 
@@ -585,6 +586,7 @@ class EmuStream final : public device::Stream {
   }
 
   Result<bool> DoQuery() override { return core_->Query(); }
+  std::optional<uint64_t> DoCompleted() const override { return core_->Completed(); }
 
  private:
   const std::string& label() const { return core_->settings().label; }

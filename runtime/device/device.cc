@@ -189,7 +189,19 @@ Status Stream::Synchronize(Deadline deadline) {
   KZ_RETURN_IF_ERROR(DoSynchronize(deadline));
   return TakeFailure();
 }
-Status Stream::Synchronize() { return Synchronize(Deadline::AfterSeconds(device().config().timeout_s)); }
+Status Stream::Synchronize() {
+  const double timeout_s = device().config().timeout_s;
+  std::optional<uint64_t> mark = DoCompleted();
+  Status s = DoSynchronize(Deadline::AfterSeconds(timeout_s));
+  while (s.code() == StatusCode::kTimeout) {
+    const std::optional<uint64_t> now = DoCompleted();
+    if (!now || *now == *mark) return s;  // nothing completed for the whole timeout
+    mark = now;
+    s = DoSynchronize(Deadline::AfterSeconds(timeout_s));
+  }
+  KZ_RETURN_IF_ERROR(s);
+  return TakeFailure();
+}
 Result<bool> Stream::Query() {
   KZ_ASSIGN_OR_RETURN(bool done, DoQuery());
   if (done) KZ_RETURN_IF_ERROR(TakeFailure());

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -186,7 +187,10 @@ class Stream {
   // Waits until all enqueued work is done; returns the stream's error, if any, else a reported
   // failure (ReportFailure); kTimeout at the deadline.
   Status Synchronize(Deadline deadline);
-  Status Synchronize();  // deadline: the configured KIZUNA_TIMEOUT
+  // The same with the configured KIZUNA_TIMEOUT as a deadline for the stream to stop moving: a
+  // long queue of work that keeps completing (slow but healthy) is waited for, on backends that
+  // count their completed work (DoCompleted); elsewhere the timeout bounds the whole wait.
+  Status Synchronize();
   // true when all enqueued work is done; the stream's error, if any, else a reported failure.
   Result<bool> Query();
   // Query for the runtime's own checks (is the caller's stream idle?): a reported failure stays
@@ -219,6 +223,9 @@ class Stream {
   virtual Status DoEnqueueRelease(std::unique_ptr<StreamHold> hold);
   virtual Status DoSynchronize(Deadline deadline) = 0;
   virtual Result<bool> DoQuery() = 0;
+  // How many work items have completed so far (any counter that moves when work completes), or
+  // nullopt when the backend does not count them.
+  virtual std::optional<uint64_t> DoCompleted() const { return std::nullopt; }
 
  private:
   Status TakeFailure();

@@ -13,6 +13,7 @@
 
 #include "runtime/bootstrap/sub_bootstrap.h"
 #include "runtime/core/logging.h"
+#include "runtime/host_range.h"
 
 namespace kizuna {
 
@@ -104,12 +105,14 @@ Status CheckBuffer(const Communicator& comm, std::string_view what, std::string_
   const size_t elem = DataTypeSize(type);
   if (count > SIZE_MAX / elem) return InvalidArgument(fmt::format("{}: {} elements overflow", what, count));
   if (p == nullptr) return InvalidArgument(fmt::format("{}: {} is null with {} elements", what, name, count));
-  if (!comm.TakesHostMemory() && !comm.device().Addressable(p, count * elem))
+  if (comm.device().Addressable(p, count * elem)) return Status::Ok();
+  if (!comm.TakesHostMemory())
     return InvalidArgument(fmt::format("{}: {} [{}, +{} bytes) is not memory of {} (plain host memory is taken only "
                                        "by communicators of one rank per process on one host whose devices the CPU "
                                        "reaches)",
                                        what, name, p, count * elem, comm.device().label()));
-  return Status::Ok();
+  // Plain host memory: no allocation vouches for it, the process's mappings must.
+  return CheckHostRange(p, count * elem, /*written=*/name != "send", fmt::format("{}: {}", what, name));
 }
 
 // In place exactly as the table in collectives/plan/plan.h says, or no overlap at all.

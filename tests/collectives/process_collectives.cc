@@ -4,6 +4,9 @@
 // first wrong element or error, naming it. `fused` runs the fused AllReduce between processes
 // over many shapes; `host` passes plain host memory (malloc); `fused-abort R` and `fused-exit R`
 // take rank R out of a fused call.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -279,6 +282,36 @@ int HostMemory(Communicator& comm, device::Stream& stream) {
         ++cases;
       }
     }
+  }
+  // Bad host buffers are refused before anything runs, on every rank alike (each makes the same
+  // bad call), never a crash in the reduction: a wild pointer, a read-only receive buffer, and a
+  // receive buffer that runs off the end of its mapping.
+  {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    auto* region = static_cast<float*>(mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                                            -1, 0));
+    if (region == MAP_FAILED) return Fail("mmap failed");
+    munmap(reinterpret_cast<char*>(region) + page, page);  // nothing mapped after the first page
+    std::vector<float> good(4096, 1.0f);
+    auto* read_only = static_cast<float*>(mmap(nullptr, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (read_only == MAP_FAILED) return Fail("mmap failed");
+    const size_t fits = page / sizeof(float);
+    struct Bad {
+      const char* name;
+      float* recv;
+      size_t count;
+    };
+    for (const Bad& bad : {Bad{"a wild receive pointer", reinterpret_cast<float*>(0x1000), 64},
+                           Bad{"a read-only receive buffer", read_only, fits},
+                           Bad{"a receive buffer past its mapping", region, fits + 1024}}) {
+      const Status s = comm.AllReduce(good.data(), bad.recv, bad.count, DataType::kFloat32, ReduceOp::kSum, stream);
+      if (s.code() != StatusCode::kInvalidArgument || s.ToString().find("host memory") == std::string::npos)
+        return Fail(fmt::format("AllReduce with {}: expected kInvalidArgument naming host memory, got {}", bad.name,
+                                s.ToString()));
+      ++cases;
+    }
+    munmap(region, page);
+    munmap(read_only, page);
   }
   // A per-call algorithm that cannot serve host memory falls back to fused, as CallOptions says.
   for (collectives::Algorithm forced : {collectives::Algorithm::kRing, collectives::Algorithm::kTree}) {

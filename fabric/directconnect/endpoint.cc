@@ -5,10 +5,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <string>
 
 #include <fmt/format.h>
@@ -28,7 +30,8 @@ constexpr uint32_t kHelloMagic = 0x4548'5a4b;   // "KZHE"
 constexpr uint16_t kProtocolVersion = 1;
 constexpr size_t kSocketNameBytes = 48;
 // A listener keeps at most this many connections that have not finished their hello; beyond it
-// the oldest is dropped (a flood of strangers cannot exhaust descriptors).
+// one is dropped (a flood of strangers cannot exhaust descriptors) — the oldest of the process
+// with the most, so a flood from one process evicts its own connections, not a peer's.
 constexpr size_t kMaxPending = 64;
 
 struct WireHandle {
@@ -112,9 +115,15 @@ class DcListenComm final : public ListenComm {
     Hello hello{};
     size_t got = 0;
     UniqueFd fds[kHelloFds];
+    pid_t pid = 0;  // the connecting process (SO_PEERCRED)
   };
   // true when the hello is complete; kRemoteError when the peer hung up first.
   Result<bool> ReadHello(Pending& p);
+  // Takes a connection as far as it goes now: its hello read and verified into ready_, refused,
+  // or kept pending (true when it is still pending).
+  bool Advance(Pending& p, Clock::time_point now);
+  // Makes room for one more pending connection (kMaxPending).
+  void EvictOne();
   // ok, or why the connection is refused (its text goes back to the peer).
   Status Verify(const Pending& p) const;
   void Reject(Pending& p, const Status& why);
@@ -125,6 +134,7 @@ class DcListenComm final : public ListenComm {
   UniqueFd socket_;
   uint8_t token_[kTokenBytes];
   std::deque<Pending> pending_;
+  std::deque<Pending> ready_;  // verified hellos, to be accepted in order
 };
 
 Result<bool> DcListenComm::ReadHello(Pending& p) {
@@ -200,67 +210,82 @@ void DcListenComm::Reject(Pending& p, const Status& why) {
       .IgnoreError();
 }
 
+bool DcListenComm::Advance(Pending& p, Clock::time_point now) {
+  Result<bool> complete = ReadHello(p);
+  if (!complete.ok()) {
+    KZ_INFO(kLogFabric, "directconnect {}: dropped a connection: {}", Where(), complete.status().message());
+    return false;
+  }
+  if (!*complete) {
+    if (now - p.since <= kHelloTimeout) return true;
+    KZ_WARN(kLogFabric, "directconnect {}: dropped a connection that sent no hello within {} s", Where(),
+            std::chrono::duration_cast<std::chrono::seconds>(kHelloTimeout).count());
+    return false;
+  }
+  if (Status s = Verify(p); !s.ok()) {
+    Reject(p, s);
+    return false;
+  }
+  ready_.push_back(std::move(p));
+  return false;
+}
+
+void DcListenComm::EvictOne() {
+  std::map<pid_t, size_t> per_process;
+  for (const Pending& p : pending_) ++per_process[p.pid];
+  const pid_t most = std::max_element(per_process.begin(), per_process.end(), [](const auto& a, const auto& b) {
+                       return a.second < b.second;
+                     })->first;
+  auto victim = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.pid == most; });
+  KZ_WARN(kLogFabric,
+          "directconnect {}: {} connections without a hello ({} from pid {}); dropping that process's oldest", Where(),
+          pending_.size(), per_process[most], most);
+  pending_.erase(victim);
+}
+
 Result<std::unique_ptr<RecvComm>> DcListenComm::DoAccept() {
-  while (true) {
+  const auto now = Clock::now();
+  // Connections already pending first: their hellos may have completed since.
+  for (auto it = pending_.begin(); it != pending_.end();) it = Advance(*it, now) ? std::next(it) : pending_.erase(it);
+  // New ones: a peer sends its hello as it connects, so it is usually there to read at once —
+  // verified before any flood of silent connections queued behind it can push it out.
+  while (ready_.empty()) {
     const int fd = ::accept4(socket_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       return FromErrno(errno, "accept4");
     }
-    if (pending_.size() >= kMaxPending) {
-      KZ_WARN(kLogFabric, "directconnect {}: {} connections without a hello; dropping the oldest", Where(),
-              pending_.size());
-      pending_.pop_front();
-    }
-    pending_.push_back(Pending{UniqueFd(fd), Clock::now(), {}, 0, {}});
+    Pending p{UniqueFd(fd), now, {}, 0, {}, 0};
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) p.pid = cred.pid;
+    if (!Advance(p, now)) continue;
+    if (pending_.size() >= kMaxPending) EvictOne();
+    pending_.push_back(std::move(p));
   }
-  const auto now = Clock::now();
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    Pending& p = *it;
-    Result<bool> complete = ReadHello(p);
-    if (!complete.ok()) {
-      KZ_INFO(kLogFabric, "directconnect {}: dropped a connection: {}", Where(), complete.status().message());
-      it = pending_.erase(it);
-      continue;
-    }
-    if (!*complete) {
-      if (now - p.since > kHelloTimeout) {
-        KZ_WARN(kLogFabric, "directconnect {}: dropped a connection that sent no hello within {} s", Where(),
-                std::chrono::duration_cast<std::chrono::seconds>(kHelloTimeout).count());
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
-      continue;
-    }
-    if (Status s = Verify(p); !s.ok()) {
-      Reject(p, s);
-      it = pending_.erase(it);
-      continue;
-    }
-    auto channel = Channel::Attach(std::move(p.fds[0]), std::move(p.fds[1]), std::move(p.fds[2]));
-    if (!channel.ok()) {
-      Reject(p, channel.status());
-      it = pending_.erase(it);
-      continue;
-    }
-    const Topology& t = fabric_.topology();
-    ConnectionParts parts;
-    parts.channel = std::move(channel).value();
-    parts.socket = std::move(p.socket);
-    parts.nonce = p.hello.nonce;
-    parts.label = fmt::format("directconnect {}<-{}", Where(),
-                              PortLabel(t, static_cast<int>(p.hello.from_node), static_cast<int>(p.hello.from_port)));
-    parts.properties = properties();
-    parts.io_timeout_s = fabric_.io_timeout_s();
-    pending_.erase(it);
-    return std::unique_ptr<RecvComm>(std::make_unique<DcRecvComm>(std::move(parts)));
+  if (ready_.empty()) return std::unique_ptr<RecvComm>();
+  Pending p = std::move(ready_.front());
+  ready_.pop_front();
+  auto channel = Channel::Attach(std::move(p.fds[0]), std::move(p.fds[1]), std::move(p.fds[2]));
+  if (!channel.ok()) {
+    Reject(p, channel.status());
+    return std::unique_ptr<RecvComm>();
   }
-  return std::unique_ptr<RecvComm>();
+  const Topology& t = fabric_.topology();
+  ConnectionParts parts;
+  parts.channel = std::move(channel).value();
+  parts.socket = std::move(p.socket);
+  parts.nonce = p.hello.nonce;
+  parts.label = fmt::format("directconnect {}<-{}", Where(),
+                            PortLabel(t, static_cast<int>(p.hello.from_node), static_cast<int>(p.hello.from_port)));
+  parts.properties = properties();
+  parts.io_timeout_s = fabric_.io_timeout_s();
+  return std::unique_ptr<RecvComm>(std::make_unique<DcRecvComm>(std::move(parts)));
 }
 
 Status DcListenComm::DoWaitAcceptable(Deadline deadline) {
+  if (!ready_.empty()) return Status::Ok();
   std::vector<pollfd> fds;
   fds.push_back(pollfd{socket_.get(), POLLIN, 0});
   for (const Pending& p : pending_) fds.push_back(pollfd{p.socket.get(), POLLIN, 0});

@@ -177,6 +177,28 @@ TEST(DirectConnectEndpoint, GarbageAndSilentStrangersDoNotBlockAccept) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
 }
 
+// A listener not accepted for a while (its rank slow to create its communicator) while a
+// stranger opens more silent connections than the listener keeps: the peer that connected first,
+// hello and all, is still accepted — it is verified before the flood can push it out.
+TEST(DirectConnectEndpoint, AFloodOfSilentConnectionsDoesNotEvictAPeer) {
+  World w(Ring3());
+  auto listen = w[0].Listen(0);
+  ASSERT_TRUE(listen.ok());
+  auto rightful = w[1].Connect(1, (*listen)->handle(), Soon());
+  ASSERT_TRUE(rightful.ok()) << rightful.status().ToString();
+  std::vector<UniqueFd> flood;
+  for (int i = 0; i < 100; ++i) flood.push_back(RawConnect((*listen)->handle()));
+  auto accepted = (*listen)->Accept(Soon());
+  ASSERT_TRUE(accepted.ok()) << accepted.status().ToString();
+  EXPECT_NE(*accepted, nullptr) << "the peer's connection was dropped for the flood";
+  // And a peer that comes after the flood too.
+  auto late = w[1].Connect(1, (*listen)->handle(), Soon());
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  auto accepted_late = (*listen)->Accept(Soon());
+  ASSERT_TRUE(accepted_late.ok()) << accepted_late.status().ToString();
+  EXPECT_NE(*accepted_late, nullptr);
+}
+
 TEST(DirectConnectEndpoint, ConnectingToAClosedListenerIsARemoteError) {
   World w(Ring3());
   Handle h;

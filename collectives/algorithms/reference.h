@@ -9,8 +9,10 @@
 // by p in the accumulation type (integers: the wrapped sum, truncating toward zero).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -50,6 +52,15 @@ template <> struct Kind<Bfloat> {
   static uint16_t Store(float v) { return FloatToBfloat16(v); }
 };
 
+// IEEE 754-2019 minimum / maximum (host_reduce.h): a NaN gives the canonical quiet NaN, -0 orders
+// below +0.
+template <typename A>
+A MinMax(bool max, A acc, A v) {
+  if (std::isnan(acc) || std::isnan(v)) return std::numeric_limits<A>::quiet_NaN();
+  if (acc == v) return std::signbit(acc) == max ? v : acc;  // zeros: max keeps +0, min -0
+  return (max ? acc < v : v < acc) ? v : acc;
+}
+
 // dst[0] = srcs[0][0] op srcs[1][0] op ... (one element each).
 template <typename T>
 void ReduceOne(ReduceOp op, const std::vector<const uint8_t*>& srcs, uint8_t* dst) {
@@ -77,11 +88,11 @@ void ReduceOne(ReduceOp op, const std::vector<const uint8_t*>& srcs, uint8_t* ds
         break;
       case ReduceOp::kMin:
         if constexpr (kInt) acc = raw < static_cast<T>(acc) ? v : acc;
-        else acc = v < acc ? v : acc;
+        else acc = MinMax(false, acc, v);
         break;
       case ReduceOp::kMax:
         if constexpr (kInt) acc = static_cast<T>(acc) < raw ? v : acc;
-        else acc = acc < v ? v : acc;
+        else acc = MinMax(true, acc, v);
         break;
     }
   }

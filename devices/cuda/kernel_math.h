@@ -11,10 +11,10 @@
 //    kernels.cu is built with -fmad=false -ftz=false -prec-div=true.
 //  - Integers accumulate in the unsigned type of the same width (wrapping, never UB); min / max
 //    compare as the storage type (signed types as signed).
-//  - min / max are the selections host_reduce.cc makes: min keeps the accumulator unless the new
-//    value compares less (`b < a ? b : a`), max unless it compares greater. So a NaN in the first
-//    input stays (every comparison with it is false), a NaN in a later input is skipped, and of
-//    -0.0 and +0.0 (equal) the earlier input wins. No fmin / fmax: they differ on both counts.
+//  - Floating min / max are IEEE 754-2019's minimum / maximum, as host_reduce.h defines them for
+//    every backend: -0 orders below +0 and any NaN operand gives the canonical quiet NaN, so the
+//    result does not depend on the order of the inputs (OrderedMinMax). No fmin / fmax: they
+//    return the other operand of a NaN, and either zero of a pair of zeros.
 //  - avg: the sum in the accumulation type divided by the divisor converted to it (float32 for
 //    float16 / bfloat16 / float32, float64 for float64); integers divide the wrapped sum, taken as
 //    the storage type, truncating toward zero (signed as signed: -7 / 2 = -3).
@@ -23,8 +23,10 @@
 // NaN payloads: the bits of a NaN that arithmetic (sum, prod, avg, scale) produces are not part of
 // the contract. The GPU returns the canonical NaN (0x7fffffff) where x86 propagates an operand's
 // payload, and which operand's depends on the host compiler's instruction choice; every backend's
-// tests compare such results as "both NaN". A NaN that passes through unchanged (min / max, a
-// one-input sum) keeps its bits exactly, quieted by the float16 / bfloat16 store as half.h does.
+// tests compare such results as "both NaN". min / max of two or more inputs give the canonical
+// quiet NaN (float16 0x7e00, bfloat16 0x7fc0, float32 0x7fc00000, float64 0x7ff8000000000000)
+// everywhere. A NaN that passes through unchanged (a one-input reduce) keeps its bits exactly,
+// quieted by the float16 / bfloat16 store as half.h does.
 #pragma once
 
 #include <stdint.h>
@@ -67,6 +69,26 @@ KZ_HD float BitsToFloat(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
+#endif
+}
+
+KZ_HD uint64_t DoubleBits(double d) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(d));
+#else
+  uint64_t u;
+  memcpy(&u, &d, sizeof u);
+  return u;
+#endif
+}
+
+KZ_HD double BitsToDouble(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  memcpy(&d, &u, sizeof d);
+  return d;
 #endif
 }
 
@@ -223,6 +245,26 @@ using AccumulatorOf = typename Traits<T>::Acc;
 
 // ---- Combine ----
 
+// IEEE 754-2019 minimum / maximum of float32 or float64 (host_reduce.cc's OrderedMinMax, the same
+// operations): both selections are made; they differ only for operands that compare equal or
+// unordered; equal ones are ANDed (max: +0 & -0 = +0) or ORed (min: -0), an unordered pair
+// becomes the canonical quiet NaN.
+template <bool kMax>
+KZ_HD float OrderedMinMax(float a, float b) {
+  const float x = kMax ? (a < b ? b : a) : (b < a ? b : a);
+  const float y = kMax ? (b < a ? a : b) : (a < b ? a : b);
+  const uint32_t r = kMax ? (FloatBits(x) & FloatBits(y)) : (FloatBits(x) | FloatBits(y));
+  return BitsToFloat((a != a || b != b) ? 0x7fc00000u : r);
+}
+
+template <bool kMax>
+KZ_HD double OrderedMinMax(double a, double b) {
+  const double x = kMax ? (a < b ? b : a) : (b < a ? b : a);
+  const double y = kMax ? (b < a ? a : b) : (a < b ? a : b);
+  const uint64_t r = kMax ? (DoubleBits(x) & DoubleBits(y)) : (DoubleBits(x) | DoubleBits(y));
+  return BitsToDouble((a != a || b != b) ? uint64_t{0x7ff8000000000000u} : r);
+}
+
 template <typename T, Op kOp>
 KZ_HD AccumulatorOf<T> Combine(AccumulatorOf<T> a, AccumulatorOf<T> b) {
   using Acc = AccumulatorOf<T>;
@@ -235,10 +277,10 @@ KZ_HD AccumulatorOf<T> Combine(AccumulatorOf<T> a, AccumulatorOf<T> b) {
     return static_cast<Acc>(static_cast<Wide>(a) * static_cast<Wide>(b));
   } else if constexpr (kOp == Op::kMin) {
     if constexpr (std::is_integral<T>::value) return static_cast<T>(b) < static_cast<T>(a) ? b : a;
-    else return b < a ? b : a;
+    else return OrderedMinMax<false>(a, b);
   } else {
     if constexpr (std::is_integral<T>::value) return static_cast<T>(a) < static_cast<T>(b) ? b : a;
-    else return a < b ? b : a;
+    else return OrderedMinMax<true>(a, b);
   }
 }
 

@@ -375,17 +375,28 @@ StorageOf<T> Reduce(std::initializer_list<StorageOf<T>> values, uint32_t divisor
   return ReduceElement<T, kOp>(values.begin(), static_cast<int>(values.size()), finish);
 }
 
-// The selections that define min / max for NaN and signed zeros (kernel_math.h), spelled out.
-TEST(KernelMathReduce, MinMaxKeepTheEarlierOfEqualOrUnorderedValues) {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_TRUE(std::isnan(Reduce<float, Op::kMin>({nan, 1.0f})));
-  EXPECT_EQ((Reduce<float, Op::kMin>({1.0f, nan})), 1.0f);
-  EXPECT_TRUE(std::isnan(Reduce<float, Op::kMax>({nan, 1.0f})));
-  EXPECT_EQ((Reduce<float, Op::kMax>({1.0f, nan})), 1.0f);
-  EXPECT_TRUE(std::signbit(Reduce<float, Op::kMin>({-0.0f, 0.0f})));
-  EXPECT_FALSE(std::signbit(Reduce<float, Op::kMin>({0.0f, -0.0f})));
-  EXPECT_TRUE(std::signbit(Reduce<float, Op::kMax>({-0.0f, 0.0f})));
-  EXPECT_FALSE(std::signbit(Reduce<float, Op::kMax>({0.0f, -0.0f})));
+// min / max for NaN and signed zeros (kernel_math.h), spelled out: the same bits in either order.
+TEST(KernelMathReduce, MinMaxOrderSignedZerosAndCanonicalizeNaNsInEitherOrder) {
+  const float nan = BitsToFloat(0xffc00001u);  // negative, with a payload
+  for (float other : {1.0f, -0.0f, std::numeric_limits<float>::infinity()}) {
+    EXPECT_EQ(FloatBits(Reduce<float, Op::kMin>({nan, other})), 0x7fc00000u);
+    EXPECT_EQ(FloatBits(Reduce<float, Op::kMin>({other, nan})), 0x7fc00000u);
+    EXPECT_EQ(FloatBits(Reduce<float, Op::kMax>({nan, other})), 0x7fc00000u);
+    EXPECT_EQ(FloatBits(Reduce<float, Op::kMax>({other, nan})), 0x7fc00000u);
+  }
+  EXPECT_EQ(FloatBits(Reduce<float, Op::kMin>({-0.0f, 0.0f})), 0x80000000u);
+  EXPECT_EQ(FloatBits(Reduce<float, Op::kMin>({0.0f, -0.0f})), 0x80000000u);
+  EXPECT_EQ(FloatBits(Reduce<float, Op::kMax>({-0.0f, 0.0f})), 0u);
+  EXPECT_EQ(FloatBits(Reduce<float, Op::kMax>({0.0f, -0.0f})), 0u);
+  EXPECT_EQ(FloatBits(Reduce<float, Op::kMax>({-0.0f, -0.0f, 0.0f})), 0u);
+  EXPECT_EQ(DoubleBits(Reduce<double, Op::kMax>({-0.0, 0.0})), 0u);
+  EXPECT_EQ(DoubleBits(Reduce<double, Op::kMin>({0.0, -0.0})), uint64_t{1} << 63);
+  EXPECT_EQ(DoubleBits(Reduce<double, Op::kMin>({2.0, BitsToDouble(0x7ff0000000000001u)})), 0x7ff8000000000000u);
+  // float16 / bfloat16: through float32, then the store's canonical NaN.
+  EXPECT_EQ((Reduce<F16, Op::kMax>({0x8000, 0x0000})), 0x0000);
+  EXPECT_EQ((Reduce<F16, Op::kMin>({0x0000, 0x8000})), 0x8000);
+  EXPECT_EQ((Reduce<F16, Op::kMin>({0x3c00, 0xfc01})), 0x7e00);
+  EXPECT_EQ((Reduce<BF16, Op::kMax>({0xffc1, 0x3f80})), 0x7fc0);
 }
 
 TEST(KernelMathReduce, IntegersCompareAsTheirTypeAndAverageTruncatingTowardZero) {

@@ -1,15 +1,16 @@
 /* The reduction kernel, for every dtype x op the ABI lists, and the scale kernel (the division
  * that finishes an average), with the semantics of runtime/device/host_reduce.h. Results are
- * bit-identical to kizuna's host kernels, except that where two NaNs meet, which one's payload
- * survives is left open (as IEEE 754 leaves it):
+ * bit-identical to kizuna's host kernels, except that where two NaNs meet in arithmetic (sum, prod,
+ * avg), which one's payload survives is left open (as IEEE 754 leaves it):
  *  - inputs combine in order: acc = src0; acc = acc op src1; ...
  *  - float16 / bfloat16 accumulate in float32 and round once, to nearest even, on the store;
  *    float32 accumulates in float32, float64 in float64;
  *  - integer sum / prod wrap modulo 2^bits (done in unsigned arithmetic, never undefined);
  *  - avg = sum / n: floats divide the accumulator, integers divide the wrapped sum truncating
  *    toward zero;
- *  - min / max keep the accumulator unless the input compares strictly smaller / larger (so a NaN
- *    already in the accumulator stays, a NaN input is skipped), as the host kernels do.
+ *  - floating min / max are IEEE 754-2019's minimum / maximum, as the host kernels: -0 orders below
+ *    +0, and any NaN input gives the canonical quiet NaN, so the order of the inputs does not
+ *    change a bit of the result (example_min_max_f32 / _f64).
  *
  * Work goes block by block: a block of every input is combined into an accumulator that stays in
  * L1, then stored. Storing a block only after all inputs of that block were read is what makes
@@ -208,6 +209,30 @@ static void example_store_u64(int32_t dtype, void* dst, uint64_t begin, uint32_t
   }
 }
 
+/* ---- min / max of floating values, the same bits in either order ---- */
+
+/* Both selections differ only for operands that compare equal (the zeros: ANDing the bits gives
+ * max's +0, ORing min's -0) or unordered (a NaN: the canonical quiet NaN). */
+static float example_min_max_f32(float a, float b, int is_max) {
+  const float x = is_max ? (a < b ? b : a) : (b < a ? b : a);
+  const float y = is_max ? (b < a ? a : b) : (a < b ? a : b);
+  const uint32_t bx = example_float_bits(x), by = example_float_bits(y);
+  if (a != a || b != b) return example_bits_float(0x7fc00000u);
+  return example_bits_float(is_max ? (bx & by) : (bx | by));
+}
+
+static double example_min_max_f64(double a, double b, int is_max) {
+  const double x = is_max ? (a < b ? b : a) : (b < a ? b : a);
+  const double y = is_max ? (b < a ? a : b) : (a < b ? a : b);
+  uint64_t bx, by, r;
+  double out;
+  memcpy(&bx, &x, sizeof bx);
+  memcpy(&by, &y, sizeof by);
+  r = (a != a || b != b) ? 0x7ff8000000000000ull : (is_max ? (bx & by) : (bx | by));
+  memcpy(&out, &r, sizeof out);
+  return out;
+}
+
 /* ---- the three accumulator families ---- */
 
 static void example_reduce_f32(void* dst, const void* const* srcs, uint32_t n, uint64_t count, int32_t dtype,
@@ -228,10 +253,10 @@ static void example_reduce_f32(void* dst, const void* const* srcs, uint32_t n, u
           for (uint32_t i = 0; i < len; ++i) acc[i] *= in[i];
           break;
         case KZ_PLUGIN_MIN:
-          for (uint32_t i = 0; i < len; ++i) acc[i] = in[i] < acc[i] ? in[i] : acc[i];
+          for (uint32_t i = 0; i < len; ++i) acc[i] = example_min_max_f32(acc[i], in[i], 0);
           break;
         default: /* max */
-          for (uint32_t i = 0; i < len; ++i) acc[i] = acc[i] < in[i] ? in[i] : acc[i];
+          for (uint32_t i = 0; i < len; ++i) acc[i] = example_min_max_f32(acc[i], in[i], 1);
           break;
       }
     }
@@ -259,10 +284,10 @@ static void example_reduce_f64(void* dst, const void* const* srcs, uint32_t n, u
           for (uint32_t i = 0; i < len; ++i) acc[i] *= in[i];
           break;
         case KZ_PLUGIN_MIN:
-          for (uint32_t i = 0; i < len; ++i) acc[i] = in[i] < acc[i] ? in[i] : acc[i];
+          for (uint32_t i = 0; i < len; ++i) acc[i] = example_min_max_f64(acc[i], in[i], 0);
           break;
         default:
-          for (uint32_t i = 0; i < len; ++i) acc[i] = acc[i] < in[i] ? in[i] : acc[i];
+          for (uint32_t i = 0; i < len; ++i) acc[i] = example_min_max_f64(acc[i], in[i], 1);
           break;
       }
     }

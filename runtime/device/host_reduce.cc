@@ -75,15 +75,36 @@ template <> struct Traits<BF16> {
   static uint16_t Store(float v) { return FloatToBfloat16(v); }
 };
 
+// Floating min / max, as IEEE 754-2019's minimum / maximum: -0 orders below +0, and a NaN operand
+// makes the result NaN, always the canonical quiet NaN (positive, payload 0). Both rules make the
+// result independent of the operands' order, so two ranks that combine the same pair of values in
+// opposite orders (recursive doubling, every exchange of partial results) store the same bits. A
+// plain compare-and-select (`b < a ? b : a`) keeps whichever operand came first when they compare
+// equal (+0 and -0) or unordered (a NaN).
+//
+// Branch-free, so that it vectorizes: both selections are made, and they differ only when a and b
+// compare equal or unordered; for equal values the bits are ANDed (max: +0 & -0 = +0) or ORed (min:
+// -0), which leaves two identical values as they are; an unordered pair becomes the canonical NaN.
+template <bool kMax, typename F>
+inline F OrderedMinMax(F a, F b) {
+  using U = std::conditional_t<sizeof(F) == 4, uint32_t, uint64_t>;
+  constexpr U kQuietNan = static_cast<U>(sizeof(F) == 4 ? 0x7fc00000u : 0x7ff8000000000000u);
+  const F x = kMax ? (a < b ? b : a) : (b < a ? b : a);
+  const F y = kMax ? (b < a ? a : b) : (a < b ? a : b);
+  const U ux = std::bit_cast<U>(x), uy = std::bit_cast<U>(y);
+  const U r = kMax ? (ux & uy) : (ux | uy);
+  return std::bit_cast<F>(std::isunordered(a, b) ? kQuietNan : r);
+}
+
 // min/max compare in the storage type's signedness (the accumulator of a signed integer is
-// unsigned, so compare after converting back).
+// unsigned, so compare after converting back). Integers have no ties to break.
 template <typename T, typename Acc> inline Acc Min(Acc a, Acc b) {
   if constexpr (std::is_integral_v<T>) return static_cast<T>(b) < static_cast<T>(a) ? b : a;
-  else return b < a ? b : a;
+  else return OrderedMinMax<false>(a, b);
 }
 template <typename T, typename Acc> inline Acc Max(Acc a, Acc b) {
   if constexpr (std::is_integral_v<T>) return static_cast<T>(a) < static_cast<T>(b) ? b : a;
-  else return a < b ? b : a;
+  else return OrderedMinMax<true>(a, b);
 }
 
 template <typename T, ReduceOp kOp>
@@ -112,29 +133,56 @@ inline typename Traits<T>::Storage Finish(typename Traits<T>::Acc a, size_t n) {
   }
 }
 
+// The element arithmetic ReduceLoops runs: storage and accumulator types, the load, the
+// combination and the store (Finish). Widened: Traits' load and store around Combine and Finish.
+template <typename T, ReduceOp kOp>
+struct Widened {
+  using S = typename Traits<T>::Storage;
+  using Acc = typename Traits<T>::Acc;
+  static Acc Load(S v) { return Traits<T>::Load(v); }
+  static Acc Op(Acc a, Acc b) { return Combine<T, kOp>(a, b); }
+  static S Store(Acc a, size_t n) { return Finish<T, kOp>(a, n); }
+};
+
+// float16 / bfloat16 min / max of two or more inputs, on the bits: each value converts to float32
+// and back exactly, so the widened min / max of OrderedMinMax stores one input's bits unchanged,
+// or the canonical quiet NaN (float16 0x7e00, bfloat16 0x7fc0, what FloatToHalf / FloatToBfloat16
+// make of float32's). The same result without the conversions, which cost more than the compare
+// (docs/PERFORMANCE.md, "min / max in any order"). Sign-magnitude bits become two's complement keys
+// that order as the values do, -0 below +0; a NaN's magnitude is above infinity's.
+template <uint16_t kInfinity, uint16_t kQuietNan, bool kMax>
+struct HalfBitsMinMax {
+  using S = uint16_t;
+  using Acc = uint16_t;
+  static uint16_t Load(uint16_t v) { return v; }
+  static uint16_t Op(uint16_t a, uint16_t b) {
+    auto key = [](uint16_t x) {
+      const auto v = static_cast<int16_t>(x);
+      return static_cast<int16_t>(v ^ ((v >> 15) & 0x7fff));
+    };
+    const bool take_b = kMax ? key(a) < key(b) : key(b) < key(a);
+    const bool nan = ((a & 0x7fffu) > kInfinity) | ((b & 0x7fffu) > kInfinity);
+    return nan ? kQuietNan : (take_b ? b : a);
+  }
+  static uint16_t Store(uint16_t a, size_t /*n*/) { return a; }
+};
+
 // Each block makes the fewest passes: the first two inputs are combined as they are loaded and
 // the last one as the result is stored, so n = 2 is one fused loop (d = s0 op s1) and n inputs
-// take n - 1 passes over an L1-resident accumulator.
-template <typename T, ReduceOp kOp>
-[[gnu::always_inline]] inline void ReduceTyped(void* dst_v, std::span<const void* const> srcs, size_t begin,
+// take n - 1 passes over an L1-resident accumulator (n >= 2; n = 1 is ReduceTyped's).
+template <typename K>
+[[gnu::always_inline]] inline void ReduceLoops(void* dst_v, std::span<const void* const> srcs, size_t begin,
                                                size_t end) {
-  using Tr = Traits<T>;
-  using Acc = typename Tr::Acc;
-  using S = typename Tr::Storage;
+  using S = typename K::S;
+  using Acc = typename K::Acc;
   S* dst = static_cast<S*>(dst_v);
   const size_t n = srcs.size();
   auto src = [&](size_t k, size_t b) { return static_cast<const S*>(srcs[k]) + b; };
-  if (n == 1) {
-    const S* s0 = src(0, begin);
-    for (size_t i = 0; i < end - begin; ++i) dst[begin + i] = Finish<T, kOp>(Tr::Load(s0[i]), 1);
-    return;
-  }
   if (n == 2) {
     const S* s0 = src(0, begin);
     const S* s1 = src(1, begin);
     S* d = dst + begin;
-    for (size_t i = 0; i < end - begin; ++i)
-      d[i] = Finish<T, kOp>(Combine<T, kOp>(Tr::Load(s0[i]), Tr::Load(s1[i])), 2);
+    for (size_t i = 0; i < end - begin; ++i) d[i] = K::Store(K::Op(K::Load(s0[i]), K::Load(s1[i])), 2);
     return;
   }
   Acc acc[kBlock];
@@ -142,15 +190,34 @@ template <typename T, ReduceOp kOp>
     const size_t len = std::min(kBlock, end - b);
     const S* s0 = src(0, b);
     const S* s1 = src(1, b);
-    for (size_t i = 0; i < len; ++i) acc[i] = Combine<T, kOp>(Tr::Load(s0[i]), Tr::Load(s1[i]));
+    for (size_t i = 0; i < len; ++i) acc[i] = K::Op(K::Load(s0[i]), K::Load(s1[i]));
     for (size_t k = 2; k + 1 < n; ++k) {
       const S* s = src(k, b);
-      for (size_t i = 0; i < len; ++i) acc[i] = Combine<T, kOp>(acc[i], Tr::Load(s[i]));
+      for (size_t i = 0; i < len; ++i) acc[i] = K::Op(acc[i], K::Load(s[i]));
     }
     const S* last = src(n - 1, b);
     S* d = dst + b;
-    for (size_t i = 0; i < len; ++i) d[i] = Finish<T, kOp>(Combine<T, kOp>(acc[i], Tr::Load(last[i])), n);
+    for (size_t i = 0; i < len; ++i) d[i] = K::Store(K::Op(acc[i], K::Load(last[i])), n);
   }
+}
+
+template <typename T, ReduceOp kOp>
+[[gnu::always_inline]] inline void ReduceTyped(void* dst_v, std::span<const void* const> srcs, size_t begin,
+                                               size_t end) {
+  using S = typename Traits<T>::Storage;
+  if (srcs.size() == 1) {  // a copy, through the accumulator type (a float16 signalling NaN comes out quiet)
+    const S* s0 = static_cast<const S*>(srcs[0]) + begin;
+    S* d = static_cast<S*>(dst_v) + begin;
+    for (size_t i = 0; i < end - begin; ++i) d[i] = Finish<T, kOp>(Traits<T>::Load(s0[i]), 1);
+    return;
+  }
+  constexpr bool kMinMax = kOp == ReduceOp::kMin || kOp == ReduceOp::kMax;
+  if constexpr (kMinMax && std::is_same_v<T, F16>)
+    return ReduceLoops<HalfBitsMinMax<0x7c00, 0x7e00, kOp == ReduceOp::kMax>>(dst_v, srcs, begin, end);
+  else if constexpr (kMinMax && std::is_same_v<T, BF16>)
+    return ReduceLoops<HalfBitsMinMax<0x7f80, 0x7fc0, kOp == ReduceOp::kMax>>(dst_v, srcs, begin, end);
+  else
+    return ReduceLoops<Widened<T, kOp>>(dst_v, srcs, begin, end);
 }
 
 template <typename T>

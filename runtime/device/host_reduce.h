@@ -6,6 +6,11 @@
 //  - dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[n-1][i], applied in input order.
 //  - float16 / bfloat16 accumulate in float32 and round once (to nearest even) on the store.
 //  - Integer sum / prod wrap modulo 2^bits; avg is defined in dtype.h.
+//  - Floating min / max are IEEE 754-2019's minimum / maximum, whatever the order of the inputs:
+//    -0 < +0 (max(+0, -0) = +0, min(+0, -0) = -0), and any NaN input gives the canonical quiet
+//    NaN (positive, payload 0: float16 0x7e00, bfloat16 0x7fc0, float32 0x7fc00000, float64
+//    0x7ff8000000000000). So the result is a function of the set of inputs, and ranks that
+//    combine the same values in different orders store the same bits. (One input is a copy.)
 //  - dst may be exactly one of the inputs (in place); any other overlap is invalid.
 //  - n = 1 is a copy (avg of one input is that input).
 #pragma once

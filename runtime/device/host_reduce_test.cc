@@ -1,6 +1,7 @@
 #include "runtime/device/host_reduce.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "runtime/core/half.h"
@@ -144,8 +146,6 @@ TEST(HostReduceTest, RejectsBadArguments) {
   EXPECT_TRUE(HostReduce(out, srcs, 0, DataType::kFloat32, ReduceOp::kSum).ok());
 }
 
-// ---- HostScale ----
-
 // Small deterministic generator (splitmix64), so failures reproduce.
 uint64_t NextRandom(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);
@@ -153,6 +153,177 @@ uint64_t NextRandom(uint64_t& state) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
+
+// ---- min / max of floating types: IEEE 754-2019 minimum / maximum, whatever the input order ----
+
+const DataType kFloatingTypes[] = {DataType::kFloat16, DataType::kBfloat16, DataType::kFloat32, DataType::kFloat64};
+
+// Bit patterns of floating elements, held in a uint64_t whatever the element size.
+struct FloatBits {
+  uint64_t sign, quiet_nan, infinity, one;
+};
+FloatBits BitsOf(DataType type) {
+  switch (type) {
+    case DataType::kFloat16: return {0x8000, 0x7e00, 0x7c00, 0x3c00};
+    case DataType::kBfloat16: return {0x8000, 0x7fc0, 0x7f80, 0x3f80};
+    case DataType::kFloat32: return {0x80000000u, 0x7fc00000u, 0x7f800000u, 0x3f800000u};
+    default: return {0x8000000000000000u, 0x7ff8000000000000u, 0x7ff0000000000000u, 0x3ff0000000000000u};
+  }
+}
+
+double Decode(DataType type, uint64_t bits) {
+  switch (type) {
+    case DataType::kFloat16: return HalfToFloat(static_cast<uint16_t>(bits));
+    case DataType::kBfloat16: return Bfloat16ToFloat(static_cast<uint16_t>(bits));
+    case DataType::kFloat32: return std::bit_cast<float>(static_cast<uint32_t>(bits));
+    default: return std::bit_cast<double>(bits);
+  }
+}
+
+// Values that exercise the rules: both zeros, NaNs of both signs, quiet and signalling, with
+// payloads, infinities, ordinary numbers and the smallest subnormal.
+std::vector<uint64_t> SpecialBits(DataType type) {
+  const FloatBits f = BitsOf(type);
+  return {0,          f.sign,          f.quiet_nan,          f.quiet_nan | 1, f.quiet_nan | f.sign, f.infinity | 1,
+          f.infinity, f.infinity | f.sign, f.one, f.one | f.sign, f.one + 1,       1,                    f.sign | 1};
+}
+
+// The IEEE 754-2019 rule, written from its definition: any NaN gives the canonical quiet NaN;
+// otherwise the largest (max) or smallest (min) value, -0 counting below +0.
+uint64_t ReferenceMinMax(DataType type, ReduceOp op, const std::vector<uint64_t>& inputs) {
+  const FloatBits f = BitsOf(type);
+  for (uint64_t x : inputs)
+    if (std::isnan(Decode(type, x))) return f.quiet_nan;
+  uint64_t best = inputs[0];
+  for (uint64_t x : inputs) {
+    const double v = Decode(type, x), b = Decode(type, best);
+    const bool better = op == ReduceOp::kMax ? (v > b || (v == b && std::signbit(b) && !std::signbit(v)))
+                                             : (v < b || (v == b && !std::signbit(b) && std::signbit(v)));
+    if (better) best = x;
+  }
+  return best;
+}
+
+// Reduces `columns` (input k's elements: columns[k]) with `op`, every element through HostReduce;
+// returns the output's elements as bits.
+std::vector<uint64_t> ReduceBits(DataType type, ReduceOp op, const std::vector<std::vector<uint64_t>>& columns) {
+  const size_t esize = DataTypeSize(type), count = columns[0].size();
+  std::vector<std::vector<uint8_t>> in(columns.size(), std::vector<uint8_t>(count * esize));
+  std::vector<const void*> srcs;
+  for (size_t k = 0; k < columns.size(); ++k) {
+    for (size_t i = 0; i < count; ++i) std::memcpy(in[k].data() + i * esize, &columns[k][i], esize);
+    srcs.push_back(in[k].data());
+  }
+  std::vector<uint8_t> out(count * esize);
+  EXPECT_TRUE(HostReduce(out.data(), srcs, count, type, op).ok());
+  std::vector<uint64_t> bits(count, 0);
+  for (size_t i = 0; i < count; ++i) std::memcpy(&bits[i], out.data() + i * esize, esize);
+  return bits;
+}
+
+TEST(HostReduceMinMaxTest, SignedZerosOrderTheSameWhateverTheInputOrder) {
+  for (DataType type : kFloatingTypes) {
+    const uint64_t neg0 = BitsOf(type).sign;
+    // 37 elements: whole vectors and a scalar tail. Two inputs (the fused loop) and three (the
+    // accumulator's passes), the +0 first, last and in the middle.
+    for (const std::vector<uint64_t>& in : std::vector<std::vector<uint64_t>>{
+             {0, neg0}, {neg0, 0}, {0, neg0, neg0}, {neg0, 0, neg0}, {neg0, neg0, 0}, {neg0, neg0, neg0, neg0, 0}}) {
+      std::vector<std::vector<uint64_t>> columns;
+      for (uint64_t x : in) columns.emplace_back(37, x);
+      SCOPED_TRACE(fmt::format("{}, {} inputs, +0 at {}", DataTypeName(type), in.size(),
+                               std::find(in.begin(), in.end(), uint64_t{0}) - in.begin()));
+      EXPECT_EQ(ReduceBits(type, ReduceOp::kMax, columns), std::vector<uint64_t>(37, 0));
+      EXPECT_EQ(ReduceBits(type, ReduceOp::kMin, columns), std::vector<uint64_t>(37, neg0));
+    }
+  }
+}
+
+TEST(HostReduceMinMaxTest, AnyNaNGivesTheCanonicalQuietNaN) {
+  for (DataType type : kFloatingTypes) {
+    const FloatBits f = BitsOf(type);
+    // A quiet NaN with a payload, a signalling one, a negative one; first or second, against a
+    // number, an infinity, a zero or another NaN.
+    for (uint64_t nan : {f.quiet_nan | 5, f.infinity | 3, f.quiet_nan | f.sign})
+      for (uint64_t other : {f.one, f.infinity, f.infinity | f.sign, uint64_t{0}, f.sign, f.quiet_nan | 1})
+        for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+          SCOPED_TRACE(fmt::format("{} {} of {:#x} and {:#x}", DataTypeName(type), ReduceOpName(op), nan, other));
+          EXPECT_EQ(ReduceBits(type, op, {std::vector<uint64_t>(37, nan), std::vector<uint64_t>(37, other)}),
+                    std::vector<uint64_t>(37, f.quiet_nan));
+          EXPECT_EQ(ReduceBits(type, op, {std::vector<uint64_t>(37, other), std::vector<uint64_t>(37, nan)}),
+                    std::vector<uint64_t>(37, f.quiet_nan));
+          EXPECT_EQ(ReduceBits(type, op,
+                               {std::vector<uint64_t>(37, other), std::vector<uint64_t>(37, nan),
+                                std::vector<uint64_t>(37, f.one)}),
+                    std::vector<uint64_t>(37, f.quiet_nan));
+        }
+  }
+}
+
+TEST(HostReduceMinMaxTest, EveryHalfEncodingAgainstTheRuleInBothOrders) {
+  // Every float16 / bfloat16 encoding against each special value, in both orders and as three
+  // inputs (the accumulator's passes); random bit patterns for float32 / float64.
+  uint64_t state = 99;
+  for (DataType type : kFloatingTypes) {
+    std::vector<uint64_t> a;
+    if (DataTypeSize(type) == 2) {
+      for (uint64_t x = 0; x < 65536; ++x) a.push_back(x);
+    } else {
+      a = SpecialBits(type);
+      const uint64_t mask = type == DataType::kFloat32 ? 0xffffffffu : ~uint64_t{0};
+      while (a.size() < 20000) a.push_back(NextRandom(state) & mask);
+    }
+    for (uint64_t b : SpecialBits(type))
+      for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+        const std::vector<uint64_t> bs(a.size(), b);
+        const std::vector<uint64_t> ab = ReduceBits(type, op, {a, bs});
+        const std::vector<uint64_t> ba = ReduceBits(type, op, {bs, a});
+        const std::vector<uint64_t> bab = ReduceBits(type, op, {bs, a, bs});
+        for (size_t i = 0; i < a.size(); ++i) {
+          const uint64_t want = ReferenceMinMax(type, op, {a[i], b});
+          ASSERT_EQ(ab[i], want) << DataTypeName(type) << " " << ReduceOpName(op) << std::hex << " of " << a[i]
+                                 << " and " << b;
+          ASSERT_EQ(ba[i], want) << DataTypeName(type) << " " << ReduceOpName(op) << std::hex << " of " << b
+                                 << " and " << a[i];
+          ASSERT_EQ(bab[i], want) << DataTypeName(type) << " " << ReduceOpName(op) << std::hex << " of " << b
+                                  << ", " << a[i] << " and " << b;
+        }
+      }
+  }
+}
+
+TEST(HostReduceMinMaxTest, EveryOrderOfFiveInputsGivesTheSameBits) {
+  // What a collective needs: ranks that combine the same contributions in different orders
+  // (recursive doubling, trees, partial results) store the same bits.
+  uint64_t state = 5;
+  for (DataType type : kFloatingTypes) {
+    const std::vector<uint64_t> pool = SpecialBits(type);
+    std::vector<std::vector<uint64_t>> columns(5, std::vector<uint64_t>(1031));
+    for (auto& column : columns)
+      for (uint64_t& x : column) {
+        // Mostly zeros of either sign and ones, so that ties are common; a NaN now and then.
+        const uint64_t r = NextRandom(state) % 16;
+        x = r < 12 ? pool[r % 2 == 0 ? 0 : 1] : pool[r % pool.size()];
+      }
+    for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+      std::vector<uint64_t> want(1031);
+      for (size_t i = 0; i < want.size(); ++i) {
+        std::vector<uint64_t> element;
+        for (const auto& column : columns) element.push_back(column[i]);
+        want[i] = ReferenceMinMax(type, op, element);
+      }
+      std::vector<int> order = {0, 1, 2, 3, 4};
+      do {
+        std::vector<std::vector<uint64_t>> permuted;
+        for (int k : order) permuted.push_back(columns[static_cast<size_t>(k)]);
+        ASSERT_EQ(ReduceBits(type, op, permuted), want)
+            << DataTypeName(type) << " " << ReduceOpName(op) << " in order "
+            << fmt::format("{}", fmt::join(order, ","));
+      } while (std::next_permutation(order.begin(), order.end()));
+    }
+  }
+}
+
+// ---- HostScale ----
 
 // Random elements of `type`: full-range bits for integers, values in [-8, 8] for float32 /
 // float64, multiples of 1/4 in [-2, 2] for float16 / bfloat16 (so that sums of up to 8 are exact

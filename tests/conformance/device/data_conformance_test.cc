@@ -264,6 +264,73 @@ TEST_P(DataConformance, ReduceLargeCount) {
   }
 }
 
+// Floating min / max are IEEE 754-2019's minimum / maximum (runtime/device/host_reduce.h): -0
+// orders below +0 and any NaN gives the canonical quiet NaN, so that ranks combining the same
+// values in different orders store the same bits. Each element is one pair of special values,
+// reduced as (a, b), (b, a) and (b, a, b); 3 x 3 x 13 pairs fill whole vectors and a tail.
+TEST_P(DataConformance, MinMaxOfSignedZerosAndNaNsIgnoreTheInputOrder) {
+  struct Kind {
+    DataType type;
+    uint64_t sign, quiet_nan, infinity, one;
+  };
+  constexpr Kind kKinds[] = {{DataType::kFloat16, 0x8000, 0x7e00, 0x7c00, 0x3c00},
+                             {DataType::kBfloat16, 0x8000, 0x7fc0, 0x7f80, 0x3f80},
+                             {DataType::kFloat32, 0x80000000u, 0x7fc00000u, 0x7f800000u, 0x3f800000u},
+                             {DataType::kFloat64, uint64_t{1} << 63, 0x7ff8000000000000u, 0x7ff0000000000000u,
+                              0x3ff0000000000000u}};
+  for (const Kind& f : kKinds) {
+    SCOPED_TRACE(DataTypeName(f.type));
+    const size_t esize = DataTypeSize(f.type);
+    // +0, -0, NaNs (a payload, signalling, negative), -1, +infinity; every ordered pair.
+    const uint64_t values[] = {0, f.sign, f.quiet_nan | 1, f.infinity | 1, f.quiet_nan | f.sign, f.one | f.sign,
+                               f.infinity};
+    std::vector<uint64_t> a, b;
+    for (uint64_t x : values)
+      for (uint64_t y : values) {
+        a.push_back(x);
+        b.push_back(y);
+      }
+    const size_t count = a.size();
+    // The expected bits, from the rule: NaN if either is; the zeros by sign; else the ordered pick.
+    auto expected = [&](ReduceOp op, uint64_t x, uint64_t y) -> uint64_t {
+      auto nan = [&](uint64_t v) { return (v & ~f.sign) > f.infinity; };
+      if (nan(x) || nan(y)) return f.quiet_nan;
+      if ((x & ~f.sign) == 0 && (y & ~f.sign) == 0) return op == ReduceOp::kMax ? (x & y) : (x | y);
+      const double dx = x == f.infinity ? 1e300 : (x == (f.one | f.sign) ? -1 : 0);
+      const double dy = y == f.infinity ? 1e300 : (y == (f.one | f.sign) ? -1 : 0);
+      return (op == ReduceOp::kMax) == (dx < dy) ? y : x;
+    };
+    auto buffer = MustAllocate(8 * count * esize);  // a, b, then three outputs per op
+    KZ_ASSERT_NOT_NULL(buffer);
+    KZ_ASSERT_OK_AND_ASSIGN(DeviceBytes view, DeviceBytes::Create(*buffer));
+    auto stream = MustCreateStream();  // after the buffer: destroyed (drained) before it
+    KZ_ASSERT_NOT_NULL(stream);
+    for (size_t i = 0; i < count; ++i) {
+      std::memcpy(view.host() + i * esize, &a[i], esize);
+      std::memcpy(view.host() + (count + i) * esize, &b[i], esize);
+    }
+    KZ_ASSERT_OK(view.Upload());
+    const void* da = At(*buffer, 0);
+    const void* db = At(*buffer, count * esize);
+    const std::vector<std::vector<const void*>> orders = {{da, db}, {db, da}, {db, da, db}};
+    const ReduceOp ops[] = {ReduceOp::kMin, ReduceOp::kMax};
+    for (size_t o = 0; o < 2; ++o)
+      for (size_t k = 0; k < orders.size(); ++k)
+        KZ_ASSERT_OK(stream->Reduce(At(*buffer, (2 + 3 * o + k) * count * esize), orders[k], count, f.type, ops[o]));
+    KZ_ASSERT_OK(stream->Synchronize(TestDeadline()));
+    KZ_ASSERT_OK(view.Download());
+    for (size_t o = 0; o < 2; ++o)
+      for (size_t k = 0; k < orders.size(); ++k)
+        for (size_t i = 0; i < count; ++i) {
+          uint64_t got = 0;
+          std::memcpy(&got, view.host() + ((2 + 3 * o + k) * count + i) * esize, esize);
+          const uint64_t want = expected(ops[o], a[i], b[i]);
+          EXPECT_EQ(got, want) << fmt::format("{} of {:#x} and {:#x} ({} inputs, b first: {}): {:#x}, expected {:#x}",
+                                              ReduceOpName(ops[o]), a[i], b[i], orders[k].size(), k > 0, got, want);
+        }
+  }
+}
+
 TEST_P(DataConformance, ReduceInPlace) {
   constexpr size_t kCount = 1031;
   Rng rng(11);

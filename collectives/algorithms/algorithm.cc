@@ -115,9 +115,7 @@ Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, co
                          .WithContext(fmt::format("{} plan for {}", AlgorithmName(algorithm), request.ToString())));
   const AlgorithmImpl& impl = GetAlgorithm(algorithm);
   KZ_RETURN_IF_ERROR(impl.Supports(request, shape).WithContext(request.ToString()));
-  CollectiveRequest build = request;
   const bool avg = IsReduction(request.collective) && request.op == ReduceOp::kAvg;
-  if (avg) build.op = ReduceOp::kSum;
   Plan plan;
   plan.request = request;
   plan.algorithm = algorithm;
@@ -125,11 +123,11 @@ Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, co
   plan.channels = options.channels;
   plan.aggregators = algorithm == Algorithm::kIna ? AggregatorCount(shape) : 0;
   for (int r = rank < 0 ? 0 : rank; r < (rank < 0 ? plan.world() : rank + 1); ++r) {
-    Result<RankPlan> built = impl.Build(build, shape, options, r);
+    Result<RankPlan> built = impl.Build(request, shape, options, r);
     if (!built.ok()) return built.status().WithContext(request.ToString());
     RankPlan rp = std::move(built).value();
-    // fused divides in its one pass (fused.cc): no epilogue.
-    if (avg && algorithm != Algorithm::kFused) AddAvgEpilogue(request, options.chunk_count, rp);
+    // fused divides in its one pass (fused.cc), a plan that averages in its reduces there: no epilogue.
+    if (avg && algorithm != Algorithm::kFused && !rp.averages) AddAvgEpilogue(request, options.chunk_count, rp);
     KZ_RETURN_IF_ERROR(ValidateRankPlan(request, rp, options.chunk_count, plan.aggregators)
                            .WithContext(fmt::format("{} built a bad plan", AlgorithmName(algorithm))));
     plan.ranks.push_back(std::move(rp));

@@ -28,8 +28,10 @@ class AlgorithmImpl {
   // cannot reach, in-place AllToAll, ...). Requests are already validated (count, dtype, root).
   virtual Status Supports(const CollectiveRequest& request, const CommTopology& shape) const = 0;
 
-  // Rank `rank`'s steps. Called only after Supports said ok. The request's op is never kAvg here
-  // (BuildPlan asks for kSum and adds the epilogue); RankPlan::epilogue is left empty.
+  // Rank `rank`'s steps. Called only after Supports said ok; RankPlan::epilogue is left empty.
+  // For kAvg the steps sum (the executor reduces with kSum) and BuildPlan adds the epilogue that
+  // divides by nranks, unless the plan divides in its reduces of every rank's contribution
+  // (Step::average, RankPlan::averages: the direct exchange does, DirectExchange in impl.h).
   virtual Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape,
                                  const PlanOptions& options, int rank) const = 0;
 };

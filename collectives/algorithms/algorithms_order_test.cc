@@ -106,6 +106,9 @@ TEST(DeterministicTest, AvgIsDeterministicToo) {
     ASSERT_TRUE(Simulate(c, RandomFill(c.dtype, 3), &inputs, &before, &after));
     if (first.empty()) first = after;
     EXPECT_TRUE(after == first) << c.Name();
+    // The sum divided before its one rounding (Step::average), as the reference and the fused
+    // algorithm round it: bit for bit, no tolerance.
+    EXPECT_TRUE(after == reference::Expected(c.Request(), inputs, before)) << c.Name();
   }
 }
 

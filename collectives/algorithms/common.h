@@ -232,6 +232,12 @@ class Builder {
     if (srcs.size() == 1) return Copy(c, srcs[0], dst);
     steps(c).push_back(Step::Reduce(std::move(srcs), dst));
   }
+  // srcs in order, every rank's contribution: their avg, rounded once (Step::average).
+  void ReduceAverage(int c, std::vector<Slice> srcs, Slice dst) {
+    if (dst.count == 0) return;
+    if (srcs.size() == 1) return Copy(c, srcs[0], dst);  // the avg of one rank's contribution
+    steps(c).push_back(Step::ReduceAverage(std::move(srcs), dst));
+  }
   // Zero-element messages: how barriers synchronize.
   void SendToken(int c, int peer) { steps(c).push_back(Step::Send(peer, {BufferKind::kInput, 0, 0})); }
   void RecvToken(int c, int peer) { steps(c).push_back(Step::Recv(peer, {BufferKind::kOutput, 0, 0})); }

@@ -38,6 +38,11 @@ struct OwnedPart {
 //
 // Phases (common.h): for each chunk, nranks-1 exchanges "send to rank+d, receive from rank-d",
 // then the owner's reduction (local), then optionally the allgather's nranks-1 exchanges.
+//
+// For avg the owner's reduction averages (Step::average: the sum divided by nranks, rounded
+// once), and the rank's plan is marked RankPlan::averages: an algorithm that makes every result
+// of a request with a DirectExchange (deterministic mode, pairwise) needs no dividing epilogue,
+// and rounds a float16 / bfloat16 average once, as the fused algorithm does.
 class DirectExchange {
  public:
   // At most one part per owner. Reserves the scratch the owner needs.
@@ -59,6 +64,7 @@ class DirectExchange {
   uint64_t slot_ = 0;    // elements per scratch slot
   uint64_t sets_ = 0;    // slot sets, each (nranks-1) slots, used round-robin by chunk
   uint64_t base_ = 0;    // scratch offset
+  bool average_ = false;  // an avg request: the owner's reduction divides (Step::average)
 };
 
 }  // namespace kizuna::collectives::algo

@@ -21,6 +21,8 @@ namespace kizuna::collectives::algo {
 
 DirectExchange::DirectExchange(Builder& b, int channel, std::vector<OwnedPart> parts)
     : b_(b), channel_(channel), parts_(std::move(parts)), part_of_(static_cast<size_t>(b.p), -1) {
+  average_ = IsReduction(b.req.collective) && b.req.op == ReduceOp::kAvg;
+  if (average_) b.plan.averages = true;
   for (size_t i = 0; i < parts_.size(); ++i) {
     part_of_[static_cast<size_t>(parts_[i].owner)] = static_cast<int>(i);
     rounds_ = std::max(rounds_, PieceCount(parts_[i].contribution.count, b.chunk));
@@ -59,7 +61,8 @@ void DirectExchange::Reduce(uint64_t k) {
   srcs.reserve(static_cast<size_t>(p));
   for (int q = 0; q < p; ++q)
     srcs.push_back(q == r ? b_.In(part.contribution.offset + own.offset, own.count) : slot(q, own.count));
-  b_.Reduce(channel_, std::move(srcs), Builder::Sub(part.result, own));
+  if (average_) b_.ReduceAverage(channel_, std::move(srcs), Builder::Sub(part.result, own));
+  else b_.Reduce(channel_, std::move(srcs), Builder::Sub(part.result, own));
 }
 
 void DirectExchange::AllGather(uint64_t k) {

@@ -365,7 +365,7 @@ class Simulator {
       case StepKind::kReduce: {
         std::vector<const void*> srcs;
         for (const Slice& s : step.srcs) srcs.push_back(Resolve(r, s, false).begin);
-        return HostReduce(dst, srcs, n, req_.dtype, op_);
+        return HostReduce(dst, srcs, n, req_.dtype, step.average ? ReduceOp::kAvg : op_);
       }
       case StepKind::kScale:
         Scale(req_.dtype, dst, Resolve(r, step.srcs[0], false).begin, n, RankOf(r).divisor);

@@ -331,7 +331,8 @@ Result<bool> Executor::Run::EventDone(StepState& st) {
 Status Executor::Run::EnqueueLocal(ChannelRun& ch, const Step& step, bool cpu) {
   const CollectiveRequest& r = member(ch).plan->request;
   const size_t bytes = static_cast<size_t>(step.dst.count) * elem(ch);
-  const ReduceOp op = r.op == ReduceOp::kAvg ? ReduceOp::kSum : r.op;
+  // avg sums, and a kScale divides later; a Step::average reduce divides itself (plan.h).
+  const ReduceOp op = r.op == ReduceOp::kAvg && !step.average ? ReduceOp::kSum : r.op;
   switch (step.kind) {
     case StepKind::kCopy:
       if (cpu) {

@@ -207,6 +207,14 @@ Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, 
     if (max_step_count > 0 && n > max_step_count)
       return fmt::format("{} elements, more than the chunk of {}", n, max_step_count);
     if (step.kind == StepKind::kScale && plan.divisor == 0) return "a scale step with divisor 0";
+    if (step.average) {
+      if (step.kind != StepKind::kReduce) return "an averaging step that is not a reduce";
+      if (!IsReduction(request.collective) || request.op != ReduceOp::kAvg)
+        return "an averaging reduce in a request that is not an avg";
+      if (step.srcs.size() != static_cast<size_t>(request.nranks))
+        return fmt::format("an averaging reduce of {} sources, not the {} ranks' contributions", step.srcs.size(),
+                           request.nranks);
+    }
     return {};
   };
   for (size_t c = 0; c <= plan.channels.size(); ++c) {
@@ -237,6 +245,7 @@ std::string RankPlanToString(const RankPlan& plan) {
         for (size_t j = 0; j < s.srcs.size(); ++j) out += (j ? ", " : " ") + SliceString(s.srcs[j]);
       }
       if (s.kind == StepKind::kScale) out += fmt::format(" / {}", plan.divisor);
+      if (s.average) out += fmt::format(" / {}", s.srcs.size());
       out += "\n";
     }
   };

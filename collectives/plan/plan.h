@@ -33,7 +33,9 @@
 //    the executor's window is at least that. The simulator checks it.
 //  - The epilogue runs after every channel of the rank has completed.
 //  - Reductions use the request's op, except kAvg: algorithms reduce with kSum and the plan's
-//    epilogue divides the rank's results by nranks (kScale); see BuildPlan in algorithm.h.
+//    epilogue divides the rank's results by nranks (kScale); see BuildPlan in algorithm.h. A plan
+//    whose every result is one kReduce over all nranks contributions (RankPlan::averages) divides
+//    in that step instead (Step::average), with no epilogue.
 //  - Every slice lies inside its buffer (input/output sizes from the table above, scratch from
 //    RankPlan::scratch_count); a step's destination overlaps none of its sources, except that a
 //    reduction's (or a scale's) destination may be exactly one of its sources.
@@ -130,7 +132,8 @@ enum class StepKind : uint8_t {
   kRecv = 1,        // receive dst.count elements from peer into dst
   kRecvReduce = 2,  // dst = srcs[0] op (dst.count elements received from peer)
   kCopy = 3,        // dst = srcs[0]
-  kReduce = 4,      // dst = srcs[0] op srcs[1] op ... (in this order; one rounding for float16/bfloat16)
+  kReduce = 4,      // dst = srcs[0] op srcs[1] op ... (in this order; one rounding for float16/bfloat16);
+                    // with Step::average, that sum divided by srcs.size() before the rounding
   kScale = 5,       // dst = srcs[0] / RankPlan::divisor (the avg epilogue)
 };
 std::string_view StepKindName(StepKind k);  // "send", "recv", "recv-reduce", "copy", "reduce", "scale"
@@ -140,12 +143,21 @@ struct Step {
   int peer = -1;            // kSend, kRecv, kRecvReduce
   Slice dst;                // unused by kSend
   std::vector<Slice> srcs;  // kSend, kRecvReduce, kCopy, kScale: 1; kReduce: >= 2; kRecv: none
+  // kReduce of an avg request whose sources are every rank's contribution (srcs.size() == nranks):
+  // the step computes ReduceOp::kAvg of them (dtype.h: the sum divided by nranks in the
+  // accumulation type, rounded once), where kSum then a kScale would round a float16 / bfloat16
+  // result twice. The single-host fused path rounds once too, so every algorithm agrees bit for bit
+  // in deterministic mode.
+  bool average = false;
 
   static Step Send(int peer, Slice src) { return {StepKind::kSend, peer, {}, {src}}; }
   static Step Recv(int peer, Slice dst) { return {StepKind::kRecv, peer, dst, {}}; }
   static Step RecvReduce(int peer, Slice local, Slice dst) { return {StepKind::kRecvReduce, peer, dst, {local}}; }
   static Step Copy(Slice src, Slice dst) { return {StepKind::kCopy, -1, dst, {src}}; }
   static Step Reduce(std::vector<Slice> srcs, Slice dst) { return {StepKind::kReduce, -1, dst, std::move(srcs)}; }
+  static Step ReduceAverage(std::vector<Slice> srcs, Slice dst) {
+    return {StepKind::kReduce, -1, dst, std::move(srcs), true};
+  }
   static Step Scale(Slice src, Slice dst) { return {StepKind::kScale, -1, dst, {src}}; }
 
   // Elements the step moves or computes (dst.count, or srcs[0].count for a send).
@@ -162,6 +174,9 @@ struct RankPlan {
   std::vector<Step> epilogue;               // after every channel completed
   uint64_t scratch_count = 0;               // elements of scratch the steps use
   uint32_t divisor = 1;                     // for kScale steps
+  // An avg request's results come from Step::average reduces (or copies of their results), so
+  // BuildPlan adds no dividing epilogue (set by the algorithm on every rank alike).
+  bool averages = false;
 
   size_t step_count() const;
 };
@@ -175,8 +190,9 @@ struct PlanOptions {
   // each over its own tag. An algorithm may use fewer (a tiny message needs one).
   int channels = 1;
   // KIZUNA_DETERMINISTIC: every element's reduction is srcs in rank order 0, 1, ..., nranks-1,
-  // as one kReduce over all ranks' contributions (so one rounding for float16/bfloat16), whatever
-  // the algorithm, chunk size or placement: results are bitwise identical across all of them.
+  // as one kReduce over all ranks' contributions (so one rounding for float16/bfloat16, avg's
+  // division included: Step::average), whatever the algorithm, chunk size or placement: results
+  // are bitwise identical across all of them and the fused algorithm.
   bool deterministic = false;
   // Heterogeneity: where an algorithm can split work unevenly (the double binary tree's two
   // halves, pairwise AllReduce's parts), split it in proportion to the capability the shape

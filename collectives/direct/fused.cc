@@ -123,7 +123,7 @@ std::pair<uint64_t, uint64_t> FusedBytes(const CollectiveRequest& req, int rank)
 
 bool CpuDoesParts(const device::DeviceProperties& props) {
   const bool throttled = props.copy_gbps > 0 || props.reduce_gbps > 0 || props.launch_latency_us > 0;
-  return props.host_compute && props.host_accessible && !throttled;
+  return props.host_compute && props.host_accessible && !throttled && !props.faults_injected;
 }
 
 }  // namespace kizuna::collectives

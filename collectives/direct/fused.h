@@ -51,8 +51,8 @@ Status RunFusedPartOnCpu(const CollectiveRequest& req, int rank, std::span<const
 // alone matters for Broadcast's input and Reduce's output).
 std::pair<uint64_t, uint64_t> FusedBytes(const CollectiveRequest& req, int rank);
 // A device whose streams are the host's CPUs over memory the CPU reaches (the emulated device,
-// unthrottled: a throttled one paces its streams' work): a rank's part may run on any thread, as
-// the stream's thread would run it.
+// unthrottled: a throttled one paces its streams' work; without injected faults, which only the
+// streams meet): a rank's part may run on any thread, as the stream's thread would run it.
 bool CpuDoesParts(const device::DeviceProperties& props);
 
 }  // namespace kizuna::collectives

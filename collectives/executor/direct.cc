@@ -164,6 +164,9 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
   const CollectiveRequest& req = m.plan->request;
   SameHostGroup& group = *options_.same_host;
   if (m.plan->algorithm != Algorithm::kFused || !group.host_accessible() || !group.one_rank_per_process()) return false;
+  // Throttled or fault-injected devices do their parts on their streams (RunHostDirect), where the
+  // throttles and faults apply; only host memory, which no stream serves, must run here.
+  if (!host_memory && !CpuDoesParts(device_->properties())) return false;
   // The caller's stream must have nothing queued: then the inputs are ready now, and running the
   // operation before returning orders it before whatever the caller enqueues next.
   auto idle = stream.Idle();

@@ -161,6 +161,7 @@ class EmuBackend final : public device::Backend {
       p.launch_latency_us = config.emu_launch_us.value_or(0.0);
       p.host_accessible = !config.emu_opaque;
       p.host_compute = true;
+      p.faults_injected = config.emu_fail_stream_op.has_value();
       p.export_fd = true;
       p.numa_node = numa_node;
       devices_.push_back(std::make_unique<EmuDevice>(std::move(p), &config, memory_.get(), &streams_, host));

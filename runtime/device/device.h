@@ -51,6 +51,9 @@ struct DeviceProperties {
   double launch_latency_us = 0;  // cost of one stream operation's launch
   bool host_accessible = false;  // the CPU may dereference device pointers
   bool host_compute = false;     // copies and reductions run on the host's CPUs over host memory (emulated)
+  // Stream work may fail on purpose (a test's fault injection, KIZUNA_EMU_FAIL_STREAM_OP): work the
+  // CPU could do instead must go through the streams, or the faults would never be met.
+  bool faults_injected = false;
   bool export_fd = false;        // Export() yields an fd (memfd or DMA-BUF) plus offset
   bool export_opaque = false;    // Export() yields a vendor IPC handle
   bool export_dmabuf = false;    // ExportDmaBuf() yields a DMA-BUF fd (what an RDMA NIC registers)

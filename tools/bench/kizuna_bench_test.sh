@@ -204,6 +204,15 @@ grep -qE '^\[1\] +[0-9]+ ' <<<"$out" && fail "procs: rank 1 printed rows"
 grep -q '^\[0\] # Out of bounds values : 0 OK$' <<<"$out" || fail "procs: wrong values"
 [ "$(grep -c '^\[0\] #  Rank  [01] ' <<<"$out")" -eq 2 ] || fail "procs: expected both ranks' device lines"
 
+# ---- a device that fails between processes (fused, the default there): the fault is met on the
+# device's stream and reported, not skipped by the CPU doing the part ----
+out="$(KIZUNA_TIMEOUT=20 KIZUNA_EMU_FAIL_STREAM_OP=10 "$run" -n 2 --timeout 60 -- "$bench" -b 64K -e 64K -n 5 -w 1 \
+  --coll allreduce 2>&1)"
+rc=$?
+echo "$out"
+[ "$rc" -ne 0 ] || fail "injected device fault between processes: expected a failure, got exit 0"
+grep -q 'kizuna-bench: .*allreduce.*injected fault' <<<"$out" || fail "injected fault between processes: cause not reported"
+
 # ---- --timing median (each call after a barrier, the median of the slowest rank's times) ----
 out="$("$run" -n 2 --timeout 60 -- "$bench" -b 8 -e 64K -f 8 -n 5 -w 1 --timing median --json "$tmp/median.json" 2>&1)"
 rc=$?

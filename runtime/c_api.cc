@@ -133,6 +133,18 @@ class HandleTable {
     return nullptr;
   }
 
+  // Every live object, in slot order.
+  std::vector<std::shared_ptr<T>> Live() const {
+    std::vector<std::shared_ptr<T>> live;
+    const uint32_t n = size_.load(std::memory_order_acquire);
+    for (uint32_t i = 0; i < n; ++i) {
+      Slot& slot = At(i);
+      std::lock_guard lock(slot.mu);
+      if (slot.object != nullptr) live.push_back(slot.object);
+    }
+    return live;
+  }
+
   // Takes the object out of the table (the caller drops the table's reference); later uses of the
   // handle are refused. Null, with the reason, when the handle is not live.
   std::shared_ptr<T> Remove(uintptr_t handle, const char* arg) {
@@ -441,19 +453,48 @@ kzResult_t kzMalloc(kzDevice_t device, size_t bytes, void** ptr) {
   return kzSuccess;
 }
 
+namespace {
+
+// What cudaFree does: wait for the work queued on the device's streams, so that a collective still
+// queued or running (its caller's stream is held until it is done) never meets freed memory. The
+// reported failures stay for the streams' own Synchronize (an event is waited for, not the stream).
+Status WaitForDeviceStreams(kizuna::device::Device& device) {
+  const kizuna::Deadline deadline = kizuna::Deadline::AfterSeconds(device.config().timeout_s);
+  for (const std::shared_ptr<StreamEntry>& s : Streams().Live()) {
+    if (&s->stream->device() != &device) continue;
+    auto event = device.CreateEvent();
+    if (!event.ok()) return event.status();
+    KZ_RETURN_IF_ERROR(s->stream->Record(**event));
+    KZ_RETURN_IF_ERROR((*event)->Synchronize(deadline));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 kzResult_t kzFree(kzDevice_t device, void* ptr) {
   if (ptr == nullptr) return kzSuccess;
   DeviceRef ref;
   if (!FindDevice(device, "device", &ref)) return kzInvalidArgument;
-  BufferEntry freed;  // released after the lock
   Allocations& a = Buffers();
+  {
+    std::lock_guard lock(a.mu);
+    auto it = a.buffers.find(ptr);
+    if (it == a.buffers.end())
+      return Invalid(fmt::format("kzFree: {} is not memory of kzMalloc (never allocated, or freed already)", ptr));
+    if (&it->second.buffer->device() != ref.device)
+      return Invalid(fmt::format("kzFree: {} was allocated on {}, not on {}", ptr, it->second.buffer->device().label(),
+                                 ref.device->label()));
+  }
+  if (Status s = WaitForDeviceStreams(*ref.device); !s.ok())
+    return Report(s.WithContext(fmt::format("kzFree: {} not freed: work queued on {}'s streams, which may still use it, "
+                                            "did not finish",
+                                            ptr, ref.device->label())));
+  BufferEntry freed;  // released after the lock
   std::lock_guard lock(a.mu);
   auto it = a.buffers.find(ptr);
   if (it == a.buffers.end())
-    return Invalid(fmt::format("kzFree: {} is not memory of kzMalloc (never allocated, or freed already)", ptr));
-  if (&it->second.buffer->device() != ref.device)
-    return Invalid(fmt::format("kzFree: {} was allocated on {}, not on {}", ptr, it->second.buffer->device().label(),
-                               ref.device->label()));
+    return Invalid(fmt::format("kzFree: {} is not memory of kzMalloc (freed meanwhile by another thread)", ptr));
   freed = std::move(it->second);
   a.buffers.erase(it);
   return kzSuccess;

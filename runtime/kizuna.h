@@ -97,7 +97,9 @@ kzResult_t kzDeviceGet(int index, kzDevice_t* device);
 const char* kzDeviceName(kzDevice_t device);
 kzResult_t kzMalloc(kzDevice_t device, size_t bytes, void** ptr);
 /* kzInvalidArgument when ptr is not live memory of kzMalloc on `device` (freed already, or never
- * allocated); NULL is a no-op. */
+ * allocated); NULL is a no-op. Waits first for the work queued on the device's streams, as cudaFree
+ * does, so that a collective still queued or running never meets freed memory; when that work does
+ * not finish within KIZUNA_TIMEOUT the memory is not freed and the error says so. */
 kzResult_t kzFree(kzDevice_t device, void* ptr);
 kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream);
 /* A destroyed stream's handle is refused by every later call (see Handles above). */

@@ -75,6 +75,45 @@ void ExpectEveryCommCallRefused(kzComm_t comm, kzStream_t stream, float* buf, co
   EXPECT_TRUE(Refused(kzCommDestroy(comm), text)) << "kzCommDestroy";
 }
 
+// kzFree of a buffer an AllReduce still waits to use (its peer has not called yet) waits for it,
+// as cudaFree would: the operation completes on intact memory.
+TEST(CApiHandles, FreeDuringAnOperationWaitsForIt) {
+  const int devlist[2] = {0, 1};
+  kzComm_t comms[2] = {};
+  ASSERT_EQ(kzCommInitAll(comms, 2, devlist), kzSuccess) << kzGetLastError();
+  kzDevice_t devices[2] = {};
+  kzStream_t streams[2] = {};
+  float* bufs[2] = {};
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(kzCommDevice(comms[r], &devices[r]), kzSuccess) << kzGetLastError();
+    ASSERT_EQ(kzStreamCreate(devices[r], &streams[r]), kzSuccess) << kzGetLastError();
+    ASSERT_EQ(kzMalloc(devices[r], 1 << 20, reinterpret_cast<void**>(&bufs[r])), kzSuccess) << kzGetLastError();
+  }
+  const size_t count = (1 << 20) / sizeof(float);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> values(count, static_cast<float>(r + 1));
+    std::memcpy(bufs[r], values.data(), values.size() * sizeof(float));  // emulated memory the CPU reaches
+  }
+  ASSERT_EQ(kzAllReduce(bufs[0], bufs[0], count, kzFloat32, kzSum, comms[0], streams[0]), kzSuccess);
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(kzAllReduce(bufs[1], bufs[1], count, kzFloat32, kzSum, comms[1], streams[1]), kzSuccess);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(kzFree(devices[0], bufs[0]), kzSuccess) << kzGetLastError();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  late.join();
+  EXPECT_GT(waited, 0.2) << "kzFree did not wait for the AllReduce that uses the buffer";
+  ASSERT_EQ(kzStreamSynchronize(streams[1]), kzSuccess) << kzGetLastError();
+  EXPECT_EQ(bufs[1][0], 3.0f);
+  EXPECT_EQ(bufs[1][count - 1], 3.0f);
+  EXPECT_EQ(kzFree(devices[1], bufs[1]), kzSuccess);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(kzStreamDestroy(streams[r]), kzSuccess);
+    EXPECT_EQ(kzCommDestroy(comms[r]), kzSuccess);
+  }
+}
+
 TEST(CApiHandles, DestroyedCommunicatorIsRefusedByEveryCallAndDestroyTwiceToo) {
   OneRank r;
   ASSERT_EQ(kzAllReduce(r.buf, r.buf, kCount, kzFloat32, kzSum, r.comm, r.stream), kzSuccess) << kzGetLastError();

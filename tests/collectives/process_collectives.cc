@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -459,6 +460,31 @@ int MatrixCase(Communicator& comm, device::Stream& stream, Collective coll, cons
   return 0;
 }
 
+// Rank `frozen` stops its own process (SIGSTOP: alive, never answering) before an AllReduce the
+// others call on the staged path (KIZUNA_ALGO=ring, a short KIZUNA_TIMEOUT): they fail at their
+// deadline naming it as the rank that does not answer. 0 on the others when it was so named.
+int Frozen(Communicator& comm, device::Stream& stream, int frozen) {
+  const int r = comm.rank();
+  auto a = comm.device().Allocate(4000);
+  if (!a.ok()) return Fail("allocation failed");
+  if (r == frozen) {
+    std::fflush(stdout);
+    raise(SIGSTOP);  // kizuna-run kills it at its timeout
+    return Fail("continued after SIGSTOP");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Status s = comm.AllReduce((*a)->data(), (*a)->data(), 1000, DataType::kFloat32, ReduceOp::kSum, stream);
+  if (s.ok()) s = stream.Synchronize(Deadline::AfterSeconds(120));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string error = comm.AsyncError().ToString();
+  if (s.ok() || error.find(fmt::format("rank {} does not answer", frozen)) == std::string::npos)
+    return Fail(fmt::format("frozen rank {}: expected an error naming it as not answering, got {} / {}", frozen,
+                            s.ToString(), error));
+  std::printf("rank %d: frozen rank %d named after %.1f s\n", r, frozen, took);
+  std::fflush(stdout);
+  return 0;
+}
+
 // Main's last case: point to point around the ring, in a group. 0 when it passed, else Fail's.
 int RingSendRecv(Communicator& comm, device::Stream& stream) {
   const int n = comm.size(), r = comm.rank();
@@ -491,9 +517,10 @@ int Main(int argc, char** argv) {
   if (mode == "host") return HostMemory(comm, stream);
   if (mode == "host-mixed") return HostMixed(comm, stream);
   if (mode == "mismatch") return Mismatch(comm, stream);
+  if (mode == "frozen") return Frozen(comm, stream, argc > 2 ? std::atoi(argv[2]) : 1);
   if (mode == "fused-abort" || mode == "fused-exit")
     return FusedFault(comm, stream, mode.substr(6), argc > 2 ? std::atoi(argv[2]) : 1);
-  if (!mode.empty()) return Fail("unknown mode " + mode + " (fused, host, fused-abort R, fused-exit R)");
+  if (!mode.empty()) return Fail("unknown mode " + mode + " (fused, host, fused-abort R, fused-exit R, frozen R)");
   int cases = 0;
   const Collective colls[] = {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
                               Collective::kBroadcast, Collective::kReduce,        Collective::kAllToAll,

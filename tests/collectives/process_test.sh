@@ -77,6 +77,12 @@ for how in abort exit; do
   for r in 0 2; do grep -q "^\[$r\] rank $r: fused failed after .* as expected: .*rank 1" <<<"$out" || fail "fused-$how: rank $r"; done
 done
 
+# A rank frozen (SIGSTOP) before a collective on the staged path: the others fail at their
+# deadline naming it as the rank that does not answer (kizuna-run then kills it at its timeout).
+out="$(KIZUNA_ALGO=ring KIZUNA_TIMEOUT=3 "$run" -n 3 --timeout 8 -- "$prog" frozen 1 2>&1)"
+echo "$out"
+for r in 0 2; do grep -q "^\[$r\] rank $r: frozen rank 1 named after" <<<"$out" || fail "frozen: rank $r did not name rank 1"; done
+
 out="$(KIZUNA_EMULATED_DEVICES=8 KIZUNA_TOPOLOGY=full "$run" -n 8 --timeout 240 -- "$example" 100003 2>&1)"
 rc=$?
 echo "$out"

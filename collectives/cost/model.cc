@@ -225,7 +225,11 @@ Prediction Model::Run(Algorithm a) {
     } else {
       Body(a);
     }
-    if (req_.op == ReduceOp::kAvg && IsReduction(c) && a != Algorithm::kFused)  // fused divides in its pass
+    // Fused divides in its pass; pairwise and every deterministic plan in their one reduce over all
+    // ranks (Step::average): no epilogue to count.
+    const bool divides_in_reduce =
+        a == Algorithm::kFused || (p_ > 1 && (a == Algorithm::kPairwise || (opt_.deterministic && IsReduction(c))));
+    if (req_.op == ReduceOp::kAvg && IsReduction(c) && !divides_in_reduce)
       Local("avg epilogue", LocalKind::kScale, 1, req_.count, c == Collective::kReduce ? req_.root : -1);
   }
   if (failed_) {

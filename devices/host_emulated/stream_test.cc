@@ -405,11 +405,15 @@ TEST(HostEmulatedStream, WorkBehindAHoldWaitsForTheRelease) {
     auto hold = stream->EnqueueHold();
     ASSERT_TRUE(hold.ok());
     ASSERT_TRUE(stream->Copy(Bytes(dst) + (1 << 19), Bytes(src) + (1 << 19), 1 << 19).ok());
-    std::this_thread::sleep_for(milliseconds(30));
-    EXPECT_EQ(Bytes(dst)[(1 << 20) - 1], 0) << "the copy behind the hold ran before the release";
     if (behind_work) {
-      EXPECT_EQ(Bytes(dst)[0], 3) << "the copy before the hold waited for it";
+      // The copy before the hold runs: waited for (a loaded machine may take its time), not slept on.
+      const Deadline deadline = Deadline::AfterSeconds(10);
+      while (static_cast<volatile uint8_t*>(Bytes(dst))[(1 << 19) - 1] != 3 && !deadline.Expired())
+        std::this_thread::sleep_for(milliseconds(1));
+      EXPECT_EQ(Bytes(dst)[(1 << 19) - 1], 3) << "the copy before the hold waited for it";
     }
+    std::this_thread::sleep_for(milliseconds(30));  // time for the copy behind the hold to run, were it not held
+    EXPECT_EQ(Bytes(dst)[(1 << 20) - 1], 0) << "the copy behind the hold ran before the release";
     auto released = std::move(*hold);
     released.reset();  // dropped unreleased: released
     ASSERT_TRUE(stream->Synchronize().ok());

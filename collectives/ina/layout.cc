@@ -6,16 +6,17 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <numeric>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "runtime/core/file.h"
+#include "runtime/core/json.h"
 
 namespace kizuna::collectives::ina {
 namespace {
@@ -273,7 +274,7 @@ struct Reader {
       if (std::find(known.begin(), known.end(), it.key()) == known.end()) {
         std::string list;
         for (std::string_view k : known) list += fmt::format("{}{}", list.empty() ? "" : ", ", k);
-        return Error(path, fmt::format("unknown key \"{}\" (known: {})", it.key(), list));
+        return Error(path, fmt::format("unknown key {} (known: {})", JsonExcerpt(Json(it.key())), list));
       }
     return Status::Ok();
   }
@@ -285,10 +286,10 @@ struct Reader {
     const Json* v = Find(j, key);
     const std::string at = fmt::format("{}.{}", path, key);
     if (!v) return Error(at, "missing");
-    if (!v->is_number_integer()) return Error(at, fmt::format("expected an integer, got {}", v->dump()));
+    if (!v->is_number_integer()) return Error(at, fmt::format("expected an integer, got {}", JsonExcerpt(*v)));
     if (v->is_number_unsigned() ? v->get<uint64_t>() > static_cast<uint64_t>(hi)
                                 : v->get<int64_t>() < lo || v->get<int64_t>() > hi)
-      return Error(at, fmt::format("{} is out of range ({}..{})", v->dump(), lo, hi));
+      return Error(at, fmt::format("{} is out of range ({}..{})", JsonExcerpt(*v), lo, hi));
     return v->get<int64_t>();
   }
   Result<std::vector<int>> Ints(const Json& j, std::string_view key, const std::string& path) const {
@@ -303,7 +304,7 @@ struct Reader {
       if (!e.is_number_integer() ||
           (e.is_number_unsigned() ? e.get<uint64_t>() > uint64_t{kMaxLayoutPorts}
                                   : e.get<int64_t>() < -kMaxLayoutPorts || e.get<int64_t>() > kMaxLayoutPorts))
-        return Error(fmt::format("{}[{}]", at, i), fmt::format("expected an index, got {}", e.dump()));
+        return Error(fmt::format("{}[{}]", at, i), fmt::format("expected an index, got {}", JsonExcerpt(e)));
       out.push_back(static_cast<int>(e.get<int64_t>()));
     }
     return out;
@@ -313,8 +314,9 @@ struct Reader {
     const std::string at = fmt::format("{}.{}", path, key);
     std::optional<std::pair<Node, int>> np;
     if (v && v->is_string()) np = ParseNodePort(v->get<std::string>());
-    if (!np) return Error(at, fmt::format("expected \"node:port\" such as \"w3:0\" or \"a1:2\", got {}",
-                                          v ? v->dump() : std::string("nothing")));
+    if (!np)
+      return Error(at, fmt::format("expected \"node:port\" such as \"w3:0\" or \"a1:2\", got {}",
+                                   v ? JsonExcerpt(*v) : std::string("nothing")));
     return *np;
   }
 };
@@ -335,7 +337,7 @@ Result<Part> ReadPart(const Reader& r, const Json& j, const std::string& path) {
     if (kind && kind->is_string() && kind->get<std::string>() == PartKindName(c)) k = c;
   if (!k)
     return r.Error(path + ".kind", fmt::format("expected full-tree, partial-tree, line or ring, got {}",
-                                               kind ? kind->dump() : std::string("nothing")));
+                                               kind ? JsonExcerpt(*kind) : std::string("nothing")));
   p.kind = *k;
   const Json* bw = r.Find(j, "bandwidth");
   if (!bw || !bw->is_number()) return r.Error(path + ".bandwidth", "expected a number");
@@ -417,6 +419,11 @@ Status Validate(const Layout& l) {
   if (l.aggregators < 0 || l.aggregators > kMaxAggregators)
     return InvalidArgument(
         fmt::format("layout: {} aggregation devices: expected 0..{}", l.aggregators, kMaxAggregators));
+  // Each worker and each device is a node of the topology file (TopologyJson), whose parser allows
+  // kMaxNodes: a layout beyond it would be accepted here and refused when the fabric reads its file.
+  if (int64_t{l.workers} + l.aggregators > kMaxNodes)
+    return InvalidArgument(fmt::format("layout: {} workers and {} aggregation devices: more than {} nodes together",
+                                       l.workers, l.aggregators, kMaxNodes));
   if (l.aggregator_ports < (l.aggregators > 0 ? 1 : 0) || l.aggregator_ports > kMaxPortsPerNode)
     return InvalidArgument(fmt::format("layout: {} ports per aggregation device: expected {}..{}", l.aggregator_ports,
                                        l.aggregators > 0 ? 1 : 0, kMaxPortsPerNode));
@@ -565,8 +572,7 @@ std::string ToJson(const Layout& layout) {
 }
 
 Result<Layout> FromJson(const std::string& text, const std::string& what) {
-  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument(fmt::format("{}: not valid JSON", what));
+  KZ_ASSIGN_OR_RETURN(const Json j, ParseJson(text, what));
   const Reader r{what};
   KZ_RETURN_IF_ERROR(r.Keys(j, "layout", {"workers", "aggregators", "worker_ports", "aggregator_ports", "parts"}));
   Layout l;
@@ -589,11 +595,8 @@ Result<Layout> FromJson(const std::string& text, const std::string& what) {
 }
 
 Result<Layout> LoadLayoutFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return InvalidArgument(fmt::format("KIZUNA_INA_LAYOUT {}: cannot read the file", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return FromJson(text.str(), path);
+  KZ_ASSIGN_OR_RETURN(const std::string text, ReadFileCapped(path, kMaxConfigFileBytes, "KIZUNA_INA_LAYOUT file"));
+  return FromJson(text, path);
 }
 
 Result<std::string> WriteTopologyFile(const Layout& layout) {

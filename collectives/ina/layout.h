@@ -38,6 +38,8 @@ namespace kizuna::collectives::ina {
 // kMaxPortsPerNode, and all ports of the job together.
 inline constexpr int kMaxWorkers = 65536;
 inline constexpr int kMaxAggregators = 65536;
+// Workers and aggregation devices together: each is a node of the layout's topology file.
+inline constexpr int kMaxNodes = 65536;
 inline constexpr int kMaxPortsPerNode = 1024;
 inline constexpr int64_t kMaxLayoutPorts = int64_t{1} << 24;
 
@@ -120,11 +122,14 @@ std::vector<PartRange> SplitCount(const Layout& layout, uint64_t count, uint64_t
 std::string TopologyJson(const Layout& layout, double bandwidth_gbps, double latency_us, bool shaping);
 
 // The layout as JSON and back (kizuna-plan --layout, KIZUNA_INA_LAYOUT); FromJson validates.
+// Errors name `what` and the place: a JSON syntax error or nesting deeper than 64 levels by
+// line:column (runtime/core/json.h), a bad value by its key's path ("parts[2].edges[5].child").
 std::string ToJson(const Layout& layout);
 Result<Layout> FromJson(const std::string& text, const std::string& what);
 
 // KIZUNA_INA_LAYOUT's file, read and validated (FromJson names the problem, prefixed with the
-// path).
+// path). A file larger than kMaxConfigFileBytes (16 MiB, runtime/core/file.h), or a device or FIFO
+// that never ends, is refused: "KIZUNA_INA_LAYOUT file /dev/zero: larger than 16 MiB".
 Result<Layout> LoadLayoutFile(const std::string& path);
 // The layout's cables as a directconnect topology file (TopologyJson, no shaping) in $TMPDIR (else
 // /tmp); returns its path. The caller removes it once the fabrics have read it. Every rank writes

@@ -1,11 +1,13 @@
 #include "collectives/ina/layout.h"
 
-#include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "collectives/ina/planner.h"
 #include "collectives/ina/test_layouts.h"
@@ -318,7 +320,7 @@ TEST(InaLayout, FromJsonNamesWhatIsWrong) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
   };
-  expect("{", "my.json: not valid JSON");
+  expect("{", "my.json:1:2: invalid JSON: ");
   expect("[]", "my.json: layout: expected an object");
   auto edit = [&](const std::string& from, const std::string& to) {
     std::string t = good;
@@ -340,6 +342,79 @@ TEST(InaLayout, FromJsonNamesWhatIsWrong) {
   expect(edit("\"ring_ports\": [", "\"ring_ports\": [\"0\", "), "parts[4].ring_ports[0]: expected an index");
   expect(edit("\"bandwidth\": 0.5333333333333333", "\"bandwidth\": 1.0666666666666667"),
          "a unidirectional ring of 16 workers");
+}
+
+// Runs `f(arg)` on a thread with a small stack, as a rank's threads may have: recursion per level of
+// a file's nesting overflows it.
+void OnSmallStack(void (*f)(void*), void* arg) {
+  struct Call {
+    void (*f)(void*);
+    void* arg;
+  } call{f, arg};
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 256 << 10), 0);
+  pthread_t thread;
+  ASSERT_EQ(pthread_create(
+                &thread, &attr,
+                [](void* p) -> void* {
+                  auto* c = static_cast<Call*>(p);
+                  c->f(c->arg);
+                  return nullptr;
+                },
+                &call),
+            0);
+  pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
+// 75,000 levels of brackets where a number belongs: the error message printed the value, recursing
+// once per level, and overflowed the stack. Refused before a tree is built, naming the place.
+TEST(InaLayout, DeepNestingIsRefusedNotPrinted) {
+  for (const std::string key : {"workers", "kind"}) {
+    std::string text = key == "workers" ? "{\"workers\": " : "{\"parts\": [{\"kind\": ";
+    const size_t column = text.size() + 1 + (key == "workers" ? 63 : 61);
+    text += std::string(75000, '[') + std::string(75000, ']') + (key == "workers" ? "}" : "}]}");
+    struct Run {
+      std::string text;
+      Result<Layout> result = Status(StatusCode::kInternal, "not run");
+    } run{text};
+    OnSmallStack(
+        [](void* p) {
+          auto* r = static_cast<Run*>(p);
+          r->result = FromJson(r->text, "deep.json");
+        },
+        &run);
+    ASSERT_FALSE(run.result.ok()) << key;
+    EXPECT_EQ(run.result.status().message(),
+              "deep.json:1:" + std::to_string(column) + ": nesting deeper than 64 levels");
+  }
+}
+
+// 3 workers and 65536 aggregation devices passed Validate, each count within its own limit, but
+// the topology file written for them has 65539 nodes, which the direct-connect fabric refuses: the
+// job failed later, at a generated file, instead of at its layout.
+TEST(InaLayout, WorkersAndDevicesTogetherStayWithinATopologysNodes) {
+  Layout l = Planned(16, 4, 8, 8);
+  l.aggregators = kMaxNodes - l.workers;
+  EXPECT_TRUE(Validate(l).ok()) << Validate(l).ToString();
+  l.aggregators += 1;
+  const Status s = Validate(l);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "layout: 16 workers and 65521 aggregation devices: more than 65536 nodes together");
+}
+
+// /dev/zero never ends: read whole, it grew a rank to ~12 GB until the OOM killer ended it.
+TEST(InaLayout, AnEndlessFileIsRefusedAtTheCap) {
+  auto l = LoadLayoutFile("/dev/zero");
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(l.status().message(), "KIZUNA_INA_LAYOUT file /dev/zero: larger than 16 MiB");
+  auto missing = LoadLayoutFile("/nonexistent/kizuna/layout.json");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("KIZUNA_INA_LAYOUT file /nonexistent/kizuna/layout.json: cannot open"),
+            std::string::npos)
+      << missing.status().message();
 }
 
 }  // namespace

@@ -122,10 +122,11 @@ Result<Topology> GenerateFromSpec(std::string_view spec, const FabricContext& co
 // called "full" in the working directory wins): the file is the more deliberate of the two.
 Result<Topology> TopologyFromConfig(const std::string& value, const FabricContext& context) {
   struct stat st {};
-  if (::stat(value.c_str(), &st) == 0) return LoadTopology(value);
+  constexpr std::string_view kWhat = "KIZUNA_TOPOLOGY file";
+  if (::stat(value.c_str(), &st) == 0) return LoadTopology(value, kWhat);
   // A value that can only be a path (a generator spec has no '/' and no ".json"): say the file
   // cannot be read, with the system's reason.
-  if (value.find('/') != std::string::npos || value.ends_with(".json")) return LoadTopology(value);
+  if (value.find('/') != std::string::npos || value.ends_with(".json")) return LoadTopology(value, kWhat);
   return GenerateFromSpec(value, context);
 }
 

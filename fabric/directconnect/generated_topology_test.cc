@@ -176,8 +176,15 @@ TEST(GeneratedTopology, BadSpecsNameTheValueAndTheForms) {
   auto missing = CreateWith("/nonexistent/topology.json", RankOf(0, 4));
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(missing.status().message().find("cannot read topology file /nonexistent/topology.json"), std::string::npos)
+  EXPECT_NE(missing.status().message().find("KIZUNA_TOPOLOGY file /nonexistent/topology.json: cannot open"),
+            std::string::npos)
       << missing.status().message();
+  // A file that never ends is refused at the cap: read whole, /dev/zero grew a rank to ~12 GB until
+  // the OOM killer ended it.
+  auto endless = CreateWith("/dev/zero", RankOf(0, 4));
+  ASSERT_FALSE(endless.ok());
+  EXPECT_EQ(endless.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(endless.status().message(), "KIZUNA_TOPOLOGY file /dev/zero: larger than 16 MiB");
   // A rank beyond an explicitly sized topology is the same error as for a file.
   auto beyond = CreateWith("ring:4", RankOf(5, 6));
   EXPECT_EQ(beyond.status().code(), StatusCode::kInvalidArgument);

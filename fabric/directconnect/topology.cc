@@ -1,18 +1,17 @@
 #include "fabric/directconnect/topology.h"
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
-#include <sstream>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "fabric/directconnect/topology_internal.h"
+#include "runtime/core/file.h"
+#include "runtime/core/json.h"
 
 namespace kizuna::fabric::directconnect {
 namespace {
@@ -75,73 +74,15 @@ SourcePositions ScanPositions(std::string_view t) {
   return p;
 }
 
-struct LineColumn {
-  int line = 1;
-  int column = 1;
-};
-
-LineColumn LineColumnAt(std::string_view text, size_t offset) {
-  LineColumn lc;
-  offset = std::min(offset, text.size());
-  for (size_t i = 0; i < offset; ++i) {
-    if (text[i] == '\n') {
-      ++lc.line;
-      lc.column = 1;
-    } else {
-      ++lc.column;
-    }
-  }
-  return lc;
-}
-
-// Captures nlohmann's syntax error (position and message) without exceptions.
-class ErrorCapture : public nlohmann::json_sax<Json> {
- public:
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return true; }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return true; }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
-  bool parse_error(std::size_t position, const std::string& last_token,
-                   const nlohmann::detail::exception& ex) override {
-    position_ = position;
-    last_token_ = last_token;
-    // "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..." — keep
-    // what follows the location; the location is recomputed from the byte position.
-    std::string what = ex.what();
-    const size_t colon = what.find(": ");
-    message_ = colon == std::string::npos ? what : what.substr(colon + 2);
-    return false;
-  }
-
-  size_t position() const { return position_; }
-  const std::string& last_token() const { return last_token_; }
-  const std::string& message() const { return message_; }
-
- private:
-  size_t position_ = 0;
-  std::string last_token_;
-  std::string message_;
-};
-
 // Errors at an entry: "t.json:14: node 'w0': ...", or without a line for generated topologies.
 Status EntryError(std::string_view source, int line, std::string_view message) {
   if (line > 0) return InvalidArgument(fmt::format("{}:{}: {}", source, line, message));
   return InvalidArgument(fmt::format("{}: {}", source, message));
 }
 
-std::string Compact(const Json& j) {
-  std::string s = j.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (s.size() > 120) s = s.substr(0, 117) + "...";
-  return s;
-}
+// A value in an error message: short, and never printed deeper than a few levels (ParseJson has
+// refused deeper files already; this keeps a message's size bounded too).
+std::string Compact(const Json& j) { return JsonExcerpt(j, 120); }
 
 std::string_view TypeName(const Json& j) { return j.type_name(); }
 
@@ -177,7 +118,7 @@ Status CheckKeys(const Json& object, std::initializer_list<std::string_view> all
     if (!ok) {
       std::string list;
       for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-      return InvalidArgument(fmt::format("{}: unknown key \"{}\" (known: {})", what, it.key(), list));
+      return InvalidArgument(fmt::format("{}: unknown key {} (known: {})", what, Compact(Json(it.key())), list));
     }
   }
   return Status::Ok();
@@ -206,7 +147,9 @@ Status ParseNode(const Json& j, size_t index, int line, std::string_view source,
     const std::string k = kind->get<std::string>();
     if (k == "worker") node.kind = NodeKind::kWorker;
     else if (k == "aggregator") node.kind = NodeKind::kAggregator;
-    else return EntryError(source, line, fmt::format("{}: kind \"{}\" is neither \"worker\" nor \"aggregator\"", label, k));
+    else
+      return EntryError(source, line,
+                        fmt::format("{}: kind {} is neither \"worker\" nor \"aggregator\"", label, Compact(*kind)));
   }
   auto ports = j.find("ports");
   if (ports == j.end()) return EntryError(source, line, fmt::format("{} needs \"ports\"", label));
@@ -224,8 +167,12 @@ Status ParseNode(const Json& j, size_t index, int line, std::string_view source,
   return Status::Ok();
 }
 
+// Node names to their index in Topology::nodes, so that a file's links find their ends in constant
+// time (a linear search per link made a large file's parse quadratic: minutes for 16 MiB).
+using NodeNames = std::unordered_map<std::string_view, int>;
+
 Status ParseLink(const Json& j, size_t index, int line, std::string_view source, const Defaults& defaults,
-                 Topology& topo) {
+                 const NodeNames& node_names, Topology& topo) {
   const std::string what = fmt::format("links[{}]", index);
   if (!j.is_object()) return EntryError(source, line, fmt::format("{} must be an object, not {}", what, Compact(j)));
   if (Status s = CheckKeys(j, {"a", "b", "bandwidth_gbps", "latency_us"}, what); !s.ok())
@@ -242,7 +189,8 @@ Status ParseLink(const Json& j, size_t index, int line, std::string_view source,
       return EntryError(source, line, fmt::format("{} needs \"{}\": \"node:port\"", what, names[e]));
     auto split = internal::SplitPortName(end->get<std::string>());
     if (!split.ok()) return EntryError(source, line, fmt::format("{}.{}: {}", what, names[e], split.status().message()));
-    const int node = topo.FindNode(split->first);
+    const auto found = node_names.find(split->first);
+    const int node = found == node_names.end() ? -1 : found->second;
     if (node < 0)
       return EntryError(source, line, fmt::format("link {}: node '{}' is not in \"nodes\"", Compact(j), split->first));
     *ends[e] = PortRef{node, split->second};
@@ -374,21 +322,6 @@ Status MapLinks(const Topology& t, std::vector<int>& base, std::vector<int>& lin
 
 // ---- ParseTopology's steps ----
 
-// The error for `text` that is not JSON: the parser's message, at the line and column it names.
-Status InvalidJson(std::string_view text, std::string_view source) {
-  ErrorCapture capture;
-  Json::sax_parse(text.begin(), text.end(), &capture);
-  // nlohmann reports the byte after the offending token: point at the token's start when the
-  // token is the text just before that (at the end of input the reported token is a
-  // description, and the position itself is the place to name).
-  size_t at = std::min(capture.position(), text.size());
-  const std::string& token = capture.last_token();
-  if (!token.empty() && at >= token.size() && text.substr(at - token.size(), token.size()) == token)
-    at -= token.size();
-  const LineColumn lc = LineColumnAt(text, at);
-  return InvalidArgument(fmt::format("{}:{}:{}: invalid JSON: {}", source, lc.line, lc.column, capture.message()));
-}
-
 // The "defaults" object `d` (at `line`): the figures of links that give none of their own.
 Result<Defaults> ParseDefaults(const Json& d, int line, std::string_view source) {
   Defaults defaults;
@@ -513,12 +446,12 @@ Status Topology::Finalize() {
 // ---- Parsing ----
 
 Result<Topology> ParseTopology(std::string_view text, std::string_view source) {
-  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidJson(text, source);
+  KZ_ASSIGN_OR_RETURN(const Json j, ParseJson(text, source));
   const SourcePositions pos = ScanPositions(text);
+  const LineIndex lines(text);
   auto key_line = [&](const std::string& key) {
     auto it = pos.top_keys.find(key);
-    return it == pos.top_keys.end() ? 0 : LineColumnAt(text, it->second).line;
+    return it == pos.top_keys.end() ? 0 : lines.LineAt(it->second);
   };
 
   Topology topo;
@@ -528,7 +461,8 @@ Result<Topology> ParseTopology(std::string_view text, std::string_view source) {
     const std::string& k = it.key();
     if (k != "name" && k != "shaping" && k != "defaults" && k != "nodes" && k != "links" && k != "generator")
       return EntryError(source, key_line(k),
-                        fmt::format("unknown key \"{}\" (known: name, shaping, defaults, nodes, links, generator)", k));
+                        fmt::format("unknown key {} (known: name, shaping, defaults, nodes, links, generator)",
+                                    Compact(Json(k))));
   }
   if (auto name = j.find("name"); name != j.end()) {
     if (!name->is_string()) return EntryError(source, key_line("name"), "\"name\" must be a string");
@@ -551,33 +485,31 @@ Result<Topology> ParseTopology(std::string_view text, std::string_view source) {
   if (nodes->size() > static_cast<size_t>(kMaxTopologyNodes))
     return EntryError(source, key_line("nodes"),
                       fmt::format("{} nodes exceed the limit of {}", nodes->size(), kMaxTopologyNodes));
+  topo.nodes.reserve(nodes->size());  // NodeNames points into the nodes' names: no reallocation
+  NodeNames names;
   for (size_t i = 0; i < nodes->size(); ++i) {
-    const int line = i < pos.nodes.size() ? LineColumnAt(text, pos.nodes[i]).line : 0;
+    const int line = i < pos.nodes.size() ? lines.LineAt(pos.nodes[i]) : 0;
     KZ_RETURN_IF_ERROR(ParseNode((*nodes)[i], i, line, source, topo));
     const TopologyNode& n = topo.nodes.back();
-    for (size_t k = 0; k + 1 < topo.nodes.size(); ++k)
-      if (topo.nodes[k].name == n.name)
-        return EntryError(source, line, fmt::format("node '{}' is described twice (first at line {})", n.name,
-                                                     topo.nodes[k].line));
+    if (auto [it, fresh] = names.emplace(n.name, static_cast<int>(i)); !fresh)
+      return EntryError(source, line,
+                        fmt::format("node '{}' is described twice (first at line {})", n.name,
+                                    topo.nodes[static_cast<size_t>(it->second)].line));
   }
   if (auto links = j.find("links"); links != j.end()) {
     if (!links->is_array()) return EntryError(source, key_line("links"), "\"links\" must be an array");
     for (size_t i = 0; i < links->size(); ++i) {
-      const int line = i < pos.links.size() ? LineColumnAt(text, pos.links[i]).line : 0;
-      KZ_RETURN_IF_ERROR(ParseLink((*links)[i], i, line, source, defaults, topo));
+      const int line = i < pos.links.size() ? lines.LineAt(pos.links[i]) : 0;
+      KZ_RETURN_IF_ERROR(ParseLink((*links)[i], i, line, source, defaults, names, topo));
     }
   }
   KZ_RETURN_IF_ERROR(topo.Finalize());
   return topo;
 }
 
-Result<Topology> LoadTopology(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return InvalidArgument(fmt::format("cannot read topology file {}: {}", path, std::strerror(errno)));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return InvalidArgument(fmt::format("error reading topology file {}", path));
-  return ParseTopology(text.str(), path);
+Result<Topology> LoadTopology(const std::string& path, std::string_view what) {
+  KZ_ASSIGN_OR_RETURN(const std::string text, ReadFileCapped(path, kMaxConfigFileBytes, what));
+  return ParseTopology(text, path);
 }
 
 std::string TopologyToJson(const Topology& t) {

@@ -17,8 +17,9 @@
 //   }
 //
 // Every problem with a file is kInvalidArgument naming the file and the line: a JSON syntax error
-// by line:column, a semantic one (a port used twice, a link to a missing node, a port index
-// beyond the node's ports, a duplicate rank, an unknown key) by the offending entry's line.
+// or nesting deeper than 64 levels (runtime/core/json.h) by line:column, a semantic one (a port
+// used twice, a link to a missing node, a port index beyond the node's ports, a duplicate rank, an
+// unknown key) by the offending entry's line.
 #pragma once
 
 #include <cstdint>
@@ -95,8 +96,10 @@ class Topology {
 
 // Parses a description; `source` names it in errors ("t.json"). Finalized on success.
 Result<Topology> ParseTopology(std::string_view text, std::string_view source);
-// Reads and parses a file; kInvalidArgument when it cannot be read, naming the path and errno.
-Result<Topology> LoadTopology(const std::string& path);
+// Reads and parses a file; kInvalidArgument when it cannot be read (naming the path and errno) or
+// is larger than kMaxConfigFileBytes (16 MiB, runtime/core/file.h). `what` starts those errors:
+// "KIZUNA_TOPOLOGY file /dev/zero: larger than 16 MiB".
+Result<Topology> LoadTopology(const std::string& path, std::string_view what = "topology file");
 
 // The description as JSON in the format ParseTopology reads: one node or link per line, so that
 // error lines point at one entry.

@@ -4,6 +4,9 @@
 
 #include "fabric/directconnect/topology.h"
 
+#include <pthread.h>
+
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <string>
@@ -140,6 +143,91 @@ TEST(Topology, AMissingFileIsNamed) {
   auto t = LoadTopology("/nonexistent/kizuna/topology.json");
   EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(t.status().message().find("/nonexistent/kizuna/topology.json"), std::string::npos);
+}
+
+// /dev/zero never ends: read whole, it grew a rank to ~12 GB until the OOM killer ended it.
+TEST(Topology, AnEndlessFileIsRefusedAtTheCap) {
+  auto t = LoadTopology("/dev/zero", "KIZUNA_TOPOLOGY file");
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.status().message(), "KIZUNA_TOPOLOGY file /dev/zero: larger than 16 MiB");
+}
+
+// Runs `f` on a thread with a small stack, as a rank's threads may have: recursion per level of a
+// file's nesting overflows it.
+void OnSmallStack(void (*f)(void*), void* arg) {
+  struct Call {
+    void (*f)(void*);
+    void* arg;
+  } call{f, arg};
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 256 << 10), 0);
+  pthread_t thread;
+  ASSERT_EQ(pthread_create(
+                &thread, &attr,
+                [](void* p) -> void* {
+                  auto* c = static_cast<Call*>(p);
+                  c->f(c->arg);
+                  return nullptr;
+                },
+                &call),
+            0);
+  pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
+// 75,000 levels of brackets (a 200 KB file) where a node belongs: the error message printed the
+// value, recursing once per level, and the rank died of a stack overflow (exit 139). Refused
+// before the tree is built, naming where the nesting passes the limit.
+TEST(Topology, DeepNestingIsRefusedNotPrinted) {
+  for (const char* open : {"[", "{\"a\": "}) {
+    std::string text = "{\"nodes\": [\n  ";
+    for (int i = 0; i < 75000; ++i) text += open;
+    text += "1";
+    for (int i = 0; i < 75000; ++i) text += open[0] == '[' ? "]" : "}";
+    text += "]}";
+    struct Run {
+      std::string text;
+      Result<Topology> result = Status(StatusCode::kInternal, "not run");
+    } run{text};
+    OnSmallStack(
+        [](void* p) {
+          auto* r = static_cast<Run*>(p);
+          r->result = ParseTopology(r->text, "deep.json");
+        },
+        &run);
+    ASSERT_FALSE(run.result.ok()) << open;
+    EXPECT_EQ(run.result.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(run.result.status().message(),
+              "deep.json:2:" + std::to_string(3 + 62 * std::string(open).size()) + ": nesting deeper than 64 levels");
+  }
+}
+
+// The largest topology a file may hold (65536 nodes, about 9 MB) and a file of 100,000 links
+// between two nodes: each entry's line was found by scanning from the start of the text, each link
+// end's node by a linear search, so these took minutes. Now linear: well under the limit here.
+TEST(Topology, LargeFilesParseInLinearTime) {
+  auto ring = GenerateRing(kMaxTopologyNodes, LinkParams{100, 1});
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  const std::string ring_text = TopologyToJson(*ring);
+  auto start = std::chrono::steady_clock::now();
+  auto parsed = ParseTopology(ring_text, "ring.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->Fingerprint(), ring->Fingerprint());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+
+  std::string links =
+      "{\"nodes\": [{\"name\": \"w0\", \"ports\": 1}, {\"name\": \"w1\", \"ports\": 1}],\n\"links\": [\n";
+  for (int i = 0; i < 100000; ++i) links += "{\"a\": \"w0:0\", \"b\": \"w1:0\"},\n";
+  links += "{\"a\": \"w0:0\", \"b\": \"w1:0\"}]}\n";
+  start = std::chrono::steady_clock::now();
+  auto refused = ParseTopology(links, "links.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("links.json:4: link w0:0 - w1:0: port w0:0 is already used"),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
 // Every port of every node is linked exactly once and links are symmetric.

@@ -27,14 +27,32 @@ std::string_view TrimSpace(std::string_view s) {
   return s;
 }
 
+// Text from outside as an error message shows it: printable ASCII, other bytes as \xNN, at most 64
+// bytes of it, so that a message stays one short line whatever the text held.
+std::string Shown(std::string_view text) {
+  constexpr size_t kShownBytes = 64;
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < kShownBytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\')
+      out += static_cast<char>(c);
+    else
+      out += fmt::format("\\x{:02x}", c);
+  }
+  if (text.size() > kShownBytes) out += fmt::format("...({} bytes)", text.size());
+  return out;
+}
+
+// inet_pton reads a C string: a host with a NUL byte would be judged by what precedes the NUL
+// ("127.0.0.1\0junk" as 127.0.0.1) and then carried whole into the id.
 bool IsIpv4Literal(std::string_view host) {
   in_addr a;
-  return inet_pton(AF_INET, std::string(host).c_str(), &a) == 1;
+  return host.find('\0') == std::string_view::npos && inet_pton(AF_INET, std::string(host).c_str(), &a) == 1;
 }
 
 bool IsIpv6Literal(std::string_view host) {
   in6_addr a;
-  return inet_pton(AF_INET6, std::string(host).c_str(), &a) == 1;
+  return host.find('\0') == std::string_view::npos && inet_pton(AF_INET6, std::string(host).c_str(), &a) == 1;
 }
 
 Result<uint16_t> ParsePort(std::string_view text, std::string_view what) {
@@ -44,7 +62,7 @@ Result<uint16_t> ParsePort(std::string_view text, std::string_view what) {
     // Quoted only when it is as short as a port: in a garbled unique id the secret may sit here.
     if (text.size() > 5)
       return InvalidArgument(fmt::format("{}: port of {} characters is not a number in 1..65535", what, text.size()));
-    return InvalidArgument(fmt::format("{}: port '{}' is not a number in 1..65535", what, text));
+    return InvalidArgument(fmt::format("{}: port '{}' is not a number in 1..65535", what, Shown(text)));
   }
   return static_cast<uint16_t>(port);
 }
@@ -61,7 +79,7 @@ Status SplitHost(std::string_view text, std::string_view what, std::string& host
       if (host.find(':') == std::string::npos)
         return InvalidArgument(fmt::format("{}: what is in brackets ({} characters, no ':') is not an IPv6 address",
                                            what, host.size()));
-      return InvalidArgument(fmt::format("{}: '{}' in brackets is not an IPv6 address", what, host));
+      return InvalidArgument(fmt::format("{}: '{}' in brackets is not an IPv6 address", what, Shown(host)));
     }
     if (close + 1 >= text.size() || text[close + 1] != ':')
       return InvalidArgument(fmt::format("{}: expected ':' and a port after ']'", what));
@@ -86,31 +104,32 @@ Status ValidateHost(std::string_view host, std::string_view what) {
   if (host.empty()) return InvalidArgument(fmt::format("{}: the host is empty", what));
   if (IsIpv4Literal(host) || IsIpv6Literal(host)) return Status::Ok();
   if (host.find(':') != std::string_view::npos)
-    return InvalidArgument(fmt::format("{}: '{}' is not an IPv6 address (write IPv6 addresses in brackets, "
-                                       "e.g. [fd00::2]:29501)",
-                                       what, host));
+    return InvalidArgument(
+        fmt::format("{}: '{}' is not an IPv6 address (write IPv6 addresses in brackets, "
+                    "e.g. [fd00::2]:29501)",
+                    what, Shown(host)));
   if (host.find_first_not_of("0123456789.") == std::string_view::npos)
-    return InvalidArgument(fmt::format("{}: '{}' is not a valid IPv4 address", what, host));
+    return InvalidArgument(fmt::format("{}: '{}' is not a valid IPv4 address", what, Shown(host)));
   if (host.size() > 253) return InvalidArgument(fmt::format("{}: host name longer than 253 characters", what));
   size_t label = 0;
   for (size_t i = 0; i < host.size(); ++i) {
     char c = host[i];
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
     if (c == '.') {
-      if (label == 0) return InvalidArgument(fmt::format("{}: host name '{}' has an empty label", what, host));
+      if (label == 0) return InvalidArgument(fmt::format("{}: host name '{}' has an empty label", what, Shown(host)));
       label = 0;
       continue;
     }
     if (!ok) {
-      return InvalidArgument(
-          fmt::format("{}: host name '{}' contains '{}' (allowed: letters, digits, '-', '_', '.')", what, host,
-                      c == ' ' ? std::string("space") : std::string(1, c)));
+      return InvalidArgument(fmt::format("{}: host name '{}' contains '{}' (allowed: letters, digits, '-', '_', '.')",
+                                         what, Shown(host),
+                                         c == ' ' ? std::string("space") : Shown(std::string_view(&c, 1))));
     }
     if (++label > 63)
-      return InvalidArgument(fmt::format("{}: a label of host name '{}' exceeds 63 characters", what, host));
+      return InvalidArgument(fmt::format("{}: a label of host name '{}' exceeds 63 characters", what, Shown(host)));
   }
-  if (label == 0) return InvalidArgument(fmt::format("{}: host name '{}' ends with '.'", what, host));
-  if (host.front() == '-') return InvalidArgument(fmt::format("{}: host name '{}' starts with '-'", what, host));
+  if (label == 0) return InvalidArgument(fmt::format("{}: host name '{}' ends with '.'", what, Shown(host)));
+  if (host.front() == '-') return InvalidArgument(fmt::format("{}: host name '{}' starts with '-'", what, Shown(host)));
   return Status::Ok();
 }
 
@@ -153,9 +172,18 @@ Result<UniqueId> UniqueId::Parse(std::string_view text) {
   constexpr std::string_view kWhat = "unique id";
   text = TrimSpace(text);
   if (text.substr(0, kPrefix.size()) != kPrefix) {
-    if (text.size() >= 3 && text.substr(0, 2) == "kz" && text[2] >= '0' && text[2] <= '9')
-      return InvalidArgument(fmt::format("unique id: version '{}' is not supported (this build reads kz1)",
-                                         text.substr(0, text.find(':'))));
+    if (text.size() >= 3 && text.substr(0, 2) == "kz" && text[2] >= '0' && text[2] <= '9') {
+      // Quoted only when it is as short as a version: without its ':' the whole id, secret included,
+      // would be the "version".
+      const std::string_view version = text.substr(0, text.find(':'));
+      if (version.size() > 8)
+        return InvalidArgument(
+            fmt::format("unique id: version of {} characters is not supported (this build reads "
+                        "kz1)",
+                        version.size()));
+      return InvalidArgument(
+          fmt::format("unique id: version '{}' is not supported (this build reads kz1)", Shown(version)));
+    }
     return InvalidArgument("unique id: not a kizuna unique id (expected kz1:HOST:PORT:SECRET)");
   }
   text.remove_prefix(kPrefix.size());

@@ -103,6 +103,41 @@ TEST(UniqueId, MalformedInputsSayWhatIsWrong) {
   }
 }
 
+// inet_pton reads a C string: "127.0.0.1\0junk" passed as 127.0.0.1, and the id carried the NUL and
+// the junk into every rank's connect.
+TEST(UniqueId, AHostWithANulByteIsRefused) {
+  const std::string hex = kHex;
+  for (const std::string& host : {std::string("127.0.0.1\0junk", 14), std::string("::1\0x", 5)}) {
+    const std::string text = "kz1:" + (host[0] == ':' ? "[" + host + "]" : host) + ":29501:" + hex;
+    auto r = UniqueId::Parse(text);
+    ASSERT_FALSE(r.ok()) << "accepted a host with a NUL byte";
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message().find('\0'), std::string::npos) << "the message carries the NUL";
+    EXPECT_TRUE(Contains(r.status().message(), "\\x00")) << r.status().message();
+  }
+  EXPECT_FALSE(ParseHostPort(std::string("10.0.0.1\0:80", 12), "KIZUNA_ROOT").ok());
+  EXPECT_FALSE(ValidateHost(std::string("10.0.0.1\0", 9), "host").ok());
+}
+
+// Messages go to logs: what they quote of the text is cut and its control bytes escaped, and a
+// version is quoted only when it is as short as one (without its ':', a whole id, secret included,
+// would be the "version").
+TEST(UniqueId, MessagesQuoteTheTextCutAndEscaped) {
+  const std::string hex = kHex;
+  auto r = UniqueId::Parse("kz1:bad\x1b[2Jhost:29501:" + hex);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "host name 'bad\\x1b[2Jhost' contains '\\x1b'")) << r.status().message();
+  const std::string long_host = std::string(300, '1') + ".2";
+  r = UniqueId::Parse("kz1:" + long_host + ":29501:" + hex);
+  ASSERT_FALSE(r.ok());
+  EXPECT_LT(r.status().message().size(), 200u) << r.status().message();
+  EXPECT_TRUE(Contains(r.status().message(), "...(302 bytes)")) << r.status().message();
+  r = UniqueId::Parse("kz2" + hex);
+  ASSERT_FALSE(r.ok());
+  EXPECT_FALSE(Contains(r.status().message(), hex.substr(0, 16))) << r.status().message();
+  EXPECT_TRUE(Contains(r.status().message(), "version of 35 characters is not supported")) << r.status().message();
+}
+
 TEST(HostPort, ParseAndPrint) {
   auto a = ParseHostPort("10.0.0.1:29501", "KIZUNA_ROOT");
   ASSERT_TRUE(a.ok());

@@ -88,6 +88,23 @@ std::optional<double> ParseDouble(std::string_view text) {
 
 std::string Expect(std::string_view what) { return fmt::format("expected {}", what); }
 
+// Text from the environment as a warning shows it: printable ASCII, control and other bytes as
+// \xNN, and no more than kShownBytes of it ("...(N bytes)" after), so that a value of any length
+// or content gives a warning of one short line.
+constexpr size_t kShownBytes = 64;
+std::string Shown(std::string_view text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < kShownBytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\')
+      out += static_cast<char>(c);
+    else
+      out += fmt::format("\\x{:02x}", c);
+  }
+  if (text.size() > kShownBytes) out += fmt::format("...({} bytes)", text.size());
+  return out;
+}
+
 // Setter builders.
 Setter IntIn(std::optional<int> Config::*field, int64_t lo, int64_t hi) {
   return [=](std::string_view v, Config& c) -> std::string {
@@ -161,9 +178,10 @@ std::string ParseSubsys(std::string_view v, uint32_t& mask) {
     for (LogSubsys s : kSubsystems)
       if (name == LogSubsysName(s)) bits = s;
     if (bits == 0)
-      return fmt::format("unknown subsystem '{}' (known: ALL, INIT, DEVICE, FABRIC, COLL, BOOTSTRAP, PLUGIN, "
-                         "ENV, TUNE)",
-                         name);
+      return fmt::format(
+          "unknown subsystem '{}' (known: ALL, INIT, DEVICE, FABRIC, COLL, BOOTSTRAP, PLUGIN, "
+          "ENV, TUNE)",
+          Shown(name));
     if (remove) {
       result &= ~bits;
     } else {
@@ -272,7 +290,10 @@ const std::vector<Entry>& Entries() {
   return entries;
 }
 
-size_t EditDistance(std::string_view a, std::string_view b) {
+// The edit distance of a and b, or `limit` when it is `limit` or more (the distance is at least
+// the difference of the lengths: a long name costs nothing).
+size_t EditDistance(std::string_view a, std::string_view b, size_t limit) {
+  if ((a.size() > b.size() ? a.size() - b.size() : b.size() - a.size()) >= limit) return limit;
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
@@ -281,7 +302,7 @@ size_t EditDistance(std::string_view a, std::string_view b) {
       cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
     std::swap(prev, cur);
   }
-  return prev[b.size()];
+  return std::min(prev[b.size()], limit);
 }
 
 }  // namespace
@@ -321,17 +342,17 @@ ParsedConfig ParseConfig(const std::map<std::string, std::string>& env) {
       std::string_view best;
       size_t best_d = 4;  // suggest only close names
       for (const Entry& e : Entries()) {
-        size_t d = EditDistance(name, e.doc.name);
+        size_t d = EditDistance(name, e.doc.name, best_d);
         if (d < best_d) best_d = d, best = e.doc.name;
       }
       out.warnings.push_back(best.empty()
-                                 ? fmt::format("unknown variable {} (ignored)", name)
-                                 : fmt::format("unknown variable {} (ignored; did you mean {}?)", name, best));
+                                 ? fmt::format("unknown variable {} (ignored)", Shown(name))
+                                 : fmt::format("unknown variable {} (ignored; did you mean {}?)", Shown(name), best));
       continue;
     }
     std::string err = entry->set(value, out.config);
     if (!err.empty())
-      out.warnings.push_back(fmt::format("{}='{}' is malformed: {}; using the default ({})", name, value, err,
+      out.warnings.push_back(fmt::format("{}='{}' is malformed: {}; using the default ({})", name, Shown(value), err,
                                          entry->doc.default_value));
   }
   return out;

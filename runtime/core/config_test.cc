@@ -112,6 +112,28 @@ TEST(ConfigTest, MalformedValuesWarnAndKeepDefaults) {
   EXPECT_FALSE(p.config.emu_sync_free);
 }
 
+// A value or name of any length and content gives one short printable warning line: a 1 MiB value
+// was repeated whole in its warning, and control bytes went to the log as they were.
+TEST(ConfigTest, WarningsShowValuesCutAndEscaped) {
+  const std::string huge(1 << 20, 'x');
+  ParsedConfig p = ParseConfig({
+      {"KIZUNA_TIMEOUT", huge},
+      {"KIZUNA_DEBUG", "LOUD\n\x1b[2Jfake log line"},
+      {"KIZUNA_DEBUG_SUBSYS", "INIT," + huge},
+      {"KIZUNA_" + huge, "1"},
+  });
+  ASSERT_EQ(p.warnings.size(), 4u);
+  for (const std::string& w : p.warnings) {
+    EXPECT_LT(w.size(), 400u) << w.substr(0, 400);
+    for (char c : w) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "byte " << int(static_cast<unsigned char>(c)) << " in " << w;
+  }
+  EXPECT_TRUE(AnyWarningContains(p, "KIZUNA_TIMEOUT='" + std::string(64, 'x') + "...(1048576 bytes)' is malformed"));
+  EXPECT_TRUE(AnyWarningContains(p, "KIZUNA_DEBUG='LOUD\\x0a\\x1b[2Jfake log line' is malformed"));
+  EXPECT_TRUE(AnyWarningContains(p, "unknown subsystem '" + std::string(64, 'X') + "...(1048576 bytes)'"));
+  EXPECT_TRUE(
+      AnyWarningContains(p, "unknown variable KIZUNA_" + std::string(57, 'x') + "...(1048583 bytes) (ignored)"));
+}
+
 TEST(ConfigTest, EveryDocumentedVariableParses) {
   // The table is the single source for parsing, warnings and docs: every row has a name, form,
   // default and meaning, and names are unique.

@@ -14,8 +14,6 @@
 // Exit status: 0 when every job served ended normally (its workers closed their connections),
 // 1 when one failed (the last failure is printed), 2 for bad command-line input.
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -26,8 +24,9 @@
 #include "runtime/bootstrap/unique_id.h"
 #include "runtime/communicator.h"
 #include "runtime/core/config.h"
-#include "runtime/device/registry.h"
+#include "runtime/core/file.h"
 #include "runtime/core/logging.h"
+#include "runtime/device/registry.h"
 
 namespace kizuna {
 namespace {
@@ -39,20 +38,26 @@ struct Options {
   int jobs = 1;  // 0: forever
 };
 
+// An id is about 80 bytes; a file far larger is not an id file (and /dev/zero would never end).
+constexpr size_t kMaxIdFileBytes = 4096;
+
 // The next job's id from `path`: its content once it differs from `last` (rank 0 of the next job
-// replaces it), checked every 50 ms until the deadline.
+// replaces it), checked every 50 ms until the deadline, which names the last reason it was not one.
 Result<std::string> WaitForNewId(const std::string& path, const std::string& last, Deadline deadline) {
+  std::string why = "it does not exist";
   while (true) {
-    std::ifstream in(path);
-    if (in) {
-      std::stringstream text;
-      text << in.rdbuf();
-      std::string id = text.str();
+    Result<std::string> text = ReadFileCapped(path, kMaxIdFileBytes, "unique id file", 1.0);
+    if (text.ok()) {
+      std::string id = std::move(*text);
       while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
-      if (!id.empty() && id != last && bootstrap::UniqueId::Parse(id).ok()) return id;
+      Result<bootstrap::UniqueId> parsed = bootstrap::UniqueId::Parse(id);
+      if (!id.empty() && id != last && parsed.ok()) return id;
+      why = id.empty() ? "it is empty" : id == last ? "it holds the last job's id" : parsed.status().message();
+    } else {
+      why = text.status().message();
     }
     if (deadline.Expired())
-      return Timeout(fmt::format("no new job id appeared in {} before the deadline", path));
+      return Timeout(fmt::format("no new job id appeared in {} before the deadline (last look: {})", path, why));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }

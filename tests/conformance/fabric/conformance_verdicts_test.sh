@@ -25,5 +25,5 @@ rc=$?
 echo "$out" | tail -20
 [ "$rc" -ne 0 ] || fail "a fabric that failed to start let the run pass"
 grep -q "BROKEN: its tests fail" <<<"$out" || fail "the listing does not flag the broken fabric"
-grep -q "cannot read topology file /nonexistent/kizuna-topology.json" <<<"$out" || fail "the reason is not shown"
+grep -q "KIZUNA_TOPOLOGY file /nonexistent/kizuna-topology.json: cannot open" <<<"$out" || fail "the reason is not shown"
 echo "PASS"

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/core/file.h"
 #include "runtime/core/logging.h"
 
 extern char** environ;
@@ -126,22 +127,12 @@ Status WriteFileAtomically(const std::string& path, const std::string& content) 
   return Status::Ok();
 }
 
-// Reads a small file whole; nullopt when it does not exist.
+// Reads the id file whole (a few hundred bytes; anything over 4 KiB is not an id, and a FIFO or
+// device is not waited on for ever: ReadFileCapped); nullopt when it does not exist yet.
 Result<std::optional<std::string>> ReadSmallFile(const std::string& path) {
-  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
-    if (errno == ENOENT) return std::optional<std::string>();
-    return FromErrno(errno, fmt::format("opening KIZUNA_UNIQUE_ID_FILE '{}'", path));
-  }
-  std::string content;
-  char buf[512];
-  while (content.size() < 4096) {
-    ssize_t n = read(fd.get(), buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return FromErrno(errno, fmt::format("reading KIZUNA_UNIQUE_ID_FILE '{}'", path));
-    if (n == 0) break;
-    content.append(buf, static_cast<size_t>(n));
-  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) return std::optional<std::string>();
+  KZ_ASSIGN_OR_RETURN(std::string content, ReadFileCapped(path, 4096, "KIZUNA_UNIQUE_ID_FILE", 10.0));
   return std::optional<std::string>(std::move(content));
 }
 

@@ -251,6 +251,26 @@ TEST(ObtainUniqueId, MalformedFileIsAnError) {
   EXPECT_TRUE(Contains(r.status().message(), "KIZUNA_UNIQUE_ID_FILE")) << r.status().message();
 }
 
+// An id file that is a device or a FIFO: refused promptly, naming the variable — never read
+// without end nor waited on for a writer that never comes.
+TEST(ObtainUniqueId, EndlessOrWriterlessFilesAreRefusedPromptly) {
+  LaunchInfo launch = MustDetect({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
+  Config zero;
+  zero.unique_id_file = "/dev/zero";
+  auto r = ObtainUniqueId(launch, zero, {}, In(5));
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(r.status().message(), "KIZUNA_UNIQUE_ID_FILE")) << r.status().message();
+  EXPECT_TRUE(Contains(r.status().message(), "larger than")) << r.status().message();
+  Config fifo;
+  fifo.unique_id_file = TempPath("kz_fifo");
+  ASSERT_EQ(mkfifo(fifo.unique_id_file.c_str(), 0600), 0);
+  const auto start = std::chrono::steady_clock::now();
+  r = ObtainUniqueId(launch, fifo, {}, In(5));
+  EXPECT_FALSE(r.ok());
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 4.0);
+  unlink(fifo.unique_id_file.c_str());
+}
+
 TEST(ObtainUniqueId, SingleRankNeedsNothing) {
   auto r = ObtainUniqueId(LaunchInfo(), Config(), {}, In(1));
   ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -189,9 +189,11 @@ class Executor {
   Result<bool> SendControl(int peer, const executor_internal::ControlMessage& m, bool wait, Deadline deadline);
   // This rank's answer to a probe: the running operation, or idle after the last one.
   executor_internal::ControlMessage State() const;
-  // The reason an abort notice from a peer gives, if one arrived (or arrives within a short
-  // grace), as a kRemoteError naming that peer; else `symptom`.
-  Status AbortReasonOr(const Status& symptom);
+  // A better reason than `symptom` for the failure of the operation with header `mine`, if one
+  // arrived (or arrives within a short grace): a peer's abort notice (kRemoteError naming the rank
+  // that failed first) or a peer's header for the same operation with another call (the
+  // mismatch); else `symptom`.
+  Status ExplainFailure(const Status& symptom, const executor_internal::ControlMessage& mine);
   // The operation header every rank computes for the same members (Submit, Serve).
   static Status FillHeader(Operation& op, int* total_channels);
   // A fused member (fused.cc), run through the direct group (executor_direct.cc).

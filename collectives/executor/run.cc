@@ -266,14 +266,21 @@ Status executor_internal::AbortNotice(int peer, const ControlMessage& m) {
   return RemoteError(fmt::format("rank {} failed: {}", peer, why));
 }
 
-Status Executor::AbortReasonOr(const Status& symptom) {
-  // The notice travels on the control connection, which closes right after it: take whatever
-  // arrived, for a short while (the peer waits as long for its notices to go out).
+Status Executor::ExplainFailure(const Status& symptom, const ControlMessage& mine) {
+  // The notice travels on the control connection, which closes right after it, and a peer's
+  // header may not have been looked at (it was not expected yet): take whatever arrived, for a
+  // short while (a failing peer waits as long for its notices to go out).
   const Deadline grace = Deadline::After(std::chrono::milliseconds(200));
   while (true) {
-    for (int q = 0; q < transport_->nranks(); ++q)
-      for (const ControlMessage& m : control_->inbox[static_cast<size_t>(q)])
-        if (m.magic == kControlMagic && m.kind == ControlKind::kAbort) return AbortNotice(q, m);
+    for (int q = 0; q < transport_->nranks(); ++q) {
+      for (const ControlMessage& m : control_->inbox[static_cast<size_t>(q)]) {
+        if (m.magic != kControlMagic) continue;
+        if (m.kind == ControlKind::kAbort) return AbortNotice(q, m);
+        if (m.kind == ControlKind::kHeader && mine.seq != 0 && m.seq == mine.seq && m.signature != mine.signature)
+          return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at {}; rank {} is at {}",
+                                             transport_->rank(), DescribeHeader(mine), q, DescribeHeader(m)));
+      }
+    }
     if (grace.Expired() || closed_) return symptom;
     auto got = ReceiveControl();
     if (!got.ok() || !*got) std::this_thread::sleep_for(kWaitSlice);
@@ -753,10 +760,12 @@ Status Executor::Run::Execute(Deadline deadline) {
       if (!progress) WaitBriefly();
     }
   }();
-  // A connection that closed under this operation is the symptom: the peer that failed first
-  // said why before closing (TellPeersAndClose), and that reason names the culprit.
-  if (status.code() == StatusCode::kRemoteError || status.code() == StatusCode::kUnavailable)
-    status = ex_.AbortReasonOr(status);
+  // A connection that closed under this operation, or a transfer the peer's receive did not fit,
+  // is the symptom: the peer that failed first said why before closing (TellPeersAndClose), or its
+  // header shows the call it is at; either names the culprit better.
+  if (!status.ok() && status.code() != StatusCode::kAborted &&
+      status.message().find("mismatch between ranks") == std::string_view::npos)
+    status = ex_.ExplainFailure(status, op_.header);
   // Requests still outstanding after a failure belong to the comms, which the failure path
   // closes; device work still queued is waited for here.
   Release();

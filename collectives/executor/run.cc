@@ -677,7 +677,8 @@ void Executor::Run::ProbeIfStalled(bool progress) {
 }
 
 Status Executor::Run::CheckStates() const {
-  if (op_.seq == 0) return Status::Ok();  // transfers are matched by their sizes
+  // Transfers are matched by their sizes; before a probe, no answer is this operation's.
+  if (op_.seq == 0 || probed_at_ == Clock::time_point{}) return Status::Ok();
   for (int q = 0; q < tr_.nranks(); ++q) {
     const ControlMessage& m = ex_.control_->state[static_cast<size_t>(q)];
     if (m.members == 0 || m.seq != op_.seq || m.signature == op_.header.signature) continue;

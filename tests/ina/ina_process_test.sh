@@ -59,17 +59,21 @@ echo "ok: one device over libfabric (a switched network): every worker checked o
 # --- 2. an aggregation device killed mid-job ---
 # The device's launcher rank stays up (a shell) while the daemon it started is killed, so the
 # workers, not kizuna-run, must notice.
+# The daemon is killed once the job's first operation is done (kizuna-run's output, watched as it
+# is written; a fixed sleep raced a slow start on a loaded machine), or after 60 s regardless.
 cat > "$tmp/doomed.sh" <<SH
 #!/bin/bash
 "$aggd" & p=\$!
-sleep 2
+for _ in \$(seq 1 600); do grep -q 'first operation done' "$tmp/doomed.out" 2>/dev/null && break; sleep 0.1; done
 kill -9 \$p
 sleep 100
 SH
 chmod +x "$tmp/doomed.sh"
 start=$(date +%s)
-out=$(KIZUNA_INA_LAYOUT="$tmp/tree.json" timeout 90 "$run" -n 4 -- "$worker" loop 100000 1000000 : -n 1 "$tmp/doomed.sh" 2>&1)
+KIZUNA_INA_LAYOUT="$tmp/tree.json" timeout 120 "$run" -n 4 -- "$worker" loop 100000 1000000 : -n 1 "$tmp/doomed.sh" \
+  > "$tmp/doomed.out" 2>&1
 rc=$?
+out=$(cat "$tmp/doomed.out")
 took=$(( $(date +%s) - start ))
 [ $rc -ne 0 ] || fail "the workers finished although their aggregation device was killed"
 [ $rc -ne 124 ] || fail "the job hung after its aggregation device was killed"

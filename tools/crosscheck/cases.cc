@@ -261,7 +261,7 @@ std::string_view PatternName(Pattern p) {
 }
 
 std::vector<std::string_view> KnownSkips() {
-  return {"signed-zeros", "deterministic-avg16", "point-to-point", "host-memory", "ofi", "opaque"};
+  return {"signed-zeros", "deterministic-avg16", "sync-free", "point-to-point", "host-memory", "ofi", "opaque"};
 }
 
 std::vector<std::string> Options::GenerationArgs() const {
@@ -273,6 +273,10 @@ std::vector<std::string> Options::GenerationArgs() const {
     a.push_back(std::to_string(ofi_max_ranks));
   }
   if (nans) a.push_back("--nans");
+  for (uint64_t k : drop) {
+    a.push_back("--drop-case");
+    a.push_back(std::to_string(k));
+  }
   if (corrupt_case) {
     a.push_back("--corrupt-case");
     a.push_back(std::to_string(*corrupt_case));
@@ -400,7 +404,7 @@ WorldSpec MakeWorld(const Options& options, uint64_t seed, uint64_t batch) {
   w.direct_access = direct || w.mode == Mode::kProcesses;
   w.staging_bytes = staging ? 2 * kMiB : 0;
   w.throttled = rng.Chance(0.15);
-  w.sync_free = rng.Chance(0.3);
+  w.sync_free = rng.Chance(0.3) && !options.skips("sync-free");
   return w;
 }
 

@@ -34,6 +34,7 @@ std::string_view ModeName(Mode m);
 // or checks it removes. The cases are still drawn the same way, so other cases keep their index.
 //   signed-zeros          no +-0 inputs for min / max
 //   deterministic-avg16   deterministic mode: float16 / bfloat16 avg not compared across algorithms
+//   sync-free             no worlds whose frees wait for the device's streams (KIZUNA_EMU_SYNC_FREE)
 //   point-to-point        no point-to-point cases
 //   host-memory           processes: no plain host memory
 //   ofi                   no worlds over libfabric
@@ -55,6 +56,8 @@ struct Options {
   // The driver's own check: this case's reference takes rank 0's first input element with its
   // top bit flipped after it was uploaded, so the case fails (crosscheck_test.sh).
   std::optional<uint64_t> corrupt_case;
+  // Cases not run (--drop-case): narrowing down which earlier cases of a batch a failure needs.
+  std::set<uint64_t> drop;
 
   bool skips(std::string_view name) const { return skip.count(std::string(name)) != 0; }
   // The flags that change what is drawn, for reproducer lines and workers:

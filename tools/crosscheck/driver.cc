@@ -55,7 +55,7 @@ void SkipRest(const BatchContext& ctx, uint64_t from, const std::string& why, co
   Outcome o;
   o.skipped = true;
   for (uint64_t k = from; k < ctx.last; ++k)
-    if (!sink(MakeCase(*ctx.options, ctx.seed, k, ctx.world), o)) return;
+    if (ctx.options->drop.count(k) == 0 && !sink(MakeCase(*ctx.options, ctx.seed, k, ctx.world), o)) return;
 }
 
 // One line of the worker's report, whole (the driver reads lines).
@@ -195,6 +195,7 @@ void RunBatchInProcess(const BatchContext& ctx, const CaseSink& sink) {
   std::unique_ptr<LocalWorld> world;
   for (uint64_t k = ctx.first; k < ctx.last; ++k) {
     if (Expired(ctx)) break;
+    if (ctx.options->drop.count(k) != 0) continue;
     const Case c = MakeCase(*ctx.options, ctx.seed, k, ctx.world);
     Outcome o;
     if (world == nullptr) {
@@ -330,6 +331,7 @@ void RunBatchInChildren(const BatchContext& ctx, const CaseSink& sink) {
 
     uint64_t k = start;
     for (; k < ctx.last; ++k) {
+      if (options.drop.count(k) != 0) continue;
       const Case c = MakeCase(options, ctx.seed, k, ctx.world);
       Reports& rep = reports[k];
       Outcome o;
@@ -402,6 +404,7 @@ int ProcessWorkerMain(const BatchContext& ctx) {
   }
   ProcessRank& rank = **made;
   for (uint64_t k = ctx.first; k < ctx.last; ++k) {
+    if (options.drop.count(k) != 0) continue;
     const Case c = MakeCase(options, ctx.seed, k, ctx.world);
     CaseResult r = RunCase(rank, c, options.timeout_s, options.corrupt_case == k);
     for (const std::string& f : r.failures) Report(fmt::format("{} fail {}", k, f));

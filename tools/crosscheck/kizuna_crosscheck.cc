@@ -92,12 +92,19 @@ int Main(int argc, char** argv) {
   std::optional<uint64_t> seed_flag, only_case;
   std::string mode = "mixed", ranks = "2-8", max_bytes = "4M", kizuna_run;
   std::vector<std::string> skips;
-  bool verbose = false, worker = false, local_worker = false, in_process = false;
+  bool verbose = false, worker = false, local_worker = false, in_process = false, history = false;
   uint64_t max_failures = 50, batch_index = 0, first = 0, last = 0;
   app.add_option("--cases", cases, "cases to run (default 200, or no limit with --seconds)");
   app.add_option("--seconds", seconds, "run until this many seconds have passed (no case starts after)");
   app.add_option("--seed", seed_flag, "the seed every case is drawn from (default: a random one, printed)");
   app.add_option("--only-case", only_case, "run this case alone (a failure's reproducer)");
+  std::vector<uint64_t> drop;
+  app.add_option("--drop-case", drop,
+                 "leave this case out (repeatable; with --with-history, to narrow down which earlier cases a failure "
+                 "needs)");
+  app.add_flag("--with-history", history,
+               "with --only-case: run the case's batch from its first case up to it, on one world (a failure that "
+               "depends on what the world ran before)");
   app.add_option("--mode", mode,
                  "threads: every rank a thread of this process; one-thread: one thread issues every rank's calls; "
                  "processes: one rank per process under kizuna-run; mixed: the three in turn, per world")
@@ -116,9 +123,9 @@ int Main(int argc, char** argv) {
                  "the most ranks of a world over ofi (each connection holds about 95 MB)")
       ->check(CLI::Range(2, 64))
       ->capture_default_str();
-  app.add_option("--skip", skips,
-                 "leave out a known failure while its fix lands (repeatable): signed-zeros, "
-                 "deterministic-avg16, point-to-point, host-memory, ofi, opaque");
+  std::string known_skips;
+  for (std::string_view k : KnownSkips()) known_skips += fmt::format("{}{}", known_skips.empty() ? "" : ", ", k);
+  app.add_option("--skip", skips, "leave out a known failure while its fix lands (repeatable): " + known_skips);
   app.add_option("--max-failures", max_failures, "stop after this many failed cases (0: never)")->capture_default_str();
   app.add_option("--kizuna-run", kizuna_run, "the launcher for --mode processes (default: beside this binary)");
   app.add_flag("-v,--verbose", verbose, "print every case as it ends");
@@ -154,6 +161,7 @@ int Main(int argc, char** argv) {
     if (*end != '\0' || options.min_ranks < 2 || options.max_ranks < options.min_ranks || options.max_ranks > 64)
       return bad(fmt::format("--ranks {}: want N or MIN-MAX with 2 <= MIN <= MAX <= 64", ranks));
   }
+  options.drop.insert(drop.begin(), drop.end());
   const auto bytes = ParseBytes(max_bytes);
   if (!bytes || *bytes < 64)
     return bad(fmt::format("--max-bytes {}: want a size of at least 64 bytes (K, M, G suffixes)", max_bytes));
@@ -161,10 +169,7 @@ int Main(int argc, char** argv) {
   const std::vector<std::string_view> known = KnownSkips();
   for (const std::string& s : skips) {
     if (std::find(known.begin(), known.end(), s) == known.end())
-      return bad(
-          fmt::format("--skip {}: not a known failure (signed-zeros, deterministic-avg16, point-to-point, "
-                      "host-memory, ofi, opaque)",
-                      s));
+      return bad(fmt::format("--skip {}: not a known failure ({})", s, known_skips));
     options.skip.insert(s);
   }
   const uint64_t seed = seed_flag ? *seed_flag : []() {
@@ -229,9 +234,11 @@ int Main(int argc, char** argv) {
       std::printf("FAIL %s: %s\n", what.c_str(), o.failures.empty() ? "" : o.failures[0].c_str());
       for (size_t i = 1; i < o.failures.size() && i < 8; ++i) std::printf("  %s\n", o.failures[i].c_str());
       if (o.failures.size() > 8) std::printf("  (%zu more)\n", o.failures.size() - 8);
-      std::printf("  reproduce: kizuna-crosscheck --seed %llu --only-case %llu %s %s\n",
-                  static_cast<unsigned long long>(seed), static_cast<unsigned long long>(c.index), mode_flag.c_str(),
-                  options.GenerationFlags().c_str());
+      std::printf(
+          "  reproduce: kizuna-crosscheck --seed %llu --only-case %llu %s %s (add --with-history for the "
+          "batch's cases before it)\n",
+          static_cast<unsigned long long>(seed), static_cast<unsigned long long>(c.index), mode_flag.c_str(),
+          options.GenerationFlags().c_str());
     }
     const auto now = Clock::now();
     if (o.passed && verbose)
@@ -258,7 +265,7 @@ int Main(int argc, char** argv) {
     ctx.first = batch * static_cast<uint64_t>(options.batch);
     ctx.last = ctx.first + static_cast<uint64_t>(options.batch);
     if (only_case) {
-      ctx.first = *only_case;
+      ctx.first = history ? ctx.first : *only_case;
       ctx.last = *only_case + 1;
     } else if (cases > 0) {
       if (ctx.first >= cases) break;

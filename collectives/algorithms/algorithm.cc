@@ -94,7 +94,8 @@ std::span<const AlgorithmImpl* const> AllAlgorithms() {
   static const std::array<const AlgorithmImpl*, kNumAlgorithms> table = {
       &algo::RingAlgorithm(), &algo::TreeAlgorithm(),     &algo::RhdAlgorithm(),
       &algo::RdAlgorithm(),   &algo::PairwiseAlgorithm(), &algo::P2pAlgorithm(),
-      &algo::FusedAlgorithm(), &algo::InaAlgorithm(),
+      &algo::FusedAlgorithm(), &algo::InaAlgorithm(),     &algo::HierRingAlgorithm(),
+      &algo::HierRdAlgorithm(),
   };
   return table;
 }

@@ -20,6 +20,8 @@ const AlgorithmImpl& PairwiseAlgorithm();  // pairwise.cc
 const AlgorithmImpl& P2pAlgorithm();       // point_to_point.cc
 const AlgorithmImpl& FusedAlgorithm();     // fused.cc
 const AlgorithmImpl& InaAlgorithm();       // ina.cc
+const AlgorithmImpl& HierRingAlgorithm();  // hierarchical.cc
+const AlgorithmImpl& HierRdAlgorithm();    // hierarchical.cc
 
 // A part of the data that one rank reduces.
 struct OwnedPart {

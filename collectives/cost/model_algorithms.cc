@@ -248,6 +248,9 @@ void Model::Body(Algorithm a) {
       return Fused();
     case Algorithm::kIna:
       return InaAllReduce();
+    case Algorithm::kHierRing:
+    case Algorithm::kHierRd:
+      return Hierarchical(a);
   }
 }
 
@@ -372,6 +375,7 @@ void Model::InaAllReduce() {
 // straight to its owner (the direct exchange), which reduces them in rank order in one operation,
 // then the algorithm distributes the results.
 void Model::Deterministic(Algorithm a) {
+  if (IsHierarchical(a)) return Fail(fmt::format("{} is not deterministic (it adds in host order)", AlgorithmName(a)));
   const uint64_t count = req_.count;
   const auto p = static_cast<uint64_t>(p_);
   std::vector<char> owners(static_cast<size_t>(p_), 0);

@@ -100,7 +100,11 @@ inline bool Serves(Algorithm a, Collective c) {
       return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
              c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kBarrier;
     case Algorithm::kIna:
+    case Algorithm::kHierRd:
       return c == Collective::kAllReduce;
+    case Algorithm::kHierRing:
+      return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
+             c == Collective::kBroadcast || c == Collective::kReduce;
   }
   return false;
 }
@@ -189,6 +193,7 @@ class Model {
   void TreeAllReduce();
   void Fused();
   void InaAllReduce();  // cost_model_ina.cc
+  void Hierarchical(Algorithm a);  // model_hierarchical.cc
   void TreeRooted(bool reduce);
   int Real(int nr) const { return nr < rem_ ? 2 * nr + 1 : nr + rem_; }  // rhd/rd fold numbering
   void Fold(std::string_view label, uint64_t parts, uint64_t elems, bool reduce);

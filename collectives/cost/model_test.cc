@@ -308,6 +308,40 @@ TEST(CostModelTest, ServesWhatTheAlgorithmsServe) {
   EXPECT_EQ(p.note, "tree does not serve alltoall");
 }
 
+// The hierarchical plans on hosts of 1-4 ranks (even and uneven): finite, and growing with the
+// count like every other prediction.
+TEST(CostModelTest, HierarchicalOverHosts) {
+  const CostConstants k;
+  for (Algorithm a : {Algorithm::kHierRing, Algorithm::kHierRd})
+    for (const std::vector<int>& sizes : {std::vector<int>{1, 1}, {4, 4}, {3, 5}, {2, 2, 2}, {1, 4, 2}}) {
+      int n = 0;
+      for (int s : sizes) n += s;
+      CommTopology shape = HandShape(n);
+      for (int r = 0, h = 0, left = sizes[0]; r < n; ++r, --left) {
+        if (left == 0) left = sizes[static_cast<size_t>(++h)];
+        shape.ranks[static_cast<size_t>(r)].host_id = "h" + std::to_string(h);
+      }
+      for (int c = 0; c < kNumCollectives; ++c) {
+        double last = 0;
+        for (uint64_t count = 0; count <= (uint64_t{1} << 26); count = count == 0 ? 1 : count * 5) {
+          CollectiveRequest r = Request(static_cast<Collective>(c), n, count);
+          r.root = n - 1;
+          const Prediction p = Predict(a, r, shape, Options(1024, 2), k);
+          const bool served = a == Algorithm::kHierRing ? (c <= static_cast<int>(Collective::kReduce))
+                                                        : r.collective == Collective::kAllReduce;
+          ASSERT_EQ(p.finite(), served) << AlgorithmName(a) << " " << r.ToString() << ": " << p.note;
+          if (!served) break;
+          ASSERT_GE(p.seconds, last) << AlgorithmName(a) << " " << r.ToString();
+          last = p.seconds;
+        }
+      }
+    }
+  // One host: no prediction.
+  const Prediction one = Predict(Algorithm::kHierRing, Request(Collective::kAllReduce, 4, 64), HandShape(4), Options(), k);
+  EXPECT_FALSE(one.finite());
+  EXPECT_NE(one.note.find("two hosts"), std::string::npos) << one.note;
+}
+
 TEST(CostModelTest, MonotonicInSize) {
   const CostConstants k;
   for (const auto& [algorithm, collective] : ServedPairs()) {

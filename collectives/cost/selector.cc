@@ -67,15 +67,22 @@ std::optional<Algorithm> AlgoOverrides::For(Collective c) const {
 
 std::string AlgoOverrides::Source(Collective c) const {
   const auto i = static_cast<size_t>(c);
-  if (i < per_collective.size() && per_collective[i]) return "KIZUNA_ALGO=" + items[i];
+  if (i < per_collective.size() && (per_collective[i] || hier[i])) return "KIZUNA_ALGO=" + items[i];
   if (all) return fmt::format("KIZUNA_ALGO={}", AlgorithmName(*all));
+  if (all_hier) return "KIZUNA_ALGO=hier";
   return {};
 }
 
+bool AlgoOverrides::HierFor(Collective c) const {
+  const auto i = static_cast<size_t>(c);
+  if (i < items.size() && !items[i].empty()) return hier[i];
+  return all_hier;
+}
+
 bool AlgoOverrides::empty() const {
-  if (all) return false;
-  for (const auto& a : per_collective)
-    if (a) return false;
+  if (all || all_hier) return false;
+  for (size_t i = 0; i < per_collective.size(); ++i)
+    if (per_collective[i] || hier[i]) return false;
   return true;
 }
 
@@ -94,24 +101,28 @@ Result<AlgoOverrides> ParseAlgoOverrides(std::string_view text) {
     auto bad = [&](std::string_view why) {
       return InvalidArgument(fmt::format("KIZUNA_ALGO='{}': item '{}': {}", text, item, why));
     };
-    const size_t colon = item.find(':');
-    if (colon != std::string::npos && item.find(':', colon + 1) != std::string::npos)
-      return bad("expected collective:algorithm (one colon)");
+    // "coll:algorithm", where a hierarchical algorithm's name has a colon of its own
+    // ("allreduce:hier:pairwise/ring"); an item that is an algorithm's name as a whole has none.
+    size_t colon = item.find(':');
+    if (colon != std::string::npos && (ParseAlgorithm(item) || Lower(item.substr(0, colon)) == "hier"))
+      colon = std::string::npos;
     const std::string coll_name = colon == std::string::npos ? "" : Trim(std::string_view(item).substr(0, colon));
     const std::string algo_name = Trim(colon == std::string::npos ? item : std::string_view(item).substr(colon + 1));
     if (colon != std::string::npos && coll_name.empty()) return bad("no collective before ':'");
     if (algo_name.empty()) return bad("no algorithm after ':'");
 
+    const bool hier = Lower(algo_name) == "hier";
     std::optional<Algorithm> algo = ParseAlgorithm(algo_name);
-    if (!algo && !NotYetAvailable(algo_name))
+    if (!algo && !hier && !NotYetAvailable(algo_name))
       return bad(
-          fmt::format("unknown algorithm '{}' (known: {}; not available yet: oneshot, twoshot)",
+          fmt::format("unknown algorithm '{}' (known: {}, hier; not available yet: oneshot, twoshot)",
                       algo_name, AlgorithmNames()));
 
     if (colon == std::string::npos) {
       if (have_single) return bad("a second algorithm for every collective (give one name, or coll:name items)");
       have_single = true;
       out.all = algo;
+      out.all_hier = hier;
     } else {
       const std::optional<Collective> coll = ParseCollective(coll_name);
       if (!coll) return bad(fmt::format("unknown collective '{}' (known: {})", coll_name, CollectiveNames()));
@@ -122,10 +133,11 @@ Result<AlgoOverrides> ParseAlgoOverrides(std::string_view text) {
         if (listed[i]) return bad(fmt::format("{} is listed twice", CollectiveName(c)));
         listed[i] = true;
         out.per_collective[i] = algo;
+        out.hier[i] = hier;
         out.items[i] = item;
       }
     }
-    if (!algo)
+    if (!algo && !hier)
       out.warnings.push_back(
           fmt::format("KIZUNA_ALGO: '{}' is not available yet; the cost model chooses instead", item));
   }
@@ -161,6 +173,27 @@ Result<Selection> SelectAlgorithm(const CollectiveRequest& request, const CommTo
   }
 
   std::string source;
+  if (!per_call && overrides.HierFor(request.collective)) {
+    // "hier": the model picks among the hierarchical algorithms.
+    source = overrides.Source(request.collective);
+    const Candidate* hier = nullptr;
+    std::string why;
+    for (const Candidate& c : sel.candidates) {
+      if (!IsHierarchical(c.algorithm)) continue;
+      if (!c.supported()) {
+        why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", AlgorithmName(c.algorithm), c.support.message());
+      } else if (hier == nullptr || c.seconds() < hier->seconds()) {
+        hier = &c;
+      }
+    }
+    sel.chosen = hier != nullptr ? hier->algorithm : best->algorithm;
+    sel.forced = hier != nullptr;
+    if (hier != nullptr) sel.requested = hier->algorithm;
+    sel.reason = hier != nullptr ? fmt::format("forced by {} (the model's pick of the hierarchical algorithms)", source)
+                                 : fmt::format("{} cannot serve {}: {}; using {}", source,
+                                               CollectiveName(request.collective), why, AlgorithmName(best->algorithm));
+    return sel;
+  }
   if (per_call) {
     sel.requested = per_call;
     source = fmt::format("the call's algorithm option ({})", AlgorithmName(*per_call));

@@ -39,6 +39,8 @@ namespace kizuna::collectives {
 //   "allreduce:ring;allgather:rhd"  per collective (names as ParseCollective accepts them;
 //                                   "sendrecv" sets both send and recv)
 //   "ring;allgather:rhd"            both: the single name for every collective not listed
+//   "hier", "allreduce:hier"        the model's pick among the hierarchical algorithms
+//   "allreduce:hier:pairwise/rd"    a hierarchical algorithm by name (its name has a colon)
 // Names as ParseAlgorithm accepts them, case-insensitively; spaces around items are ignored, and
 // so are empty items ("ring;"). The names of algorithms kizuna does not implement yet (oneshot,
 // twoshot) are accepted with a warning, and the model chooses instead.
@@ -46,6 +48,10 @@ struct AlgoOverrides {
   std::string text;                                                      // as given, for messages
   std::optional<Algorithm> all;                                          // the single name
   std::array<std::optional<Algorithm>, kNumCollectives> per_collective;  // by Collective value
+  // "hier" (the model picks among the hierarchical algorithms), for every collective not listed,
+  // and per collective.
+  bool all_hier = false;
+  std::array<bool, kNumCollectives> hier{};
   std::array<std::string, kNumCollectives> items;  // the item that listed each collective; empty: not listed
   std::vector<std::string> warnings;               // one per name accepted but not available; the caller logs them
 
@@ -54,6 +60,8 @@ struct AlgoOverrides {
   std::optional<Algorithm> For(Collective c) const;
   // The item that forced `c`'s algorithm: "KIZUNA_ALGO=allreduce:ring" or "KIZUNA_ALGO=ring".
   std::string Source(Collective c) const;
+  // True when "hier" applies to `c`: its own entry, or the single name.
+  bool HierFor(Collective c) const;
   bool empty() const;
 };
 

@@ -43,7 +43,11 @@ Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const Comm
       {Collective::kSend, Collective::kRecv},
       {Collective::kAllReduce},
       {Collective::kAllReduce},
+      {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather, Collective::kBroadcast,
+       Collective::kReduce},
+      {Collective::kAllReduce},
   };
+  if (IsHierarchical(a) && s.host_count() < 2) return NotSupported("hierarchical plans need two hosts");
   if (a == Algorithm::kFused && !s.direct) return NotSupported("fused needs ranks that address each other directly");
   if (a == Algorithm::kIna && !s.ina) return NotSupported("ina needs aggregation devices");
   bool ok = false;
@@ -135,7 +139,7 @@ TEST(AlgoOverridesTest, BadItemsAreNamed) {
            {"ring;allgathr:rhd", "'allgathr:rhd'", "unknown collective 'allgathr'"},
            {"allreduce:", "'allreduce:'", "no algorithm after ':'"},
            {":ring", "':ring'", "no collective before ':'"},
-           {"allreduce:ring:tree", "'allreduce:ring:tree'", "one colon"},
+           {"allreduce:ring:tree", "'allreduce:ring:tree'", "unknown algorithm 'ring:tree'"},
            {"allreduce:ring;allreduce:tree", "'allreduce:tree'", "allreduce is listed twice"},
            {"sendrecv:p2p;recv:p2p", "'recv:p2p'", "recv is listed twice"},
            {"ring;tree", "'tree'", "a second algorithm for every collective"},
@@ -155,6 +159,62 @@ TEST(AlgoOverridesTest, BadItemsAreNamed) {
 }
 
 // ---- Selection ----
+
+// Two hosts of four ranks: fast links inside a host, a slow network between them.
+CommTopology TwoHosts() {
+  CommTopology s = CommTopology::Uniform(8, RankDesc{"a", "dev", 20, 40, 2}, LinkDesc{true, 1, 20, true});
+  for (int r = 4; r < 8; ++r) s.ranks[static_cast<size_t>(r)].host_id = "b";
+  for (int a = 0; a < 8; ++a)
+    for (int b = 0; b < 8; ++b)
+      if (a != b && a / 4 != b / 4) s.link(a, b) = LinkDesc{true, 50, 1, true};
+  return s;
+}
+
+TEST(AlgoOverridesTest, HierarchicalNames) {
+  AlgoOverrides o = Parse("hier");
+  EXPECT_TRUE(o.all_hier);
+  EXPECT_FALSE(o.all);
+  EXPECT_TRUE(o.HierFor(Collective::kAllGather));
+  EXPECT_TRUE(o.warnings.empty());
+  o = Parse("allreduce:hier:pairwise/rd;hier:pairwise/ring");
+  EXPECT_EQ(o.For(Collective::kAllReduce), Algorithm::kHierRd);
+  EXPECT_EQ(o.For(Collective::kBroadcast), Algorithm::kHierRing);
+  EXPECT_FALSE(o.HierFor(Collective::kAllReduce));
+  o = Parse("ring;allreduce:hier");
+  EXPECT_TRUE(o.HierFor(Collective::kAllReduce));
+  EXPECT_FALSE(o.HierFor(Collective::kAllGather));
+  EXPECT_EQ(o.Source(Collective::kAllReduce), "KIZUNA_ALGO=allreduce:hier");
+  EXPECT_EQ(ParseAlgoOverrides("hier:nope/ring").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(SelectorTest, HierPicksAmongTheHierarchicalAlgorithms) {
+  const AlgoOverrides o = Parse("hier");
+  auto big = Select(Request(Collective::kAllReduce, 8, 1u << 24), TwoHosts(), o);
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  EXPECT_TRUE(IsHierarchical(big->chosen)) << SelectionToString(*big);
+  EXPECT_TRUE(big->forced);
+  EXPECT_NE(big->reason.find("KIZUNA_ALGO=hier"), std::string::npos) << big->reason;
+  // On one host no hierarchical algorithm serves: the model's choice, and why.
+  auto one = Select(Request(Collective::kAllReduce, 8, 1u << 24), Shape(8), o);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_FALSE(IsHierarchical(one->chosen));
+  EXPECT_FALSE(one->forced);
+  EXPECT_NE(one->reason.find("two hosts"), std::string::npos) << one->reason;
+  // AllGather: only hier:pairwise/ring serves it.
+  auto gather = Select(Request(Collective::kAllGather, 8, 4096), TwoHosts(), o);
+  ASSERT_TRUE(gather.ok());
+  EXPECT_EQ(gather->chosen, Algorithm::kHierRing);
+}
+
+// With a slow network between two hosts, the model prefers the hierarchical AllReduce for large
+// messages: each byte crosses the network once instead of a flat ring's 2(p-1)/p per rank.
+TEST(SelectorTest, TheModelPrefersTheHierarchyAcrossASlowNetwork) {
+  auto s = Select(Request(Collective::kAllReduce, 8, 1u << 24), TwoHosts(), AlgoOverrides{});
+  ASSERT_TRUE(s.ok());
+  // Over two hosts the ring and recursive doubling between them move the same bytes.
+  EXPECT_TRUE(IsHierarchical(s->chosen)) << SelectionToString(*s);
+  EXPECT_LT(s->candidate(Algorithm::kHierRing).seconds(), 0.6 * s->candidate(Algorithm::kRing).seconds());
+}
 
 TEST(SelectorTest, TheModelChoosesTheCheapestSupported) {
   for (uint64_t count : {uint64_t{2}, uint64_t{4096}, uint64_t{1} << 24}) {

@@ -11,8 +11,8 @@ namespace {
 
 constexpr std::array<std::string_view, kNumCollectives> kCollectiveNames = {
     "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "send", "recv", "barrier"};
-constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {"ring", "tree",     "rhd",  "rd",
-                                                                          "pairwise", "p2p", "fused", "ina"};
+constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {
+    "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina", "hier:pairwise/ring", "hier:pairwise/rd"};
 
 std::string Lower(std::string_view s) {
   std::string out;
@@ -66,6 +66,9 @@ std::optional<Algorithm> ParseAlgorithm(std::string_view name) {
   if (n == "onepass") return Algorithm::kFused;
   // `pina`, partial INA, is the same algorithm: the layout decides (docs/ALGORITHMS.md).
   if (n == "pina" || n == "innetwork") return Algorithm::kIna;
+  // The inner level's other names (direct) and the default inner level (pairwise) left out.
+  if (n == "hier:direct/ring" || n == "hier:ring" || n == "hier:/ring") return Algorithm::kHierRing;
+  if (n == "hier:direct/rd" || n == "hier:rd" || n == "hier:/rd") return Algorithm::kHierRd;
   return std::nullopt;
 }
 

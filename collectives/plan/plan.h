@@ -90,10 +90,20 @@ enum class Algorithm : uint8_t {
   // lines and rings at once, each on its share of the data. The aggregation devices are ranks
   // nranks..nranks+aggregators-1 of the plan (Plan::aggregators), with plans of their own.
   kIna = 7,
+  // hierarchical.cc: two levels, the ranks of each host, then the hosts (local rank i of every host
+  // forms rail i and carries 1/P of the data between hosts). Inside a host the ranks exchange
+  // directly (pairwise); between hosts the parts' owners run a ring (kHierRing: AllReduce,
+  // ReduceScatter, AllGather, Broadcast, Reduce) or recursive doubling (kHierRd: AllReduce, small
+  // messages). Named "hier:INNER/OUTER"; KIZUNA_ALGO=hier lets the model pick among them.
+  kHierRing = 8,
+  kHierRd = 9,
 };
-inline constexpr int kNumAlgorithms = 8;
-std::string_view AlgorithmName(Algorithm a);  // "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina"
+inline constexpr int kNumAlgorithms = 10;
+// "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina", "hier:pairwise/ring", "hier:pairwise/rd"
+std::string_view AlgorithmName(Algorithm a);
 std::optional<Algorithm> ParseAlgorithm(std::string_view name);
+// The hierarchical algorithms (two levels: hosts, then ranks of a host).
+inline bool IsHierarchical(Algorithm a) { return a == Algorithm::kHierRing || a == Algorithm::kHierRd; }
 
 struct CollectiveRequest {
   Collective collective = Collective::kAllReduce;

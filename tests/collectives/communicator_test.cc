@@ -468,7 +468,8 @@ TEST(Communicator, RanksOnTwoHostsUseDirectLinksInsideAHostAndOfiBetween) {
       ASSERT_TRUE(b.ok()) << b.status().ToString();
       bufs.push_back(std::move(*b));
     }
-    for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd, Algorithm::kPairwise}) {
+    for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree, Algorithm::kRhd, Algorithm::kPairwise,
+                           Algorithm::kHierRing, Algorithm::kHierRd}) {
       for (int r = 0; r < n; ++r)
         for (size_t i = 0; i < count; ++i)
           static_cast<float*>(bufs[r]->data())[i] = static_cast<float>(InputValue(ReduceOp::kSum, r, i));

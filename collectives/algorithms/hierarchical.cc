@@ -1,0 +1,461 @@
+// Hierarchical plans: two levels, the ranks of each host first, then the hosts (docs/ALGORITHMS.md,
+// "Hierarchical"). Hosts are the shape's host ids; local rank i of every host forms rail i.
+//
+// The rail form. With M ranks on the widest host, the data is cut into M parts; on host h, part j
+// belongs to its local rank j mod P_h (P_h ranks on the host), so with equal hosts local rank i
+// owns part i and talks across hosts only with the local ranks i of the other hosts (its rail,
+// over its own NIC), and uneven hosts (3 + 5 ranks) still give every part one owner per host.
+//
+//   AllReduce      inside each host, every rank sends its contribution to each part straight to
+//                  the part's owner, which adds them (a direct reduce-scatter); between hosts, the
+//                  owners of each part AllReduce it (hier:pairwise/ring: a ring over the hosts;
+//                  hier:pairwise/rd: recursive doubling, for small messages); inside each host
+//                  the owners send the results to every other rank (a direct allgather). Each byte
+//                  crosses the network once per direction per host, where a flat ring over every
+//                  rank sends it 2(p-1)/p times through every host's links.
+//   ReduceScatter  block b (rank b's result) belongs on host h to local rank (b's local index)
+//                  mod P_h; inside each host its contributions go to that owner, then the owners
+//                  on the other hosts send their partial sums straight to rank b, which adds them.
+//   AllGather      the reverse: rank b's block goes straight to its owner on every other host,
+//                  and inside each host every rank sends the blocks it holds to the others.
+//   Broadcast      the root hands each part to its owner on the root's host, the part's owners
+//                  pass it along a chain of hosts (pipelined by chunk), and inside each host the
+//                  owners send it to the other ranks.
+//   Reduce         the reverse: each host reduces each part at its owner, a chain of hosts ending
+//                  at the root's host adds the partial sums, and the owners on the root's host
+//                  send the result to the root.
+// Only hier:pairwise/ring serves the collectives other than AllReduce; its inter-host level is the
+// direct exchange (ReduceScatter, AllGather) or the chain (Broadcast, Reduce) named above.
+//
+// Why these plans complete with a window of 2 (plan.h, common.h's argument): every transfer
+// belongs to a phase that both of its ends compute alike, phases are ordered the same way on every
+// rank (per chunk: the host level's rounds, the network level, the host level again; within a
+// level, rounds then parts in ascending order), and in a phase a rank sends at most once and
+// receives at most once. Where a rank owns several parts or blocks (uneven hosts), its transfers
+// of one round are numbered by the index the other end computes for them, one per phase.
+//
+// Not deterministic: the order of additions depends on the host layout, so with
+// KIZUNA_DETERMINISTIC the build answers kNotSupported and the engine takes the next algorithm.
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives/algorithms/impl.h"
+
+namespace kizuna::collectives::algo {
+namespace {
+
+// The ranks of each host, as the shape's host ids group them.
+struct Hosts {
+  std::vector<std::vector<int>> ranks;  // per host, ascending; hosts ordered by their lowest rank
+  std::vector<int> host, local;         // per rank
+  int widest = 0;                       // the most ranks on one host: the rail form's part count
+
+  explicit Hosts(const CommTopology& shape) : host(static_cast<size_t>(shape.nranks)), local(host.size()) {
+    std::vector<std::string> ids;
+    for (int r = 0; r < shape.nranks; ++r) {
+      const std::string& id = shape.ranks[static_cast<size_t>(r)].host_id;
+      const auto it = std::find(ids.begin(), ids.end(), id);
+      const auto h = static_cast<size_t>(it - ids.begin());
+      if (it == ids.end()) {
+        ids.push_back(id);
+        ranks.emplace_back();
+      }
+      host[static_cast<size_t>(r)] = static_cast<int>(h);
+      local[static_cast<size_t>(r)] = static_cast<int>(ranks[h].size());
+      ranks[h].push_back(r);
+      widest = std::max(widest, static_cast<int>(ranks[h].size()));
+    }
+  }
+  int count() const { return static_cast<int>(ranks.size()); }
+  int size(int h) const { return static_cast<int>(ranks[static_cast<size_t>(h)].size()); }
+  int Rank(int h, int l) const { return ranks[static_cast<size_t>(h)][static_cast<size_t>(l)]; }
+  // The rank of host h that owns part (or local index) j: local rank j mod P_h.
+  int Owner(int h, int j) const { return Rank(h, j % size(h)); }
+};
+
+class Hierarchical final : public AlgorithmImpl {
+ public:
+  explicit Hierarchical(Algorithm id) : id_(id) {}
+  Algorithm id() const override { return id_; }
+
+  Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
+    const bool ring = id_ == Algorithm::kHierRing;
+    switch (request.collective) {
+      case Collective::kAllReduce: break;
+      case Collective::kReduceScatter:
+      case Collective::kAllGather:
+      case Collective::kBroadcast:
+      case Collective::kReduce:
+        if (ring) break;
+        [[fallthrough]];
+      default: return NotImplemented(id_, request);
+    }
+    const Hosts hosts(shape);
+    if (hosts.count() < 2)
+      return NotSupported(fmt::format("{} serves {} across hosts; all {} ranks are on one host", AlgorithmName(id_),
+                                      CollectiveName(request.collective), shape.nranks));
+    const std::string_view name = AlgorithmName(id_);
+    for (int r = 0; r < shape.nranks; ++r) {
+      const int h = hosts.host[static_cast<size_t>(r)], i = hosts.local[static_cast<size_t>(r)];
+      for (int l = 0; l < hosts.size(h); ++l)
+        KZ_RETURN_IF_ERROR(RequireLink(shape, r, hosts.Rank(h, l), name, "the ranks of a host exchange directly"));
+      // The parts the rank owns (j = i mod P_h, i itself among them) and their owners elsewhere.
+      for (int g = 0; g < hosts.count(); ++g)
+        for (int j = i; j < hosts.widest && g != h; j += hosts.size(h))
+          KZ_RETURN_IF_ERROR(
+              RequireLink(shape, r, hosts.Owner(g, j), name, "a rank reaches its rail's ranks on the other hosts"));
+    }
+    return Status::Ok();
+  }
+
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
+                         int rank) const override {
+    if (options.deterministic && IsReduction(request.collective))
+      return NotSupported(
+          fmt::format("{}: deterministic mode needs one order of additions for every layout; a "
+                      "hierarchical plan adds in the order of its hosts",
+                      AlgorithmName(id_)));
+    const Hosts hosts(shape);
+    Builder b(request, options, rank, ChannelsFor(options, request.count));
+    for (int c = 0; c < b.channels(); ++c) {
+      const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
+      Level level(b, hosts, c, R);
+      switch (request.collective) {
+        case Collective::kAllReduce: level.AllReduce(id_ == Algorithm::kHierRd); break;
+        case Collective::kReduceScatter: level.ReduceScatter(); break;
+        case Collective::kAllGather: level.AllGather(); break;
+        case Collective::kBroadcast: level.Broadcast(); break;
+        case Collective::kReduce: level.Reduce(); break;
+        default: break;  // Supports admitted nothing else
+      }
+    }
+    return std::move(b.plan);
+  }
+
+ private:
+  // One channel's steps for one rank.
+  class Level {
+   public:
+    Level(Builder& b, const Hosts& hosts, int c, Range R)
+        : b_(b),
+          hosts_(hosts),
+          c_(c),
+          R_(R),
+          g_(hosts.host[static_cast<size_t>(b.rank)]),
+          l_(hosts.local[static_cast<size_t>(b.rank)]),
+          P_(hosts.size(g_)),
+          H_(hosts.count()),
+          M_(hosts.widest) {}
+
+    void AllReduce(bool doubling) {
+      const uint64_t rounds = PieceCount(Part(0).count, b_.chunk);  // part 0 is the largest
+      uint64_t slot_base = 0, slot_size = 0;
+      if (doubling) {
+        slot_size = std::min(b_.chunk, Part(0).count);
+        slot_base = b_.AllocScratch(kScratchSlots * slot_size);
+      }
+      const std::vector<int> mine = PartsOf(l_, P_);
+      for (uint64_t k = 0; k < rounds; ++k) {
+        auto piece = [&](int j) { return Piece(Part(j), b_.chunk, k); };
+        // Inside the host: each part's contributions to its owner, added into its output (a
+        // host of one rank keeps its input, which the network level reads).
+        for (int d = 1; d < P_; ++d) {
+          const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
+          const std::vector<int> sends = PartsOf(to, P_);
+          for (size_t t = 0; t < std::max(sends.size(), mine.size()); ++t) {
+            if (t < sends.size()) b_.Send(c_, hosts_.Rank(g_, to), b_.In(piece(sends[t])));
+            if (t < mine.size()) {
+              const Range pc = piece(mine[t]);
+              b_.RecvReduce(c_, hosts_.Rank(g_, from), d == 1 ? b_.In(pc) : Builder::Out(pc), Builder::Out(pc));
+            }
+          }
+        }
+        // Between hosts: the owners of each part, one per host.
+        for (int j : mine) {
+          const Range pc = piece(j);
+          if (doubling) {
+            const Slice slot = Builder::Scratch(slot_base + (k % kScratchSlots) * slot_size, pc.count);
+            DoublingAllReduce(j, pc, slot);
+          } else {
+            RingAllReduce(j, pc);
+          }
+        }
+        // Inside the host: the results from each owner to the other ranks.
+        for (int d = 1; d < P_; ++d) {
+          const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
+          const std::vector<int> recvs = PartsOf(from, P_);
+          for (size_t t = 0; t < std::max(mine.size(), recvs.size()); ++t) {
+            if (t < mine.size()) b_.Send(c_, hosts_.Rank(g_, to), Builder::Out(piece(mine[t])));
+            if (t < recvs.size()) b_.Recv(c_, hosts_.Rank(g_, from), Builder::Out(piece(recvs[t])));
+          }
+        }
+      }
+    }
+
+    void ReduceScatter() {
+      const uint64_t count = b_.req.count, rounds = PieceCount(R_.count, b_.chunk);
+      // The blocks this rank owns besides its own, and a scratch slot set for each.
+      std::vector<int> foreign;
+      for (int r = 0; r < b_.p; ++r)
+        if (r != b_.rank && LocalOf(r) % P_ == l_) foreign.push_back(r);
+      const uint64_t slot_size = std::min(b_.chunk, R_.count);
+      const uint64_t base = b_.AllocScratch(foreign.size() * kScratchSlots * slot_size);
+      for (uint64_t k = 0; k < rounds; ++k) {
+        const Range pc = Piece(R_, b_.chunk, k);
+        auto in = [&](int block) { return b_.In(static_cast<uint64_t>(block) * count + pc.offset, pc.count); };
+        auto partial = [&](int block) {
+          if (block == b_.rank) return Builder::Out(pc);
+          const auto q = static_cast<uint64_t>(std::find(foreign.begin(), foreign.end(), block) - foreign.begin());
+          return Builder::Scratch(base + (q * kScratchSlots + k % kScratchSlots) * slot_size, pc.count);
+        };
+        // Inside the host: each block's contributions to its owner.
+        for (int d = 1; d < P_; ++d) {
+          const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
+          const std::vector<int> sends = BlocksOwnedBy(to), recvs = BlocksOwnedBy(l_);
+          for (size_t t = 0; t < std::max(sends.size(), recvs.size()); ++t) {
+            if (t < sends.size()) b_.Send(c_, hosts_.Rank(g_, to), in(sends[t]));
+            if (t < recvs.size())
+              b_.RecvReduce(c_, hosts_.Rank(g_, from), d == 1 ? in(recvs[t]) : partial(recvs[t]), partial(recvs[t]));
+          }
+        }
+        // Between hosts: each owner's partial sum straight to the block's rank.
+        auto held = [&](int block) { return P_ > 1 ? partial(block) : in(block); };
+        Slice mine = held(b_.rank);
+        for (int e = 1; e < H_; ++e) {
+          const int to_host = (g_ + e) % H_, from_host = (g_ - e + H_) % H_;
+          std::vector<int> sends;  // rank b of to_host with b's local index = l_ mod P_, ascending
+          for (int i = l_; i < hosts_.size(to_host); i += P_) sends.push_back(hosts_.Rank(to_host, i));
+          const size_t my_t = static_cast<size_t>(l_ / hosts_.size(from_host));
+          for (size_t t = 0; t < std::max(sends.size(), my_t + 1); ++t) {
+            if (t < sends.size()) b_.Send(c_, sends[t], held(sends[t]));
+            if (t == my_t) {
+              b_.RecvReduce(c_, hosts_.Owner(from_host, l_), mine, Builder::Out(pc));
+              mine = Builder::Out(pc);
+            }
+          }
+        }
+      }
+    }
+
+    void AllGather() {
+      const uint64_t count = b_.req.count, rounds = PieceCount(R_.count, b_.chunk);
+      // The blocks this rank holds after the network level: its own and those it owns elsewhere.
+      std::vector<int> held;
+      for (int r = 0; r < b_.p; ++r)
+        if (r == b_.rank || (hosts_.host[static_cast<size_t>(r)] != g_ && LocalOf(r) % P_ == l_)) held.push_back(r);
+      auto held_by = [&](int l) {
+        std::vector<int> v;
+        const int r = hosts_.Rank(g_, l);
+        for (int o = 0; o < b_.p; ++o)
+          if (o == r || (hosts_.host[static_cast<size_t>(o)] != g_ && LocalOf(o) % P_ == l)) v.push_back(o);
+        return v;
+      };
+      for (uint64_t k = 0; k < rounds; ++k) {
+        const Range pc = Piece(R_, b_.chunk, k);
+        auto out = [&](int block) {
+          return Builder::Out({static_cast<uint64_t>(block) * count + pc.offset, pc.count});
+        };
+        b_.Copy(c_, b_.In(pc), out(b_.rank));
+        // Between hosts: the rank's block straight to its owner on every other host.
+        for (int e = 1; e < H_; ++e) {
+          const int to_host = (g_ + e) % H_, from_host = (g_ - e + H_) % H_;
+          std::vector<int> recvs;  // ranks of from_host whose local index = l_ mod P_, ascending
+          for (int i = l_; i < hosts_.size(from_host); i += P_) recvs.push_back(hosts_.Rank(from_host, i));
+          const size_t my_t = static_cast<size_t>(l_ / hosts_.size(to_host));
+          for (size_t t = 0; t < std::max(recvs.size(), my_t + 1); ++t) {
+            if (t == my_t) b_.Send(c_, hosts_.Owner(to_host, l_), b_.In(pc));
+            if (t < recvs.size()) b_.Recv(c_, recvs[t], out(recvs[t]));
+          }
+        }
+        // Inside the host: every rank's held blocks to the others.
+        for (int d = 1; d < P_; ++d) {
+          const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
+          const std::vector<int> recvs = held_by(from);
+          for (size_t t = 0; t < std::max(held.size(), recvs.size()); ++t) {
+            if (t < held.size()) b_.Send(c_, hosts_.Rank(g_, to), out(held[t]));
+            if (t < recvs.size()) b_.Recv(c_, hosts_.Rank(g_, from), out(recvs[t]));
+          }
+        }
+      }
+    }
+
+    void Broadcast() {
+      const int root = b_.req.root, root_host = hosts_.host[static_cast<size_t>(root)];
+      const int pos = (g_ - root_host + H_) % H_;  // this host's place in the chain of hosts
+      const bool is_root = b_.rank == root, root_host_rank = g_ == root_host;
+      const std::vector<int> mine = PartsOf(l_, P_);
+      const uint64_t rounds = PieceCount(Part(0).count, b_.chunk);
+      for (uint64_t k = 0; k < rounds; ++k) {
+        auto piece = [&](int j) { return Piece(Part(j), b_.chunk, k); };
+        if (is_root)
+          for (int j = 0; j < M_; ++j) b_.Copy(c_, b_.In(piece(j)), Builder::Out(piece(j)));
+        // The root's host: each part to its owner.
+        for (int j = 0; j < M_; ++j) {
+          const int owner = hosts_.Owner(root_host, j);
+          if (owner == root) continue;
+          if (is_root) b_.Send(c_, owner, b_.In(piece(j)));
+          if (b_.rank == owner) b_.Recv(c_, root, Builder::Out(piece(j)));
+        }
+        // Between hosts: each part along the chain of its owners.
+        for (int j : mine) {
+          const int prev = hosts_.Owner((g_ - 1 + H_) % H_, j), next = hosts_.Owner((g_ + 1) % H_, j);
+          if (pos > 0) b_.Recv(c_, prev, Builder::Out(piece(j)));
+          if (pos + 1 < H_) b_.Send(c_, next, Builder::Out(piece(j)));
+        }
+        // Inside each host: from the owners to the other ranks (the root has every part).
+        for (int d = 1; d < P_; ++d) {
+          const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
+          const bool send = !(root_host_rank && hosts_.Rank(g_, to) == root);
+          const std::vector<int> recvs = is_root ? std::vector<int>{} : PartsOf(from, P_);
+          for (size_t t = 0; t < std::max(mine.size(), recvs.size()); ++t) {
+            if (send && t < mine.size()) b_.Send(c_, hosts_.Rank(g_, to), Builder::Out(piece(mine[t])));
+            if (t < recvs.size()) b_.Recv(c_, hosts_.Rank(g_, from), Builder::Out(piece(recvs[t])));
+          }
+        }
+      }
+    }
+
+    void Reduce() {
+      const int root = b_.req.root, root_host = hosts_.host[static_cast<size_t>(root)];
+      const int pos = (g_ - root_host - 1 + 2 * H_) % H_;  // the chain ends at the root's host
+      const bool is_root = b_.rank == root;
+      const std::vector<int> mine = PartsOf(l_, P_);
+      const uint64_t rounds = PieceCount(Part(0).count, b_.chunk);
+      const uint64_t slot_size = std::min(b_.chunk, Part(0).count);
+      const uint64_t base = is_root ? 0 : b_.AllocScratch(mine.size() * kScratchSlots * slot_size);
+      for (uint64_t k = 0; k < rounds; ++k) {
+        auto piece = [&](int j) { return Piece(Part(j), b_.chunk, k); };
+        // Where this rank adds up part j: the root's output, scratch elsewhere.
+        auto home = [&](int j) {
+          if (is_root) return Builder::Out(piece(j));
+          const auto q = static_cast<uint64_t>(std::find(mine.begin(), mine.end(), j) - mine.begin());
+          return Builder::Scratch(base + (q * kScratchSlots + k % kScratchSlots) * slot_size, piece(j).count);
+        };
+        std::vector<char> added(static_cast<size_t>(M_), 0);  // part j's sum is in home(j)
+        auto cur = [&](int j) { return added[static_cast<size_t>(j)] ? home(j) : b_.In(piece(j)); };
+        // Inside each host: each part's contributions to its owner.
+        for (int d = 1; d < P_; ++d) {
+          const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
+          const std::vector<int> sends = PartsOf(to, P_);
+          for (size_t t = 0; t < std::max(sends.size(), mine.size()); ++t) {
+            if (t < sends.size()) b_.Send(c_, hosts_.Rank(g_, to), b_.In(piece(sends[t])));
+            if (t < mine.size()) {
+              const int j = mine[t];
+              b_.RecvReduce(c_, hosts_.Rank(g_, from), cur(j), home(j));
+              added[static_cast<size_t>(j)] = 1;
+            }
+          }
+        }
+        // Between hosts: a chain of each part's owners ending at the root's host.
+        for (int j : mine) {
+          const int prev = hosts_.Owner((g_ - 1 + H_) % H_, j), next = hosts_.Owner((g_ + 1) % H_, j);
+          if (pos > 0) {
+            b_.RecvReduce(c_, prev, cur(j), home(j));
+            added[static_cast<size_t>(j)] = 1;
+          }
+          if (pos + 1 < H_) b_.Send(c_, next, cur(j));
+        }
+        // The root's host: each part from its owner to the root.
+        if (g_ != root_host) continue;
+        for (int j = 0; j < M_; ++j) {
+          const int owner = hosts_.Owner(root_host, j);
+          if (owner == root) {
+            if (is_root) b_.Copy(c_, cur(j), Builder::Out(piece(j)));
+            continue;
+          }
+          if (b_.rank == owner) b_.Send(c_, root, cur(j));
+          if (is_root) b_.Recv(c_, owner, Builder::Out(piece(j)));
+        }
+      }
+    }
+
+   private:
+    Range Part(int j) const { return SplitEven(R_, static_cast<uint64_t>(M_), static_cast<uint64_t>(j)); }
+    int LocalOf(int r) const { return hosts_.local[static_cast<size_t>(r)]; }
+    // The parts (of M_) that local rank l of a host of `size` ranks owns, ascending.
+    std::vector<int> PartsOf(int l, int size) const {
+      std::vector<int> v;
+      for (int j = l; j < M_; j += size) v.push_back(j);
+      return v;
+    }
+    // The blocks (ranks) that local rank l of this host owns, ascending.
+    std::vector<int> BlocksOwnedBy(int l) const {
+      std::vector<int> v;
+      for (int r = 0; r < b_.p; ++r)
+        if (LocalOf(r) % P_ == l) v.push_back(r);
+      return v;
+    }
+    int Member(int h, int j) const { return hosts_.Owner(h, j); }
+
+    // Part j's piece pc, already summed over this host in the output (or, on a host of one rank,
+    // still the input), AllReduced among the part's owners in a ring over the hosts.
+    void RingAllReduce(int j, Range pc) {
+      auto sub = [&](int s) { return SplitEven(pc, static_cast<uint64_t>(H_), static_cast<uint64_t>(Mod(s, H_))); };
+      const int next = Member((g_ + 1) % H_, j), prev = Member((g_ - 1 + H_) % H_, j);
+      const bool summed = P_ > 1;
+      for (int s = 0; s + 1 < H_; ++s) {
+        const Range sp = sub(g_ - s), rp = sub(g_ - s - 1);
+        b_.Send(c_, next, s == 0 && !summed ? b_.In(sp) : Builder::Out(sp));
+        b_.RecvReduce(c_, prev, summed ? Builder::Out(rp) : b_.In(rp), Builder::Out(rp));
+      }
+      for (int s = 0; s + 1 < H_; ++s) {
+        b_.Send(c_, next, Builder::Out(sub(g_ + 1 - s)));
+        b_.Recv(c_, prev, Builder::Out(sub(g_ - s)));
+      }
+    }
+
+    // The same with recursive doubling over the hosts (common.h's Fold for a host count that is
+    // not a power of two); `slot` receives the partner's value before it is added.
+    void DoublingAllReduce(int j, Range pc, Slice slot) {
+      const Fold f(H_);
+      const int a = f.Active(g_);
+      Slice cur = P_ > 1 ? Builder::Out(pc) : b_.In(pc);
+      if (f.Folded(g_)) {
+        if (a < 0) {
+          b_.Send(c_, Member(g_ + 1, j), cur);
+        } else {
+          b_.RecvReduce(c_, Member(g_ - 1, j), cur, Builder::Out(pc));
+          cur = Builder::Out(pc);
+        }
+      }
+      if (a >= 0)
+        for (int m = 1; m < f.pp; m *= 2) {
+          const int peer = Member(f.RankOf(a ^ m), j);
+          b_.Send(c_, peer, cur);
+          b_.Recv(c_, peer, slot);
+          b_.Reduce(c_, {cur, slot}, Builder::Out(pc));
+          cur = Builder::Out(pc);
+        }
+      if (f.Folded(g_)) {
+        if (a >= 0)
+          b_.Send(c_, Member(g_ - 1, j), Builder::Out(pc));
+        else
+          b_.Recv(c_, Member(g_ + 1, j), Builder::Out(pc));
+      }
+    }
+
+    Builder& b_;
+    const Hosts& hosts_;
+    const int c_;
+    const Range R_;
+    const int g_, l_, P_, H_, M_;  // this rank's host, local index, host size; hosts; parts
+  };
+
+  Algorithm id_;
+};
+
+}  // namespace
+
+const AlgorithmImpl& HierRingAlgorithm() {
+  static const Hierarchical impl(Algorithm::kHierRing);
+  return impl;
+}
+
+const AlgorithmImpl& HierRdAlgorithm() {
+  static const Hierarchical impl(Algorithm::kHierRd);
+  return impl;
+}
+
+}  // namespace kizuna::collectives::algo

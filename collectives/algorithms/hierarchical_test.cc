@@ -1,0 +1,153 @@
+// The hierarchical algorithms (hierarchical.cc) over hosts x ranks shapes, even and uneven, run
+// whole in the simulator and compared with the reference; and the structure that makes them worth
+// having: a rank talks across hosts only with its rail.
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "collectives/algorithms/algorithms_test_util.h"
+
+namespace kizuna::collectives {
+namespace {
+
+using namespace algotest;  // NOLINT(build/namespaces): the helpers of these tests
+
+// Ranks on hosts of the given sizes, hosts interleaved when `interleave` (rank r on host
+// r mod hosts, as a launcher that deals ranks out round-robin would place them), else in blocks.
+CommTopology Hosts(const std::vector<int>& sizes, bool interleave = false) {
+  int p = 0;
+  for (int s : sizes) p += s;
+  CommTopology shape = Full(p);
+  std::vector<int> host_of;
+  if (interleave) {
+    std::vector<int> left = sizes;
+    for (size_t h = 0; static_cast<int>(host_of.size()) < p; h = (h + 1) % sizes.size())
+      if (left[h] > 0) {
+        --left[h];
+        host_of.push_back(static_cast<int>(h));
+      }
+  } else {
+    for (size_t h = 0; h < sizes.size(); ++h)
+      for (int i = 0; i < sizes[h]; ++i) host_of.push_back(static_cast<int>(h));
+  }
+  for (int r = 0; r < p; ++r)
+    shape.ranks[static_cast<size_t>(r)].host_id = fmt::format("host{}", host_of[static_cast<size_t>(r)]);
+  return shape;
+}
+
+const std::vector<std::pair<Algorithm, Collective>>& HierPairs() {
+  static const std::vector<std::pair<Algorithm, Collective>> pairs = {
+      {Algorithm::kHierRing, Collective::kAllReduce}, {Algorithm::kHierRing, Collective::kReduceScatter},
+      {Algorithm::kHierRing, Collective::kAllGather}, {Algorithm::kHierRing, Collective::kBroadcast},
+      {Algorithm::kHierRing, Collective::kReduce},    {Algorithm::kHierRd, Collective::kAllReduce},
+  };
+  return pairs;
+}
+
+const std::vector<std::vector<int>>& Layouts() {
+  static const std::vector<std::vector<int>> layouts = {{1, 1}, {2, 2},    {1, 3},          {3, 5},   {2, 3, 1},
+                                                        {4, 4}, {2, 2, 2}, {3, 3, 3, 3, 3}, {1, 1, 1}};
+  return layouts;
+}
+
+class HierMatrixTest : public testing::TestWithParam<std::pair<Algorithm, Collective>> {};
+
+TEST_P(HierMatrixTest, MatchesReference) {
+  const auto [algo, coll] = GetParam();
+  uint64_t index = 0;
+  for (const std::vector<int>& layout : Layouts())
+    for (bool interleave : {false, true})
+      for (uint64_t count : kCounts)
+        for (bool in_place : {false, true})
+          for (uint64_t chunk : {uint64_t{1}, uint64_t{3}, uint64_t{64}, kUnlimited})
+            for (int channels : {1, 2})
+              for (int window : {2, 8}) {
+                Case c;
+                c.coll = coll;
+                c.algo = algo;
+                c.shape = Hosts(layout, interleave);
+                c.p = c.shape->nranks;
+                c.count = count;
+                c.in_place = in_place;
+                c.chunk = chunk;
+                c.channels = channels;
+                c.window = window;
+                const uint64_t combo = index++;
+                c.dtype = static_cast<DataType>(combo % kNumDataTypes);
+                c.op =
+                    IsReduction(coll) ? static_cast<ReduceOp>((combo / kNumDataTypes) % kNumReduceOps) : ReduceOp::kSum;
+                c.root = static_cast<int>(combo % static_cast<uint64_t>(c.p));
+                ASSERT_TRUE(RunExact(c)) << "hosts " << fmt::format("{}", fmt::join(layout, "+"))
+                                         << (interleave ? " interleaved" : "");
+              }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, HierMatrixTest, testing::ValuesIn(HierPairs()), [](const auto& info) {
+  std::string name = fmt::format("{}_{}", AlgorithmName(info.param.first), CollectiveName(info.param.second));
+  for (char& ch : name)
+    if (ch == ':' || ch == '/') ch = '_';
+  return name;
+});
+
+// Up to 8 hosts x 8 ranks, one size each, every hierarchical pair.
+TEST(HierarchicalTest, LargerShapes) {
+  for (const auto& [algo, coll] : HierPairs())
+    for (const std::vector<int>& layout :
+         {std::vector<int>(8, 8), std::vector<int>{5, 8, 1, 7}, std::vector<int>(4, 2)}) {
+      Case c;
+      c.coll = coll;
+      c.algo = algo;
+      c.shape = Hosts(layout);
+      c.p = c.shape->nranks;
+      c.count = 300;
+      c.chunk = 17;
+      c.channels = 2;
+      c.dtype = DataType::kInt32;
+      c.root = c.p / 3;
+      ASSERT_TRUE(RunExact(c)) << fmt::format("{}", fmt::join(layout, "+"));
+    }
+}
+
+// With equal hosts, rank (host h, local i) sends to other hosts only to local rank i there (its
+// rail), and the AllReduce's bytes cross the network once per direction: each rank sends 1/P of
+// the data (x 2(H-1)/H for the ring over H hosts).
+TEST(HierarchicalTest, AcrossHostsOnlyAlongTheRail) {
+  const CommTopology shape = Hosts({4, 4, 4});
+  const CollectiveRequest req{Collective::kAllReduce, 12, 1200, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  PlanOptions options;
+  options.chunk_count = 1u << 20;
+  Result<Plan> plan = BuildPlan(Algorithm::kHierRing, req, shape, options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (const RankPlan& rp : plan->ranks) {
+    uint64_t across = 0;
+    for (const auto& ch : rp.channels)
+      for (const Step& s : ch) {
+        if (s.kind != StepKind::kSend || s.peer / 4 == rp.rank / 4) continue;
+        EXPECT_EQ(s.peer % 4, rp.rank % 4) << "rank " << rp.rank << " sends to rank " << s.peer;
+        across += s.count();
+      }
+    EXPECT_EQ(across, 1200u / 4 * 2 * 2 / 3) << "rank " << rp.rank;
+  }
+}
+
+TEST(HierarchicalTest, OneHostAndDeterministicModeAreRefused) {
+  const CollectiveRequest req{Collective::kAllReduce, 4, 16, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  const Status one = GetAlgorithm(Algorithm::kHierRing).Supports(req, Full(4));
+  EXPECT_EQ(one.code(), StatusCode::kNotSupported);
+  EXPECT_NE(one.message().find("one host"), std::string::npos) << one.message();
+  PlanOptions options;
+  options.deterministic = true;
+  Result<Plan> plan = BuildPlan(Algorithm::kHierRd, req, Hosts({2, 2}), options, 0);
+  EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(plan.status().message().find("deterministic"), std::string::npos) << plan.status().message();
+  CommTopology cut = Hosts({2, 2});
+  cut.link(1, 3).reachable = false;  // local rank 1's rail between the two hosts
+  const Status rail = GetAlgorithm(Algorithm::kHierRing).Supports(req, cut);
+  EXPECT_EQ(rail.code(), StatusCode::kNotSupported);
+  EXPECT_NE(rail.message().find("rank 1 cannot reach rank 3"), std::string::npos) << rail.message();
+}
+
+}  // namespace
+}  // namespace kizuna::collectives

@@ -1,0 +1,151 @@
+// The cost model's stages of the hierarchical plans (collectives/algorithms/hierarchical.cc): the
+// rail form's host level (direct rounds between the ranks of each host), its network level (a ring
+// or recursive doubling over the hosts per part, a direct exchange for ReduceScatter and AllGather,
+// a chain of hosts for Broadcast and Reduce), and the host level again. Each hop is costed on its
+// own link (model.h), so the host level's stages pay the links inside hosts and the network
+// level's the links between them. With uneven hosts the host level's messages are sized for the
+// host with the fewest ranks (the largest share per rank): an upper bound.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "collectives/cost/model_internal.h"
+
+namespace kizuna::collectives::cost_internal {
+namespace {
+
+// The ranks of each host, hosts in the order of their lowest rank (hierarchical.cc's Hosts).
+std::vector<std::vector<int>> HostRanks(const CommTopology& shape) {
+  std::vector<std::string> ids;
+  std::vector<std::vector<int>> hosts;
+  for (int r = 0; r < shape.nranks; ++r) {
+    const std::string& id = shape.ranks[static_cast<size_t>(r)].host_id;
+    const auto h = static_cast<size_t>(std::find(ids.begin(), ids.end(), id) - ids.begin());
+    if (h == ids.size()) {
+      ids.push_back(id);
+      hosts.emplace_back();
+    }
+    hosts[h].push_back(r);
+  }
+  return hosts;
+}
+
+}  // namespace
+
+void Model::Hierarchical(Algorithm a) {
+  const std::vector<std::vector<int>> hosts = HostRanks(shape_);
+  const int H = static_cast<int>(hosts.size());
+  if (H < 2) return Fail(fmt::format("{} needs ranks on two hosts or more", AlgorithmName(a)));
+  size_t widest = 0, narrowest = hosts[0].size();
+  for (const auto& h : hosts) {
+    widest = std::max(widest, h.size());
+    narrowest = std::min(narrowest, h.size());
+  }
+  const auto M = static_cast<int>(widest);
+  const uint64_t count = req_.count, P = narrowest, p = static_cast<uint64_t>(p_);
+  auto size = [&](int h) { return static_cast<int>(hosts[static_cast<size_t>(h)].size()); };
+  auto rank = [&](int h, int l) { return hosts[static_cast<size_t>(h)][static_cast<size_t>(l)]; };
+  auto owner = [&](int h, int j) { return rank(h, j % size(h)); };
+  auto wrap = [&](int h) { return ((h % H) + H) % H; };
+
+  // Rounds d = 1..M-1: every rank of a host sends `elems` elements to local rank + d.
+  auto host_rounds = [&](std::string_view label, uint64_t elems, bool reduce) {
+    const Split s = SplitElems(elems);
+    for (int d = 1; d < M && !failed_; ++d) {
+      std::vector<Hop> hops;
+      for (int h = 0; h < H; ++h)
+        if (d < size(h))
+          for (int l = 0; l < size(h); ++l) hops.push_back({rank(h, l), rank(h, (l + d) % size(h)), reduce});
+      if (!hops.empty()) Stage(label, hops, s.bytes, s.chunks, s.channels);
+    }
+  };
+  // Every part's owner to its owner on the host `step` further on.
+  auto part_hops = [&](int step, bool reduce) {
+    std::vector<Hop> hops;
+    for (int j = 0; j < M; ++j)
+      for (int h = 0; h < H; ++h) hops.push_back({owner(h, j), owner(wrap(h + step), j), reduce});
+    return hops;
+  };
+  // Every rank to the ranks of the host `e` further on whose blocks it owns (and back: `gather`).
+  auto block_hops = [&](int e, bool reduce) {
+    std::vector<Hop> hops;
+    for (int g = 0; g < H; ++g)
+      for (int l = 0; l < size(g); ++l)
+        for (int i = l; i < size(wrap(g + e)); i += size(g))
+          hops.push_back(reduce ? Hop{rank(g, l), rank(wrap(g + e), i), true}
+                                : Hop{rank(wrap(g + e), i), rank(g, l), false});
+    return hops;
+  };
+
+  const uint64_t part = CeilDiv(count, static_cast<uint64_t>(M));
+  switch (req_.collective) {
+    case Collective::kAllReduce: {
+      host_rounds("host reduce-scatter", CeilDiv(count, P), true);
+      const Split s = SplitElems(part);
+      if (a == Algorithm::kHierRing) {
+        Stage("network reduce-scatter", part_hops(1, true), s.bytes / H, s.chunks * (H - 1), s.channels);
+        Stage("network allgather", part_hops(1, false), s.bytes / H, s.chunks * (H - 1), s.channels);
+      } else {
+        const int pp = 1 << FloorLog2(static_cast<uint64_t>(H)), rem = H - pp;
+        auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
+        std::vector<Hop> fold;
+        for (int i = 0; i < rem; ++i)
+          for (int j = 0; j < M; ++j) fold.push_back({owner(2 * i, j), owner(2 * i + 1, j), true});
+        if (!fold.empty()) Stage("network fold", fold, s.bytes, s.chunks, s.channels);
+        for (int m = 1; m < pp && !failed_; m *= 2) {
+          std::vector<Hop> hops;
+          for (int nr = 0; nr < pp; ++nr)
+            for (int j = 0; j < M; ++j) hops.push_back({owner(real(nr), j), owner(real(nr ^ m), j), true});
+          Stage("network doubling", hops, s.bytes, s.chunks, s.channels);
+        }
+        for (Hop& h : fold) h = {h.to, h.from, false};
+        if (!fold.empty()) Stage("network unfold", fold, s.bytes, s.chunks, s.channels);
+      }
+      return host_rounds("host allgather", CeilDiv(count, P), false);
+    }
+    case Collective::kReduceScatter: {
+      host_rounds("host reduce-scatter", CeilDiv(p, P) * count, true);
+      const Split s = SplitElems(count);
+      for (int e = 1; e < H && !failed_; ++e)
+        Stage("network reduce-scatter", block_hops(e, true), s.bytes, s.chunks, s.channels);
+      return;
+    }
+    case Collective::kAllGather: {
+      const Split s = SplitElems(count);
+      for (int e = 1; e < H && !failed_; ++e)
+        Stage("network allgather", block_hops(e, false), s.bytes, s.chunks, s.channels);
+      return host_rounds("host allgather", CeilDiv(p, P) * count, false);
+    }
+    case Collective::kBroadcast:
+    case Collective::kReduce: {
+      const bool reduce = req_.collective == Collective::kReduce;
+      const int root = req_.root;
+      int root_host = 0;
+      for (int h = 0; h < H; ++h)
+        if (std::find(hosts[static_cast<size_t>(h)].begin(), hosts[static_cast<size_t>(h)].end(), root) !=
+            hosts[static_cast<size_t>(h)].end())
+          root_host = h;
+      const Split s = SplitElems(part);
+      std::vector<Hop> scatter, chain;
+      for (int j = 0; j < M; ++j) {
+        if (owner(root_host, j) != root)
+          scatter.push_back(reduce ? Hop{owner(root_host, j), root, false} : Hop{root, owner(root_host, j), false});
+        for (int e = 1; e < H; ++e) {
+          const int from = reduce ? wrap(root_host + e) : wrap(root_host + e - 1);
+          chain.push_back({owner(from, j), owner(wrap(from + 1), j), reduce});
+        }
+      }
+      if (reduce) host_rounds("host reduce-scatter", CeilDiv(count, P), true);
+      if (!reduce && !scatter.empty()) Stage("host scatter", scatter, s.bytes, s.chunks, s.channels);
+      Pipeline(reduce ? "network chain reduce" : "network chain", chain, s, H - 1);
+      if (reduce && !scatter.empty()) Stage("host gather", scatter, s.bytes, s.chunks, s.channels);
+      if (!reduce) host_rounds("host allgather", CeilDiv(count, P), false);
+      return;
+    }
+    default: return;
+  }
+}
+
+}  // namespace kizuna::collectives::cost_internal

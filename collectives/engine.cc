@@ -62,9 +62,10 @@ Result<const std::shared_ptr<const Plan>*> Engine::PlanFor(const EngineCall& cal
   }
   KZ_ASSIGN_OR_RETURN(Selection sel, Select(request, popts, call.algorithm, grouped));
   KZ_ASSIGN_OR_RETURN(Plan plan, BuildWithFallback(request, popts, sel));
-  KZ_INFO(kLogColl, "rank {} plan: {} via {}, chunk {} elements, {} channel(s), {} steps, scratch {} elements", rank_,
-          request.ToString(), AlgorithmName(plan.algorithm), plan.chunk_count, plan.channels,
-          plan.ranks[0].step_count(), plan.ranks[0].scratch_count);
+  const std::string levels = GetAlgorithm(plan.algorithm).Describe(request, shape_, rank_);
+  KZ_INFO(kLogColl, "rank {} plan: {} via {}, chunk {} elements, {} channel(s), {} steps, scratch {} elements{}{}",
+          rank_, request.ToString(), AlgorithmName(plan.algorithm), plan.chunk_count, plan.channels,
+          plan.ranks[0].step_count(), plan.ranks[0].scratch_count, levels.empty() ? "" : "; ", levels);
   KZ_TRACE(kLogColl, "{}", PlanToString(plan));
   plan.signature = PlanSignature(plan);
   auto shared = std::make_shared<const Plan>(std::move(plan));

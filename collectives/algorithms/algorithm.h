@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "collectives/plan/plan.h"
 #include "collectives/plan/topology.h"
@@ -34,6 +35,14 @@ class AlgorithmImpl {
   // (Step::average, RankPlan::averages: the direct exchange does, DirectExchange in impl.h).
   virtual Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape,
                                  const PlanOptions& options, int rank) const = 0;
+
+  // What rank `rank`'s plan does at each level, for the INFO log, where the name alone does not
+  // say it (the hierarchical algorithms: which ranks meet inside the host, which across hosts);
+  // empty otherwise. Called only after Supports said ok.
+  virtual std::string Describe(const CollectiveRequest& request, const CommTopology& shape, int rank) const {
+    (void)request, (void)shape, (void)rank;
+    return {};
+  }
 };
 
 // Every algorithm, indexed by Algorithm value (AllAlgorithms()[static_cast<int>(a)]->id() == a).

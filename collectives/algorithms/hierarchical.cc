@@ -110,6 +110,26 @@ class Hierarchical final : public AlgorithmImpl {
     return Status::Ok();
   }
 
+  // "host level: direct exchange among the 4 ranks of host 1 (ranks 4-7); network level: ring over
+  // 2 hosts, with ranks 1, 5 (rail 1: part 1 of 4)".
+  std::string Describe(const CollectiveRequest& request, const CommTopology& shape, int rank) const override {
+    const Hosts hosts(shape);
+    const int h = hosts.host[static_cast<size_t>(rank)], l = hosts.local[static_cast<size_t>(rank)];
+    std::vector<int> parts;
+    for (int j = l; j < hosts.widest; j += hosts.size(h)) parts.push_back(j);
+    std::vector<int> rail;
+    for (int g = 0; g < hosts.count(); ++g) rail.push_back(hosts.Owner(g, parts[0]));
+    std::string_view outer = id_ == Algorithm::kHierRd ? "recursive doubling" : "ring";
+    if (request.collective == Collective::kReduceScatter || request.collective == Collective::kAllGather)
+      outer = "direct exchange";
+    if (request.collective == Collective::kBroadcast || request.collective == Collective::kReduce) outer = "chain";
+    return fmt::format(
+        "host level: direct exchange among the {} ranks of host {} ({}); network level: {} over {} "
+        "hosts, with ranks {} (rail {}: part{} {} of {})",
+        hosts.size(h), h, fmt::join(hosts.ranks[static_cast<size_t>(h)], ", "), outer, hosts.count(),
+        fmt::join(rail, ", "), l, parts.size() > 1 ? "s" : "", fmt::join(parts, ", "), hosts.widest);
+  }
+
   Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                          int rank) const override {
     if (options.deterministic && IsReduction(request.collective))

@@ -132,6 +132,17 @@ TEST(HierarchicalTest, AcrossHostsOnlyAlongTheRail) {
   }
 }
 
+TEST(HierarchicalTest, DescribesEachLevel) {
+  const CollectiveRequest req{Collective::kAllReduce, 8, 64, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  EXPECT_EQ(GetAlgorithm(Algorithm::kHierRing).Describe(req, Hosts({4, 4}), 5),
+            "host level: direct exchange among the 4 ranks of host 1 (4, 5, 6, 7); network level: ring over 2 "
+            "hosts, with ranks 1, 5 (rail 1: part 1 of 4)");
+  const CollectiveRequest small{Collective::kAllReduce, 6, 64, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  EXPECT_EQ(GetAlgorithm(Algorithm::kHierRd).Describe(small, Hosts({2, 4}), 0),
+            "host level: direct exchange among the 2 ranks of host 0 (0, 1); network level: recursive doubling "
+            "over 2 hosts, with ranks 0, 2 (rail 0: parts 0, 2 of 4)");
+}
+
 TEST(HierarchicalTest, OneHostAndDeterministicModeAreRefused) {
   const CollectiveRequest req{Collective::kAllReduce, 4, 16, DataType::kFloat32, ReduceOp::kSum, 0, false};
   const Status one = GetAlgorithm(Algorithm::kHierRing).Supports(req, Full(4));

@@ -78,6 +78,9 @@ struct Options {
   int host_cpus = 0;           // CPUs of the ranks' host (0: unknown)
   bool host_compute = false;   // the devices compute on the host's CPUs and memory (emulated)
   std::string links = "full";
+  int hosts = 1;              // ranks dealt out in blocks over this many hosts
+  double net_gbps = 0;        // links between hosts (0: as --link-gbps)
+  double net_latency_us = 0;  // (0: as --latency-us)
   int slow_rank = -1;
   int slow_peer = -1;
   double slow_factor = 4;
@@ -213,6 +216,22 @@ Result<Setup> Resolve(const Options& o) {
     rank.host_cpus = o.host_cpus;
     rank.host_compute = o.host_compute;
   }
+  if (o.hosts < 1 || o.hosts > o.ranks)
+    return InvalidArgument(fmt::format("--hosts {}: expected 1 to --ranks ({})", o.hosts, o.ranks));
+  if (o.net_gbps < 0 || o.net_latency_us < 0) return InvalidArgument("--net-gbps and --net-latency-us must be >= 0");
+  for (int r = 0; r < o.ranks; ++r) {
+    // Host h holds ranks [h * ranks / hosts, (h + 1) * ranks / hosts).
+    int host = 0;
+    while ((static_cast<int64_t>(host + 1) * o.ranks) / o.hosts <= r) ++host;
+    s.shape.ranks[static_cast<size_t>(r)].host_id = fmt::format("host{}", host);
+  }
+  for (int a = 0; a < o.ranks; ++a)
+    for (int b = 0; b < o.ranks; ++b)
+      if (a != b && s.shape.ranks[static_cast<size_t>(a)].host_id != s.shape.ranks[static_cast<size_t>(b)].host_id) {
+        collectives::LinkDesc& l = s.shape.link(a, b);
+        if (o.net_gbps > 0) l.gbps = o.net_gbps;
+        if (o.net_latency_us > 0) l.latency_us = o.net_latency_us;
+      }
   if (o.links == "ring")
     for (int a = 0; a < o.ranks; ++a)
       for (int b = 0; b < o.ranks; ++b)
@@ -546,6 +565,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--host-compute", o.host_compute,
                "the devices compute on the host (emulated): they share its memory bandwidth");
+  app.add_option("--hosts", o.hosts, "hosts the ranks are on, in blocks (the hierarchical algorithms need 2 or more)")
+      ->capture_default_str();
+  app.add_option("--net-gbps", o.net_gbps, "links between hosts, GB/s (0: as --link-gbps)")->capture_default_str();
+  app.add_option("--net-latency-us", o.net_latency_us, "links between hosts, us (0: as --latency-us)")
+      ->capture_default_str();
   app.add_option("--links", o.links, "full (every pair linked) or ring (neighbours only)")->capture_default_str();
   app.add_option("--slow-rank", o.slow_rank, "make this rank slower (-1: none)")->capture_default_str();
   app.add_option("--slow-factor", o.slow_factor, "how much slower (>= 1)")->capture_default_str();

@@ -14,7 +14,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 out="$("$plan" --coll allreduce --ranks 8 2>&1)" || fail "default sweep: exit $?: $out"
 echo "$out"
 # (an ina column where the engine has the INA algorithm)
-grep -Eq '^ +bytes +count +ring +tree +rhd +rd +pairwise +p2p +fused( +ina)? +choice +by$' <<<"$out" || fail "no header row"
+grep -Eq '^ +bytes +count +ring +tree +rhd +rd +pairwise +p2p +fused( +ina)? +hier:pairwise/ring +hier:pairwise/rd +choice +by$' <<<"$out" ||
+  fail "no header row"
 grep -q 'fused: fused needs ranks that address each other' <<<"$out" || fail "fused not explained as unsupported"
 
 [ "$(grep -Ec '^ *[0-9]+ +[0-9]+ ' <<<"$out")" -eq 14 ] || fail "expected 14 size rows (8 B to 512 MiB by 4)"
@@ -28,6 +29,15 @@ grep -Eq '^ *8 +2 +.* rd +model$' <<<"$out" || fail "8 bytes: rd not chosen by t
 grep -Eq '^ *536870912 +134217728 .* (ring|rhd|tree|pairwise) +model$' <<<"$out" || fail "512 MiB: rd chosen"
 grep -Eq 'n/s \[1\]' <<<"$out" || fail "p2p not marked as not supported"
 grep -q '^\[1\] p2p: p2p does not implement allreduce$' <<<"$out" || fail "no reason for p2p"
+
+# Two hosts of four ranks behind a slow network: the hierarchy for a large allreduce, and the
+# plan's dump names each rank's peers; --hosts out of range is refused.
+hosts="$("$plan" --ranks 8 --hosts 2 --link-gbps 20 --net-gbps 1 --net-latency-us 50 -b 64M -e 64M 2>&1)" ||
+  fail "--hosts 2: exit $?: $hosts"
+echo "$hosts"
+grep -Eq '^ *67108864 .* hier:pairwise/(ring|rd) +model *$' <<<"$hosts" || fail "64 MiB over 2 hosts: no hierarchy"
+out="$("$plan" --ranks 8 --hosts 9 2>&1)"; [ $? -eq 2 ] || fail "--hosts 9 accepted"
+grep -q -- '--hosts 9' <<<"$out" || fail "--hosts 9 not named: $out"
 
 # Other collectives; a rooted one with a root; unaligned sizes.
 for coll in reducescatter allgather broadcast reduce alltoall; do

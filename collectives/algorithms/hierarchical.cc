@@ -24,8 +24,12 @@
 //   Reduce         the reverse: each host reduces each part at its owner, a chain of hosts ending
 //                  at the root's host adds the partial sums, and the owners on the root's host
 //                  send the result to the root.
+//   AllToAll       rank d of another host gets one message from this host, with the blocks of
+//                  every rank here: local rank (d's local index) mod P_h gathers them from its
+//                  local peers and sends them on, so a pair of hosts exchanges P messages where a
+//                  flat exchange sends P x P; the blocks for local peers go to them directly.
 // Only hier:pairwise/ring serves the collectives other than AllReduce; its inter-host level is the
-// direct exchange (ReduceScatter, AllGather) or the chain (Broadcast, Reduce) named above.
+// direct exchange (ReduceScatter, AllGather, AllToAll) or the chain (Broadcast, Reduce) above.
 //
 // Why these plans complete with a window of 2 (plan.h, common.h's argument): every transfer
 // belongs to a phase that both of its ends compute alike, phases are ordered the same way on every
@@ -89,6 +93,11 @@ class Hierarchical final : public AlgorithmImpl {
       case Collective::kBroadcast:
       case Collective::kReduce:
         if (ring) break;
+        return NotImplemented(id_, request);
+      case Collective::kAllToAll:
+        if (request.in_place)
+          return NotSupported(fmt::format("{}: AllToAll in place is not supported", AlgorithmName(id_)));
+        if (ring) break;
         [[fallthrough]];
       default: return NotImplemented(id_, request);
     }
@@ -148,6 +157,7 @@ class Hierarchical final : public AlgorithmImpl {
         case Collective::kAllGather: level.AllGather(); break;
         case Collective::kBroadcast: level.Broadcast(); break;
         case Collective::kReduce: level.Reduce(); break;
+        case Collective::kAllToAll: level.AllToAll(); break;
         default: break;  // Supports admitted nothing else
       }
     }
@@ -301,6 +311,68 @@ class Hierarchical final : public AlgorithmImpl {
       }
     }
 
+    void AllToAll() {
+      // Pieces of each block small enough that a message of one piece of every rank of a host
+      // fits a chunk (where the chunk holds one element per rank at least; else a message is
+      // split into chunks).
+      const auto widest = static_cast<uint64_t>(M_);
+      const uint64_t count = b_.req.count, step = std::max<uint64_t>(1, b_.chunk / widest);
+      const uint64_t rounds = PieceCount(R_.count, step), chunk = std::min(step, R_.count);
+      // The ranks on other hosts whose blocks this rank gathers from its host and sends on.
+      const std::vector<int> mine = Destinations(l_);
+      const uint64_t bundle_size = chunk * static_cast<uint64_t>(P_);
+      const uint64_t gathered = b_.AllocScratch(mine.size() * kScratchSlots * bundle_size);
+      const uint64_t arriving = b_.AllocScratch(kScratchSlots * chunk * widest);
+      for (uint64_t k = 0; k < rounds; ++k) {
+        const Range pc = Piece(R_, step, k);
+        auto in = [&](int to) { return b_.In(static_cast<uint64_t>(to) * count + pc.offset, pc.count); };
+        auto out = [&](int from) { return Builder::Out({static_cast<uint64_t>(from) * count + pc.offset, pc.count}); };
+        // Destination d's blocks from the P_ ranks of this host, in local order, one after another.
+        auto bundle = [&](int d) {
+          const auto q = static_cast<uint64_t>(std::find(mine.begin(), mine.end(), d) - mine.begin());
+          return Builder::Scratch(gathered + (q * kScratchSlots + k % kScratchSlots) * bundle_size,
+                                  pc.count * static_cast<uint64_t>(P_));
+        };
+        auto part = [&](Slice s, int i) { return Builder::Sub(s, {static_cast<uint64_t>(i) * pc.count, pc.count}); };
+        b_.Copy(c_, in(b_.rank), out(b_.rank));
+        for (int d : mine) b_.Copy(c_, in(d), part(bundle(d), l_));
+        // Inside the host: the block for each local peer, and the blocks each peer gathers.
+        for (int d = 1; d < P_; ++d) {
+          const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
+          std::vector<int> sends = {hosts_.Rank(g_, to)}, recvs = {hosts_.Rank(g_, from)};
+          for (int dest : Destinations(to)) sends.push_back(dest);
+          for (int dest : mine) recvs.push_back(dest);
+          for (size_t t = 0; t < std::max(sends.size(), recvs.size()); ++t) {
+            if (t < sends.size()) b_.Send(c_, hosts_.Rank(g_, to), in(sends[t]));
+            if (t == 0)
+              b_.Recv(c_, hosts_.Rank(g_, from), out(hosts_.Rank(g_, from)));
+            else if (t < recvs.size())
+              b_.Recv(c_, hosts_.Rank(g_, from), part(bundle(recvs[t]), from));
+          }
+        }
+        // Between hosts: one message per destination with its blocks from every rank of this host.
+        for (int e = 1; e < H_; ++e) {
+          const int to_host = (g_ + e) % H_, from_host = (g_ - e + H_) % H_, from_size = hosts_.size(from_host);
+          std::vector<int> sends;
+          for (int dest : mine)
+            if (hosts_.host[static_cast<size_t>(dest)] == to_host) sends.push_back(dest);
+          const size_t my_t = static_cast<size_t>(l_ / from_size);
+          const Slice landing = Builder::Scratch(arriving + (k % kScratchSlots) * chunk * widest,
+                                                 pc.count * static_cast<uint64_t>(from_size));
+          for (size_t t = 0; t < std::max(sends.size(), my_t + 1); ++t) {
+            const Slice send = t < sends.size() ? bundle(sends[t]) : Slice{}, recv = t == my_t ? landing : Slice{};
+            for (uint64_t m = 0; m < std::max(PieceCount(send.count, b_.chunk), PieceCount(recv.count, b_.chunk));
+                 ++m) {
+              b_.Send(c_, t < sends.size() ? sends[t] : -1, Builder::Sub(send, Piece({0, send.count}, b_.chunk, m)));
+              b_.Recv(c_, hosts_.Owner(from_host, l_), Builder::Sub(recv, Piece({0, recv.count}, b_.chunk, m)));
+            }
+            if (t == my_t)
+              for (int i = 0; i < from_size; ++i) b_.Copy(c_, part(landing, i), out(hosts_.Rank(from_host, i)));
+          }
+        }
+      }
+    }
+
     void Broadcast() {
       const int root = b_.req.root, root_host = hosts_.host[static_cast<size_t>(root)];
       const int pos = (g_ - root_host + H_) % H_;  // this host's place in the chain of hosts
@@ -408,6 +480,14 @@ class Hierarchical final : public AlgorithmImpl {
       return v;
     }
     int Member(int h, int j) const { return hosts_.Owner(h, j); }
+    // The ranks of the other hosts whose AllToAll blocks local rank l of this host gathers and
+    // sends on: those whose local index is l mod P_, ascending.
+    std::vector<int> Destinations(int l) const {
+      std::vector<int> v;
+      for (int r = 0; r < b_.p; ++r)
+        if (hosts_.host[static_cast<size_t>(r)] != g_ && LocalOf(r) % P_ == l) v.push_back(r);
+      return v;
+    }
 
     // Part j's piece pc, already summed over this host in the output (or, on a host of one rank,
     // still the input), AllReduced among the part's owners in a ring over the hosts.

@@ -118,6 +118,15 @@ void Model::Hierarchical(Algorithm a) {
         Stage("network allgather", block_hops(e, false), s.bytes, s.chunks, s.channels);
       return host_rounds("host allgather", CeilDiv(p, P) * count, false);
     }
+    case Collective::kAllToAll: {
+      // Inside the host each rank sends a peer its own block and the blocks the peer forwards
+      // ((p - P) / P of them); between hosts one message per destination with P blocks.
+      host_rounds("host exchange", (CeilDiv(p - P, P) + 1) * count, false);
+      const Split s = SplitElems(count * P);
+      for (int e = 1; e < H && !failed_; ++e)
+        Stage("network exchange", block_hops(e, false), s.bytes, s.chunks, s.channels);
+      return;
+    }
     case Collective::kBroadcast:
     case Collective::kReduce: {
       const bool reduce = req_.collective == Collective::kReduce;

@@ -104,7 +104,7 @@ inline bool Serves(Algorithm a, Collective c) {
       return c == Collective::kAllReduce;
     case Algorithm::kHierRing:
       return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
-             c == Collective::kBroadcast || c == Collective::kReduce;
+             c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kAllToAll;
   }
   return false;
 }

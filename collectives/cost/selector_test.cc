@@ -44,7 +44,7 @@ Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const Comm
       {Collective::kAllReduce},
       {Collective::kAllReduce},
       {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather, Collective::kBroadcast,
-       Collective::kReduce},
+       Collective::kReduce, Collective::kAllToAll},
       {Collective::kAllReduce},
   };
   if (IsHierarchical(a) && s.host_count() < 2) return NotSupported("hierarchical plans need two hosts");

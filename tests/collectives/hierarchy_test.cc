@@ -121,8 +121,9 @@ void RunAndCheck(Hosts& w, Collective coll, std::optional<Algorithm> algo, size_
   const int n = w.n();
   const std::string what = fmt::format("{} {} count {} root {}", collectives::CollectiveName(coll),
                                        algo ? std::string(collectives::AlgorithmName(*algo)) : "(model)", count, root);
-  const size_t in_count = coll == Collective::kReduceScatter ? count * n : count;
-  const size_t out_count = coll == Collective::kAllGather ? count * n : count;
+  const bool all_to_all = coll == Collective::kAllToAll;
+  const size_t in_count = coll == Collective::kReduceScatter || all_to_all ? count * n : count;
+  const size_t out_count = coll == Collective::kAllGather || all_to_all ? count * n : count;
   std::vector<float*> in(n), out(n);
   for (int r = 0; r < n; ++r) {
     in[r] = w.Allocate(r, in_count);
@@ -150,6 +151,9 @@ void RunAndCheck(Hosts& w, Collective coll, std::optional<Algorithm> algo, size_
       case Collective::kReduce:
         s = w.comm(r).Reduce(in[r], out[r], count, DataType::kFloat32, ReduceOp::kSum, root, w.stream(r), call);
         break;
+      case Collective::kAllToAll:
+        s = w.comm(r).AllToAll(in[r], out[r], count, DataType::kFloat32, w.stream(r), call);
+        break;
       default: FAIL() << what;
     }
     ASSERT_TRUE(s.ok()) << what << " rank " << r << ": " << s.ToString();
@@ -169,6 +173,7 @@ void RunAndCheck(Hosts& w, Collective coll, std::optional<Algorithm> algo, size_
           for (int s = 0; s < n; ++s) want += Value(s, r * count + i);
           break;
         case Collective::kAllGather: want = Value(static_cast<int>(i / count), i % count); break;
+        case Collective::kAllToAll: want = Value(static_cast<int>(i / count), r * count + i % count); break;
         default: want = Value(root, i);
       }
       ASSERT_EQ(out[r][i], want) << what << " rank " << r << " element " << i;
@@ -191,7 +196,7 @@ TEST_P(HierarchyTest, EveryCollectiveExact) {
   ASSERT_TRUE(w.status().ok()) << w.status().ToString();
   ASSERT_EQ(w.comm(0).topology().host_count(), static_cast<int>(GetParam().size()));
   for (Collective coll : {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
-                          Collective::kBroadcast, Collective::kReduce})
+                          Collective::kBroadcast, Collective::kReduce, Collective::kAllToAll})
     for (size_t count : {size_t{1}, size_t{1000}, size_t{300007}}) {
       const int root = static_cast<int>(count % static_cast<size_t>(w.n()));
       RunAndCheck(w, coll, Algorithm::kHierRing, count, root);

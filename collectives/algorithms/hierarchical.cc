@@ -191,17 +191,9 @@ class Hierarchical final : public AlgorithmImpl {
         auto piece = [&](int j) { return Piece(Part(j), b_.chunk, k); };
         // Inside the host: each part's contributions to its owner, added into its output (a
         // host of one rank keeps its input, which the network level reads).
-        for (int d = 1; d < P_; ++d) {
-          const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
-          const std::vector<int> sends = PartsOf(to, P_);
-          for (size_t t = 0; t < std::max(sends.size(), mine.size()); ++t) {
-            if (t < sends.size()) b_.Send(c_, hosts_.Rank(g_, to), b_.In(piece(sends[t])));
-            if (t < mine.size()) {
-              const Range pc = piece(mine[t]);
-              b_.RecvReduce(c_, hosts_.Rank(g_, from), d == 1 ? b_.In(pc) : Builder::Out(pc), Builder::Out(pc));
-            }
-          }
-        }
+        std::vector<char> added(static_cast<size_t>(M_), 0);
+        HostReduceScatter(
+            mine, piece, [&](int j) { return Builder::Out(piece(j)); }, added);
         // Between hosts: the owners of each part, one per host.
         for (int j : mine) {
           const Range pc = piece(j);
@@ -427,19 +419,7 @@ class Hierarchical final : public AlgorithmImpl {
         };
         std::vector<char> added(static_cast<size_t>(M_), 0);  // part j's sum is in home(j)
         auto cur = [&](int j) { return added[static_cast<size_t>(j)] ? home(j) : b_.In(piece(j)); };
-        // Inside each host: each part's contributions to its owner.
-        for (int d = 1; d < P_; ++d) {
-          const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
-          const std::vector<int> sends = PartsOf(to, P_);
-          for (size_t t = 0; t < std::max(sends.size(), mine.size()); ++t) {
-            if (t < sends.size()) b_.Send(c_, hosts_.Rank(g_, to), b_.In(piece(sends[t])));
-            if (t < mine.size()) {
-              const int j = mine[t];
-              b_.RecvReduce(c_, hosts_.Rank(g_, from), cur(j), home(j));
-              added[static_cast<size_t>(j)] = 1;
-            }
-          }
-        }
+        HostReduceScatter(mine, piece, home, added);
         // Between hosts: a chain of each part's owners ending at the root's host.
         for (int j : mine) {
           const int prev = hosts_.Owner((g_ - 1 + H_) % H_, j), next = hosts_.Owner((g_ + 1) % H_, j);
@@ -487,6 +467,25 @@ class Hierarchical final : public AlgorithmImpl {
       for (int r = 0; r < b_.p; ++r)
         if (hosts_.host[static_cast<size_t>(r)] != g_ && LocalOf(r) % P_ == l) v.push_back(r);
       return v;
+    }
+
+    // Inside the host: each part's contributions (piece(j) of every rank's input) to its owner,
+    // which adds them into home(j) (this rank's parts: `mine`); added[j] says a sum is there.
+    template <typename PieceFn, typename HomeFn>
+    void HostReduceScatter(const std::vector<int>& mine, PieceFn piece, HomeFn home, std::vector<char>& added) {
+      for (int d = 1; d < P_; ++d) {
+        const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
+        const std::vector<int> sends = PartsOf(to, P_);
+        for (size_t t = 0; t < std::max(sends.size(), mine.size()); ++t) {
+          if (t < sends.size()) b_.Send(c_, hosts_.Rank(g_, to), b_.In(piece(sends[t])));
+          if (t < mine.size()) {
+            const int j = mine[t];
+            b_.RecvReduce(c_, hosts_.Rank(g_, from), added[static_cast<size_t>(j)] ? home(j) : b_.In(piece(j)),
+                          home(j));
+            added[static_cast<size_t>(j)] = 1;
+          }
+        }
+      }
     }
 
     // Part j's piece pc, already summed over this host in the output (or, on a host of one rank,

@@ -6,8 +6,8 @@
 #   bench/race.sh [--quick] [--skip-netns] [--plain-malloc] [--out FILE] [--plot FILE.svg] [--build-dir DIR]
 #
 # Nothing leaves this machine: the peers talk over shared memory and 127.0.0.1, and the
-# two-host case runs between two network namespaces this script creates (and always removes) with
-# addresses that exist only inside them.
+# two-host case runs between two hosts made of network namespaces (tools/netns/kizuna-netns), which
+# this script creates and always removes, with addresses that exist only inside them.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -234,7 +234,7 @@ mpich_local() {
 }
 
 # Gloo: n processes, a FileStore in a fresh directory; "netns" puts rank 0 and rank 1 in the two
-# namespaces, on their veth addresses.
+# hosts (tools/netns/kizuna-netns), on their eth0 addresses.
 gloo_run() { # colls n sizes logname local|netns
   local colls=$1 n=$2 sizes=$3 name=$4 where=$5
   local store="$BUILD/gloo-store-$name" logf="$BUILD/logs/gloo-$name.log" pids=() r
@@ -242,7 +242,8 @@ gloo_run() { # colls n sizes logname local|netns
   for ((r = 0; r < n; r++)); do
     local prefix=() addr=127.0.0.1
     if [[ $where == netns ]]; then
-      if [[ $r -eq 0 ]]; then prefix=(ip netns exec "$NS_A"); addr=$ADDR_A; else prefix=(ip netns exec "$NS_B"); addr=$ADDR_B; fi
+      prefix=("$NETNS" exec "$NS_PFX" "$r" --)
+      if [[ $r -eq 0 ]]; then addr=$ADDR_A; else addr=$ADDR_B; fi
     fi
     timeout 600 "${prefix[@]}" "$BUILD/gloo_bench" --rank "$r" --size "$n" --store "$store" --addr "$addr" \
       --coll "$colls" --sizes "$sizes" >"$BUILD/logs/gloo-$name.rank$r.log" 2>&1 &
@@ -266,56 +267,52 @@ peer_local() { # peer colls n sizes
 
 # ---- the two-namespace case ----------------------------------------------------------------------
 
-NS_A="kzrace$$a"; NS_B="kzrace$$b"; VETH_A="kzr$$a"; VETH_B="kzr$$b"
+# Two hosts from tools/netns/kizuna-netns: namespaces $NS_PFX-h0 (A) and $NS_PFX-h1 (B), each with
+# eth0 on one bridge (in $NS_PFX-br), 10.77.0.1 and 10.77.0.2, and its own host name: kizuna and the
+# MPI launchers tell hosts apart by name, so the two ranks are treated as two hosts, not two
+# processes of one.
+NETNS="$ROOT/tools/netns/kizuna-netns"
+NS_PFX="kzrace$$"
 ADDR_A=10.77.0.1; ADDR_B=10.77.0.2
 NETNS_UP=0
 netns_down() {
   [[ $NETNS_UP -eq 1 ]] || return 0
-  local ns pid
-  for ns in "$NS_A" "$NS_B"; do
-    # Only processes this script started live in these namespaces.
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill "$pid" 2>/dev/null; done
-    ip netns del "$ns" 2>/dev/null
-  done
+  # Only processes this script started live in these namespaces; 'down' stops them.
+  "$NETNS" down --name "$NS_PFX"
   NETNS_UP=0
-  log "removed network namespaces $NS_A and $NS_B"
+  log "removed the network namespaces of $NS_PFX"
 }
 trap 'netns_down' EXIT
 trap 'netns_down; exit 130' INT TERM
 
 netns_up() {
-  ip netns add "$NS_A" 2>"$BUILD/logs/netns.log" || return 1
   NETNS_UP=1
-  ip netns add "$NS_B" &&
-    ip link add "$VETH_A" type veth peer name "$VETH_B" &&
-    ip link set "$VETH_A" netns "$NS_A" && ip link set "$VETH_B" netns "$NS_B" &&
-    ip -n "$NS_A" addr add "$ADDR_A/24" dev "$VETH_A" && ip -n "$NS_B" addr add "$ADDR_B/24" dev "$VETH_B" &&
-    ip -n "$NS_A" link set lo up && ip -n "$NS_B" link set lo up &&
-    ip -n "$NS_A" link set "$VETH_A" up && ip -n "$NS_B" link set "$VETH_B" up
-} 2>>"$BUILD/logs/netns.log"
+  "$NETNS" up --name "$NS_PFX" --hosts 2 --env-file "$BUILD/netns.env" >/dev/null 2>"$BUILD/logs/netns.log" || return 1
+  # shellcheck source=/dev/null
+  source "$BUILD/netns.env"
+  ADDR_A=$KZNS_HOST_0_ADDR ADDR_B=$KZNS_HOST_1_ADDR
+}
 
-# Each namespace also gets its own host name (a UTS namespace): kizuna and the MPI launchers tell
-# hosts apart by name, so the two ranks are treated as two hosts, not two processes of one.
 in_ns() { # A|B command... (a string run by sh)
-  local ns=$NS_A name=kz-race-a
-  [[ $1 == B ]] && ns=$NS_B name=kz-race-b
+  local host=0
+  [[ $1 == B ]] && host=1
   shift
-  ip netns exec "$ns" unshare --uts sh -c "hostname $name; $*"
+  "$NETNS" exec "$NS_PFX" "$host" -- sh -c "$*"
 }
 
 # An rsh-style agent for mpirun: the "remote host" is a namespace's address, reached with
-# 'ip netns exec' instead of ssh.
+# 'kizuna-netns exec' instead of ssh.
 write_agent() {
   cat >"$BUILD/netns-agent.sh" <<EOF
 #!/bin/sh
 while [ \$# -gt 0 ]; do case "\$1" in -*) shift ;; *) break ;; esac; done
 host=\$1; shift
 case "\$host" in
-  $ADDR_A) ns=$NS_A; name=kz-race-a ;;
-  $ADDR_B) ns=$NS_B; name=kz-race-b ;;
+  $ADDR_A) index=0 ;;
+  $ADDR_B) index=1 ;;
   *) echo "netns-agent: unknown host \$host" >&2; exit 1 ;;
 esac
-exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$name; \$*"
+exec "$NETNS" exec "$NS_PFX" "\$index" -- sh -c "\$*"
 EOF
   chmod +x "$BUILD/netns-agent.sh"
 }
@@ -366,17 +363,14 @@ netns_mpi() {
   # 110 s of the 120 s bound at 07:15 on 2026-11-23), so once every result is in, it gets 5 s to
   # finish and is then stopped with everything else in the namespaces.
   in_ns A "timeout 120 mpirun.mpich -launcher rsh -launcher-exec $BUILD/netns-agent.sh -hosts $ADDR_A,$ADDR_B -np 2 -ppn 1 \
-    -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES $VETH_A,$VETH_B -genv UCX_LOG_LEVEL error \
+    -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES eth0 -genv UCX_LOG_LEVEL error \
     $BUILD/mpi_bench_mpich --coll allreduce --sizes $sizes --lib mpich-tcp" >"$logf" 2>&1 &
   local launcher=$! grace=0
   while kill -0 "$launcher" 2>/dev/null; do
     if [[ $(grep -c '^RESULT' "$logf") -ge ${#NETNS_SIZES[@]} ]]; then
       if (( grace++ >= 5 )); then
         log "mpich's launcher still running 5 s after its last result: stopped"
-        local ns pid
-        for ns in "$NS_A" "$NS_B"; do
-          for pid in $(ip netns pids "$ns" 2>/dev/null); do kill "$pid" 2>/dev/null; done
-        done
+        "$NETNS" kill --name "$NS_PFX"
         break
       fi
     fi
@@ -443,13 +437,14 @@ done
 
 if [[ $SKIP_NETNS -eq 1 ]]; then
   echo "NOTE netns=skipped (--skip-netns)" >>"$RESULTS"
-elif ! command -v ip >/dev/null || ! netns_up; then
-  msg="ip netns failed (needs root and iproute2): $(head -c 200 "$BUILD/logs/netns.log" 2>/dev/null | tr '\n' ' ')"
+elif ! netns_up; then
+  msg="kizuna-netns up failed (needs root, iproute2 and util-linux):"
+  msg+=" $(head -c 200 "$BUILD/logs/netns.log" 2>/dev/null | tr '\n' ' ')"
   log "two-namespace case skipped: $msg"
   echo "NOTE netns=skipped ($msg)" >>"$RESULTS"
   netns_down
 else
-  log "namespaces $NS_A ($ADDR_A) and $NS_B ($ADDR_B) joined by a veth pair"
+  log "hosts $NS_PFX-h0 ($ADDR_A) and $NS_PFX-h1 ($ADDR_B) on one bridge (tools/netns/kizuna-netns)"
   write_agent
   for conns in 1 4; do
     log "floor: $conns TCP connection(s) both ways between the namespaces, 64 MiB"

@@ -171,8 +171,8 @@ tcp_keys = sorted({k[3] for k in list(res) + list(fails) if k[0].endswith("-tcp"
 if tcp_keys:
     fabric = notes.get("netns_fabric", "unknown")
     m = re.search(r"(\w+): rank 1 \(device ([^)]*)\)", fabric)
-    emit("AllReduce, 2 ranks in two network namespaces joined by a veth pair (TCP): busbw in GB/s, "
-         "the smallest size as latency in µs. kizuna's fabric: "
+    emit("AllReduce, 2 ranks on two hosts made of network namespaces, each a veth pair into one bridge (TCP): "
+         "busbw in GB/s, the smallest size as latency in µs. kizuna's fabric: "
          + (f"{m.group(1)} {m.group(2)}" if m else fabric) + ".")
     emit("")
     tl = [(l, t) for l, t in tcp_libs if any(k[0] == l for k in list(res) + list(fails))]

@@ -18,6 +18,7 @@ set -uo pipefail
 CASES=(
   "2x2|2 2|-"
   "3-uneven|2 3 1|-"
+  "3-uneven-hier|2 3 1|KIZUNA_ALGO=hier"
 )
 COLLS=(allreduce reducescatter allgather broadcast reduce alltoall sendrecv)
 # A run that fails because of a known kizuna bug: "CASE/COLL|what fails". It is reported as skipped
@@ -207,6 +208,14 @@ run_one() { # case_name prefix "ranks per host" extra_env coll port -> 0 ok, els
   fi
   grep -q '^# Out of bounds values : 0 OK' "$dir/rank0.log" ||
     { echo "rank 0's table does not end in '0 OK': $(grep '^# Out of bounds' "$dir/rank0.log")"; return 1; }
+  # KIZUNA_ALGO=hier: every row of a collective the hierarchical algorithms serve ran one of them.
+  if [[ " $extra " == *" KIZUNA_ALGO=hier "* && $coll != sendrecv ]]; then
+    local rows hier_rows
+    rows=$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$dir/rank0.log")
+    hier_rows=$(grep -cE '^ +[0-9]+ +[0-9]+ .* hier:pairwise/(ring|rd)' "$dir/rank0.log")
+    [[ $rows -gt 0 && $rows -eq $hier_rows ]] ||
+      { echo "KIZUNA_ALGO=hier: $hier_rows of $rows rows ran a hierarchical algorithm"; return 1; }
+  fi
   local fabrics="" f
   for ((rank = 0; rank < n; rank++)); do
     f=$(check_info "$dir/rank$rank.log" "$rank" "$n" "$nhosts" "${same_of[rank]}") || { echo "$f"; return 1; }

@@ -61,6 +61,11 @@ struct SameHostPage {
   alignas(64) std::atomic<uint32_t> bell;      // futex word: bumped at every change
   std::atomic<uint32_t> sleepers;              // ranks sleeping on `bell`
   std::atomic<uint32_t> failed;                // nonzero once `failure` is written
+  // ReleaseRetired against BeginHold (a Dekker pair, both sequentially consistent): the owner's
+  // operations whose caller stream is held or about to be, and the owner's frees under way. Lines
+  // of their own: every call reads each peer's `freeing`, which stays cached while nobody frees.
+  alignas(64) std::atomic<uint32_t> holding;
+  alignas(64) std::atomic<uint32_t> freeing;
   SlotHeader slots[2];
   SharedRegion regions[2];  // input, output (Exchange)
   char failure[600];
@@ -238,11 +243,13 @@ Status SameHostGroup::WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadli
                           const std::atomic<bool>& abort) {
   const SameHostPage& p = *peers_[static_cast<size_t>(q)].page;
   if (phase == Phase::kFinish)
-    return Wait(q, seq, "finish", [&] { return p.finished.load(std::memory_order_acquire) >= seq; }, deadline, abort);
+    return Wait(
+        q, seq, "finish the fused collective", [&] { return p.finished.load(std::memory_order_acquire) >= seq; },
+        deadline, abort);
   // A peer that took the one-line protocol for this operation does not store `arrived`: seeing
   // its line ends the wait too, and the caller names the mismatch.
   return Wait(
-      q, seq, "arrive at",
+      q, seq, "arrive at the fused collective",
       [&] {
         return p.arrived.load(std::memory_order_acquire) >= seq ||
                p.lines[slot].seq.load(std::memory_order_acquire) == seq;
@@ -308,11 +315,11 @@ Status SameHostGroup::Stalled(int q, uint64_t seq, const char* what, Deadline de
   if (p.failed.load(std::memory_order_acquire) != 0)
     return Aborted(fmt::format("rank {} failed: {}", q, std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
   if (abort.load()) return Aborted("the communicator was aborted");
+  // Point-to-point operations (BeginHold) have no number.
+  const std::string op = seq != 0 ? fmt::format("operation {}: ", seq) : std::string();
   if (ProcessEnded(peer.pidfd.get()))
-    return RemoteError(fmt::format("operation {}: rank {} (pid {}) ended before it could {} the fused collective", seq,
-                                   q, peer.pid, what));
-  if (deadline.Expired())
-    return Timeout(fmt::format("operation {}: rank {} did not {} the fused collective by the deadline", seq, q, what));
+    return RemoteError(fmt::format("{}rank {} (pid {}) ended before it could {}", op, q, peer.pid, what));
+  if (deadline.Expired()) return Timeout(fmt::format("{}rank {} did not {} by the deadline", op, q, what));
   return Status::Ok();
 }
 
@@ -362,15 +369,64 @@ Result<uint8_t*> SameHostGroup::Resolve(int q, int which, uint64_t seq) {
 }
 
 void SameHostGroup::Retire(std::unique_ptr<device::Buffer> buffer) {
-  if (buffer) retired_.push_back(std::move(buffer));
+  if (!buffer) return;
+  std::lock_guard lock(retired_mu_);
+  retired_.push_back(std::move(buffer));
 }
 
-void SameHostGroup::ReleaseRetired() {
-  if (retired_.empty()) return;
-  KZ_TRACE(kLogColl, "rank {}: releasing {} mappings and buffers the fused collectives no longer use", rank_,
-           retired_.size());
-  retired_.clear();
+size_t SameHostGroup::retired() const {
+  std::lock_guard lock(retired_mu_);
+  return retired_.size();
 }
+
+bool SameHostGroup::ReleaseRetired() {
+  {
+    std::lock_guard lock(retired_mu_);
+    if (retired_.empty()) return true;
+  }
+  // Announce the free, then look for held streams; BeginHold counts its operation, then looks for
+  // frees. With both sequentially consistent, at least one of the two sees the other: either this
+  // rank keeps its buffers for later, or the other rank waits for the free before it holds its
+  // stream. So a free here never waits for a stream held by an operation of the group, which could
+  // need this very thread to go on.
+  SameHostPage& me = mine();
+  me.freeing.fetch_add(1, std::memory_order_seq_cst);
+  int busy = -1;
+  for (int q = 0; q < nranks_ && busy < 0; ++q)
+    if (peers_[static_cast<size_t>(q)].page->holding.load(std::memory_order_seq_cst) != 0) busy = q;
+  std::vector<std::unique_ptr<device::Buffer>> release;
+  if (busy < 0) {
+    std::lock_guard lock(retired_mu_);
+    release.swap(retired_);
+  }
+  if (!release.empty())
+    KZ_TRACE(kLogColl, "rank {}: releasing {} mappings and buffers the fused collectives no longer use", rank_,
+             release.size());
+  else if (busy >= 0)
+    KZ_TRACE(kLogColl, "rank {}: keeping the buffers the fused collectives no longer use: rank {} holds a stream",
+             rank_, busy);
+  release.clear();  // the frees: each may wait for every stream of the device
+  me.freeing.fetch_sub(1, std::memory_order_seq_cst);
+  Ring();
+  return busy < 0;
+}
+
+Status SameHostGroup::BeginHold(uint64_t seq, Deadline deadline, const std::atomic<bool>& abort) {
+  mine().holding.fetch_add(1, std::memory_order_seq_cst);
+  for (int q = 0; q < nranks_; ++q) {
+    const SameHostPage& p = *peers_[static_cast<size_t>(q)].page;
+    Status s = Wait(
+        q, seq, "finish freeing the memory its fused collectives no longer use",
+        [&] { return p.freeing.load(std::memory_order_seq_cst) == 0; }, deadline, abort);
+    if (!s.ok()) {
+      EndHold();
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+void SameHostGroup::EndHold() { mine().holding.fetch_sub(1, std::memory_order_seq_cst); }
 
 void SameHostGroup::Evict(uint64_t seq) {
   const size_t cap = kMaxImportsPerRank * static_cast<size_t>(nranks_);
@@ -485,7 +541,7 @@ Status SameHostGroup::RunOneShot(uint64_t seq, uint64_t signature, const Collect
       const SameHostPage& p = *peers_[static_cast<size_t>(q)].page;
       // `arrived` first: a peer that ran this operation another way stored it after its line.
       KZ_RETURN_IF_ERROR(Wait(
-          q, seq, "arrive at",
+          q, seq, "arrive at the fused collective",
           [&] {
             const bool other = p.arrived.load(std::memory_order_acquire) >= seq;
             return theirs.seq.load(std::memory_order_acquire) == seq || other;

@@ -31,6 +31,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -132,16 +133,28 @@ class SameHostGroup {
   // This rank failed: every other rank's wait, now and later, fails with `why`.
   void Fail(const Status& why);
 
-  // Frees the mappings and buffers this group stopped using (evicted imports, outgrown staging).
-  // They are not freed where they go out of use, during an operation: freeing device memory can
-  // wait for the whole device (cudaFree does), the caller's stream included, which is held until
-  // the operation ends. Call it only where no operation of this rank is in flight (the executor
-  // does so when a call finds it idle, before the call's stream is held).
-  void ReleaseRetired();
+  // Frees the mappings and buffers this group stopped using (evicted imports, outgrown staging),
+  // if no rank of the group holds a stream (BeginHold); else keeps them for a later call, and
+  // returns false. They are not freed where they go out of use, during an operation: freeing
+  // device memory can wait for every stream of the device (cudaFree does), and the streams of the
+  // ranks on this device that called the operation are held until it ends, which needs this rank.
+  // Nor while another rank's operation holds its stream: that operation may be one this rank has
+  // yet to call, from the thread now freeing. Call it where no operation of this rank is in flight
+  // or being started (the executor does so when a call finds it idle, before the call's stream is
+  // held, and when its queue empties).
+  bool ReleaseRetired();
+  // An operation of this rank is about to hold its caller's stream (Executor::Submit): counted
+  // until EndHold, so that no rank frees meanwhile (ReleaseRetired). Waits first for frees of
+  // other ranks under way (bounded: a free waits only for streams that no operation holds).
+  // kTimeout at the deadline, naming the rank still freeing; kAborted as Exchange. On an error
+  // nothing is counted.
+  Status BeginHold(uint64_t seq, Deadline deadline, const std::atomic<bool>& abort);
+  // The stream held since BeginHold is released.
+  void EndHold();
 
   // Peer allocations mapped so far, and buffers waiting for ReleaseRetired (for logs and tests).
   size_t cached_imports() const { return imports_.size(); }
-  size_t retired() const { return retired_.size(); }
+  size_t retired() const;
 
  private:
   SameHostGroup(int rank, int nranks, device::Device& device);
@@ -170,7 +183,7 @@ class SameHostGroup {
   // Waits until rank q's page shows `seq` reached in `phase` (kArrive: in `slot`).
   Status WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadline deadline, const std::atomic<bool>& abort);
   // Waits until `reached()`, spinning, yielding or sleeping on rank q's bell (`what` it waits for
-  // rank q to do, for the errors).
+  // rank q to do, for the errors: "arrive at the fused collective").
   template <typename Reached>
   Status Wait(int q, uint64_t seq, const char* what, Reached reached, Deadline deadline,
               const std::atomic<bool>& abort);
@@ -203,7 +216,9 @@ class SameHostGroup {
   uint64_t ops_ = 0;
   // RunStaged's allocations (stage, result), grown on demand.
   std::unique_ptr<device::Buffer> staging_[2];
-  std::vector<std::unique_ptr<device::Buffer>> retired_;  // Retire, ReleaseRetired
+  // Retire, ReleaseRetired: the executor's thread and the caller's may both release.
+  mutable std::mutex retired_mu_;
+  std::vector<std::unique_ptr<device::Buffer>> retired_;  // guarded by retired_mu_
   bool one_shot_ = true;              // every rank's device memory is host accessible
   bool one_rank_per_process_ = true;  // no two ranks share a pid
   // The ranks' processes may run on at least as many CPUs as there are ranks: waits spin

@@ -186,7 +186,9 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     }
     seq = next_seq_++;
   }
-  group.ReleaseRetired();  // nothing of this rank in flight, no stream held (SameHostGroup::ReleaseRetired)
+  // Nothing of this rank in flight, and this call holds no stream; kept for later while another
+  // rank holds one (SameHostGroup::ReleaseRetired).
+  group.ReleaseRetired();
   const Deadline deadline = Deadline::AfterSecondsCoarse(options_.timeout_s);
   // Ranks outnumbering the CPUs each do their part on this thread alone.
   const ScopedSerialHostWork serial(group.oversubscribed());

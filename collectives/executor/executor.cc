@@ -165,7 +165,20 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
   }
   // Memory the host group stopped using is freed here, with no operation of this rank in flight
   // and before this call holds the stream: a free may wait for the whole device (cudaFree does).
+  // It waits for the whole group to hold no stream (SameHostGroup::ReleaseRetired): another rank on
+  // this device may have called this operation already, holding its stream until this rank joins.
   if (idle_executor && options_.same_host) options_.same_host->ReleaseRetired();
+  // Counted in the group from before the hold until after its release, so that no rank frees
+  // memory meanwhile; waits for a free under way.
+  if (options_.same_host) {
+    if (Status s = options_.same_host->BeginHold(op->seq, Deadline::AfterSeconds(options_.timeout_s), abort_);
+        !s.ok()) {
+      s = s.WithContext("before holding the caller's stream for a collective");
+      Fail(s);  // the operation was numbered (see below)
+      return s;
+    }
+    op->group_hold = true;
+  }
   // The stream tells the executor when it reaches the call (the inputs are ready), then is held
   // until the operation is done, so later work on it sees the results. The hold blocks no host
   // thread where the device can wait on memory (several ranks' streams in one process must not
@@ -198,6 +211,7 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
     // Sequence numbers must stay dense across ranks: a call that was numbered but never runs
     // would make every later header disagree. Fail the communicator, saying why.
     Fail(enq.WithContext("enqueueing a collective on the caller's stream"));
+    if (op->group_hold) options_.same_host->EndHold();  // nothing of the stream is held
     return enq;
   }
   {
@@ -224,6 +238,7 @@ void Executor::FinishOperation(Operation& op, const Status& status) {
     if (!status.ok() && op.hold && op.stream != nullptr) op.stream->ReportFailure(status);
     if (op.hold) op.hold->Release();
   }
+  if (op.group_hold) options_.same_host->EndHold();  // after the release: the group may free again
   op.cv.notify_all();
 }
 
@@ -377,6 +392,18 @@ void Executor::Loop() {
       if (!closed_) TellPeersAndClose(status);
     }
     FinishOperation(*op, status);
+    // The last rank of the group to finish may find every stream free, where the calls (Submit,
+    // TryInline) find peers already holding theirs for the next operation: memory the host group
+    // stopped using is freed here too, so that it does not wait for a call that happens to come
+    // first. The caller's next call waits meanwhile (BeginHold); this thread is needed by nobody.
+    if (options_.same_host) {
+      bool idle = false;
+      {
+        std::lock_guard lock(mu_);
+        idle = queue_.empty();
+      }
+      if (idle) options_.same_host->ReleaseRetired();
+    }
   }
   if (!closed_) {
     // Control receives stay posted on the comms; the transport releases them with the comms.

@@ -163,6 +163,9 @@ struct Executor::Operation {
   // The caller's stream: valid while the hold is (a stream waits for its held work before it goes
   // away); told of a failure before the hold is released (Stream::ReportFailure).
   device::Stream* stream = nullptr;
+  // Counted in the host group while the caller's stream is held (SameHostGroup::BeginHold); set
+  // by Submit before the operation is shared.
+  bool group_hold = false;
 };
 
 // ---------------------------------------------------------------------------------------------

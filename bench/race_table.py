@@ -4,6 +4,9 @@ Markdown tables of docs/RACE.md (kizuna, each peer, the ceiling, the fractions a
 to OUT if given; with PLOT, draws the busbw of every library in each case into an SVG picture.
 
     race_table.py RESULTS [OUT] [PLOT]
+
+Lines with shape=<hosts>x<ranks per host> are the cluster cases (bench/race_cluster.sh): they go to
+their own table, never into the single-host ones of the same rank count.
 """
 import re, sys
 
@@ -11,6 +14,7 @@ results = sys.argv[1]
 out_path = sys.argv[2] if len(sys.argv) > 2 else ""
 plot_path = sys.argv[3] if len(sys.argv) > 3 else ""
 res, fails, notes, copies = {}, {}, {}, {}
+cl_res, cl_fails = {}, {}  # the cluster cases: (lib, shape, coll, bytes)
 for line in open(results):
     kind, _, rest = line.strip().partition(" ")
     if kind == "NOTE":
@@ -24,6 +28,13 @@ for line in open(results):
     if kind not in ("RESULT", "FAIL") or "lib" not in f:
         continue
     key = (f["lib"], f.get("coll"), int(f.get("n", 0)), int(f.get("bytes", 0)))
+    if "shape" in f:
+        ck = (f["lib"], f["shape"], f.get("coll"), int(f.get("bytes", 0)))
+        if kind == "RESULT":
+            cl_res[ck] = f
+        else:
+            cl_fails[ck] = why
+        continue
     if kind == "RESULT" and f.get("coll") == "copy":
         copies.setdefault(key[2], {})[int(f["threads"])] = float(f["gbps"])
     elif kind == "RESULT":
@@ -43,13 +54,18 @@ def time_us(lib, coll, n, b):
     r = res.get((lib, coll, n, b))
     return float(r["time_us"]) if r and int(r.get("wrong", 0)) == 0 else None
 
-def cell(lib, coll, n, b, value):
-    r = res.get((lib, coll, n, b))
+def fmt_cell(r, failed, value):
+    """A table cell: the figure, or wrong (N), missing (the peer is not installed), error or —."""
     if r is not None and int(r.get("wrong", 0)) != 0:
         return f"wrong ({r['wrong']})"
     if value is not None:
         return f"{value:.3g}" if value < 100 else f"{value:.0f}"
-    return "error" if (lib, coll, n, b) in fails else "—"
+    if failed is not None:
+        return "missing" if failed.startswith("missing:") else "error"
+    return "—"
+
+def cell(lib, coll, n, b, value):
+    return fmt_cell(res.get((lib, coll, n, b)), fails.get((lib, coll, n, b)), value)
 
 def ratio(a, b):
     return f"{a / b:.3g}" if a is not None and b else "—"
@@ -72,6 +88,14 @@ if copies:
 
 peers = [("openmpi", "Open MPI"), ("mpich", "MPICH"), ("gloo", "Gloo")]
 present = [(l, t) for l, t in peers if any(k[0] == l for k in list(res) + list(fails))]
+MIB64 = 64 * MIB
+
+def md_row(cells):
+    emit("| " + " | ".join(cells) + " |")
+
+def md_head(cells):
+    md_row(cells)
+    emit("|" + "---|" * len(cells))
 
 def best_peer(coll, n, b, libs, fn):
     vals = [fn(l, coll, n, b) for l, _ in libs]
@@ -80,31 +104,32 @@ def best_peer(coll, n, b, libs, fn):
 
 ar_keys = sorted({(k[2], k[3]) for k in list(res) + list(fails)
                   if k[1] == "allreduce" and k[0] in ("kizuna", "kizuna-host") + tuple(l for l, _ in peers)})
-emit("AllReduce busbw, GB/s (float32 sum, out of place; kizuna over device buffers and over host buffers):")
-emit("")
-head = ["n", "size", "kizuna", "kizuna host"] + [t for _, t in present] + ["ceiling", "kizuna / ceiling", "kizuna / best peer", "kizuna host / best peer", "host bound / best peer"]
-emit("| " + " | ".join(head) + " |")
-emit("|" + "---|" * len(head))
-for n, b in ar_keys:
-    if b < MIB:
-        continue
-    kd, kh = busbw("kizuna", "allreduce", n, b), busbw("kizuna-host", "allreduce", n, b)
-    pv = best_peer("allreduce", n, b, present, busbw)
-    best = max(pv) if pv else None
-    ceil = busbw("ceiling", "allreduce", n, b)
-    row = [str(n), size_name(b), cell("kizuna", "allreduce", n, b, kd), cell("kizuna-host", "allreduce", n, b, kh)]
-    row += [cell(l, "allreduce", n, b, busbw(l, "allreduce", n, b)) for l, _ in present]
-    row += [cell("ceiling", "allreduce", n, b, ceil), ratio(kd, ceil), ratio(kd, best), ratio(kh, best),
-            ratio(ceil / 2 if ceil is not None else None, best)]
-    emit("| " + " | ".join(row) + " |")
-emit("")
-emit("Host bound: buffers from malloc cannot be mapped by the other processes, so every byte that crosses "
-     "ranks is written to shared memory and read back, besides the input read and the output written: 4 "
-     "bytes of traffic per byte per rank, where the ceiling's fused pass over mapped buffers moves 2. Where "
-     "that staging traffic costs what memory traffic costs (on the build machines it does: staging in rounds "
-     "of 128 KiB-2 MiB, small enough to stay in a cache, ran within 10 % of staging whole messages), "
-     "host-buffer busbw cannot exceed half the ceiling; the last column is that bound over the best peer.")
-emit("")
+if any(b >= MIB for _, b in ar_keys):
+    emit("AllReduce busbw, GB/s (float32 sum, out of place; kizuna over device buffers and over host buffers):")
+    emit("")
+    head = ["n", "size", "kizuna", "kizuna host"] + [t for _, t in present] + ["ceiling", "kizuna / ceiling", "kizuna / best peer", "kizuna host / best peer", "host bound / best peer"]
+    emit("| " + " | ".join(head) + " |")
+    emit("|" + "---|" * len(head))
+    for n, b in ar_keys:
+        if b < MIB:
+            continue
+        kd, kh = busbw("kizuna", "allreduce", n, b), busbw("kizuna-host", "allreduce", n, b)
+        pv = best_peer("allreduce", n, b, present, busbw)
+        best = max(pv) if pv else None
+        ceil = busbw("ceiling", "allreduce", n, b)
+        row = [str(n), size_name(b), cell("kizuna", "allreduce", n, b, kd), cell("kizuna-host", "allreduce", n, b, kh)]
+        row += [cell(l, "allreduce", n, b, busbw(l, "allreduce", n, b)) for l, _ in present]
+        row += [cell("ceiling", "allreduce", n, b, ceil), ratio(kd, ceil), ratio(kd, best), ratio(kh, best),
+                ratio(ceil / 2 if ceil is not None else None, best)]
+        emit("| " + " | ".join(row) + " |")
+    emit("")
+    emit("Host bound: buffers from malloc cannot be mapped by the other processes, so every byte that crosses "
+         "ranks is written to shared memory and read back, besides the input read and the output written: 4 "
+         "bytes of traffic per byte per rank, where the ceiling's fused pass over mapped buffers moves 2. Where "
+         "that staging traffic costs what memory traffic costs (on the build machines it does: staging in rounds "
+         "of 128 KiB-2 MiB, small enough to stay in a cache, ran within 10 % of staging whole messages), "
+         "host-buffer busbw cannot exceed half the ceiling; the last column is that bound over the best peer.")
+    emit("")
 
 lat = [(n, b) for n, b in ar_keys if b < MIB]
 if lat:
@@ -200,12 +225,112 @@ elif "netns" in notes:
     emit("Two-namespace TCP case: " + notes["netns"] + ".")
     emit("")
 
-if fails:
-    emit("Errors (the cells marked error):")
+# ---- the cluster cases ---------------------------------------------------------------------------
+
+# The two-host case is the cluster's 2 x 1 AllReduce when both ran (race_cluster.sh then does not run
+# it twice): its lines fill those rows, at the sizes the other shapes' AllReduce rows have.
+if notes.get("cluster_2x1_allreduce") == "two-host":
+    ar_sizes = {k[3] for k in list(cl_res) + list(cl_fails) if k[2] == "allreduce"}
+    for lib in ("kizuna", "openmpi", "mpich", "gloo"):
+        for src, dst in ((res, cl_res), (fails, cl_fails)):
+            for (l, coll, n, b), v in list(src.items()):
+                if l == lib + "-tcp" and coll == "allreduce" and n == 2 and b in ar_sizes:
+                    dst.setdefault((lib, "2x1", "allreduce", b), v)
+    if "cluster_fabric_2x1" not in notes and "netns_fabric" in notes:
+        notes["cluster_fabric_2x1"] = notes["netns_fabric"]
+
+def shape_of(shape):
+    h, _, p = shape.partition("x")
+    return int(h), int(p)
+
+def bus_factor(coll, k):
+    """busbw / algbw for k parties: 2(k-1)/k for AllReduce, (k-1)/k for ReduceScatter and AllGather."""
+    return (2 if coll == "allreduce" else 1) * (k - 1) / k
+
+def cl_value(lib, shape, coll, b, field):
+    r = cl_res.get((lib, shape, coll, b))
+    return float(r[field]) if r and int(r.get("wrong", 0)) == 0 else None
+
+def cl_cell(lib, shape, coll, b, value):
+    return fmt_cell(cl_res.get((lib, shape, coll, b)), cl_fails.get((lib, shape, coll, b)), value)
+
+COLL_ORDER = {"allreduce": 0, "reducescatter": 1, "allgather": 2}
+COLL_NAME = {"allreduce": "AllReduce", "reducescatter": "ReduceScatter", "allgather": "AllGather"}
+cl_keys = sorted({(k[1], k[2], k[3]) for k in list(cl_res) + list(cl_fails)},
+                 key=lambda k: (shape_of(k[0]), COLL_ORDER.get(k[1], 9), k[2]))
+if cl_keys:
+    cl_peers = [(l, t) for l, t in peers if any(k[0] == l for k in list(cl_res) + list(cl_fails))]
+    kz = [("kizuna", "kizuna")] + ([("kizuna-hier", "kizuna-hier")]
+                                   if any(k[0] == "kizuna-hier" for k in list(cl_res) + list(cl_fails)) else [])
+    tcp = [v for v in (busbw("floor", "tcp-duplex-4", 2, MIB64), busbw("floor", "tcp-duplex", 2, MIB64)) if v]
+    floor = max(tcp) if tcp else None
+
+    def shape_name(shape):
+        h, p = shape_of(shape)
+        return f"{h} x {p}"
+
+    def fabrics(line):
+        """'ofi tcp;ofi_rxm:eth0' between hosts and the fabric within a host, from rank 0's INFO line."""
+        parts = re.findall(r"(\w+): ranks? [0-9, ]+ \(devices? ([^)]*)\)", line)
+        between = sorted({f"{f} {d}" for f, d in parts if f != "directconnect"})
+        within = sorted({f for f, _ in parts if f == "directconnect"})
+        return ("between hosts " + (", ".join(between) or "none found")
+                + ("; within a host " + ", ".join(within) if within else ""))
+
+    shapes = sorted({k[0] for k in cl_keys}, key=shape_of)
+    emit("Cluster: hosts made of network namespaces on this machine (one bridge, TCP between hosts; "
+         "each rank a process; every host shares this machine's CPUs). Hosts x ranks per host; "
+         "kizuna is the cost model's choice, kizuna-hier runs with KIZUNA_ALGO=hier. kizuna's fabrics (rank 0's "
+         "INFO line): " + "; ".join(f"{shape_name(s)}: " + fabrics(notes.get(f"cluster_fabric_{s}", "")) for s in shapes)
+         + ".")
+    emit("")
+    big = [k for k in cl_keys if k[2] >= MIB]
+    if big:
+        emit("Cluster busbw, GB/s. TCP bound: the busbw the collective would reach if the bytes each host must "
+             "send to the others moved at the TCP floor's rate (bench/tcp_probe.c between two hosts"
+             + (f", {floor:.3g} GB/s per direction" if floor else ", not measured")
+             + "); kizuna / TCP bound at 64 MiB and up:")
+        emit("")
+        md_head(["hosts x ranks", "collective", "size"] + [t for _, t in kz] + [t for _, t in cl_peers]
+                + ["TCP bound"] + [f"{t} / best peer" for _, t in kz] + ["kizuna / TCP bound"])
+        for shape, coll, b in big:
+            h, p = shape_of(shape)
+            bound = floor * bus_factor(coll, h * p) / bus_factor(coll, h) if floor else None
+            pv = [v for v in (cl_value(l, shape, coll, b, "busbw") for l, _ in cl_peers) if v is not None]
+            best = max(pv) if pv else None
+            kv = [cl_value(l, shape, coll, b, "busbw") for l, _ in kz]
+            row = [shape_name(shape), COLL_NAME.get(coll, coll), size_name(b)]
+            row += [cl_cell(l, shape, coll, b, v) for (l, _), v in zip(kz, kv)]
+            row += [cl_cell(l, shape, coll, b, cl_value(l, shape, coll, b, "busbw")) for l, _ in cl_peers]
+            row += [f"{bound:.3g}" if bound else "—"] + [ratio(v, best) for v in kv]
+            row += [ratio(kv[0], bound) if b >= MIB64 else "—"]
+            md_row(row)
+        emit("")
+    emit("Cluster time per call, µs (the slowest rank's, median); speed-up = best peer's time / kizuna's; "
+         "the algorithm kizuna-bench reports each kizuna row ran:")
+    emit("")
+    md_head(["hosts x ranks", "collective", "size"] + [t for _, t in kz] + [t for _, t in cl_peers]
+            + [f"{t} speed-up" for _, t in kz] + [f"{t} algorithm" for _, t in kz])
+    for shape, coll, b in cl_keys:
+        pv = [v for v in (cl_value(l, shape, coll, b, "time_us") for l, _ in cl_peers) if v is not None]
+        best = min(pv) if pv else None
+        kv = [cl_value(l, shape, coll, b, "time_us") for l, _ in kz]
+        row = [shape_name(shape), COLL_NAME.get(coll, coll), size_name(b)]
+        row += [cl_cell(l, shape, coll, b, v) for (l, _), v in zip(kz, kv)]
+        row += [cl_cell(l, shape, coll, b, cl_value(l, shape, coll, b, "time_us")) for l, _ in cl_peers]
+        row += [ratio(best, v) for v in kv]
+        row += [cl_res.get((l, shape, coll, b), {}).get("algo", "—") for l, _ in kz]
+        md_row(row)
+    emit("")
+
+if fails or cl_fails:
+    emit("Errors (the cells marked error or missing):")
     emit("")
     seen = {}
     for (lib, coll, n, b), why in sorted(fails.items()):
         seen.setdefault((lib, why), []).append(f"{coll} n={n} {size_name(b)}")
+    for (lib, shape, coll, b), why in sorted(cl_fails.items()):
+        seen.setdefault((lib, why), []).append(f"{coll} {shape.replace('x', ' x ')} {size_name(b)}")
     for (lib, why), cases in seen.items():
         emit(f"- {lib}: {why} ({len(cases)} case(s): {', '.join(cases[:4])}{', ...' if len(cases) > 4 else ''})")
     emit("")

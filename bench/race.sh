@@ -3,11 +3,13 @@
 # system compilers, builds kizuna-bench and kizuna-run with Bazel, then runs every case on every
 # library in one run and prints one table of ratios (bench/README.md explains it).
 #
-#   bench/race.sh [--quick] [--skip-netns] [--plain-malloc] [--out FILE] [--plot FILE.svg] [--build-dir DIR]
+#   bench/race.sh [--quick] [--only-cluster] [--skip-cluster] [--skip-netns] [--plain-malloc] [--out FILE]
+#                 [--plot FILE.svg] [--build-dir DIR]
 #
 # Nothing leaves this machine: the peers talk over shared memory and 127.0.0.1, and the
-# two-host case runs between two hosts made of network namespaces (tools/netns/kizuna-netns), which
-# this script creates and always removes, with addresses that exist only inside them.
+# two-host case and the cluster cases (race_cluster.sh) run between hosts made of network namespaces
+# (tools/netns/kizuna-netns), which this script creates and always removes, with addresses that exist
+# only inside them.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,14 +18,21 @@ OUT=""
 PLOT=""
 QUICK=0
 SKIP_NETNS=0
+ONLY_CLUSTER=0
+SKIP_CLUSTER=0
 PLAIN_MALLOC=0
 START=$SECONDS
 
 usage() {
   cat <<EOF
-usage: bench/race.sh [--quick] [--skip-netns] [--plain-malloc] [--out FILE] [--plot FILE.svg] [--build-dir DIR]
-  --quick        a smoke run: n = 2, AllReduce at 8 B and 1 MiB, kizuna and Open MPI only
-  --skip-netns   leave out the two-namespace TCP case (it needs root and 'ip netns')
+usage: bench/race.sh [--quick] [--only-cluster] [--skip-cluster] [--skip-netns] [--plain-malloc] [--out FILE]
+                     [--plot FILE.svg] [--build-dir DIR]
+  --quick        a smoke run: n = 2, AllReduce at 8 B and 1 MiB, kizuna and Open MPI only (cluster: 2 x 1
+                 and 2 x 4 hosts x ranks)
+  --only-cluster only the cluster cases (hosts made of network namespaces) and the TCP floor
+  --skip-cluster leave out the cluster cases
+  --skip-netns   leave out everything between network namespaces: the two-host case and the cluster
+                 cases (they need root and 'ip netns')
   --plain-malloc run every program with glibc's default malloc settings (see MALLOC below)
   --out FILE     also write the table as Markdown to FILE
   --plot FILE    draw every library's busbw in each case into FILE (SVG)
@@ -35,6 +44,8 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --skip-netns) SKIP_NETNS=1 ;;
+    --only-cluster) ONLY_CLUSTER=1 ;;
+    --skip-cluster) SKIP_CLUSTER=1 ;;
     --plain-malloc) PLAIN_MALLOC=1 ;;
     --out) [[ $# -ge 2 ]] || { echo "race: --out needs a file name" >&2; exit 2; }; OUT="$2"; shift ;;
     --plot) [[ $# -ge 2 ]] || { echo "race: --plot needs a file name" >&2; exit 2; }; PLOT="$2"; shift ;;
@@ -44,6 +55,8 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
+[[ $ONLY_CLUSTER -eq 1 && ($SKIP_CLUSTER -eq 1 || $SKIP_NETNS -eq 1) ]] &&
+  { echo "race: --only-cluster cannot go with --skip-cluster or --skip-netns" >&2; exit 2; }
 [[ -n "$OUT" && "$OUT" != /* ]] && OUT="$PWD/$OUT"
 [[ -n "$PLOT" && "$PLOT" != /* ]] && PLOT="$PWD/$PLOT"
 
@@ -54,22 +67,45 @@ die() { echo "race: $*" >&2; exit 1; }
 
 # Debian's names: the MPI compiler wrappers and launchers come as mpicc.openmpi / mpirun.openmpi and
 # mpicc.mpich / mpirun.mpich; libgloo-dev installs /usr/include/gloo and /usr/lib/libgloo.so.
-PACKAGES=(openmpi-bin libopenmpi-dev mpich libmpich-dev libgloo-dev gcc g++ python3 iproute2 util-linux)
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [[ ${#missing[@]} -gt 0 ]]; then
-  sudo=()
+# What every part needs (a failure to install it stops the race), then each peer's own packages: a
+# peer whose packages fail to install, or whose program fails to build, is recorded as missing with
+# the reason (MISSING), its cases say so in the table, and the race goes on without it.
+BASE_PACKAGES=(gcc g++ python3 iproute2 util-linux)
+declare -A PEER_PACKAGES=([openmpi]="openmpi-bin libopenmpi-dev" [mpich]="mpich libmpich-dev" [gloo]="libgloo-dev")
+declare -A MISSING=()
+not_installed() { # packages... -> those dpkg does not have installed
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
+  done
+}
+APT_UPDATED=0
+apt_install() { # packages... -> 0, or 1 with apt-get's first error on stdout
+  local sudo=() out
   if [[ "$(id -u)" -ne 0 ]]; then
-    command -v sudo >/dev/null || die "not root and no sudo: install as root: apt-get install ${missing[*]}"
+    command -v sudo >/dev/null || { echo "not root and no sudo (as root: apt-get install $*)"; return 1; }
     sudo=(sudo)
   fi
-  log "installing: ${missing[*]}"
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q >&2 || die "apt-get update failed"
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2 ||
-    die "apt-get install ${missing[*]} failed"
+  log "installing: $*"
+  # Another apt-get on this machine holds the lock for a while: wait for it rather than fail.
+  local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600)
+  if [[ $APT_UPDATED -eq 0 ]]; then
+    out=$("${apt[@]}" update 2>&1) || { echo "apt-get update failed: $(grep -m1 '^E:' <<<"$out")"; return 1; }
+    APT_UPDATED=1
+  fi
+  out=$("${apt[@]}" install -y --no-install-recommends "$@" 2>&1) ||
+    { echo "apt-get install $* failed: $(grep -m1 '^E:' <<<"$out" || tail -n 1 <<<"$out")"; return 1; }
+}
+mapfile -t missing < <(not_installed "${BASE_PACKAGES[@]}")
+if [[ ${#missing[@]} -gt 0 ]]; then
+  why=$(apt_install "${missing[@]}") || die "$why"
 fi
+for peer in openmpi mpich gloo; do
+  # shellcheck disable=SC2086 # the package lists are words
+  mapfile -t missing < <(not_installed ${PEER_PACKAGES[$peer]})
+  [[ ${#missing[@]} -eq 0 ]] && continue
+  why=$(apt_install "${missing[@]}") || { MISSING[$peer]="not installed: $why"; log "$peer missing: $why"; }
+done
 
 # ---- build -------------------------------------------------------------------------------------
 
@@ -80,10 +116,18 @@ RESULTS="$BUILD/results.txt"
 
 log "building the peers and the ceiling in $BUILD"
 CFLAGS=(-O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra)
-mpicc.openmpi "${CFLAGS[@]}" -o "$BUILD/mpi_bench_openmpi" "$ROOT/bench/mpi_bench.c" || die "mpicc.openmpi failed"
-mpicc.mpich "${CFLAGS[@]}" -o "$BUILD/mpi_bench_mpich" "$ROOT/bench/mpi_bench.c" || die "mpicc.mpich failed"
-g++ -std=c++17 -O2 -Wall -Wextra -o "$BUILD/gloo_bench" "$ROOT/bench/gloo_bench.cc" -lgloo -pthread ||
-  die "building gloo_bench against libgloo failed"
+# A peer program that does not build makes its peer missing (the compiler's first error says why).
+build_peer() { # peer command...
+  local peer=$1; shift
+  [[ -n ${MISSING[$peer]:-} ]] && return
+  local out
+  out=$("$@" 2>&1) && return
+  MISSING[$peer]="build failed: $1: $(grep -m1 -i 'error' <<<"$out" || head -n 1 <<<"$out")"
+  log "$peer missing: ${MISSING[$peer]}"
+}
+build_peer openmpi mpicc.openmpi "${CFLAGS[@]}" -o "$BUILD/mpi_bench_openmpi" "$ROOT/bench/mpi_bench.c"
+build_peer mpich mpicc.mpich "${CFLAGS[@]}" -o "$BUILD/mpi_bench_mpich" "$ROOT/bench/mpi_bench.c"
+build_peer gloo g++ -std=c++17 -O2 -Wall -Wextra -o "$BUILD/gloo_bench" "$ROOT/bench/gloo_bench.cc" -lgloo -pthread
 gcc -std=c11 -O3 -march=native -Wall -Wextra -o "$BUILD/ceiling" "$ROOT/bench/ceiling.c" -pthread ||
   die "building ceiling failed"
 # The floors: one cache line between two processes (8 B), one TCP connection both ways (TCP),
@@ -130,10 +174,26 @@ kizuna_iters() {
   case "$1" in 8) echo 1000;; 1M) echo 200;; 64M) echo 20;; *) echo 5;; esac
 }
 
+# The cluster cases (race_cluster.sh) set SHAPE (hosts x ranks per host, "2x4") while they run: every
+# RESULT and FAIL line then says shape=2x4 after the library's name, which keeps them apart from the
+# single-host cases of the same rank count in the table.
+SHAPE=""
+shape_field() { [[ -z $SHAPE ]] || echo " shape=$SHAPE"; }
+
 # Records a case that produced no RESULT line, so the table says "error" and why.
 fail() { # lib coll n bytes reason...
   local lib=$1 coll=$2 n=$3 bytes=$4; shift 4
-  echo "FAIL lib=$lib coll=$coll n=$n bytes=$bytes why=$(echo "$*" | tr -s ' \n\t' ' ' | cut -c1-200)" >>"$RESULTS"
+  echo "FAIL lib=$lib$(shape_field) coll=$coll n=$n bytes=$bytes why=$(echo "$*" | tr -s ' \n\t' ' ' | cut -c1-200)" \
+    >>"$RESULTS"
+}
+
+# A peer that could not be installed or built: each of its cases is recorded as missing, with why.
+missing_peer() { # peer lib coll-list n size-list -> 0 when the peer is missing (its cases recorded)
+  local peer=$1 lib=$2 colls=$3 n=$4 sizes=$5 c s
+  [[ -n ${MISSING[$peer]:-} ]] || return 1
+  for c in ${colls//,/ }; do
+    for s in ${sizes//,/ }; do fail "$lib" "$c" "$n" "$(bytes_of "$s")" "missing: ${MISSING[$peer]}"; done
+  done
 }
 
 # One kizuna measurement: kizuna-bench's JSON turned into the peers' RESULT form.
@@ -146,7 +206,7 @@ kizuna_case() {
   "$@" "$KZ_BENCH" --coll "$coll" -b "$size" -e "$size" -n "$(kizuna_iters "$size")" -w 5 -c 1 --timing median --placement out \
     --buffers "$buffers" --json "$json" >"$logf" 2>&1
   local rc=$?
-  python3 - "$json" "$lib" "$coll" "$n" "$(bytes_of "$size")" "$rc" "$logf" >>"$RESULTS" <<'EOF'
+  python3 - "$json" "$lib$(shape_field)" "$coll" "$n" "$(bytes_of "$size")" "$rc" "$logf" >>"$RESULTS" <<'EOF'
 import json, re, sys
 path, lib, coll, n, nbytes, rc, logf = sys.argv[1:]
 def why():
@@ -193,10 +253,11 @@ kizuna_local() { # coll n sizes...
   done
 }
 
-# A peer's run: its RESULT lines go to the results; a case it did not print is recorded as failed.
+# A peer's run: its RESULT lines go to the results (with SHAPE's field); a case it did not print is
+# recorded as failed.
 collect() { # lib coll-list n size-list logfile
   local lib=$1 colls=$2 n=$3 sizes=$4 logf=$5 c s why
-  grep "^RESULT lib=$lib " "$logf" >>"$RESULTS"
+  grep "^RESULT lib=$lib " "$logf" | sed "s/^RESULT lib=$lib /RESULT lib=$lib$(shape_field) /" >>"$RESULTS"
   for c in ${colls//,/ }; do
     for s in ${sizes//,/ }; do
       if ! grep "^RESULT lib=$lib coll=$c n=$n " "$logf" | grep -q " bytes=$(rounded_bytes "$c" "$n" "$s") "; then
@@ -233,17 +294,18 @@ mpich_local() {
   collect mpich "$1" "$2" "$3" "$logf"
 }
 
-# Gloo: n processes, a FileStore in a fresh directory; "netns" puts rank 0 and rank 1 in the two
-# hosts (tools/netns/kizuna-netns), on their eth0 addresses.
-gloo_run() { # colls n sizes logname local|netns
+# Gloo: n processes, a FileStore in a fresh directory (every host sees it, as a shared file system).
+# "local": every rank on 127.0.0.1; a number PPN: ranks fill the hosts of tools/netns/kizuna-netns in
+# order, PPN per host (rank r on host r / PPN), each on its host's eth0 address.
+gloo_run() { # colls n sizes logname local|PPN
   local colls=$1 n=$2 sizes=$3 name=$4 where=$5
   local store="$BUILD/gloo-store-$name" logf="$BUILD/logs/gloo-$name.log" pids=() r
   rm -rf "$store"; mkdir -p "$store"
   for ((r = 0; r < n; r++)); do
     local prefix=() addr=127.0.0.1
-    if [[ $where == netns ]]; then
-      prefix=("$NETNS" exec "$NS_PFX" "$r" --)
-      if [[ $r -eq 0 ]]; then addr=$ADDR_A; else addr=$ADDR_B; fi
+    if [[ $where != local ]]; then
+      prefix=("$NETNS" exec "$NS_PFX" "$((r / where))" --)
+      addr=${HOST_ADDR[r / where]}
     fi
     timeout 600 "${prefix[@]}" "$BUILD/gloo_bench" --rank "$r" --size "$n" --store "$store" --addr "$addr" \
       --coll "$colls" --sizes "$sizes" >"$BUILD/logs/gloo-$name.rank$r.log" 2>&1 &
@@ -262,18 +324,20 @@ gloo_local() {
 }
 
 peer_local() { # peer colls n sizes
+  missing_peer "$1" "$1" "$2" "$3" "$4" && return
   case "$1" in openmpi) openmpi_local "$2" "$3" "$4";; mpich) mpich_local "$2" "$3" "$4";; gloo) gloo_local "$2" "$3" "$4";; esac
 }
 
-# ---- the two-namespace case ----------------------------------------------------------------------
+# ---- hosts made of network namespaces --------------------------------------------------------------
 
-# Two hosts from tools/netns/kizuna-netns: namespaces $NS_PFX-h0 (A) and $NS_PFX-h1 (B), each with
-# eth0 on one bridge (in $NS_PFX-br), 10.77.0.1 and 10.77.0.2, and its own host name: kizuna and the
-# MPI launchers tell hosts apart by name, so the two ranks are treated as two hosts, not two
-# processes of one.
+# Hosts from tools/netns/kizuna-netns: namespaces $NS_PFX-h0, $NS_PFX-h1, ..., each with eth0 on one
+# bridge (in $NS_PFX-br), 10.77.0.1, 10.77.0.2, ... (HOST_ADDR), and its own host name: kizuna and the
+# MPI launchers tell hosts apart by name, so ranks in two namespaces are treated as two hosts, not
+# two processes of one. The two-host case uses hosts 0 and 1 (A and B); the cluster cases as many
+# as their shapes have.
 NETNS="$ROOT/tools/netns/kizuna-netns"
 NS_PFX="kzrace$$"
-ADDR_A=10.77.0.1; ADDR_B=10.77.0.2
+HOST_ADDR=()
 NETNS_UP=0
 netns_down() {
   [[ $NETNS_UP -eq 1 ]] || return 0
@@ -285,17 +349,20 @@ netns_down() {
 trap 'netns_down' EXIT
 trap 'netns_down; exit 130' INT TERM
 
-netns_up() {
+netns_up() { # hosts
   NETNS_UP=1
-  "$NETNS" up --name "$NS_PFX" --hosts 2 --env-file "$BUILD/netns.env" >/dev/null 2>"$BUILD/logs/netns.log" || return 1
+  "$NETNS" up --name "$NS_PFX" --hosts "$1" --env-file "$BUILD/netns.env" >/dev/null 2>"$BUILD/logs/netns.log" ||
+    return 1
   # shellcheck source=/dev/null
   source "$BUILD/netns.env"
-  ADDR_A=$KZNS_HOST_0_ADDR ADDR_B=$KZNS_HOST_1_ADDR
+  local i var
+  for ((i = 0; i < $1; i++)); do var="KZNS_HOST_${i}_ADDR"; HOST_ADDR[i]=${!var}; done
 }
 
-in_ns() { # A|B command... (a string run by sh)
-  local host=0
-  [[ $1 == B ]] && host=1
+in_ns() { # A|B|host-index command... (a string run by sh)
+  local host=$1
+  [[ $host == A ]] && host=0
+  [[ $host == B ]] && host=1
   shift
   "$NETNS" exec "$NS_PFX" "$host" -- sh -c "$*"
 }
@@ -303,18 +370,55 @@ in_ns() { # A|B command... (a string run by sh)
 # An rsh-style agent for mpirun: the "remote host" is a namespace's address, reached with
 # 'kizuna-netns exec' instead of ssh.
 write_agent() {
+  local i cases=""
+  for i in "${!HOST_ADDR[@]}"; do cases+="  ${HOST_ADDR[i]}) index=$i ;;"$'\n'; done
   cat >"$BUILD/netns-agent.sh" <<EOF
 #!/bin/sh
 while [ \$# -gt 0 ]; do case "\$1" in -*) shift ;; *) break ;; esac; done
 host=\$1; shift
 case "\$host" in
-  $ADDR_A) index=0 ;;
-  $ADDR_B) index=1 ;;
-  *) echo "netns-agent: unknown host \$host" >&2; exit 1 ;;
+$cases  *) echo "netns-agent: unknown host \$host" >&2; exit 1 ;;
 esac
 exec "$NETNS" exec "$NS_PFX" "\$index" -- sh -c "\$*"
 EOF
   chmod +x "$BUILD/netns-agent.sh"
+}
+
+# The TCP floor: 64 MiB each way at once between hosts 0 and 1 over one connection, then four.
+tcp_floor() {
+  local conns coll probe_pid
+  for conns in 1 4; do
+    log "floor: $conns TCP connection(s) both ways between the namespaces, 64 MiB"
+    coll=tcp-duplex
+    [[ $conns -gt 1 ]] && coll=tcp-duplex-$conns
+    in_ns A "timeout 60 $BUILD/tcp_probe --listen 29519 --bytes $((64 << 20)) --connections $conns" \
+      >"$BUILD/logs/tcp_probe-$conns.log" 2>&1 &
+    probe_pid=$!
+    in_ns B "timeout 60 $BUILD/tcp_probe --connect ${HOST_ADDR[0]} 29519 --bytes $((64 << 20)) --connections $conns" \
+      >>"$BUILD/logs/tcp_probe-$conns.client.log" 2>&1 ||
+      fail floor "$coll" 2 $((64 << 20)) \
+        "tcp_probe (connecting end) failed: $(head -c 200 "$BUILD/logs/tcp_probe-$conns.client.log")"
+    wait "$probe_pid"
+    grep '^RESULT' "$BUILD/logs/tcp_probe-$conns.log" >>"$RESULTS"
+  done
+}
+
+# Hydra (MPICH's launcher) often hangs at exit after the program printed every result (10 minutes
+# once; 110 s of a 120 s bound at 07:15 on 2026-11-23), so once every result is in, it gets 5 s to
+# finish and is then stopped with everything else in the namespaces.
+wait_hydra() { # pid logfile results-expected
+  local launcher=$1 logf=$2 want=$3 grace=0
+  while kill -0 "$launcher" 2>/dev/null; do
+    if [[ $(grep -c '^RESULT' "$logf" 2>/dev/null) -ge $want ]]; then
+      if (( grace++ >= 5 )); then
+        log "mpich's launcher still running 5 s after its last result: stopped"
+        "$NETNS" kill --name "$NS_PFX"
+        break
+      fi
+    fi
+    sleep 1
+  done
+  wait "$launcher" 2>/dev/null
 }
 
 netns_kizuna() {
@@ -324,10 +428,12 @@ netns_kizuna() {
     local name="kizuna-netns-$size" uid="$BUILD/netns-uid-$size"
     rm -f "$uid"
     local envs="KIZUNA_TIMEOUT=120 KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT KIZUNA_UNIQUE_ID_FILE=$uid WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1"
-    local args="--coll allreduce -b $size -e $size -n $(kizuna_iters "$size") -w 5 -c 1 --timing median --placement out"
+    local args
+    args="--coll allreduce -b $size -e $size -n $(kizuna_iters "$size") -w 5 -c 1 --timing median --placement out"
     in_ns B "$envs RANK=1 timeout 300 $KZ_BENCH $args" >"$BUILD/logs/$name.rank1.log" 2>&1 &
     local other=$!
-    kizuna_case kizuna-tcp allreduce 2 "$size" "$name" in_ns_a_kizuna "$envs KIZUNA_ROOT=$ADDR_A:29517 RANK=0 timeout 300"
+    kizuna_case kizuna-tcp allreduce 2 "$size" "$name" in_ns_a_kizuna \
+      "$envs KIZUNA_ROOT=${HOST_ADDR[0]}:29517 RANK=0 timeout 300"
     wait "$other"
   done
   # Which fabric kizuna chose between the two "hosts", from rank 0's INFO line.
@@ -345,44 +451,42 @@ in_ns_a_kizuna() {
 
 netns_mpi() {
   local sizes; sizes=$(join "${NETNS_SIZES[@]}")
+  local hosts="${HOST_ADDR[0]},${HOST_ADDR[1]}"
   log "openmpi allreduce n=2 $sizes, two namespaces over TCP"
   local logf="$BUILD/logs/openmpi-netns.log"
-  # Both "hosts" are this machine: binding would put both ranks on core 0, so nothing is bound.
-  local envx=""
-  [[ -n "${GLIBC_TUNABLES:-}" ]] && envx="-x GLIBC_TUNABLES"
-  in_ns A "timeout 600 mpirun.openmpi --allow-run-as-root -np 2 --bind-to none $envx --host $ADDR_A:1,$ADDR_B:1 \
-    --mca plm_rsh_agent $BUILD/netns-agent.sh --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 \
-    --mca oob_tcp_if_include 10.77.0.0/24 $BUILD/mpi_bench_openmpi --coll allreduce --sizes $sizes --lib openmpi-tcp" \
-    >"$logf" 2>&1
-  collect openmpi-tcp allreduce 2 "$sizes" "$logf"
+  if ! missing_peer openmpi openmpi-tcp allreduce 2 "$sizes"; then
+    # Both "hosts" are this machine: binding would put both ranks on core 0, so nothing is bound.
+    local xenv=""
+    [[ -n "${GLIBC_TUNABLES:-}" ]] && xenv="-x GLIBC_TUNABLES"
+    in_ns A "timeout 600 mpirun.openmpi --allow-run-as-root -np 2 --bind-to none $xenv --host ${hosts//,/:1,}:1 \
+      --mca plm_rsh_agent $BUILD/netns-agent.sh --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 \
+      --mca oob_tcp_if_include 10.77.0.0/24 $BUILD/mpi_bench_openmpi --coll allreduce --sizes $sizes \
+      --lib openmpi-tcp" \
+      >"$logf" 2>&1
+    collect openmpi-tcp allreduce 2 "$sizes" "$logf"
+  fi
   [[ $QUICK -eq 1 ]] && return
   log "mpich allreduce n=2 $sizes, two namespaces over TCP"
   logf="$BUILD/logs/mpich-netns.log"
-  # Debian's MPICH is ch4:ucx; UCX would otherwise use shared memory, which crosses namespaces.
-  # Its launcher often hangs at exit after the program printed every result (10 minutes once;
-  # 110 s of the 120 s bound at 07:15 on 2026-11-23), so once every result is in, it gets 5 s to
-  # finish and is then stopped with everything else in the namespaces.
-  in_ns A "timeout 120 mpirun.mpich -launcher rsh -launcher-exec $BUILD/netns-agent.sh -hosts $ADDR_A,$ADDR_B -np 2 -ppn 1 \
-    -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES eth0 -genv UCX_LOG_LEVEL error \
-    $BUILD/mpi_bench_mpich --coll allreduce --sizes $sizes --lib mpich-tcp" >"$logf" 2>&1 &
-  local launcher=$! grace=0
-  while kill -0 "$launcher" 2>/dev/null; do
-    if [[ $(grep -c '^RESULT' "$logf") -ge ${#NETNS_SIZES[@]} ]]; then
-      if (( grace++ >= 5 )); then
-        log "mpich's launcher still running 5 s after its last result: stopped"
-        "$NETNS" kill --name "$NS_PFX"
-        break
-      fi
-    fi
-    sleep 1
-  done
-  wait "$launcher" 2>/dev/null
-  collect mpich-tcp allreduce 2 "$sizes" "$logf"
+  if ! missing_peer mpich mpich-tcp allreduce 2 "$sizes"; then
+    # Debian's MPICH is ch4:ucx; UCX would otherwise use shared memory, which crosses namespaces.
+    in_ns A "timeout 120 mpirun.mpich -launcher rsh -launcher-exec $BUILD/netns-agent.sh -hosts $hosts -np 2 -ppn 1 \
+      -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES eth0 -genv UCX_LOG_LEVEL error \
+      $BUILD/mpi_bench_mpich --coll allreduce --sizes $sizes --lib mpich-tcp" >"$logf" 2>&1 &
+    wait_hydra $! "$logf" ${#NETNS_SIZES[@]}
+    collect mpich-tcp allreduce 2 "$sizes" "$logf"
+  fi
   log "gloo allreduce n=2 $sizes, two namespaces over TCP"
-  gloo_run allreduce 2 "$sizes" netns netns
+  missing_peer gloo gloo-tcp allreduce 2 "$sizes" && return
+  gloo_run allreduce 2 "$sizes" netns 1
   sed 's/lib=gloo /lib=gloo-tcp /' "$BUILD/logs/gloo-netns.log" >"$BUILD/logs/gloo-tcp-netns.log"
   collect gloo-tcp allreduce 2 "$sizes" "$BUILD/logs/gloo-tcp-netns.log"
 }
+
+# ---- the cluster cases ------------------------------------------------------------------------------
+
+# shellcheck source=bench/race_cluster.sh
+source "$ROOT/bench/race_cluster.sh"
 
 # ---- the table ---------------------------------------------------------------------------------
 
@@ -407,61 +511,64 @@ fi
 echo "NOTE host=$(hostname) cpus=$(nproc) mem_gib=$(awk '/MemTotal/ {printf "%.0f", $2/1048576}' /proc/meminfo)" \
   "date=$(date -u +%Y-%m-%dT%H:%MZ) quick=$QUICK plain_malloc=$PLAIN_MALLOC" >>"$RESULTS"
 
-for n in "${ALLREDUCE_RANKS[@]}"; do
-  # The ceiling right before the runs it is compared with: the host's bandwidth drifts by minutes.
-  log "ceiling n=$n"
-  ceiling_sizes=$(join "${ALLREDUCE_SIZES[@]}" | sed 's/^8,//; s/,8,/,/')
-  "$BUILD/ceiling" --ranks "$n" --sizes "$ceiling_sizes" >"$BUILD/logs/ceiling-$n.log" 2>&1 ||
-    fail ceiling allreduce "$n" 0 "ceiling exited with $?"
-  sed "s/^RESULT lib=ceiling coll=copy /RESULT lib=ceiling coll=copy n=$n /" "$BUILD/logs/ceiling-$n.log" | grep '^RESULT' >>"$RESULTS"
-  if [[ $n -eq 2 ]]; then
-    log "floor: one cache line between two processes"
-    "$BUILD/line_probe" >"$BUILD/logs/line_probe.log" 2>&1 || fail floor line 2 0 "line_probe exited with $?"
-    grep '^RESULT' "$BUILD/logs/line_probe.log" >>"$RESULTS"
-  fi
-  if [[ $n -ge $((2 * $(nproc))) ]]; then
-    # n processes on the CPUs, as the runs below: a hand-over costs more as processes per CPU grow.
-    log "floor: handing a CPU from one process to another, $n processes on $(nproc) CPUs"
-    "$BUILD/switch_probe" --procs "$n" --cpus "$(nproc)" --exchanges 5000 >"$BUILD/logs/switch_probe-$n.log" 2>&1 ||
-      fail floor switch-yield "$n" 0 "switch_probe exited with $?"
-    grep '^RESULT' "$BUILD/logs/switch_probe-$n.log" >>"$RESULTS"
-  fi
-  kizuna_local allreduce "$n" "${ALLREDUCE_SIZES[@]}"
-  for peer in "${PEERS[@]}"; do peer_local "$peer" allreduce "$n" "$(join "${ALLREDUCE_SIZES[@]}")"; done
-done
+# The single-host cases: every rank count on this host, the ceiling and the floors beside them.
+local_cases() {
+  local n peer coll ceiling_sizes
+  for n in "${ALLREDUCE_RANKS[@]}"; do
+    # The ceiling right before the runs it is compared with: the host's bandwidth drifts by minutes.
+    log "ceiling n=$n"
+    ceiling_sizes=$(join "${ALLREDUCE_SIZES[@]}" | sed 's/^8,//; s/,8,/,/')
+    "$BUILD/ceiling" --ranks "$n" --sizes "$ceiling_sizes" >"$BUILD/logs/ceiling-$n.log" 2>&1 ||
+      fail ceiling allreduce "$n" 0 "ceiling exited with $?"
+    sed "s/^RESULT lib=ceiling coll=copy /RESULT lib=ceiling coll=copy n=$n /" "$BUILD/logs/ceiling-$n.log" |
+      grep '^RESULT' >>"$RESULTS"
+    if [[ $n -eq 2 ]]; then
+      log "floor: one cache line between two processes"
+      "$BUILD/line_probe" >"$BUILD/logs/line_probe.log" 2>&1 || fail floor line 2 0 "line_probe exited with $?"
+      grep '^RESULT' "$BUILD/logs/line_probe.log" >>"$RESULTS"
+    fi
+    if [[ $n -ge $((2 * $(nproc))) ]]; then
+      # n processes on the CPUs, as the runs below: a hand-over costs more as processes per CPU grow.
+      log "floor: handing a CPU from one process to another, $n processes on $(nproc) CPUs"
+      "$BUILD/switch_probe" --procs "$n" --cpus "$(nproc)" --exchanges 5000 >"$BUILD/logs/switch_probe-$n.log" 2>&1 ||
+        fail floor switch-yield "$n" 0 "switch_probe exited with $?"
+      grep '^RESULT' "$BUILD/logs/switch_probe-$n.log" >>"$RESULTS"
+    fi
+    kizuna_local allreduce "$n" "${ALLREDUCE_SIZES[@]}"
+    for peer in "${PEERS[@]}"; do peer_local "$peer" allreduce "$n" "$(join "${ALLREDUCE_SIZES[@]}")"; done
+  done
 
-for n in "${OTHER_RANKS[@]}"; do
-  for coll in "${OTHER_COLLS[@]}"; do kizuna_local "$coll" "$n" "$OTHER_SIZE"; done
-  for peer in "${PEERS[@]}"; do peer_local "$peer" "$(join "${OTHER_COLLS[@]}")" "$n" "$OTHER_SIZE"; done
-done
+  for n in "${OTHER_RANKS[@]}"; do
+    for coll in "${OTHER_COLLS[@]}"; do kizuna_local "$coll" "$n" "$OTHER_SIZE"; done
+    for peer in "${PEERS[@]}"; do peer_local "$peer" "$(join "${OTHER_COLLS[@]}")" "$n" "$OTHER_SIZE"; done
+  done
+}
 
+if [[ $ONLY_CLUSTER -eq 0 ]]; then local_cases; fi
+
+# Everything between hosts made of network namespaces: the TCP floor, the two-host case (hosts 0
+# and 1), the cluster cases (race_cluster.sh; as many hosts as their largest shape).
+RUN_TWO_HOST=$((1 - ONLY_CLUSTER))
+RUN_CLUSTER=$((1 - SKIP_CLUSTER))
+hosts=2
+[[ $RUN_CLUSTER -eq 1 ]] && hosts=$(cluster_hosts)
 if [[ $SKIP_NETNS -eq 1 ]]; then
   echo "NOTE netns=skipped (--skip-netns)" >>"$RESULTS"
-elif ! netns_up; then
+elif ! netns_up "$hosts"; then
   msg="kizuna-netns up failed (needs root, iproute2 and util-linux):"
   msg+=" $(head -c 200 "$BUILD/logs/netns.log" 2>/dev/null | tr '\n' ' ')"
-  log "two-namespace case skipped: $msg"
+  log "the cases between namespaces skipped: $msg"
   echo "NOTE netns=skipped ($msg)" >>"$RESULTS"
   netns_down
 else
-  log "hosts $NS_PFX-h0 ($ADDR_A) and $NS_PFX-h1 ($ADDR_B) on one bridge (tools/netns/kizuna-netns)"
+  log "hosts $NS_PFX-h0..h$((hosts - 1)) (${HOST_ADDR[*]}) on one bridge (tools/netns/kizuna-netns)"
   write_agent
-  for conns in 1 4; do
-    log "floor: $conns TCP connection(s) both ways between the namespaces, 64 MiB"
-    coll=tcp-duplex
-    [[ $conns -gt 1 ]] && coll=tcp-duplex-$conns
-    in_ns A "timeout 60 $BUILD/tcp_probe --listen 29519 --bytes $((64 << 20)) --connections $conns" \
-      >"$BUILD/logs/tcp_probe-$conns.log" 2>&1 &
-    probe_pid=$!
-    in_ns B "timeout 60 $BUILD/tcp_probe --connect $ADDR_A 29519 --bytes $((64 << 20)) --connections $conns" \
-      >>"$BUILD/logs/tcp_probe-$conns.client.log" 2>&1 ||
-      fail floor "$coll" 2 $((64 << 20)) \
-        "tcp_probe (connecting end) failed: $(head -c 200 "$BUILD/logs/tcp_probe-$conns.client.log")"
-    wait "$probe_pid"
-    grep '^RESULT' "$BUILD/logs/tcp_probe-$conns.log" >>"$RESULTS"
-  done
-  netns_kizuna
-  netns_mpi
+  tcp_floor
+  if [[ $RUN_TWO_HOST -eq 1 ]]; then
+    netns_kizuna
+    netns_mpi
+  fi
+  [[ $RUN_CLUSTER -eq 1 ]] && cluster_cases
   netns_down
 fi
 

@@ -107,7 +107,8 @@ ar_keys = sorted({(k[2], k[3]) for k in list(res) + list(fails)
 if any(b >= MIB for _, b in ar_keys):
     emit("AllReduce busbw, GB/s (float32 sum, out of place; kizuna over device buffers and over host buffers):")
     emit("")
-    head = ["n", "size", "kizuna", "kizuna host"] + [t for _, t in present] + ["ceiling", "kizuna / ceiling", "kizuna / best peer", "kizuna host / best peer", "host bound / best peer"]
+    head = ["n", "size", "kizuna", "kizuna host"] + [t for _, t in present] + [
+        "ceiling", "kizuna / ceiling", "kizuna / best peer", "kizuna host / best peer", "host bound / best peer"]
     emit("| " + " | ".join(head) + " |")
     emit("|" + "---|" * len(head))
     for n, b in ar_keys:
@@ -222,7 +223,7 @@ if tcp_keys:
              f"at once moves {busbw('floor', 'tcp-duplex', 2, b):.3g} GB/s per direction{more}.")
         emit("")
 elif "netns" in notes:
-    emit("Two-namespace TCP case: " + notes["netns"] + ".")
+    emit("The cases between namespaces (two hosts, cluster): " + notes["netns"] + ".")
     emit("")
 
 # ---- the cluster cases ---------------------------------------------------------------------------
@@ -281,7 +282,8 @@ if cl_keys:
     emit("Cluster: hosts made of network namespaces on this machine (one bridge, TCP between hosts; "
          "each rank a process; every host shares this machine's CPUs). Hosts x ranks per host; "
          "kizuna is the cost model's choice, kizuna-hier runs with KIZUNA_ALGO=hier. kizuna's fabrics (rank 0's "
-         "INFO line): " + "; ".join(f"{shape_name(s)}: " + fabrics(notes.get(f"cluster_fabric_{s}", "")) for s in shapes)
+         "INFO line): "
+         + "; ".join(f"{shape_name(s)}: " + fabrics(notes.get(f"cluster_fabric_{s}", "")) for s in shapes)
          + ".")
     emit("")
     big = [k for k in cl_keys if k[2] >= MIB]

@@ -1,14 +1,19 @@
 // Listen, connect and accept for direct-connect links on one host.
 //
-// Listen on port p of node n binds a Unix stream socket in the abstract namespace under a random
-// name and draws a 128-bit random secret; the handle carries both, with n, p, the topology's
-// fingerprint and the host's. Connect on port q checks, before touching the socket, that the
+// Listen on port p of node n adds a listener to the node's Unix stream socket in the abstract
+// namespace (bound under a random name, with a 128-bit random secret, by the first Listen of the
+// fabric and shared by every port's ListenComm until the last one closes: a node with a port per
+// peer holds one listening descriptor, not one per peer); the handle carries the socket's name, the
+// secret, n, p, the listener's id, the topology's fingerprint and the host's. Connect on port q checks, before touching the socket, that the
 // topology links (this node, q) to exactly (n, p) — anything else is kInvalidArgument naming the
 // topology — then connects, creates the connection's shared-memory channel and sends a hello
-// carrying the secret with the channel's memfd and eventfds (SCM_RIGHTS). Accept takes pending
-// connections without blocking, reads each hello as it arrives and checks, in order, the peer's
-// uid (SO_PEERCRED), the secret (constant-time), the protocol version, the topology fingerprint
-// and that the connecting (node, port) is this port's link peer. A connection that fails a check
+// carrying the secret and the listener's id with the channel's memfd and eventfds (SCM_RIGHTS).
+// Accept takes pending connections off the node's socket without blocking, reads each hello as it
+// arrives and checks, in order, the peer's uid (SO_PEERCRED), the secret (constant-time), the
+// protocol version, the topology fingerprint, that the listener is still there, and that the
+// connecting (node, port) is its port's link peer; the connection then waits for that listener's
+// Accept. A hello whose descriptors the kernel dropped (MSG_CTRUNC: this process is at its
+// open-file limit) is refused saying so. A connection that fails a check
 // gets a one-line reason on its socket and is closed; it is logged (WARN) and never returned,
 // and nothing it sent reaches a comm. A connection that sends no complete hello within
 // kHelloTimeout is dropped, so a stranger cannot hold a slot.
@@ -69,6 +74,7 @@ struct HandleInfo {
   uint16_t version = 0;
   int node = -1;                 // the listener's node index in the topology
   int port = -1;                 // the listener's port
+  uint32_t listener = 0;         // the listener's id on its node's socket
   uint64_t topology = 0;         // Topology::Fingerprint() of the listener's topology
   uint64_t host = 0;             // DirectConnectFabric::host_fingerprint() of the listener's host
   uint8_t token[kTokenBytes] = {};  // the listener's secret

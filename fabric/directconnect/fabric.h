@@ -59,6 +59,8 @@ class LinkShaper {
   Clock::time_point busy_until_{};  // guarded by mu_
 };
 
+class Acceptor;  // endpoint.cc: the listening socket the ports' ListenComms share
+
 class DirectConnectFabric : public Fabric {
  public:
   // The factory registered as "directconnect".
@@ -83,10 +85,13 @@ class DirectConnectFabric : public Fabric {
 
  private:
   DirectConnectFabric(const Config* config, FabricContext context, Topology topology, int node);
+  friend Result<std::unique_ptr<ListenComm>> ListenOnPort(DirectConnectFabric& fabric, int port);
   Topology topology_;
   int node_;
   uint64_t host_fingerprint_ = 0;
   std::vector<std::shared_ptr<LinkShaper>> shapers_;  // one per port
+  std::mutex acceptor_mu_;
+  std::weak_ptr<Acceptor> acceptor_;  // guarded by acceptor_mu_: while some ListenComm lives
 };
 
 }  // namespace kizuna::fabric::directconnect

@@ -34,6 +34,8 @@ Engine::~Engine() {
 
 std::string Engine::DescribeConnections() const { return transport_->description(); }
 
+std::vector<int> Engine::ConnectedPeers() const { return transport_->connected_peers(); }
+
 // ---------------------------------------------------------------------------------------------
 // Plans
 

@@ -101,6 +101,8 @@ class Engine {
   const CommTopology& topology() const { return shape_; }
   // This rank's connections, for logs and tools (Transport::description).
   std::string DescribeConnections() const;
+  // The peers this rank has a connection with so far, either way (Transport::connected_peers).
+  std::vector<int> ConnectedPeers() const;
 
   // Runs or queues `calls` (one or several calls of one group, on one stream) as one operation.
   // Not on an aggregation device (the API refuses its calls).

@@ -132,6 +132,10 @@ Status Engine::Builder::Connect(device::Device& device) {
   if (layout_ && e_.aggregation_device_)
     topts.staging_bytes = topts.staging_bytes / kInaWindow * static_cast<size_t>(InaWindow(*layout_, true));
   topts.staging_bytes += p2p_staging_bytes_;
+  // An aggregation device learns that the job ended from its workers' connections closing, so an
+  // INA job connects its ranks at creation (its pairs are the layout's cables); other jobs connect
+  // a pair when an operation first needs it.
+  topts.connect_at_creation = layout_ != nullptr;
   return ConnectFabrics(device, topts);
 }
 

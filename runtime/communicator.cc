@@ -286,6 +286,8 @@ bool Communicator::TakesHostMemory() const { return engine_->TakesHostMemory(); 
 
 std::string Communicator::DescribeConnections() const { return engine_->DescribeConnections(); }
 
+std::vector<int> Communicator::ConnectedPeers() const { return engine_->ConnectedPeers(); }
+
 Status Communicator::ServeAggregation(uint64_t* served) { return engine_->ServeAggregation(served); }
 
 Result<std::string> Communicator::ExplainChoice(Collective collective, size_t count, DataType type) const {

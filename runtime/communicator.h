@@ -134,6 +134,11 @@ class Communicator {
   // first, then registration order: FabricRegistry::SelectAll); each pair of ranks uses the first
   // that connects the two.
   std::string DescribeConnections() const;
+  // The ranks this rank has opened a connection to, or accepted one from, so far, in rank order.
+  // Connections are made when an operation first needs them (the ring's neighbours, a tree's parent
+  // and children, a point-to-point peer), not at creation, so this grows with the peers the
+  // algorithms used; the fused algorithms between ranks of one host use none.
+  std::vector<int> ConnectedPeers() const;
 
   Status AllReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op, device::Stream& stream,
                    const CallOptions& options = {});

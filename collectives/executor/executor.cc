@@ -24,10 +24,7 @@ Executor::Executor(Transport* transport, device::Device* device, const ExecutorO
     : transport_(transport), device_(device), options_(options) {
   control_ = std::make_unique<ControlState>();
   control_->recv.assign(static_cast<size_t>(transport->nranks()), nullptr);
-  control_->inbox.resize(static_cast<size_t>(transport->nranks()));
   control_->gone.resize(static_cast<size_t>(transport->nranks()));
-  control_->state.resize(static_cast<size_t>(transport->nranks()));
-  control_->state_at.resize(static_cast<size_t>(transport->nranks()));
 }
 
 Result<std::unique_ptr<Executor>> Executor::Create(Transport* transport, device::Device* device,
@@ -35,16 +32,13 @@ Result<std::unique_ptr<Executor>> Executor::Create(Transport* transport, device:
   if (transport == nullptr || device == nullptr) return InvalidArgument("executor: null transport or device");
   if (options.window < 2) return InvalidArgument(fmt::format("executor: window {} (at least 2)", options.window));
   if (!(options.timeout_s > 0)) return InvalidArgument("executor: timeout must be positive");
-  if (options.p2p_staging_bytes >= transport->staging().size())
+  if (options.p2p_staging_bytes >= transport->staging_bytes())
     return InvalidArgument(fmt::format("executor: point-to-point staging of {} bytes leaves nothing of the {} bytes "
                                        "for the collectives",
-                                       options.p2p_staging_bytes, transport->staging().size()));
-  for (int q = 0; q < transport->nranks(); ++q) {
-    Transport::Peer* p = transport->peer(q);
-    if (p != nullptr && p->control_out.size() < kControlSlotBytes)
-      return InvalidArgument(fmt::format("executor: control buffers of {} bytes (at least {})", p->control_out.size(),
-                                         kControlSlotBytes));
-  }
+                                       options.p2p_staging_bytes, transport->staging_bytes()));
+  if (transport->nranks() > 1 && transport->control_bytes() < kControlSlotBytes)
+    return InvalidArgument(fmt::format("executor: control buffers of {} bytes (at least {})",
+                                       transport->control_bytes(), kControlSlotBytes));
   std::unique_ptr<Executor> ex(new Executor(transport, device, options));
   ex->thread_ = std::thread([e = ex.get()] { e->Loop(); });
   return ex;
@@ -64,7 +58,7 @@ Executor::~Executor() {
 
 size_t Executor::slot_bytes_for(int total_channels, size_t chunk_bytes) const {
   const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
-  size_t bytes = (transport_->staging().size() - options_.p2p_staging_bytes) / slots;
+  size_t bytes = (transport_->staging_bytes() - options_.p2p_staging_bytes) / slots;
   const size_t cap = transport_->network() ? kNetworkChunkBytes : kDefaultChunkBytes;
   bytes = std::min(bytes, chunk_bytes > 0 ? chunk_bytes : cap);
   bytes = bytes / kMinSlotBytes * kMinSlotBytes;
@@ -147,7 +141,7 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
   KZ_RETURN_IF_ERROR(FillHeader(*op, &total_channels));
   const size_t slots =
       collective ? static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window) : 0;
-  const size_t collectives_part = transport_->staging().size() - options_.p2p_staging_bytes;
+  const size_t collectives_part = transport_->staging_bytes() - options_.p2p_staging_bytes;
   if (slots * slot_bytes > collectives_part)
     return Internal(fmt::format("{} slots of {} bytes exceed the collectives' staging of {} bytes", slots, slot_bytes,
                                 collectives_part));
@@ -276,8 +270,10 @@ int Executor::pending() const {
 }
 
 void Executor::TellPeersAndClose(const Status& status, bool tell) {
-  // Best effort: one abort message per peer, then the connections close, so that peers waiting on
-  // this rank fail at once (kRemoteError) with the first cause in hand.
+  // Best effort: one abort message per connected peer, then the connections and listen comms
+  // close, so that peers waiting on this rank, or about to connect to it, fail at once
+  // (kRemoteError) with the first cause in hand (a peer that is not connected learns it from one
+  // that is: notices are passed on).
   ControlMessage m;
   m.kind = ControlKind::kAbort;
   const std::string why = fmt::format("{}", status.ToString());
@@ -298,25 +294,16 @@ void Executor::TellPeersAndClose(const Status& status, bool tell) {
   const Deadline grace = Deadline::After(std::chrono::milliseconds(200));
   for (auto& [p, r] : sent) p->send->Wait(r, grace).status().IgnoreError();
   control_->pending.clear();
-  for (int q = 0; q < transport_->nranks(); ++q) {
-    Transport::Peer* p = transport_->peer(q);
-    if (p == nullptr) continue;
-    control_->recv[static_cast<size_t>(q)] = nullptr;
-    p->send.reset();
-    p->recv.reset();
-  }
+  std::fill(control_->recv.begin(), control_->recv.end(), nullptr);
+  transport_->Close();
   closed_ = true;
 }
 
 void Executor::Loop() {
-  // One control receive per peer from the start, so that a notice a peer sends before this rank's
-  // first operation (an abort while idle) is delivered, not lost with the peer's connection.
-  for (int q = 0; q < transport_->nranks(); ++q) {
-    Transport::Peer* p = transport_->peer(q);
-    if (p == nullptr || !p->recv) continue;
-    auto r = p->recv->Recv(p->control_in.data(), kControlSlotBytes, kControlTag, p->recv_control);
-    if (r.ok()) control_->recv[static_cast<size_t>(q)] = *r;
-  }
+  // Connections made before the loop (TransportOptions::connect_at_creation) get their control
+  // receive at once, so that a notice a peer sends before this rank's first operation (an abort
+  // while idle) is delivered, not lost with the peer's connection; later ones as they are accepted.
+  ReceiveControl(/*accept_now=*/true).status().IgnoreError();
   if (options_.serve) {
     Serve();
     std::unique_lock lock(mu_);
@@ -331,7 +318,7 @@ void Executor::Loop() {
       while (!cv_.wait_for(lock, kIdlePoll, [&] { return stopping_ || !queue_.empty() || (abort_.load() && !closed_); })) {
         if (closed_) continue;
         lock.unlock();
-        ReceiveControl().status().IgnoreError();  // a failure here is the next operation's to report
+        ReceiveControl(/*accept_now=*/true).status().IgnoreError();  // a failure here is the next operation's
         lock.lock();
       }
       if (queue_.empty() && abort_.load() && !closed_) {
@@ -355,7 +342,7 @@ void Executor::Loop() {
         op->cv.wait_for(lock, std::chrono::milliseconds(10));
         if (op->inputs_ready || closed_) continue;
         lock.unlock();
-        ReceiveControl().status().IgnoreError();  // answers probes meanwhile
+        ReceiveControl(/*accept_now=*/true).status().IgnoreError();  // answers probes meanwhile
         lock.lock();
       }
       stream_wait_seq_ = 0;

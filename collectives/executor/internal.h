@@ -61,8 +61,12 @@ enum class ControlKind : uint32_t { kHeader = 1, kAbort = 2, kProbe = 3, kState 
 // the same operation with another signature is a mismatch, reported then; the answers (or their
 // absence) name the culprit when the deadline comes. At most a quarter of the deadline.
 constexpr std::chrono::milliseconds kProbeAfter{1000};
-// How often an idle executor looks for probes (an answer takes at most this long).
+// How often an idle executor looks for probes (an answer takes at most this long) and takes the
+// connections peers made to it.
 constexpr std::chrono::milliseconds kIdlePoll{20};
+// While an operation runs, the listen comms are looked at this often at most (a rank with a port
+// per peer has a listen comm per peer); while it waits for a connection, every round.
+constexpr std::chrono::microseconds kAcceptEvery{200};
 
 // What a rank says about the operation it is at; compared field by field with the receiver's own.
 struct ControlMessage {
@@ -136,15 +140,21 @@ using executor_internal::ControlMessage;
 // ---------------------------------------------------------------------------------------------
 // Operations
 
+// Per peer where a peer has a connection (maps: a rank talks to few of the communicator's ranks).
 struct Executor::ControlState {
   std::vector<fabric::Request*> recv;                 // the control receive posted per peer
-  std::vector<std::deque<ControlMessage>> inbox;      // received, not yet consumed, per peer
+  std::map<int, std::deque<ControlMessage>> inbox;    // received, not yet consumed, per peer
   std::map<int, std::deque<fabric::Request*>> pending;  // header sends in flight, per peer
   std::map<int, uint64_t> next;                       // the next control slot to use, per peer
   std::vector<Status> gone;                           // per peer: why its control connection ended
-  // Probes: each peer's last answer and when it came (time_point{}: never).
-  std::vector<ControlMessage> state;
-  std::vector<executor_internal::Clock::time_point> state_at;
+  // Probes: each peer's last answer and when it came (absent: never).
+  struct Answer {
+    ControlMessage state;
+    executor_internal::Clock::time_point at{};
+  };
+  std::map<int, Answer> state;
+  std::set<int> owed;  // peers that asked where this rank is, not answered yet (no connection yet)
+  executor_internal::Clock::time_point accepted_at{};  // the transport's last Poll
 };
 
 struct Executor::Operation {
@@ -216,8 +226,13 @@ class Executor::Run {
   };
 
   Status Setup();
+  // Connects to every peer the operation sends to and waits for every peer it receives from to
+  // connect (Transport::Connect, Poll), answering probes meanwhile; a peer that does not make its
+  // connection fails the operation at its deadline like any wait, naming the peer.
+  Status Connect(Deadline deadline);
   Status SendHeaders();
-  Result<bool> PollControl();
+  // `accept_now`: take the peers' connections now (ReceiveControl).
+  Result<bool> PollControl(bool accept_now = false);
   Result<bool> Advance(ChannelRun& ch);
   // Takes step `index` of `ch` through its phases as far as it can go now (true when it moved),
   // by these: Post (kReadyToPost: onto the fabric; a step that cannot post blocks the later ones to
@@ -288,6 +303,10 @@ class Executor::Run {
   // Headers: which peers this rank must hear from, and what it heard.
   std::set<int> expect_from_;
   std::set<int> verified_;
+  // Connections: the peers the operation sends to (data and headers) and receives from, and those
+  // not connected yet (Connect).
+  std::set<int> send_to_, recv_from_;
+  std::vector<int> no_connection_to_, no_connection_from_;
 
   // Probes (kProbeAfter): when this operation last moved, and when it last asked its peers.
   executor_internal::Clock::time_point last_progress_{}, probed_at_{};
@@ -296,7 +315,14 @@ class Executor::Run {
   std::string WaitingText() const { return Waiting(); }
   const ControlMessage& header() const { return op_.header; }
  private:
-  // Asks every peer where it is, when the operation has not moved for kProbeAfter.
+  // The peers the operation exchanges with (data, headers), in rank order.
+  std::set<int> Peers() const {
+    std::set<int> all = send_to_;
+    all.insert(recv_from_.begin(), recv_from_.end());
+    all.insert(expect_from_.begin(), expect_from_.end());
+    return all;
+  }
+  // Asks the operation's peers where they are, when it has not moved for kProbeAfter.
   void ProbeIfStalled(bool progress);
   // A peer's answer that shows a mismatch (the same operation, another signature); ok otherwise.
   Status CheckStates() const;

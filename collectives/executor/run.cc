@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -101,9 +102,12 @@ Status Executor::Run::Setup() {
       if (before != nullptr) ch.after = *before;
       KZ_ASSIGN_OR_RETURN(ch.stream, stream_for());
       for (const Step& s : *ch.steps) {
-        if (!p2p && (s.kind == StepKind::kRecv || s.kind == StepKind::kRecvReduce)) expect_from_.insert(s.peer);
-        if (s.peer >= 0 && tr_.peer(s.peer) == nullptr)
-          return Internal(fmt::format("the plan needs rank {}, which this rank has no connection to", s.peer));
+        const bool recv = s.kind == StepKind::kRecv || s.kind == StepKind::kRecvReduce;
+        if (!p2p && recv) expect_from_.insert(s.peer);
+        if (s.peer < 0) continue;
+        if (!tr_.reachable(s.peer))
+          return Internal(fmt::format("the plan needs rank {}, which no fabric connects this rank to", s.peer));
+        (recv ? recv_from_ : send_to_).insert(s.peer);
       }
       mine.push_back(channels_.size());
       channels_.push_back(std::move(ch));
@@ -147,6 +151,41 @@ Status Executor::Run::SendHeaders() {
   return Status::Ok();
 }
 
+Status Executor::Run::Connect(Deadline deadline) {
+  constexpr auto kMinSleep = std::chrono::microseconds(20);
+  constexpr auto kMaxSleep = std::chrono::microseconds(1000);
+  auto sleep = kMinSleep;
+  while (true) {
+    if (ex_.abort_.load()) return Aborted("the communicator was aborted");
+    bool progress = false;
+    const size_t missing = no_connection_to_.size() + no_connection_from_.size();
+    no_connection_to_.clear();
+    no_connection_from_.clear();
+    for (int q : send_to_) {
+      KZ_ASSIGN_OR_RETURN(bool connected, tr_.Connect(q));
+      if (!connected) no_connection_to_.push_back(q);
+    }
+    // Accepts every round: what this rank waits for may be there.
+    KZ_ASSIGN_OR_RETURN(bool p, PollControl(/*accept_now=*/true));
+    progress |= p;
+    for (int q : recv_from_)
+      if (tr_.peer(q) == nullptr || tr_.peer(q)->recv == nullptr) no_connection_from_.push_back(q);
+    if (no_connection_to_.empty() && no_connection_from_.empty()) return Status::Ok();
+    progress |= no_connection_to_.size() + no_connection_from_.size() < missing;
+    ProbeIfStalled(progress);
+    KZ_RETURN_IF_ERROR(CheckStates());
+    if (deadline.Expired() && Clock::now() - last_progress_ > std::chrono::duration<double>(ex_.options_.timeout_s))
+      return Timeout(fmt::format("{} made no progress for {} s: rank {} is {}{}", DescribeHeader(op_.header),
+                                 ex_.options_.timeout_s, tr_.rank(), Waiting(), DescribePeers()));
+    if (progress) {
+      sleep = kMinSleep;
+      continue;
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kMaxSleep);
+  }
+}
+
 Status Executor::Run::CheckHeader(int peer, const ControlMessage& m) {
   if (m.magic != kControlMagic) return RemoteError(fmt::format("rank {} sent a malformed control message", peer));
   if (m.kind == ControlKind::kAbort) return AbortNotice(peer, m);
@@ -157,10 +196,18 @@ Status Executor::Run::CheckHeader(int peer, const ControlMessage& m) {
   return Status::Ok();
 }
 
-Result<bool> Executor::ReceiveControl() {
+Result<bool> Executor::ReceiveControl(bool accept_now) {
   bool progress = false;
+  if (closed_) return false;
+  // Connections peers made: each gets its control receive below.
+  const Clock::time_point now = Clock::now();
+  if (accept_now || now - control_->accepted_at >= kAcceptEvery) {
+    control_->accepted_at = now;
+    KZ_ASSIGN_OR_RETURN(bool accepted, transport_->Poll());
+    progress |= accepted;
+  }
   std::vector<int> answer;  // peers that asked where this rank is
-  for (int q = 0; q < transport_->nranks(); ++q) {
+  for (int q : transport_->receiving_from()) {
     Transport::Peer* p = transport_->peer(q);
     if (p == nullptr || !p->recv) continue;
     fabric::Request*& r = control_->recv[static_cast<size_t>(q)];
@@ -185,29 +232,35 @@ Result<bool> Executor::ReceiveControl() {
       if (m.magic == kControlMagic && m.kind == ControlKind::kProbe) {
         answer.push_back(q);
       } else if (m.magic == kControlMagic && m.kind == ControlKind::kState) {
-        control_->state[static_cast<size_t>(q)] = m;
-        control_->state_at[static_cast<size_t>(q)] = Clock::now();
+        control_->state[q] = ControlState::Answer{m, Clock::now()};
       } else {
-        control_->inbox[static_cast<size_t>(q)].push_back(m);
+        control_->inbox[q].push_back(m);
         progress = true;  // probes and answers are not the operation's progress
       }
     }
     KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(p->control_in.data(), kControlSlotBytes, kControlTag, p->recv_control));
   }
-  // Answered after the receives are reposted: the answer may prompt the peer's next message.
-  if (!answer.empty()) {
+  // Answered after the receives are reposted: the answer may prompt the peer's next message. A
+  // peer this rank has no connection to yet is answered once it has one (the probe started it).
+  for (int q : answer) control_->owed.insert(q);
+  if (!control_->owed.empty()) {
     const ControlMessage state = State();
-    for (int q : answer) SendControl(q, state, false, Deadline::AfterSeconds(0)).status().IgnoreError();
+    for (auto it = control_->owed.begin(); it != control_->owed.end();) {
+      Result<bool> sent = SendControl(*it, state, false, Deadline::AfterSeconds(0));
+      it = !sent.ok() || *sent ? control_->owed.erase(it) : std::next(it);
+    }
   }
   return progress;
 }
 
 Result<bool> Executor::SendControl(int peer, const ControlMessage& m, bool wait, Deadline deadline) {
+  if (closed_) return false;
+  KZ_ASSIGN_OR_RETURN(bool connected, transport_->Connect(peer));
+  if (!connected) return false;
   Transport::Peer* p = transport_->peer(peer);
-  if (p == nullptr || !p->send) return false;
   // A message slot that no earlier send still uses (they complete as the peer reposts its
   // control receive, one message at a time).
-  const size_t nslots = p->control_out.size() / kControlSlotBytes;
+  const size_t nslots = transport_->control_bytes() / kControlSlotBytes;
   auto& pending = control_->pending[peer];
   while (!pending.empty()) {
     KZ_ASSIGN_OR_RETURN(fabric::Completion c, p->send->Test(pending.front()));
@@ -272,8 +325,8 @@ Status Executor::ExplainFailure(const Status& symptom, const ControlMessage& min
   // short while (a failing peer waits as long for its notices to go out).
   const Deadline grace = Deadline::After(std::chrono::milliseconds(200));
   while (true) {
-    for (int q = 0; q < transport_->nranks(); ++q) {
-      for (const ControlMessage& m : control_->inbox[static_cast<size_t>(q)]) {
+    for (const auto& [q, inbox] : control_->inbox) {
+      for (const ControlMessage& m : inbox) {
         if (m.magic != kControlMagic) continue;
         if (m.kind == ControlKind::kAbort) return AbortNotice(q, m);
         if (m.kind == ControlKind::kHeader && mine.seq != 0 && m.seq == mine.seq && m.signature != mine.signature)
@@ -287,7 +340,7 @@ Status Executor::ExplainFailure(const Status& symptom, const ControlMessage& min
   }
 }
 
-Result<bool> Executor::Run::PollControl() {
+Result<bool> Executor::Run::PollControl(bool accept_now) {
   bool progress = false;
   // Header sends: reap completed ones.
   for (auto& [peer, pending] : ex_.control_->pending) {
@@ -300,12 +353,12 @@ Result<bool> Executor::Run::PollControl() {
   }
   // Control receives: one posted per peer, always; each message is queued and the receive
   // reposted.
-  KZ_ASSIGN_OR_RETURN(bool received, ex_.ReceiveControl());
+  KZ_ASSIGN_OR_RETURN(bool received, ex_.ReceiveControl(accept_now));
   progress |= received;
   // Headers waited for.
   for (int q : expect_from_) {
     if (verified_.count(q)) continue;
-    auto& inbox = ex_.control_->inbox[static_cast<size_t>(q)];
+    auto& inbox = ex_.control_->inbox[q];
     if (inbox.empty()) {
       const Status& gone = ex_.control_->gone[static_cast<size_t>(q)];
       if (!gone.ok()) return gone;
@@ -318,8 +371,7 @@ Result<bool> Executor::Run::PollControl() {
     progress = true;
   }
   // An abort from any peer ends the operation, whether or not this rank talks to it now.
-  for (int q = 0; q < tr_.nranks(); ++q) {
-    const auto& inbox = ex_.control_->inbox[static_cast<size_t>(q)];
+  for (const auto& [q, inbox] : ex_.control_->inbox) {
     for (const ControlMessage& m : inbox)
       if (m.kind == ControlKind::kAbort) KZ_RETURN_IF_ERROR(CheckHeader(q, m));
   }
@@ -647,6 +699,14 @@ std::string Executor::Run::Waiting() const {
         if (s.peer >= 0) peers.insert(s.peer);
         if (items.size() < 6) items.push_back(StepName(ch, i));
       }
+  for (int q : no_connection_to_) {
+    peers.insert(q);
+    if (items.size() < 6) items.push_back(fmt::format("the connection to rank {}", q));
+  }
+  for (int q : no_connection_from_) {
+    peers.insert(q);
+    if (items.size() < 6) items.push_back(fmt::format("the connection from rank {}", q));
+  }
   for (int q : expect_from_)
     if (!verified_.count(q)) {
       peers.insert(q);
@@ -672,17 +732,18 @@ void Executor::Run::ProbeIfStalled(bool progress) {
   probed_at_ = now;
   ControlMessage probe;
   probe.kind = ControlKind::kProbe;
-  for (int q = 0; q < tr_.nranks(); ++q)
-    if (q != tr_.rank()) ex_.SendControl(q, probe, false, Deadline::AfterSeconds(0)).status().IgnoreError();
+  // The operation's peers (a rank its neighbours wait on shows up in their answers): probing
+  // every rank would connect to every rank.
+  for (int q : Peers()) ex_.SendControl(q, probe, false, Deadline::AfterSeconds(0)).status().IgnoreError();
 }
 
 Status Executor::Run::CheckStates() const {
   // Transfers are matched by their sizes; before a probe, no answer is this operation's.
   if (op_.seq == 0 || probed_at_ == Clock::time_point{}) return Status::Ok();
-  for (int q = 0; q < tr_.nranks(); ++q) {
-    const ControlMessage& m = ex_.control_->state[static_cast<size_t>(q)];
+  for (const auto& [q, answer] : ex_.control_->state) {
+    const ControlMessage& m = answer.state;
     if (m.members == 0 || m.seq != op_.seq || m.signature == op_.header.signature) continue;
-    if (ex_.control_->state_at[static_cast<size_t>(q)] < probed_at_) continue;  // an answer to an older probe
+    if (answer.at < probed_at_) continue;  // an answer to an older probe
     return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at {}; rank {} is at {}",
                                        tr_.rank(), DescribeHeader(op_.header), q, DescribeHeader(m)));
   }
@@ -693,10 +754,10 @@ std::string Executor::Run::DescribePeers() const {
   if (probed_at_ == Clock::time_point{}) return "";
   std::vector<std::string> peers;
   const Clock::time_point now = Clock::now();
-  for (int q = 0; q < tr_.nranks(); ++q) {
-    if (q == tr_.rank() || tr_.peer(q) == nullptr) continue;
-    const ControlMessage& m = ex_.control_->state[static_cast<size_t>(q)];
-    const Clock::time_point at = ex_.control_->state_at[static_cast<size_t>(q)];
+  for (int q : Peers()) {
+    const auto found = ex_.control_->state.find(q);
+    const ControlMessage m = found != ex_.control_->state.end() ? found->second.state : ControlMessage{};
+    const Clock::time_point at = found != ex_.control_->state.end() ? found->second.at : Clock::time_point{};
     const std::string reason(m.reason, strnlen(m.reason, sizeof m.reason));
     if (at == Clock::time_point{} || now - at > std::chrono::seconds(2) + kProbeAfter) {
       const Status& gone = ex_.control_->gone[static_cast<size_t>(q)];
@@ -724,7 +785,8 @@ Status Executor::Run::Execute(Deadline deadline) {
     KZ_RETURN_IF_ERROR(Setup());
     // Control messages first: an abort notice a peer sent while this rank was idle names the
     // cause better than the closed connection the headers would run into.
-    KZ_RETURN_IF_ERROR(PollControl().status());
+    KZ_RETURN_IF_ERROR(PollControl(/*accept_now=*/true).status());
+    KZ_RETURN_IF_ERROR(Connect(deadline));
     KZ_RETURN_IF_ERROR(SendHeaders());
     bool epilogue_started = false;
     while (true) {

@@ -47,19 +47,25 @@ void Executor::Serve() {
         break;
       }
     }
-    Result<bool> got = ReceiveControl();
+    Result<bool> got = ReceiveControl(/*accept_now=*/true);
     if (!got.ok()) {
       status = got.status();
       break;
     }
     // The first message waiting, lowest rank first (it stays in the inbox: the run checks it).
+    // An aggregation device's transport connects its peers at creation
+    // (TransportOptions::connect_at_creation): the job ends when every worker's connection has.
     int from = -1, connected = 0;
-    for (int q = 0; q < transport_->nranks(); ++q) {
+    for (int q : transport_->receiving_from()) {
       Transport::Peer* p = transport_->peer(q);
       if (p == nullptr || !p->recv) continue;
       if (q < options_.workers && control_->gone[static_cast<size_t>(q)].ok()) ++connected;
-      if (from < 0 && !control_->inbox[static_cast<size_t>(q)].empty()) from = q;
     }
+    for (const auto& [q, inbox] : control_->inbox)
+      if (!inbox.empty()) {
+        from = q;
+        break;
+      }
     if (from < 0) {
       if (connected == 0) {
         status = Unavailable("the job ended: every worker closed its connections");
@@ -78,7 +84,7 @@ void Executor::Serve() {
 }
 
 Status Executor::ServeOne(int from) {
-  const ControlMessage m = control_->inbox[static_cast<size_t>(from)].front();
+  const ControlMessage m = control_->inbox[from].front();
   if (m.kind == ControlKind::kAbort) {
     std::string why(m.reason, strnlen(m.reason, sizeof m.reason));
     return RemoteError(fmt::format("rank {} failed: {}", from, why));

@@ -1,7 +1,10 @@
-// The transport's staging buffer: allocated on the device, registered on every connection the
-// first way that connection takes (DMA-BUF fd, the device's fd export, device pointer, host
-// pointer), or — when some connection takes none and the device's memory is not host accessible —
-// moved to host memory from Device::AllocateHost for every connection (transport.h).
+// The transport's staging buffer: allocated on the device in Create, and registered on each comm as
+// the comm is made, the first way that comm takes (DMA-BUF fd, the device's fd export, device
+// pointer, host pointer) — or, when a fabric device that serves a peer takes none of those and the
+// device's memory is not host accessible, host memory from Device::AllocateHost for every comm
+// (transport.h). Which it is, is decided in Create from the fabric devices' properties; a refusal
+// only registering shows moves the staging to host memory when it comes from the rank's first
+// comm, and is an error after that.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -11,87 +14,22 @@
 
 #include <fmt/format.h>
 
-#include "collectives/transport/transport.h"
 #include "collectives/transport/internal.h"
+#include "collectives/transport/transport.h"
 #include "runtime/core/logging.h"
 
 namespace kizuna::collectives {
-namespace {
 
 using transport_internal::NameList;
 using transport_internal::SizeText;
+using transport_internal::StagingExports;
 
-// ---- How the staging buffer is registered ----
-
-// One comm's staging registration, wherever it lives in the peer table.
-struct StagingSlot {
-  fabric::Comm* comm = nullptr;
-  fabric::Registration** registration = nullptr;  // Peer::send_staging or recv_staging
-  const fabric::Fabric* fabric = nullptr;
-  int peer = -1;
-};
-
-std::vector<StagingSlot> StagingSlots(std::vector<std::unique_ptr<Transport::Peer>>& peers) {
-  std::vector<StagingSlot> out;
-  for (auto& p : peers) {
-    if (p == nullptr) continue;
-    out.push_back(StagingSlot{p->send.get(), &p->send_staging, p->fabric, p->rank});
-    out.push_back(StagingSlot{p->recv.get(), &p->recv_staging, p->fabric, p->rank});
-  }
-  return out;
-}
-
-// "directconnect, ofi": the fabrics the slots use, in peer order, each once.
-std::string FabricsOf(const std::vector<StagingSlot>& slots) {
-  std::vector<std::string> names;
-  for (const StagingSlot& s : slots)
-    if (std::find(names.begin(), names.end(), s.fabric->name()) == names.end()) names.push_back(s.fabric->name());
-  return names.empty() ? std::string("no fabric") : NameList(names);
-}
-
-// ---- SetUpStaging's steps ----
-
-// The staging buffer's fd exports, each present when the device makes it and some comm takes fds.
-struct StagingExports {
-  std::optional<device::ExportedMemory> dmabuf, exported;
-};
-
-// Exported once each (when the device exports them and some comm takes fds); an export is only
-// needed during Register, which dup()s what it keeps.
-StagingExports ExportStaging(device::Device& device, device::Buffer& staging, const std::vector<StagingSlot>& slots,
-                             const std::string& where) {
-  const device::DeviceProperties& dprops = device.properties();
-  bool any_takes_fd = false;
-  for (const StagingSlot& s : slots)
-    any_takes_fd = any_takes_fd || (s.comm->properties().ptr_support & fabric::kPtrFd) != 0;
-  StagingExports out;
-  if (any_takes_fd && dprops.export_dmabuf) {
-    auto e = device.ExportDmaBuf(staging, 0, staging.size());
-    if (e.ok() && e->fd.valid()) {
-      out.dmabuf = std::move(e).value();
-    } else {
-      KZ_INFO(kLogColl, "{}: exporting the staging buffer of {} as a DMA-BUF failed ({}); trying its other exports",
-              where, device.label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
-    }
-  }
-  if (any_takes_fd && dprops.export_fd) {
-    auto e = device.Export(staging);
-    if (e.ok() && e->kind == device::ExportKind::kFd && e->fd.valid()) {
-      out.exported = std::move(e).value();
-    } else {
-      KZ_WARN(kLogColl,
-              "{}: exporting the staging buffer of {} failed ({}); registering it without an fd, so "
-              "transfers between staging buffers take an extra copy",
-              where, device.label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
-    }
-  }
-  return out;
-}
+namespace {
 
 using StagingTry = std::pair<StagingPath, fabric::MemoryDescriptor>;
 
-// The ways a comm that takes `support` (fabric::kPtr* bits) may register the staging buffer, in
-// the order they are tried.
+// The ways a comm whose device takes `support` (fabric::kPtr* bits) may register the staging
+// buffer, in the order they are tried.
 std::vector<StagingTry> StagingTries(uint32_t support, device::Buffer& staging, const StagingExports& exports,
                                      const device::DeviceProperties& dprops) {
   std::vector<StagingTry> tries;
@@ -110,46 +48,19 @@ std::vector<StagingTry> StagingTries(uint32_t support, device::Buffer& staging, 
   return tries;
 }
 
-// Registers the staging buffer on s's comm the first way of `tries` it accepts, and returns that
-// way; nullopt when the comm refuses every one (kNotSupported each, added to `fallbacks` and, as
-// "; path: why", to `refused`). Any other error fails.
-Result<std::optional<StagingPath>> RegisterFirst(const StagingSlot& s, const std::vector<StagingTry>& tries,
-                                                 const std::string& where, std::set<std::string>& fallbacks,
-                                                 std::string& refused) {
-  fabric::Comm& comm = *s.comm;
-  for (const auto& [path, memory] : tries) {
-    auto reg = comm.Register(memory);
-    if (reg.ok()) {
-      *s.registration = *reg;
-      return std::optional<StagingPath>(path);
-    }
-    if (reg.status().code() != StatusCode::kNotSupported)
-      return reg.status().WithContext(fmt::format("{}: registering the staging buffer {} for rank {} on {}", where,
-                                                  StagingPathName(path), s.peer, s.fabric->name()));
-    fallbacks.insert(
-        fmt::format("{} refused registration {}: {}", comm.label(), StagingPathName(path), reg.status().message()));
-    refused += fmt::format("; {}: {}", StagingPathName(path), reg.status().message());
-  }
-  return std::optional<StagingPath>();
-}
-
-// Why s's comm refused every way of registering the device's memory: what its fabric device takes,
-// what the device exports, and each refusal (`refused`, from RegisterFirst).
-std::string RefusalDetail(const StagingSlot& s, const device::DeviceProperties& dprops, const std::string& refused) {
-  const fabric::Comm& comm = *s.comm;
-  const uint32_t support = comm.properties().ptr_support;
+// What a fabric device takes and what the device offers: "fabric device w0:port1 takes host pointers
+// fds; the device is not host accessible and exports DMA-BUF".
+std::string Capabilities(const fabric::FabricDeviceProperties& props, const device::DeviceProperties& dprops) {
   std::string takes;
-  if ((support & fabric::kPtrHost) != 0) takes += " host pointers";
-  if ((support & fabric::kPtrDevice) != 0) takes += " device pointers";
-  if ((support & fabric::kPtrFd) != 0) takes += " fds";
+  if ((props.ptr_support & fabric::kPtrHost) != 0) takes += " host pointers";
+  if ((props.ptr_support & fabric::kPtrDevice) != 0) takes += " device pointers";
+  if ((props.ptr_support & fabric::kPtrFd) != 0) takes += " fds";
   const std::string exports = dprops.export_dmabuf && dprops.export_fd ? "DMA-BUF and fds"
                               : dprops.export_dmabuf                   ? "DMA-BUF"
                               : dprops.export_fd                       ? "fds"
                                                                        : "nothing";
-  return fmt::format("{} for rank {} (fabric device {} takes{}; the device is {}host accessible and exports {}){}",
-                     comm.label(), s.peer, comm.properties().name, takes.empty() ? " nothing" : takes,
-                     dprops.host_accessible ? "" : "not ", exports,
-                     refused.empty() ? std::string(": no way of registering device memory applies") : refused);
+  return fmt::format("fabric device {} takes{}; the device is {}host accessible and exports {}", props.name,
+                     takes.empty() ? " nothing" : takes, dprops.host_accessible ? "" : "not ", exports);
 }
 
 }  // namespace
@@ -165,104 +76,198 @@ std::string_view StagingPathName(StagingPath path) {
   return "?";
 }
 
-Status Transport::SetUpStaging(device::Device& device, const TransportOptions& options, const std::string& where) {
-  if (options.force_host_staging)
-    return SetUpHostStaging(device, options, where, "forced by TransportOptions::force_host_staging", "");
+Status Transport::SetUpStaging(device::Device& device, const TransportOptions& options) {
+  how_ = std::make_unique<Staging>();
+  staging_bytes_ = options.staging_bytes;
+  if (options.force_host_staging) return SetUpHostStaging(device, "forced by TransportOptions::force_host_staging", "");
 
   const device::DeviceProperties& dprops = device.properties();
-  auto allocated = device.Allocate(options.staging_bytes);
+  auto allocated = device.Allocate(staging_bytes_);
   if (!allocated.ok())
     return allocated.status().WithContext(
-        fmt::format("{}: allocating {} of staging on {}", where, SizeText(options.staging_bytes), device.label()));
+        fmt::format("{}: allocating {} of staging on {}", where_, SizeText(staging_bytes_), device.label()));
   staging_ = std::move(allocated).value();
-  const std::vector<StagingSlot> slots = StagingSlots(peers_);
-  StagingExports exports = ExportStaging(device, *staging_, slots, where);
 
-  // Per comm, so each by its own fabric: the first way the comm accepts.
-  std::set<StagingPath> used;
-  std::set<std::string> fallbacks;  // why some comm does not register by fd (an extra copy per transfer)
-  for (const StagingSlot& s : slots) {
-    const uint32_t support = s.comm->properties().ptr_support;
-    const std::vector<StagingTry> tries = StagingTries(support, *staging_, exports, dprops);
-    if ((dprops.export_fd || dprops.export_dmabuf) && (support & fabric::kPtrFd) == 0)
-      fallbacks.insert(fmt::format("{} does not register by fd", s.comm->properties().name));
-    std::string refused;
-    KZ_ASSIGN_OR_RETURN(const std::optional<StagingPath> path, RegisterFirst(s, tries, where, fallbacks, refused));
-    if (path) {
-      used.insert(*path);
-      continue;
-    }
-
-    // Every way refused: this fabric cannot reach the device's memory.
-    const std::string why = fmt::format("{} cannot reach {} memory", s.fabric->name(), device.label());
-    const std::string detail = RefusalDetail(s, dprops, refused);
-    if (dprops.host_accessible)
-      return NotSupported(
-          fmt::format("{}: {}: {}; the CPU already addresses that memory, so staging through host "
-                      "memory would not help",
-                      where, why, detail));
-    // One staging buffer serves every comm: release what the device buffer got, then stage
-    // everything through host memory.
-    exports.dmabuf.reset();
-    exports.exported.reset();
-    KZ_RETURN_IF_ERROR(DeregisterStaging(where));
-    staging_.reset();
-    return SetUpHostStaging(device, options, where, why, detail);
+  // The fabric devices comms will be made on: each peer's device to connect from and the listen
+  // its connection arrives at.
+  struct Used {
+    fabric::FabricDeviceProperties props;
+    std::string fabric;
+  };
+  std::vector<Used> used;
+  auto note = [&](const fabric::FabricDeviceProperties& props, const std::string& fabric) {
+    for (const Used& u : used)
+      if (u.fabric == fabric && u.props.index == props.index) return;
+    used.push_back(Used{props, fabric});
+  };
+  for (const Route& r : routes_) {
+    if (r.fabric < 0) continue;
+    fabric::Fabric& fab = *fabrics_[static_cast<size_t>(r.fabric)];
+    KZ_ASSIGN_OR_RETURN(fabric::FabricDeviceProperties props, fab.properties(r.connect_dev));
+    note(props, fab.name());
+    note(listens_[static_cast<size_t>(r.listen)].comm->properties(), fab.name());
   }
 
-  staging_paths_.assign(used.begin(), used.end());
-  std::string paths;
-  for (StagingPath path : staging_paths_)
-    paths += fmt::format("{}{}", paths.empty() ? "" : " and ", StagingPathName(path));
-  staging_text_ = paths.empty() ? std::string("unregistered") : paths;
+  // Exported once each (when the device exports them and some fabric device takes fds); an export
+  // is only needed during Register, which dup()s what it keeps.
+  bool any_takes_fd = false;
+  for (const Used& u : used) any_takes_fd = any_takes_fd || (u.props.ptr_support & fabric::kPtrFd) != 0;
+  StagingExports& exports = how_->exports;
+  if (any_takes_fd && dprops.export_dmabuf) {
+    auto e = device.ExportDmaBuf(*staging_, 0, staging_->size());
+    if (e.ok() && e->fd.valid()) {
+      exports.dmabuf = std::move(e).value();
+    } else {
+      KZ_INFO(kLogColl, "{}: exporting the staging buffer of {} as a DMA-BUF failed ({}); trying its other exports",
+              where_, device.label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
+    }
+  }
+  if (any_takes_fd && dprops.export_fd) {
+    auto e = device.Export(*staging_);
+    if (e.ok() && e->kind == device::ExportKind::kFd && e->fd.valid()) {
+      exports.exported = std::move(e).value();
+    } else {
+      KZ_WARN(kLogColl,
+              "{}: exporting the staging buffer of {} failed ({}); registering it without an fd, so "
+              "transfers between staging buffers take an extra copy",
+              where_, device.label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
+    }
+  }
+
+  // Per fabric device, the first way it takes: what its comms will register by.
+  std::set<StagingPath> paths;
+  std::set<std::string> fallbacks;  // why some comm will not register by fd (an extra copy per transfer)
+  std::vector<std::string> fabric_names;
+  for (const Used& u : used) {
+    if (std::find(fabric_names.begin(), fabric_names.end(), u.fabric) == fabric_names.end())
+      fabric_names.push_back(u.fabric);
+    const std::vector<StagingTry> tries = StagingTries(u.props.ptr_support, *staging_, exports, dprops);
+    if ((dprops.export_fd || dprops.export_dmabuf) && (u.props.ptr_support & fabric::kPtrFd) == 0)
+      fallbacks.insert(fmt::format("{} does not register by fd", u.props.name));
+    if (!tries.empty()) {
+      paths.insert(tries.front().first);
+      continue;
+    }
+    // No way applies: this fabric cannot reach the device's memory.
+    const std::string why = fmt::format("{} cannot reach {} memory", u.fabric, device.label());
+    const std::string detail =
+        fmt::format("{}: no way of registering device memory applies", Capabilities(u.props, dprops));
+    if (dprops.host_accessible)
+      return NotSupported(fmt::format("{}: {}: {}; the CPU already addresses that memory, so staging through host "
+                                      "memory would not help",
+                                      where_, why, detail));
+    // One staging buffer serves every comm: everything stages through host memory.
+    exports.dmabuf.reset();
+    exports.exported.reset();
+    staging_.reset();
+    return SetUpHostStaging(device, why, detail);
+  }
+
+  std::string text;
+  for (StagingPath path : paths) text += fmt::format("{}{}", text.empty() ? "" : " and ", StagingPathName(path));
+  {
+    std::lock_guard lock(mu_);
+    staging_paths_.assign(paths.begin(), paths.end());
+    staging_text_ = text.empty() ? std::string("unregistered") : text;
+  }
   if (!fallbacks.empty()) {
     std::string why;
     for (const std::string& f : fallbacks) why += fmt::format("{}{}", why.empty() ? "" : "; ", f);
-    KZ_WARN(kLogColl, "{}: staging is not registered by fd everywhere, so transfers take an extra copy: {}", where,
+    KZ_WARN(kLogColl, "{}: staging is not registered by fd everywhere, so transfers take an extra copy: {}", where_,
             why);
   }
-  KZ_INFO(kLogColl, "{}: staging {} on {}, registered {} on {}", where, SizeText(options.staging_bytes), device.label(),
-          paths.empty() ? std::string("nowhere (no peers)") : paths, FabricsOf(slots));
+  KZ_INFO(kLogColl, "{}: staging {} on {}, registered {} on {} as connections are made", where_,
+          SizeText(staging_bytes_), device.label(), text.empty() ? std::string("nowhere (no peers)") : text,
+          NameList(fabric_names));
   return Status::Ok();
 }
 
-Status Transport::SetUpHostStaging(device::Device& device, const TransportOptions& options, const std::string& where,
-                                   const std::string& why, const std::string& detail) {
+Status Transport::SetUpHostStaging(device::Device& device, const std::string& why, const std::string& detail) {
   const std::string because = detail.empty() ? why : fmt::format("{}: {}", why, detail);
-  auto allocated = device.AllocateHost(options.staging_bytes);
+  auto allocated = device.AllocateHost(staging_bytes_);
   if (!allocated.ok())
     return allocated.status().WithContext(fmt::format("{}: staging through host memory ({}): allocating {} of host "
                                                       "memory for {}",
-                                                      where, because, SizeText(options.staging_bytes), device.label()));
+                                                      where_, because, SizeText(staging_bytes_), device.label()));
   staging_ = std::move(allocated).value();
-  host_staging_ = true;
-  const std::vector<StagingSlot> slots = StagingSlots(peers_);
-  for (const StagingSlot& s : slots) {
-    auto reg = s.comm->Register(fabric::MemoryDescriptor::Host(staging_->data(), staging_->size()));
-    if (!reg.ok())
-      return reg.status().WithContext(fmt::format("{}: registering host staging memory for rank {} on {} (staging "
-                                                  "through host memory: {})",
-                                                  where, s.peer, s.fabric->name(), because));
-    *s.registration = *reg;
+  how_->host = true;
+  bool any_peer = false;
+  for (const Route& r : routes_) any_peer = any_peer || r.fabric >= 0;
+  {
+    std::lock_guard lock(mu_);
+    host_staging_ = true;
+    staging_paths_.clear();
+    if (any_peer) staging_paths_.push_back(StagingPath::kHostMemory);
+    staging_text_ = fmt::format("through host memory ({})", why);
   }
-  staging_paths_.clear();
-  if (!slots.empty()) staging_paths_.push_back(StagingPath::kHostMemory);
-  staging_text_ = fmt::format("through host memory ({})", why);
-  KZ_INFO(kLogColl, "{}: staging through host memory: {} ({} of {}'s host memory, registered on {})", where, because,
-          SizeText(options.staging_bytes), device.label(), FabricsOf(slots));
+  KZ_INFO(kLogColl, "{}: staging through host memory: {} ({} of {}'s host memory, registered on each connection)",
+          where_, because, SizeText(staging_bytes_), device.label());
   return Status::Ok();
 }
 
-Status Transport::DeregisterStaging(const std::string& where) {
-  for (const StagingSlot& s : StagingSlots(peers_)) {
-    fabric::Registration* reg = std::exchange(*s.registration, nullptr);
-    if (reg == nullptr) continue;
-    Status st = s.comm->Deregister(reg);
-    if (!st.ok())
-      return st.WithContext(fmt::format("{}: releasing the device staging registration for rank {}", where, s.peer));
+Result<fabric::Registration*> Transport::RegisterStaging(fabric::Comm& comm, int q) {
+  const std::string fabric_name = peers_[static_cast<size_t>(q)]->fabric->name();
+  if (how_->host) {
+    auto reg = comm.Register(fabric::MemoryDescriptor::Host(staging_->data(), staging_->size()));
+    if (!reg.ok())
+      return reg.status().WithContext(fmt::format("{}: registering host staging memory for rank {} on {} ({})", where_,
+                                                  q, fabric_name, comm.label()));
+    return *reg;
   }
-  staging_paths_.clear();
-  return Status::Ok();
+  const device::DeviceProperties& dprops = device_->properties();
+  const std::vector<StagingTry> tries = StagingTries(comm.properties().ptr_support, *staging_, how_->exports, dprops);
+  std::string refused;
+  for (const auto& [path, memory] : tries) {
+    auto reg = comm.Register(memory);
+    if (reg.ok()) {
+      how_->registered_device = true;
+      std::lock_guard lock(mu_);
+      if (std::find(staging_paths_.begin(), staging_paths_.end(), path) == staging_paths_.end()) {
+        // A way the fabric device's properties did not predict (an earlier one refused).
+        staging_paths_.push_back(path);
+        std::sort(staging_paths_.begin(), staging_paths_.end());
+        staging_text_.clear();
+        for (StagingPath p : staging_paths_)
+          staging_text_ += fmt::format("{}{}", staging_text_.empty() ? "" : " and ", StagingPathName(p));
+      }
+      return *reg;
+    }
+    if (reg.status().code() != StatusCode::kNotSupported)
+      return reg.status().WithContext(fmt::format("{}: registering the staging buffer {} for rank {} on {}", where_,
+                                                  StagingPathName(path), q, fabric_name));
+    refused += fmt::format("; {}: {}", StagingPathName(path), reg.status().message());
+  }
+  // Every way refused: this fabric cannot reach the device's memory.
+  const std::string why = fmt::format("{} cannot reach {} memory", fabric_name, device_->label());
+  const std::string detail =
+      fmt::format("{} for rank {} ({}){}", comm.label(), q, Capabilities(comm.properties(), dprops),
+                  refused.empty() ? std::string(": no way of registering device memory applies") : refused);
+  if (dprops.host_accessible)
+    return NotSupported(fmt::format("{}: {}: {}; the CPU already addresses that memory, so staging through host "
+                                    "memory would not help",
+                                    where_, why, detail));
+  if (how_->registered_device)
+    return NotSupported(fmt::format("{}: {}: {}; other connections registered the staging buffer in the device's "
+                                    "memory already, so it cannot move to host memory now (give the fabric "
+                                    "properties that say so, or KIZUNA_FABRIC without it)",
+                                    where_, why, detail));
+  // The rank's first comm: no slot has carried a transfer yet, so the one staging buffer can still
+  // move to host memory, for this comm and every later one.
+  how_->exports.dmabuf.reset();
+  how_->exports.exported.reset();
+  staging_.reset();
+  KZ_RETURN_IF_ERROR(SetUpHostStaging(*device_, why, detail));
+  return RegisterStaging(comm, q);
+}
+
+std::vector<StagingPath> Transport::staging_paths() const {
+  std::lock_guard lock(mu_);
+  return staging_paths_;
+}
+
+bool Transport::host_staging() const {
+  std::lock_guard lock(mu_);
+  return host_staging_;
 }
 
 }  // namespace kizuna::collectives

@@ -28,6 +28,13 @@ std::string NameList(const std::vector<std::string>& names) {
   return s.empty() ? std::string("none") : s;
 }
 
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size() && i < 16; ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 16) s += fmt::format(" and {} more", ranks.size() - 16);
+  return s;
+}
+
 std::string SizeText(size_t n) {
   if (n >= (size_t{1} << 30) && n % (size_t{1} << 30) == 0) return fmt::format("{} GiB", n >> 30);
   if (n >= (size_t{1} << 20) && n % (size_t{1} << 20) == 0) return fmt::format("{} MiB", n >> 20);
@@ -40,7 +47,7 @@ std::string SizeText(size_t n) {
 namespace {
 
 using transport_internal::NameList;
-using transport_internal::SizeText;
+using transport_internal::RankList;
 
 using fabric::FabricDeviceProperties;
 using fabric::Handle;
@@ -53,15 +60,17 @@ using fabric::Handle;
 // 1. Reach: which peers this rank can serve on each fabric (a device of the fabric reaches them).
 //    magic "KZR1" | rank count (u32) | fabric count (u32) | per fabric: name (string) |
 //    bitmap of (rank count + 7) / 8 bytes, bit q of byte q / 8 set when peer q is served.
-// 2. Handles: magic "KZT2" | rank count (u32) | per rank q: flags (u8) [| fabric index (u32) |
-//    device (u32) | handle bytes (a byte run)]. Entry q carries the handle this rank listens
-//    on for q, the fabric (index into Create's list) and its device, and whether that device is
-//    point-to-point (the connecting side then needs the port at the far end of exactly that link).
+// 2. Listens: magic "KZT3" | rank count (u32) | listen count (u32) | per listen: fabric (index
+//    into Create's list, u32) | device (u32) | point-to-point (u8) | link peer (i32: the rank a
+//    point-to-point device reaches, -1 for a switched one) | handle. A rank listens once per
+//    fabric device that serves a peer of the pair's fabric; a peer finds the listen meant for it
+//    the way the listener chose it (DeviceMap::Serving: the first point-to-point device linked to
+//    it, else the switched device). A handle is written as its size (u32), the bytes it shares
+//    with the previous handle of the record at its start (u8) and at its end (u8), and the bytes
+//    between (a byte run): a node's directconnect ports share all but their port, so a rank with a
+//    port per peer sends a few bytes per port, not a whole handle.
 constexpr uint8_t kReachMagic[4] = {'K', 'Z', 'R', '1'};
-constexpr uint8_t kMagic[4] = {'K', 'Z', 'T', '2'};
-constexpr uint8_t kHasHandle = 1u << 0;
-constexpr uint8_t kPointToPoint = 1u << 1;
-constexpr uint8_t kKnownFlags = kHasHandle | kPointToPoint;
+constexpr uint8_t kMagic[4] = {'K', 'Z', 'T', '3'};
 
 struct Reach {
   std::vector<std::string> fabrics;       // names, in the rank's preference order
@@ -72,9 +81,10 @@ struct Offer {
   int fabric = -1;
   int device = -1;
   bool point_to_point = false;
+  int link_peer = -1;  // point-to-point: the rank it reaches
   Handle handle;
 };
-using Record = std::vector<std::optional<Offer>>;  // indexed by the peer the offer is for
+using Record = std::vector<Offer>;  // a rank's listens
 
 // Whether `in` starts with `magic` (consumed).
 bool Magic(wire::Reader& in, const uint8_t (&magic)[4]) { return std::ranges::equal(in.Take(sizeof magic), magic); }
@@ -125,18 +135,30 @@ Result<Reach> ParseReach(std::span<const uint8_t> in, int nranks, int from) {
   return reach;
 }
 
-std::vector<uint8_t> SerializeRecord(const Record& record) {
+void PutHandle(std::vector<uint8_t>& out, const Handle& h, const Handle* previous) {
+  size_t prefix = 0, suffix = 0;
+  if (previous != nullptr && previous->size == h.size) {
+    while (prefix < h.size && prefix < 255 && h.data[prefix] == previous->data[prefix]) ++prefix;
+    while (suffix + prefix < h.size && suffix < 255 && h.data[h.size - 1 - suffix] == previous->data[h.size - 1 - suffix])
+      ++suffix;
+  }
+  wire::PutU32(out, h.size);
+  wire::PutU8(out, static_cast<uint8_t>(prefix));
+  wire::PutU8(out, static_cast<uint8_t>(suffix));
+  wire::PutBytes(out, h.bytes().subspan(prefix, h.size - prefix - suffix));
+}
+
+std::vector<uint8_t> SerializeRecord(const Record& record, int nranks) {
   std::vector<uint8_t> out(std::begin(kMagic), std::end(kMagic));
+  wire::PutI32(out, nranks);
   wire::PutU32(out, static_cast<uint32_t>(record.size()));
-  for (const std::optional<Offer>& offer : record) {
-    if (!offer) {
-      wire::PutU8(out, 0);
-      continue;
-    }
-    wire::PutU8(out, static_cast<uint8_t>(kHasHandle | (offer->point_to_point ? kPointToPoint : 0)));
-    wire::PutI32(out, offer->fabric);
-    wire::PutI32(out, offer->device);
-    wire::PutBytes(out, offer->handle.bytes());
+  for (size_t i = 0; i < record.size(); ++i) {
+    const Offer& offer = record[i];
+    wire::PutI32(out, offer.fabric);
+    wire::PutI32(out, offer.device);
+    wire::PutU8(out, offer.point_to_point ? 1 : 0);
+    wire::PutI32(out, offer.link_peer);
+    PutHandle(out, offer.handle, i > 0 ? &record[i - 1].handle : nullptr);
   }
   return out;
 }
@@ -148,38 +170,49 @@ Result<Record> ParseRecord(std::span<const uint8_t> in, int nranks, int nfabrics
   const uint32_t count = r.U32();
   if (!r.ok() || count != static_cast<uint32_t>(nranks))
     return Malformed(from, fmt::format("it describes {} ranks, the job has {}", count, nranks));
-  Record record(static_cast<size_t>(nranks));
-  for (int q = 0; q < nranks; ++q) {
-    const uint8_t flags = r.U8();
-    if (!r.ok()) return Malformed(from, fmt::format("it ends before the entry for rank {}", q));
-    if ((flags & ~kKnownFlags) != 0) return Malformed(from, fmt::format("unknown flags {:#x} for rank {}", flags, q));
-    if ((flags & kHasHandle) == 0) continue;
+  // Each listen takes at least 19 bytes: a count beyond what the bytes can hold is refused before
+  // anything is allocated for it.
+  const uint32_t listens = r.U32();
+  if (!r.ok() || listens > r.left() / 19)
+    return Malformed(from, fmt::format("it lists {} listens in {} bytes", listens, in.size()));
+  Record record;
+  for (uint32_t i = 0; i < listens; ++i) {
     const uint32_t fabric = r.U32();
     const uint32_t device = r.U32();
+    const uint8_t p2p = r.U8();
+    const int32_t link_peer = r.I32();
     const uint32_t size = r.U32();
-    if (!r.ok()) return Malformed(from, fmt::format("the entry for rank {} is truncated", q));
-    if (fabric >= static_cast<uint32_t>(nfabrics) || device > static_cast<uint32_t>(INT32_MAX))
-      return Malformed(from, fmt::format("the entry for rank {} names fabric {} and device {} ({} fabrics)", q, fabric,
-                                         device, nfabrics));
-    if (size > Handle::kMax)
-      return Malformed(from, fmt::format("the handle for rank {} has {} bytes (at most {})", q, size, Handle::kMax));
-    const std::span<const uint8_t> bytes = r.Take(size);
-    if (!r.ok()) return Malformed(from, fmt::format("the handle for rank {} is truncated", q));
-    auto handle = Handle::FromBytes(bytes);
-    if (!handle.ok()) return Malformed(from, handle.status().message());
-    record[static_cast<size_t>(q)] =
-        Offer{static_cast<int>(fabric), static_cast<int>(device), (flags & kPointToPoint) != 0, *handle};
+    const size_t prefix = r.U8(), suffix = r.U8();
+    const std::span<const uint8_t> middle = r.Bytes(Handle::kMax);
+    if (!r.ok()) return Malformed(from, fmt::format("listen {} is truncated", i));
+    if (fabric >= static_cast<uint32_t>(nfabrics) || device > static_cast<uint32_t>(INT32_MAX) || p2p > 1 ||
+        link_peer < -1 || link_peer >= nranks)
+      return Malformed(from, fmt::format("listen {} names fabric {}, device {}, link peer {} ({} fabrics)", i, fabric,
+                                         device, link_peer, nfabrics));
+    if (size > Handle::kMax || prefix + suffix + middle.size() != size ||
+        ((prefix + suffix) > 0 && (i == 0 || record.back().handle.size != size)))
+      return Malformed(from, fmt::format("the handle of listen {} does not add up ({} bytes: {} + {} + {})", i, size,
+                                         prefix, middle.size(), suffix));
+    Handle handle;
+    handle.size = size;
+    if (prefix + suffix > 0) handle.data = record.back().handle.data;
+    std::copy(middle.begin(), middle.end(), handle.data.begin() + static_cast<ptrdiff_t>(prefix));
+    record.push_back(Offer{static_cast<int>(fabric), static_cast<int>(device), p2p != 0, link_peer, handle});
   }
   if (r.left() != 0) return Malformed(from, fmt::format("{} trailing bytes", r.left()));
   return record;
 }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size() && i < 16; ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  if (ranks.size() > 16) s += fmt::format(" and {} more", ranks.size() - 16);
-  return s;
+// The listen of `record` (rank `from`'s) meant for rank `me` on fabric `f`, as `from` chose it
+// (DeviceMap::Serving): its first point-to-point device linked to `me`, else its switched device.
+const Offer* OfferFor(const Record& record, int f, int me) {
+  for (const Offer& o : record)
+    if (o.fabric == f && o.point_to_point && o.link_peer == me) return &o;
+  for (const Offer& o : record)
+    if (o.fabric == f && !o.point_to_point) return &o;
+  return nullptr;
 }
+
 
 // ---- Which fabric device serves which peer ----
 
@@ -241,9 +274,9 @@ class DeviceMap {
 // ---- Transport::Create's phases ----
 //
 // Create runs them in order: check the arguments, map each fabric's devices, choose the fabric of
-// each pair (round 1), listen and exchange the handles (round 2), match the offers, connect and
-// accept, register the control buffers; then staging and the description, which are the
-// Transport's own.
+// each pair (round 1), listen and exchange the handles (round 2), find each peer's route; then
+// staging and the description, which are the Transport's own. Connections come later
+// (connections.cc).
 
 std::vector<std::string> FabricNames(std::span<fabric::Fabric* const> fabrics) {
   std::vector<std::string> names;
@@ -273,61 +306,46 @@ Status CheckArguments(std::span<fabric::Fabric* const> fabrics, const std::vecto
   return Status::Ok();
 }
 
-// What the phases after the argument checks share. The comms it makes live in the Transport being
-// built (its peers and listens, passed in), so that a failure in any phase releases all of them.
-class Connector {
- public:
-  using Peers = std::vector<std::unique_ptr<Transport::Peer>>;
-  using Listens = std::vector<std::unique_ptr<fabric::ListenComm>>;
+}  // namespace
 
-  Connector(std::span<fabric::Fabric* const> fabrics, const std::vector<std::string>& fabric_names,
-            bootstrap::Bootstrap& bootstrap, const std::string& where, Deadline deadline, Peers& peers,
-            Listens& listens)
-      : fabrics_(fabrics),
+// What the phases after the argument checks share. What it makes (listens, routes, offers, the
+// row of links) goes into the Transport being built, so that a failure in any phase releases all
+// of it.
+class Transport::Planner {
+ public:
+  Planner(Transport& t, std::span<fabric::Fabric* const> fabrics, const std::vector<std::string>& fabric_names,
+          bootstrap::Bootstrap& bootstrap, Deadline deadline)
+      : t_(t),
+        fabrics_(fabrics),
         fabric_names_(fabric_names),
         bootstrap_(bootstrap),
-        where_(where),
+        where_(t.where_),
         deadline_(deadline),
         rank_(bootstrap.rank()),
         n_(bootstrap.size()),
-        nfabrics_(static_cast<int>(fabrics.size())),
-        peers_(peers),
-        listens_(listens) {}
+        nfabrics_(static_cast<int>(fabrics.size())) {}
 
   // Which device of each fabric serves which peer.
   Status MapDevices(const device::Device& device);
   // Round 1: which peers this rank can serve on each fabric. From every rank's answer each rank
   // computes the fabric of each of its pairs: the first in the list that both ends serve.
   Status ChooseFabrics();
-  // Round 2: listen once per peer, on the device of the pair's fabric that serves it; the handles
-  // go out in one allgather.
-  Status ExchangeOffers();
-  // Checks each peer's offer to this rank against the pair's fabric, and makes a Peer for each one
-  // to connect to (the rest are unreachable).
-  Status MatchOffers();
-  // Connects to every peer and accepts from every peer.
-  Status ConnectAll();
-  // Registers each peer's control buffers (`control_bytes` each) and fills in this rank's row of
-  // links; `network` becomes true when some peer is reached through a switched device.
-  Status RegisterControl(size_t control_bytes, std::vector<LinkDesc>& link_row, bool& network);
+  // Round 2: listen once per fabric device that serves a peer of the pair's fabric; the handles go
+  // out in one allgather.
+  Status ExchangeListens();
+  // Finds each peer's listen for this rank, checks it against the pair's fabric, and fills in the
+  // peer's route and this rank's row of links; `network` when some peer is reached through a
+  // switched device.
+  Status Route();
 
   // Which fabric serves which peers, over which devices: "directconnect: rank 1 (device w0:port0);
   // ofi: ranks 2, 3 (device tcp;ofi_rxm:lo)"; empty without peers.
   std::string Groups() const;
-  const std::vector<int>& connected() const { return connected_; }
+  const std::vector<int>& reachable() const { return reachable_; }
   const std::vector<int>& unreachable() const { return unreachable_; }
 
  private:
-  // The offer a peer's record holds for this rank, and the device to connect to it from.
-  struct Pending {
-    int connect_dev = -1;
-    const Handle* handle = nullptr;
-  };
-
-  // One round of ConnectAll for peer q: a connect and an accept when still missing. Adds q to
-  // no_send / no_recv for what is still missing; `progressed` when either completed.
-  Status TryConnect(int q, bool& progressed, std::vector<int>& no_send, std::vector<int>& no_recv);
-
+  Transport& t_;
   const std::span<fabric::Fabric* const> fabrics_;
   const std::vector<std::string>& fabric_names_;
   bootstrap::Bootstrap& bootstrap_;
@@ -336,20 +354,17 @@ class Connector {
   const int rank_;
   const int n_;
   const int nfabrics_;
-  Peers& peers_;
-  Listens& listens_;
 
   std::vector<DeviceMap> maps_;                      // per fabric
   std::vector<int> chosen_;                          // the fabric of the pair (rank, q); -1 for none
-  std::vector<Record> records_;                      // every rank's offers
-  std::vector<Pending> pending_;                     // per peer
+  std::vector<Record> records_;                      // every rank's listens
+  std::vector<int> reachable_;                       // peers some fabric serves
   std::vector<int> unreachable_;                     // peers no fabric serves
-  std::vector<int> connected_;                       // peers with comms both ways
   std::vector<std::vector<int>> served_;             // per fabric: the peers it serves
   std::vector<std::set<std::string>> device_names_;  // per fabric: the devices it uses for them
 };
 
-Status Connector::MapDevices(const device::Device& device) {
+Status Transport::Planner::MapDevices(const device::Device& device) {
   for (int f = 0; f < nfabrics_; ++f) {
     auto map = DeviceMap::Build(*fabrics_[static_cast<size_t>(f)], device);
     if (!map.ok())
@@ -360,7 +375,7 @@ Status Connector::MapDevices(const device::Device& device) {
   return Status::Ok();
 }
 
-Status Connector::ChooseFabrics() {
+Status Transport::Planner::ChooseFabrics() {
   Reach mine_reach{fabric_names_, {}};
   for (int f = 0; f < nfabrics_; ++f) {
     std::vector<bool> serves(static_cast<size_t>(n_), false);
@@ -402,22 +417,32 @@ Status Connector::ChooseFabrics() {
   return Status::Ok();
 }
 
-Status Connector::ExchangeOffers() {
-  Record mine(static_cast<size_t>(n_));
+Status Transport::Planner::ExchangeListens() {
+  Record mine;
+  t_.routes_.assign(static_cast<size_t>(n_), Transport::Route{});
   for (int q = 0; q < n_; ++q) {
     const int f = chosen_[static_cast<size_t>(q)];
     if (f < 0) continue;
-    fabric::Fabric& fab = *fabrics_[static_cast<size_t>(f)];
     const DeviceMap& map = maps_[static_cast<size_t>(f)];
     const int dev = map.Serving(q);
-    auto listen = fab.Listen(dev);
-    if (!listen.ok())
-      return listen.status().WithContext(
-          fmt::format("{}: listening for rank {} on {} {}", where_, q, fab.name(), map.props(dev).name));
-    mine[static_cast<size_t>(q)] = Offer{f, dev, map.props(dev).point_to_point, (*listen)->handle()};
-    listens_[static_cast<size_t>(q)] = std::move(listen).value();
+    int index = -1;
+    for (size_t l = 0; l < t_.listens_.size() && index < 0; ++l)
+      if (t_.listens_[l].fabric == f && t_.listens_[l].device == dev) index = static_cast<int>(l);
+    if (index < 0) {
+      fabric::Fabric& fab = *fabrics_[static_cast<size_t>(f)];
+      auto listen = fab.Listen(dev);
+      if (!listen.ok())
+        return listen.status().WithContext(
+            fmt::format("{}: listening for rank {} on {} {}", where_, q, fab.name(), map.props(dev).name));
+      const FabricDeviceProperties& props = map.props(dev);
+      mine.push_back(Offer{f, dev, props.point_to_point,
+                           props.point_to_point && props.link_peer ? props.link_peer->rank : -1, (*listen)->handle()});
+      index = static_cast<int>(t_.listens_.size());
+      t_.listens_.push_back(Transport::Listen{std::move(listen).value(), f, dev});
+    }
+    t_.routes_[static_cast<size_t>(q)].listen = index;
   }
-  auto gathered = bootstrap_.AllGather(SerializeRecord(mine), deadline_);
+  auto gathered = bootstrap_.AllGather(SerializeRecord(mine, n_), deadline_);
   if (!gathered.ok()) return gathered.status().WithContext(fmt::format("{}: exchanging connection handles", where_));
   for (int q = 0; q < n_; ++q) {
     auto record = ParseRecord((*gathered)[static_cast<size_t>(q)], n_, nfabrics_, q);
@@ -427,26 +452,26 @@ Status Connector::ExchangeOffers() {
   return Status::Ok();
 }
 
-// Both ends of a pair chose its fabric from the same data: an offer that disagrees comes from a
+// Both ends of a pair chose its fabric from the same data: a listen that disagrees comes from a
 // rank that decided differently (another build), and connecting anyway could pair the wrong comms.
-Status Connector::MatchOffers() {
-  pending_.assign(static_cast<size_t>(n_), Pending{});
+Status Transport::Planner::Route() {
+  served_.assign(static_cast<size_t>(nfabrics_), {});
+  device_names_.assign(static_cast<size_t>(nfabrics_), {});
   for (int q = 0; q < n_; ++q) {
     if (q == rank_) continue;
     const int f = chosen_[static_cast<size_t>(q)];
-    const std::optional<Offer>& theirs = records_[static_cast<size_t>(q)][static_cast<size_t>(rank_)];
-    if (f < 0 && !theirs) {
+    const Record& record = records_[static_cast<size_t>(q)];
+    const Offer* theirs = f >= 0 ? OfferFor(record, f, rank_) : nullptr;
+    // The peer listens on the pair's fabric for some peer of it when it made the same choice.
+    if (f >= 0 && theirs == nullptr)
+      return InvalidArgument(fmt::format(
+          "{}: rank {} does not listen for this rank on {}, which both ranks' reports say serves the pair (do the "
+          "ranks run the same kizuna build?)",
+          where_, q, fabric_names_[static_cast<size_t>(f)]));
+    if (f < 0) {
       unreachable_.push_back(q);
       continue;
     }
-    if (f < 0 || !theirs || theirs->fabric != f)
-      return InvalidArgument(fmt::format(
-          "{}: rank {} {} for this rank, but both ranks' reports say the pair is served by {} (do the ranks run the "
-          "same kizuna build?)",
-          where_, q,
-          theirs ? fmt::format("listens on {}", fabric_names_[static_cast<size_t>(theirs->fabric)])
-                 : std::string("does not listen"),
-          f < 0 ? std::string("no fabric") : fabric_names_[static_cast<size_t>(f)]));
     const DeviceMap& map = maps_[static_cast<size_t>(f)];
     const int dev = map.ConnectingFor(q, *theirs);
     if (dev < 0)
@@ -456,110 +481,26 @@ Status Connector::MatchOffers() {
           theirs->point_to_point
               ? fmt::format("is linked to port {} of rank {} (do the ranks load the same topology?)", theirs->device, q)
               : std::string("is switched")));
-    pending_[static_cast<size_t>(q)] = Pending{dev, &theirs->handle};
-    peers_[static_cast<size_t>(q)] = std::make_unique<Transport::Peer>();
-    peers_[static_cast<size_t>(q)]->rank = q;
-    peers_[static_cast<size_t>(q)]->fabric = fabrics_[static_cast<size_t>(f)];
-  }
-  return Status::Ok();
-}
-
-// Connects and accepts are interleaved and non-blocking, so no pair waits for another; between
-// rounds that changed nothing it sleeps briefly (the 2-core machines this runs on in CI must not
-// be spun).
-Status Connector::ConnectAll() {
-  constexpr auto kMinSleep = std::chrono::microseconds(20);
-  constexpr auto kMaxSleep = std::chrono::microseconds(1000);
-  auto sleep = kMinSleep;
-  for (;;) {
-    bool progressed = false;
-    std::vector<int> no_send, no_recv;
-    for (int q = 0; q < n_; ++q) KZ_RETURN_IF_ERROR(TryConnect(q, progressed, no_send, no_recv));
-    if (no_send.empty() && no_recv.empty()) return Status::Ok();
-    if (deadline_.Expired()) {
-      std::string missing;
-      if (!no_send.empty()) missing += fmt::format("no connection to {}", RankList(no_send));
-      if (!no_recv.empty())
-        missing += fmt::format("{}no connection from {}", missing.empty() ? "" : ", ", RankList(no_recv));
-      return Timeout(fmt::format("{}: {} by the deadline", where_, missing));
-    }
-    if (progressed) {
-      sleep = kMinSleep;
-      continue;
-    }
-    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(sleep, deadline_.Remaining()));
-    sleep = std::min(sleep * 2, kMaxSleep);
-  }
-}
-
-Status Connector::TryConnect(int q, bool& progressed, std::vector<int>& no_send, std::vector<int>& no_recv) {
-  Transport::Peer* p = peers_[static_cast<size_t>(q)].get();
-  if (p == nullptr) return Status::Ok();
-  const Pending& pend = pending_[static_cast<size_t>(q)];
-  if (p->send == nullptr) {
-    auto send = p->fabric->Connect(pend.connect_dev, *pend.handle);
-    if (!send.ok()) {
-      auto props = p->fabric->properties(pend.connect_dev);
-      return send.status().WithContext(fmt::format("{}: connecting to rank {} from {} {}", where_, q, p->fabric->name(),
-                                                   props.ok() ? props->name : "?"));
-    }
-    if (*send != nullptr) {
-      p->send = std::move(send).value();
-      progressed = true;
-      KZ_TRACE(kLogColl, "{}: connected to rank {}: {}", where_, q, p->send->label());
-    } else {
-      no_send.push_back(q);
-    }
-  }
-  if (p->recv == nullptr) {
-    auto recv = listens_[static_cast<size_t>(q)]->Accept();
-    if (!recv.ok())
-      return recv.status().WithContext(fmt::format("{}: accepting rank {}'s connection on {} {}", where_, q,
-                                                   p->fabric->name(),
-                                                   listens_[static_cast<size_t>(q)]->properties().name));
-    if (*recv != nullptr) {
-      p->recv = std::move(recv).value();
-      progressed = true;
-      KZ_TRACE(kLogColl, "{}: accepted rank {}: {}", where_, q, p->recv->label());
-    } else {
-      no_recv.push_back(q);
-    }
-  }
-  return Status::Ok();
-}
-
-// Control buffers: host memory, which every fabric registers.
-Status Connector::RegisterControl(size_t control_bytes, std::vector<LinkDesc>& link_row, bool& network) {
-  auto register_control = [&](fabric::Comm& comm, std::vector<uint8_t>& buffer, int q,
-                              std::string_view dir) -> Result<fabric::Registration*> {
-    buffer.assign(control_bytes, 0);
-    auto reg = comm.Register(fabric::MemoryDescriptor::Host(buffer.data(), buffer.size()));
-    if (!reg.ok())
-      return reg.status().WithContext(fmt::format("{}: registering the control buffer {} rank {}", where_, dir, q));
-    return *reg;
-  };
-  served_.assign(static_cast<size_t>(nfabrics_), {});
-  device_names_.assign(static_cast<size_t>(nfabrics_), {});
-  for (int q = 0; q < n_; ++q) {
-    Transport::Peer* p = peers_[static_cast<size_t>(q)].get();
-    if (p == nullptr) continue;
-    KZ_ASSIGN_OR_RETURN(p->send_control, register_control(*p->send, p->control_out, q, "to"));
-    KZ_ASSIGN_OR_RETURN(p->recv_control, register_control(*p->recv, p->control_in, q, "from"));
+    Transport::Route& route = t_.routes_[static_cast<size_t>(q)];
+    route.fabric = f;
+    route.connect_dev = dev;
+    route.offer = static_cast<int>(t_.offers_.size());
+    t_.offers_.push_back(theirs->handle);
     // FabricDeviceProperties::speed_gbps is in gigabits per second (as NICs are rated);
     // LinkDesc::gbps is in gigabytes per second (as the cost model counts bytes): divide by 8.
-    const FabricDeviceProperties& via = p->send->properties();
-    link_row[static_cast<size_t>(q)] = LinkDesc{true, via.latency_us, via.speed_gbps / 8.0, true};
-    connected_.push_back(q);
-    const size_t f = static_cast<size_t>(chosen_[static_cast<size_t>(q)]);
-    served_[f].push_back(q);
-    device_names_[f].insert(via.name);
-    device_names_[f].insert(p->recv->properties().name);
-    network = network || !via.point_to_point;
+    const FabricDeviceProperties& via = map.props(dev);
+    t_.link_row_[static_cast<size_t>(q)] = LinkDesc{true, via.latency_us, via.speed_gbps / 8.0, true};
+    t_.network_ = t_.network_ || !via.point_to_point;
+    reachable_.push_back(q);
+    served_[static_cast<size_t>(f)].push_back(q);
+    device_names_[static_cast<size_t>(f)].insert(via.name);
+    device_names_[static_cast<size_t>(f)].insert(
+        t_.listens_[static_cast<size_t>(route.listen)].comm->properties().name);
   }
   return Status::Ok();
 }
 
-std::string Connector::Groups() const {
+std::string Transport::Planner::Groups() const {
   std::string groups;
   for (int f = 0; f < nfabrics_; ++f) {
     const auto& names = device_names_[static_cast<size_t>(f)];
@@ -572,33 +513,27 @@ std::string Connector::Groups() const {
   return groups;
 }
 
-}  // namespace
-
-Transport::~Transport() {
-  // Comms first: their registrations (and any mapping of the staging fd a fabric keeps) must go
-  // before the memory they describe.
-  peers_.clear();
-  listens_.clear();
-  staging_.reset();
-}
-
 Result<std::unique_ptr<Transport>> Transport::CreateSingle(device::Device& device, const TransportOptions& options) {
   if (options.staging_bytes == 0) return InvalidArgument("transport: staging_bytes must be positive");
   std::unique_ptr<Transport> t(new Transport());
   t->rank_ = 0;
   t->nranks_ = 1;
+  t->where_ = "transport (a single rank)";
+  t->device_ = &device;
   t->peers_.resize(1);
-  t->listens_.resize(1);
+  t->routes_.resize(1);
   t->link_row_.assign(1, LinkDesc{});
+  t->control_bytes_ = options.control_bytes;
+  t->staging_bytes_ = options.staging_bytes;
   if (options.force_host_staging) {
     KZ_ASSIGN_OR_RETURN(t->staging_, device.AllocateHost(options.staging_bytes));
     t->host_staging_ = true;
     t->staging_text_ = "through host memory (forced by TransportOptions::force_host_staging)";
-    t->description_ = fmt::format("a single rank (no fabric); staging {}", t->staging_text_);
+    t->groups_ = "a single rank (no fabric)";
   } else {
     KZ_ASSIGN_OR_RETURN(t->staging_, device.Allocate(options.staging_bytes));
     t->staging_text_ = "unregistered";
-    t->description_ = "a single rank (no fabric)";
+    t->groups_ = "a single rank (no fabric)";
   }
   return t;
 }
@@ -615,33 +550,36 @@ Result<std::unique_ptr<Transport>> Transport::Create(std::span<fabric::Fabric* c
   std::unique_ptr<Transport> t(new Transport());
   t->rank_ = rank;
   t->nranks_ = n;
+  t->where_ = where;
+  t->device_ = &device;
+  t->fabrics_.assign(fabrics.begin(), fabrics.end());
   t->peers_.resize(static_cast<size_t>(n));
-  t->listens_.resize(static_cast<size_t>(n));
   t->link_row_.assign(static_cast<size_t>(n), LinkDesc{});
+  t->control_bytes_ = options.control_bytes;
 
-  Connector connector(fabrics, fabric_names, bootstrap, where, deadline, t->peers_, t->listens_);
-  KZ_RETURN_IF_ERROR(connector.MapDevices(device));
-  KZ_RETURN_IF_ERROR(connector.ChooseFabrics());
-  KZ_RETURN_IF_ERROR(connector.ExchangeOffers());
-  KZ_RETURN_IF_ERROR(connector.MatchOffers());
-  KZ_RETURN_IF_ERROR(connector.ConnectAll());
-  KZ_RETURN_IF_ERROR(connector.RegisterControl(options.control_bytes, t->link_row_, t->network_));
+  Planner planner(*t, fabrics, fabric_names, bootstrap, deadline);
+  KZ_RETURN_IF_ERROR(planner.MapDevices(device));
+  KZ_RETURN_IF_ERROR(planner.ChooseFabrics());
+  KZ_RETURN_IF_ERROR(planner.ExchangeListens());
+  KZ_RETURN_IF_ERROR(planner.Route());
 
   TransportOptions staging_options = options;
   if (t->network_) staging_options.staging_bytes = std::max(options.staging_bytes, options.network_staging_bytes);
-  KZ_RETURN_IF_ERROR(t->SetUpStaging(device, staging_options, where));
+  KZ_RETURN_IF_ERROR(t->SetUpStaging(device, staging_options));
 
-  const std::string groups = connector.Groups();
-  const std::vector<int>& connected = connector.connected();
-  const std::vector<int>& unreachable = connector.unreachable();
-  t->description_ =
-      fmt::format("{}{}; staging {}", groups.empty() ? fmt::format("no peers over {}", NameList(fabric_names)) : groups,
-                  unreachable.empty() ? std::string() : fmt::format("; unreachable: {}", RankList(unreachable)),
-                  t->staging_text_);
-  KZ_INFO(kLogColl, "{}: {} peer(s) ({}){}{}", where, connected.size(),
-          connected.empty() ? std::string("none") : RankList(connected),
+  const std::string groups = planner.Groups();
+  const std::vector<int>& reachable = planner.reachable();
+  const std::vector<int>& unreachable = planner.unreachable();
+  t->groups_ = fmt::format("{}{}", groups.empty() ? fmt::format("no peers over {}", NameList(fabric_names)) : groups,
+                           unreachable.empty() ? std::string() : fmt::format("; unreachable: {}", RankList(unreachable)));
+  KZ_INFO(kLogColl, "{}: {} reachable peer(s) ({}){}{}; {} listen comm(s); {}", where, reachable.size(),
+          reachable.empty() ? std::string("none") : RankList(reachable),
           groups.empty() ? std::string() : fmt::format(" over {}", groups),
-          unreachable.empty() ? std::string() : fmt::format("; {} unreachable", RankList(unreachable)));
+          unreachable.empty() ? std::string() : fmt::format("; {} unreachable", RankList(unreachable)),
+          t->listens_.size(),
+          options.connect_at_creation ? "connecting to every one now" : "each connected when an operation first needs it");
+  if (!options.connect_at_creation) return t;
+  KZ_RETURN_IF_ERROR(t->ConnectAll(deadline));
   // No rank returns before every rank has its connections: a handshake completes on one side
   // first, and a rank that closed its transport at once would leave its peer reading that
   // handshake until the deadline.

@@ -1,7 +1,23 @@
-// A communicator's connections (docs/ARCHITECTURE.md): for every peer some fabric reaches,
-// one SendComm (bytes to the peer) and one RecvComm (bytes from it), a registered staging region
-// through which plan steps move data (device memory, or host memory where a fabric cannot reach
-// the device's), and small host control buffers for the executor's per-operation headers.
+// A communicator's connections (docs/ARCHITECTURE.md): for every peer some fabric reaches, one
+// SendComm (bytes to the peer) and one RecvComm (bytes from it), each made when first needed; a
+// registered staging region through which plan steps move data (device memory, or host memory
+// where a fabric cannot reach the device's), and small host control buffers for the executor's
+// per-operation headers.
+//
+// Connections on demand. Create connects nobody: it agrees with the other ranks, through the
+// bootstrap, on the fabric of every pair and exchanges the handles each rank listens on (one
+// listen comm per fabric device that serves some peer, shared by every peer that device serves),
+// then returns. A pair is connected when a plan first needs it: the executor calls Connect(q)
+// (non-blocking) for each peer it sends to (data, operation headers, probes, answers) and Poll()
+// to take the connections waiting on the listen comms (while it runs an operation and while idle),
+// so creation time, descriptors and memory grow with the neighbours a rank's plans use (a ring: 2
+// peers), not with the ranks. A connection's first message, on its own tag, says which rank made
+// it: the accepting side hands the comm to that peer (after checking that the peer connects over
+// the fabric and device the pair was given). Both sides of a pair may connect at once: connects
+// and accepts are non-blocking and never wait for each other. connected_peers() counts the peers
+// with a connection either way; the Transport logs them at INFO when it goes.
+// TransportOptions::connect_at_creation connects every reachable pair in Create instead (jobs whose
+// ranks learn the end of the job from their connections closing: an INA job's aggregation devices).
 //
 // Several fabrics, one per pair: Create takes the fabrics in preference order (every rank passes
 // fabrics of the same names in the same order). A pair of ranks (a, b) is served by the FIRST
@@ -10,6 +26,7 @@
 // NCCL's transports (P2P/SHM inside a node, NET between nodes): direct links (directconnect)
 // between the ranks of one host, a network fabric (ofi, roce) between hosts. A pair no fabric
 // serves is unreachable (LinkDesc::reachable false in the row this rank contributes to the shape).
+// The row and the description come from the fabric devices, not from connections.
 //
 // Which fabric device serves which peer follows the fabric's properties, never its name: a
 // switched device (FabricDeviceProperties::point_to_point false) reaches every peer — the device
@@ -17,38 +34,45 @@
 // is nearer; a point-to-point device reaches only its link_peer.
 //
 // Memory: one staging buffer per rank, through which plan steps move data, registered on every
-// comm (so by each comm's own fabric). Zero-copy where the pair allows, staged through host
-// memory only where it must be (docs/ARCHITECTURE.md):
+// comm as the comm is made (so by each comm's own fabric). Zero-copy where the pair allows,
+// staged through host memory only where it must be (docs/ARCHITECTURE.md):
 //  1. Device memory (Device::Allocate), registered per comm the first way the comm accepts:
 //     by DMA-BUF fd (Device::ExportDmaBuf, what an RDMA NIC registers) when the device exports
 //     one and the comm takes fds; by the device's own exported fd (a memfd of the emulated
 //     device: a direct-connect peer then copies straight between the two staging regions); by
 //     device pointer (kPtrDevice); by host pointer when the device is host accessible (kPtrHost).
-//  2. When some comm refuses every one of those (each try kNotSupported, or none applies: CUDA
-//     memory over libfabric 1.17 or direct links, whose fds cannot be mapped) and the CPU cannot
-//     address the device's memory, the transport falls back, for all comms at once (one staging
-//     buffer): it deregisters what it registered, frees the device buffer, and registers host
-//     memory from Device::AllocateHost (as cudaMallocHost) as host memory everywhere. The
-//     executor's device streams copy and reduce between the user's buffers and the slots exactly
-//     as before; the fabric reads and writes the slots with the CPU.
+//  2. Host memory from Device::AllocateHost (as cudaMallocHost), registered as host memory on
+//     every comm, when the CPU cannot address the device's memory and some fabric device that
+//     serves a peer takes none of those ways (its ptr_support: CUDA memory over a host-only
+//     fabric). Decided in Create, from the fabric devices, for every comm at once (one staging
+//     buffer). The executor's device streams copy and reduce between the user's buffers and the
+//     slots exactly as before; the fabric reads and writes the slots with the CPU.
+//     A refusal only registering can show (each way kNotSupported: CUDA memory over libfabric
+//     1.17 or direct links, whose fds cannot be mapped) moves the staging to host memory the
+//     same way when it comes from the rank's first comm, before any comm has registered the
+//     device's memory (no operation has used a slot yet); from a later comm it is an error
+//     naming the fabric, the peer and every refusal.
 //  3. TransportOptions::force_host_staging takes path 2 from the start, on any device (tests).
-// Create fails, naming the fabric, the device and every refusal, when a comm cannot reach a
-// host-accessible device's memory (kNotSupported: host memory would be the same memory), when the
-// device has no host memory for its streams (AllocateHost's kNotSupported), or when a comm
-// refuses even host memory (its error).
+// Create fails, naming the fabric, the device and the reason, when a fabric device that serves a
+// peer cannot reach a host-accessible device's memory (kNotSupported: host memory would be the
+// same memory), or when the device has no host memory for its streams (AllocateHost's
+// kNotSupported); a comm that refuses even host memory fails its connection (its error).
 // The choice is logged at INFO (subsystem COLL): "staging 8 MiB on host_emulated:3, registered
 // by fd (device export) on directconnect, ofi", or "staging through host memory: ofi cannot
-// reach cuda:0 memory: <every refusal>"; staging_paths(), host_staging() and description() say
-// it too.
+// reach cuda:0 memory: <why>"; staging_paths(), host_staging() and description() say it too.
+//
+// Tags: the transport's own message (a connection's first) uses kIdentifyTag; every other tag is
+// the executor's.
 //
 // Lifetime: the Transport owns its comms, listen comms and registrations; it must be destroyed
-// before the Fabrics, the Device and the staging Buffer's device. Not thread-safe: one thread (the
-// communicator's executor) uses it after Create.
+// before the Fabrics, the Device and the staging Buffer's device. Not thread-safe, except where a
+// method says so: one thread (the communicator's executor) uses it after Create.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,7 +101,7 @@ Result<std::vector<fabric::Fabric*>> AgreeOnFabrics(const fabric::FabricRegistry
 
 struct TransportOptions {
   size_t staging_bytes = 8u << 20;  // memory per rank for staging slots
-  size_t control_bytes = 8192;      // host memory per peer and direction for control messages
+  size_t control_bytes = 8192;      // host memory per connection for control messages
   // Stage through host memory (Device::AllocateHost) even where a fabric could reach the
   // device's memory: runs the host-staged path on any device (tests, comparisons).
   bool force_host_staging = false;
@@ -87,6 +111,9 @@ struct TransportOptions {
   // message there pays a fixed cost (tcp;ofi_rxm between two hosts: a rendezvous of several
   // round trips), which 512 KiB chunks do not amortize (docs/PERFORMANCE.md, "TCP").
   size_t network_staging_bytes = 0;
+  // Connect every reachable pair in Create, both ways, and return after a bootstrap barrier
+  // (every rank has its connections then), instead of on first use.
+  bool connect_at_creation = false;
 };
 
 // How the staging buffer is registered on a comm.
@@ -103,52 +130,100 @@ std::string_view StagingPathName(StagingPath path);
 
 class Transport {
  public:
+  // The transport's own tag: a connection's first message, which names the rank that made it.
+  static constexpr int kIdentifyTag = 0x7fff'fff0;
+
+  // A peer's connections, made on first use: `send` by Connect, `recv` when Poll accepts the
+  // peer's connection. Each comm's buffers are registered as it is made.
   struct Peer {
     int rank = -1;
     fabric::Fabric* fabric = nullptr;        // the fabric that serves the pair (one of Create's)
-    std::unique_ptr<fabric::SendComm> send;  // to the peer
-    std::unique_ptr<fabric::RecvComm> recv;  // from the peer
+    std::unique_ptr<fabric::SendComm> send;  // to the peer; null until connected
+    std::unique_ptr<fabric::RecvComm> recv;  // from the peer; null until accepted
     fabric::Registration* send_staging = nullptr;  // the staging buffer, registered on `send`
     fabric::Registration* recv_staging = nullptr;  // the staging buffer, registered on `recv`
-    // Host control buffers (TransportOptions::control_bytes each), registered on send / recv.
+    // Host control buffers (TransportOptions::control_bytes each, allocated with their comm),
+    // registered on send / recv.
     std::vector<uint8_t> control_out, control_in;
     fabric::Registration* send_control = nullptr;
     fabric::Registration* recv_control = nullptr;
+    // The connection's first message (Transport::kIdentifyTag), registered on `send`; in flight
+    // until `identify` is reported done.
+    std::vector<uint8_t> identity;
+    fabric::Registration* send_identity = nullptr;
+    fabric::Request* identify = nullptr;
   };
 
   // Collective: every rank of `bootstrap` calls it with the same options and fabrics of the same
   // names in the same order (each rank its own Fabric objects, created for its rank). Two
   // allgathers through the bootstrap: first which peers each rank can serve on each fabric (from
-  // which every rank computes the fabric of every pair), then the handles, each rank listening only
-  // on the fabric and device chosen for each of its peers. Then it connects to and accepts from
-  // every reachable peer (connects and accepts are interleaved, non-blocking, so no pair waits on
-  // another) and allocates and registers the staging buffer and the control buffers, and returns
-  // after a bootstrap barrier: every rank has its connections then, so a rank may close its
-  // transport at once without leaving a peer in its handshake. kInvalidArgument when `fabrics` is empty, holds a null,
-  // a fabric twice, or a fabric created for another rank, or when the ranks pass different fabric lists (naming both
-  // lists). Fails as a whole (every comm released) on any error; kTimeout at the deadline naming the peers not yet
-  // connected.
+  // which every rank computes the fabric of every pair), then the handles, each rank listening once
+  // per fabric device that serves a peer of the pair's fabric. Allocates the staging buffer and
+  // decides how comms will register it. Connects nobody (unless connect_at_creation: then it
+  // connects to and accepts from every reachable peer, non-blocking and interleaved, and returns
+  // after a bootstrap barrier). kInvalidArgument when `fabrics` is empty, holds a null, a fabric
+  // twice, or a fabric created for another rank, or when the ranks pass different fabric lists
+  // (naming both lists). Fails as a whole (every comm released) on any error; kTimeout at the
+  // deadline naming the peers not yet connected (connect_at_creation).
   static Result<std::unique_ptr<Transport>> Create(std::span<fabric::Fabric* const> fabrics,
                                                    bootstrap::Bootstrap& bootstrap, device::Device& device,
                                                    const TransportOptions& options, Deadline deadline);
   // A communicator of one rank: no fabric, no peers; only the staging buffer (the executor sizes
   // its slots from it).
   static Result<std::unique_ptr<Transport>> CreateSingle(device::Device& device, const TransportOptions& options);
+  // Logs at INFO how many peers the rank connected.
   ~Transport();
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
-  // nullptr for the rank itself and for unreachable peers.
-  Peer* peer(int rank) { return peers_[static_cast<size_t>(rank)].get(); }
+  // Whether some fabric serves the pair (this rank, q): known from Create, without a connection.
+  bool reachable(int q) const;
+  // The peer's connections so far; nullptr until it has one either way (always for the rank
+  // itself and unreachable peers).
+  Peer* peer(int q) { return peers_[static_cast<size_t>(q)].get(); }
+
+  // Non-blocking: starts or continues connecting to `q`; true once Peer::send exists (its buffers
+  // registered, its identifying message posted). kInvalidArgument for an unreachable peer; a
+  // fabric's error names the peer, the fabric and the device.
+  Result<bool> Connect(int q);
+  // Non-blocking: takes the connections waiting on the listen comms, hands each to the peer its
+  // first message names (Peer::recv, its buffers registered), and reaps identifying messages
+  // delivered. True when some peer got its RecvComm. A connection that names a rank that cannot
+  // have made it is dropped (logged); an error is this rank's (a listen comm or a registration
+  // failed).
+  Result<bool> Poll();
+  // Connects to every peer of `to` and accepts from every peer of `from`, until all are there;
+  // kTimeout at the deadline naming the peers not yet connected each way. The peers must make
+  // the other ends at the same time (their own WaitConnected, or an executor).
+  Status WaitConnected(std::span<const int> to, std::span<const int> from, Deadline deadline);
+  // WaitConnected both ways with every reachable peer.
+  Status ConnectAll(Deadline deadline);
+  // After a failure: closes every comm and listen comm, so that peers waiting on this rank, or
+  // connecting to it, fail at once (kRemoteError) instead of at their deadline. Connect and Poll
+  // make nothing afterwards.
+  void Close();
+
+  // Peers with a connection either way, in rank order. Thread-safe (the executor makes them).
+  std::vector<int> connected_peers() const;
+  // Peers this rank has a RecvComm from, in the order they were accepted: what the executor
+  // polls for control messages. The executor's thread only.
+  const std::vector<int>& receiving_from() const { return receiving_from_; }
+  // Host bytes per control buffer (TransportOptions::control_bytes).
+  size_t control_bytes() const { return control_bytes_; }
+
   // The staging buffer: device memory, or host memory from Device::AllocateHost when
   // host_staging(). Either way an address the device's streams take.
   device::Buffer& staging() { return *staging_; }
-  // Every way some comm registers the staging buffer, in StagingPath order; empty without peers.
-  const std::vector<StagingPath>& staging_paths() const { return staging_paths_; }
+  // Its size, fixed at Create (thread-safe).
+  size_t staging_bytes() const { return staging_bytes_; }
+  // Every way some comm registers the staging buffer or will, in StagingPath order; empty without
+  // peers. Thread-safe.
+  std::vector<StagingPath> staging_paths() const;
   // True when the staging buffer is host memory (StagingPath::kHostMemory on every comm).
-  bool host_staging() const { return host_staging_; }
+  // Thread-safe.
+  bool host_staging() const;
   // True when some peer is reached through a switched fabric device (point_to_point false: a
   // network such as ofi or roce), not only over direct links.
   bool network() const { return network_; }
@@ -158,32 +233,74 @@ class Transport {
   // Which fabric serves which peers, the devices it uses, and how staging is registered, for logs
   // and tests: "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3 (device tcp;ofi_rxm:lo);
   // staging by fd (device export)", or "...; staging through host memory (ofi cannot reach
-  // cuda:0 memory)". Unreachable peers are listed as "unreachable: ranks ...".
-  const std::string& description() const { return description_; }
+  // cuda:0 memory)". Unreachable peers are listed as "unreachable: ranks ...". From the fabric
+  // devices, whether or not the pairs are connected yet. Thread-safe.
+  std::string description() const;
 
  private:
-  Transport() = default;
-  // Step 1 and 2 of the class comment: allocates the staging buffer and registers it on every
-  // peer's comms. Sets staging_, staging_paths_, host_staging_ and staging_text_ (for the
-  // description). `where` names the transport in errors and logs.
-  Status SetUpStaging(device::Device& device, const TransportOptions& options, const std::string& where);
-  // Registers host memory from Device::AllocateHost on every comm; `why` says why (logged).
-  Status SetUpHostStaging(device::Device& device, const TransportOptions& options, const std::string& where,
-                          const std::string& why, const std::string& detail);
-  // Releases every staging registration made so far (the fallback to host memory).
-  Status DeregisterStaging(const std::string& where);
+  // How this rank reaches a peer, from Create.
+  struct Route {
+    int fabric = -1;       // index into fabrics_; -1: unreachable
+    int connect_dev = -1;  // this rank's device of that fabric to connect from
+    int listen = -1;       // index into listens_: where the peer's connection arrives
+    int offer = -1;        // index into offers_: the peer's handle this rank connects to
+  };
+  struct Listen {
+    std::unique_ptr<fabric::ListenComm> comm;
+    int fabric = -1;
+    int device = -1;
+  };
+  // A connection accepted and not yet identified: its first message names the peer.
+  struct Arrival;
+  // Create's phases (transport.cc).
+  class Planner;
+  // How comms register the staging buffer (staging.cc).
+  struct Staging;
+
+  Transport();
+  // Allocates the staging buffer and decides, from the fabric devices that serve some peer, how
+  // comms register it (steps 1 and 2 of the class comment). Sets staging_, staging_paths_,
+  // host_staging_ and staging_text_. `where` names the transport in errors and logs.
+  Status SetUpStaging(device::Device& device, const TransportOptions& options);
+  // Moves the staging buffer to host memory, `why` (and `detail`, logged) saying why.
+  Status SetUpHostStaging(device::Device& device, const std::string& why, const std::string& detail);
+  // Registers the staging buffer on a new comm to `q` (the way SetUpStaging decided, the first the
+  // comm accepts); the first comm of the rank that refuses every way moves staging to host memory.
+  Result<fabric::Registration*> RegisterStaging(fabric::Comm& comm, int q);
+  // Registers the control buffer (and, for a send comm, the identifying message) on a new comm.
+  Status RegisterBuffers(Peer& p, bool send);
+  Peer& EnsurePeer(int q);
+  void MarkConnected(int q);
+  // One arrival's identifying message: true when it was handed to its peer or dropped.
+  Result<bool> Identify(Arrival& a, bool& got_peer);
+  std::string Named(int q) const;  // "rank 3 (directconnect w0:port2)"
 
   int rank_ = 0;
   int nranks_ = 1;
+  std::string where_;  // "transport (rank 0 of 4 on directconnect, ofi)"
+  bool closed_ = false;  // Close
+  std::vector<fabric::Fabric*> fabrics_;
+  std::vector<Route> routes_;
+  std::vector<fabric::Handle> offers_;
+  std::vector<Listen> listens_;
+  std::vector<std::unique_ptr<Arrival>> arrivals_;
   std::vector<std::unique_ptr<Peer>> peers_;
-  std::vector<std::unique_ptr<fabric::ListenComm>> listens_;
+  std::vector<int> receiving_from_;
+  std::vector<int> identifying_;  // peers whose identifying message is in flight
+  size_t control_bytes_ = 0;
+  std::unique_ptr<Staging> how_;
+  device::Device* device_ = nullptr;
   std::unique_ptr<device::Buffer> staging_;
-  std::vector<StagingPath> staging_paths_;
-  bool host_staging_ = false;
+  size_t staging_bytes_ = 0;
   bool network_ = false;
-  std::string staging_text_;  // "by fd (device export)", "through host memory (why)"
   std::vector<LinkDesc> link_row_;
-  std::string description_;
+
+  mutable std::mutex mu_;  // what other threads read: below
+  std::vector<int> connected_;          // guarded by mu_: peers with a comm either way, sorted
+  std::vector<StagingPath> staging_paths_;  // guarded by mu_
+  bool host_staging_ = false;               // guarded by mu_
+  std::string staging_text_;  // guarded by mu_: "by fd (device export)", "through host memory (why)"
+  std::string groups_;        // "directconnect: rank 1 (device w0:port0)"; fixed at Create
 };
 
 }  // namespace kizuna::collectives

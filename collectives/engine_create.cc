@@ -79,7 +79,7 @@ class Engine::Builder {
   std::vector<std::string> rank_hosts_;
   int local_rank_ = 0;
   std::shared_ptr<SameHostGroup> same_host_;
-  size_t p2p_staging_bytes_ = 0;  // point-to-point's part of the staging buffer (ExecutorOptions)
+  size_t p2p_staging_bytes_ = 0;  // what point-to-point's chunk is cut from (ExecutorOptions)
 };
 
 // In-network aggregation: the layout names the job's aggregation devices, the ranks after its
@@ -116,22 +116,21 @@ Status Engine::Builder::Connect(device::Device& device) {
   const size_t staging = options_.staging_bytes > 0 ? options_.staging_bytes : kDefaultStagingBytes;
   topts.staging_bytes = staging;
   topts.force_host_staging = options_.force_host_staging;
-  // Point-to-point's slots follow the collectives' in the same buffer, their size a function of
-  // the configured staging and the ranks alone: equal on every rank, as a transfer's chunks must be.
+  // Point-to-point's chunk is a function of the configured staging and the ranks alone: equal on
+  // every rank, as a transfer's chunks must be. Its slots are the transport's second region, grown
+  // to what an operation's transfers use (Transport::ReserveP2p).
   p2p_staging_bytes_ = Executor::P2pStagingBytes(e_.bootstrap_->size(), staging);
   if (e_.bootstrap_->size() == 1) {
     // Nothing to connect: no fabric is needed (or wanted: a one-rank job must work anywhere).
-    topts.staging_bytes += p2p_staging_bytes_;
     KZ_ASSIGN_OR_RETURN(e_.transport_, Transport::CreateSingle(device, topts));
     return Status::Ok();
   }
   // Not in INA jobs: their workers' and aggregation devices' slots must match (InaWindow).
-  if (options_.staging_bytes == 0 && !layout_) topts.network_staging_bytes = kNetworkStagingBytes + p2p_staging_bytes_;
+  if (options_.staging_bytes == 0 && !layout_) topts.network_staging_bytes = kNetworkStagingBytes;
   // An aggregation device keeps more steps in flight (InaWindow): its staging grows with its
   // window, so that its slots are as large as the workers' chunks.
   if (layout_ && e_.aggregation_device_)
     topts.staging_bytes = topts.staging_bytes / kInaWindow * static_cast<size_t>(InaWindow(*layout_, true));
-  topts.staging_bytes += p2p_staging_bytes_;
   // An aggregation device learns that the job ended from its workers' connections closing, so an
   // INA job connects its ranks at creation (its pairs are the layout's cables); other jobs connect
   // a pair when an operation first needs it.

@@ -32,10 +32,6 @@ Result<std::unique_ptr<Executor>> Executor::Create(Transport* transport, device:
   if (transport == nullptr || device == nullptr) return InvalidArgument("executor: null transport or device");
   if (options.window < 2) return InvalidArgument(fmt::format("executor: window {} (at least 2)", options.window));
   if (!(options.timeout_s > 0)) return InvalidArgument("executor: timeout must be positive");
-  if (options.p2p_staging_bytes >= transport->staging_bytes())
-    return InvalidArgument(fmt::format("executor: point-to-point staging of {} bytes leaves nothing of the {} bytes "
-                                       "for the collectives",
-                                       options.p2p_staging_bytes, transport->staging_bytes()));
   if (transport->nranks() > 1 && transport->control_bytes() < kControlSlotBytes)
     return InvalidArgument(fmt::format("executor: control buffers of {} bytes (at least {})",
                                        transport->control_bytes(), kControlSlotBytes));
@@ -58,7 +54,7 @@ Executor::~Executor() {
 
 size_t Executor::slot_bytes_for(int total_channels, size_t chunk_bytes) const {
   const size_t slots = static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window);
-  size_t bytes = (transport_->staging_bytes() - options_.p2p_staging_bytes) / slots;
+  size_t bytes = transport_->staging_bytes() / slots;
   const size_t cap = transport_->network() ? kNetworkChunkBytes : kDefaultChunkBytes;
   bytes = std::min(bytes, chunk_bytes > 0 ? chunk_bytes : cap);
   bytes = bytes / kMinSlotBytes * kMinSlotBytes;
@@ -67,7 +63,8 @@ size_t Executor::slot_bytes_for(int total_channels, size_t chunk_bytes) const {
 
 size_t Executor::P2pStagingBytes(int nranks, size_t staging_bytes) {
   // The most point-to-point channels active at once: a send and a receive per peer (a pair's
-  // transfers run one after the other), of two channels each (a large transfer's).
+  // transfers run one after the other), of two channels each (a large transfer's). What sets the
+  // chunk; the transport's region holds what an operation's channels use.
   const size_t channels = 4 * static_cast<size_t>(std::max(nranks - 1, 1));
   return std::max(staging_bytes / 2, channels * kP2pWindow * kMinP2pChunkBytes);
 }
@@ -141,7 +138,7 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
   KZ_RETURN_IF_ERROR(FillHeader(*op, &total_channels));
   const size_t slots =
       collective ? static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window) : 0;
-  const size_t collectives_part = transport_->staging_bytes() - options_.p2p_staging_bytes;
+  const size_t collectives_part = transport_->staging_bytes();
   if (slots * slot_bytes > collectives_part)
     return Internal(fmt::format("{} slots of {} bytes exceed the collectives' staging of {} bytes", slots, slot_bytes,
                                 collectives_part));

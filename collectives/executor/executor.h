@@ -71,8 +71,9 @@ struct OperationMember {
 struct ExecutorOptions {
   double timeout_s = 600;  // per operation, from its inputs being ready
   int window = 4;          // started steps per channel (>= 2, plan.h)
-  // The last this many bytes of the transport's staging buffer are point-to-point's
-  // (P2pStagingBytes); the collectives' slots are cut from the rest.
+  // Point-to-point's staging for every channel that can be active at once (P2pStagingBytes): the
+  // chunk is cut from it (p2p_chunk_bytes). The transport's region for point-to-point grows to the
+  // slots an operation's transfers use (Transport::ReserveP2p), not to this.
   size_t p2p_staging_bytes = 0;
   // The largest point-to-point chunk (KIZUNA_CHUNK_BYTES; 0: the default chunk).
   size_t chunk_bytes = 0;
@@ -111,7 +112,7 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   // The staging slot size (bytes) for an operation whose collective members have
-  // `total_channels` channels in all: the collectives' part of the staging buffer split into
+  // `total_channels` channels in all: the staging buffer split into
   // total_channels x window slots, at most `chunk_bytes` (0: the default chunk), a multiple of 64.
   // Plans submitted with it must have no step larger.
   size_t slot_bytes_for(int total_channels, size_t chunk_bytes) const;

@@ -29,7 +29,7 @@ constexpr int kMaxChannels = 64;
 // Point-to-point transfers take tags from here up, one per channel (see Run::Setup).
 constexpr int kP2pTagBase = 1 << 29;
 // Started steps per point-to-point channel: enough to overlap a chunk's copy with the previous
-// chunk's transfer. P2pStagingBytes gives every channel that can be active at once this many slots.
+// chunk's transfer. Every point-to-point channel of an operation gets this many slots.
 constexpr int kP2pWindow = 2;
 // Point-to-point chunks are never smaller than this (P2pStagingBytes grows with the ranks instead).
 constexpr size_t kMinP2pChunkBytes = 16 << 10;
@@ -279,7 +279,7 @@ class Executor::Run {
   uint8_t* SlotAddress(int slot) const {
     auto* base = static_cast<uint8_t*>(tr_.staging().data());
     if (slot < slots_) return base + static_cast<size_t>(slot) * slot_bytes_;
-    return base + p2p_offset_ + static_cast<size_t>(slot - slots_) * p2p_chunk_;
+    return static_cast<uint8_t*>(tr_.p2p_staging()->data()) + static_cast<size_t>(slot - slots_) * p2p_chunk_;
   }
   std::string StepName(const ChannelRun& ch, size_t index) const;
 
@@ -294,7 +294,6 @@ class Executor::Run {
   std::vector<ChannelRun> epilogues_;  // one per member that has an epilogue
   std::vector<int> free_slots_;
   std::vector<int> free_p2p_slots_;
-  size_t p2p_offset_ = 0;  // where point-to-point's part of the staging buffer starts
   size_t p2p_chunk_ = 0;
   std::vector<std::unique_ptr<device::Event>> events_;  // the pool's storage
   std::vector<device::Event*> free_events_;

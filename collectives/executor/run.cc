@@ -123,17 +123,19 @@ Status Executor::Run::Setup() {
       epilogues_.push_back(std::move(ch));
     }
   }
-  const size_t p2p_bytes = ex_.options_.p2p_staging_bytes;
-  p2p_offset_ = tr_.staging().size() - p2p_bytes;
-  if (p2p_offset_ < slot_bytes_ * static_cast<size_t>(slots_))
-    return Internal(fmt::format("staging of {} bytes holds no {} slots of {} bytes", p2p_offset_, slots_, slot_bytes_));
+  if (tr_.staging_bytes() < slot_bytes_ * static_cast<size_t>(slots_))
+    return Internal(
+        fmt::format("staging of {} bytes holds no {} slots of {} bytes", tr_.staging_bytes(), slots_, slot_bytes_));
   for (int s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
-  if (std::any_of(channels_.begin(), channels_.end(), [](const ChannelRun& ch) { return ch.p2p; })) {
+  // Point-to-point: every channel gets its window of slots (none waits for another's), in the
+  // transport's region for them, grown to this operation's needs.
+  const size_t p2p_channels = static_cast<size_t>(
+      std::count_if(channels_.begin(), channels_.end(), [](const ChannelRun& ch) { return ch.p2p; }));
+  if (p2p_channels > 0) {
     p2p_chunk_ = ex_.p2p_chunk_bytes();
-    const int p2p_slots = static_cast<int>(p2p_bytes / p2p_chunk_);
-    if (p2p_slots < 1)
-      return Internal(fmt::format("no point-to-point staging for chunks of {} bytes ({} bytes)", p2p_chunk_, p2p_bytes));
-    for (int s = p2p_slots - 1; s >= 0; --s) free_p2p_slots_.push_back(slots_ + s);
+    const size_t p2p_slots = p2p_channels * static_cast<size_t>(kP2pWindow);
+    KZ_RETURN_IF_ERROR(tr_.ReserveP2p(p2p_slots * p2p_chunk_));
+    for (size_t s = p2p_slots; s-- > 0;) free_p2p_slots_.push_back(slots_ + static_cast<int>(s));
   }
   return Status::Ok();
 }
@@ -556,13 +558,14 @@ Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, std::set<int>& se
   fabric::Request* r = nullptr;
   if (is_send) {
     void* data = bytes > 0 ? SlotAddress(st.slot) : p->control_out.data();
-    KZ_ASSIGN_OR_RETURN(r, p->send->Send(data, bytes, ch.tag, bytes > 0 ? p->send_staging : nullptr));
+    fabric::Registration* reg = bytes == 0 ? nullptr : st.slot < slots_ ? p->send_staging : p->send_p2p;
+    KZ_ASSIGN_OR_RETURN(r, p->send->Send(data, bytes, ch.tag, reg));
   } else {
     void* data = bytes > 0 ? SlotAddress(st.slot) : nullptr;
     // Capacity is the whole slot, so that a peer sending more than expected is reported here,
     // with both operations named, rather than as a bare length error.
-    KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(data, bytes > 0 ? SlotCapacity(st.slot) : 0, ch.tag,
-                                         bytes > 0 ? p->recv_staging : nullptr));
+    fabric::Registration* reg = bytes == 0 ? nullptr : st.slot < slots_ ? p->recv_staging : p->recv_p2p;
+    KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(data, bytes > 0 ? SlotCapacity(st.slot) : 0, ch.tag, reg));
   }
   if (r == nullptr) {
     blocked.insert(step.peer);

@@ -58,6 +58,7 @@ Transport::~Transport() {
   peers_.clear();
   listens_.clear();
   how_.reset();
+  p2p_.reset();
   staging_.reset();
 }
 
@@ -110,6 +111,10 @@ Status Transport::RegisterBuffers(Peer& p, bool send) {
   (send ? p.send_control : p.recv_control) = *reg;
   KZ_ASSIGN_OR_RETURN(fabric::Registration * staging, RegisterStaging(comm, p.rank));
   (send ? p.send_staging : p.recv_staging) = staging;
+  if (p2p_ != nullptr) {
+    KZ_ASSIGN_OR_RETURN(fabric::Registration * p2p, RegisterStaging(comm, p.rank, /*p2p=*/true));
+    (send ? p.send_p2p : p.recv_p2p) = p2p;
+  }
   return Status::Ok();
 }
 
@@ -314,6 +319,8 @@ void Transport::Close() {
     p->identify = nullptr;
     p->send.reset();
     p->recv.reset();
+    p->send_staging = p->recv_staging = p->send_p2p = p->recv_p2p = nullptr;
+    p->send_control = p->recv_control = p->send_identity = nullptr;
   }
   listens_.clear();
   closed_ = true;

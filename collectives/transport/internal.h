@@ -29,8 +29,10 @@ namespace kizuna::collectives {
 
 // How comms register the staging buffer (staging.cc).
 struct Transport::Staging {
-  transport_internal::StagingExports exports;  // kept while comms may still be made
-  bool host = false;                           // the buffer is host memory (kHostMemory everywhere)
+  transport_internal::StagingExports exports;      // of the staging buffer, kept for comms made later
+  transport_internal::StagingExports p2p_exports;  // of point-to-point's region
+  bool any_takes_fd = false;  // some fabric device that serves a peer registers by fd
+  bool host = false;          // the buffers are host memory (kHostMemory everywhere)
   // Some comm registered the device's memory: a comm that refuses it after that is an error (the
   // staging cannot move any more).
   bool registered_device = false;

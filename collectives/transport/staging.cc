@@ -10,6 +10,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -82,12 +84,6 @@ Status Transport::SetUpStaging(device::Device& device, const TransportOptions& o
   if (options.force_host_staging) return SetUpHostStaging(device, "forced by TransportOptions::force_host_staging", "");
 
   const device::DeviceProperties& dprops = device.properties();
-  auto allocated = device.Allocate(staging_bytes_);
-  if (!allocated.ok())
-    return allocated.status().WithContext(
-        fmt::format("{}: allocating {} of staging on {}", where_, SizeText(staging_bytes_), device.label()));
-  staging_ = std::move(allocated).value();
-
   // The fabric devices comms will be made on: each peer's device to connect from and the listen
   // its connection arrives at.
   struct Used {
@@ -107,45 +103,30 @@ Status Transport::SetUpStaging(device::Device& device, const TransportOptions& o
     note(props, fab.name());
     note(listens_[static_cast<size_t>(r.listen)].comm->properties(), fab.name());
   }
+  for (const Used& u : used) how_->any_takes_fd = how_->any_takes_fd || (u.props.ptr_support & fabric::kPtrFd) != 0;
 
-  // Exported once each (when the device exports them and some fabric device takes fds); an export
-  // is only needed during Register, which dup()s what it keeps.
-  bool any_takes_fd = false;
-  for (const Used& u : used) any_takes_fd = any_takes_fd || (u.props.ptr_support & fabric::kPtrFd) != 0;
-  StagingExports& exports = how_->exports;
-  if (any_takes_fd && dprops.export_dmabuf) {
-    auto e = device.ExportDmaBuf(*staging_, 0, staging_->size());
-    if (e.ok() && e->fd.valid()) {
-      exports.dmabuf = std::move(e).value();
-    } else {
-      KZ_INFO(kLogColl, "{}: exporting the staging buffer of {} as a DMA-BUF failed ({}); trying its other exports",
-              where_, device.label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
-    }
-  }
-  if (any_takes_fd && dprops.export_fd) {
-    auto e = device.Export(*staging_);
-    if (e.ok() && e->kind == device::ExportKind::kFd && e->fd.valid()) {
-      exports.exported = std::move(e).value();
-    } else {
-      KZ_WARN(kLogColl,
-              "{}: exporting the staging buffer of {} failed ({}); registering it without an fd, so "
-              "transfers between staging buffers take an extra copy",
-              where_, device.label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
-    }
-  }
-
-  // Per fabric device, the first way it takes: what its comms will register by.
+  // Per fabric device, the first way it takes (as far as the device's properties tell: an export
+  // may still fail, and a comm still refuse): what its comms will register by.
   std::set<StagingPath> paths;
   std::set<std::string> fallbacks;  // why some comm will not register by fd (an extra copy per transfer)
   std::vector<std::string> fabric_names;
   for (const Used& u : used) {
     if (std::find(fabric_names.begin(), fabric_names.end(), u.fabric) == fabric_names.end())
       fabric_names.push_back(u.fabric);
-    const std::vector<StagingTry> tries = StagingTries(u.props.ptr_support, *staging_, exports, dprops);
-    if ((dprops.export_fd || dprops.export_dmabuf) && (u.props.ptr_support & fabric::kPtrFd) == 0)
+    const uint32_t support = u.props.ptr_support;
+    if ((dprops.export_fd || dprops.export_dmabuf) && (support & fabric::kPtrFd) == 0)
       fallbacks.insert(fmt::format("{} does not register by fd", u.props.name));
-    if (!tries.empty()) {
-      paths.insert(tries.front().first);
+    std::optional<StagingPath> first;
+    if ((support & fabric::kPtrFd) != 0 && dprops.export_dmabuf)
+      first = StagingPath::kDmaBuf;
+    else if ((support & fabric::kPtrFd) != 0 && dprops.export_fd)
+      first = StagingPath::kFd;
+    else if ((support & fabric::kPtrDevice) != 0)
+      first = StagingPath::kDevicePointer;
+    else if (dprops.host_accessible && (support & fabric::kPtrHost) != 0)
+      first = StagingPath::kHostPointer;
+    if (first) {
+      paths.insert(*first);
       continue;
     }
     // No way applies: this fabric cannot reach the device's memory.
@@ -157,9 +138,6 @@ Status Transport::SetUpStaging(device::Device& device, const TransportOptions& o
                                       "memory would not help",
                                       where_, why, detail));
     // One staging buffer serves every comm: everything stages through host memory.
-    exports.dmabuf.reset();
-    exports.exported.reset();
-    staging_.reset();
     return SetUpHostStaging(device, why, detail);
   }
 
@@ -176,21 +154,71 @@ Status Transport::SetUpStaging(device::Device& device, const TransportOptions& o
     KZ_WARN(kLogColl, "{}: staging is not registered by fd everywhere, so transfers take an extra copy: {}", where_,
             why);
   }
-  KZ_INFO(kLogColl, "{}: staging {} on {}, registered {} on {} as connections are made", where_,
+  KZ_INFO(kLogColl, "{}: staging {} on {}, allocated with the first connection and registered {} on {}", where_,
           SizeText(staging_bytes_), device.label(), text.empty() ? std::string("nowhere (no peers)") : text,
           NameList(fabric_names));
   return Status::Ok();
 }
 
+Status Transport::EnsureStaging() {
+  if (staging_ != nullptr) return Status::Ok();
+  auto allocated = how_->host ? device_->AllocateHost(staging_bytes_) : device_->Allocate(staging_bytes_);
+  if (!allocated.ok())
+    return allocated.status().WithContext(fmt::format("{}: allocating {} of {}staging for {}", where_,
+                                                      SizeText(staging_bytes_), how_->host ? "host " : "",
+                                                      device_->label()));
+  staging_ = std::move(allocated).value();
+  if (!how_->host) how_->exports = ExportRegion(*staging_, "the staging buffer");
+  return Status::Ok();
+}
+
+StagingExports Transport::ExportRegion(device::Buffer& buffer, std::string_view what) {
+  // Exported once each (when the device exports them and some fabric device takes fds); an export
+  // is only needed during Register, which dup()s what it keeps, and is kept for the comms made later.
+  StagingExports exports;
+  const device::DeviceProperties& dprops = device_->properties();
+  if (how_->any_takes_fd && dprops.export_dmabuf) {
+    auto e = device_->ExportDmaBuf(buffer, 0, buffer.size());
+    if (e.ok() && e->fd.valid()) {
+      exports.dmabuf = std::move(e).value();
+    } else {
+      KZ_INFO(kLogColl, "{}: exporting {} of {} as a DMA-BUF failed ({}); trying its other exports", where_, what,
+              device_->label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
+    }
+  }
+  if (how_->any_takes_fd && dprops.export_fd) {
+    auto e = device_->Export(buffer);
+    if (e.ok() && e->kind == device::ExportKind::kFd && e->fd.valid()) {
+      exports.exported = std::move(e).value();
+    } else {
+      KZ_WARN(kLogColl,
+              "{}: exporting {} of {} failed ({}); registering it without an fd, so transfers between staging "
+              "buffers take an extra copy",
+              where_, what, device_->label(), e.ok() ? std::string("no fd in the export") : e.status().ToString());
+    }
+  }
+  return exports;
+}
+
 Status Transport::SetUpHostStaging(device::Device& device, const std::string& why, const std::string& detail) {
   const std::string because = detail.empty() ? why : fmt::format("{}: {}", why, detail);
-  auto allocated = device.AllocateHost(staging_bytes_);
-  if (!allocated.ok())
-    return allocated.status().WithContext(fmt::format("{}: staging through host memory ({}): allocating {} of host "
-                                                      "memory for {}",
-                                                      where_, because, SizeText(staging_bytes_), device.label()));
-  staging_ = std::move(allocated).value();
+  // The device must have host memory for its streams (AllocateHost): asked now, so that a device
+  // without any fails the communicator's creation, not its first operation.
+  if (auto probe = device.AllocateHost(1); !probe.ok())
+    return probe.status().WithContext(
+        fmt::format("{}: staging through host memory ({}): host memory for {}", where_, because, device.label()));
+  staging_.reset();  // allocated again, in host memory, when a comm needs it
   how_->host = true;
+  how_->exports = StagingExports{};
+  if (p2p_ != nullptr) {
+    // Point-to-point's region moves too (no comm has registered it yet: this is the first).
+    auto p2p = device.AllocateHost(p2p_->size());
+    if (!p2p.ok())
+      return p2p.status().WithContext(fmt::format("{}: allocating {} of host memory for point-to-point staging",
+                                                  where_, SizeText(p2p_->size())));
+    how_->p2p_exports = StagingExports{};
+    p2p_ = std::move(p2p).value();
+  }
   bool any_peer = false;
   for (const Route& r : routes_) any_peer = any_peer || r.fabric >= 0;
   {
@@ -205,17 +233,21 @@ Status Transport::SetUpHostStaging(device::Device& device, const std::string& wh
   return Status::Ok();
 }
 
-Result<fabric::Registration*> Transport::RegisterStaging(fabric::Comm& comm, int q) {
+Result<fabric::Registration*> Transport::RegisterStaging(fabric::Comm& comm, int q, bool p2p) {
   const std::string fabric_name = peers_[static_cast<size_t>(q)]->fabric->name();
+  if (!p2p) KZ_RETURN_IF_ERROR(EnsureStaging());
+  device::Buffer& buffer = p2p ? *p2p_ : *staging_;
+  const std::string_view what = p2p ? "point-to-point staging" : "the staging buffer";
   if (how_->host) {
-    auto reg = comm.Register(fabric::MemoryDescriptor::Host(staging_->data(), staging_->size()));
+    auto reg = comm.Register(fabric::MemoryDescriptor::Host(buffer.data(), buffer.size()));
     if (!reg.ok())
-      return reg.status().WithContext(fmt::format("{}: registering host staging memory for rank {} on {} ({})", where_,
-                                                  q, fabric_name, comm.label()));
+      return reg.status().WithContext(fmt::format("{}: registering host memory for {} for rank {} on {} ({})", where_,
+                                                  what, q, fabric_name, comm.label()));
     return *reg;
   }
   const device::DeviceProperties& dprops = device_->properties();
-  const std::vector<StagingTry> tries = StagingTries(comm.properties().ptr_support, *staging_, how_->exports, dprops);
+  const std::vector<StagingTry> tries =
+      StagingTries(comm.properties().ptr_support, buffer, p2p ? how_->p2p_exports : how_->exports, dprops);
   std::string refused;
   for (const auto& [path, memory] : tries) {
     auto reg = comm.Register(memory);
@@ -233,8 +265,8 @@ Result<fabric::Registration*> Transport::RegisterStaging(fabric::Comm& comm, int
       return *reg;
     }
     if (reg.status().code() != StatusCode::kNotSupported)
-      return reg.status().WithContext(fmt::format("{}: registering the staging buffer {} for rank {} on {}", where_,
-                                                  StagingPathName(path), q, fabric_name));
+      return reg.status().WithContext(
+          fmt::format("{}: registering {} {} for rank {} on {}", where_, what, StagingPathName(path), q, fabric_name));
     refused += fmt::format("; {}: {}", StagingPathName(path), reg.status().message());
   }
   // Every way refused: this fabric cannot reach the device's memory.
@@ -253,11 +285,42 @@ Result<fabric::Registration*> Transport::RegisterStaging(fabric::Comm& comm, int
                                     where_, why, detail));
   // The rank's first comm: no slot has carried a transfer yet, so the one staging buffer can still
   // move to host memory, for this comm and every later one.
-  how_->exports.dmabuf.reset();
-  how_->exports.exported.reset();
   staging_.reset();
   KZ_RETURN_IF_ERROR(SetUpHostStaging(*device_, why, detail));
-  return RegisterStaging(comm, q);
+  return RegisterStaging(comm, q, p2p);
+}
+
+Status Transport::ReserveP2p(size_t bytes) {
+  if (p2p_ != nullptr && p2p_->size() >= bytes) return Status::Ok();
+  const size_t size = std::max(bytes, p2p_ != nullptr ? 2 * p2p_->size() : bytes);
+  auto allocated = how_->host ? device_->AllocateHost(size) : device_->Allocate(size);
+  if (!allocated.ok())
+    return allocated.status().WithContext(
+        fmt::format("{}: allocating {} of point-to-point staging on {}", where_, SizeText(size), device_->label()));
+  // Every comm's registration of the old region goes, then the new one is registered: no request is
+  // in flight between operations.
+  for (auto& p : peers_) {
+    if (p == nullptr) continue;
+    for (auto [comm, reg] : {std::pair<fabric::Comm*, fabric::Registration**>{p->send.get(), &p->send_p2p},
+                             std::pair<fabric::Comm*, fabric::Registration**>{p->recv.get(), &p->recv_p2p}}) {
+      if (comm == nullptr || *reg == nullptr) continue;
+      if (Status s = comm->Deregister(std::exchange(*reg, nullptr)); !s.ok())
+        return s.WithContext(fmt::format("{}: releasing point-to-point staging for rank {}", where_, p->rank));
+    }
+  }
+  p2p_ = std::move(allocated).value();
+  how_->p2p_exports = how_->host ? StagingExports{} : ExportRegion(*p2p_, "point-to-point staging");
+  for (auto& p : peers_) {
+    if (p == nullptr) continue;
+    if (p->send != nullptr) {
+      KZ_ASSIGN_OR_RETURN(p->send_p2p, RegisterStaging(*p->send, p->rank, /*p2p=*/true));
+    }
+    if (p->recv != nullptr) {
+      KZ_ASSIGN_OR_RETURN(p->recv_p2p, RegisterStaging(*p->recv, p->rank, /*p2p=*/true));
+    }
+  }
+  KZ_TRACE(kLogColl, "{}: point-to-point staging grown to {}", where_, SizeText(size));
+  return Status::Ok();
 }
 
 std::vector<StagingPath> Transport::staging_paths() const {

@@ -525,16 +525,12 @@ Result<std::unique_ptr<Transport>> Transport::CreateSingle(device::Device& devic
   t->link_row_.assign(1, LinkDesc{});
   t->control_bytes_ = options.control_bytes;
   t->staging_bytes_ = options.staging_bytes;
-  if (options.force_host_staging) {
-    KZ_ASSIGN_OR_RETURN(t->staging_, device.AllocateHost(options.staging_bytes));
-    t->host_staging_ = true;
-    t->staging_text_ = "through host memory (forced by TransportOptions::force_host_staging)";
-    t->groups_ = "a single rank (no fabric)";
-  } else {
-    KZ_ASSIGN_OR_RETURN(t->staging_, device.Allocate(options.staging_bytes));
-    t->staging_text_ = "unregistered";
-    t->groups_ = "a single rank (no fabric)";
-  }
+  t->how_ = std::make_unique<Staging>();
+  t->how_->host = options.force_host_staging;
+  t->host_staging_ = options.force_host_staging;
+  t->staging_text_ = options.force_host_staging ? "through host memory (forced by TransportOptions::force_host_staging)"
+                                                : "unregistered";
+  t->groups_ = "a single rank (no fabric)";
   return t;
 }
 

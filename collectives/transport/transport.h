@@ -89,6 +89,10 @@ namespace kizuna::fabric {
 class FabricRegistry;
 }
 
+namespace kizuna::collectives::transport_internal {
+struct StagingExports;  // internal.h
+}
+
 namespace kizuna::collectives {
 
 // The fabrics every rank can use, in rank 0's preference order: each pair of ranks must see the
@@ -142,6 +146,8 @@ class Transport {
     std::unique_ptr<fabric::RecvComm> recv;  // from the peer; null until accepted
     fabric::Registration* send_staging = nullptr;  // the staging buffer, registered on `send`
     fabric::Registration* recv_staging = nullptr;  // the staging buffer, registered on `recv`
+    fabric::Registration* send_p2p = nullptr;      // point-to-point's region (p2p_staging()), on `send`
+    fabric::Registration* recv_p2p = nullptr;      // and on `recv`
     // Host control buffers (TransportOptions::control_bytes each, allocated with their comm),
     // registered on send / recv.
     std::vector<uint8_t> control_out, control_in;
@@ -158,18 +164,18 @@ class Transport {
   // names in the same order (each rank its own Fabric objects, created for its rank). Two
   // allgathers through the bootstrap: first which peers each rank can serve on each fabric (from
   // which every rank computes the fabric of every pair), then the handles, each rank listening once
-  // per fabric device that serves a peer of the pair's fabric. Allocates the staging buffer and
-  // decides how comms will register it. Connects nobody (unless connect_at_creation: then it
-  // connects to and accepts from every reachable peer, non-blocking and interleaved, and returns
-  // after a bootstrap barrier). kInvalidArgument when `fabrics` is empty, holds a null, a fabric
+  // per fabric device that serves a peer of the pair's fabric. Decides how comms will register the
+  // staging buffer (allocated with the first connection). Connects nobody (unless
+  // connect_at_creation: then it connects to and accepts from every reachable peer, non-blocking
+  // and interleaved, and returns after a bootstrap barrier). kInvalidArgument when `fabrics` is empty, holds a null, a fabric
   // twice, or a fabric created for another rank, or when the ranks pass different fabric lists
   // (naming both lists). Fails as a whole (every comm released) on any error; kTimeout at the
   // deadline naming the peers not yet connected (connect_at_creation).
   static Result<std::unique_ptr<Transport>> Create(std::span<fabric::Fabric* const> fabrics,
                                                    bootstrap::Bootstrap& bootstrap, device::Device& device,
                                                    const TransportOptions& options, Deadline deadline);
-  // A communicator of one rank: no fabric, no peers; only the staging buffer (the executor sizes
-  // its slots from it).
+  // A communicator of one rank: no fabric, no peers, no staging buffer (nothing is sent);
+  // staging_bytes() still sizes the executor's slots.
   static Result<std::unique_ptr<Transport>> CreateSingle(device::Device& device, const TransportOptions& options);
   // Logs at INFO how many peers the rank connected.
   ~Transport();
@@ -214,10 +220,20 @@ class Transport {
   size_t control_bytes() const { return control_bytes_; }
 
   // The staging buffer: device memory, or host memory from Device::AllocateHost when
-  // host_staging(). Either way an address the device's streams take.
+  // host_staging(). Either way an address the device's streams take. Allocated with the first
+  // connection (a rank whose operations connect nobody holds none): there is one once peer(q)
+  // has a comm, or after EnsureStaging.
   device::Buffer& staging() { return *staging_; }
+  Status EnsureStaging();
   // Its size, fixed at Create (thread-safe).
   size_t staging_bytes() const { return staging_bytes_; }
+  // Point-to-point's slots: a second region, registered like the staging buffer, empty until an
+  // operation needs it and grown when one needs more (ReserveP2p) — so that its size follows the
+  // transfers a rank makes at once, not the communicator's ranks. nullptr before the first.
+  device::Buffer* p2p_staging() { return p2p_.get(); }
+  // Grows point-to-point's region to at least `bytes`, registered on every comm made so far (and on
+  // later ones as they are made). Between operations only: no request may be in flight on it.
+  Status ReserveP2p(size_t bytes);
   // Every way some comm registers the staging buffer or will, in StagingPath order; empty without
   // peers. Thread-safe.
   std::vector<StagingPath> staging_paths() const;
@@ -258,15 +274,18 @@ class Transport {
   struct Staging;
 
   Transport();
-  // Allocates the staging buffer and decides, from the fabric devices that serve some peer, how
-  // comms register it (steps 1 and 2 of the class comment). Sets staging_, staging_paths_,
+  // Decides, from the fabric devices that serve some peer, how comms register the staging buffer
+  // (steps 1 and 2 of the class comment); EnsureStaging allocates it. Sets staging_paths_,
   // host_staging_ and staging_text_. `where` names the transport in errors and logs.
   Status SetUpStaging(device::Device& device, const TransportOptions& options);
   // Moves the staging buffer to host memory, `why` (and `detail`, logged) saying why.
   Status SetUpHostStaging(device::Device& device, const std::string& why, const std::string& detail);
-  // Registers the staging buffer on a new comm to `q` (the way SetUpStaging decided, the first the
-  // comm accepts); the first comm of the rank that refuses every way moves staging to host memory.
-  Result<fabric::Registration*> RegisterStaging(fabric::Comm& comm, int q);
+  // Registers the staging buffer (`p2p`: point-to-point's region) on a comm to `q` (the way
+  // SetUpStaging decided, the first the comm accepts); the first comm of the rank that refuses every
+  // way moves staging to host memory.
+  Result<fabric::Registration*> RegisterStaging(fabric::Comm& comm, int q, bool p2p = false);
+  // The buffer's fd exports, as far as the device makes them and some fabric device takes fds.
+  transport_internal::StagingExports ExportRegion(device::Buffer& buffer, std::string_view what);
   // Registers the control buffer (and, for a send comm, the identifying message) on a new comm.
   Status RegisterBuffers(Peer& p, bool send);
   Peer& EnsurePeer(int q);
@@ -292,6 +311,7 @@ class Transport {
   device::Device* device_ = nullptr;
   std::unique_ptr<device::Buffer> staging_;
   size_t staging_bytes_ = 0;
+  std::unique_ptr<device::Buffer> p2p_;
   bool network_ = false;
   std::vector<LinkDesc> link_row_;
 

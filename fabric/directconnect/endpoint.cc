@@ -144,7 +144,7 @@ Status CheckTarget(const DirectConnectFabric& fabric, int port, const HandleInfo
   if (h.host != fabric.host_fingerprint())
     return InvalidArgument("directconnect: the handle comes from another host; direct-connect links run between "
                            "processes of one host (a link is a shared-memory channel)");
-  if (h.topology != t.Fingerprint())
+  if (h.topology != fabric.topology_fingerprint())
     return InvalidArgument(fmt::format("directconnect: the handle comes from a rank whose topology differs from {} "
                                        "(every rank must load the same topology file)",
                                        t.Describe()));
@@ -174,7 +174,7 @@ Result<Hello> MakeHello(const DirectConnectFabric& fabric, int port, const Handl
   hello.magic = kHelloMagic;
   hello.version = kProtocolVersion;
   std::memcpy(hello.token, h.token, kTokenBytes);
-  hello.topology = fabric.topology().Fingerprint();
+  hello.topology = fabric.topology_fingerprint();
   hello.from_node = static_cast<uint32_t>(fabric.node());
   hello.from_port = static_cast<uint32_t>(port);
   hello.to_node = static_cast<uint32_t>(h.node);

@@ -149,7 +149,8 @@ DirectConnectFabric::DirectConnectFabric(const Config* config, FabricContext con
     : Fabric(std::string(kFabricName), config, std::move(context)),
       topology_(std::move(topology)),
       node_(node),
-      host_fingerprint_(HostFingerprint()) {
+      host_fingerprint_(HostFingerprint()),
+      topology_fingerprint_(topology_.Fingerprint()) {
   const TopologyNode& me = topology_.nodes[static_cast<size_t>(node_)];
   for (int port = 0; port < me.ports; ++port) {
     FabricDeviceProperties p;

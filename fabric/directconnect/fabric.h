@@ -71,6 +71,9 @@ class DirectConnectFabric : public Fabric {
                                                                          Topology topology, int node);
 
   const Topology& topology() const { return topology_; }
+  // topology().Fingerprint(), computed once (it reads every link: a "full" topology of a host's N
+  // ranks has N(N-1)/2, and every handle and hello carries it).
+  uint64_t topology_fingerprint() const { return topology_fingerprint_; }
   int node() const { return node_; }
   std::shared_ptr<LinkShaper> shaper(int port) const { return shapers_[static_cast<size_t>(port)]; }
   // A fingerprint of the host (its boot id): handles from another host are refused by name.
@@ -89,6 +92,7 @@ class DirectConnectFabric : public Fabric {
   Topology topology_;
   int node_;
   uint64_t host_fingerprint_ = 0;
+  uint64_t topology_fingerprint_ = 0;
   std::vector<std::shared_ptr<LinkShaper>> shapers_;  // one per port
   std::mutex acceptor_mu_;
   std::weak_ptr<Acceptor> acceptor_;  // guarded by acceptor_mu_: while some ListenComm lives

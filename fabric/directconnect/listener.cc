@@ -176,7 +176,7 @@ Result<Acceptor::Listener*> Acceptor::Verify(const Pending& p) {
   if (h.version != kProtocolVersion)
     return RemoteError(fmt::format("protocol version {}, this side speaks {}", h.version, kProtocolVersion));
   const Topology& t = fabric_.topology();
-  if (h.topology != t.Fingerprint())
+  if (h.topology != fabric_.topology_fingerprint())
     return RemoteError(fmt::format("the connecting rank uses a different topology than {} (every rank must load the "
                                    "same topology file)",
                                    t.Describe()));
@@ -387,7 +387,7 @@ Result<std::unique_ptr<ListenComm>> ListenOnPort(DirectConnectFabric& fabric, in
   info.node = fabric.node();
   info.port = port;
   info.listener = acceptor->AddListener(port);
-  info.topology = t.Fingerprint();
+  info.topology = fabric.topology_fingerprint();
   info.host = fabric.host_fingerprint();
   std::memcpy(info.token, acceptor->token(), kTokenBytes);
   info.socket_name = acceptor->name();

@@ -304,7 +304,7 @@ void ExpectForcedHostStaging(Engine& e) {
     EXPECT_NE(t.description().find("staging through host memory (forced by TransportOptions::force_host_staging)"),
               std::string::npos)
         << "rank " << r << ": " << t.description();
-    EXPECT_EQ(t.staging().size(), 256u << 10);
+    EXPECT_EQ(t.staging_bytes(), 256u << 10);
   }
 }
 

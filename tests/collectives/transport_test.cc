@@ -278,7 +278,7 @@ TEST(Ofi, NetworkPeersGrowTheStaging) {
       auto created = CreateOver(w.fabric(r), w.boot(r), w.device(r), options, Soon());
       ASSERT_TRUE(created.ok()) << created.status().ToString();
       EXPECT_EQ((*created)->network(), network) << fabric_name;
-      EXPECT_EQ((*created)->staging().size(), network ? kNetworkBytes : kStagingBytes) << fabric_name;
+      EXPECT_EQ((*created)->staging_bytes(), network ? kNetworkBytes : kStagingBytes) << fabric_name;
     });
   }
 }
@@ -605,7 +605,7 @@ TEST(Transport, OneRankHasNoPeers) {
   auto created = CreateOver(w.fabric(0), w.boot(0), w.device(0), TransportOptions{kStagingBytes, 256}, Soon());
   ASSERT_TRUE(created.ok()) << created.status().ToString();
   EXPECT_EQ((*created)->peer(0), nullptr);
-  EXPECT_EQ((*created)->staging().size(), kStagingBytes);
+  EXPECT_EQ((*created)->staging_bytes(), kStagingBytes);
   EXPECT_FALSE((*created)->link_row()[0].reachable);
 }
 

@@ -181,12 +181,12 @@ class Executor {
   void Serve();
   // Serve's step for one operation: runs the one whose header is first in rank `from`'s inbox.
   Status ServeOne(int from);
-  // Takes the connections peers made to this rank (Transport::Poll; at most every kAcceptEvery
-  // unless `accept_now`), every control message that arrived into the inbox, and reposts the
+  // Takes the connections peers made to this rank (Transport::Poll, first those of `expecting`; at
+  // most every kAcceptEvery unless `accept_now`), every control message that arrived into the inbox, and reposts the
   // receives (one per connected peer); a peer whose control connection ended is recorded in `gone`;
   // probes are answered (once this rank has a connection to the prober) and answers kept
   // (ControlState::state). True when anything arrived, or a peer connected.
-  Result<bool> ReceiveControl(bool accept_now = false);
+  Result<bool> ReceiveControl(bool accept_now = false, std::span<const int> expecting = {});
   // Sends one control message to `peer` if a control slot is free (waiting for one until
   // `deadline` when `wait`); false when none was, or when the connection to the peer is not made
   // yet (this starts it: Transport::Connect).

@@ -64,9 +64,10 @@ constexpr std::chrono::milliseconds kProbeAfter{1000};
 // How often an idle executor looks for probes (an answer takes at most this long) and takes the
 // connections peers made to it.
 constexpr std::chrono::milliseconds kIdlePoll{20};
-// While an operation runs, the listen comms are looked at this often at most (a rank with a port
-// per peer has a listen comm per peer); while it waits for a connection, every round.
-constexpr std::chrono::microseconds kAcceptEvery{200};
+// While an operation runs with the connections it needs, the listen comms are looked at this
+// often at most, as while idle (what arrives then is for later: a peer's next operation, a probe);
+// while it waits for a connection, every round.
+constexpr std::chrono::milliseconds kAcceptEvery{20};
 
 // What a rank says about the operation it is at; compared field by field with the receiver's own.
 struct ControlMessage {
@@ -231,8 +232,8 @@ class Executor::Run {
   // connection fails the operation at its deadline like any wait, naming the peer.
   Status Connect(Deadline deadline);
   Status SendHeaders();
-  // `accept_now`: take the peers' connections now (ReceiveControl).
-  Result<bool> PollControl(bool accept_now = false);
+  // `accept_now`: take the peers' connections now, first those of `expecting` (ReceiveControl).
+  Result<bool> PollControl(bool accept_now = false, std::span<const int> expecting = {});
   Result<bool> Advance(ChannelRun& ch);
   // Takes step `index` of `ch` through its phases as far as it can go now (true when it moved),
   // by these: Post (kReadyToPost: onto the fabric; a step that cannot post blocks the later ones to

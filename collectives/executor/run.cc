@@ -162,16 +162,20 @@ Status Executor::Run::Connect(Deadline deadline) {
     bool progress = false;
     const size_t missing = no_connection_to_.size() + no_connection_from_.size();
     no_connection_to_.clear();
-    no_connection_from_.clear();
     for (int q : send_to_) {
       KZ_ASSIGN_OR_RETURN(bool connected, tr_.Connect(q));
       if (!connected) no_connection_to_.push_back(q);
     }
-    // Accepts every round: what this rank waits for may be there.
-    KZ_ASSIGN_OR_RETURN(bool p, PollControl(/*accept_now=*/true));
+    auto missing_from = [&] {
+      no_connection_from_.clear();
+      for (int q : recv_from_)
+        if (tr_.peer(q) == nullptr || tr_.peer(q)->recv == nullptr) no_connection_from_.push_back(q);
+    };
+    // Accepts every round, where the peers this rank waits for connect.
+    missing_from();
+    KZ_ASSIGN_OR_RETURN(bool p, PollControl(/*accept_now=*/true, no_connection_from_));
     progress |= p;
-    for (int q : recv_from_)
-      if (tr_.peer(q) == nullptr || tr_.peer(q)->recv == nullptr) no_connection_from_.push_back(q);
+    missing_from();
     if (no_connection_to_.empty() && no_connection_from_.empty()) return Status::Ok();
     progress |= no_connection_to_.size() + no_connection_from_.size() < missing;
     ProbeIfStalled(progress);
@@ -198,14 +202,14 @@ Status Executor::Run::CheckHeader(int peer, const ControlMessage& m) {
   return Status::Ok();
 }
 
-Result<bool> Executor::ReceiveControl(bool accept_now) {
+Result<bool> Executor::ReceiveControl(bool accept_now, std::span<const int> expecting) {
   bool progress = false;
   if (closed_) return false;
   // Connections peers made: each gets its control receive below.
   const Clock::time_point now = Clock::now();
   if (accept_now || now - control_->accepted_at >= kAcceptEvery) {
     control_->accepted_at = now;
-    KZ_ASSIGN_OR_RETURN(bool accepted, transport_->Poll());
+    KZ_ASSIGN_OR_RETURN(bool accepted, transport_->Poll(expecting));
     progress |= accepted;
   }
   std::vector<int> answer;  // peers that asked where this rank is
@@ -342,7 +346,7 @@ Status Executor::ExplainFailure(const Status& symptom, const ControlMessage& min
   }
 }
 
-Result<bool> Executor::Run::PollControl(bool accept_now) {
+Result<bool> Executor::Run::PollControl(bool accept_now, std::span<const int> expecting) {
   bool progress = false;
   // Header sends: reap completed ones.
   for (auto& [peer, pending] : ex_.control_->pending) {
@@ -355,7 +359,7 @@ Result<bool> Executor::Run::PollControl(bool accept_now) {
   }
   // Control receives: one posted per peer, always; each message is queued and the receive
   // reposted.
-  KZ_ASSIGN_OR_RETURN(bool received, ex_.ReceiveControl(accept_now));
+  KZ_ASSIGN_OR_RETURN(bool received, ex_.ReceiveControl(accept_now, expecting));
   progress |= received;
   // Headers waited for.
   for (int q : expect_from_) {

@@ -213,8 +213,21 @@ Result<bool> Transport::Identify(Arrival& a, bool& got_peer) {
   return true;
 }
 
-Result<bool> Transport::Poll() {
-  for (size_t l = 0; l < listens_.size(); ++l) {
+Result<bool> Transport::Poll(std::span<const int> expecting) {
+  // The listen comms the expected peers connect to, then the next few of the others in turn: a rank
+  // with a port per peer has a listen comm per peer, and looking at every one on every call would
+  // cost each rank time in proportion to the communicator's ranks.
+  std::vector<size_t>& look = poll_scratch_;
+  look.clear();
+  for (int q : expecting)
+    if (reachable(q)) look.push_back(static_cast<size_t>(routes_[static_cast<size_t>(q)].listen));
+  for (size_t i = 0; i < std::min(kPollEach, listens_.size()); ++i) {
+    look.push_back(poll_cursor_ % listens_.size());
+    ++poll_cursor_;
+  }
+  std::sort(look.begin(), look.end());
+  look.erase(std::unique(look.begin(), look.end()), look.end());
+  for (size_t l : look) {
     while (true) {
       auto recv = listens_[l].comm->Accept();
       if (!recv.ok())
@@ -281,7 +294,7 @@ Status Transport::WaitConnected(std::span<const int> to, std::span<const int> fr
       KZ_ASSIGN_OR_RETURN(bool done, Connect(q));
       if (!done) no_send.push_back(q);
     }
-    KZ_ASSIGN_OR_RETURN(progressed, Poll());
+    KZ_ASSIGN_OR_RETURN(progressed, Poll(from));
     for (int q : from)
       if (peers_[static_cast<size_t>(q)] == nullptr || peers_[static_cast<size_t>(q)]->recv == nullptr)
         no_recv.push_back(q);

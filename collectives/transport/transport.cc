@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -420,14 +421,13 @@ Status Transport::Planner::ChooseFabrics() {
 Status Transport::Planner::ExchangeListens() {
   Record mine;
   t_.routes_.assign(static_cast<size_t>(n_), Transport::Route{});
+  std::map<std::pair<int, int>, int> listening;  // (fabric, device) -> index into listens_
   for (int q = 0; q < n_; ++q) {
     const int f = chosen_[static_cast<size_t>(q)];
     if (f < 0) continue;
     const DeviceMap& map = maps_[static_cast<size_t>(f)];
     const int dev = map.Serving(q);
-    int index = -1;
-    for (size_t l = 0; l < t_.listens_.size() && index < 0; ++l)
-      if (t_.listens_[l].fabric == f && t_.listens_[l].device == dev) index = static_cast<int>(l);
+    int& index = listening.try_emplace({f, dev}, -1).first->second;
     if (index < 0) {
       fabric::Fabric& fab = *fabrics_[static_cast<size_t>(f)];
       auto listen = fab.Listen(dev);

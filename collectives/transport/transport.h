@@ -194,12 +194,14 @@ class Transport {
   // registered, its identifying message posted). kInvalidArgument for an unreachable peer; a
   // fabric's error names the peer, the fabric and the device.
   Result<bool> Connect(int q);
-  // Non-blocking: takes the connections waiting on the listen comms, hands each to the peer its
-  // first message names (Peer::recv, its buffers registered), and reaps identifying messages
-  // delivered. True when some peer got its RecvComm. A connection that names a rank that cannot
-  // have made it is dropped (logged); an error is this rank's (a listen comm or a registration
-  // failed).
-  Result<bool> Poll();
+  // Non-blocking: takes the connections waiting on the listen comms where the peers of `expecting`
+  // connect, and on the next kPollEach others in turn (every listen comm is looked at within
+  // listens / kPollEach calls), hands each to the peer its first message names (Peer::recv, its
+  // buffers registered), and reaps identifying messages delivered. True when some peer got its
+  // RecvComm. A connection that names a rank that cannot have made it is dropped (logged); an
+  // error is this rank's (a listen comm or a registration failed).
+  Result<bool> Poll(std::span<const int> expecting = {});
+  static constexpr size_t kPollEach = 8;
   // Connects to every peer of `to` and accepts from every peer of `from`, until all are there;
   // kTimeout at the deadline naming the peers not yet connected each way. The peers must make
   // the other ends at the same time (their own WaitConnected, or an executor).
@@ -306,6 +308,8 @@ class Transport {
   std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<int> receiving_from_;
   std::vector<int> identifying_;  // peers whose identifying message is in flight
+  size_t poll_cursor_ = 0;        // Poll's turn through the listen comms
+  std::vector<size_t> poll_scratch_;
   size_t control_bytes_ = 0;
   std::unique_ptr<Staging> how_;
   device::Device* device_ = nullptr;

@@ -4,6 +4,7 @@
 // KIZUNA_TEST_BACKEND's devices when it is set (world.h) and move bytes with Upload / Download;
 // the ones that build emulated backends of their own (speeds, two hosts) stay on the emulated
 // accelerator.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -161,6 +162,56 @@ TEST(Communicator, MissingRankTimesOutNamingIt) {
               w.comm(1).AsyncError().code() == StatusCode::kTimeout)
       << all;
   EXPECT_NE(all.find("2"), std::string::npos) << all;
+}
+
+// Runs one AllReduce of `count` floats with `algorithm` on every rank of `w` and checks the sums.
+void AllReduceChecked(World& w, Algorithm algorithm, size_t count) {
+  std::vector<std::unique_ptr<device::Buffer>> b;
+  for (int r = 0; r < w.size(); ++r) {
+    b.push_back(Alloc(w, r, count * 4));
+    std::vector<float> values(count);
+    for (size_t i = 0; i < count; ++i) values[i] = static_cast<float>(InputValue(ReduceOp::kSum, r, i));
+    ASSERT_TRUE(w.Upload(r, b[r]->data(), values).ok());
+  }
+  CallOptions call;
+  call.algorithm = algorithm;
+  for (int r = 0; r < w.size(); ++r)
+    ASSERT_TRUE(w.comm(r)
+                    .AllReduce(b[r]->data(), b[r]->data(), count, DataType::kFloat32, ReduceOp::kSum, w.stream(r), call)
+                    .ok());
+  const Status synced = w.SyncAll();
+  ASSERT_TRUE(synced.ok()) << collectives::AlgorithmName(algorithm) << ": " << synced.ToString();
+  for (int r = 0; r < w.size(); ++r) {
+    auto got = w.Download<float>(r, b[r]->data(), count);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    for (size_t i = 0; i < count; i += 37)
+      ASSERT_EQ((*got)[i], Reduced(ReduceOp::kSum, w.size(), i, DataType::kFloat32))
+          << collectives::AlgorithmName(algorithm) << " rank " << r << " element " << i;
+  }
+}
+
+// Connections are made when an operation first needs them, not at creation: ring AllReduces on 16
+// ranks connect each rank to its two neighbours and to nobody else; recursive halving-doubling
+// then connects the partners it exchanges with too, and still not every rank.
+TEST(Communicator, ConnectionsFollowThePeersThePlansUse) {
+  constexpr int kRanks = 16;
+  World w(kRanks, WorldConfig(8));
+  KZ_ASSERT_WORLD(w);
+  for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(w.comm(r).ConnectedPeers().empty()) << "rank " << r;
+  for (int i = 0; i < 2; ++i) AllReduceChecked(w, Algorithm::kRing, 16 * 1000 + 7);
+  std::vector<std::vector<int>> ring(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    const int prev = (r + kRanks - 1) % kRanks, next = (r + 1) % kRanks;
+    ring[r] = {std::min(prev, next), std::max(prev, next)};
+    EXPECT_EQ(w.comm(r).ConnectedPeers(), ring[r]) << "rank " << r;
+  }
+  AllReduceChecked(w, Algorithm::kRhd, 16 * 1000 + 7);
+  for (int r = 0; r < kRanks; ++r) {
+    const std::vector<int> now = w.comm(r).ConnectedPeers();
+    EXPECT_GT(now.size(), ring[r].size()) << "rank " << r;
+    EXPECT_LT(now.size(), static_cast<size_t>(kRanks - 1)) << "rank " << r;
+    EXPECT_TRUE(std::includes(now.begin(), now.end(), ring[r].begin(), ring[r].end())) << "rank " << r;
+  }
 }
 
 TEST(Communicator, AbortReleasesWaitingStreamsPromptly) {

@@ -1,6 +1,7 @@
 // The executor's private parts, shared by executor.cc (the executor's life: queue, thread,
-// failures) and executor_run.cc (running one operation: headers, steps, waits). Not a public
-// header: only these two files include it.
+// failures), run.cc (running one operation: steps, waits), control.cc (headers, connections,
+// probes, notices) and serve.cc (an aggregation device's loop). Not a public header: only the
+// executor's files include it.
 #pragma once
 
 #include <chrono>

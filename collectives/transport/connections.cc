@@ -290,16 +290,19 @@ Status Transport::WaitConnected(std::span<const int> to, std::span<const int> fr
   for (;;) {
     bool progressed = false;
     std::vector<int> no_send, no_recv;
-    for (int q : to) {
-      KZ_ASSIGN_OR_RETURN(bool done, Connect(q));
-      if (!done) no_send.push_back(q);
-    }
+    for (int q : to) KZ_RETURN_IF_ERROR(Connect(q).status());
     KZ_ASSIGN_OR_RETURN(progressed, Poll(from));
+    // A connection is there when the peer has taken its first message: on a fabric whose sends
+    // move as the sender progresses (directconnect's), the message waits for this rank, which
+    // stops progressing its comms when it returns.
+    for (int q : to) {
+      const Peer* p = peers_[static_cast<size_t>(q)].get();
+      const bool identifying = std::find(identifying_.begin(), identifying_.end(), q) != identifying_.end();
+      if (p == nullptr || p->send == nullptr || identifying) no_send.push_back(q);
+    }
     for (int q : from)
       if (peers_[static_cast<size_t>(q)] == nullptr || peers_[static_cast<size_t>(q)]->recv == nullptr)
         no_recv.push_back(q);
-    // Identifying messages still in flight are delivered as the peers poll; waiting for them
-    // here would make each side wait for the other's Poll.
     if (no_send.empty() && no_recv.empty()) return Status::Ok();
     if (deadline.Expired()) {
       std::string missing;

@@ -140,8 +140,8 @@ void PutHandle(std::vector<uint8_t>& out, const Handle& h, const Handle* previou
   size_t prefix = 0, suffix = 0;
   if (previous != nullptr && previous->size == h.size) {
     while (prefix < h.size && prefix < 255 && h.data[prefix] == previous->data[prefix]) ++prefix;
-    while (suffix + prefix < h.size && suffix < 255 && h.data[h.size - 1 - suffix] == previous->data[h.size - 1 - suffix])
-      ++suffix;
+    auto same_from_end = [&](size_t i) { return h.data[h.size - 1 - i] == previous->data[h.size - 1 - i]; };
+    while (suffix + prefix < h.size && suffix < 255 && same_from_end(suffix)) ++suffix;
   }
   wire::PutU32(out, h.size);
   wire::PutU8(out, static_cast<uint8_t>(prefix));
@@ -566,14 +566,16 @@ Result<std::unique_ptr<Transport>> Transport::Create(std::span<fabric::Fabric* c
   const std::string groups = planner.Groups();
   const std::vector<int>& reachable = planner.reachable();
   const std::vector<int>& unreachable = planner.unreachable();
-  t->groups_ = fmt::format("{}{}", groups.empty() ? fmt::format("no peers over {}", NameList(fabric_names)) : groups,
-                           unreachable.empty() ? std::string() : fmt::format("; unreachable: {}", RankList(unreachable)));
+  t->groups_ = fmt::format(
+      "{}{}", groups.empty() ? fmt::format("no peers over {}", NameList(fabric_names)) : groups,
+      unreachable.empty() ? std::string() : fmt::format("; unreachable: {}", RankList(unreachable)));
   KZ_INFO(kLogColl, "{}: {} reachable peer(s) ({}){}{}; {} listen comm(s); {}", where, reachable.size(),
           reachable.empty() ? std::string("none") : RankList(reachable),
           groups.empty() ? std::string() : fmt::format(" over {}", groups),
           unreachable.empty() ? std::string() : fmt::format("; {} unreachable", RankList(unreachable)),
           t->listens_.size(),
-          options.connect_at_creation ? "connecting to every one now" : "each connected when an operation first needs it");
+          options.connect_at_creation ? "connecting to every one now"
+                                      : "each connected when an operation first needs it");
   if (!options.connect_at_creation) return t;
   KZ_RETURN_IF_ERROR(t->ConnectAll(deadline));
   // No rank returns before every rank has its connections: a handshake completes on one side

@@ -167,10 +167,10 @@ class Transport {
   // per fabric device that serves a peer of the pair's fabric. Decides how comms will register the
   // staging buffer (allocated with the first connection). Connects nobody (unless
   // connect_at_creation: then it connects to and accepts from every reachable peer, non-blocking
-  // and interleaved, and returns after a bootstrap barrier). kInvalidArgument when `fabrics` is empty, holds a null, a fabric
-  // twice, or a fabric created for another rank, or when the ranks pass different fabric lists
-  // (naming both lists). Fails as a whole (every comm released) on any error; kTimeout at the
-  // deadline naming the peers not yet connected (connect_at_creation).
+  // and interleaved, and returns after a bootstrap barrier). kInvalidArgument when `fabrics` is
+  // empty, holds a null, a fabric twice, or a fabric created for another rank, or when the ranks
+  // pass different fabric lists (naming both lists). Fails as a whole (every comm released) on any
+  // error; kTimeout at the deadline naming the peers not yet connected (connect_at_creation).
   static Result<std::unique_ptr<Transport>> Create(std::span<fabric::Fabric* const> fabrics,
                                                    bootstrap::Bootstrap& bootstrap, device::Device& device,
                                                    const TransportOptions& options, Deadline deadline);
@@ -202,9 +202,10 @@ class Transport {
   // error is this rank's (a listen comm or a registration failed).
   Result<bool> Poll(std::span<const int> expecting = {});
   static constexpr size_t kPollEach = 8;
-  // Connects to every peer of `to` and accepts from every peer of `from`, until all are there;
-  // kTimeout at the deadline naming the peers not yet connected each way. The peers must make
-  // the other ends at the same time (their own WaitConnected, or an executor).
+  // Connects to every peer of `to` and accepts from every peer of `from`, until all are there (a
+  // connection to a peer once the peer has taken its first message); kTimeout at the deadline
+  // naming the peers not yet connected each way. The peers must make the other ends at the same
+  // time (their own WaitConnected, or an executor).
   Status WaitConnected(std::span<const int> to, std::span<const int> from, Deadline deadline);
   // WaitConnected both ways with every reachable peer.
   Status ConnectAll(Deadline deadline);

@@ -4,18 +4,18 @@
 // namespace (bound under a random name, with a 128-bit random secret, by the first Listen of the
 // fabric and shared by every port's ListenComm until the last one closes: a node with a port per
 // peer holds one listening descriptor, not one per peer); the handle carries the socket's name, the
-// secret, n, p, the listener's id, the topology's fingerprint and the host's. Connect on port q checks, before touching the socket, that the
-// topology links (this node, q) to exactly (n, p) — anything else is kInvalidArgument naming the
-// topology — then connects, creates the connection's shared-memory channel and sends a hello
-// carrying the secret and the listener's id with the channel's memfd and eventfds (SCM_RIGHTS).
-// Accept takes pending connections off the node's socket without blocking, reads each hello as it
-// arrives and checks, in order, the peer's uid (SO_PEERCRED), the secret (constant-time), the
-// protocol version, the topology fingerprint, that the listener is still there, and that the
-// connecting (node, port) is its port's link peer; the connection then waits for that listener's
-// Accept. A hello whose descriptors the kernel dropped (MSG_CTRUNC: this process is at its
-// open-file limit) is refused saying so. A connection that fails a check
-// gets a one-line reason on its socket and is closed; it is logged (WARN) and never returned,
-// and nothing it sent reaches a comm. A connection that sends no complete hello within
+// secret, n, p, the listener's id, the topology's fingerprint and the host's. Connect on port q
+// checks, before touching the socket, that the topology links (this node, q) to exactly (n, p) —
+// anything else is kInvalidArgument naming the topology — then connects, creates the connection's
+// shared-memory channel and sends a hello carrying the secret and the listener's id with the
+// channel's memfd and eventfds (SCM_RIGHTS). Accept takes pending connections off the node's socket
+// without blocking, reads each hello as it arrives and checks, in order, the peer's uid
+// (SO_PEERCRED), the secret (constant-time), the protocol version, the topology fingerprint, that
+// the listener is still there, and that the connecting (node, port) is its port's link peer; the
+// connection then waits for that listener's Accept. A hello whose descriptors the kernel dropped
+// (MSG_CTRUNC: this process is at its open-file limit) is refused saying so. A connection that
+// fails a check gets a one-line reason on its socket and is closed; it is logged (WARN) and never
+// returned, and nothing it sent reaches a comm. A connection that sends no complete hello within
 // kHelloTimeout is dropped, so a stranger cannot hold a slot.
 //
 // After the handshake the socket stays open beside the channel: it carries the fds of regions

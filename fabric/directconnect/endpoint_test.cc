@@ -5,13 +5,19 @@
 
 #include "fabric/directconnect/endpoint.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
 
 #include <gtest/gtest.h>
 
@@ -197,6 +203,102 @@ TEST(DirectConnectEndpoint, AFloodOfSilentConnectionsDoesNotEvictAPeer) {
   auto accepted_late = (*listen)->Accept(Soon());
   ASSERT_TRUE(accepted_late.ok()) << accepted_late.status().ToString();
   EXPECT_NE(*accepted_late, nullptr);
+}
+
+// The open descriptors of this process.
+size_t OpenDescriptors() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// A node's ports listen on one socket: a node with a port per peer holds one listening descriptor,
+// not one per port, and each connection still reaches the ListenComm of its own port.
+TEST(DirectConnectEndpoint, ThePortsOfANodeShareOneListeningSocket) {
+  World w(Ring3());
+  const size_t before = OpenDescriptors();
+  auto l0 = w[0].Listen(0);
+  auto l1 = w[0].Listen(1);
+  ASSERT_TRUE(l0.ok() && l1.ok());
+  EXPECT_EQ(OpenDescriptors(), before + 1);
+  auto h0 = ParseHandle((*l0)->handle());
+  auto h1 = ParseHandle((*l1)->handle());
+  ASSERT_TRUE(h0.ok() && h1.ok());
+  EXPECT_EQ(h0->socket_name, h1->socket_name);
+  EXPECT_NE(h0->listener, h1->listener);
+  // w0's port 0 is cabled to w1's port 1, its port 1 to w2's port 0.
+  auto from1 = w[1].Connect(1, (*l0)->handle(), Soon());
+  auto from2 = w[2].Connect(0, (*l1)->handle(), Soon());
+  ASSERT_TRUE(from1.ok() && from2.ok()) << from1.status().ToString() << from2.status().ToString();
+  auto got1 = (*l1)->Accept(Soon());
+  ASSERT_TRUE(got1.ok()) << got1.status().ToString();
+  EXPECT_EQ((*got1)->label(), "directconnect w0:1<-w2:0");
+  auto got0 = (*l0)->Accept(Soon());
+  ASSERT_TRUE(got0.ok()) << got0.status().ToString();
+  EXPECT_EQ((*got0)->label(), "directconnect w0:0<-w1:1");
+}
+
+// A port whose ListenComm closed while another port's keeps the socket: the connection is made
+// (connecting does not wait for the listener) and refused, saying why, on its first transfer.
+TEST(DirectConnectEndpoint, AConnectionToAClosedPortIsRefusedWhileTheNodeStillListens) {
+  World w(Ring3());
+  auto l1 = w[0].Listen(1);
+  ASSERT_TRUE(l1.ok());
+  Handle h0;
+  {
+    auto l0 = w[0].Listen(0);
+    ASSERT_TRUE(l0.ok());
+    h0 = (*l0)->handle();
+  }
+  auto late = w[1].Connect(1, h0, Soon());
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  auto none = (*l1)->Accept();
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+  uint64_t word = 1;
+  auto reg = (*late)->Register(MemoryDescriptor::Host(&word, 8));
+  ASSERT_TRUE(reg.ok());
+  auto s = (*late)->Send(&word, 8, 0, *reg);
+  Status failed = s.ok() && *s != nullptr ? (*late)->Wait(*s, Soon()).status() : s.status();
+  EXPECT_EQ(failed.code(), StatusCode::kRemoteError) << failed.ToString();
+  EXPECT_NE(failed.message().find("nobody listens"), std::string::npos) << failed.message();
+}
+
+// The kernel drops the descriptors of a hello it cannot install in the listening process (its
+// open-file limit reached) and says so only with MSG_CTRUNC: the connection is refused naming that,
+// and the connecting side learns it, instead of a hello "without its channel descriptors".
+TEST(DirectConnectEndpoint, AHelloWhoseDescriptorsCannotBeReceivedIsRefusedSayingWhy) {
+  World w(Ring3());
+  auto listen = w[0].Listen(0);
+  ASSERT_TRUE(listen.ok());
+  auto conn = w[1].Connect(1, (*listen)->handle(), Soon());
+  ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+  // Room for the accepted socket and no more: descriptors are numbered from the lowest free one,
+  // so a limit at the second free number admits accept4's and refuses the hello's.
+  std::set<int> open;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
+    open.insert(std::stoi(entry.path().filename().string()));
+  int first = 0;
+  while (open.count(first) != 0) ++first;
+  int second = first + 1;
+  while (open.count(second) != 0) ++second;
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit tight = saved;
+  tight.rlim_cur = static_cast<rlim_t>(second);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  auto none = (*listen)->Accept();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(*none, nullptr);
+  uint64_t word = 1;
+  auto reg = (*conn)->Register(MemoryDescriptor::Host(&word, 8));
+  ASSERT_TRUE(reg.ok());
+  auto s = (*conn)->Send(&word, 8, 0, *reg);
+  Status failed = s.ok() && *s != nullptr ? (*conn)->Wait(*s, Soon()).status() : s.status();
+  EXPECT_EQ(failed.code(), StatusCode::kRemoteError) << failed.ToString();
+  EXPECT_NE(failed.message().find("MSG_CTRUNC"), std::string::npos) << failed.message();
+  EXPECT_NE(failed.message().find(fmt::format("open-file limit {}", second)), std::string::npos) << failed.message();
 }
 
 TEST(DirectConnectEndpoint, ConnectingToAClosedListenerIsARemoteError) {

@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -411,6 +413,103 @@ TEST(DirectConnectTorus, TwoLinksBetweenAPairServeOneDirectionEach) {
     EXPECT_EQ(t.peer(1)->recv->label(), "directconnect w0:0<-w1:1");
   };
   ExchangeOnEveryRank(w, /*single_copy=*/true, [](int a, int b) { return a + b != 3; }, uses_both_links);
+}
+
+// Creation connects nobody; a pair connects when asked — here each rank to the next around the
+// ring — and only that pair: the rank across the ring stays unconnected, though every pair is
+// linked and the description (from the fabric devices) lists every peer.
+TEST(Transport, CreationConnectsNobodyAndAPairConnectsWhenAsked) {
+  World w(4, "directconnect", "full");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  OnEveryRank(4, [&](int r) {
+    auto created = CreateOver(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    Transport& t = **created;
+    const int next = (r + 1) % 4, prev = (r + 3) % 4, across = (r + 2) % 4;
+    EXPECT_TRUE(t.connected_peers().empty());
+    for (int q = 0; q < 4; ++q) EXPECT_EQ(t.reachable(q), q != r) << "rank " << q;
+    EXPECT_NE(t.description().find(fmt::format("directconnect: ranks {}", r == 0 ? "1, 2, 3" : "")), std::string::npos)
+        << t.description();
+    EXPECT_TRUE(t.link_row()[static_cast<size_t>(across)].reachable);
+    const int to[] = {next}, from[] = {prev};
+    Status connected = t.WaitConnected(to, from, Soon());
+    ASSERT_TRUE(connected.ok()) << connected.ToString();
+    EXPECT_EQ(t.connected_peers(), (std::vector<int>{std::min(next, prev), std::max(next, prev)}));
+    EXPECT_EQ(t.peer(across), nullptr);
+    ASSERT_NE(t.peer(next), nullptr);
+    EXPECT_NE(t.peer(next)->send, nullptr);
+    EXPECT_EQ(t.peer(next)->recv, nullptr);
+    ASSERT_NE(t.peer(prev), nullptr);
+    EXPECT_NE(t.peer(prev)->recv, nullptr);
+    EXPECT_EQ(t.peer(prev)->send, nullptr);
+    // Bytes around the ring, staging buffer to staging buffer.
+    const size_t slot = kStagingBytes / 2;
+    auto* base = static_cast<uint8_t*>(t.staging().data());
+    for (size_t i = 0; i < slot; ++i) base[i] = PatternByte(r, next, i);
+    auto recv = t.peer(prev)->recv->Recv(base + slot, slot, 7, t.peer(prev)->recv_staging);
+    auto send = t.peer(next)->send->Send(base, slot, 7, t.peer(next)->send_staging);
+    ASSERT_TRUE(recv.ok() && send.ok()) << recv.status().ToString() << send.status().ToString();
+    Status s = WaitAll({t.peer(prev)->recv.get(), t.peer(next)->send.get()}, {*recv, *send}, Soon());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    for (size_t i = 0; i < slot; ++i) ASSERT_EQ(base[slot + i], PatternByte(prev, r, i)) << "byte " << i;
+    ASSERT_TRUE(w.boot(r).Barrier(Soon()).ok());
+  });
+}
+
+// Waiting for a peer that never connects ends at the deadline, naming the peer and the fabric.
+TEST(Transport, WaitingForAPeerThatNeverConnectsNamesIt) {
+  World w(2, "directconnect", "full");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  OnEveryRank(2, [&](int r) {
+    auto created = CreateOver(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    if (r == 0) {
+      const int from[] = {1};
+      const auto t0 = Clock::now();
+      Status s = (*created)->WaitConnected({}, from, Deadline::AfterSeconds(1));
+      EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+      EXPECT_NE(s.message().find("no connection from rank 1"), std::string::npos) << s.message();
+      EXPECT_NE(s.message().find("directconnect"), std::string::npos) << s.message();
+      EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.0);
+    }
+    ASSERT_TRUE(w.boot(r).Barrier(Soon()).ok());
+  });
+}
+
+// The open descriptors of this process.
+size_t OpenDescriptors() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// What a rank holds from creation does not grow with the ranks: 32 ranks linked to one another
+// (31 ports each) create their transports with a listening socket each, not one per port and
+// peer, and a ring of connections then costs a few descriptors per rank.
+TEST(Transport, DescriptorsFollowTheConnectionsNotTheRanks) {
+  constexpr int kRanks = 32;
+  World w(kRanks, "directconnect", "full");
+  ASSERT_TRUE(w.status.ok()) << w.status.ToString();
+  std::vector<std::unique_ptr<Transport>> t(kRanks);
+  const size_t before = OpenDescriptors();
+  OnEveryRank(kRanks, [&](int r) {
+    auto created = CreateOver(w.fabric(r), w.boot(r), w.device(r), TransportOptions{kStagingBytes, 256}, Soon());
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    t[static_cast<size_t>(r)] = std::move(created).value();
+  });
+  const size_t created = OpenDescriptors();
+  EXPECT_LE(created - before, size_t{2} * kRanks) << "descriptors per rank after creation";
+  OnEveryRank(kRanks, [&](int r) {
+    const int to[] = {(r + 1) % kRanks}, from[] = {(r + kRanks - 1) % kRanks};
+    Status s = t[static_cast<size_t>(r)]->WaitConnected(to, from, Soon());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_TRUE(w.boot(r).Barrier(Soon()).ok());
+  });
+  const size_t ring = OpenDescriptors();
+  std::printf("%d ranks: %zu descriptors after creation, %zu with a ring of connections\n", kRanks,
+              created - before, ring - before);
+  EXPECT_LE(ring - created, size_t{16} * kRanks) << "descriptors per rank for a ring of connections";
+  t.clear();
 }
 
 TEST(Transport, LinkSpeedIsConvertedToBytes) {

@@ -1,0 +1,323 @@
+// The executor's control traffic and connections: operation headers, the connections an operation
+// needs (made on its first use of a peer), control messages received and sent (probes, answers,
+// abort notices), and what they tell about a stalled or failed operation.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "collectives/executor/internal.h"
+#include "runtime/core/logging.h"
+
+namespace kizuna::collectives {
+
+using namespace executor_internal;  // the executor's own constants and control messages
+
+Status Executor::Run::SendHeaders() {
+  std::set<int> send_to;
+  for (const ChannelRun& ch : channels_)
+    for (const Step& s : *ch.steps)
+      if (s.kind == StepKind::kSend && !ch.p2p) send_to.insert(s.peer);
+  const Deadline deadline = Deadline::AfterSeconds(ex_.options_.timeout_s);
+  for (int peer : send_to) {
+    KZ_ASSIGN_OR_RETURN(bool sent, ex_.SendControl(peer, op_.header, true, deadline));
+    if (!sent) return Timeout(fmt::format("could not post the operation header to rank {}", peer));
+  }
+  return Status::Ok();
+}
+
+Status Executor::Run::Connect(Deadline deadline) {
+  constexpr auto kMinSleep = std::chrono::microseconds(20);
+  constexpr auto kMaxSleep = std::chrono::microseconds(1000);
+  auto sleep = kMinSleep;
+  while (true) {
+    if (ex_.abort_.load()) return Aborted("the communicator was aborted");
+    bool progress = false;
+    const size_t missing = no_connection_to_.size() + no_connection_from_.size();
+    no_connection_to_.clear();
+    for (int q : send_to_) {
+      KZ_ASSIGN_OR_RETURN(bool connected, tr_.Connect(q));
+      if (!connected) no_connection_to_.push_back(q);
+    }
+    auto missing_from = [&] {
+      no_connection_from_.clear();
+      for (int q : recv_from_)
+        if (tr_.peer(q) == nullptr || tr_.peer(q)->recv == nullptr) no_connection_from_.push_back(q);
+    };
+    // Accepts every round, where the peers this rank waits for connect.
+    missing_from();
+    KZ_ASSIGN_OR_RETURN(bool p, PollControl(/*accept_now=*/true, no_connection_from_));
+    progress |= p;
+    missing_from();
+    if (no_connection_to_.empty() && no_connection_from_.empty()) return Status::Ok();
+    progress |= no_connection_to_.size() + no_connection_from_.size() < missing;
+    ProbeIfStalled(progress);
+    KZ_RETURN_IF_ERROR(CheckStates());
+    if (deadline.Expired() && Clock::now() - last_progress_ > std::chrono::duration<double>(ex_.options_.timeout_s))
+      return Timeout(fmt::format("{} made no progress for {} s: rank {} is {}{}", DescribeHeader(op_.header),
+                                 ex_.options_.timeout_s, tr_.rank(), Waiting(), DescribePeers()));
+    if (progress) {
+      sleep = kMinSleep;
+      continue;
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kMaxSleep);
+  }
+}
+
+Status Executor::Run::CheckHeader(int peer, const ControlMessage& m) {
+  if (m.magic != kControlMagic) return RemoteError(fmt::format("rank {} sent a malformed control message", peer));
+  if (m.kind == ControlKind::kAbort) return AbortNotice(peer, m);
+  if (m.seq != op_.seq || m.signature != op_.header.signature) {
+    return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at {}; rank {} is at {}",
+                                       tr_.rank(), DescribeHeader(op_.header), peer, DescribeHeader(m)));
+  }
+  return Status::Ok();
+}
+
+Result<bool> Executor::ReceiveControl(bool accept_now, std::span<const int> expecting) {
+  bool progress = false;
+  if (closed_) return false;
+  // Connections peers made: each gets its control receive below.
+  const Clock::time_point now = Clock::now();
+  if (accept_now || now - control_->accepted_at >= kAcceptEvery) {
+    control_->accepted_at = now;
+    KZ_ASSIGN_OR_RETURN(bool accepted, transport_->Poll(expecting));
+    progress |= accepted;
+  }
+  std::vector<int> answer;  // peers that asked where this rank is
+  for (int q : transport_->receiving_from()) {
+    Transport::Peer* p = transport_->peer(q);
+    if (p == nullptr || !p->recv) continue;
+    fabric::Request*& r = control_->recv[static_cast<size_t>(q)];
+    Status& gone = control_->gone[static_cast<size_t>(q)];
+    if (!gone.ok()) continue;
+    if (r != nullptr) {
+      auto c = p->recv->Test(r);
+      if (!c.ok()) {
+        // The peer closed its side (it finished and left, or failed). That matters only if this
+        // operation still needs the peer: its data steps then fail on their own, and a header
+        // still expected from it fails below with this reason.
+        r = nullptr;
+        gone = c.status().WithContext(fmt::format("control connection from rank {}", q));
+        continue;
+      }
+      if (!c->done) continue;
+      r = nullptr;
+      ControlMessage m;
+      if (c->size != sizeof m)
+        return RemoteError(fmt::format("rank {} sent a control message of {} bytes", q, c->size));
+      std::memcpy(&m, p->control_in.data(), sizeof m);
+      if (m.magic == kControlMagic && m.kind == ControlKind::kProbe) {
+        answer.push_back(q);
+      } else if (m.magic == kControlMagic && m.kind == ControlKind::kState) {
+        control_->state[q] = ControlState::Answer{m, Clock::now()};
+      } else {
+        control_->inbox[q].push_back(m);
+        progress = true;  // probes and answers are not the operation's progress
+      }
+    }
+    KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(p->control_in.data(), kControlSlotBytes, kControlTag, p->recv_control));
+  }
+  // Answered after the receives are reposted: the answer may prompt the peer's next message. A
+  // peer this rank has no connection to yet is answered once it has one (the probe started it).
+  for (int q : answer) control_->owed.insert(q);
+  if (!control_->owed.empty()) {
+    const ControlMessage state = State();
+    for (auto it = control_->owed.begin(); it != control_->owed.end();) {
+      Result<bool> sent = SendControl(*it, state, false, Deadline::AfterSeconds(0));
+      it = !sent.ok() || *sent ? control_->owed.erase(it) : std::next(it);
+    }
+  }
+  return progress;
+}
+
+Result<bool> Executor::SendControl(int peer, const ControlMessage& m, bool wait, Deadline deadline) {
+  if (closed_) return false;
+  KZ_ASSIGN_OR_RETURN(bool connected, transport_->Connect(peer));
+  if (!connected) return false;
+  Transport::Peer* p = transport_->peer(peer);
+  // A message slot that no earlier send still uses (they complete as the peer reposts its
+  // control receive, one message at a time).
+  const size_t nslots = transport_->control_bytes() / kControlSlotBytes;
+  auto& pending = control_->pending[peer];
+  while (!pending.empty()) {
+    KZ_ASSIGN_OR_RETURN(fabric::Completion c, p->send->Test(pending.front()));
+    if (!c.done) break;
+    pending.pop_front();
+  }
+  while (pending.size() >= nslots) {
+    if (!wait) return false;
+    KZ_ASSIGN_OR_RETURN(size_t n, p->send->Wait(pending.front(), deadline));
+    (void)n;
+    pending.pop_front();
+  }
+  const size_t slot = control_->next[peer]++ % nslots;
+  uint8_t* where = p->control_out.data() + slot * kControlSlotBytes;
+  std::memcpy(where, &m, sizeof m);
+  fabric::Request* r = nullptr;
+  while (r == nullptr) {
+    KZ_ASSIGN_OR_RETURN(r, p->send->Send(where, sizeof m, kControlTag, p->send_control));
+    if (r == nullptr) {
+      if (!wait || deadline.Expired()) return false;
+      std::this_thread::sleep_for(kWaitSlice);
+    }
+  }
+  pending.push_back(r);
+  return true;
+}
+
+ControlMessage Executor::State() const {
+  ControlMessage m;
+  if (running_ != nullptr) {
+    m = running_->header();
+    m.members = std::max<uint32_t>(m.members, 1);
+    const std::string waiting = running_->WaitingText();
+    std::memcpy(m.reason, waiting.data(), std::min(waiting.size(), sizeof m.reason - 1));
+  } else {
+    m.members = 0;
+    {
+      std::lock_guard lock(mu_);
+      m.seq = next_seq_ - 1;  // called (submitted) so far
+    }
+    const std::string what = stream_wait_seq_ != 0
+                                 ? fmt::format("waiting for its stream to reach operation {}", stream_wait_seq_)
+                                 : std::string("idle");
+    std::memcpy(m.reason, what.data(), std::min(what.size(), sizeof m.reason - 1));
+  }
+  m.magic = kControlMagic;
+  m.kind = ControlKind::kState;
+  return m;
+}
+
+Status executor_internal::AbortNotice(int peer, const ControlMessage& m) {
+  std::string why(m.reason, strnlen(m.reason, sizeof m.reason));
+  // A notice that only passes another rank's on names that rank: the first cause travels as is.
+  constexpr std::string_view kForwarded = "remote error: rank ";
+  if (why.starts_with(kForwarded)) return RemoteError(why.substr(std::string_view("remote error: ").size()));
+  return RemoteError(fmt::format("rank {} failed: {}", peer, why));
+}
+
+Status Executor::ExplainFailure(const Status& symptom, const ControlMessage& mine) {
+  // The notice travels on the control connection, which closes right after it, and a peer's
+  // header may not have been looked at (it was not expected yet): take whatever arrived, for a
+  // short while (a failing peer waits as long for its notices to go out).
+  const Deadline grace = Deadline::After(std::chrono::milliseconds(200));
+  while (true) {
+    for (const auto& [q, inbox] : control_->inbox) {
+      for (const ControlMessage& m : inbox) {
+        if (m.magic != kControlMagic) continue;
+        if (m.kind == ControlKind::kAbort) return AbortNotice(q, m);
+        if (m.kind == ControlKind::kHeader && mine.seq != 0 && m.seq == mine.seq && m.signature != mine.signature)
+          return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at {}; rank {} is at {}",
+                                             transport_->rank(), DescribeHeader(mine), q, DescribeHeader(m)));
+      }
+    }
+    if (grace.Expired() || closed_) return symptom;
+    auto got = ReceiveControl();
+    if (!got.ok() || !*got) std::this_thread::sleep_for(kWaitSlice);
+  }
+}
+
+Result<bool> Executor::Run::PollControl(bool accept_now, std::span<const int> expecting) {
+  bool progress = false;
+  // Header sends: reap completed ones.
+  for (auto& [peer, pending] : ex_.control_->pending) {
+    Transport::Peer* p = tr_.peer(peer);
+    while (!pending.empty()) {
+      KZ_ASSIGN_OR_RETURN(fabric::Completion c, p->send->Test(pending.front()));
+      if (!c.done) break;
+      pending.pop_front();  // not the operation's progress: probes and answers go this way too
+    }
+  }
+  // Control receives: one posted per peer, always; each message is queued and the receive
+  // reposted.
+  KZ_ASSIGN_OR_RETURN(bool received, ex_.ReceiveControl(accept_now, expecting));
+  progress |= received;
+  // Headers waited for.
+  for (int q : expect_from_) {
+    if (verified_.count(q)) continue;
+    auto& inbox = ex_.control_->inbox[q];
+    if (inbox.empty()) {
+      const Status& gone = ex_.control_->gone[static_cast<size_t>(q)];
+      if (!gone.ok()) return gone;
+      continue;
+    }
+    ControlMessage m = inbox.front();
+    inbox.pop_front();
+    KZ_RETURN_IF_ERROR(CheckHeader(q, m));
+    verified_.insert(q);
+    progress = true;
+  }
+  // An abort from any peer ends the operation, whether or not this rank talks to it now.
+  for (const auto& [q, inbox] : ex_.control_->inbox) {
+    for (const ControlMessage& m : inbox)
+      if (m.kind == ControlKind::kAbort) KZ_RETURN_IF_ERROR(CheckHeader(q, m));
+  }
+  return progress;
+}
+
+void Executor::Run::ProbeIfStalled(bool progress) {
+  const Clock::time_point now = Clock::now();
+  if (progress) last_progress_ = now;
+  const auto after = std::min<Clock::duration>(
+      kProbeAfter, std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ex_.options_.timeout_s / 4)));
+  if (now - last_progress_ < after || now - probed_at_ < after) return;
+  probed_at_ = now;
+  ControlMessage probe;
+  probe.kind = ControlKind::kProbe;
+  // The operation's peers (a rank its neighbours wait on shows up in their answers): probing
+  // every rank would connect to every rank.
+  for (int q : Peers()) ex_.SendControl(q, probe, false, Deadline::AfterSeconds(0)).status().IgnoreError();
+}
+
+Status Executor::Run::CheckStates() const {
+  // Transfers are matched by their sizes; before a probe, no answer is this operation's.
+  if (op_.seq == 0 || probed_at_ == Clock::time_point{}) return Status::Ok();
+  for (const auto& [q, answer] : ex_.control_->state) {
+    const ControlMessage& m = answer.state;
+    if (m.members == 0 || m.seq != op_.seq || m.signature == op_.header.signature) continue;
+    if (answer.at < probed_at_) continue;  // an answer to an older probe
+    return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at {}; rank {} is at {}",
+                                       tr_.rank(), DescribeHeader(op_.header), q, DescribeHeader(m)));
+  }
+  return Status::Ok();
+}
+
+std::string Executor::Run::DescribePeers() const {
+  if (probed_at_ == Clock::time_point{}) return "";
+  std::vector<std::string> peers;
+  const Clock::time_point now = Clock::now();
+  for (int q : Peers()) {
+    const auto found = ex_.control_->state.find(q);
+    const ControlMessage m = found != ex_.control_->state.end() ? found->second.state : ControlMessage{};
+    const Clock::time_point at = found != ex_.control_->state.end() ? found->second.at : Clock::time_point{};
+    const std::string reason(m.reason, strnlen(m.reason, sizeof m.reason));
+    if (at == Clock::time_point{} || now - at > std::chrono::seconds(2) + kProbeAfter) {
+      const Status& gone = ex_.control_->gone[static_cast<size_t>(q)];
+      peers.push_back(!gone.ok() ? fmt::format("rank {} is gone ({})", q, gone.message())
+                      : at == Clock::time_point{}
+                          ? fmt::format("rank {} does not answer (stopped, or its process not running)", q)
+                          : fmt::format("rank {} has not answered for {:.1f} s (stopped, or its process not running)",
+                                        q, std::chrono::duration<double>(now - at).count()));
+    } else if (m.members == 0 && op_.seq != 0 && m.seq < op_.seq) {
+      peers.push_back(fmt::format("rank {} has not called operation {} ({}; it called {} so far)", q, op_.seq,
+                                  reason, m.seq));
+    } else if (m.members != 0 && m.seq != op_.seq) {
+      peers.push_back(fmt::format("rank {} is at {}, {}", q, DescribeHeader(m), reason));
+    } else if (m.members != 0 && tr_.nranks() <= 8) {
+      peers.push_back(fmt::format("rank {} is {}", q, reason));
+    }
+  }
+  if (peers.empty()) return "";
+  return fmt::format("; where the others are: {}", fmt::join(peers, "; "));
+}
+
+}  // namespace kizuna::collectives

@@ -82,7 +82,7 @@ struct Offer {
   int fabric = -1;
   int device = -1;
   bool point_to_point = false;
-  int link_peer = -1;  // point-to-point: the rank it reaches
+  int link_peer = -1;  // point-to-point: the rank it reaches; switched: its rail (-1: no rails)
   Handle handle;
 };
 using Record = std::vector<Offer>;  // a rank's listens
@@ -205,22 +205,47 @@ Result<Record> ParseRecord(std::span<const uint8_t> in, int nranks, int nfabrics
 }
 
 // The listen of `record` (rank `from`'s) meant for rank `me` on fabric `f`, as `from` chose it
-// (DeviceMap::Serving): its first point-to-point device linked to `me`, else its switched device.
-const Offer* OfferFor(const Record& record, int f, int me) {
+// (DeviceMap::Serving): its first point-to-point device linked to `me`, else its switched device
+// (with rails: the one of the pair's rail, `rail`, which both ends compute alike).
+const Offer* OfferFor(const Record& record, int f, int me, int rail) {
   for (const Offer& o : record)
     if (o.fabric == f && o.point_to_point && o.link_peer == me) return &o;
   for (const Offer& o : record)
-    if (o.fabric == f && !o.point_to_point) return &o;
+    if (o.fabric == f && !o.point_to_point && (rail < 0 || o.link_peer == rail)) return &o;
   return nullptr;
 }
 
 
 // ---- Which fabric device serves which peer ----
 
+// Rails: a host with several NICs gives local rank i the i-th (KIZUNA_NICS' order, else by name)
+// of the switched devices nearest its accelerator, so that the ranks of rail i (local rank i of
+// every host) talk over NIC i on every host. A pair of ranks on two hosts with different local
+// indices i, j uses NIC min(i mod k, j mod k) at both ends (both compute the same), so that a
+// rail-optimised network, each NIC on a network of its own, still connects them.
+struct Rails {
+  std::vector<int> local;          // every rank's index among the ranks of its host; empty: no rails
+  std::vector<std::string> hosts;  // every rank's host id
+  std::vector<std::string> nics;   // KIZUNA_NICS
+};
+
+// The interface a device name ends in: "tcp;ofi_rxm:eth1" -> "eth1".
+std::string_view InterfaceOf(std::string_view name) {
+  const size_t colon = name.rfind(':');
+  return colon == std::string_view::npos ? name : name.substr(colon + 1);
+}
+// The provider part before it ("tcp;ofi_rxm").
+std::string_view ProviderOf(std::string_view name) {
+  const size_t colon = name.rfind(':');
+  return colon == std::string_view::npos ? std::string_view() : name.substr(0, colon);
+}
+
 class DeviceMap {
  public:
-  static Result<DeviceMap> Build(fabric::Fabric& fabric, const device::Device& device) {
+  static Result<DeviceMap> Build(fabric::Fabric& fabric, const device::Device& device, int rank, const Rails& rails) {
     DeviceMap m;
+    m.rank_ = rank;
+    m.rails_ = &rails;
     for (int d = 0; d < fabric.device_count(); ++d) {
       KZ_ASSIGN_OR_RETURN(FabricDeviceProperties p, fabric.properties(d));
       m.props_.push_back(std::move(p));
@@ -240,8 +265,67 @@ class DeviceMap {
     if (m.switched_ < 0 && dp.numa_node >= 0)
       m.switched_ = first_switched([&](const FabricDeviceProperties& p) { return p.numa_node == dp.numa_node; });
     if (m.switched_ < 0) m.switched_ = first_switched([](const FabricDeviceProperties&) { return true; });
+    if (m.switched_ >= 0) KZ_RETURN_IF_ERROR(m.ChooseRails(fabric.name()));
     return m;
   }
+
+  // The NICs of the rails (rail_nics_), in rail order, from the switched device chosen above:
+  // KIZUNA_NICS' devices in its order, else every device of the same provider and locality with
+  // another interface (loopback left out), by interface name.
+  Status ChooseRails(const std::string& fabric) {
+    const FabricDeviceProperties& first = props_[static_cast<size_t>(switched_)];
+    rail_nics_ = {switched_};
+    if (rails_->local.empty()) return Status::Ok();
+    if (!rails_->nics.empty()) {
+      rail_nics_.clear();
+      for (const std::string& nic : rails_->nics) {
+        int found = -1;
+        for (size_t d = 0; d < props_.size() && found < 0; ++d)
+          if (!props_[d].point_to_point && (props_[d].name == nic || InterfaceOf(props_[d].name) == nic))
+            found = static_cast<int>(d);
+        if (found < 0) {
+          std::string names;
+          for (const FabricDeviceProperties& p : props_)
+            if (!p.point_to_point) names += (names.empty() ? "" : ", ") + p.name;
+          return InvalidArgument(fmt::format("KIZUNA_NICS names {}, which {} does not have (its devices: {})", nic,
+                                             fabric, names.empty() ? "none" : names));
+        }
+        rail_nics_.push_back(found);
+      }
+      return Status::Ok();
+    }
+    std::vector<std::pair<std::string, int>> same;
+    for (size_t d = 0; d < props_.size(); ++d) {
+      const FabricDeviceProperties& p = props_[d];
+      if (p.point_to_point || ProviderOf(p.name) != ProviderOf(first.name) || InterfaceOf(p.name) == "lo" ||
+          p.numa_node != first.numa_node || p.near_device_uuids != first.near_device_uuids)
+        continue;
+      same.emplace_back(std::string(InterfaceOf(p.name)), static_cast<int>(d));
+    }
+    std::sort(same.begin(), same.end());
+    if (same.size() > 1) {
+      rail_nics_.clear();
+      for (const auto& [name, d] : same) rail_nics_.push_back(d);
+    }
+    return Status::Ok();
+  }
+
+  // The rail of the pair (this rank, peer), -1 without rails (see Rails).
+  int RailOf(int peer) const {
+    const auto k = static_cast<int>(rail_nics_.size());
+    if (k <= 1 || rails_->local.empty()) return -1;
+    const int i = rails_->local[static_cast<size_t>(rank_)] % k;
+    if (rails_->hosts[static_cast<size_t>(peer)] == rails_->hosts[static_cast<size_t>(rank_)]) return i;
+    return std::min(i, rails_->local[static_cast<size_t>(peer)] % k);
+  }
+  // The switched device for the pair: its rail's NIC.
+  int SwitchedFor(int peer) const {
+    const int rail = RailOf(peer);
+    return rail < 0 ? switched_ : rail_nics_[static_cast<size_t>(rail)];
+  }
+  // This rank's own rail NIC (for the log), and how many rails there are.
+  int RailNic() const { return SwitchedFor(rank_); }
+  int rail_count() const { return static_cast<int>(rail_nics_.size()); }
 
   const FabricDeviceProperties& props(int d) const { return props_[static_cast<size_t>(d)]; }
 
@@ -251,14 +335,14 @@ class DeviceMap {
     for (size_t d = 0; d < props_.size(); ++d)
       if (props_[d].point_to_point && props_[d].link_peer && props_[d].link_peer->rank == peer)
         return static_cast<int>(d);
-    return switched_;
+    return switched_ < 0 ? -1 : SwitchedFor(peer);
   }
 
   // The device to connect from to `peer`'s offer: for a point-to-point listener, the port at the
   // far end of exactly that link (with two links between a pair, each direction uses its own);
   // for a switched one, this rank's switched device. -1 when there is none.
   int ConnectingFor(int peer, const Offer& offer) const {
-    if (!offer.point_to_point) return switched_;
+    if (!offer.point_to_point) return switched_ < 0 ? -1 : SwitchedFor(peer);
     for (size_t d = 0; d < props_.size(); ++d) {
       const FabricDeviceProperties& p = props_[d];
       if (p.point_to_point && p.link_peer && p.link_peer->rank == peer && p.link_peer->port == offer.device)
@@ -270,6 +354,9 @@ class DeviceMap {
  private:
   std::vector<FabricDeviceProperties> props_;
   int switched_ = -1;
+  int rank_ = 0;
+  const Rails* rails_ = nullptr;
+  std::vector<int> rail_nics_;  // the rails' devices, rail i on rail_nics_[i]; one: no rails
 };
 
 // ---- Transport::Create's phases ----
@@ -327,7 +414,7 @@ class Transport::Planner {
         nfabrics_(static_cast<int>(fabrics.size())) {}
 
   // Which device of each fabric serves which peer.
-  Status MapDevices(const device::Device& device);
+  Status MapDevices(const device::Device& device, const TransportOptions& options);
   // Round 1: which peers this rank can serve on each fabric. From every rank's answer each rank
   // computes the fabric of each of its pairs: the first in the list that both ends serve.
   Status ChooseFabrics();
@@ -356,6 +443,7 @@ class Transport::Planner {
   const int n_;
   const int nfabrics_;
 
+  Rails rails_;                                      // before maps_, which point to it
   std::vector<DeviceMap> maps_;                      // per fabric
   std::vector<int> chosen_;                          // the fabric of the pair (rank, q); -1 for none
   std::vector<Record> records_;                      // every rank's listens
@@ -365,13 +453,26 @@ class Transport::Planner {
   std::vector<std::set<std::string>> device_names_;  // per fabric: the devices it uses for them
 };
 
-Status Transport::Planner::MapDevices(const device::Device& device) {
+Status Transport::Planner::MapDevices(const device::Device& device, const TransportOptions& options) {
+  const std::set<std::string> hosts(options.rank_hosts.begin(), options.rank_hosts.end());
+  if (hosts.size() > 1 && options.rank_hosts.size() == static_cast<size_t>(n_)) {
+    rails_.hosts = options.rank_hosts;
+    std::map<std::string, int> seen;
+    for (const std::string& h : options.rank_hosts) rails_.local.push_back(seen[h]++);
+    rails_.nics = options.nics;
+  }
   for (int f = 0; f < nfabrics_; ++f) {
-    auto map = DeviceMap::Build(*fabrics_[static_cast<size_t>(f)], device);
+    auto map = DeviceMap::Build(*fabrics_[static_cast<size_t>(f)], device, rank_, rails_);
     if (!map.ok())
       return map.status().WithContext(
           fmt::format("{}: the devices of {}", where_, fabric_names_[static_cast<size_t>(f)]));
     maps_.push_back(std::move(map).value());
+    const DeviceMap& m = maps_.back();
+    if (m.rail_count() > 1 && m.RailNic() >= 0)
+      KZ_INFO(kLogColl, "{}: local rank {} uses {} between hosts (rail {} of {} on {}{})", where_,
+              rails_.local[static_cast<size_t>(rank_)], m.props(m.RailNic()).name,
+              rails_.local[static_cast<size_t>(rank_)] % m.rail_count(), m.rail_count(),
+              fabric_names_[static_cast<size_t>(f)], rails_.nics.empty() ? "" : ", as KIZUNA_NICS says");
   }
   return Status::Ok();
 }
@@ -427,6 +528,7 @@ Status Transport::Planner::ExchangeListens() {
     if (f < 0) continue;
     const DeviceMap& map = maps_[static_cast<size_t>(f)];
     const int dev = map.Serving(q);
+    const int rail = map.props(dev).point_to_point ? -1 : map.RailOf(q);
     int& index = listening.try_emplace({f, dev}, -1).first->second;
     if (index < 0) {
       fabric::Fabric& fab = *fabrics_[static_cast<size_t>(f)];
@@ -436,7 +538,8 @@ Status Transport::Planner::ExchangeListens() {
             fmt::format("{}: listening for rank {} on {} {}", where_, q, fab.name(), map.props(dev).name));
       const FabricDeviceProperties& props = map.props(dev);
       mine.push_back(Offer{f, dev, props.point_to_point,
-                           props.point_to_point && props.link_peer ? props.link_peer->rank : -1, (*listen)->handle()});
+                           props.point_to_point ? (props.link_peer ? props.link_peer->rank : -1) : rail,
+                           (*listen)->handle()});
       index = static_cast<int>(t_.listens_.size());
       t_.listens_.push_back(Transport::Listen{std::move(listen).value(), f, dev});
     }
@@ -461,7 +564,7 @@ Status Transport::Planner::Route() {
     if (q == rank_) continue;
     const int f = chosen_[static_cast<size_t>(q)];
     const Record& record = records_[static_cast<size_t>(q)];
-    const Offer* theirs = f >= 0 ? OfferFor(record, f, rank_) : nullptr;
+    const Offer* theirs = f >= 0 ? OfferFor(record, f, rank_, maps_[static_cast<size_t>(f)].RailOf(q)) : nullptr;
     // The peer listens on the pair's fabric for some peer of it when it made the same choice.
     if (f >= 0 && theirs == nullptr)
       return InvalidArgument(fmt::format(
@@ -554,7 +657,7 @@ Result<std::unique_ptr<Transport>> Transport::Create(std::span<fabric::Fabric* c
   t->control_bytes_ = options.control_bytes;
 
   Planner planner(*t, fabrics, fabric_names, bootstrap, deadline);
-  KZ_RETURN_IF_ERROR(planner.MapDevices(device));
+  KZ_RETURN_IF_ERROR(planner.MapDevices(device, options));
   KZ_RETURN_IF_ERROR(planner.ChooseFabrics());
   KZ_RETURN_IF_ERROR(planner.ExchangeListens());
   KZ_RETURN_IF_ERROR(planner.Route());

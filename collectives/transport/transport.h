@@ -31,7 +31,10 @@
 // Which fabric device serves which peer follows the fabric's properties, never its name: a
 // switched device (FabricDeviceProperties::point_to_point false) reaches every peer — the device
 // nearest the rank's accelerator (near_device_uuids, then numa_node) is used, device 0 when none
-// is nearer; a point-to-point device reaches only its link_peer.
+// is nearer; a point-to-point device reaches only its link_peer. Rails: where a host has several
+// such devices (equally near, one provider, other interfaces; or KIZUNA_NICS' list), local rank i
+// talks to other hosts over the i-th (mod their number), and a pair of ranks with local indices
+// i, j on two hosts over the min(i, j)-th at both ends (transport.cc, "Rails").
 //
 // Memory: one staging buffer per rank, through which plan steps move data, registered on every
 // comm as the comm is made (so by each comm's own fabric). Zero-copy where the pair allows,
@@ -118,6 +121,11 @@ struct TransportOptions {
   // Connect every reachable pair in Create, both ways, and return after a bootstrap barrier
   // (every rank has its connections then), instead of on first use.
   bool connect_at_creation = false;
+  // Rails (transport.cc, "Rails"): every rank's host id, indexed by rank (empty: one host, no
+  // rails), and the NICs to use between hosts in local-rank order (KIZUNA_NICS; empty: every
+  // device of the nearest kind, by interface name).
+  std::vector<std::string> rank_hosts = {};
+  std::vector<std::string> nics = {};
 };
 
 // How the staging buffer is registered on a comm.

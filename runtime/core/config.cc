@@ -263,6 +263,9 @@ const std::vector<Entry>& Entries() {
     add({"KIZUNA_FABRIC", "comma list (name or name:device)", "auto",
          "fabrics in preference order, e.g. ofi:shm,directconnect"},
         List(&Config::fabric, ','));
+    add({"KIZUNA_NICS", "comma list (interface or fabric device)", "nearest, then by local rank",
+         "the NIC each local rank uses between hosts, in local-rank order (rails)"},
+        List(&Config::nics, ','));
     add({"KIZUNA_TOPOLOGY", "path or spec", "", "direct-connect topology file, or full|ring[:N]|torus{1,2,3}d:shape"},
         Text(&Config::topology));
     add({"KIZUNA_ALGO", "name or coll:name;coll:name", "cost model", "algorithm override"},

@@ -71,6 +71,9 @@ struct Config {
   // Fabric and topology.
   std::vector<std::string> fabric;
   std::string topology;
+  // KIZUNA_NICS: the network devices (interface names such as eth1, or fabric device names) that
+  // local ranks use between hosts, in local-rank order (rails); empty: by nearness, then by local rank.
+  std::vector<std::string> nics;
 
   // Collectives.
   std::string algo;

@@ -14,11 +14,13 @@ set -uo pipefail
 
 # ---- the cases: the one place to add one ---------------------------------------------------------
 # name | ranks per host, host 0 first | extra environment for every rank ("-": none), e.g.
-# KIZUNA_ALGO=ring to force an algorithm (README.md, KIZUNA_ALGO)
+# KIZUNA_ALGO=ring to force an algorithm (README.md, KIZUNA_ALGO) | NICs per host (default 1; with
+# more, every NIC of every host must have carried traffic: rails) | collectives (default: COLLS)
 CASES=(
   "2x2|2 2|-"
   "3-uneven|2 3 1|-"
   "3-uneven-hier|2 3 1|KIZUNA_ALGO=hier"
+  "2x2-rails|2 2|KIZUNA_ALGO=hier|2|allreduce alltoall"
 )
 COLLS=(allreduce reducescatter allgather broadcast reduce alltoall sendrecv)
 # A run that fails because of a known kizuna bug: "CASE/COLL|what fails". It is reported as skipped
@@ -110,8 +112,12 @@ trap finish EXIT
 trap 'echo "cluster_test: stopped by a signal" >&2; exit 143' TERM INT HUP
 
 all_case_names() {
-  local c coll
-  for c in "${CASES[@]}"; do for coll in "${COLLS[@]}"; do echo "${c%%|*}.$coll"; done; done
+  local c coll name layout extra nics colls
+  for c in "${CASES[@]}"; do
+    IFS='|' read -r name layout extra nics colls <<<"$c"
+    for coll in ${colls:-${COLLS[*]}}; do echo "$name.$coll"; done
+    [[ ${nics:-1} -gt 1 ]] && echo "$name.rails"
+  done
 }
 
 # ---- skip where namespaces cannot be made ---------------------------------------------------------
@@ -224,6 +230,29 @@ run_one() { # case_name prefix "ranks per host" extra_env coll port -> 0 ok, els
   echo "$nhosts hosts; between hosts, rank 0: $fabrics"
 }
 
+# ---- rails -------------------------------------------------------------------------------------
+# Bytes each NIC of each host has sent: lines "h<host>/eth<k> <bytes>".
+nic_bytes() { # prefix hosts nics
+  local h k
+  for ((h = 0; h < $2; h++)); do
+    for ((k = 0; k < $3; k++)); do
+      echo "h$h/eth$k $("$netns" exec "$1" "$h" -- cat "/sys/class/net/eth$k/statistics/tx_bytes" 2>/dev/null || echo -1)"
+    done
+  done
+}
+# Every NIC sent at least RAIL_MIN_BYTES more (the case moves megabytes over each rail; control
+# traffic alone is kilobytes); prints what each sent.
+RAIL_MIN_BYTES=$((256 << 10))
+check_rails() { # before after
+  local nic b a out="" bad=0
+  while read -r nic b && read -r _ a <&3; do
+    out+="${out:+, }$nic $((a - b)) B"
+    [[ $b -ge 0 && $a -ge 0 && $((a - b)) -ge $RAIL_MIN_BYTES ]] || bad=1
+  done <"$1" 3<"$2"
+  echo "sent: $out"
+  [[ $bad -eq 0 ]]
+}
+
 # ---- the cases ----------------------------------------------------------------------------------
 known_failure() { # CASE/COLL: prints the recorded reason, or fails
   local k
@@ -233,23 +262,27 @@ known_failure() { # CASE/COLL: prints the recorded reason, or fails
 
 index=0
 for c in "${CASES[@]}"; do
-  IFS='|' read -r name layout extra <<<"$c"
+  IFS='|' read -r name layout extra nics colls <<<"$c"
+  nics=${nics:-1}
   index=$((index + 1))
   if [[ ${#only[@]} -gt 0 && " ${only[*]} " != *" $name "* ]]; then continue; fi
   read -ra per_host <<<"$layout"
   # Unique per process and case: concurrent runs of this test never share a namespace.
   pfx="kzcl$$-$index"
   prefixes+=("$pfx")
-  up_out="$("$netns" up --name "$pfx" --hosts ${#per_host[@]} --env-file "$tmp/$pfx.env" 2>&1)" || {
+  case_colls=("${COLLS[@]}")
+  [[ -z "${colls:-}" ]] || read -ra case_colls <<<"$colls"
+  up_out="$("$netns" up --name "$pfx" --hosts ${#per_host[@]} --nics "$nics" --env-file "$tmp/$pfx.env" 2>&1)" || {
     echo "FAIL: $name: kizuna-netns up: $up_out"
-    for coll in "${COLLS[@]}"; do record "$name.$coll" failed "0|kizuna-netns up failed: $up_out"; done
-    failures=$((failures + ${#COLLS[@]}))
+    for coll in "${case_colls[@]}"; do record "$name.$coll" failed "0|kizuna-netns up failed: $up_out"; done
+    failures=$((failures + ${#case_colls[@]}))
     continue
   }
+  [[ $nics -gt 1 ]] && nic_bytes "$pfx" ${#per_host[@]} "$nics" >"$tmp/$pfx.before"
   echo "case $name: ranks per host [$layout], extra environment: $extra, namespaces $pfx-h0.. (${#per_host[@]} hosts)"
   # Each run in the background, at most PARALLEL at once; its verdict, message and time in files.
   port=29600
-  for coll in "${COLLS[@]}"; do
+  for coll in "${case_colls[@]}"; do
     while [[ $(jobs -rp | wc -l) -ge $PARALLEL ]]; do wait -n; done
     port=$((port + 1))
     (
@@ -259,7 +292,7 @@ for c in "${CASES[@]}"; do
     ) &
   done
   wait
-  for coll in "${COLLS[@]}"; do
+  for coll in "${case_colls[@]}"; do
     read -r rc secs <"$tmp/$name.$coll.rc" 2>/dev/null || { rc=1; secs=0; }
     msg=$(tr '|' '/' <"$tmp/$name.$coll.msg" | tr '\n' ' ' | sed 's/ *$//')
     if known="$(known_failure "$name/$coll")"; then
@@ -284,6 +317,18 @@ for c in "${CASES[@]}"; do
       failures=$((failures + 1))
     fi
   done
+  if [[ $nics -gt 1 ]]; then
+    # Rails: every NIC of every host carried the case's traffic (its transmitted bytes grew).
+    nic_bytes "$pfx" ${#per_host[@]} "$nics" >"$tmp/$pfx.after"
+    if verdict=$(check_rails "$tmp/$pfx.before" "$tmp/$pfx.after"); then
+      echo "  ok   $name rails: $verdict"
+      record "$name.rails" passed "0|"
+    else
+      echo "  FAIL $name rails: $verdict"
+      record "$name.rails" failed "0|$verdict"
+      failures=$((failures + 1))
+    fi
+  fi
   "$netns" down --name "$pfx" || { echo "FAIL: kizuna-netns down --name $pfx failed"; failures=$((failures + 1)); }
 done
 cleanup

@@ -7,6 +7,12 @@
  * --connections K the S bytes are split over K connections (K sender and K receiver threads): what
  * more connections would buy. --rounds R (default 6) for a longer run under a profiler.
  *
+ * --exchanges N measures the small-message floor instead: on one thread, each end sends S bytes
+ * and then receives the other's S bytes, N times in a row (after 100 unmeasured), as a 2-rank
+ * AllReduce of S bytes must (each rank needs the other's input); no thread hand-off, blocking
+ * calls. The median exchange is reported as coll=tcp-exchange, its time_us what one AllReduce of
+ * S bytes between these two ends cannot beat over TCP.
+ *
  *   tcp_probe --listen PORT --bytes S [--connections K]          (one end)
  *   tcp_probe --connect ADDR PORT --bytes S [--connections K]    (the other; retries for 10 s)
  *
@@ -36,6 +42,7 @@ static int rounds = 6; /* the first warms up */
 static int fds[MAX_CONNECTIONS];
 static char *sendbuf, *recvbuf;
 static int failed;
+static int exchanges; /* > 0: the small-message floor (--exchanges) */
 
 /* Connection i carries bytes [lo, hi) of the buffers. */
 static size_t slice_lo(int i) { return bytes / (size_t)nconn * (size_t)i; }
@@ -72,10 +79,34 @@ static void* receiver(void* arg) {
   return arg;
 }
 
+static int cmp_double(const void* a, const void* b) {
+  const double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+
+/* --exchanges: each end sends its S bytes, then receives the other's, n times; the median. */
+static int run_exchanges(int listening) {
+  double* t = malloc(sizeof(double) * (size_t)exchanges);
+  if (t == NULL) return 1;
+  for (int i = -100; i < exchanges; ++i) {
+    const double t0 = now();
+    move_slice(0, 1);
+    move_slice(0, 0);
+    if (failed) return 1;
+    if (i >= 0) t[i] = now() - t0;
+  }
+  qsort(t, (size_t)exchanges, sizeof(double), cmp_double);
+  if (listening)
+    printf("RESULT lib=floor coll=tcp-exchange n=2 bytes=%zu time_us=%.2f busbw=%.4f\n", bytes,
+           t[exchanges / 2] * 1e6, (double)bytes / t[exchanges / 2] / 1e9);
+  free(t);
+  return 0;
+}
+
 static int usage(void) {
   fprintf(stderr,
           "usage: tcp_probe --listen PORT --bytes S | --connect ADDR PORT --bytes S [--connections K] "
-          "[--rounds R]\n");
+          "[--rounds R] [--exchanges N]\n");
   return 2;
 }
 
@@ -94,6 +125,8 @@ int main(int argc, char** argv) {
       bytes = strtoull(argv[++i], NULL, 10);
     } else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
       rounds = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--exchanges") == 0 && i + 1 < argc) {
+      exchanges = atoi(argv[++i]);
     } else if (strcmp(argv[i], "--connections") == 0 && i + 1 < argc) {
       nconn = atoi(argv[++i]);
     } else {
@@ -101,7 +134,7 @@ int main(int argc, char** argv) {
     }
   }
   if ((listening == (addr != NULL)) || port <= 0 || port > 65535 || bytes == 0 || nconn < 1 ||
-      nconn > MAX_CONNECTIONS || rounds < 2)
+      nconn > MAX_CONNECTIONS || rounds < 2 || exchanges < 0 || (exchanges > 0 && nconn != 1))
     return usage();
   sendbuf = malloc(bytes);
   recvbuf = malloc(bytes);
@@ -149,6 +182,11 @@ int main(int argc, char** argv) {
     }
     const int one = 1;
     setsockopt(fds[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  if (exchanges > 0) {
+    const int rc = run_exchanges(listening);
+    close(fds[0]);
+    return rc;
   }
   double best = 1e30;
   for (int round = 0; round < rounds && !failed; ++round) {

@@ -437,6 +437,15 @@ class Fabric {
   // kInvalidArgument for an index out of range.
   Result<FabricDeviceProperties> properties(int dev) const;
 
+  // Where the fabric goes among the fabrics that are not direct in the default order
+  // (FabricRegistry::SelectAll without KIZUNA_FABRIC): lower first, ties in registration order.
+  enum DefaultRank : int {
+    kRankNative = 0,           // its own path to the hardware (RDMA NICs; plugins say nothing else)
+    kRankSockets = 10,         // the kernel's sockets (tcp)
+    kRankLayeredSockets = 20,  // sockets under a messaging layer of its own (ofi's tcp;ofi_rxm)
+  };
+  int default_rank() const { return default_rank_; }
+
   // Starts listening on device `dev` (listen).
   Result<std::unique_ptr<ListenComm>> Listen(int dev);
   // Non-blocking connect to the listener that produced `handle` (connect): a SendComm, or nullptr
@@ -458,6 +467,7 @@ class Fabric {
   virtual Status DoWaitConnectable(int dev, const Handle& handle, Deadline deadline, int attempt);
 
   std::vector<FabricDeviceProperties> devices_;  // set by the backend's constructor
+  int default_rank_ = kRankNative;               // set by the backend's constructor
 
  private:
   Status CheckDevice(int dev) const;

@@ -204,16 +204,26 @@ Result<std::vector<Fabric*>> FabricRegistry::SelectAll() const {
     }
     return true;
   };
-  for (bool want_direct : {true, false}) {
-    for (const FabricSlot& s : slots_) {
-      if (s.fabric != nullptr && direct(*s.fabric) == want_direct) take(s);
-      if (s.fabric == nullptr && !want_direct) note(s.name, s.status.ToString());
-    }
+  // The others by their default rank (Fabric::DefaultRank): between hosts, a fabric with its
+  // own path to the NIC before plain sockets, and plain sockets before sockets under a layer.
+  std::vector<const FabricSlot*> others;
+  for (const FabricSlot& s : slots_) {
+    if (s.fabric != nullptr && direct(*s.fabric)) take(s);
+    if (s.fabric != nullptr && !direct(*s.fabric)) others.push_back(&s);
   }
+  std::stable_sort(others.begin(), others.end(), [](const FabricSlot* a, const FabricSlot* b) {
+    return a->fabric->default_rank() < b->fabric->default_rank();
+  });
+  for (const FabricSlot* s : others) take(*s);
+  for (const FabricSlot& s : slots_)
+    if (s.fabric == nullptr) note(s.name, s.status.ToString());
   if (chosen.empty())
     return Unavailable(slots_.empty() ? std::string("no fabric is linked in")
                                       : fmt::format("no fabric is usable ({})", reasons));
-  KZ_INFO(kLogInit, "fabrics selected, in preference order: {} (every available one, direct links first)", names);
+  KZ_INFO(kLogInit,
+          "fabrics selected, in preference order: {} (every available one: direct links first, then by "
+          "default rank)",
+          names);
   return chosen;
 }
 

@@ -71,10 +71,11 @@ class FabricRegistry {
   Result<Fabric*> Select() const;
   // Every available fabric, in preference order: the fabrics named in KIZUNA_FABRIC in the order
   // listed (entries "name:device" count as "name"; a fabric named twice is listed once), or, when
-  // that list is empty, every available fabric in registration order (built-ins, then plugins),
-  // except that direct fabrics — every device point-to-point, as directconnect's ports — come
-  // before the others (registration order follows the binary's link order, which ranks nothing;
-  // a direct fabric serves only the pairs it has links for, and those best). Fabrics that are not
+  // that list is empty, every available fabric: direct fabrics — every device point-to-point, as
+  // directconnect's ports — first (a direct fabric serves only the pairs it has links for, and
+  // those best), then the others by Fabric::default_rank, ties in registration order (built-ins,
+  // then plugins; registration order follows the binary's link order, which ranks nothing: a
+  // fabric's rank says what it is, e.g. plain sockets before sockets under ofi_rxm). Fabrics that are not
   // available here are left out. kUnavailable, naming every candidate and
   // why it is not usable, when none is. A communicator uses them all: per pair of ranks, the first
   // fabric that connects the two (collectives/transport/transport.h).

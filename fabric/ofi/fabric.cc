@@ -3,6 +3,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_errno.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <fstream>
@@ -283,6 +284,13 @@ OfiFabric::OfiFabric(const Config* config, FabricContext context, std::shared_pt
       lib_(std::move(lib)),
       ofi_devices_(std::move(devices)) {
   for (const auto& d : ofi_devices_) devices_.push_back(d->properties());
+  // Over tcp or sockets alone, ofi is kernel sockets under ofi_rxm's layer: the tcp fabric does the
+  // same without it, and comes first (fabric/tcp/README.md). Any other provider (verbs, efa) has
+  // its own path to the NIC.
+  const bool sockets_only = std::all_of(ofi_devices_.begin(), ofi_devices_.end(), [](const auto& d) {
+    return d->provider().rfind("tcp", 0) == 0 || d->provider().rfind("sockets", 0) == 0 || d->provider() == "shm";
+  });
+  default_rank_ = sockets_only ? kRankLayeredSockets : kRankNative;
 }
 
 OfiFabric::~OfiFabric() {

@@ -450,25 +450,27 @@ TEST(Communicator, DeterministicModeIsBitwiseStable) {
   }
 }
 
-// Four ranks that say they run on two hosts (ranks 0, 1 on hostA, 2, 3 on hostB), with no fabric
-// list and no topology: every available fabric is used, pairs inside a host over direct links
-// (directconnect's "full" links the ranks of each host), pairs across hosts over ofi; every
-// algorithm's AllReduce is exact over the mixed connections.
+// Four ranks that say they run on two hosts (ranks 0, 1 on hostA, 2, 3 on hostB) and no topology:
+// pairs inside a host over direct links (directconnect's "full" links the ranks of each host),
+// pairs across hosts over `network` — with `fabrics` empty, every available fabric is used and
+// the default order puts tcp there (Fabric::default_rank: plain sockets before ofi's tcp;ofi_rxm);
+// every algorithm's AllReduce is exact over the mixed connections.
 // Kept whole: one scenario, set up, run and checked in order.
-TEST(Communicator, RanksOnTwoHostsUseDirectLinksInsideAHostAndOfiBetween) {
+void RanksOnTwoHosts(const std::string& network, const std::vector<std::string>& fabrics) {
   // The pretend hosts are one machine: libfabric's tcp provider stays on the loopback interface.
   ASSERT_EQ(::setenv("FI_TCP_IFACE", "lo", 1), 0);
   const int n = 4;
   Config config;
   config.emulated_devices = n;
   config.timeout_s = 30;
+  config.fabric = fabrics;
   {
     fabric::FabricContext ctx;
     ctx.world_size = n;
-    auto ofi = fabric::CreateFabric("ofi", config, ctx);
-    if (ofi.status().code() == StatusCode::kUnavailable)
-      GTEST_SKIP() << "ofi is not available here: " << ofi.status().ToString();
-    ASSERT_TRUE(ofi.ok()) << ofi.status().ToString();
+    auto f = fabric::CreateFabric(network, config, ctx);
+    if (f.status().code() == StatusCode::kUnavailable)
+      GTEST_SKIP() << network << " is not available here: " << f.status().ToString();
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
   }
   auto backend = host_emulated::CreateHostEmulatedBackend(config);
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
@@ -499,7 +501,7 @@ TEST(Communicator, RanksOnTwoHostsUseDirectLinksInsideAHostAndOfiBetween) {
     const int partner = r ^ 1;
     const std::string across = r < 2 ? "ranks 2, 3" : "ranks 0, 1";
     EXPECT_NE(d.find(fmt::format("directconnect: rank {} (", partner)), std::string::npos) << "rank " << r << ": " << d;
-    EXPECT_NE(d.find(fmt::format("ofi: {} (", across)), std::string::npos) << "rank " << r << ": " << d;
+    EXPECT_NE(d.find(fmt::format("{}: {} (", network, across)), std::string::npos) << "rank " << r << ": " << d;
     EXPECT_EQ(d.find("unreachable"), std::string::npos) << "rank " << r << ": " << d;
     EXPECT_EQ(comms[r]->topology().host_count(), 2);
   }
@@ -542,6 +544,12 @@ TEST(Communicator, RanksOnTwoHostsUseDirectLinksInsideAHostAndOfiBetween) {
   }
   streams.clear();
   comms.clear();
+}
+
+TEST(Communicator, RanksOnTwoHostsUseDirectLinksInsideAHostAndTcpBetween) { RanksOnTwoHosts("tcp", {}); }
+
+TEST(Communicator, RanksOnTwoHostsUseOfiBetweenWhenKizunaFabricNamesIt) {
+  RanksOnTwoHosts("ofi", {"directconnect", "ofi"});
 }
 
 // KIZUNA_TEST_BACKEND (world.h): the named backend's devices from the registry, round-robin; a

@@ -1,0 +1,344 @@
+#include "fabric/tcp/endpoint.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/core/logging.h"
+#include "runtime/core/random.h"
+
+namespace kizuna::fabric::tcp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+socklen_t LengthOf(const sockaddr_storage& a) {
+  return a.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+
+Result<UniqueFd> NewSocket(int family) {
+  UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return FromErrno(errno, "tcp: socket");
+  return fd;
+}
+
+// Small messages leave at once: no Nagle delay behind a frame that is not acknowledged yet.
+Status NoDelay(int fd) {
+  const int one = 1;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
+    return FromErrno(errno, "tcp: setsockopt(TCP_NODELAY)");
+  return Status::Ok();
+}
+
+// Constant time: how long the comparison takes says nothing about where a guess went wrong.
+bool SameSecret(const std::array<uint8_t, 16>& a, const std::array<uint8_t, 16>& b) {
+  uint8_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::string LocalAndPeer(int fd, const char* arrow) {
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof local, pl = sizeof peer;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll);
+  ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl);
+  return fmt::format("{}{}{}", DescribeAddress(local), arrow, DescribeAddress(peer));
+}
+
+Status PollFor(std::vector<pollfd>& fds, Deadline deadline) {
+  const auto limit = std::min<std::chrono::nanoseconds>(deadline.Remaining(), kMaxBlock);
+  if (limit.count() <= 0) return Status::Ok();
+  timespec ts{static_cast<time_t>(limit.count() / 1000000000), static_cast<long>(limit.count() % 1000000000)};
+  if (::ppoll(fds.data(), fds.size(), &ts, nullptr) < 0 && errno != EINTR) return FromErrno(errno, "tcp: ppoll");
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ---- Handles ----
+
+Handle EncodeHandle(const WireHandle& h) {
+  Handle out;
+  out.size = sizeof h;
+  std::memcpy(out.data.data(), &h, sizeof h);
+  return out;
+}
+
+Result<WireHandle> DecodeHandle(const Handle& handle) {
+  WireHandle h;
+  if (handle.size != sizeof h)
+    return InvalidArgument(
+        fmt::format("tcp: a handle of {} bytes is not a tcp handle ({} bytes)", handle.size, sizeof h));
+  std::memcpy(&h, handle.data.data(), sizeof h);
+  if (h.magic != kHandleMagic) return InvalidArgument("tcp: the handle is not a handle of the tcp fabric");
+  if (h.byte_order != kByteOrderMark) return InvalidArgument("tcp: the handle comes from a host of another byte order");
+  if (h.version != kProtocolVersion)
+    return InvalidArgument(
+        fmt::format("tcp: the handle is of protocol version {} (this build speaks {})", h.version, kProtocolVersion));
+  if (h.family != AF_INET && h.family != AF_INET6)
+    return InvalidArgument(fmt::format("tcp: the handle names address family {}", h.family));
+  if (h.port == 0) return InvalidArgument("tcp: the handle names port 0");
+  return h;
+}
+
+sockaddr_storage AddressOf(const WireHandle& h) {
+  sockaddr_storage a{};
+  if (h.family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&a);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(h.port);
+    std::memcpy(&in->sin_addr, h.address.data(), 4);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&a);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(h.port);
+    std::memcpy(&in6->sin6_addr, h.address.data(), 16);
+  }
+  return a;
+}
+
+std::string DescribeAddress(const sockaddr_storage& a) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (a.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+    ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    return fmt::format("{}:{}", text, ntohs(in->sin_port));
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+    return fmt::format("[{}]:{}", text, ntohs(in6->sin6_port));
+  }
+  return "?";
+}
+
+// ---- Listening and accepting ----
+
+Result<std::unique_ptr<TcpListenComm>> TcpListenComm::Create(const DeviceAddress& device, Hub& hub) {
+  const int family = device.address.ss_family;
+  KZ_ASSIGN_OR_RETURN(UniqueFd fd, NewSocket(family));
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&device.address), LengthOf(device.address)) != 0)
+    return FromErrno(errno, fmt::format("tcp: bind to {}", DescribeAddress(device.address)));
+  if (::listen(fd.get(), 128) != 0) return FromErrno(errno, "tcp: listen");
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0)
+    return FromErrno(errno, "tcp: getsockname");
+  WireHandle w;
+  w.family = static_cast<uint16_t>(family);
+  if (family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&bound);
+    w.port = ntohs(in->sin_port);
+    std::memcpy(w.address.data(), &in->sin_addr, 4);
+  } else {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&bound);
+    w.port = ntohs(in6->sin6_port);
+    std::memcpy(w.address.data(), &in6->sin6_addr, 16);
+  }
+  KZ_RETURN_IF_ERROR(RandomBytes(w.secret.data(), w.secret.size()));
+  KZ_INFO(kLogFabric, "tcp: listening on {} ({})", DescribeAddress(bound), device.properties.name);
+  return std::unique_ptr<TcpListenComm>(new TcpListenComm(device.properties, EncodeHandle(w), w, std::move(fd), hub));
+}
+
+void TcpListenComm::ReadHellos() {
+  const auto now = Clock::now();
+  for (size_t i = 0; i < incoming_.size();) {
+    Incoming& in = incoming_[i];
+    bool drop = false;
+    std::string why;
+    while (in.got < sizeof in.hello) {
+      const ssize_t k =
+          ::recv(in.fd.get(), reinterpret_cast<uint8_t*>(&in.hello) + in.got, sizeof in.hello - in.got, MSG_DONTWAIT);
+      if (k > 0) {
+        in.got += static_cast<size_t>(k);
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      drop = true;
+      why = k == 0 ? "closed before its hello was complete" : std::strerror(errno);
+      break;
+    }
+    if (!drop && in.got < sizeof in.hello && now - in.since > kHelloTimeout) {
+      drop = true;
+      why = "sent no complete hello within the time allowed";
+    }
+    if (!drop && in.got == sizeof in.hello) {
+      const Hello& h = in.hello;
+      if (h.magic != kHelloMagic || h.byte_order != kByteOrderMark || h.version != kProtocolVersion) {
+        drop = true;
+        why = "sent something that is not a hello of this protocol version";
+      } else if (!SameSecret(h.secret, wire_.secret)) {
+        drop = true;
+        why = "did not know the handle's secret";
+      } else if (h.streams < 1 || h.streams > kMaxStreams || h.stream >= h.streams) {
+        drop = true;
+        why = fmt::format("announced stream {} of {}", h.stream, h.streams);
+      } else {
+        std::vector<UniqueFd>& group = gathering_[h.nonce];
+        if (group.empty()) group.resize(h.streams);
+        if (group.size() != h.streams || group[h.stream].valid()) {
+          drop = true;
+          why = "repeated a stream of a connection, or changed its number of streams";
+        } else {
+          group[h.stream] = std::move(in.fd);
+          incoming_.erase(incoming_.begin() + static_cast<ptrdiff_t>(i));
+          continue;
+        }
+      }
+    }
+    if (drop) {
+      KZ_WARN(kLogFabric, "tcp: {}: an incoming connection {}; it was closed", properties().name, why);
+      incoming_.erase(incoming_.begin() + static_cast<ptrdiff_t>(i));
+      continue;
+    }
+    ++i;
+  }
+}
+
+Result<std::unique_ptr<RecvComm>> TcpListenComm::DoAccept() {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (true) {
+    UniqueFd fd(::accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd.valid()) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED) break;
+      return FromErrno(errno, fmt::format("tcp: accept on {}", properties().name));
+    }
+    KZ_RETURN_IF_ERROR(NoDelay(fd.get()));
+    incoming_.push_back(Incoming{std::move(fd), Hello{}, 0, Clock::now()});
+  }
+  ReadHellos();
+  for (auto it = gathering_.begin(); it != gathering_.end(); ++it) {
+    std::vector<UniqueFd>& group = it->second;
+    if (!std::all_of(group.begin(), group.end(), [](const UniqueFd& f) { return f.valid(); })) continue;
+    const uint64_t nonce = it->first;
+    std::vector<UniqueFd> fds = std::move(group);
+    gathering_.erase(it);
+    for (size_t s = 0; s < fds.size(); ++s) {
+      // A fresh socket's buffer takes 16 bytes at once.
+      const Welcome w{kWelcomeMagic, static_cast<uint32_t>(s), nonce};
+      if (::send(fds[s].get(), &w, sizeof w, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof w))
+        return RemoteError(
+            fmt::format("tcp: {}: the connecting side went away during the handshake", properties().name));
+    }
+    const std::string label =
+        fmt::format("tcp:{} {} ({} streams)", properties().name, LocalAndPeer(fds[0].get(), "<-"), fds.size());
+    return std::unique_ptr<RecvComm>(new TcpRecvComm(label, properties(), std::move(fds), hub_));
+  }
+  return std::unique_ptr<RecvComm>();
+}
+
+Status TcpListenComm::DoWaitAcceptable(Deadline deadline) {
+  std::vector<pollfd> fds;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fds.push_back(pollfd{fd_.get(), POLLIN, 0});
+    for (const Incoming& in : incoming_) fds.push_back(pollfd{in.fd.get(), POLLIN, 0});
+  }
+  return PollFor(fds, deadline);
+}
+
+// ---- Connecting ----
+
+Result<std::shared_ptr<PendingConnect>> PendingConnect::Start(const DeviceAddress& device, const Handle& handle,
+                                                              int streams, Hub& hub) {
+  KZ_ASSIGN_OR_RETURN(WireHandle w, DecodeHandle(handle));
+  std::shared_ptr<PendingConnect> p(new PendingConnect(device, hub));
+  p->wire_ = w;
+  p->peer_ = AddressOf(w);
+  KZ_RETURN_IF_ERROR(RandomBytes(&p->nonce_, sizeof p->nonce_));
+  for (int s = 0; s < streams; ++s) {
+    KZ_ASSIGN_OR_RETURN(UniqueFd fd, NewSocket(w.family));
+    KZ_RETURN_IF_ERROR(NoDelay(fd.get()));
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&p->peer_), LengthOf(p->peer_)) != 0 &&
+        errno != EINPROGRESS) {
+      if (errno == ECONNREFUSED)
+        return RemoteError(
+            fmt::format("tcp: connecting to {}: connection refused (the listener is gone)", DescribeAddress(p->peer_)));
+      return FromErrno(errno, fmt::format("tcp: connect to {}", DescribeAddress(p->peer_)));
+    }
+    StreamState st;
+    st.fd = std::move(fd);
+    p->streams_.push_back(std::move(st));
+  }
+  return p;
+}
+
+Status PendingConnect::Advance(StreamState& s, int index) {
+  if (s.phase == Phase::kConnecting) {
+    pollfd pfd{s.fd.get(), POLLOUT, 0};
+    if (::poll(&pfd, 1, 0) <= 0) return Status::Ok();
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (::getsockopt(s.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    if (err == ECONNREFUSED)
+      return RemoteError(
+          fmt::format("tcp: connecting to {}: connection refused (the listener is gone)", DescribeAddress(peer_)));
+    if (err != 0) return FromErrno(err, fmt::format("tcp: connect to {}", DescribeAddress(peer_)));
+    Hello h;
+    h.secret = wire_.secret;
+    h.nonce = nonce_;
+    h.stream = static_cast<uint16_t>(index);
+    h.streams = static_cast<uint16_t>(streams_.size());
+    const ssize_t k = ::send(s.fd.get(), &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k != static_cast<ssize_t>(sizeof h))
+      return RemoteError(fmt::format("tcp: {}: the listener went away during the handshake", DescribeAddress(peer_)));
+    s.phase = Phase::kHelloSent;
+  }
+  if (s.phase == Phase::kHelloSent) {
+    while (s.got < sizeof s.welcome) {
+      const ssize_t k =
+          ::recv(s.fd.get(), reinterpret_cast<uint8_t*>(&s.welcome) + s.got, sizeof s.welcome - s.got, MSG_DONTWAIT);
+      if (k > 0) {
+        s.got += static_cast<size_t>(k);
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::Ok();
+      return RemoteError(
+          fmt::format("tcp: {} closed the connection during the handshake (a handle of a listener "
+                      "that was closed, or one whose secret did not match)",
+                      DescribeAddress(peer_)));
+    }
+    if (s.welcome.magic != kWelcomeMagic || s.welcome.nonce != nonce_ ||
+        s.welcome.stream != static_cast<uint32_t>(index))
+      return RemoteError(
+          fmt::format("tcp: {} answered the hello with something that is not its welcome", DescribeAddress(peer_)));
+    s.phase = Phase::kWelcomed;
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<SendComm>> PendingConnect::Poll() {
+  bool all = true;
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    KZ_RETURN_IF_ERROR(Advance(streams_[i], static_cast<int>(i)));
+    all = all && streams_[i].phase == Phase::kWelcomed;
+  }
+  if (!all) return std::unique_ptr<SendComm>();
+  std::vector<UniqueFd> fds;
+  for (StreamState& s : streams_) fds.push_back(std::move(s.fd));
+  const std::string label =
+      fmt::format("tcp:{} {} ({} streams)", device_.properties.name, LocalAndPeer(fds[0].get(), "->"), fds.size());
+  return std::unique_ptr<SendComm>(new TcpSendComm(label, device_.properties, std::move(fds), hub_));
+}
+
+Status PendingConnect::Wait(Deadline deadline) {
+  std::vector<pollfd> fds;
+  for (const StreamState& s : streams_) {
+    if (s.phase == Phase::kConnecting) fds.push_back(pollfd{s.fd.get(), POLLOUT, 0});
+    if (s.phase == Phase::kHelloSent) fds.push_back(pollfd{s.fd.get(), POLLIN, 0});
+  }
+  if (fds.empty()) return Status::Ok();
+  return PollFor(fds, deadline);
+}
+
+}  // namespace kizuna::fabric::tcp

@@ -1,0 +1,144 @@
+// Handles, listening, connecting and accepting for the tcp fabric (README.md, "Connections").
+//
+// A handle (44 bytes) carries the listener's address and port, a 128-bit random secret and the
+// protocol version. Connect opens `streams` sockets to it, non-blocking, and sends a hello on each
+// (the secret, a random 64-bit connection nonce, the stream's index); Accept reads hellos without
+// blocking, checks the secret in constant time, gathers a connection's streams by nonce, and
+// answers each with a welcome once all have arrived. The connecting side has its SendComm once
+// every welcome is in. A hello that fails the checks is logged and its socket closed: nothing it
+// carried reaches a comm.
+#pragma once
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fabric/fabric.h"
+#include "fabric/tcp/transfer.h"
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
+
+namespace kizuna::fabric::tcp {
+
+inline constexpr uint32_t kHandleMagic = 0x4b5a5448;   // "KZTH"
+inline constexpr uint32_t kHelloMagic = 0x4b5a5443;    // "KZTC"
+inline constexpr uint32_t kWelcomeMagic = 0x4b5a5457;  // "KZTW"
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kByteOrderMark = 0x0102;
+// A connection's sockets, at most (the handshake refuses more).
+inline constexpr int kMaxStreams = 16;
+// How long an accepted socket may take to deliver its hello before it is dropped.
+inline constexpr auto kHelloTimeout = std::chrono::seconds(10);
+
+// What a Listen's handle holds.
+struct WireHandle {
+  uint32_t magic = kHandleMagic;
+  uint16_t version = kProtocolVersion;
+  uint16_t byte_order = kByteOrderMark;
+  uint16_t family = 0;                // AF_INET or AF_INET6
+  uint16_t port = 0;                  // host byte order
+  std::array<uint8_t, 16> address{};  // network byte order; IPv4 in the first 4 bytes
+  std::array<uint8_t, 16> secret{};
+};
+static_assert(sizeof(WireHandle) == 44);
+
+struct Hello {
+  uint32_t magic = kHelloMagic;
+  uint16_t version = kProtocolVersion;
+  uint16_t byte_order = kByteOrderMark;
+  std::array<uint8_t, 16> secret{};
+  uint64_t nonce = 0;
+  uint16_t stream = 0;
+  uint16_t streams = 0;
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(Hello) == 40);
+
+struct Welcome {
+  uint32_t magic = kWelcomeMagic;
+  uint32_t stream = 0;
+  uint64_t nonce = 0;
+};
+static_assert(sizeof(Welcome) == 16);
+
+Handle EncodeHandle(const WireHandle& h);
+// kInvalidArgument naming what is wrong: size, magic, version, byte order, address family, port.
+Result<WireHandle> DecodeHandle(const Handle& handle);
+// "10.0.0.1:4242", "[fd00::1]:4242".
+std::string DescribeAddress(const sockaddr_storage& a);
+sockaddr_storage AddressOf(const WireHandle& h);
+
+// A device as the endpoint needs it: its properties and the address its sockets bind to.
+struct DeviceAddress {
+  FabricDeviceProperties properties;
+  sockaddr_storage address{};  // port 0
+};
+
+class TcpListenComm : public ListenComm {
+ public:
+  static Result<std::unique_ptr<TcpListenComm>> Create(const DeviceAddress& device, Hub& hub);
+
+ protected:
+  Result<std::unique_ptr<RecvComm>> DoAccept() override;
+  Status DoWaitAcceptable(Deadline deadline) override;
+
+ private:
+  struct Incoming {
+    UniqueFd fd;
+    Hello hello;
+    size_t got = 0;
+    std::chrono::steady_clock::time_point since;
+  };
+  TcpListenComm(FabricDeviceProperties properties, Handle handle, WireHandle wire, UniqueFd fd, Hub& hub)
+      : ListenComm(std::move(properties), handle), wire_(wire), fd_(std::move(fd)), hub_(hub) {}
+  // Reads what the pending sockets sent; a complete, valid hello joins its connection's streams.
+  void ReadHellos();
+
+  std::mutex mu_;
+  WireHandle wire_;
+  UniqueFd fd_;
+  Hub& hub_;
+  std::vector<Incoming> incoming_;                       // accepted, hello not complete
+  std::map<uint64_t, std::vector<UniqueFd>> gathering_;  // by nonce: the streams so far (by index)
+};
+
+// One Connect in progress (Fabric::Connect is called again with the same handle until it yields).
+class PendingConnect {
+ public:
+  static Result<std::shared_ptr<PendingConnect>> Start(const DeviceAddress& device, const Handle& handle, int streams,
+                                                       Hub& hub);
+  // The SendComm once every stream is welcomed; nullptr meanwhile.
+  Result<std::unique_ptr<SendComm>> Poll();
+  // Blocks until a socket of the attempt is ready or the deadline.
+  Status Wait(Deadline deadline);
+
+  std::mutex mu;  // serializes Poll and Wait of one attempt
+
+ private:
+  enum class Phase : uint8_t { kConnecting, kHelloSent, kWelcomed };
+  struct StreamState {
+    UniqueFd fd;
+    Phase phase = Phase::kConnecting;
+    Welcome welcome;
+    size_t got = 0;
+  };
+  PendingConnect(const DeviceAddress& device, Hub& hub) : device_(device), hub_(hub) {}
+  Status Advance(StreamState& s, int index);
+
+  DeviceAddress device_;
+  Hub& hub_;
+  WireHandle wire_;
+  sockaddr_storage peer_{};
+  uint64_t nonce_ = 0;
+  std::vector<StreamState> streams_;
+};
+
+}  // namespace kizuna::fabric::tcp

@@ -1,0 +1,250 @@
+#include "fabric/tcp/link.h"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace kizuna::fabric::tcp {
+namespace {
+
+// Output items gathered into one sendmsg: small frames queued together leave in one system call.
+constexpr int kMaxIov = 64;
+// Frames without payload read per system call on the sender's side (posts).
+constexpr size_t kReadAheadBytes = 64 * sizeof(Frame);
+// Payload nobody takes is read into a buffer of this size, piece by piece, and dropped.
+constexpr size_t kDropBytes = 64 << 10;
+
+bool Transient(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
+
+}  // namespace
+
+Status CheckFrame(const Frame& f, uint64_t max_message) {
+  if (f.magic != kFrameMagic) return InvalidArgument(fmt::format("a frame with magic {:#x}", f.magic));
+  switch (f.type) {
+    case FrameType::kData:
+      if (f.total > max_message)
+        return InvalidArgument(fmt::format("a message of {} bytes (at most {})", f.total, max_message));
+      if (f.length > f.total || f.offset > f.total - f.length)
+        return InvalidArgument(
+            fmt::format("a frame of {} bytes at offset {} of a {}-byte message", f.length, f.offset, f.total));
+      return Status::Ok();
+    case FrameType::kPost:
+    case FrameType::kTruncated:
+      if (f.length != 0) return InvalidArgument(fmt::format("a control frame with {} bytes of payload", f.length));
+      return Status::Ok();
+  }
+  return InvalidArgument(fmt::format("a frame of unknown type {}", static_cast<int>(f.type)));
+}
+
+Link::Link(std::vector<UniqueFd> fds, std::string label, bool read_ahead)
+    : label_(std::move(label)), read_ahead_(read_ahead) {
+  streams_.resize(fds.size());
+  for (size_t i = 0; i < fds.size(); ++i) streams_[i].fd = std::move(fds[i]);
+}
+
+void Link::Break(Status why) {
+  if (!broken_.ok()) return;
+  broken_ = std::move(why);
+}
+
+void Link::Queue(int stream, const Frame& header, const uint8_t* payload, void* owner) {
+  streams_[static_cast<size_t>(stream)].out.push_back(OutItem{header, payload, 0, owner});
+}
+
+void Link::Flush(FrameSink& sink) {
+  for (Stream& s : streams_) {
+    if (!broken_.ok()) return;
+    if (!s.out.empty()) Write(s, sink);
+  }
+}
+
+bool Link::Progress(FrameSink& sink) {
+  bool moved = false;
+  for (size_t i = 0; i < streams_.size() && broken_.ok(); ++i) {
+    Stream& s = streams_[i];
+    if (!s.out.empty()) moved |= Write(s, sink);
+    if (!broken_.ok()) break;
+    if (i == 0 || read_all_) moved |= read_ahead_ ? ReadAhead(s, sink) : Read(s, sink);
+  }
+  // What the frames just read queued (a message that waited for its post, a truncation notice)
+  // leaves now: its owner may not progress this link again.
+  for (Stream& s : streams_) {
+    if (!broken_.ok()) break;
+    if (!s.out.empty()) moved |= Write(s, sink);
+  }
+  return moved;
+}
+
+bool Link::output_pending() const {
+  return std::any_of(streams_.begin(), streams_.end(), [](const Stream& s) { return !s.out.empty(); });
+}
+
+void Link::AppendPollFds(std::vector<pollfd>& fds) const {
+  if (!broken_.ok()) return;
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    const Stream& s = streams_[i];
+    short events = (i == 0 || read_all_) ? POLLIN : 0;
+    if (!s.out.empty()) events |= POLLOUT;
+    if (events != 0 && s.fd.valid()) fds.push_back(pollfd{s.fd.get(), events, 0});
+  }
+}
+
+void Link::Close() {
+  for (Stream& s : streams_) {
+    if (!s.fd.valid()) continue;
+    ::shutdown(s.fd.get(), SHUT_RDWR);
+    s.fd = UniqueFd();
+    s.out.clear();
+  }
+  Break(RemoteError(fmt::format("{}: the connection was closed", label_)));
+}
+
+bool Link::Write(Stream& s, FrameSink& sink) {
+  bool moved = false;
+  while (!s.out.empty() && broken_.ok()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = s.out.begin(); it != s.out.end() && n + 2 <= kMaxIov; ++it) {
+      size_t done = it->written;
+      if (done < sizeof(Frame)) {
+        iov[n++] = iovec{reinterpret_cast<uint8_t*>(&it->header) + done, sizeof(Frame) - done};
+        done = 0;
+      } else {
+        done -= sizeof(Frame);
+      }
+      if (it->header.length > done)
+        iov[n++] = iovec{const_cast<uint8_t*>(it->payload) + done, static_cast<size_t>(it->header.length - done)};
+    }
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t k = ::sendmsg(s.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (Transient(errno)) break;
+      Break(errno == EPIPE || errno == ECONNRESET
+                ? RemoteError(fmt::format("{}: the peer closed the connection ({})", label_, std::strerror(errno)))
+                : FromErrno(errno, fmt::format("{}: sendmsg", label_)));
+      break;
+    }
+    moved = true;
+    size_t left = static_cast<size_t>(k);
+    while (!s.out.empty()) {
+      OutItem& item = s.out.front();
+      const size_t whole = sizeof(Frame) + item.header.length;
+      const size_t take = std::min(left, whole - item.written);
+      item.written += take;
+      left -= take;
+      if (item.written < whole) break;
+      void* owner = item.owner;
+      s.out.pop_front();
+      if (owner != nullptr) sink.OnWritten(owner);
+    }
+  }
+  return moved;
+}
+
+bool Link::Read(Stream& s, FrameSink& sink) {
+  bool moved = false;
+  while (broken_.ok()) {
+    ssize_t k;
+    if (s.in == In::kHeader) {
+      k = ::recv(s.fd.get(), reinterpret_cast<uint8_t*>(&s.frame) + s.header_got, sizeof(Frame) - s.header_got,
+                 MSG_DONTWAIT);
+    } else {
+      const size_t left = s.frame.length - s.payload_got;
+      if (s.dst == nullptr && drop_.empty()) drop_.resize(kDropBytes);
+      k = s.dst != nullptr ? ::recv(s.fd.get(), s.dst + s.payload_got, left, MSG_DONTWAIT)
+                           : ::recv(s.fd.get(), drop_.data(), std::min(left, drop_.size()), MSG_DONTWAIT);
+    }
+    if (k == 0) {
+      Break(RemoteError(fmt::format("{}: the peer closed the connection", label_)));
+      return true;
+    }
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (Transient(errno)) return moved;
+      Break(errno == ECONNRESET ? RemoteError(fmt::format("{}: the connection was reset by the peer", label_))
+                                : FromErrno(errno, fmt::format("{}: recv", label_)));
+      return true;
+    }
+    moved = true;
+    if (s.in == In::kHeader) {
+      s.header_got += static_cast<size_t>(k);
+      if (s.header_got < sizeof(Frame)) continue;
+      s.header_got = 0;
+      if (Status c = CheckFrame(s.frame, kMaxMessageBytes); !c.ok()) {
+        Break(RemoteError(fmt::format("{}: protocol error: {}", label_, c.message())));
+        return true;
+      }
+      if (s.frame.type != FrameType::kData) {
+        if (Status c = sink.OnControl(s.frame); !c.ok()) Break(c);
+        continue;
+      }
+      Result<uint8_t*> dst = sink.OnData(s.frame);
+      if (!dst.ok()) {
+        Break(dst.status());
+        return true;
+      }
+      s.dst = *dst;
+      s.payload_got = 0;
+      if (s.frame.length == 0) {
+        if (Status c = sink.OnDataDone(s.frame); !c.ok()) Break(c);
+        continue;
+      }
+      s.in = In::kPayload;
+    } else {
+      s.payload_got += static_cast<size_t>(k);
+      if (s.payload_got < s.frame.length) continue;
+      s.in = In::kHeader;
+      if (Status c = sink.OnDataDone(s.frame); !c.ok()) Break(c);
+    }
+  }
+  return moved;
+}
+
+bool Link::ReadAhead(Stream& s, FrameSink& sink) {
+  bool moved = false;
+  while (broken_.ok()) {
+    const size_t have = ahead_.size();
+    ahead_.resize(have + kReadAheadBytes);
+    const ssize_t k = ::recv(s.fd.get(), ahead_.data() + have, kReadAheadBytes, MSG_DONTWAIT);
+    ahead_.resize(have + static_cast<size_t>(std::max<ssize_t>(k, 0)));
+    if (k == 0) {
+      Break(RemoteError(fmt::format("{}: the peer closed the connection", label_)));
+      return true;
+    }
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (Transient(errno)) return moved;
+      Break(errno == ECONNRESET ? RemoteError(fmt::format("{}: the connection was reset by the peer", label_))
+                                : FromErrno(errno, fmt::format("{}: recv", label_)));
+      return true;
+    }
+    moved = true;
+    size_t at = 0;
+    while (ahead_.size() - at >= sizeof(Frame) && broken_.ok()) {
+      Frame f;
+      std::memcpy(&f, ahead_.data() + at, sizeof f);
+      at += sizeof f;
+      Status c = CheckFrame(f, kMaxMessageBytes);
+      if (c.ok() && f.type == FrameType::kData)
+        c = InvalidArgument("a data frame on the connection's return direction");
+      if (!c.ok()) {
+        Break(RemoteError(fmt::format("{}: protocol error: {}", label_, c.message())));
+        return true;
+      }
+      if (Status st = sink.OnControl(f); !st.ok()) Break(st);
+    }
+    ahead_.erase(ahead_.begin(), ahead_.begin() + static_cast<ptrdiff_t>(at));
+    if (static_cast<size_t>(k) < kReadAheadBytes) return moved;  // the socket is drained
+  }
+  return moved;
+}
+
+}  // namespace kizuna::fabric::tcp

@@ -1,0 +1,136 @@
+// One connection's sockets and the frames they carry (README.md, "Protocol").
+//
+// A connection is one SendComm and the peer's RecvComm joined by `streams` TCP sockets. Frames go
+// from the sender to the receiver (kData, kTruncated) and back (kPost) on stream 0; the payload of
+// a large message is cut into one frame per stream, so that several sockets carry it at once.
+// Every socket is non-blocking with TCP_NODELAY; a Link reads and writes as far as the sockets
+// take without waiting, and the comm that owns it calls Progress from its posts, tests and waits.
+//
+// Reading never stages payload: a frame's 40-byte header is read on its own, then its payload
+// straight into the place the FrameSink names (the posted receive's buffer). Only frames without
+// payload (posts, on the sender's side) are read ahead in bulk.
+#pragma once
+
+#include <poll.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "runtime/core/status.h"
+#include "runtime/core/unique_fd.h"
+
+namespace kizuna::fabric::tcp {
+
+enum class FrameType : uint8_t {
+  kData = 1,       // sender -> receiver: `length` payload bytes of message (tag, seq) at `offset`
+  kPost = 2,       // receiver -> sender: receive (tag, seq) is posted with capacity `total`
+  kTruncated = 3,  // sender -> receiver: message (tag, seq) of `total` bytes did not fit its receive
+};
+
+inline constexpr uint16_t kFrameMagic = 0x4b46;  // "KF"
+// The largest message (FabricDeviceProperties::max_message_bytes): far from offset overflow.
+inline constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
+
+// Every frame starts with this, in the host's byte order (both ends are the same build, and the
+// handshake refuses a peer whose byte order differs).
+struct Frame {
+  uint16_t magic = kFrameMagic;
+  FrameType type = FrameType::kData;
+  uint8_t reserved = 0;
+  int32_t tag = 0;
+  uint64_t seq = 0;     // the message's index among the messages of its tag on this connection
+  uint64_t total = 0;   // kData, kTruncated: the message's size; kPost: the receive's capacity
+  uint64_t offset = 0;  // kData: where this frame's payload goes in the message
+  uint64_t length = 0;  // kData: payload bytes after the header
+};
+static_assert(sizeof(Frame) == 40);
+
+// A frame's header as read: kInvalidArgument naming what is wrong (bad magic or type, a payload
+// outside its message, a message above `max_message`).
+Status CheckFrame(const Frame& f, uint64_t max_message);
+
+// What a Link reports to its owner while progressing.
+class FrameSink {
+ public:
+  virtual ~FrameSink() = default;
+  // A kData header arrived on some stream: where its `length` payload bytes go, or nullptr to read
+  // and drop them. An error breaks the connection (a protocol error).
+  virtual Result<uint8_t*> OnData(const Frame& f) = 0;
+  // The payload of that frame is in place.
+  virtual Status OnDataDone(const Frame& f) = 0;
+  // A frame without payload (kPost, kTruncated).
+  virtual Status OnControl(const Frame& f) = 0;
+  // An output item queued with `owner` has been written whole.
+  virtual void OnWritten(void* owner) = 0;
+};
+
+class Link {
+ public:
+  // `fds`: the connected sockets, stream 0 first (made non-blocking with TCP_NODELAY by the
+  // endpoint). `read_ahead`: this side receives frames without payload only (the sender's side).
+  Link(std::vector<UniqueFd> fds, std::string label, bool read_ahead);
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  const std::string& label() const { return label_; }
+  int streams() const { return static_cast<int>(streams_.size()); }
+  // ok, or why the connection no longer works (kRemoteError when the peer closed or vanished).
+  const Status& broken() const { return broken_; }
+  void Break(Status why);
+
+  // Queues a frame (and `length` bytes of payload from `payload`, which must stay valid until
+  // OnWritten(owner)) on `stream`, behind what that stream already has queued. Nothing is written
+  // until Flush or Progress.
+  void Queue(int stream, const Frame& header, const uint8_t* payload, void* owner);
+  // Writes what the streams take now.
+  void Flush(FrameSink& sink);
+  // Reads and writes what the sockets take now; true when anything moved. A failure breaks the
+  // link (broken() says why) and stops.
+  bool Progress(FrameSink& sink);
+  // Whether `stream`'s reads may find something: a receiver reads streams beyond 0 only while
+  // large messages are arriving (`all` true), saving a system call per stream per progress.
+  void set_read_all_streams(bool all) { read_all_ = all; }
+
+  bool output_pending() const;
+  // The sockets to poll for this link: POLLIN on the streams it reads, POLLOUT where output waits.
+  void AppendPollFds(std::vector<pollfd>& fds) const;
+  // Ends the connection: what is queued is abandoned; the peer sees the sockets close.
+  void Close();
+
+ private:
+  struct OutItem {
+    Frame header;
+    const uint8_t* payload = nullptr;
+    size_t written = 0;  // of sizeof(Frame) + header.length
+    void* owner = nullptr;
+  };
+  enum class In : uint8_t { kHeader, kPayload };
+  struct Stream {
+    UniqueFd fd;
+    std::deque<OutItem> out;
+    In in = In::kHeader;
+    Frame frame;             // the frame being read
+    size_t header_got = 0;   // bytes of `frame` read so far
+    uint8_t* dst = nullptr;  // where the payload goes; nullptr: dropped
+    size_t payload_got = 0;
+    bool eof = false;
+  };
+
+  bool Read(Stream& s, FrameSink& sink);
+  bool Write(Stream& s, FrameSink& sink);
+  // Bulk read of payload-free frames (read_ahead_).
+  bool ReadAhead(Stream& s, FrameSink& sink);
+
+  std::vector<Stream> streams_;
+  std::string label_;
+  Status broken_;
+  const bool read_ahead_;
+  bool read_all_ = false;
+  std::vector<uint8_t> ahead_;  // read_ahead_: bytes read and not yet parsed
+  std::vector<uint8_t> drop_;   // payload of frames nobody takes
+};
+
+}  // namespace kizuna::fabric::tcp

@@ -1,0 +1,392 @@
+// The tcp fabric's own tests (README.md, "Tests"): handles, interface selection and frames as pure
+// functions; then two ranks' fabrics on the loopback interface in this process, for what the
+// conformance suite does not look at: eager messages that arrive before their receive (held and
+// counted as staged), messages cut over several streams, a receive too small for a message that
+// waited for its post, the eager credit, a hello without the secret, one thread's wait moving
+// another comm's send, and waits that sleep.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fabric/tcp/endpoint.h"
+#include "fabric/tcp/fabric.h"
+#include "fabric/tcp/link.h"
+#include "fabric/tcp/transfer.h"
+
+// Assertions that print the whole Status (as the conformance suites' helpers do).
+#define KZ_EXPECT_OK(expr)                                   \
+  switch (0)                                                 \
+  case 0:                                                    \
+  default:                                                   \
+    if (const ::kizuna::Status kz_s_ = (expr); kz_s_.ok()) { \
+    } else                                                   \
+      ADD_FAILURE() << #expr << " -> " << kz_s_.ToString() << ": "
+#define KZ_ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  KZ_ASSERT_OK_AND_ASSIGN_IMPL_(KZ_CONCAT_(kz_test_result_, __LINE__), lhs, expr)
+#define KZ_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)                  \
+  auto tmp = (expr);                                                   \
+  ASSERT_TRUE(tmp.ok()) << #expr << " -> " << tmp.status().ToString(); \
+  lhs = std::move(tmp).value()
+
+namespace kizuna::fabric::tcp {
+namespace {
+
+using namespace std::chrono_literals;
+
+Interface V4(const std::string& name, const char* address, bool loopback = false) {
+  Interface i;
+  i.name = name;
+  i.loopback = loopback;
+  auto* in = reinterpret_cast<sockaddr_in*>(&i.address);
+  in->sin_family = AF_INET;
+  ::inet_pton(AF_INET, address, &in->sin_addr);
+  return i;
+}
+
+Interface V6(const std::string& name, const char* address) {
+  Interface i;
+  i.name = name;
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(&i.address);
+  in6->sin6_family = AF_INET6;
+  ::inet_pton(AF_INET6, address, &in6->sin6_addr);
+  return i;
+}
+
+std::vector<std::string> Names(const std::vector<Interface>& v) {
+  std::vector<std::string> out;
+  for (const Interface& i : v) out.push_back(i.name);
+  return out;
+}
+
+TEST(Tcp, InterfacesLeaveLoopbackOutWhenAnotherIsThere) {
+  const std::vector<Interface> all = {V4("lo", "127.0.0.1", true), V6("eth0", "fe80::1"), V4("eth0", "10.0.0.2"),
+                                      V6("eth1", "fd00::5")};
+  std::vector<std::string> missing;
+  const std::vector<Interface> chosen = SelectInterfaces(all, {}, &missing);
+  EXPECT_EQ(Names(chosen), (std::vector<std::string>{"eth0", "eth1"}));
+  EXPECT_EQ(chosen[0].address.ss_family, AF_INET) << "IPv4 first";
+  EXPECT_EQ(chosen[1].address.ss_family, AF_INET6) << "a routable IPv6 address where there is no IPv4 one";
+  EXPECT_TRUE(missing.empty());
+  // Alone, loopback is taken; a link-local address alone is not.
+  EXPECT_EQ(Names(SelectInterfaces({V4("lo", "127.0.0.1", true)}, {}, nullptr)), std::vector<std::string>{"lo"});
+  EXPECT_TRUE(SelectInterfaces({V6("eth0", "fe80::1")}, {}, nullptr).empty());
+}
+
+TEST(Tcp, KizunaFabricNamesInterfacesInOrder) {
+  const std::vector<std::string> wanted = InterfacesFromConfig({"ofi:shm", "tcp:lo", "tcp", "tcp:eth9", "tcp:eth0"});
+  EXPECT_EQ(wanted, (std::vector<std::string>{"lo", "eth9", "eth0"}));
+  std::vector<std::string> missing;
+  const std::vector<Interface> chosen =
+      SelectInterfaces({V4("eth0", "10.0.0.2"), V4("lo", "127.0.0.1", true)}, wanted, &missing);
+  EXPECT_EQ(Names(chosen), (std::vector<std::string>{"lo", "eth0"}));
+  EXPECT_EQ(missing, std::vector<std::string>{"eth9"});
+}
+
+TEST(Tcp, HandlesRoundTripAndBadOnesAreRefused) {
+  WireHandle w;
+  w.family = AF_INET;
+  w.port = 4242;
+  w.address = {127, 0, 0, 1};
+  w.secret[3] = 9;
+  const Handle h = EncodeHandle(w);
+  EXPECT_LE(h.size, kHandleMaxBytes);
+  auto back = DecodeHandle(h);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->port, 4242);
+  EXPECT_EQ(back->secret, w.secret);
+  EXPECT_EQ(DescribeAddress(AddressOf(*back)), "127.0.0.1:4242");
+  auto broken = [&](auto change) {
+    WireHandle b = w;
+    change(b);
+    return DecodeHandle(EncodeHandle(b)).status();
+  };
+  for (const Status& st : {broken([](WireHandle& b) { b.magic = 1; }), broken([](WireHandle& b) { b.version = 9; }),
+                           broken([](WireHandle& b) { b.byte_order = 0x0201; }),
+                           broken([](WireHandle& b) { b.family = 77; }), broken([](WireHandle& b) { b.port = 0; })})
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  Handle short_one = h;
+  short_one.size -= 1;
+  EXPECT_EQ(DecodeHandle(short_one).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Tcp, FramesOutsideTheirMessageAreRefused) {
+  Frame f{.type = FrameType::kData, .total = 100, .offset = 60, .length = 40};
+  EXPECT_TRUE(CheckFrame(f, kMaxMessageBytes).ok());
+  f.length = 41;
+  EXPECT_EQ(CheckFrame(f, kMaxMessageBytes).code(), StatusCode::kInvalidArgument);
+  f = Frame{.type = FrameType::kData, .total = kMaxMessageBytes + 1, .length = 0};
+  EXPECT_EQ(CheckFrame(f, kMaxMessageBytes).code(), StatusCode::kInvalidArgument);
+  f = Frame{.type = FrameType::kPost, .total = 8, .length = 8};
+  EXPECT_EQ(CheckFrame(f, kMaxMessageBytes).code(), StatusCode::kInvalidArgument) << "a post carries no payload";
+  f = Frame{.type = static_cast<FrameType>(9)};
+  EXPECT_EQ(CheckFrame(f, kMaxMessageBytes).code(), StatusCode::kInvalidArgument);
+  f = Frame{};
+  f.magic = 1;
+  EXPECT_EQ(CheckFrame(f, kMaxMessageBytes).code(), StatusCode::kInvalidArgument);
+}
+
+// ---- Two ranks on the loopback interface ----
+
+Deadline Soon() { return Deadline::AfterSeconds(20); }
+
+struct Pair {
+  std::unique_ptr<ListenComm> listen;
+  std::unique_ptr<SendComm> send;
+  std::unique_ptr<RecvComm> recv;
+};
+
+class TcpPair : public ::testing::Test {
+ protected:
+  void Make(int streams) {
+    config_.timeout_s = 20;
+    config_.fabric = {"tcp:lo"};
+    const std::vector<Interface> lo = {V4("lo", "127.0.0.1", true)};
+    for (int r = 0; r < 2; ++r) {
+      FabricContext ctx;
+      ctx.rank = r;
+      ctx.world_size = 2;
+      auto f = TcpFabric::CreateWith(config_, ctx, lo, streams);
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+      fabrics_[r] = std::move(f).value();
+    }
+  }
+  // Rank 1 sends to rank 0.
+  Pair Connect() {
+    Pair p;
+    auto l = fabrics_[0]->Listen(0);
+    EXPECT_TRUE(l.ok()) << l.status().ToString();
+    if (!l.ok()) return p;
+    p.listen = std::move(l).value();
+    const Deadline d = Soon();
+    while ((p.send == nullptr || p.recv == nullptr) && !d.Expired()) {
+      if (p.send == nullptr) {
+        auto s = fabrics_[1]->Connect(0, p.listen->handle());
+        EXPECT_TRUE(s.ok()) << s.status().ToString();
+        if (!s.ok()) return p;
+        p.send = std::move(s).value();
+      }
+      if (p.recv == nullptr) {
+        auto r = p.listen->Accept();
+        EXPECT_TRUE(r.ok()) << r.status().ToString();
+        if (!r.ok()) return p;
+        p.recv = std::move(r).value();
+      }
+    }
+    return p;
+  }
+
+  Config config_;
+  std::unique_ptr<Fabric> fabrics_[2];
+};
+
+void Fill(std::vector<uint8_t>& v, uint8_t seed) {
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + i / 251);
+}
+
+TEST_F(TcpPair, AnEagerMessageBeforeItsReceiveIsHeldAndCountedAsStaged) {
+  Make(2);
+  Pair p = Connect();
+  ASSERT_NE(p.recv, nullptr);
+  std::vector<uint8_t> out(1000), in(1000, 0);
+  Fill(out, 3);
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * sreg, p.send->Register(MemoryDescriptor::Host(out.data(), out.size())));
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * rreg, p.recv->Register(MemoryDescriptor::Host(in.data(), in.size())));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * s, p.send->Send(out.data(), out.size(), 7, sreg));
+  ASSERT_NE(s, nullptr);
+  // The message is in the receiver's socket before any receive is posted; a test of another
+  // receive reads it into the fabric's own buffer.
+  std::this_thread::sleep_for(20ms);
+  KZ_ASSERT_OK_AND_ASSIGN(Request * other, p.recv->Recv(in.data(), 8, 8, rreg));
+  KZ_ASSERT_OK_AND_ASSIGN(Completion c, p.recv->Test(other));
+  EXPECT_FALSE(c.done);
+  KZ_ASSERT_OK_AND_ASSIGN(Request * r, p.recv->Recv(in.data(), in.size(), 7, rreg));
+  KZ_ASSERT_OK_AND_ASSIGN(size_t got, p.recv->Wait(r, Soon()));
+  EXPECT_EQ(got, out.size());
+  EXPECT_EQ(in, out);
+  EXPECT_EQ(p.recv->stats().staged_bytes, out.size()) << "held in the fabric's buffer, then copied";
+  KZ_EXPECT_OK(p.send->Wait(s, Soon()).status());
+}
+
+TEST_F(TcpPair, LargeMessagesAcrossSeveralStreamsArriveIntact) {
+  Make(3);
+  Pair p = Connect();
+  ASSERT_NE(p.recv, nullptr);
+  EXPECT_NE(p.send->label().find("3 streams"), std::string::npos) << p.send->label();
+  const size_t max = (8u << 20) + 12345;
+  std::vector<uint8_t> out(max), in(max + 64);
+  Fill(out, 11);
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * sreg, p.send->Register(MemoryDescriptor::Host(out.data(), out.size())));
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * rreg, p.recv->Register(MemoryDescriptor::Host(in.data(), in.size())));
+  for (size_t size : {size_t{kStripeBytes} - 1, size_t{kStripeBytes}, size_t{kStripeBytes} + 1, size_t{3} << 20, max}) {
+    std::fill(in.begin(), in.end(), 0xee);
+    KZ_ASSERT_OK_AND_ASSIGN(Request * r, p.recv->Recv(in.data(), in.size(), 1, rreg));
+    KZ_ASSERT_OK_AND_ASSIGN(Request * s, p.send->Send(out.data(), size, 1, sreg));
+    std::thread t([&] { KZ_EXPECT_OK(p.send->Wait(s, Soon()).status()); });
+    KZ_ASSERT_OK_AND_ASSIGN(size_t got, p.recv->Wait(r, Soon()));
+    t.join();
+    ASSERT_EQ(got, size);
+    ASSERT_EQ(std::memcmp(in.data(), out.data(), size), 0) << size << " bytes";
+    ASSERT_EQ(in[size], 0xee) << "a byte past the message was written";
+  }
+  EXPECT_EQ(p.recv->stats().staged_bytes, 0u) << "posted receives take their messages directly";
+}
+
+TEST_F(TcpPair, AReceiveTooSmallForAMessageThatWaitedForItsPostFailsBothSides) {
+  Make(2);
+  Pair p = Connect();
+  ASSERT_NE(p.recv, nullptr);
+  const size_t big = kEagerBytes + 1;  // waits for its post
+  std::vector<uint8_t> out(big), in(big);
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * sreg, p.send->Register(MemoryDescriptor::Host(out.data(), out.size())));
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * rreg, p.recv->Register(MemoryDescriptor::Host(in.data(), in.size())));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * s, p.send->Send(out.data(), big, 2, sreg));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * r, p.recv->Recv(in.data(), 1000, 2, rreg));
+  Status sent;
+  std::thread t([&] { sent = p.send->Wait(s, Soon()).status(); });
+  Status got = p.recv->Wait(r, Soon()).status();
+  t.join();
+  for (const Status* st : {&sent, &got}) {
+    EXPECT_EQ(st->code(), StatusCode::kInvalidArgument) << st->ToString();
+    EXPECT_NE(st->message().find(std::to_string(big)), std::string::npos) << st->message();
+    EXPECT_NE(st->message().find("1000"), std::string::npos) << st->message();
+  }
+  // The next pair of the same tag matches.
+  Fill(out, 5);
+  KZ_ASSERT_OK_AND_ASSIGN(Request * r2, p.recv->Recv(in.data(), 100, 2, rreg));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * s2, p.send->Send(out.data(), 100, 2, sreg));
+  KZ_EXPECT_OK(p.recv->Wait(r2, Soon()).status());
+  KZ_EXPECT_OK(p.send->Wait(s2, Soon()).status());
+  EXPECT_EQ(std::memcmp(in.data(), out.data(), 100), 0);
+}
+
+TEST_F(TcpPair, EagerSendsBeyondTheCreditWaitForTheirPosts) {
+  Make(1);
+  Pair p = Connect();
+  ASSERT_NE(p.recv, nullptr);
+  const int n = static_cast<int>(2 * kEagerCredit / kEagerBytes);
+  std::vector<uint8_t> out(n * kEagerBytes), in(n * kEagerBytes, 0);
+  Fill(out, 1);
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * sreg, p.send->Register(MemoryDescriptor::Host(out.data(), out.size())));
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * rreg, p.recv->Register(MemoryDescriptor::Host(in.data(), in.size())));
+  std::vector<Request*> sends;
+  for (int i = 0; i < n; ++i) {
+    KZ_ASSERT_OK_AND_ASSIGN(Request * s, p.send->Send(out.data() + i * kEagerBytes, kEagerBytes, 3, sreg));
+    sends.push_back(s);
+  }
+  std::this_thread::sleep_for(20ms);
+  // The receiver reads what came before any receive of that tag (a test of another receive):
+  // only what the credit allows, which it holds.
+  uint64_t word = 0;
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * wreg, p.recv->Register(MemoryDescriptor::Host(&word, 8)));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * other, p.recv->Recv(&word, 8, 4, wreg));
+  KZ_ASSERT_OK_AND_ASSIGN(Completion c, p.recv->Test(other));
+  EXPECT_FALSE(c.done);
+  std::vector<Request*> recvs;
+  for (int i = 0; i < n; ++i) {
+    KZ_ASSERT_OK_AND_ASSIGN(Request * r, p.recv->Recv(in.data() + i * kEagerBytes, kEagerBytes, 3, rreg));
+    recvs.push_back(r);
+  }
+  std::thread t([&] {
+    for (Request* s : sends) KZ_EXPECT_OK(p.send->Wait(s, Soon()).status());
+  });
+  for (Request* r : recvs) KZ_EXPECT_OK(p.recv->Wait(r, Soon()).status());
+  t.join();
+  EXPECT_EQ(in, out);
+  EXPECT_EQ(p.recv->stats().staged_bytes, kEagerCredit) << "the credit's worth came early, and no more";
+}
+
+TEST_F(TcpPair, AHelloWithoutTheSecretIsNeverAccepted) {
+  Make(1);
+  auto l = fabrics_[0]->Listen(0);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  Handle forged = (*l)->handle();
+  forged.data[offsetof(WireHandle, secret)] ^= 0x5a;
+  // The listener reads the hello (in its Accept) and closes the socket: the connecting side fails
+  // naming the handshake; no comm comes out of either side.
+  std::unique_ptr<SendComm> send;
+  Status failed;
+  const Deadline d = Deadline::After(5s);
+  while (failed.ok() && send == nullptr && !d.Expired()) {
+    auto a = (*l)->Accept();
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(*a, nullptr) << "a connection without the secret was accepted";
+    auto s = fabrics_[1]->Connect(0, forged);
+    if (!s.ok())
+      failed = s.status();
+    else
+      send = std::move(s).value();
+  }
+  EXPECT_EQ(send, nullptr);
+  EXPECT_EQ(failed.code(), StatusCode::kRemoteError) << failed.ToString();
+  EXPECT_NE(failed.message().find("handshake"), std::string::npos) << failed.message();
+}
+
+TEST_F(TcpPair, AWaitOnOneCommMovesAnotherCommsSend) {
+  Make(2);
+  Pair a = Connect();  // rank 1 -> rank 0: the send under test
+  ASSERT_NE(a.recv, nullptr);
+  const size_t size = kEagerBytes * 2;  // waits for its post
+  std::vector<uint8_t> out(size), in(size, 0), idle(8);
+  Fill(out, 9);
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * sreg, a.send->Register(MemoryDescriptor::Host(out.data(), size)));
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * rreg, a.recv->Register(MemoryDescriptor::Host(in.data(), size)));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * s, a.send->Send(out.data(), size, 1, sreg));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * r, a.recv->Recv(in.data(), size, 1, rreg));
+  // Rank 1's thread waits on a receive of another comm of its fabric (from rank 0, nothing
+  // coming): the wait takes the post from rank 0 and writes the message without a test of `s`.
+  auto back = fabrics_[1]->Listen(0);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  std::unique_ptr<SendComm> back_send;
+  std::unique_ptr<RecvComm> back_recv;
+  const Deadline d = Soon();
+  while ((back_send == nullptr || back_recv == nullptr) && !d.Expired()) {
+    if (back_send == nullptr) {
+      KZ_ASSERT_OK_AND_ASSIGN(back_send, fabrics_[0]->Connect(0, (*back)->handle()));
+    }
+    if (back_recv == nullptr) {
+      KZ_ASSERT_OK_AND_ASSIGN(back_recv, (*back)->Accept());
+    }
+  }
+  ASSERT_NE(back_recv, nullptr);
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * ireg, back_recv->Register(MemoryDescriptor::Host(idle.data(), 8)));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * nothing, back_recv->Recv(idle.data(), 8, 1, ireg));
+  EXPECT_EQ(back_recv->Wait(nothing, Deadline::After(200ms)).status().code(), StatusCode::kTimeout);
+  // Rank 0 reads what arrived meanwhile: the whole message, which its sockets' buffers hold.
+  KZ_ASSERT_OK_AND_ASSIGN(size_t got, a.recv->Wait(r, Deadline::After(2s)));
+  EXPECT_EQ(got, size);
+  EXPECT_EQ(in, out);
+  KZ_EXPECT_OK(a.send->Wait(s, Soon()).status());
+}
+
+TEST_F(TcpPair, WaitsSleep) {
+  Make(1);
+  Pair p = Connect();
+  ASSERT_NE(p.recv, nullptr);
+  uint64_t word = 0;
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * rreg, p.recv->Register(MemoryDescriptor::Host(&word, 8)));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * r, p.recv->Recv(&word, 8, 1, rreg));
+  rusage before{}, after{};
+  ::getrusage(RUSAGE_THREAD, &before);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(p.recv->Wait(r, Deadline::After(300ms)).status().code(), StatusCode::kTimeout);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::getrusage(RUSAGE_THREAD, &after);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  const double cpu =
+      seconds(after.ru_utime) - seconds(before.ru_utime) + seconds(after.ru_stime) - seconds(before.ru_stime);
+  EXPECT_GE(wall, 0.3);
+  EXPECT_LT(cpu, wall / 4) << "a wait that finds nothing must block, not spin (cpu " << cpu << " s of " << wall
+                           << " s)";
+}
+
+}  // namespace
+}  // namespace kizuna::fabric::tcp

@@ -1,0 +1,407 @@
+#include "fabric/tcp/transfer.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "fabric/tcp/memory.h"
+
+namespace kizuna::fabric::tcp {
+namespace {
+
+Status TooLong(const std::string& label, uint64_t message, uint64_t capacity, int tag) {
+  return InvalidArgument(fmt::format("{}: a message of {} bytes is longer than its receive ({} bytes, tag {})", label,
+                                     message, capacity, tag));
+}
+
+}  // namespace
+
+// ---- Hub ----
+
+void Hub::Add(HubMember* m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  members_.push_back(m);
+}
+
+void Hub::Remove(HubMember* m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase(members_, m);
+}
+
+Status Hub::Wait(HubMember& self, Deadline deadline) {
+  const auto spin_until = std::min(std::chrono::steady_clock::now() + kSpinWait, deadline.when());
+  std::vector<pollfd> fds;
+  while (true) {
+    const bool spinning = std::chrono::steady_clock::now() < spin_until;
+    fds.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (HubMember* m : members_) {
+        if (m == &self) {
+          // This thread owns `self`; only another wait can hold its lock, and that one holds mu_.
+          std::lock_guard<std::mutex> own(m->mu);
+          if (m->ProgressLocked()) return Status::Ok();
+          if (!spinning) m->AppendPollFds(fds);
+          continue;
+        }
+        std::unique_lock<std::mutex> other(m->mu, std::try_to_lock);
+        if (!other.owns_lock()) continue;  // its owner is driving it right now
+        m->ProgressLocked();
+        if (!spinning) m->AppendPollFds(fds);
+      }
+    }
+    if (!spinning) break;
+  }
+  const auto limit = std::min<std::chrono::nanoseconds>(deadline.Remaining(), kMaxBlock);
+  if (limit.count() <= 0) return Status::Ok();
+  timespec ts{static_cast<time_t>(limit.count() / 1000000000), static_cast<long>(limit.count() % 1000000000)};
+  if (::ppoll(fds.data(), fds.size(), &ts, nullptr) < 0 && errno != EINTR) return FromErrno(errno, "tcp: ppoll");
+  return Status::Ok();
+}
+
+// ---- TcpSendComm ----
+
+TcpSendComm::TcpSendComm(std::string label, FabricDeviceProperties properties, std::vector<UniqueFd> fds, Hub& hub)
+    : SendComm(label, std::move(properties)), hub_(hub), link_(std::move(fds), std::move(label), /*read_ahead=*/true) {
+  hub_.Add(this);
+}
+
+TcpSendComm::~TcpSendComm() {
+  hub_.Remove(this);  // waits for another thread's wait that may be progressing this comm
+  link_.Close();
+}
+
+Result<std::unique_ptr<Registration>> TcpSendComm::DoRegister(const MemoryDescriptor& memory) {
+  KZ_ASSIGN_OR_RETURN(auto r, TcpRegistration::Create(memory));
+  return std::unique_ptr<Registration>(std::move(r));
+}
+
+Status TcpSendComm::DoDeregister(Registration&) { return Status::Ok(); }
+
+Result<std::unique_ptr<Request>> TcpSendComm::DoSend(const void* data, size_t size, int tag,
+                                                     Registration* registration) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!link_.broken().ok()) return link_.broken();
+  auto r = std::make_unique<TcpRequest>(RequestKind::kSend, tag, size);
+  if (size > 0) r->local = static_cast<const TcpRegistration*>(registration)->Local(data);
+  r->seq = next_seq_[tag]++;
+  const MessageKey key{tag, r->seq};
+  live_.insert(r.get());
+  if (auto it = early_posts_.find(key); it != early_posts_.end()) {
+    const uint64_t capacity = it->second;
+    early_posts_.erase(it);
+    if (size > capacity) {
+      Fail(*r, TooLong(label(), size, capacity, tag));
+      Frame t{.type = FrameType::kTruncated, .tag = tag, .seq = r->seq, .total = size};
+      link_.Queue(0, t, nullptr, nullptr);
+    } else {
+      r->post_seen = true;
+      Transmit(*r);
+    }
+  } else if (size <= kEagerBytes && eager_in_flight_ + size <= kEagerCredit) {
+    r->eager = true;
+    eager_in_flight_ += size;
+    waiting_[key] = r.get();
+    Transmit(*r);
+  } else {
+    waiting_[key] = r.get();  // leaves when its post arrives
+  }
+  link_.Flush(*this);
+  if (!link_.broken().ok()) AfterBreak();
+  return std::unique_ptr<Request>(std::move(r));
+}
+
+void TcpSendComm::Transmit(TcpRequest& r) {
+  r.transmitted = true;
+  const uint64_t size = r.size();
+  const int streams = link_.streams();
+  if (r.eager || size < kStripeBytes || streams == 1) {
+    Frame f{.type = FrameType::kData, .tag = r.tag(), .seq = r.seq, .total = size, .offset = 0, .length = size};
+    link_.Queue(0, f, r.local, &r);
+    ++r.unwritten;
+  } else {
+    // One frame per stream, in 4 KiB multiples: the sockets carry the message side by side.
+    const uint64_t n = static_cast<uint64_t>(streams);
+    const uint64_t part = ((size + n - 1) / n + 4095) / 4096 * 4096;
+    for (int s = 0; s < streams; ++s) {
+      const uint64_t offset = part * static_cast<uint64_t>(s);
+      if (offset >= size) break;
+      const uint64_t length = std::min(part, size - offset);
+      Frame f{
+          .type = FrameType::kData, .tag = r.tag(), .seq = r.seq, .total = size, .offset = offset, .length = length};
+      link_.Queue(s, f, r.local + offset, &r);
+      ++r.unwritten;
+    }
+  }
+}
+
+void TcpSendComm::OnWritten(void* owner) {
+  auto* r = static_cast<TcpRequest*>(owner);
+  --r->unwritten;
+  MaybeDone(*r);
+}
+
+void TcpSendComm::MaybeDone(TcpRequest& r) {
+  if (r.state != TcpRequest::State::kActive || !r.transmitted || r.unwritten > 0 || !r.post_seen) return;
+  r.state = TcpRequest::State::kDone;
+  ++stats_.messages;
+  stats_.bytes += r.size();
+}
+
+void TcpSendComm::Fail(TcpRequest& r, Status why) {
+  if (r.state != TcpRequest::State::kActive) return;
+  r.state = TcpRequest::State::kFailed;
+  r.failure = std::move(why);
+}
+
+Result<uint8_t*> TcpSendComm::OnData(const Frame&) {
+  return RemoteError(fmt::format("{}: protocol error: data on the connection's return direction", label()));
+}
+
+Status TcpSendComm::OnDataDone(const Frame&) { return Status::Ok(); }
+
+Status TcpSendComm::OnControl(const Frame& f) {
+  if (f.type != FrameType::kPost)
+    return RemoteError(
+        fmt::format("{}: protocol error: a frame of type {} from the receiver", label(), static_cast<int>(f.type)));
+  const MessageKey key{f.tag, f.seq};
+  auto it = waiting_.find(key);
+  if (it == waiting_.end()) {
+    // Its send is not posted yet (or the post repeats one: a protocol error).
+    auto next = next_seq_.find(f.tag);
+    if ((next != next_seq_.end() && f.seq < next->second) || !early_posts_.emplace(key, f.total).second)
+      return RemoteError(
+          fmt::format("{}: protocol error: a second post for message {} of tag {}", label(), f.seq, f.tag));
+    return Status::Ok();
+  }
+  TcpRequest& r = *it->second;
+  waiting_.erase(it);
+  if (r.eager) eager_in_flight_ -= r.size();
+  if (r.size() > f.total) {
+    // An eager message the receiver has dropped already (and failed its receive); a waiting one
+    // never leaves, and the receiver learns why.
+    if (!r.transmitted) {
+      Frame t{.type = FrameType::kTruncated, .tag = r.tag(), .seq = r.seq, .total = r.size()};
+      link_.Queue(0, t, nullptr, nullptr);
+    }
+    Fail(r, TooLong(label(), r.size(), f.total, r.tag()));
+    return Status::Ok();
+  }
+  r.post_seen = true;
+  if (!r.transmitted) Transmit(r);
+  MaybeDone(r);
+  return Status::Ok();
+}
+
+bool TcpSendComm::ProgressLocked() {
+  if (!link_.broken().ok()) return false;
+  const bool moved = link_.Progress(*this);
+  if (!link_.broken().ok()) AfterBreak();
+  return moved;
+}
+
+void TcpSendComm::AfterBreak() {
+  // Queued output is abandoned with the link: no frame refers to a request's buffer any more.
+  link_.Close();
+  const Status why = link_.broken();
+  for (TcpRequest* r : live_) {
+    r->unwritten = 0;
+    Fail(*r, why);
+  }
+  waiting_.clear();
+}
+
+Result<Completion> TcpSendComm::DoTest(Request& request) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto& r = static_cast<TcpRequest&>(request);
+  ProgressLocked();
+  // A failed request whose frames are still queued is reported once they are written (the link
+  // still reads its buffer until then).
+  if (r.state == TcpRequest::State::kDone) {
+    live_.erase(&r);
+    return Completion{true, r.size()};
+  }
+  if (r.state == TcpRequest::State::kFailed && r.unwritten == 0) {
+    live_.erase(&r);
+    waiting_.erase(MessageKey{r.tag(), r.seq});
+    return r.failure;
+  }
+  return Completion{false, 0};
+}
+
+Status TcpSendComm::DoWaitForProgress(Deadline deadline) { return hub_.Wait(*this, deadline); }
+
+// ---- TcpRecvComm ----
+
+TcpRecvComm::TcpRecvComm(std::string label, FabricDeviceProperties properties, std::vector<UniqueFd> fds, Hub& hub)
+    : RecvComm(label, std::move(properties)), hub_(hub), link_(std::move(fds), std::move(label), /*read_ahead=*/false) {
+  hub_.Add(this);
+}
+
+TcpRecvComm::~TcpRecvComm() {
+  hub_.Remove(this);
+  link_.Close();
+}
+
+Result<std::unique_ptr<Registration>> TcpRecvComm::DoRegister(const MemoryDescriptor& memory) {
+  KZ_ASSIGN_OR_RETURN(auto r, TcpRegistration::Create(memory));
+  return std::unique_ptr<Registration>(std::move(r));
+}
+
+Status TcpRecvComm::DoDeregister(Registration&) { return Status::Ok(); }
+
+Result<std::unique_ptr<Request>> TcpRecvComm::DoRecv(void* data, size_t capacity, int tag, Registration* registration) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!link_.broken().ok()) return link_.broken();
+  auto r = std::make_unique<TcpRequest>(RequestKind::kRecv, tag, capacity);
+  if (capacity > 0) r->local = static_cast<const TcpRegistration*>(registration)->Local(data);
+  r->seq = next_seq_[tag]++;
+  const MessageKey key{tag, r->seq};
+  live_.insert(r.get());
+  // The post goes whatever happens next: the sender completes (or fails) its send on it.
+  Frame post{.type = FrameType::kPost, .tag = tag, .seq = r->seq, .total = capacity};
+  link_.Queue(0, post, nullptr, nullptr);
+  if (auto it = unexpected_.find(key); it != unexpected_.end()) {
+    if (it->second.complete) {
+      Deliver(*r, it->second);
+      unexpected_.erase(it);
+    } else {
+      awaiting_unexpected_[key] = r.get();  // its message is being read into the buffer
+    }
+  } else {
+    posted_[key] = r.get();
+    if (capacity >= kStripeBytes && large_posted_++ == 0) link_.set_read_all_streams(true);
+  }
+  // The post leaves now: the sender may be waiting for it, and nothing says this comm will be
+  // progressed again.
+  link_.Flush(*this);
+  if (!link_.broken().ok()) AfterBreak();
+  return std::unique_ptr<Request>(std::move(r));
+}
+
+void TcpRecvComm::Deliver(TcpRequest& r, Unexpected& u) {
+  if (u.bytes.size() > r.size()) {
+    Fail(r, TooLong(label(), u.bytes.size(), r.size(), r.tag()));
+    return;
+  }
+  if (!u.bytes.empty()) std::memcpy(r.local, u.bytes.data(), u.bytes.size());
+  stats_.staged_bytes += u.bytes.size();
+  r.total = r.received = u.bytes.size();
+  Complete(r);
+}
+
+void TcpRecvComm::Complete(TcpRequest& r) {
+  r.state = TcpRequest::State::kDone;
+  ++stats_.messages;
+  stats_.bytes += r.received;
+}
+
+void TcpRecvComm::Fail(TcpRequest& r, Status why) {
+  if (r.state != TcpRequest::State::kActive) return;
+  r.state = TcpRequest::State::kFailed;
+  r.failure = std::move(why);
+}
+
+void TcpRecvComm::Forget(const MessageKey& key) {
+  auto it = posted_.find(key);
+  if (it == posted_.end()) return;
+  if (it->second->size() >= kStripeBytes && --large_posted_ == 0) link_.set_read_all_streams(false);
+  posted_.erase(it);
+}
+
+Result<uint8_t*> TcpRecvComm::OnData(const Frame& f) {
+  const MessageKey key{f.tag, f.seq};
+  if (auto it = posted_.find(key); it != posted_.end()) {
+    TcpRequest& r = *it->second;
+    if (f.total > r.size()) {
+      // Only an eager message comes unannounced this way; the sender fails its send on the post.
+      Fail(r, TooLong(label(), f.total, r.size(), f.tag));
+      Forget(key);
+      return nullptr;
+    }
+    r.total = f.total;
+    return r.local + f.offset;
+  }
+  // Not posted: only an eager message may arrive before its receive, whole, in one frame.
+  if (f.offset != 0 || f.length != f.total || f.total > kEagerBytes || unexpected_.count(key) != 0)
+    return RemoteError(
+        fmt::format("{}: protocol error: message {} of tag {} ({} bytes at offset {} of {}) arrived "
+                    "before its receive was posted",
+                    label(), f.seq, f.tag, f.length, f.offset, f.total));
+  Unexpected& u = unexpected_[key];
+  u.bytes.resize(f.total);
+  return u.bytes.data();
+}
+
+Status TcpRecvComm::OnDataDone(const Frame& f) {
+  const MessageKey key{f.tag, f.seq};
+  if (auto u = unexpected_.find(key); u != unexpected_.end()) {
+    u->second.complete = true;
+    if (auto w = awaiting_unexpected_.find(key); w != awaiting_unexpected_.end()) {
+      Deliver(*w->second, u->second);
+      awaiting_unexpected_.erase(w);
+      unexpected_.erase(u);
+    }
+    return Status::Ok();
+  }
+  auto it = posted_.find(key);
+  if (it == posted_.end()) return Status::Ok();  // a message its receive did not fit: dropped
+  TcpRequest& r = *it->second;
+  r.received += f.length;
+  if (r.received == r.total) {
+    Forget(key);
+    Complete(r);
+  }
+  return Status::Ok();
+}
+
+Status TcpRecvComm::OnControl(const Frame& f) {
+  if (f.type != FrameType::kTruncated)
+    return RemoteError(
+        fmt::format("{}: protocol error: a frame of type {} from the sender", label(), static_cast<int>(f.type)));
+  const MessageKey key{f.tag, f.seq};
+  auto it = posted_.find(key);
+  if (it == posted_.end()) return Status::Ok();
+  Fail(*it->second, TooLong(label(), f.total, it->second->size(), f.tag));
+  Forget(key);
+  return Status::Ok();
+}
+
+bool TcpRecvComm::ProgressLocked() {
+  if (!link_.broken().ok()) return false;
+  const bool moved = link_.Progress(*this);
+  if (!link_.broken().ok()) AfterBreak();
+  return moved;
+}
+
+void TcpRecvComm::AfterBreak() {
+  link_.Close();
+  const Status why = link_.broken();
+  for (TcpRequest* r : live_) Fail(*r, why);
+  posted_.clear();
+  awaiting_unexpected_.clear();
+  large_posted_ = 0;
+}
+
+Result<Completion> TcpRecvComm::DoTest(Request& request) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto& r = static_cast<TcpRequest&>(request);
+  ProgressLocked();
+  if (r.state == TcpRequest::State::kDone) {
+    live_.erase(&r);
+    return Completion{true, r.received};
+  }
+  if (r.state == TcpRequest::State::kFailed) {
+    live_.erase(&r);
+    Forget(MessageKey{r.tag(), r.seq});
+    awaiting_unexpected_.erase(MessageKey{r.tag(), r.seq});
+    return r.failure;
+  }
+  return Completion{false, 0};
+}
+
+Status TcpRecvComm::DoWaitForProgress(Deadline deadline) { return hub_.Wait(*this, deadline); }
+
+}  // namespace kizuna::fabric::tcp

@@ -1,0 +1,179 @@
+// The tcp fabric's comms: tagged sends and receives over a Link, and the hub that lets one
+// thread's wait progress every comm of the fabric (README.md, "Protocol" and "Waiting").
+//
+// Matching: the k-th send on a tag matches the peer's k-th receive on that tag (k: the message's
+// `seq` on its tag, counted at each end). A receive announces itself to the sender with a post
+// frame (its seq and capacity). A send of at most kEagerBytes leaves at once, before its post —
+// the receiver places it into the receive if that is posted, else keeps it until it is (counted as
+// staged bytes) — as long as the eager bytes still waiting for their posts stay within
+// kEagerCredit (what a receiver may have to hold). A larger send waits for its post and then goes
+// straight into the receive's buffer, cut into one frame per stream. A send is done when its bytes
+// are written and its post has arrived (so that a receive too small fails both sides, naming both
+// sizes); its buffer may be reused once it is done.
+#pragma once
+
+#include <poll.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fabric/fabric.h"
+#include "fabric/tcp/link.h"
+#include "runtime/core/status.h"
+
+namespace kizuna::fabric::tcp {
+
+// Sends up to this size leave before their receive is posted (README.md, measurements).
+inline constexpr uint64_t kEagerBytes = 64 << 10;
+// Eager bytes a sender may have in flight without their posts: what a receiver may hold unposted.
+inline constexpr uint64_t kEagerCredit = 256 << 10;
+// Messages from this size are cut into one frame per stream.
+inline constexpr uint64_t kStripeBytes = 256 << 10;
+// Requests in flight per comm.
+inline constexpr int kMaxRequests = 256;
+// The longest one wait blocks before it looks again (the caller's deadline may be sooner).
+inline constexpr auto kMaxBlock = std::chrono::milliseconds(100);
+// A wait polls the sockets without blocking for this long before it sleeps in poll(): a message
+// already on its way arrives meanwhile, where a sleep and a wake-up would cost 5-60 us on the
+// build machines (README.md, measurements).
+inline constexpr auto kSpinWait = std::chrono::microseconds(50);
+
+// A comm as the hub sees it.
+class HubMember {
+ public:
+  virtual ~HubMember() = default;
+  // Guards the comm's state: its owner's calls and other threads' waits that progress it.
+  std::mutex mu;
+  // mu held: reads and writes what the sockets take now; true when anything moved.
+  virtual bool ProgressLocked() = 0;
+  // mu held: the sockets to wait on.
+  virtual void AppendPollFds(std::vector<pollfd>& fds) const = 0;
+};
+
+// Every comm of one fabric instance. A wait on one comm progresses it and every other comm whose
+// lock is free (what this wait needs may depend on a comm its owner is not driving now, e.g. a
+// large send waiting for its post while its thread waits on a receive, or a post not yet
+// flushed), for up to kSpinWait, then blocks on all of their sockets at once, so that activity
+// on any of them wakes it.
+class Hub {
+ public:
+  void Add(HubMember* m);
+  void Remove(HubMember* m);
+  // Returns as soon as `self` progressed, else after poll() says a socket is ready, or at the
+  // deadline (at most kSpinWait + kMaxBlock).
+  Status Wait(HubMember& self, Deadline deadline);
+
+ private:
+  std::mutex mu_;  // taken before any member's mu
+  std::vector<HubMember*> members_;
+};
+
+class TcpRequest : public Request {
+ public:
+  enum class State : uint8_t { kActive, kDone, kFailed };
+  TcpRequest(RequestKind kind, int tag, size_t size) : Request(kind, tag, size) {}
+
+  State state = State::kActive;
+  Status failure;
+  uint8_t* local = nullptr;  // the buffer, in this process
+  uint64_t seq = 0;
+  // Sends.
+  bool eager = false;        // left before its post
+  bool transmitted = false;  // its frames are queued (or written)
+  bool post_seen = false;    // its receive's post arrived and the message fits
+  int unwritten = 0;         // frames queued and not yet written whole
+  // Receives.
+  uint64_t total = UINT64_MAX;  // the message's size, once its first frame arrived
+  uint64_t received = 0;
+};
+
+using MessageKey = std::pair<int, uint64_t>;  // (tag, seq)
+
+class TcpSendComm : public SendComm, public HubMember, public FrameSink {
+ public:
+  TcpSendComm(std::string label, FabricDeviceProperties properties, std::vector<UniqueFd> fds, Hub& hub);
+  ~TcpSendComm() override;
+
+  bool ProgressLocked() override;
+  void AppendPollFds(std::vector<pollfd>& fds) const override { link_.AppendPollFds(fds); }
+
+ protected:
+  Result<std::unique_ptr<Registration>> DoRegister(const MemoryDescriptor& memory) override;
+  Status DoDeregister(Registration& registration) override;
+  Result<Completion> DoTest(Request& request) override;
+  Status DoWaitForProgress(Deadline deadline) override;
+  Result<std::unique_ptr<Request>> DoSend(const void* data, size_t size, int tag, Registration* registration) override;
+
+ private:
+  Result<uint8_t*> OnData(const Frame& f) override;
+  Status OnDataDone(const Frame& f) override;
+  Status OnControl(const Frame& f) override;
+  void OnWritten(void* owner) override;
+
+  // Queues the message's frames: one on stream 0, or one per stream for a large message that
+  // waited for its post.
+  void Transmit(TcpRequest& r);
+  void Fail(TcpRequest& r, Status why);
+  void MaybeDone(TcpRequest& r);
+  void AfterBreak();  // the link broke: every request fails with its reason
+
+  Hub& hub_;
+  Link link_;
+  std::map<int, uint64_t> next_seq_;            // per tag
+  std::map<MessageKey, uint64_t> early_posts_;  // posts that arrived before their send: capacity
+  std::map<MessageKey, TcpRequest*> waiting_;   // sends whose post has not arrived
+  std::set<TcpRequest*> live_;
+  uint64_t eager_in_flight_ = 0;  // eager bytes sent whose posts have not arrived
+};
+
+class TcpRecvComm : public RecvComm, public HubMember, public FrameSink {
+ public:
+  TcpRecvComm(std::string label, FabricDeviceProperties properties, std::vector<UniqueFd> fds, Hub& hub);
+  ~TcpRecvComm() override;
+
+  bool ProgressLocked() override;
+  void AppendPollFds(std::vector<pollfd>& fds) const override { link_.AppendPollFds(fds); }
+
+ protected:
+  Result<std::unique_ptr<Registration>> DoRegister(const MemoryDescriptor& memory) override;
+  Status DoDeregister(Registration& registration) override;
+  Result<Completion> DoTest(Request& request) override;
+  Status DoWaitForProgress(Deadline deadline) override;
+  Result<std::unique_ptr<Request>> DoRecv(void* data, size_t capacity, int tag, Registration* registration) override;
+
+ private:
+  // An eager message that arrived before its receive was posted.
+  struct Unexpected {
+    std::vector<uint8_t> bytes;
+    bool complete = false;
+  };
+
+  Result<uint8_t*> OnData(const Frame& f) override;
+  Status OnDataDone(const Frame& f) override;
+  Status OnControl(const Frame& f) override;
+  void OnWritten(void*) override {}
+
+  // Copies a complete unexpected message into `r` (or fails it when it does not fit).
+  void Deliver(TcpRequest& r, Unexpected& u);
+  void Complete(TcpRequest& r);
+  void Fail(TcpRequest& r, Status why);
+  void Forget(const MessageKey& key);  // no longer posted (done, failed)
+  void AfterBreak();
+
+  Hub& hub_;
+  Link link_;
+  std::map<int, uint64_t> next_seq_;                       // per tag
+  std::map<MessageKey, TcpRequest*> posted_;               // receives waiting for their message
+  std::map<MessageKey, Unexpected> unexpected_;            // eager messages without a receive yet
+  std::map<MessageKey, TcpRequest*> awaiting_unexpected_;  // posted while their message was being read
+  std::set<TcpRequest*> live_;
+  int large_posted_ = 0;  // posted receives of kStripeBytes or more (their messages use every stream)
+};
+
+}  // namespace kizuna::fabric::tcp

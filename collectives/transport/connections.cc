@@ -60,6 +60,7 @@ Transport::~Transport() {
   how_.reset();
   p2p_.reset();
   staging_.reset();
+  retired_.clear();
 }
 
 bool Transport::reachable(int q) const {

@@ -207,7 +207,7 @@ Status Transport::SetUpHostStaging(device::Device& device, const std::string& wh
   if (auto probe = device.AllocateHost(1); !probe.ok())
     return probe.status().WithContext(
         fmt::format("{}: staging through host memory ({}): host memory for {}", where_, because, device.label()));
-  staging_.reset();  // allocated again, in host memory, when a comm needs it
+  Retire(std::move(staging_));  // allocated again, in host memory, when a comm needs it
   how_->host = true;
   how_->exports = StagingExports{};
   if (p2p_ != nullptr) {
@@ -217,6 +217,7 @@ Status Transport::SetUpHostStaging(device::Device& device, const std::string& wh
       return p2p.status().WithContext(fmt::format("{}: allocating {} of host memory for point-to-point staging",
                                                   where_, SizeText(p2p_->size())));
     how_->p2p_exports = StagingExports{};
+    Retire(std::move(p2p_));
     p2p_ = std::move(p2p).value();
   }
   bool any_peer = false;
@@ -285,9 +286,13 @@ Result<fabric::Registration*> Transport::RegisterStaging(fabric::Comm& comm, int
                                     where_, why, detail));
   // The rank's first comm: no slot has carried a transfer yet, so the one staging buffer can still
   // move to host memory, for this comm and every later one.
-  staging_.reset();
+  Retire(std::move(staging_));
   KZ_RETURN_IF_ERROR(SetUpHostStaging(*device_, why, detail));
   return RegisterStaging(comm, q, p2p);
+}
+
+void Transport::Retire(std::unique_ptr<device::Buffer> buffer) {
+  if (buffer != nullptr) retired_.push_back(std::move(buffer));
 }
 
 Status Transport::ReserveP2p(size_t bytes) {
@@ -308,6 +313,7 @@ Status Transport::ReserveP2p(size_t bytes) {
         return s.WithContext(fmt::format("{}: releasing point-to-point staging for rank {}", where_, p->rank));
     }
   }
+  Retire(std::move(p2p_));
   p2p_ = std::move(allocated).value();
   how_->p2p_exports = how_->host ? StagingExports{} : ExportRegion(*p2p_, "point-to-point staging");
   for (auto& p : peers_) {

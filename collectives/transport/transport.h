@@ -289,6 +289,8 @@ class Transport {
   // (steps 1 and 2 of the class comment); EnsureStaging allocates it. Sets staging_paths_,
   // host_staging_ and staging_text_. `where` names the transport in errors and logs.
   Status SetUpStaging(device::Device& device, const TransportOptions& options);
+  // Keeps `buffer` until the transport goes (retired_); null is ignored.
+  void Retire(std::unique_ptr<device::Buffer> buffer);
   // Moves the staging buffer to host memory, `why` (and `detail`, logged) saying why.
   Status SetUpHostStaging(device::Device& device, const std::string& why, const std::string& detail);
   // Registers the staging buffer (`p2p`: point-to-point's region) on a comm to `q` (the way
@@ -325,6 +327,11 @@ class Transport {
   std::unique_ptr<device::Buffer> staging_;
   size_t staging_bytes_ = 0;
   std::unique_ptr<device::Buffer> p2p_;
+  // Staging this transport stopped using (an outgrown point-to-point region, a device buffer that
+  // moved to host memory), freed with the transport: they go out of use during an operation, while
+  // its caller's stream is held, and freeing device memory may wait for every stream of the device
+  // (cudaFree does; KIZUNA_EMU_SYNC_FREE), that one included.
+  std::vector<std::unique_ptr<device::Buffer>> retired_;
   bool network_ = false;
   std::vector<LinkDesc> link_row_;
 

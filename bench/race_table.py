@@ -214,6 +214,11 @@ if tcp_keys:
         row += [cell(l, "allreduce", 2, b, fn(l, "allreduce", 2, b)) for l, _ in tl] + [r]
         emit("| " + " | ".join(row) + " |")
     emit("")
+    for b in sorted(k[3] for k in res if k[0] == "floor" and k[1] == "tcp-exchange"):
+        emit(f"Floor (bench/tcp_probe.c --exchanges): each end sending {size_name(b)} and receiving the other's on one "
+             f"thread takes {time_us('floor', 'tcp-exchange', 2, b):.3g} µs per exchange (the median): what a 2-rank "
+             "AllReduce of that size over TCP cannot beat here.")
+        emit("")
     for b in sorted(k[3] for k in res if k[0] == "floor" and k[1] == "tcp-duplex"):
         more = ""
         if ("floor", "tcp-duplex-4", 2, b) in res:

@@ -41,6 +41,24 @@ class PendingConnects {
     if (it != pending_.end() && it->second == attempt) pending_.erase(it);
   }
 
+  // One step of Fabric::Connect over these attempts: finds the attempt for (dev, handle) or makes
+  // one with `start()` (a Result<std::shared_ptr<T>>), polls it under its own mutex (T::mu,
+  // T::Poll), and forgets it once it yielded a comm or failed.
+  template <typename Start>
+  Result<std::unique_ptr<SendComm>> Step(int dev, const Handle& handle, Start&& start) {
+    std::shared_ptr<T> attempt = Find(dev, handle);
+    if (attempt == nullptr) {
+      KZ_ASSIGN_OR_RETURN(attempt, start());
+      Add(dev, handle, attempt);
+    }
+    Result<std::unique_ptr<SendComm>> r = [&] {
+      std::lock_guard<std::mutex> lock(attempt->mu);
+      return attempt->Poll();
+    }();
+    if (!r.ok() || *r != nullptr) Remove(dev, handle, attempt);
+    return r;
+  }
+
   // Forgets every attempt (the fabric is going away).
   void Clear() {
     std::lock_guard<std::mutex> lock(mu_);

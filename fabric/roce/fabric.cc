@@ -307,17 +307,7 @@ Status RoceFabric::AddPorts(const std::shared_ptr<const IbVerbs>& l, ibv_device*
 Result<std::unique_ptr<ListenComm>> RoceFabric::DoListen(int dev) { return ListenOn(*this, dev); }
 
 Result<std::unique_ptr<SendComm>> RoceFabric::DoConnect(int dev, const Handle& handle) {
-  std::shared_ptr<PendingConnect> p = pending_.Find(dev, handle);
-  if (p == nullptr) {
-    KZ_ASSIGN_OR_RETURN(p, PendingConnect::Start(*this, dev, handle));
-    pending_.Add(dev, handle, p);
-  }
-  Result<std::unique_ptr<SendComm>> r = [&] {
-    std::lock_guard<std::mutex> lock(p->mu);
-    return p->Poll();
-  }();
-  if (!r.ok() || *r != nullptr) pending_.Remove(dev, handle, p);
-  return r;
+  return pending_.Step(dev, handle, [&] { return PendingConnect::Start(*this, dev, handle); });
 }
 
 Status RoceFabric::DoWaitConnectable(int dev, const Handle& handle, Deadline deadline, int attempt) {

@@ -179,22 +179,14 @@ Result<std::unique_ptr<ListenComm>> TcpFabric::DoListen(int dev) {
 }
 
 Result<std::unique_ptr<SendComm>> TcpFabric::DoConnect(int dev, const Handle& handle) {
-  std::shared_ptr<PendingConnect> p = pending_.Find(dev, handle);
-  if (p == nullptr) {
+  return pending_.Step(dev, handle, [&]() -> Result<std::shared_ptr<PendingConnect>> {
     KZ_ASSIGN_OR_RETURN(WireHandle w, DecodeHandle(handle));
     if (w.family != addresses_[static_cast<size_t>(dev)].address.ss_family)
       return InvalidArgument(fmt::format("tcp: device {} ({}) has no address of the handle's family ({})", dev,
                                          devices_[static_cast<size_t>(dev)].name,
                                          w.family == AF_INET ? "IPv4" : "IPv6"));
-    KZ_ASSIGN_OR_RETURN(p, PendingConnect::Start(addresses_[static_cast<size_t>(dev)], handle, streams_, hub_));
-    pending_.Add(dev, handle, p);
-  }
-  Result<std::unique_ptr<SendComm>> r = [&] {
-    std::lock_guard<std::mutex> lock(p->mu);
-    return p->Poll();
-  }();
-  if (!r.ok() || *r != nullptr) pending_.Remove(dev, handle, p);
-  return r;
+    return PendingConnect::Start(addresses_[static_cast<size_t>(dev)], handle, streams_, hub_);
+  });
 }
 
 Status TcpFabric::DoWaitConnectable(int dev, const Handle& handle, Deadline deadline, int attempt) {

@@ -162,16 +162,10 @@ bool Link::Read(Stream& s, FrameSink& sink) {
       k = s.dst != nullptr ? ::recv(s.fd.get(), s.dst + s.payload_got, left, MSG_DONTWAIT)
                            : ::recv(s.fd.get(), drop_.data(), std::min(left, drop_.size()), MSG_DONTWAIT);
     }
-    if (k == 0) {
-      Break(RemoteError(fmt::format("{}: the peer closed the connection", label_)));
-      return true;
-    }
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      if (Transient(errno)) return moved;
-      Break(errno == ECONNRESET ? RemoteError(fmt::format("{}: the connection was reset by the peer", label_))
-                                : FromErrno(errno, fmt::format("{}: recv", label_)));
-      return true;
+    if (k <= 0) {
+      const RecvEnd end = OnRecvEnd(k);
+      if (end == RecvEnd::kRetry) continue;
+      return end == RecvEnd::kLater ? moved : true;
     }
     moved = true;
     if (s.in == In::kHeader) {
@@ -208,6 +202,18 @@ bool Link::Read(Stream& s, FrameSink& sink) {
   return moved;
 }
 
+Link::RecvEnd Link::OnRecvEnd(ssize_t k) {
+  if (k == 0) {
+    Break(RemoteError(fmt::format("{}: the peer closed the connection", label_)));
+    return RecvEnd::kBroken;
+  }
+  if (errno == EINTR) return RecvEnd::kRetry;
+  if (Transient(errno)) return RecvEnd::kLater;
+  Break(errno == ECONNRESET ? RemoteError(fmt::format("{}: the connection was reset by the peer", label_))
+                            : FromErrno(errno, fmt::format("{}: recv", label_)));
+  return RecvEnd::kBroken;
+}
+
 bool Link::ReadAhead(Stream& s, FrameSink& sink) {
   bool moved = false;
   while (broken_.ok()) {
@@ -215,16 +221,10 @@ bool Link::ReadAhead(Stream& s, FrameSink& sink) {
     ahead_.resize(have + kReadAheadBytes);
     const ssize_t k = ::recv(s.fd.get(), ahead_.data() + have, kReadAheadBytes, MSG_DONTWAIT);
     ahead_.resize(have + static_cast<size_t>(std::max<ssize_t>(k, 0)));
-    if (k == 0) {
-      Break(RemoteError(fmt::format("{}: the peer closed the connection", label_)));
-      return true;
-    }
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      if (Transient(errno)) return moved;
-      Break(errno == ECONNRESET ? RemoteError(fmt::format("{}: the connection was reset by the peer", label_))
-                                : FromErrno(errno, fmt::format("{}: recv", label_)));
-      return true;
+    if (k <= 0) {
+      const RecvEnd end = OnRecvEnd(k);
+      if (end == RecvEnd::kRetry) continue;
+      return end == RecvEnd::kLater ? moved : true;
     }
     moved = true;
     size_t at = 0;

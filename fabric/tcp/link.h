@@ -123,6 +123,10 @@ class Link {
   bool Write(Stream& s, FrameSink& sink);
   // Bulk read of payload-free frames (read_ahead_).
   bool ReadAhead(Stream& s, FrameSink& sink);
+  // What a recv that returned k <= 0 means (errno as it left it): try again (EINTR), nothing to
+  // read now, or the link broke (Break called with the reason).
+  enum class RecvEnd { kRetry, kLater, kBroken };
+  RecvEnd OnRecvEnd(ssize_t k);
 
   std::vector<Stream> streams_;
   std::string label_;

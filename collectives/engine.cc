@@ -214,7 +214,10 @@ Status Engine::LaunchLocked(std::span<EngineCall> calls) {
       transfers = std::exchange(members_, {collective});
     }
   }
-  KZ_ASSIGN_OR_RETURN(const bool ran, executor_->TryInline(members_, *p.stream, p.host_memory));
+  KZ_ASSIGN_OR_RETURN(bool ran, executor_->TryInline(members_, *p.stream, p.host_memory));
+  if (!ran && !p.host_memory) {
+    KZ_ASSIGN_OR_RETURN(ran, executor_->TryOnCaller(members_, *p.stream, p.slot_bytes));
+  }
   if (!ran) KZ_RETURN_IF_ERROR(executor_->Submit(std::exchange(members_, {}), *p.stream, p.slot_bytes));
   if (transfers.empty()) return Status::Ok();
   return executor_->Submit(std::move(transfers), *p.stream, p.slot_bytes);

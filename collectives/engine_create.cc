@@ -228,6 +228,7 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
   // else this process's.
   me.host_cpus = same_host_ && same_host_->cpus() > 0 ? same_host_->cpus() : UsableCpuCount();
   me.host_compute = props.host_compute;
+  me.host_memory = props.host_accessible;
   KZ_ASSIGN_OR_RETURN(auto rows, e_.bootstrap_->AllGather(EncodeRankRow(me, LinkRow()), deadline_));
   CommTopology shape;
   shape.nranks = e_.size_;
@@ -265,6 +266,7 @@ Status Engine::Builder::StartExecutor(device::Device& device) {
   eopts.same_process = same_process_;
   eopts.same_host = same_host_;
   eopts.rank = e_.rank_;
+  for (const RankDesc& d : e_.shape_.ranks) eopts.host_memory.push_back(d.host_memory);
   // INA jobs: deeper windows (InaWindow).
   if (layout_) eopts.window = InaWindow(*layout_, e_.aggregation_device_);
   if (e_.aggregation_device_) {

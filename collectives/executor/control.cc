@@ -24,7 +24,7 @@ Status Executor::Run::SendHeaders() {
   std::set<int> send_to;
   for (const ChannelRun& ch : channels_)
     for (const Step& s : *ch.steps)
-      if (s.kind == StepKind::kSend && !ch.p2p) send_to.insert(s.peer);
+      if (s.kind == StepKind::kSend && !ch.p2p && !header_with_data_.count(s.peer)) send_to.insert(s.peer);
   const Deadline deadline = Deadline::AfterSeconds(ex_.options_.timeout_s);
   for (int peer : send_to) {
     KZ_ASSIGN_OR_RETURN(bool sent, ex_.SendControl(peer, op_.header, true, deadline));
@@ -33,12 +33,17 @@ Status Executor::Run::SendHeaders() {
   return Status::Ok();
 }
 
+bool Executor::Run::Connected() const {
+  for (int q : send_to_)
+    if (tr_.peer(q) == nullptr || tr_.peer(q)->send == nullptr) return false;
+  for (int q : recv_from_)
+    if (tr_.peer(q) == nullptr || tr_.peer(q)->recv == nullptr) return false;
+  return true;
+}
+
 Status Executor::Run::Connect(Deadline deadline) {
   // Usually every connection is there (an operation after the first): nothing to wait for.
-  bool all = true;
-  for (int q : send_to_) all = all && tr_.peer(q) != nullptr && tr_.peer(q)->send != nullptr;
-  for (int q : recv_from_) all = all && tr_.peer(q) != nullptr && tr_.peer(q)->recv != nullptr;
-  if (all) return Status::Ok();
+  if (Connected()) return Status::Ok();
   constexpr auto kMinSleep = std::chrono::microseconds(20);
   constexpr auto kMaxSleep = std::chrono::microseconds(1000);
   auto sleep = kMinSleep;
@@ -104,8 +109,15 @@ Result<bool> Executor::ReceiveControl(bool accept_now, std::span<const int> expe
     fabric::Request*& r = control_->recv[static_cast<size_t>(q)];
     Status& gone = control_->gone[static_cast<size_t>(q)];
     if (!gone.ok()) continue;
-    if (r != nullptr) {
-      auto c = p->recv->Test(r);
+    const auto waited = control_->waited.find(q);
+    if (r != nullptr || waited != control_->waited.end()) {
+      Result<fabric::Completion> c = fabric::Completion{};
+      if (waited != control_->waited.end()) {
+        c = waited->second;
+        control_->waited.erase(waited);
+      } else {
+        c = p->recv->Test(r);
+      }
       if (!c.ok()) {
         // The peer closed its side (it finished and left, or failed). That matters only if this
         // operation still needs the peer: its data steps then fail on their own, and a header
@@ -142,6 +154,20 @@ Result<bool> Executor::ReceiveControl(bool accept_now, std::span<const int> expe
     }
   }
   return progress;
+}
+
+void Executor::WaitControl(int peer, Deadline deadline) {
+  fabric::Request*& r = control_->recv[static_cast<size_t>(peer)];
+  Transport::Peer* p = transport_->peer(peer);
+  if (closed_ || r == nullptr || p == nullptr || !p->recv) {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    return;
+  }
+  Result<size_t> got = p->recv->Wait(r, deadline);
+  if (!got.ok() && got.status().code() == StatusCode::kTimeout) return;  // still posted
+  r = nullptr;  // done or failed: released by the comm either way
+  control_->waited.insert_or_assign(
+      peer, got.ok() ? Result<fabric::Completion>(fabric::Completion{true, *got}) : Result<fabric::Completion>(got.status()));
 }
 
 Result<bool> Executor::SendControl(int peer, const ControlMessage& m, bool wait, Deadline deadline) {
@@ -259,6 +285,7 @@ Result<bool> Executor::Run::PollControl(bool accept_now, std::span<const int> ex
     inbox.pop_front();
     KZ_RETURN_IF_ERROR(CheckHeader(q, m));
     verified_.insert(q);
+    if (data_in_header_.count(q)) headers_.insert_or_assign(q, m);
     progress = true;
   }
   // An abort from any peer ends the operation, whether or not this rank talks to it now.

@@ -20,8 +20,11 @@ using namespace executor_internal;  // the executor's own constants and control 
 // ---------------------------------------------------------------------------------------------
 // The executor
 
+std::atomic<int> Executor::live_executors_{0};
+
 Executor::Executor(Transport* transport, device::Device* device, const ExecutorOptions& options)
     : transport_(transport), device_(device), options_(options) {
+  live_executors_.fetch_add(1, std::memory_order_relaxed);
   control_ = std::make_unique<ControlState>();
   control_->recv.assign(static_cast<size_t>(transport->nranks()), nullptr);
   control_->gone.resize(static_cast<size_t>(transport->nranks()));
@@ -47,6 +50,7 @@ Executor::~Executor() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  live_executors_.fetch_sub(1, std::memory_order_relaxed);
   // Control receives and header sends still posted are released with the comms (the
   // transport's); nothing here refers to them after this point.
   for (auto& s : streams_) s->Synchronize(Deadline::AfterSeconds(10)).IgnoreError();
@@ -122,7 +126,8 @@ Status executor_internal::FillHeader(const std::vector<OperationMember>& members
   return Status::Ok();
 }
 
-Status Executor::Submit(std::vector<OperationMember> members, device::Stream& stream, size_t slot_bytes) {
+Result<std::shared_ptr<Executor::Operation>> Executor::NewOperation(std::vector<OperationMember> members,
+                                                                    size_t slot_bytes) {
   if (members.empty()) return InvalidArgument("an operation with no collective");
   const bool collective = std::any_of(members.begin(), members.end(), [](const OperationMember& m) {
     return m.plan && !IsPointToPoint(m.plan->request.collective);
@@ -143,6 +148,75 @@ Status Executor::Submit(std::vector<OperationMember> members, device::Stream& st
     return Internal(fmt::format("{} slots of {} bytes exceed the collectives' staging of {} bytes", slots, slot_bytes,
                                 collectives_part));
   op->slots = static_cast<int>(slots);
+  return op;
+}
+
+Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, device::Stream& stream,
+                                   size_t slot_bytes) {
+  if (options_.serve || options_.same_host || options_.same_process || members.size() != 1) return false;
+  const Plan& plan = *members[0].plan;
+  const CollectiveRequest& req = plan.request;
+  if (IsPointToPoint(req.collective) || plan.algorithm == Algorithm::kFused || !CpuSteps(device_->properties()))
+    return false;
+  const uint64_t elems = std::max(req.input_count(), req.output_count());
+  if (elems * DataTypeSize(req.dtype) > kCallerOpBytes) return false;
+  // Another rank of this process (another communicator's) may need this thread to make its call
+  // before this one can complete; an executor of its own makes no such demand.
+  if (live_executors_.load(std::memory_order_relaxed) != 1) return false;
+  auto idle = stream.Idle();
+  if (!idle.ok() || !*idle) return false;
+  std::unique_lock run(run_mu_, std::try_to_lock);
+  if (!run.owns_lock()) return false;  // the executor's thread is looking at its connections
+  KZ_ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, NewOperation(members, slot_bytes));
+  {
+    std::lock_guard lock(mu_);
+    if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
+    if (!queue_.empty() || pending_ > 0) return false;  // earlier work goes first, on the executor's thread
+    op->seq = op->header.seq = next_seq_++;
+    ++pending_;
+  }
+  op->inputs_ready = true;
+  if (!on_caller_logged_) {
+    on_caller_logged_ = true;
+    KZ_INFO(kLogColl, "rank {}: collectives up to {} KiB run on the calling thread (the first: {})", options_.rank,
+            kCallerOpBytes >> 10, req.ToString());
+  }
+  const Status status = RunOperation(*op);
+  {
+    std::lock_guard lock(mu_);
+    --pending_;  // no one waits for it: the executor's thread wakes for the queue
+  }
+  if (!status.ok()) return status;
+  return true;
+}
+
+Status Executor::RunOperation(Operation& op) {
+  Status status;
+  const bool direct = op.members.size() == 1 && op.members[0].plan->algorithm == Algorithm::kFused;
+  if (direct) {
+    status = RunDirect(op, Deadline::AfterSeconds(options_.timeout_s));
+  } else {
+    if (options_.same_process && op.seq != 0) {
+      std::string call = op.members[0].plan->request.ToString();
+      if (op.members.size() > 1) call += fmt::format(" and {} more calls in a group", op.members.size() - 1);
+      options_.same_process->Publish(op.seq, options_.rank, op.header.signature, std::move(call));
+    }
+    Run run(*this, op, op.slot_bytes, op.slots);
+    running_ = &run;
+    status = run.Execute(Deadline::AfterSeconds(options_.timeout_s));
+    running_ = nullptr;
+  }
+  if (op.seq != 0) last_seq_ = op.seq;
+  if (!status.ok()) {
+    Fail(status);
+    if (!closed_) TellPeersAndClose(status);
+  }
+  return status;
+}
+
+Status Executor::Submit(std::vector<OperationMember> members, device::Stream& stream, size_t slot_bytes) {
+  KZ_ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, NewOperation(std::move(members), slot_bytes));
+  const bool collective = op->slots > 0;
   ControlMessage& h = op->header;
   bool idle_executor = false;
   {
@@ -300,6 +374,7 @@ void Executor::Loop() {
   // Connections made before the loop (TransportOptions::connect_at_creation) get their control
   // receive at once, so that a notice a peer sends before this rank's first operation (an abort
   // while idle) is delivered, not lost with the peer's connection; later ones as they are accepted.
+  std::unique_lock run(run_mu_);
   ReceiveControl(/*accept_now=*/true).status().IgnoreError();
   if (options_.serve) {
     Serve();
@@ -307,6 +382,7 @@ void Executor::Loop() {
     cv_.wait(lock, [&] { return stopping_; });
     return;
   }
+  run.unlock();
   while (true) {
     std::shared_ptr<Operation> op;
     {
@@ -315,13 +391,17 @@ void Executor::Loop() {
       while (!cv_.wait_for(lock, kIdlePoll, [&] { return stopping_ || !queue_.empty() || (abort_.load() && !closed_); })) {
         if (closed_) continue;
         lock.unlock();
+        run.lock();
         ReceiveControl(/*accept_now=*/true).status().IgnoreError();  // a failure here is the next operation's
+        run.unlock();
         lock.lock();
       }
       if (queue_.empty() && abort_.load() && !closed_) {
         // Aborted while idle: tell the peers now, so that they do not wait for this rank.
         lock.unlock();
-        TellPeersAndClose(AsyncError());
+        run.lock();
+        if (!closed_) TellPeersAndClose(AsyncError());
+        run.unlock();
         continue;
       }
       if (queue_.empty()) break;
@@ -329,6 +409,7 @@ void Executor::Loop() {
       queue_.pop_front();
       ++pending_;
     }
+    run.lock();  // after an operation a caller runs itself (TryOnCaller), if one does
     Status status;
     // Wait for the caller's stream to reach the call.
     {
@@ -355,26 +436,13 @@ void Executor::Loop() {
       if (!error_.ok()) status = Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
     }
     if (status.ok()) {
-      const bool direct = op->members.size() == 1 && op->members[0].plan->algorithm == Algorithm::kFused;
-      if (direct) {
-        status = RunDirect(*op, Deadline::AfterSeconds(options_.timeout_s));
-      } else {
-        if (options_.same_process && op->seq != 0) {
-          std::string call = op->members[0].plan->request.ToString();
-          if (op->members.size() > 1) call += fmt::format(" and {} more calls in a group", op->members.size() - 1);
-          options_.same_process->Publish(op->seq, options_.rank, op->header.signature, std::move(call));
-        }
-        Run run(*this, *op, op->slot_bytes, op->slots);
-        running_ = &run;
-        status = run.Execute(Deadline::AfterSeconds(options_.timeout_s));
-        running_ = nullptr;
-      }
-    }
-    if (op->seq != 0) last_seq_ = op->seq;
-    if (!status.ok()) {
+      status = RunOperation(*op);
+    } else {
+      if (op->seq != 0) last_seq_ = op->seq;
       Fail(status);
       if (!closed_) TellPeersAndClose(status);
     }
+    run.unlock();
     FinishOperation(*op, status);
     // The last rank of the group to finish may find every stream free, where the calls (Submit,
     // TryInline) find peers already holding theirs for the next operation: memory the host group

@@ -84,6 +84,9 @@ struct ExecutorOptions {
   // of the communicator is on this host and their devices share allocations across processes.
   std::shared_ptr<SameHostGroup> same_host;
   int rank = 0;
+  // Per rank of the communicator (RankDesc::host_memory): the CPU reaches its memory. A small
+  // transfer between two such ranks travels inside the operation header (Run::Setup).
+  std::vector<bool> host_memory;
   // An aggregation device of an INA job (algorithms/ina.cc): it makes no calls of its own. Set,
   // the executor runs an operation whenever one of its peers' operation headers arrives, with the
   // plan this returns for the request the header describes, until the job ends (every peer has
@@ -139,6 +142,14 @@ class Executor {
   // plan is not fused.
   Result<bool> TryInline(const std::vector<OperationMember>& members, device::Stream& stream,
                          bool host_memory = false);
+  // A small collective (up to 64 KiB) on memory the CPU reaches, over connections to other
+  // processes, runs at once on the calling thread when this executor and the caller's stream are
+  // idle: its steps, its messages and its waits, with no hand-off to the executor's thread and
+  // back (between hosts that hand-off was most of an 8-byte AllReduce). Only where this process
+  // holds no other rank that the caller's thread might have to drive for the call to complete
+  // (one executor in the process; no in-process or host group). True when it ran (its error, if
+  // it failed, fails the communicator as any operation's would); false: Submit it as usual.
+  Result<bool> TryOnCaller(const std::vector<OperationMember>& members, device::Stream& stream, size_t slot_bytes);
   // One thread calling every rank of an in-process group together (GroupStart, one fused call on
   // each rank's communicator, GroupEnd: how one thread drives several devices), every executor
   // idle and the calls matching. When the CPU does the parts (memory it reaches, devices not
@@ -187,6 +198,9 @@ class Executor {
   // probes are answered (once this rank has a connection to the prober) and answers kept
   // (ControlState::state). True when anything arrived, or a peer connected.
   Result<bool> ReceiveControl(bool accept_now = false, std::span<const int> expecting = {});
+  // Blocks until the control message from `peer` arrives (then the next ReceiveControl takes it)
+  // or `deadline` passes.
+  void WaitControl(int peer, Deadline deadline);
   // Sends one control message to `peer` if a control slot is free (waiting for one until
   // `deadline` when `wait`); false when none was, or when the connection to the peer is not made
   // yet (this starts it: Transport::Connect).
@@ -200,6 +214,11 @@ class Executor {
   Status ExplainFailure(const Status& symptom, const executor_internal::ControlMessage& mine);
   // The operation header every rank computes for the same members (Submit, Serve).
   static Status FillHeader(Operation& op, int* total_channels);
+  // An operation of `members` with its header and staging slots (Submit, TryOnCaller); not numbered.
+  Result<std::shared_ptr<Operation>> NewOperation(std::vector<OperationMember> members, size_t slot_bytes);
+  // Runs `op` on this thread, which holds run_mu_ (Loop, TryOnCaller); a failure fails the
+  // communicator and tells the peers.
+  Status RunOperation(Operation& op);
   // A fused member (fused.cc), run through the direct group (executor_direct.cc).
   Status RunDirect(Operation& op, Deadline deadline);
   Status RunHostDirect(Operation& op, Deadline deadline);  // through the host group
@@ -220,15 +239,22 @@ class Executor {
   // TryInlineGroup on devices: where this rank's caller stream reached the call, and where its
   // part was done (created on first use, by the thread that groups the calls).
   std::unique_ptr<device::Event> group_ready_, group_done_;
-  bool group_on_streams_logged_ = false;  // said once at INFO (rank 0's executor)
+  bool group_on_streams_logged_ = false;
+  bool on_caller_logged_ = false;  // run_mu_: TryOnCaller said so once at INFO  // said once at INFO (rank 0's executor)
 
-  // Control traffic (operation headers, abort notices), used by the executor thread only.
+  // Held by the thread that uses the connections, the control state and the members below marked
+  // "run_mu_": the executor's thread, or a caller's running an operation itself (TryOnCaller).
+  // Taken before mu_, never while holding it.
+  std::mutex run_mu_;
+  // Executors alive in this process (TryOnCaller runs only where this one is alone).
+  static std::atomic<int> live_executors_;
+  // Control traffic (operation headers, abort notices): run_mu_.
   struct ControlState;
   std::unique_ptr<ControlState> control_;
-  bool closed_ = false;  // executor thread only: the connections were closed after a failure
-  Run* running_ = nullptr;  // executor thread only: the operation running now (State)
-  uint64_t last_seq_ = 0;   // executor thread only: the last numbered operation it ran
-  uint64_t stream_wait_seq_ = 0;  // executor thread only: waiting for the caller's stream to reach it
+  std::atomic<bool> closed_{false};  // set under run_mu_: the connections were closed after a failure
+  Run* running_ = nullptr;  // run_mu_: the operation running now (State)
+  uint64_t last_seq_ = 0;   // run_mu_: the last numbered operation it ran
+  uint64_t stream_wait_seq_ = 0;  // run_mu_: waiting for the caller's stream to reach it
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

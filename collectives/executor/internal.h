@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -49,9 +50,21 @@ constexpr size_t kDefaultChunkBytes = 512 << 10;
 constexpr size_t kNetworkChunkBytes = 2 << 20;
 // Steps up to this size on host-accessible memory run on the executor's thread (Run::OnCpu).
 constexpr size_t kCpuStepBytes = 64 << 10;
+// Collectives up to this size run on the calling thread where they may (Executor::TryOnCaller):
+// every step of theirs is a CPU step.
+constexpr size_t kCallerOpBytes = kCpuStepBytes;
+// A first transfer to a peer up to this size travels inside the operation header (one message
+// where there were two): what a control message has room for beside the header's fields.
+constexpr size_t kHeaderPayloadBytes = kControlSlotBytes - 64;
 // How long the executor blocks on one thing before looking at everything again: short, so a
 // completion elsewhere is not left waiting, long enough not to burn a core.
 constexpr auto kWaitSlice = std::chrono::microseconds(200);
+
+// The CPU reaches the device's memory, and its streams model no speed or launch latency that
+// running a step on the CPU would skip (an emulated device with KIZUNA_EMU_* throttles keeps them).
+inline bool CpuSteps(const device::DeviceProperties& p) {
+  return p.host_accessible && p.copy_gbps == 0 && p.reduce_gbps == 0 && p.launch_latency_us == 0;
+}
 
 // kProbe asks a peer where it is; it answers kState (members 0: idle, seq its last operation;
 // else the operation it is running, described as a header, and in `reason` what it waits on).
@@ -83,9 +96,13 @@ struct ControlMessage {
   uint64_t count = 0;
   uint64_t chunk_count = 0;
   uint32_t channels = 0;
-  char reason[kControlSlotBytes - 64] = {};  // kAbort: why, NUL-terminated
+  // kHeader: the bytes of the operation's first transfer to the receiver, carried in `reason`
+  // (Run::Setup says which transfer); 0: none, the header goes alone.
+  uint32_t inline_bytes = 0;
+  char reason[kControlSlotBytes - 64] = {};  // kAbort: why, NUL-terminated; kHeader: inline bytes
 };
 static_assert(sizeof(ControlMessage) == kControlSlotBytes);
+static_assert(offsetof(ControlMessage, reason) + kHeaderPayloadBytes == kControlSlotBytes);
 
 inline uint64_t Mix(uint64_t h, uint64_t v) {
   // A whole word per step (multiply by the golden-ratio constant, fold the high bits down): stable
@@ -155,6 +172,9 @@ struct Executor::ControlState {
     executor_internal::Clock::time_point at{};
   };
   std::map<int, Answer> state;
+  // A control receive that WaitControl saw complete (the request is released): ReceiveControl
+  // takes it from here instead of testing the request.
+  std::map<int, Result<fabric::Completion>> waited;
   std::set<int> owed;  // peers that asked where this rank is, not answered yet (no connection yet)
   executor_internal::Clock::time_point accepted_at{};  // the transport's last Poll
 };
@@ -191,7 +211,7 @@ class Executor::Run {
         tr_(*ex.transport_),
         slot_bytes_(slot_bytes),
         slots_(slots),
-        cpu_steps_(CpuSteps(ex.device_->properties())) {}
+        cpu_steps_(executor_internal::CpuSteps(ex.device_->properties())) {}
 
   Status Execute(Deadline deadline);
 
@@ -206,6 +226,10 @@ class Executor::Run {
     // What WaitBriefly found for the posted request: its completion, or its failure (the request
     // is then already released).
     std::optional<Result<fabric::Completion>> waited;
+    // The peer's first transfer of this operation, small enough to travel inside the operation
+    // header (kHeaderPayloadBytes): a send goes with this rank's header, a receive takes its bytes
+    // from the peer's. No fabric request of its own.
+    bool in_header = false;
   };
 
   struct ChannelRun {
@@ -232,6 +256,8 @@ class Executor::Run {
   // connect (Transport::Connect, Poll), answering probes meanwhile; a peer that does not make its
   // connection fails the operation at its deadline like any wait, naming the peer.
   Status Connect(Deadline deadline);
+  // Every connection the operation uses is made.
+  bool Connected() const;
   Status SendHeaders();
   // `accept_now`: take the peers' connections now, first those of `expecting` (ReceiveControl).
   Result<bool> PollControl(bool accept_now = false, std::span<const int> expecting = {});
@@ -243,6 +269,11 @@ class Executor::Run {
   Result<bool> Drive(ChannelRun& ch, size_t index, std::set<int>& send_blocked, std::set<int>& recv_blocked);
   Result<bool> Post(ChannelRun& ch, size_t index, std::set<int>& send_blocked, std::set<int>& recv_blocked);
   Result<bool> TestPosted(ChannelRun& ch, size_t index);
+  // Post for a step in the header (StepState::in_header): a send leaves with this rank's header;
+  // a receive waits for the peer's.
+  Result<bool> PostInHeader(ChannelRun& ch, size_t index);
+  // Marks StepState::in_header (Setup).
+  void MarkTransfersInHeaders();
   Result<bool> Consume(ChannelRun& ch, size_t index);
   // Records the step's event (from the pool) on the channel's stream.
   Status RecordEvent(ChannelRun& ch, StepState& st);
@@ -256,11 +287,6 @@ class Executor::Run {
   // than the copy, and more than the fabric transfer itself (docs/RACE.md, "After the 09:11
   // run").
   bool OnCpu(size_t bytes) const { return cpu_steps_ && bytes <= executor_internal::kCpuStepBytes; }
-  // The CPU reaches the device's memory, and its streams model no speed or launch latency that
-  // running a step here would skip (an emulated device with KIZUNA_EMU_* throttles keeps them).
-  static bool CpuSteps(const device::DeviceProperties& p) {
-    return p.host_accessible && p.copy_gbps == 0 && p.reduce_gbps == 0 && p.launch_latency_us == 0;
-  }
   Result<bool> EventDone(StepState& st);
   Status CompleteRecv(ChannelRun& ch, size_t index, size_t size);
   // Staging slots: the collectives' (0..slots_-1, slot_bytes_ each) and point-to-point's (from
@@ -304,6 +330,10 @@ class Executor::Run {
   // Headers: which peers this rank must hear from, and what it heard.
   std::set<int> expect_from_;
   std::set<int> verified_;
+  // Peers whose header goes with the first transfer to them (StepState::in_header), not at the
+  // start; peers whose first transfer comes in their header, and those headers once verified.
+  std::set<int> header_with_data_, data_in_header_;
+  std::map<int, ControlMessage> headers_;
   // Connections: the peers the operation sends to (data and headers) and receives from, and those
   // not connected yet (Connect).
   std::set<int> send_to_, recv_from_;

@@ -124,6 +124,7 @@ Status Executor::Run::Setup() {
       epilogues_.push_back(std::move(ch));
     }
   }
+  MarkTransfersInHeaders();
   if (tr_.staging_bytes() < slot_bytes_ * static_cast<size_t>(slots_))
     return Internal(
         fmt::format("staging of {} bytes holds no {} slots of {} bytes", tr_.staging_bytes(), slots_, slot_bytes_));
@@ -139,6 +140,33 @@ Status Executor::Run::Setup() {
     for (size_t s = p2p_slots; s-- > 0;) free_p2p_slots_.push_back(slots_ + static_cast<int>(s));
   }
   return Status::Ok();
+}
+
+void Executor::Run::MarkTransfersInHeaders() {
+  // Per peer, the first collective transfer to it (the first in the first channel that has one)
+  // goes inside this rank's operation header when it fits: a small operation then sends one
+  // message per peer and step where it sent two. Its receiver marks the same transfer from its
+  // side — the first from this rank in the first channel with one, the same tag's first message —
+  // so both agree without asking. The header, which used to leave at the start, then leaves with
+  // that transfer: the receiver trusts none of this rank's data before it either way.
+  // Both ends' CPUs must reach their staging: each end knows it of both from the shape.
+  const std::vector<bool>& cpu = ex_.options_.host_memory;
+  auto reaches = [&](int r) { return r >= 0 && static_cast<size_t>(r) < cpu.size() && cpu[static_cast<size_t>(r)]; };
+  if (!reaches(tr_.rank())) return;
+  std::set<int> first_send, first_recv;
+  for (ChannelRun& ch : channels_) {
+    if (ch.p2p) continue;
+    for (size_t i = 0; i < ch.steps->size(); ++i) {
+      const Step& s = (*ch.steps)[i];
+      const bool send = s.kind == StepKind::kSend;
+      if (!send && s.kind != StepKind::kRecv && s.kind != StepKind::kRecvReduce) continue;
+      if (!(send ? first_send : first_recv).insert(s.peer).second) continue;
+      const size_t bytes = static_cast<size_t>(s.count()) * elem(ch);
+      if (bytes > kHeaderPayloadBytes || !reaches(s.peer)) continue;
+      ch.states[i].in_header = true;
+      (send ? header_with_data_ : data_in_header_).insert(s.peer);
+    }
+  }
 }
 
 Result<bool> Executor::Run::EventDone(StepState& st) {
@@ -315,6 +343,7 @@ Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, std::set<int>& se
     blocked.insert(step.peer);
     return false;
   }
+  if (st.in_header) return PostInHeader(ch, index);
   Transport::Peer* p = tr_.peer(step.peer);
   fabric::Request* r = nullptr;
   if (is_send) {
@@ -337,9 +366,37 @@ Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, std::set<int>& se
   return true;
 }
 
+Result<bool> Executor::Run::PostInHeader(ChannelRun& ch, size_t index) {
+  const Step& step = (*ch.steps)[index];
+  StepState& st = ch.states[index];
+  if (step.kind != StepKind::kSend) {
+    st.phase = Phase::kPosted;  // TestPosted takes the bytes once the peer's header is here
+    return true;
+  }
+  const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
+  ControlMessage h = op_.header;
+  h.inline_bytes = static_cast<uint32_t>(bytes);
+  if (bytes > 0) std::memcpy(h.reason, SlotAddress(st.slot), bytes);
+  KZ_ASSIGN_OR_RETURN(bool sent, ex_.SendControl(step.peer, h, true, Deadline::AfterSeconds(ex_.options_.timeout_s)));
+  if (!sent) return Timeout(fmt::format("could not post the operation header to rank {}", step.peer));
+  st.phase = Phase::kDone;
+  return true;
+}
+
 Result<bool> Executor::Run::TestPosted(ChannelRun& ch, size_t index) {
   const Step& step = (*ch.steps)[index];
   StepState& st = ch.states[index];
+  if (st.in_header) {
+    const auto h = headers_.find(step.peer);
+    if (h == headers_.end()) return false;
+    const size_t size = h->second.inline_bytes;
+    const size_t room = st.slot >= 0 ? SlotCapacity(st.slot) : 0;
+    if (size > room || size > kHeaderPayloadBytes)
+      return CompleteRecv(ch, index, size);  // names both ranks' calls
+    if (size > 0) std::memcpy(SlotAddress(st.slot), h->second.reason, size);
+    KZ_RETURN_IF_ERROR(CompleteRecv(ch, index, size));
+    return true;
+  }
   const bool is_send = step.kind == StepKind::kSend;
   Transport::Peer* p = tr_.peer(step.peer);
   fabric::Comm& comm = is_send ? static_cast<fabric::Comm&>(*p->send) : static_cast<fabric::Comm&>(*p->recv);
@@ -437,6 +494,13 @@ void Executor::Run::WaitBriefly() {
   for (ChannelRun* ch : all)
     for (size_t i : ch->active) {
       StepState& st = ch->states[i];
+      if (st.phase != Phase::kPosted || !st.in_header || headers_.count((*ch->steps)[i].peer)) continue;
+      ex_.WaitControl((*ch->steps)[i].peer, Deadline::After(kWaitSlice));
+      return;
+    }
+  for (ChannelRun* ch : all)
+    for (size_t i : ch->active) {
+      StepState& st = ch->states[i];
       if (st.phase != Phase::kPosted || st.request == nullptr || st.waited) continue;
       const Step& step = (*ch->steps)[i];
       Transport::Peer* p = tr_.peer(step.peer);
@@ -492,8 +556,9 @@ Status Executor::Run::Execute(Deadline deadline) {
   Status status = [&]() -> Status {
     KZ_RETURN_IF_ERROR(Setup());
     // Control messages first: an abort notice a peer sent while this rank was idle names the
-    // cause better than the closed connection the headers would run into.
-    KZ_RETURN_IF_ERROR(PollControl(/*accept_now=*/true).status());
+    // cause better than the closed connection the headers would run into. New connections are
+    // looked for now only when the operation lacks one (else at most every kAcceptEvery).
+    KZ_RETURN_IF_ERROR(PollControl(/*accept_now=*/!Connected()).status());
     KZ_RETURN_IF_ERROR(Connect(deadline));
     KZ_RETURN_IF_ERROR(SendHeaders());
     bool epilogue_started = false;

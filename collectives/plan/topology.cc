@@ -18,7 +18,7 @@ void PutRank(wire::Bytes& out, const RankDesc& r) {
   wire::PutF64(out, r.reduce_gbps);
   wire::PutF64(out, r.launch_us);
   wire::PutI32(out, r.host_cpus);
-  wire::PutU8(out, r.host_compute ? 1 : 0);
+  wire::PutU8(out, static_cast<uint8_t>((r.host_compute ? 1 : 0) | (r.host_memory ? 2 : 0)));
 }
 
 void GetRank(wire::Reader& in, RankDesc& r) {
@@ -28,7 +28,9 @@ void GetRank(wire::Reader& in, RankDesc& r) {
   r.reduce_gbps = in.F64();
   r.launch_us = in.F64();
   r.host_cpus = in.I32();
-  r.host_compute = in.U8() != 0;
+  const uint8_t flags = in.U8();
+  r.host_compute = (flags & 1) != 0;
+  r.host_memory = (flags & 2) != 0;
 }
 
 void PutLink(wire::Bytes& out, const LinkDesc& l) {

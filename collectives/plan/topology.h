@@ -26,6 +26,7 @@ struct RankDesc {
   double launch_us = 0;          // cost of one device operation
   int host_cpus = 0;             // CPUs the rank's process may run on; 0: unknown
   bool host_compute = false;     // its copies and reductions run on the host's CPUs and memory
+  bool host_memory = false;      // the CPU reaches its device memory (and so whatever staging it uses)
 };
 
 // The connection from one rank to another, as the cost model sees it.

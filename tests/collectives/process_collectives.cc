@@ -383,12 +383,11 @@ int Mismatch(Communicator& comm, device::Stream& stream) {
 // Main's matrix, one case: `coll` through `algo` in `t`, on a count no rank count divides, each
 // rank checking its whole output. 0 when it passed, else Fail's.
 int MatrixCase(Communicator& comm, device::Stream& stream, Collective coll, const collectives::AlgorithmImpl& algo,
-               DataType t) {
+               DataType t, uint64_t count) {
   const int n = comm.size(), r = comm.rank();
   collectives::CollectiveRequest probe;
   probe.collective = coll;
   probe.nranks = n;
-  const uint64_t count = 10007;
   const ReduceOp op = t == DataType::kFloat32 ? ReduceOp::kSum : ReduceOp::kMax;
   probe.count = count;
   const uint64_t in = probe.input_count(), out = std::max<uint64_t>(probe.output_count(), 1);
@@ -505,14 +504,22 @@ int RingSendRecv(Communicator& comm, device::Stream& stream) {
 }
 
 int Main(int argc, char** argv) {
-  auto created = Communicator::CreateFromEnvironment();
+  const std::string mode = argc > 1 ? argv[1] : "";
+  // "hosts": every rank claims a host of its own, so its peers are reached over a network fabric
+  // (no shared buffers): the matrix then runs through the executor's network path, the small
+  // collectives on the calling thread with their first transfers inside the operation headers.
+  CommOptions options;
+  if (mode == "hosts") {
+    const char* rank = std::getenv("RANK");
+    options.host_id = fmt::format("pretend-host-{}", rank != nullptr ? rank : "?");
+  }
+  auto created = Communicator::CreateFromEnvironment(options);
   if (!created.ok()) return Fail(created.status().ToString());
   Communicator& comm = **created;
   const int n = comm.size(), r = comm.rank();
   auto stream_or = comm.device().CreateStream();
   if (!stream_or.ok()) return Fail(stream_or.status().ToString());
   device::Stream& stream = **stream_or;
-  const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "fused") return FusedMatrix(comm, stream);
   if (mode == "host") return HostMemory(comm, stream);
   if (mode == "host-mixed") return HostMixed(comm, stream);
@@ -520,7 +527,8 @@ int Main(int argc, char** argv) {
   if (mode == "frozen") return Frozen(comm, stream, argc > 2 ? std::atoi(argv[2]) : 1);
   if (mode == "fused-abort" || mode == "fused-exit")
     return FusedFault(comm, stream, mode.substr(6), argc > 2 ? std::atoi(argv[2]) : 1);
-  if (!mode.empty()) return Fail("unknown mode " + mode + " (fused, host, fused-abort R, fused-exit R, frozen R)");
+  if (!mode.empty() && mode != "hosts")
+    return Fail("unknown mode " + mode + " (hosts, fused, host, fused-abort R, fused-exit R, frozen R)");
   int cases = 0;
   const Collective colls[] = {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
                               Collective::kBroadcast, Collective::kReduce,        Collective::kAllToAll,
@@ -533,8 +541,11 @@ int Main(int argc, char** argv) {
       probe.count = 7;
       if (!algo->Supports(probe, comm.topology()).ok()) continue;
       for (DataType t : {DataType::kFloat32, DataType::kBfloat16}) {
-        if (int failed = MatrixCase(comm, stream, coll, *algo, t); failed != 0) return failed;
-        ++cases;
+        // Between pretend hosts also a count whose transfers fit in operation headers.
+        for (uint64_t count : mode == "hosts" ? std::vector<uint64_t>{5, 10007} : std::vector<uint64_t>{10007}) {
+          if (int failed = MatrixCase(comm, stream, coll, *algo, t, count); failed != 0) return failed;
+          ++cases;
+        }
       }
     }
   }

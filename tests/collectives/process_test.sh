@@ -28,6 +28,15 @@ else
   for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* cases ok" <<<"$out" || fail "rank $r did not finish (ofi)"; done
 fi
 
+# Every rank on a host of its own (as it claims): the matrix over the network fabric, small
+# collectives on the calling thread with their first transfers inside the operation headers.
+out="$(KIZUNA_FABRIC=tcp:lo KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=COLL "$run" -n 3 --timeout 240 -- "$prog" hosts 2>&1)"
+rc=$?
+echo "$out" | grep -v "INFO"
+[ "$rc" -eq 0 ] || fail "3 ranks on pretend hosts over tcp: exit status $rc"
+grep -q "collectives up to 64 KiB run on the calling thread" <<<"$out" || fail "hosts: no collective ran on the calling thread"
+for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* cases ok" <<<"$out" || fail "rank $r did not finish (hosts)"; done
+
 # The fused AllReduce between processes (collectives/direct/same_host_group.h): 3 ranks, every shape; the same
 # with opaque device memory (the CPU cannot touch it: the streams translate imported addresses).
 # Frees wait for the device's streams, as cudaFree does (KIZUNA_EMU_SYNC_FREE): a mapping the

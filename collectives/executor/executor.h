@@ -142,7 +142,7 @@ class Executor {
   // plan is not fused.
   Result<bool> TryInline(const std::vector<OperationMember>& members, device::Stream& stream,
                          bool host_memory = false);
-  // A small collective (up to 64 KiB) on memory the CPU reaches, over connections to other
+  // A small collective (up to 4 MiB over a network, else 64 KiB) on memory the CPU reaches, over connections to other
   // processes, runs at once on the calling thread when this executor and the caller's stream are
   // idle: its steps, its messages and its waits, with no hand-off to the executor's thread and
   // back (between hosts that hand-off was most of an 8-byte AllReduce). Only where this process

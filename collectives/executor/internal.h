@@ -50,9 +50,13 @@ constexpr size_t kDefaultChunkBytes = 512 << 10;
 constexpr size_t kNetworkChunkBytes = 2 << 20;
 // Steps up to this size on host-accessible memory run on the executor's thread (Run::OnCpu).
 constexpr size_t kCpuStepBytes = 64 << 10;
-// Collectives up to this size run on the calling thread where they may (Executor::TryOnCaller):
-// every step of theirs is a CPU step.
-constexpr size_t kCallerOpBytes = kCpuStepBytes;
+// The same where some peer is reached over a network (Transport::network()): a step there waits
+// for the wire far longer than the CPU takes to copy or reduce it, and a hand-off to a stream's
+// thread and back costs more than either below a few MiB (2 x 1 namespace hosts, 1 MiB
+// AllReduce: 1.06 GB/s through the streams, 1.90 on the CPU; docs/PERFORMANCE.md).
+constexpr size_t kNetworkCpuStepBytes = 4 << 20;
+// Collectives up to the CPU step size run on the calling thread where they may
+// (Executor::TryOnCaller): every step of theirs is a CPU step.
 // A first transfer to a peer up to this size travels inside the operation header (one message
 // where there were two): what a control message has room for beside the header's fields.
 constexpr size_t kHeaderPayloadBytes = kControlSlotBytes - 64;
@@ -65,6 +69,8 @@ constexpr auto kWaitSlice = std::chrono::microseconds(200);
 inline bool CpuSteps(const device::DeviceProperties& p) {
   return p.host_accessible && p.copy_gbps == 0 && p.reduce_gbps == 0 && p.launch_latency_us == 0;
 }
+
+inline size_t CpuStepBytes(const Transport& t) { return t.network() ? kNetworkCpuStepBytes : kCpuStepBytes; }
 
 // kProbe asks a peer where it is; it answers kState (members 0: idle, seq its last operation;
 // else the operation it is running, described as a header, and in `reason` what it waits on).
@@ -211,7 +217,8 @@ class Executor::Run {
         tr_(*ex.transport_),
         slot_bytes_(slot_bytes),
         slots_(slots),
-        cpu_steps_(executor_internal::CpuSteps(ex.device_->properties())) {}
+        cpu_steps_(executor_internal::CpuSteps(ex.device_->properties())),
+        cpu_step_bytes_(executor_internal::CpuStepBytes(*ex.transport_)) {}
 
   Status Execute(Deadline deadline);
 
@@ -286,7 +293,7 @@ class Executor::Run {
   // memory the CPU reaches, where the hand-off to the stream's thread and back costs far more
   // than the copy, and more than the fabric transfer itself (docs/RACE.md, "After the 09:11
   // run").
-  bool OnCpu(size_t bytes) const { return cpu_steps_ && bytes <= executor_internal::kCpuStepBytes; }
+  bool OnCpu(size_t bytes) const { return cpu_steps_ && bytes <= cpu_step_bytes_; }
   Result<bool> EventDone(StepState& st);
   Status CompleteRecv(ChannelRun& ch, size_t index, size_t size);
   // Staging slots: the collectives' (0..slots_-1, slot_bytes_ each) and point-to-point's (from
@@ -317,6 +324,7 @@ class Executor::Run {
   const size_t slot_bytes_;
   const int slots_;
   const bool cpu_steps_;  // the device's memory is host accessible (OnCpu)
+  const size_t cpu_step_bytes_;  // OnCpu's limit: CpuStepBytes
 
   std::vector<ChannelRun> channels_;
   std::vector<ChannelRun> epilogues_;  // one per member that has an epilogue

@@ -391,9 +391,12 @@ void Executor::Loop() {
       while (!cv_.wait_for(lock, kIdlePoll, [&] { return stopping_ || !queue_.empty() || (abort_.load() && !closed_); })) {
         if (closed_) continue;
         lock.unlock();
-        run.lock();
-        ReceiveControl(/*accept_now=*/true).status().IgnoreError();  // a failure here is the next operation's
-        run.unlock();
+        // Not while a caller runs an operation itself (TryOnCaller): it looks at the control
+        // messages then, and waiting here for it would wake this thread after each of its calls.
+        if (run.try_lock()) {
+          ReceiveControl(/*accept_now=*/true).status().IgnoreError();  // a failure here is the next operation's
+          run.unlock();
+        }
         lock.lock();
       }
       if (queue_.empty() && abort_.load() && !closed_) {

@@ -59,6 +59,7 @@ class Engine::Builder {
   Status ExchangeHosts();
   Status Connect(device::Device& device);
   Status JoinSameHostGroup(device::Device& device);
+  Status JoinHostGroups(device::Device& device);
   Status AgreeOnShape(device::Device& device);
   Status StartExecutor(device::Device& device);
   void LogCreated(device::Device& device) const;
@@ -79,6 +80,9 @@ class Engine::Builder {
   std::vector<std::string> rank_hosts_;
   int local_rank_ = 0;
   std::shared_ptr<SameHostGroup> same_host_;
+  // Across hosts: this host's ranks' group (JoinHostGroups), and whether every host has one.
+  std::shared_ptr<SameHostGroup> host_group_;
+  bool host_direct_ = false;
   size_t p2p_staging_bytes_ = 0;  // what point-to-point's chunk is cut from (ExecutorOptions)
 };
 
@@ -215,6 +219,58 @@ std::vector<LinkDesc> Engine::Builder::LinkRow() const {
   return row;
 }
 
+// Across hosts, the ranks of each host share their buffers through a group of their own, as the
+// ranks of a single host do (JoinSameHostGroup), for hier:fused's host level: where every host's
+// group forms, the CPU reaches every rank's memory and each rank has a process of its own. Every
+// rank makes the same three allgathers (SameHostGroup::Create's two, over the host's ranks only;
+// a rank alone on its host makes them with nothing to say), then all agree.
+Status Engine::Builder::JoinHostGroups(device::Device& device) {
+  const bool one_host = std::all_of(rank_hosts_.begin(), rank_hosts_.end(), [&](const auto& h) { return h == host_; });
+  if (same_process_ != nullptr || layout_ || e_.size_ == 1 || one_host || !options_.direct_access)
+    return Status::Ok();
+  std::vector<int> locals;
+  for (int r = 0; r < e_.size_; ++r)
+    if (rank_hosts_[static_cast<size_t>(r)] == host_) locals.push_back(r);
+  auto allgather = [&](std::span<const uint8_t> bytes) -> Result<std::vector<std::vector<uint8_t>>> {
+    KZ_ASSIGN_OR_RETURN(auto all, e_.bootstrap_->AllGather(bytes, deadline_));
+    std::vector<std::vector<uint8_t>> here;
+    for (int r : locals) here.push_back(std::move(all[static_cast<size_t>(r)]));
+    return here;
+  };
+  std::string why;
+  bool usable = false;
+  if (locals.size() > 1) {
+    const int me = static_cast<int>(std::find(locals.begin(), locals.end(), e_.rank_) - locals.begin());
+    Result<std::shared_ptr<SameHostGroup>> group =
+        SameHostGroup::Create(me, static_cast<int>(locals.size()), device, allgather);
+    if (group.ok()) {
+      host_group_ = std::move(*group);
+      usable = host_group_->host_accessible() && host_group_->one_rank_per_process();
+      if (!usable) why = "a rank's memory is out of the CPU's reach, or ranks share a process";
+    } else if (group.status().code() == StatusCode::kNotSupported) {
+      why = std::string(group.status().message());
+    } else {
+      return group.status().WithContext("setting up the host's shared buffers");
+    }
+  } else {
+    for (int i = 0; i < 2; ++i) KZ_RETURN_IF_ERROR(allgather({}).status());
+    usable = device.properties().host_accessible;
+    if (!usable) why = "its memory is out of the CPU's reach";
+  }
+  const uint8_t vote = usable ? 1 : 0;
+  KZ_ASSIGN_OR_RETURN(auto votes, e_.bootstrap_->AllGather(std::span(&vote, 1), deadline_));
+  int against = -1;
+  for (int r = 0; r < e_.size_ && against < 0; ++r)
+    if (votes[static_cast<size_t>(r)] != std::vector<uint8_t>{1}) against = r;
+  host_direct_ = against < 0;
+  if (!host_direct_) host_group_.reset();
+  if (e_.rank_ == 0)
+    KZ_INFO(kLogInit, "{}", host_direct_ ? std::string("the ranks of each host share their buffers (hier:fused available)")
+                                         : fmt::format("hier:fused not available: rank {} {}", against,
+                                                       against == 0 ? why : "cannot share its host's buffers"));
+  return Status::Ok();
+}
+
 // The shape: every rank's device and link row, allgathered, so every rank holds the same.
 Status Engine::Builder::AgreeOnShape(device::Device& device) {
   const device::DeviceProperties& props = device.properties();
@@ -251,6 +307,7 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
     for (int b = 0; b < e_.size_; ++b)
       if (a == b || !shape.link(a, b).reachable || !shape.link(b, a).reachable) shape.link(a, b).reachable = false;
   shape.direct = same_process_ != nullptr || same_host_ != nullptr;
+  shape.host_direct = host_direct_;
   if (same_host_) shape.direct_inline_bytes = same_host_->one_shot_bytes();
   shape.ina = layout_;
   KZ_RETURN_IF_ERROR(shape.Validate());
@@ -265,6 +322,7 @@ Status Engine::Builder::StartExecutor(device::Device& device) {
   eopts.chunk_bytes = e_.config_->chunk_bytes.value_or(0);
   eopts.same_process = same_process_;
   eopts.same_host = same_host_;
+  eopts.host_group = host_group_;
   eopts.rank = e_.rank_;
   for (const RankDesc& d : e_.shape_.ranks) eopts.host_memory.push_back(d.host_memory);
   // INA jobs: deeper windows (InaWindow).
@@ -318,6 +376,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<bootstrap::Bootst
   KZ_RETURN_IF_ERROR(b.ExchangeHosts());
   KZ_RETURN_IF_ERROR(b.Connect(device));
   KZ_RETURN_IF_ERROR(b.JoinSameHostGroup(device));
+  KZ_RETURN_IF_ERROR(b.JoinHostGroups(device));
   KZ_RETURN_IF_ERROR(b.AgreeOnShape(device));
   // KIZUNA_ALGO, parsed once: a malformed value fails creation, naming the bad item, instead of
   // every call; names not available yet are logged once.

@@ -95,7 +95,7 @@ std::span<const AlgorithmImpl* const> AllAlgorithms() {
       &algo::RingAlgorithm(), &algo::TreeAlgorithm(),     &algo::RhdAlgorithm(),
       &algo::RdAlgorithm(),   &algo::PairwiseAlgorithm(), &algo::P2pAlgorithm(),
       &algo::FusedAlgorithm(), &algo::InaAlgorithm(),     &algo::HierRingAlgorithm(),
-      &algo::HierRdAlgorithm(),
+      &algo::HierRdAlgorithm(), &algo::HierFusedRingAlgorithm(), &algo::HierFusedRdAlgorithm(),
   };
   return table;
 }

@@ -232,6 +232,10 @@ class Builder {
     if (srcs.size() == 1) return Copy(c, srcs[0], dst);
     steps(c).push_back(Step::Reduce(std::move(srcs), dst));
   }
+  // dst = src / RankPlan::divisor (an avg's division where the algorithm places it itself).
+  void Scale(int c, Slice src, Slice dst) {
+    if (dst.count > 0) steps(c).push_back(Step::Scale(src, dst));
+  }
   // srcs in order, every rank's contribution: their avg, rounded once (Step::average).
   void ReduceAverage(int c, std::vector<Slice> srcs, Slice dst) {
     if (dst.count == 0) return;

@@ -38,6 +38,14 @@
 // receives at most once. Where a rank owns several parts or blocks (uneven hosts), its transfers
 // of one round are numbered by the index the other end computes for them, one per phase.
 //
+// hier:fused/ring and hier:fused/rd: the AllReduce whose host level runs over mapped memory
+// (CommTopology::host_direct). The plan holds the network level alone, on the parts' owners'
+// outputs; the executor sums each part over the host into its owner's output before it and copies
+// the parts from their owners after it (RankPlan::host_parts, HostPart). Up to kLeaderPartBytes
+// per part the parts are fewer than the ranks of the widest host (one part, owned by each host's
+// first rank, for a small message: the leader form), so that a small message crosses the network
+// once per host and not once per rail.
+//
 // Not deterministic: the order of additions depends on the host layout, so with
 // KIZUNA_DETERMINISTIC the build answers kNotSupported and the engine takes the next algorithm.
 #include <algorithm>
@@ -49,6 +57,10 @@
 
 namespace kizuna::collectives::algo {
 namespace {
+
+// hier:fused: the least a part carries when there are fewer parts than rails. Below it, a message
+// per rail costs more than the bytes it moves between hosts.
+constexpr uint64_t kLeaderPartBytes = 64 << 10;
 
 // The ranks of each host, as the shape's host ids group them.
 struct Hosts {
@@ -86,6 +98,7 @@ class Hierarchical final : public AlgorithmImpl {
 
   Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
     const bool ring = id_ == Algorithm::kHierRing;
+    if (IsHostFused(id_)) return SupportsFused(request, shape);
     switch (request.collective) {
       case Collective::kAllReduce: break;
       case Collective::kReduceScatter:
@@ -119,24 +132,61 @@ class Hierarchical final : public AlgorithmImpl {
     return Status::Ok();
   }
 
+  Status SupportsFused(const CollectiveRequest& request, const CommTopology& shape) const {
+    if (request.collective != Collective::kAllReduce) return NotImplemented(id_, request);
+    const Hosts hosts(shape);
+    if (hosts.count() < 2)
+      return NotSupported(fmt::format("{} serves {} across hosts; all {} ranks are on one host", AlgorithmName(id_),
+                                      CollectiveName(request.collective), shape.nranks));
+    if (!shape.host_direct)
+      return NotSupported(fmt::format("{}: the ranks of a host do not share their buffers (no host group, or memory "
+                                      "the CPU does not reach)",
+                                      AlgorithmName(id_)));
+    const uint32_t parts = Parts(request, hosts);
+    for (int r = 0; r < shape.nranks; ++r) {
+      const int h = hosts.host[static_cast<size_t>(r)], i = hosts.local[static_cast<size_t>(r)];
+      for (int g = 0; g < hosts.count(); ++g)
+        for (int j = i; j < static_cast<int>(parts) && g != h; j += hosts.size(h))
+          KZ_RETURN_IF_ERROR(RequireLink(shape, r, hosts.Owner(g, j), AlgorithmName(id_),
+                                         "a rank reaches its rail's ranks on the other hosts"));
+    }
+    return Status::Ok();
+  }
+
+  // hier:fused's part count (kLeaderPartBytes): every rank computes it alike.
+  static uint32_t Parts(const CollectiveRequest& request, const Hosts& hosts) {
+    const uint64_t bytes = request.count * DataTypeSize(request.dtype);
+    return static_cast<uint32_t>(
+        std::clamp<uint64_t>(bytes / kLeaderPartBytes, 1, static_cast<uint64_t>(std::max(hosts.widest, 1))));
+  }
+
   // "host level: direct exchange among the 4 ranks of host 1 (ranks 4-7); network level: ring over
   // 2 hosts, with ranks 1, 5 (rail 1: part 1 of 4)".
   std::string Describe(const CollectiveRequest& request, const CommTopology& shape, int rank) const override {
     const Hosts hosts(shape);
     const int h = hosts.host[static_cast<size_t>(rank)], l = hosts.local[static_cast<size_t>(rank)];
+    const bool fused = IsHostFused(id_);
+    const int widest = fused ? static_cast<int>(Parts(request, hosts)) : hosts.widest;
     std::vector<int> parts;
-    for (int j = l; j < hosts.widest; j += hosts.size(h)) parts.push_back(j);
+    for (int j = l; j < widest; j += hosts.size(h)) parts.push_back(j);
+    std::string_view outer =
+        id_ == Algorithm::kHierRd || id_ == Algorithm::kHierFusedRd ? "recursive doubling" : "ring";
+    if (fused && parts.empty())
+      return fmt::format("host level: mapped memory among the {} ranks of host {} ({}); network level: {} over {} "
+                         "hosts among the owners of the {} part(s), none of them this rank's",
+                         hosts.size(h), h, fmt::join(hosts.ranks[static_cast<size_t>(h)], ", "), outer,
+                         hosts.count(), widest);
     std::vector<int> rail;
     for (int g = 0; g < hosts.count(); ++g) rail.push_back(hosts.Owner(g, parts[0]));
-    std::string_view outer = id_ == Algorithm::kHierRd ? "recursive doubling" : "ring";
     if (request.collective == Collective::kReduceScatter || request.collective == Collective::kAllGather)
       outer = "direct exchange";
     if (request.collective == Collective::kBroadcast || request.collective == Collective::kReduce) outer = "chain";
     return fmt::format(
-        "host level: direct exchange among the {} ranks of host {} ({}); network level: {} over {} "
+        "host level: {} among the {} ranks of host {} ({}); network level: {} over {} "
         "hosts, with ranks {} (rail {}: part{} {} of {})",
-        hosts.size(h), h, fmt::join(hosts.ranks[static_cast<size_t>(h)], ", "), outer, hosts.count(),
-        fmt::join(rail, ", "), l, parts.size() > 1 ? "s" : "", fmt::join(parts, ", "), hosts.widest);
+        fused ? "mapped memory" : "direct exchange", hosts.size(h), h,
+        fmt::join(hosts.ranks[static_cast<size_t>(h)], ", "), outer, hosts.count(), fmt::join(rail, ", "), l,
+        parts.size() > 1 ? "s" : "", fmt::join(parts, ", "), widest);
   }
 
   Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
@@ -148,6 +198,7 @@ class Hierarchical final : public AlgorithmImpl {
                       AlgorithmName(id_)));
     const Hosts hosts(shape);
     Builder b(request, options, rank, ChannelsFor(options, request.count));
+    if (IsHostFused(id_)) return BuildFused(request, hosts, b);
     for (int c = 0; c < b.channels(); ++c) {
       const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
       Level level(b, hosts, c, R);
@@ -165,10 +216,30 @@ class Hierarchical final : public AlgorithmImpl {
   }
 
  private:
+  // hier:fused: the network level of each channel's parts; the host level is the executor's.
+  Result<RankPlan> BuildFused(const CollectiveRequest& request, const Hosts& hosts, Builder& b) const {
+    const uint32_t parts = Parts(request, hosts);
+    b.plan.host_parts = parts;
+    b.plan.host_channels = static_cast<uint32_t>(b.channels());
+    if (request.op == ReduceOp::kAvg) {
+      // Each owner divides its parts after the network level: an epilogue over the whole output
+      // would write, in place, parts of the input that the host's other ranks are still summing.
+      b.plan.averages = true;
+      b.plan.divisor = static_cast<uint32_t>(request.nranks);
+    }
+    for (int c = 0; c < b.channels(); ++c) {
+      const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
+      Level level(b, hosts, c, R, static_cast<int>(parts));
+      level.NetworkAllReduce(id_ == Algorithm::kHierFusedRd);
+    }
+    return std::move(b.plan);
+  }
+
   // One channel's steps for one rank.
   class Level {
    public:
-    Level(Builder& b, const Hosts& hosts, int c, Range R)
+    // `parts`: hier:fused's part count (0: the rail form's, the widest host's rank count).
+    Level(Builder& b, const Hosts& hosts, int c, Range R, int parts = 0)
         : b_(b),
           hosts_(hosts),
           c_(c),
@@ -177,7 +248,31 @@ class Hierarchical final : public AlgorithmImpl {
           l_(hosts.local[static_cast<size_t>(b.rank)]),
           P_(hosts.size(g_)),
           H_(hosts.count()),
-          M_(hosts.widest) {}
+          M_(parts > 0 ? parts : hosts.widest),
+          fused_(parts > 0) {}
+
+    // hier:fused: the parts this rank owns, already summed over its host in its output (the
+    // executor's host level), AllReduced among their owners; avg divided here (BuildFused).
+    void NetworkAllReduce(bool doubling) {
+      const std::vector<int> mine = PartsOf(l_, P_);
+      if (mine.empty()) return;
+      const uint64_t rounds = PieceCount(Part(0).count, b_.chunk);
+      uint64_t slot_base = 0, slot_size = 0;
+      if (doubling) {
+        slot_size = std::min(b_.chunk, Part(0).count);
+        slot_base = b_.AllocScratch(kScratchSlots * slot_size);
+      }
+      for (uint64_t k = 0; k < rounds; ++k)
+        for (int j : mine) {
+          const Range pc = Piece(Part(j), b_.chunk, k);
+          if (pc.count == 0) continue;
+          if (doubling)
+            DoublingAllReduce(j, pc, Builder::Scratch(slot_base + (k % kScratchSlots) * slot_size, pc.count));
+          else
+            RingAllReduce(j, pc);
+          if (b_.req.op == ReduceOp::kAvg) b_.Scale(c_, Builder::Out(pc), Builder::Out(pc));
+        }
+    }
 
     void AllReduce(bool doubling) {
       const uint64_t rounds = PieceCount(Part(0).count, b_.chunk);  // part 0 is the largest
@@ -493,7 +588,7 @@ class Hierarchical final : public AlgorithmImpl {
     void RingAllReduce(int j, Range pc) {
       auto sub = [&](int s) { return SplitEven(pc, static_cast<uint64_t>(H_), static_cast<uint64_t>(Mod(s, H_))); };
       const int next = Member((g_ + 1) % H_, j), prev = Member((g_ - 1 + H_) % H_, j);
-      const bool summed = P_ > 1;
+      const bool summed = fused_ || P_ > 1;
       for (int s = 0; s + 1 < H_; ++s) {
         const Range sp = sub(g_ - s), rp = sub(g_ - s - 1);
         b_.Send(c_, next, s == 0 && !summed ? b_.In(sp) : Builder::Out(sp));
@@ -510,7 +605,7 @@ class Hierarchical final : public AlgorithmImpl {
     void DoublingAllReduce(int j, Range pc, Slice slot) {
       const Fold f(H_);
       const int a = f.Active(g_);
-      Slice cur = P_ > 1 ? Builder::Out(pc) : b_.In(pc);
+      Slice cur = fused_ || P_ > 1 ? Builder::Out(pc) : b_.In(pc);
       if (f.Folded(g_)) {
         if (a < 0) {
           b_.Send(c_, Member(g_ + 1, j), cur);
@@ -540,6 +635,7 @@ class Hierarchical final : public AlgorithmImpl {
     const int c_;
     const Range R_;
     const int g_, l_, P_, H_, M_;  // this rank's host, local index, host size; hosts; parts
+    const bool fused_;             // hier:fused: the host level is the executor's
   };
 
   Algorithm id_;
@@ -554,6 +650,16 @@ const AlgorithmImpl& HierRingAlgorithm() {
 
 const AlgorithmImpl& HierRdAlgorithm() {
   static const Hierarchical impl(Algorithm::kHierRd);
+  return impl;
+}
+
+const AlgorithmImpl& HierFusedRingAlgorithm() {
+  static const Hierarchical impl(Algorithm::kHierFusedRing);
+  return impl;
+}
+
+const AlgorithmImpl& HierFusedRdAlgorithm() {
+  static const Hierarchical impl(Algorithm::kHierFusedRd);
   return impl;
 }
 

@@ -22,6 +22,8 @@ const AlgorithmImpl& FusedAlgorithm();     // fused.cc
 const AlgorithmImpl& InaAlgorithm();       // ina.cc
 const AlgorithmImpl& HierRingAlgorithm();  // hierarchical.cc
 const AlgorithmImpl& HierRdAlgorithm();    // hierarchical.cc
+const AlgorithmImpl& HierFusedRingAlgorithm();  // hierarchical.cc
+const AlgorithmImpl& HierFusedRdAlgorithm();    // hierarchical.cc
 
 // A part of the data that one rank reduces.
 struct OwnedPart {

@@ -250,6 +250,8 @@ void Model::Body(Algorithm a) {
       return InaAllReduce();
     case Algorithm::kHierRing:
     case Algorithm::kHierRd:
+    case Algorithm::kHierFusedRing:
+    case Algorithm::kHierFusedRd:
       return Hierarchical(a);
   }
 }

@@ -4,7 +4,9 @@
 // a chain of hosts for Broadcast and Reduce), and the host level again. Each hop is costed on its
 // own link (model.h), so the host level's stages pay the links inside hosts and the network
 // level's the links between them. With uneven hosts the host level's messages are sized for the
-// host with the fewest ranks (the largest share per rank): an upper bound.
+// host with the fewest ranks (the largest share per rank): an upper bound. hier:fused's host level
+// is two passes over mapped memory on the CPU (each owner sums its parts over the host's inputs,
+// then every rank copies the other parts from their owners), with three rendezvous.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -43,15 +45,34 @@ void Model::Hierarchical(Algorithm a) {
     widest = std::max(widest, h.size());
     narrowest = std::min(narrowest, h.size());
   }
-  const auto M = static_cast<int>(widest);
+  const bool fused = IsHostFused(a);
+  // hierarchical.cc's part count: the widest host's ranks, or fewer for hier:fused's small parts.
+  const auto M = fused ? static_cast<int>(std::clamp<uint64_t>(req_.count * static_cast<uint64_t>(elem_) / (64 << 10),
+                                                               1, static_cast<uint64_t>(widest)))
+                       : static_cast<int>(widest);
   const uint64_t count = req_.count, P = narrowest, p = static_cast<uint64_t>(p_);
   auto size = [&](int h) { return static_cast<int>(hosts[static_cast<size_t>(h)].size()); };
   auto rank = [&](int h, int l) { return hosts[static_cast<size_t>(h)][static_cast<size_t>(l)]; };
   auto owner = [&](int h, int j) { return rank(h, j % size(h)); };
   auto wrap = [&](int h) { return ((h % H) + H) % H; };
 
-  // Rounds d = 1..M-1: every rank of a host sends `elems` elements to local rank + d.
+  // Rounds d = 1..M-1: every rank of a host sends `elems` elements to local rank + d. hier:fused
+  // instead: the CPU's pass over mapped memory (`reduce`: an owner reads its parts of P inputs).
   auto host_rounds = [&](std::string_view label, uint64_t elems, bool reduce) {
+    if (fused) {
+      const double part = static_cast<double>(CeilDiv(count, static_cast<uint64_t>(M))) * elem_;
+      const double widest_host = static_cast<double>(widest);
+      // Copied bytes (a byte read or written is half a copied byte) on the busiest rank: its parts
+      // read from every local input and written, or every other part read and written.
+      const double owned = static_cast<double>(CeilDiv(static_cast<uint64_t>(M), P));
+      const double copied = reduce ? owned * part * (widest_host + 1) / 2 : static_cast<double>(count) * elem_;
+      StageCost c;
+      double copy = 0;
+      for (int r = 0; r < p_; ++r) copy = std::max(copy, copy_[static_cast<size_t>(r)]);
+      c.alpha = 1.5 * k_.oneshot_us * 1e-6;  // three rendezvous in all, half before the network level
+      c.gamma = copied * copy;
+      return Add(reduce ? "host sum over mapped memory" : "host copy over mapped memory", c, 1);
+    }
     const Split s = SplitElems(elems);
     for (int d = 1; d < M && !failed_; ++d) {
       std::vector<Hop> hops;
@@ -84,7 +105,7 @@ void Model::Hierarchical(Algorithm a) {
     case Collective::kAllReduce: {
       host_rounds("host reduce-scatter", CeilDiv(count, P), true);
       const Split s = SplitElems(part);
-      if (a == Algorithm::kHierRing) {
+      if (a == Algorithm::kHierRing || a == Algorithm::kHierFusedRing) {
         Stage("network reduce-scatter", part_hops(1, true), s.bytes / H, s.chunks * (H - 1), s.channels);
         Stage("network allgather", part_hops(1, false), s.bytes / H, s.chunks * (H - 1), s.channels);
       } else {

@@ -101,6 +101,8 @@ inline bool Serves(Algorithm a, Collective c) {
              c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kBarrier;
     case Algorithm::kIna:
     case Algorithm::kHierRd:
+    case Algorithm::kHierFusedRing:
+    case Algorithm::kHierFusedRd:
       return c == Collective::kAllReduce;
     case Algorithm::kHierRing:
       return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||

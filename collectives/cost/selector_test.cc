@@ -46,8 +46,11 @@ Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const Comm
       {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather, Collective::kBroadcast,
        Collective::kReduce, Collective::kAllToAll},
       {Collective::kAllReduce},
+      {Collective::kAllReduce},
+      {Collective::kAllReduce},
   };
   if (IsHierarchical(a) && s.host_count() < 2) return NotSupported("hierarchical plans need two hosts");
+  if (IsHostFused(a) && !s.host_direct) return NotSupported("hier:fused needs the host groups");
   if (a == Algorithm::kFused && !s.direct) return NotSupported("fused needs ranks that address each other directly");
   if (a == Algorithm::kIna && !s.ina) return NotSupported("ina needs aggregation devices");
   bool ok = false;

@@ -176,6 +176,9 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
     ++pending_;
   }
   op->inputs_ready = true;
+  // No operation of this rank is in flight and its streams are idle: memory its host's group
+  // stopped using may be freed (SameHostGroup::ReleaseRetired).
+  if (options_.host_group) options_.host_group->ReleaseRetired();
   if (!on_caller_logged_) {
     on_caller_logged_ = true;
     KZ_INFO(kLogColl, "rank {}: collectives up to {} KiB run on the calling thread (the first: {})", options_.rank,
@@ -195,6 +198,8 @@ Status Executor::RunOperation(Operation& op) {
   const bool direct = op.members.size() == 1 && op.members[0].plan->algorithm == Algorithm::kFused;
   if (direct) {
     status = RunDirect(op, Deadline::AfterSeconds(options_.timeout_s));
+  } else if (IsHostFused(op.members[0].plan->algorithm) && op.members.size() == 1) {
+    status = RunHostFused(op);
   } else {
     if (options_.same_process && op.seq != 0) {
       std::string call = op.members[0].plan->request.ToString();
@@ -319,6 +324,7 @@ void Executor::Fail(const Status& status) {
   if (options_.same_process)
     options_.same_process->Fail(status.WithContext(fmt::format("rank {} failed", options_.rank)));
   if (options_.same_host) options_.same_host->Fail(status);  // its peers say "rank R failed: ..."
+  if (options_.host_group) options_.host_group->Fail(status);
   failed_.store(true);
   cv_.notify_all();
 }

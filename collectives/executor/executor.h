@@ -83,6 +83,9 @@ struct ExecutorOptions {
   // The same for ranks of one host in several processes (direct/same_host_group.h); null unless every rank
   // of the communicator is on this host and their devices share allocations across processes.
   std::shared_ptr<SameHostGroup> same_host;
+  // Across hosts: the group of this rank's host (collectives/direct/same_host_group.h), for
+  // hier:fused's host level (RunHostFused); null where CommTopology::host_direct is false.
+  std::shared_ptr<SameHostGroup> host_group;
   int rank = 0;
   // Per rank of the communicator (RankDesc::host_memory): the CPU reaches its memory. A small
   // transfer between two such ranks travels inside the operation header (Run::Setup).
@@ -222,6 +225,9 @@ class Executor {
   // A fused member (fused.cc), run through the direct group (executor_direct.cc).
   Status RunDirect(Operation& op, Deadline deadline);
   Status RunHostDirect(Operation& op, Deadline deadline);  // through the host group
+  // hier:fused (host_level.cc): the host level over the host group's mapped buffers around the
+  // plan's network steps.
+  Status RunHostFused(Operation& op);
   Status DirectStream();                                    // streams_[0] exists after it
   void Fail(const Status& status);
   void FinishOperation(Operation& op, const Status& status);

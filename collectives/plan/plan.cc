@@ -12,7 +12,8 @@ namespace {
 constexpr std::array<std::string_view, kNumCollectives> kCollectiveNames = {
     "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "send", "recv", "barrier"};
 constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {
-    "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina", "hier:pairwise/ring", "hier:pairwise/rd"};
+    "ring",  "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina", "hier:pairwise/ring", "hier:pairwise/rd",
+    "hier:fused/ring", "hier:fused/rd"};
 
 std::string Lower(std::string_view s) {
   std::string out;
@@ -70,6 +71,16 @@ std::optional<Algorithm> ParseAlgorithm(std::string_view name) {
   if (n == "hier:direct/ring" || n == "hier:ring" || n == "hier:/ring") return Algorithm::kHierRing;
   if (n == "hier:direct/rd" || n == "hier:rd" || n == "hier:/rd") return Algorithm::kHierRd;
   return std::nullopt;
+}
+
+std::pair<uint64_t, uint64_t> HostPart(uint64_t count, uint32_t channels, uint32_t parts, uint32_t c, uint32_t j) {
+  // algorithms/common.h's SplitEven, twice: the plan's channels, then the parts of each.
+  auto split = [](uint64_t offset, uint64_t n, uint64_t k, uint64_t i) -> std::pair<uint64_t, uint64_t> {
+    const uint64_t base = n / k, extra = n % k;
+    return {offset + i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+  };
+  const auto [o, n] = split(0, count, std::max<uint32_t>(channels, 1), c);
+  return split(o, n, std::max<uint32_t>(parts, 1), j);
 }
 
 uint64_t CollectiveRequest::input_count() const {

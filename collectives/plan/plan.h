@@ -45,6 +45,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/dtype.h"
@@ -97,13 +98,26 @@ enum class Algorithm : uint8_t {
   // messages). Named "hier:INNER/OUTER"; KIZUNA_ALGO=hier lets the model pick among them.
   kHierRing = 8,
   kHierRd = 9,
+  // The same AllReduce with the host level over mapped memory (CommTopology::host_direct): the
+  // plan holds only the network level; the executor runs the host level through the host's group
+  // (collectives/direct/same_host_group.h): each rank sums its parts over every local rank's
+  // input into its output before the network level, and copies the other parts from their
+  // owners' outputs after it (RankPlan::host_parts). "hier:fused/ring", "hier:fused/rd".
+  kHierFusedRing = 10,
+  kHierFusedRd = 11,
 };
-inline constexpr int kNumAlgorithms = 10;
-// "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina", "hier:pairwise/ring", "hier:pairwise/rd"
+inline constexpr int kNumAlgorithms = 12;
+// "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina", "hier:pairwise/ring", "hier:pairwise/rd",
+// "hier:fused/ring", "hier:fused/rd"
 std::string_view AlgorithmName(Algorithm a);
 std::optional<Algorithm> ParseAlgorithm(std::string_view name);
 // The hierarchical algorithms (two levels: hosts, then ranks of a host).
-inline bool IsHierarchical(Algorithm a) { return a == Algorithm::kHierRing || a == Algorithm::kHierRd; }
+inline bool IsHierarchical(Algorithm a) {
+  return a == Algorithm::kHierRing || a == Algorithm::kHierRd || a == Algorithm::kHierFusedRing ||
+         a == Algorithm::kHierFusedRd;
+}
+// Those whose host level the executor runs over mapped memory (RankPlan::host_parts).
+inline bool IsHostFused(Algorithm a) { return a == Algorithm::kHierFusedRing || a == Algorithm::kHierFusedRd; }
 
 struct CollectiveRequest {
   Collective collective = Collective::kAllReduce;
@@ -187,9 +201,18 @@ struct RankPlan {
   // An avg request's results come from Step::average reduces (or copies of their results), so
   // BuildPlan adds no dividing epilogue (set by the algorithm on every rank alike).
   bool averages = false;
+  // hier:fused: the host level's parts, per channel (HostPart): part j of every channel is summed
+  // over the host by local rank j mod P (P ranks on the host) before the steps, and copied from
+  // there by the host's other ranks after them. 0 for every other algorithm.
+  uint32_t host_parts = 0;
+  uint32_t host_channels = 0;
 
   size_t step_count() const;
 };
+
+// hier:fused's part j of channel c of `count` elements, cut into `channels` then `parts` even
+// ranges (the first ones one element longer where they do not divide): {offset, count}.
+std::pair<uint64_t, uint64_t> HostPart(uint64_t count, uint32_t channels, uint32_t parts, uint32_t c, uint32_t j);
 
 // How to cut a request into steps; part of a plan cache key.
 struct PlanOptions {

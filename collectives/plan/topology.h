@@ -48,6 +48,10 @@ struct CommTopology {
   // With `direct` across processes (collectives/direct/same_host_group.h): AllReduces up to this many bytes
   // run whole on the calling thread through shared pages (SameHostGroup::RunOneShot); 0: never.
   uint64_t direct_inline_bytes = 0;
+  // Across hosts: the ranks of every host (of two or more) share their buffers through a host
+  // group (collectives/direct/same_host_group.h), and the CPU does their host level
+  // (hier:fused/*). Not serialized: every rank learns it alike at creation.
+  bool host_direct = false;
   // In-network aggregation (collectives/ina/layout.h): the layout of the job's aggregation
   // devices, which are ranks nranks..nranks+ina->aggregators-1 of the transport (not of the
   // communicator); null without any. Not serialized: every rank derives the same layout from the

@@ -505,13 +505,16 @@ int RingSendRecv(Communicator& comm, device::Stream& stream) {
 
 int Main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  // "hosts": every rank claims a host of its own, so its peers are reached over a network fabric
-  // (no shared buffers): the matrix then runs through the executor's network path, the small
-  // collectives on the calling thread with their first transfers inside the operation headers.
+  // "hosts [K]": the ranks claim hosts of K ranks each (default 1; the last host may have fewer),
+  // so that ranks of different hosts reach each other over a network fabric: the matrix then runs
+  // through the executor's network path, the small collectives on the calling thread with their
+  // first transfers inside the operation headers, and with K > 1 hier:fused's host level through
+  // each host's group.
   CommOptions options;
   if (mode == "hosts") {
     const char* rank = std::getenv("RANK");
-    options.host_id = fmt::format("pretend-host-{}", rank != nullptr ? rank : "?");
+    const int per_host = argc > 2 ? std::max(1, std::atoi(argv[2])) : 1;
+    options.host_id = fmt::format("pretend-host-{}", rank != nullptr ? std::atoi(rank) / per_host : -1);
   }
   auto created = Communicator::CreateFromEnvironment(options);
   if (!created.ok()) return Fail(created.status().ToString());
@@ -542,7 +545,7 @@ int Main(int argc, char** argv) {
       if (!algo->Supports(probe, comm.topology()).ok()) continue;
       for (DataType t : {DataType::kFloat32, DataType::kBfloat16}) {
         // Between pretend hosts also a count whose transfers fit in operation headers.
-        for (uint64_t count : mode == "hosts" ? std::vector<uint64_t>{5, 10007} : std::vector<uint64_t>{10007}) {
+        for (uint64_t count : mode == "hosts" ? std::vector<uint64_t>{5, 10007, 40009} : std::vector<uint64_t>{10007}) {
           if (int failed = MatrixCase(comm, stream, coll, *algo, t, count); failed != 0) return failed;
           ++cases;
         }

@@ -30,12 +30,28 @@ fi
 
 # Every rank on a host of its own (as it claims): the matrix over the network fabric, small
 # collectives on the calling thread with their first transfers inside the operation headers.
-out="$(KIZUNA_FABRIC=tcp:lo KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=COLL "$run" -n 3 --timeout 240 -- "$prog" hosts 2>&1)"
+logs="${TEST_TMPDIR:-$(mktemp -d)}/hosts-logs"
+mkdir -p "$logs"
+out="$(KIZUNA_FABRIC=tcp:lo KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=COLL KIZUNA_DEBUG_FILE="$logs/%p.log" "$run" -n 3 --timeout 240 -- "$prog" hosts 2>&1)"
 rc=$?
-echo "$out" | grep -v "INFO"
+echo "$out"
 [ "$rc" -eq 0 ] || fail "3 ranks on pretend hosts over tcp: exit status $rc"
-grep -q "collectives up to [0-9]* KiB run on the calling thread" <<<"$out" || fail "hosts: no collective ran on the calling thread"
 for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* cases ok" <<<"$out" || fail "rank $r did not finish (hosts)"; done
+cat "$logs"/*.log | grep -q "collectives up to [0-9]* KiB run on the calling thread" ||
+  fail "hosts: no collective ran on the calling thread"
+# Hosts of two ranks (2 + 1, then 2 + 2): hier:fused among the algorithms the matrix runs, its host
+# level through each host's group.
+for n in 3 4; do
+  rm -f "$logs"/*.log
+  out="$(KIZUNA_FABRIC=tcp:lo KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT KIZUNA_DEBUG_FILE="$logs/%p.log" "$run" -n $n --timeout 240 -- "$prog" hosts 2 2>&1)"
+  rc=$?
+  echo "$out"
+  [ "$rc" -eq 0 ] || fail "$n ranks on pretend hosts of 2 over tcp: exit status $rc"
+  cat "$logs"/*.log | grep -q "hier:fused available" || fail "hosts of 2 ($n ranks): hier:fused not available"
+  for ((r = 0; r < n; r++)); do
+    grep -q "^\[$r\] rank $r of $n: [0-9]* cases ok" <<<"$out" || fail "rank $r did not finish (hosts of 2, $n ranks)"
+  done
+done
 
 # The fused AllReduce between processes (collectives/direct/same_host_group.h): 3 ranks, every shape; the same
 # with opaque device memory (the CPU cannot touch it: the streams translate imported addresses).

@@ -159,7 +159,7 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
   if (IsPointToPoint(req.collective) || plan.algorithm == Algorithm::kFused || !CpuSteps(device_->properties()))
     return false;
   const uint64_t elems = std::max(req.input_count(), req.output_count());
-  if (elems * DataTypeSize(req.dtype) > CpuStepBytes(*transport_)) return false;
+  if (elems * DataTypeSize(req.dtype) > CallerOpBytes(*transport_)) return false;
   // Another rank of this process (another communicator's) may need this thread to make its call
   // before this one can complete; an executor of its own makes no such demand.
   if (live_executors_.load(std::memory_order_relaxed) != 1) return false;
@@ -176,13 +176,14 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
     ++pending_;
   }
   op->inputs_ready = true;
+  op->cpu_step_bytes = CallerOpBytes(*transport_);
   // No operation of this rank is in flight and its streams are idle: memory its host's group
   // stopped using may be freed (SameHostGroup::ReleaseRetired).
   if (options_.host_group) options_.host_group->ReleaseRetired();
   if (!on_caller_logged_) {
     on_caller_logged_ = true;
     KZ_INFO(kLogColl, "rank {}: collectives up to {} KiB run on the calling thread (the first: {})", options_.rank,
-            CpuStepBytes(*transport_) >> 10, req.ToString());
+            CallerOpBytes(*transport_) >> 10, req.ToString());
   }
   const Status status = RunOperation(*op);
   {

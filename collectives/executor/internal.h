@@ -48,15 +48,17 @@ constexpr size_t kDefaultChunkBytes = 512 << 10;
 // pays a fixed cost that 512 KiB does not amortize; over tcp;ofi_rxm 2 MiB chunks were faster
 // than 512 KiB and 4 or 8 MiB no better (docs/RACE.md, "Where the gaps are, and why": TCP).
 constexpr size_t kNetworkChunkBytes = 2 << 20;
-// Steps up to this size on host-accessible memory run on the executor's thread (Run::OnCpu).
+// Steps up to this size on host-accessible memory run on the thread that runs the operation
+// (Run::OnCpu), larger ones on the device's streams, beside the thread's work on the wire.
 constexpr size_t kCpuStepBytes = 64 << 10;
-// The same where some peer is reached over a network (Transport::network()): a step there waits
-// for the wire far longer than the CPU takes to copy or reduce it, and a hand-off to a stream's
-// thread and back costs more than either below a few MiB (2 x 1 namespace hosts, 1 MiB
-// AllReduce: 1.06 GB/s through the streams, 1.90 on the CPU; docs/PERFORMANCE.md).
+// Collectives up to this size where some peer is reached over a network (Transport::network())
+// run whole on the calling thread where they may (Executor::TryOnCaller), every step of theirs on
+// the CPU: a step there waits for the wire far longer than the CPU takes to copy or reduce it, and
+// a hand-off to a stream's thread and back costs more than either below a few MiB (2 x 1
+// namespace hosts, 1 MiB AllReduce: 1.06 GB/s through the streams, 1.90 on the CPU;
+// docs/PERFORMANCE.md). Larger ones keep the wire busy while the streams copy (64 MiB: 1.0-1.2
+// GB/s with 2 MiB steps on the executor's thread, 1.26 on the streams).
 constexpr size_t kNetworkCpuStepBytes = 4 << 20;
-// Collectives up to the CPU step size run on the calling thread where they may
-// (Executor::TryOnCaller): every step of theirs is a CPU step.
 // A first transfer to a peer up to this size travels inside the operation header (one message
 // where there were two): what a control message has room for beside the header's fields.
 constexpr size_t kHeaderPayloadBytes = kControlSlotBytes - 64;
@@ -70,7 +72,7 @@ inline bool CpuSteps(const device::DeviceProperties& p) {
   return p.host_accessible && p.copy_gbps == 0 && p.reduce_gbps == 0 && p.launch_latency_us == 0;
 }
 
-inline size_t CpuStepBytes(const Transport& t) { return t.network() ? kNetworkCpuStepBytes : kCpuStepBytes; }
+inline size_t CallerOpBytes(const Transport& t) { return t.network() ? kNetworkCpuStepBytes : kCpuStepBytes; }
 
 // kProbe asks a peer where it is; it answers kState (members 0: idle, seq its last operation;
 // else the operation it is running, described as a header, and in `reason` what it waits on).
@@ -204,6 +206,9 @@ struct Executor::Operation {
   // Counted in the host group while the caller's stream is held (SameHostGroup::BeginHold); set
   // by Submit before the operation is shared.
   bool group_hold = false;
+  // Steps up to this size run on the CPU (Run::OnCpu): kCpuStepBytes, or a small operation's
+  // whole size where it runs on the calling thread (TryOnCaller).
+  size_t cpu_step_bytes = executor_internal::kCpuStepBytes;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -218,7 +223,7 @@ class Executor::Run {
         slot_bytes_(slot_bytes),
         slots_(slots),
         cpu_steps_(executor_internal::CpuSteps(ex.device_->properties())),
-        cpu_step_bytes_(executor_internal::CpuStepBytes(*ex.transport_)) {}
+        cpu_step_bytes_(op.cpu_step_bytes) {}
 
   Status Execute(Deadline deadline);
 
@@ -324,7 +329,7 @@ class Executor::Run {
   const size_t slot_bytes_;
   const int slots_;
   const bool cpu_steps_;  // the device's memory is host accessible (OnCpu)
-  const size_t cpu_step_bytes_;  // OnCpu's limit: CpuStepBytes
+  const size_t cpu_step_bytes_;  // OnCpu's limit: Operation::cpu_step_bytes
 
   std::vector<ChannelRun> channels_;
   std::vector<ChannelRun> epilogues_;  // one per member that has an epilogue

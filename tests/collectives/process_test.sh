@@ -37,7 +37,7 @@ rc=$?
 echo "$out"
 [ "$rc" -eq 0 ] || fail "3 ranks on pretend hosts over tcp: exit status $rc"
 for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* cases ok" <<<"$out" || fail "rank $r did not finish (hosts)"; done
-cat "$logs"/*.log | grep -q "collectives up to [0-9]* KiB run on the calling thread" ||
+grep -qs "collectives up to [0-9]* KiB run on the calling thread" "$logs"/*.log ||
   fail "hosts: no collective ran on the calling thread"
 # Hosts of two ranks (2 + 1, then 2 + 2): hier:fused among the algorithms the matrix runs, its host
 # level through each host's group.
@@ -47,7 +47,7 @@ for n in 3 4; do
   rc=$?
   echo "$out"
   [ "$rc" -eq 0 ] || fail "$n ranks on pretend hosts of 2 over tcp: exit status $rc"
-  cat "$logs"/*.log | grep -q "hier:fused available" || fail "hosts of 2 ($n ranks): hier:fused not available"
+  grep -qs "hier:fused available" "$logs"/*.log || fail "hosts of 2 ($n ranks): hier:fused not available"
   for ((r = 0; r < n; r++)); do
     grep -q "^\[$r\] rank $r of $n: [0-9]* cases ok" <<<"$out" || fail "rank $r did not finish (hosts of 2, $n ranks)"
   done

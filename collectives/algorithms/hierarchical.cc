@@ -133,7 +133,8 @@ class Hierarchical final : public AlgorithmImpl {
   }
 
   Status SupportsFused(const CollectiveRequest& request, const CommTopology& shape) const {
-    if (request.collective != Collective::kAllReduce) return NotImplemented(id_, request);
+    if (request.collective != Collective::kAllReduce && request.collective != Collective::kBarrier)
+      return NotImplemented(id_, request);
     const Hosts hosts(shape);
     if (hosts.count() < 2)
       return NotSupported(fmt::format("{} serves {} across hosts; all {} ranks are on one host", AlgorithmName(id_),
@@ -221,6 +222,18 @@ class Hierarchical final : public AlgorithmImpl {
     const uint32_t parts = Parts(request, hosts);
     b.plan.host_parts = parts;
     b.plan.host_channels = static_cast<uint32_t>(b.channels());
+    if (request.collective == Collective::kBarrier) {
+      // Each host's first rank, once its host has met (the executor's host level), meets the other
+      // hosts' first ranks: dissemination, a token to the host 2^k further on per round; the
+      // host's other ranks wait for it at the host level's second meeting.
+      const int g = hosts.host[static_cast<size_t>(b.rank)], H = hosts.count();
+      if (hosts.local[static_cast<size_t>(b.rank)] == 0)
+        for (int k = 0; k < CeilLog2(H); ++k) {
+          b.SendToken(0, hosts.Rank(Mod(g + (1 << k), H), 0));
+          b.RecvToken(0, hosts.Rank(Mod(g - (1 << k), H), 0));
+        }
+      return std::move(b.plan);
+    }
     if (request.op == ReduceOp::kAvg) {
       // Each owner divides its parts after the network level: an epilogue over the whole output
       // would write, in place, parts of the input that the host's other ranks are still summing.

@@ -139,6 +139,16 @@ void Model::Hierarchical(Algorithm a) {
         Stage("network allgather", block_hops(e, false), s.bytes, s.chunks, s.channels);
       return host_rounds("host allgather", CeilDiv(p, P) * count, false);
     }
+    case Collective::kBarrier: {
+      // hier:fused: the host meets, the hosts' first ranks disseminate tokens, the host meets again.
+      host_rounds("host meeting", 0, true);
+      for (int m = 1; m < H && !failed_; m *= 2) {
+        std::vector<Hop> hops;
+        for (int h = 0; h < H; ++h) hops.push_back({rank(h, 0), rank(wrap(h + m), 0), false});
+        Stage("network dissemination", hops, 0, 1, 1);
+      }
+      return;
+    }
     case Collective::kAllToAll: {
       // Inside the host each rank sends a peer its own block and the blocks the peer forwards
       // ((p - P) / P of them); between hosts one message per destination with P blocks.

@@ -101,9 +101,10 @@ inline bool Serves(Algorithm a, Collective c) {
              c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kBarrier;
     case Algorithm::kIna:
     case Algorithm::kHierRd:
+      return c == Collective::kAllReduce;
     case Algorithm::kHierFusedRing:
     case Algorithm::kHierFusedRd:
-      return c == Collective::kAllReduce;
+      return c == Collective::kAllReduce || c == Collective::kBarrier;
     case Algorithm::kHierRing:
       return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
              c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kAllToAll;

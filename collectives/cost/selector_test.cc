@@ -46,8 +46,8 @@ Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const Comm
       {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather, Collective::kBroadcast,
        Collective::kReduce, Collective::kAllToAll},
       {Collective::kAllReduce},
-      {Collective::kAllReduce},
-      {Collective::kAllReduce},
+      {Collective::kAllReduce, Collective::kBarrier},
+      {Collective::kAllReduce, Collective::kBarrier},
   };
   if (IsHierarchical(a) && s.host_count() < 2) return NotSupported("hierarchical plans need two hosts");
   if (IsHostFused(a) && !s.host_direct) return NotSupported("hier:fused needs the host groups");

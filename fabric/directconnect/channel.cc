@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/core/host_id.h"
+
 namespace kizuna::fabric::directconnect {
 namespace {
 
@@ -254,7 +256,7 @@ Result<WaitResult> Channel::Wait(uint64_t seen, Deadline deadline, int extra_fd,
                                  std::optional<Deadline::Clock::time_point> wake_at) {
   SideState& me = shared_->side[static_cast<int>(side_)];
   WaitResult result;
-  const auto spin_until = Deadline::Clock::now() + kSpin;
+  const auto spin_until = Deadline::Clock::now() + (HostOversubscribed() ? Deadline::Clock::duration(0) : kSpin);
   do {
     for (int i = 0; i < 64; ++i) {
       if (me.events.load(std::memory_order_acquire) != seen) return result;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "fabric/tcp/memory.h"
+#include "runtime/core/host_id.h"
 
 namespace kizuna::fabric::tcp {
 namespace {
@@ -31,7 +32,8 @@ void Hub::Remove(HubMember* m) {
 }
 
 Status Hub::Wait(HubMember& self, Deadline deadline) {
-  const auto spin_until = std::min(std::chrono::steady_clock::now() + kSpinWait, deadline.when());
+  const auto spin = HostOversubscribed() ? std::chrono::microseconds(0) : kSpinWait;
+  const auto spin_until = std::min(std::chrono::steady_clock::now() + spin, deadline.when());
   std::vector<pollfd> fds;
   while (true) {
     const bool spinning = std::chrono::steady_clock::now() < spin_until;

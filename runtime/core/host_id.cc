@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 
 namespace kizuna {
@@ -23,5 +24,13 @@ int UsableCpuCount() {
   if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
   return CPU_COUNT(&set);
 }
+
+namespace {
+std::atomic<bool> host_oversubscribed{false};
+}  // namespace
+
+void SetHostOversubscribed() { host_oversubscribed.store(true, std::memory_order_relaxed); }
+
+bool HostOversubscribed() { return host_oversubscribed.load(std::memory_order_relaxed); }
 
 }  // namespace kizuna

@@ -14,4 +14,11 @@ std::string HostId();
 // The CPUs this process may run on (its affinity mask); 0 when the kernel does not say.
 int UsableCpuCount();
 
+// This host runs more ranks than the CPUs they may use (a communicator's engine says so at
+// creation, from the shape). Waits that would poll a while before they sleep (the tcp fabric's
+// hub, directconnect's channels) then sleep at once: a polling rank holds the CPU a peer needs to
+// send what it waits for. Process-wide, and once set it stays set.
+void SetHostOversubscribed();
+bool HostOversubscribed();
+
 }  // namespace kizuna

@@ -200,6 +200,13 @@ inline testing::AssertionResult Simulate(const Case& c, const Fill& fill, std::v
   for (RankMemory& m : mem) whole.push_back(m.both);
   SimOptions sim;
   sim.window = c.window;
+  // hier:fused's host level: the hosts of the shape's ranks.
+  for (int r = 0; c.shape && r < c.p; ++r) {
+    const std::string& id = c.shape->ranks[static_cast<size_t>(r)].host_id;
+    int h = 0;
+    while (h < r && c.shape->ranks[static_cast<size_t>(h)].host_id != id) ++h;
+    sim.host_of.push_back(h);
+  }
   Result<SimStats> ran = SimulatePlan(*plan, buffers, sim);
   if (!ran.ok()) return testing::AssertionFailure() << c.Name() << ": " << ran.status().ToString();
   if (stats != nullptr) *stats = *ran;

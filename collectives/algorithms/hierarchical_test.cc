@@ -115,6 +115,73 @@ TEST(HierarchicalTest, LargerShapes) {
 // With equal hosts, rank (host h, local i) sends to other hosts only to local rank i there (its
 // rail), and the AllReduce's bytes cross the network once per direction: each rank sends 1/P of
 // the data (x 2(H-1)/H for the ring over H hosts).
+// hier:fused: the network level simulated between the host level the executor runs
+// (SimOptions::host_of), against the reference: even, uneven and interleaved hosts, the leader
+// form (one part) and the rail form (a part per 64 KiB up to the widest host's ranks), avg, in
+// place, several channels and chunks.
+TEST(HierarchicalTest, FusedHostLevelMatchesReference) {
+  for (Algorithm algo : {Algorithm::kHierFusedRing, Algorithm::kHierFusedRd})
+    for (const std::vector<int>& layout : std::vector<std::vector<int>>{{1, 1}, {2, 2}, {1, 3}, {3, 5}, {2, 3, 1}, {4, 4}})
+      for (bool interleave : {false, true})
+        for (uint64_t count : {uint64_t{1}, uint64_t{7}, uint64_t{1000}, uint64_t{40000}})
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
+            for (bool in_place : {false, true}) {
+              Case c;
+              c.algo = algo;
+              c.shape = Hosts(layout, interleave);
+              c.shape->host_direct = true;
+              c.p = c.shape->nranks;
+              c.count = count;
+              c.op = op;
+              c.in_place = in_place;
+              c.channels = count > 100 ? 2 : 1;
+              c.chunk = count > 100 ? 997 : kUnlimited;
+              EXPECT_TRUE(RunExact(c));
+            }
+  // A barrier: the host level and the first ranks' tokens complete.
+  Case b;
+  b.coll = Collective::kBarrier;
+  b.algo = Algorithm::kHierFusedRd;
+  b.shape = Hosts({2, 3, 1});
+  b.shape->host_direct = true;
+  b.p = 6;
+  EXPECT_TRUE(RunExact(b));
+}
+
+TEST(HierarchicalTest, FusedNeedsHostGroupsAndCrossesHostsOncePerPart) {
+  const CollectiveRequest req{Collective::kAllReduce, 8, 1u << 20, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  CommTopology shape = Hosts({4, 4});
+  const Status no_groups = GetAlgorithm(Algorithm::kHierFusedRing).Supports(req, shape);
+  EXPECT_EQ(no_groups.code(), StatusCode::kNotSupported);
+  EXPECT_NE(no_groups.message().find("do not share their buffers"), std::string::npos) << no_groups.message();
+  shape.host_direct = true;
+  PlanOptions options;
+  options.chunk_count = 1u << 20;
+  // 4 MiB: four parts, each rank its rail's; only network steps, only along the rail.
+  Result<Plan> plan = BuildPlan(Algorithm::kHierFusedRing, req, shape, options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (const RankPlan& rp : plan->ranks) {
+    EXPECT_EQ(rp.host_parts, 4u);
+    for (const auto& ch : rp.channels)
+      for (const Step& s : ch) {
+        if (s.peer >= 0) {
+          EXPECT_EQ(s.peer, (rp.rank + 4) % 8) << "rank " << rp.rank;
+        }
+      }
+  }
+  // 8 bytes: the leader form, one part: the hosts' first ranks alone have steps.
+  const CollectiveRequest small{Collective::kAllReduce, 8, 2, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  plan = BuildPlan(Algorithm::kHierFusedRd, small, shape, options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (const RankPlan& rp : plan->ranks) {
+    EXPECT_EQ(rp.host_parts, 1u);
+    EXPECT_EQ(rp.step_count() > 0, rp.rank % 4 == 0) << "rank " << rp.rank;
+  }
+  EXPECT_EQ(GetAlgorithm(Algorithm::kHierFusedRd).Describe(small, shape, 5),
+            "host level: mapped memory among the 4 ranks of host 1 (4, 5, 6, 7); network level: recursive "
+            "doubling over 2 hosts among the owners of the 1 part(s), none of them this rank's");
+}
+
 TEST(HierarchicalTest, AcrossHostsOnlyAlongTheRail) {
   const CommTopology shape = Hosts({4, 4, 4});
   const CollectiveRequest req{Collective::kAllReduce, 12, 1200, DataType::kFloat32, ReduceOp::kSum, 0, false};

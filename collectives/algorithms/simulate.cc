@@ -307,7 +307,9 @@ class Simulator {
     if (step.kind != StepKind::kSend) acc.push_back(Resolve(ref.rank, step.dst, true));
     for (const Slice& s : step.srcs) acc.push_back(Resolve(ref.rank, s, false));
     if (step.kind != StepKind::kSend) {
-      const bool reduction = step.kind == StepKind::kReduce || step.kind == StepKind::kRecvReduce;
+      // Elementwise steps may run exactly in place (each element read before it is written).
+      const bool reduction = step.kind == StepKind::kReduce || step.kind == StepKind::kRecvReduce ||
+                             step.kind == StepKind::kScale;
       for (size_t i = 1; i < acc.size(); ++i) {
         const bool same = acc[i].begin == acc[0].begin && acc[i].end == acc[0].end;
         if (acc[0].Overlaps(acc[i]) && !(reduction && same))
@@ -428,9 +430,48 @@ class Simulator {
 
 }  // namespace
 
+// SimOptions::host_of's host level, before (`sum`) or after the steps.
+static Status HostLevel(const Plan& plan, std::span<const SimRankBuffers> buffers, const std::vector<int>& host_of, bool sum) {
+  const CollectiveRequest& req = plan.request;
+  if (host_of.size() != static_cast<size_t>(req.nranks))
+    return InvalidArgument(fmt::format("a hier:fused plan needs the host of each of its {} ranks (SimOptions::host_of)",
+                                       req.nranks));
+  const size_t es = DataTypeSize(req.dtype);
+  const ReduceOp op = req.op == ReduceOp::kAvg ? ReduceOp::kSum : req.op;
+  for (int r = 0; r < req.nranks; ++r) {
+    std::vector<int> host;  // r's host, ascending: local index = position
+    for (int q = 0; q < req.nranks; ++q)
+      if (host_of[static_cast<size_t>(q)] == host_of[static_cast<size_t>(r)]) host.push_back(q);
+    const auto P = static_cast<uint32_t>(host.size());
+    const auto l = static_cast<uint32_t>(std::find(host.begin(), host.end(), r) - host.begin());
+    const RankPlan& rp = plan.ranks[static_cast<size_t>(r)];
+    auto* out = static_cast<std::byte*>(buffers[static_cast<size_t>(r)].output);
+    for (uint32_t c = 0; c < rp.host_channels; ++c)
+      for (uint32_t j = 0; j < rp.host_parts; ++j) {
+        const auto [offset, n] = HostPart(req.count, rp.host_channels, rp.host_parts, c, j);
+        const int owner = host[j % P];
+        if (n == 0 || (sum && j % P != l) || (!sum && owner == r)) continue;
+        if (!sum) {
+          std::memcpy(out + offset * es,
+                      static_cast<const std::byte*>(buffers[static_cast<size_t>(owner)].output) + offset * es, n * es);
+          continue;
+        }
+        std::vector<const void*> srcs;
+        for (int q : host) srcs.push_back(static_cast<const std::byte*>(buffers[static_cast<size_t>(q)].input) + offset * es);
+        if (P == 1 && srcs[0] == out + offset * es) continue;
+        KZ_RETURN_IF_ERROR(HostReduce(out + offset * es, srcs, n, req.dtype, op));
+      }
+  }
+  return Status::Ok();
+}
+
 Result<SimStats> SimulatePlan(const Plan& plan, std::span<const SimRankBuffers> buffers, const SimOptions& options) {
   if (options.window < 1) return InvalidArgument(fmt::format("simulation window {} is below 1", options.window));
-  return Simulator(plan, buffers, options).Run();
+  const bool host_level = !plan.ranks.empty() && plan.ranks[0].host_parts > 0;
+  if (host_level) KZ_RETURN_IF_ERROR(HostLevel(plan, buffers, options.host_of, /*sum=*/true));
+  KZ_ASSIGN_OR_RETURN(SimStats stats, Simulator(plan, buffers, options).Run());
+  if (host_level) KZ_RETURN_IF_ERROR(HostLevel(plan, buffers, options.host_of, /*sum=*/false));
+  return stats;
 }
 
 }  // namespace kizuna::collectives

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "collectives/plan/plan.h"
 #include "runtime/core/status.h"
@@ -24,6 +25,11 @@ struct SimRankBuffers {
 struct SimOptions {
   // Started, incomplete steps allowed per channel (>= 2; plan.h's contract is that 2 suffices).
   int window = 2;
+  // hier:fused plans (RankPlan::host_parts): each rank's host, any ids, for the host level the
+  // executor runs around the steps (executor/host_level.cc), which the simulator runs the same
+  // way: before the steps each part's owner sums it over its host's inputs into its output, after
+  // them every rank copies the other parts from their owners.
+  std::vector<int> host_of;
 };
 
 struct SimStats {

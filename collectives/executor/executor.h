@@ -2,7 +2,8 @@
 // collective call, or a group of calls fused by GroupStart/GroupEnd — by driving their plans'
 // steps over the transport's fabric connections and the device's streams (docs/ARCHITECTURE.md).
 //
-// How one operation flows:
+// How one operation flows (a small one over a network may instead run whole on the caller's
+// thread: TryOnCaller; a fused one between processes: TryInline):
 //  1. Submit (on the caller's thread, returns at once) queues the operation and enqueues on the
 //     caller's stream a host callback that (a) tells the executor the stream has reached the
 //     call — the inputs are ready; a stream with nothing queued has, and gets no callback — and

@@ -245,6 +245,7 @@ Status Engine::Builder::JoinHostGroups(device::Device& device) {
         SameHostGroup::Create(me, static_cast<int>(locals.size()), device, allgather);
     if (group.ok()) {
       host_group_ = std::move(*group);
+      host_group_->set_rank_names(locals);
       usable = host_group_->host_accessible() && host_group_->one_rank_per_process();
       if (!usable) why = "a rank's memory is out of the CPU's reach, or ranks share a process";
     } else if (group.status().code() == StatusCode::kNotSupported) {

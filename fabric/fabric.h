@@ -366,6 +366,12 @@ class RecvComm : public Comm {
   // message's length. A message longer than `capacity` fails this request and the matching send
   // with kInvalidArgument naming both sizes. Busy and range rules as for SendComm::Send.
   Result<Request*> Recv(void* data, size_t capacity, int tag, Registration* registration);
+  // Receives posted between BeginPosts and EndPosts may be announced to their sender together: a
+  // backend whose receives announce themselves (tcp's post frames) then sends one message for the
+  // batch where it sends one per receive. Nothing else changes; EndPosts sends what the batch held
+  // back. Backends without announcements ignore both.
+  void BeginPosts() { DoBeginPosts(); }
+  void EndPosts() { DoEndPosts(); }
 
   // Makes data received into [data, data + size) visible to the local device (NCCL's iflush; for
   // fabrics that write device memory behind the device's caches). Ok at once where
@@ -390,6 +396,8 @@ class RecvComm : public Comm {
   virtual Status DoFlush(void* data, size_t size, Registration& registration, Deadline deadline);
   virtual Result<RemoteKey> DoExpose(Registration& registration);
   virtual Result<std::optional<uint32_t>> DoPollImmediate();
+  virtual void DoBeginPosts() {}
+  virtual void DoEndPosts() {}
 };
 
 // A listening endpoint on one fabric device (NCCL's listenComm).

@@ -291,7 +291,7 @@ Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reache
     if (reached()) return Status::Ok();
     if (p.failed.load(std::memory_order_acquire) != 0)
       return Aborted(
-          fmt::format("rank {} failed: {}", q, std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
+          fmt::format("rank {} failed: {}", Name(q), std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
     if (round < 32) {
       ::sched_yield();
       continue;
@@ -313,13 +313,14 @@ Status SameHostGroup::Stalled(int q, uint64_t seq, const char* what, Deadline de
   const Peer& peer = peers_[static_cast<size_t>(q)];
   const SameHostPage& p = *peer.page;
   if (p.failed.load(std::memory_order_acquire) != 0)
-    return Aborted(fmt::format("rank {} failed: {}", q, std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
+    return Aborted(
+        fmt::format("rank {} failed: {}", Name(q), std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
   if (abort.load()) return Aborted("the communicator was aborted");
   // Point-to-point operations (BeginHold) have no number.
   const std::string op = seq != 0 ? fmt::format("operation {}: ", seq) : std::string();
   if (ProcessEnded(peer.pidfd.get()))
-    return RemoteError(fmt::format("{}rank {} (pid {}) ended before it could {}", op, q, peer.pid, what));
-  if (deadline.Expired()) return Timeout(fmt::format("{}rank {} did not {} by the deadline", op, q, what));
+    return RemoteError(fmt::format("{}rank {} (pid {}) ended before it could {}", op, Name(q), peer.pid, what));
+  if (deadline.Expired()) return Timeout(fmt::format("{}rank {} did not {} by the deadline", op, Name(q), what));
   return Status::Ok();
 }
 
@@ -448,14 +449,14 @@ Status SameHostGroup::Mismatch(int q, uint64_t seq, const CollectiveRequest& req
   std::string why;
   if (h.seq == seq && static_cast<Protocol>(h.protocol) != protocol &&
       (protocol == Protocol::kStaged || static_cast<Protocol>(h.protocol) == Protocol::kStaged))
-    why = fmt::format(" (rank {} passes {}, rank {} {}: pass the same kind of memory on every rank)", rank_,
-                      protocol == Protocol::kStaged ? "plain host memory" : "device memory", q,
+    why = fmt::format(" (rank {} passes {}, rank {} {}: pass the same kind of memory on every rank)", Name(rank_),
+                      protocol == Protocol::kStaged ? "plain host memory" : "device memory", Name(q),
                       protocol == Protocol::kStaged ? "device memory" : "plain host memory");
   else if (h.seq == seq && h.request.ToString() == request.ToString())
     why = " (run another way: the ranks disagree on the algorithm)";
   return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at operation {}: {}; rank {} is at "
                                      "operation {}: {}{}",
-                                     rank_, seq, request.ToString(), q, h.seq, h.request.ToString(), why));
+                                     Name(rank_), seq, request.ToString(), Name(q), h.seq, h.request.ToString(), why));
 }
 
 Status SameHostGroup::Meet(uint64_t seq, uint64_t signature, const CollectiveRequest& request, Protocol protocol,

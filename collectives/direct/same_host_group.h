@@ -66,6 +66,10 @@ class SameHostGroup {
 
   int nranks() const { return nranks_; }
   int rank() const { return rank_; }
+  // Where the group is one host's ranks of a communicator across hosts: the communicator's rank of
+  // each member, by which errors name them (default: the group's own numbers).
+  void set_rank_names(std::vector<int> names) { names_ = std::move(names); }
+  int Name(int q) const { return static_cast<size_t>(q) < names_.size() ? names_[static_cast<size_t>(q)] : q; }
 
   // Every rank's buffers for one operation, as addresses this rank's device takes.
   struct Buffers {
@@ -179,6 +183,7 @@ class SameHostGroup {
   // How an operation's data meets (SlotHeader::protocol): every rank must use the same one.
   enum class Protocol : uint32_t { kMapped = 0, kOneShot = 1, kStaged = 2 };
 
+  std::vector<int> names_;  // set_rank_names
   SameHostPage& mine() const { return *peers_[static_cast<size_t>(rank_)].page; }
   // Waits until rank q's page shows `seq` reached in `phase` (kArrive: in `slot`).
   Status WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadline deadline, const std::atomic<bool>& abort);

@@ -26,7 +26,7 @@ Executor::Executor(Transport* transport, device::Device* device, const ExecutorO
     : transport_(transport), device_(device), options_(options) {
   live_executors_.fetch_add(1, std::memory_order_relaxed);
   control_ = std::make_unique<ControlState>();
-  control_->recv.assign(static_cast<size_t>(transport->nranks()), nullptr);
+  control_->recv.resize(static_cast<size_t>(transport->nranks()));
   control_->gone.resize(static_cast<size_t>(transport->nranks()));
 }
 
@@ -372,7 +372,8 @@ void Executor::TellPeersAndClose(const Status& status, bool tell) {
   const Deadline grace = Deadline::After(std::chrono::milliseconds(200));
   for (auto& [p, r] : sent) p->send->Wait(r, grace).status().IgnoreError();
   control_->pending.clear();
-  std::fill(control_->recv.begin(), control_->recv.end(), nullptr);
+  for (ControlState::Posted& posted : control_->recv) posted.requests.clear();
+  control_->waited.clear();
   transport_->Close();
   closed_ = true;
 }

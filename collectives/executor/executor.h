@@ -208,7 +208,9 @@ class Executor {
   // Sends one control message to `peer` if a control slot is free (waiting for one until
   // `deadline` when `wait`); false when none was, or when the connection to the peer is not made
   // yet (this starts it: Transport::Connect).
-  Result<bool> SendControl(int peer, const executor_internal::ControlMessage& m, bool wait, Deadline deadline);
+  // `sent`, when given: the send's request, which stays in the pending list until it completes.
+  Result<bool> SendControl(int peer, const executor_internal::ControlMessage& m, bool wait, Deadline deadline,
+                           fabric::Request** sent = nullptr);
   // This rank's answer to a probe: the running operation, or idle after the last one.
   executor_internal::ControlMessage State() const;
   // A better reason than `symptom` for the failure of the operation with header `mine`, if one

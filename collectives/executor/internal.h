@@ -62,6 +62,8 @@ constexpr size_t kNetworkCpuStepBytes = 4 << 20;
 // A first transfer to a peer up to this size travels inside the operation header (one message
 // where there were two): what a control message has room for beside the header's fields.
 constexpr size_t kHeaderPayloadBytes = kControlSlotBytes - 64;
+// Control receives kept posted per peer (at most the control buffer's slots).
+constexpr size_t kControlDepth = 8;
 // How long the executor blocks on one thing before looking at everything again: short, so a
 // completion elsewhere is not left waiting, long enough not to burn a core.
 constexpr auto kWaitSlice = std::chrono::microseconds(200);
@@ -169,7 +171,13 @@ using executor_internal::ControlMessage;
 
 // Per peer where a peer has a connection (maps: a rank talks to few of the communicator's ranks).
 struct Executor::ControlState {
-  std::vector<fabric::Request*> recv;                 // the control receive posted per peer
+  // The control receives posted per peer, oldest first, each into its slot of the peer's
+  // control_in (slot = posted count so far mod the slots); a message completes the oldest.
+  struct Posted {
+    std::deque<fabric::Request*> requests;
+    uint64_t next = 0;  // receives posted so far
+  };
+  std::vector<Posted> recv;
   std::map<int, std::deque<ControlMessage>> inbox;    // received, not yet consumed, per peer
   std::map<int, std::deque<fabric::Request*>> pending;  // header sends in flight, per peer
   std::map<int, uint64_t> next;                       // the next control slot to use, per peer
@@ -180,8 +188,8 @@ struct Executor::ControlState {
     executor_internal::Clock::time_point at{};
   };
   std::map<int, Answer> state;
-  // A control receive that WaitControl saw complete (the request is released): ReceiveControl
-  // takes it from here instead of testing the request.
+  // The oldest control receive of a peer, which WaitControl saw complete (the request is
+  // released): ReceiveControl takes it from here instead of testing the request.
   std::map<int, Result<fabric::Completion>> waited;
   std::set<int> owed;  // peers that asked where this rank is, not answered yet (no connection yet)
   executor_internal::Clock::time_point accepted_at{};  // the transport's last Poll

@@ -277,10 +277,23 @@ Result<std::unique_ptr<Request>> TcpRecvComm::DoRecv(void* data, size_t capacity
     if (capacity >= kStripeBytes && large_posted_++ == 0) link_.set_read_all_streams(true);
   }
   // The post leaves now: the sender may be waiting for it, and nothing says this comm will be
-  // progressed again.
-  link_.Flush(*this);
+  // progressed again. In a batch (BeginPosts), with the batch's others at EndPosts.
+  if (!batching_) link_.Flush(*this);
   if (!link_.broken().ok()) AfterBreak();
   return std::unique_ptr<Request>(std::move(r));
+}
+
+void TcpRecvComm::DoBeginPosts() {
+  std::lock_guard<std::mutex> lock(mu);
+  batching_ = true;
+}
+
+void TcpRecvComm::DoEndPosts() {
+  std::lock_guard<std::mutex> lock(mu);
+  batching_ = false;
+  if (!link_.broken().ok()) return;
+  link_.Flush(*this);  // the batch's posts, in one sendmsg where they fit its gather list
+  if (!link_.broken().ok()) AfterBreak();
 }
 
 void TcpRecvComm::Deliver(TcpRequest& r, Unexpected& u) {

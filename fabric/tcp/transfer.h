@@ -148,6 +148,8 @@ class TcpRecvComm : public RecvComm, public HubMember, public FrameSink {
   Result<Completion> DoTest(Request& request) override;
   Status DoWaitForProgress(Deadline deadline) override;
   Result<std::unique_ptr<Request>> DoRecv(void* data, size_t capacity, int tag, Registration* registration) override;
+  void DoBeginPosts() override;
+  void DoEndPosts() override;
 
  private:
   // An eager message that arrived before its receive was posted.
@@ -176,6 +178,7 @@ class TcpRecvComm : public RecvComm, public HubMember, public FrameSink {
   std::map<MessageKey, TcpRequest*> awaiting_unexpected_;  // posted while their message was being read
   std::set<TcpRequest*> live_;
   int large_posted_ = 0;  // posted receives of kStripeBytes or more (their messages use every stream)
+  bool batching_ = false;  // between BeginPosts and EndPosts: posts wait for EndPosts' flush
 };
 
 }  // namespace kizuna::fabric::tcp

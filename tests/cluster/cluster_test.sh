@@ -218,7 +218,7 @@ run_one() { # case_name prefix "ranks per host" extra_env coll port -> 0 ok, els
   if [[ " $extra " == *" KIZUNA_ALGO=hier "* && $coll != sendrecv ]]; then
     local rows hier_rows
     rows=$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$dir/rank0.log")
-    hier_rows=$(grep -cE '^ +[0-9]+ +[0-9]+ .* hier:pairwise/(ring|rd)' "$dir/rank0.log")
+    hier_rows=$(grep -cE '^ +[0-9]+ +[0-9]+ .* hier:(pairwise|fused)/(ring|rd)' "$dir/rank0.log")
     [[ $rows -gt 0 && $rows -eq $hier_rows ]] ||
       { echo "KIZUNA_ALGO=hier: $hier_rows of $rows rows ran a hierarchical algorithm"; return 1; }
   fi

@@ -320,7 +320,10 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
   };
   int here = 0;
   for (const RankDesc& d : shape.ranks) here += machine(d.host_id) == machine(me.host_id) ? 1 : 0;
-  if (me.host_cpus > 0 && here > me.host_cpus) SetHostOversubscribed();  // waits sleep at once
+  if (me.host_cpus > 0 && here > me.host_cpus) {
+    SetHostOversubscribed();  // the fabrics' waits sleep at once
+    if (host_group_) host_group_->SetOversubscribed();
+  }
   e_.shape_ = std::move(shape);
   return Status::Ok();
 }

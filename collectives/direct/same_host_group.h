@@ -117,6 +117,11 @@ class SameHostGroup {
   // The ranks outnumber the CPUs their processes may run on (the waits then sleep): each rank's
   // CPU work should stay on its own thread, since more threads would only contend.
   bool oversubscribed() const { return !spin_; }
+  // The machine's ranks outnumber its CPUs though this group's do not (ranks of several
+  // namespace or container hosts on one kernel): its waits yield and sleep as an oversubscribed
+  // group's do. Every member must call it alike, before the group's first operation (the engine
+  // does, from the shape every rank agreed on).
+  void SetOversubscribed() { spin_ = false; }
   // The CPUs the ranks may run on together (the union of their affinities; 0 when unknown): with
   // every rank bound to a CPU of its own, each process sees one, the host offers them all.
   int cpus() const { return cpus_; }

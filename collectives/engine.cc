@@ -108,8 +108,9 @@ Result<Selection> Engine::Select(const CollectiveRequest& request, const PlanOpt
                                  std::optional<Algorithm> per_call, bool grouped) const {
   return SelectAlgorithm(request, shape_, options, CostConstants{}, overrides_, per_call,
                          [grouped](Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
-                           if (grouped && a == Algorithm::kFused)
-                             return NotSupported("fused runs alone, not as one of several calls of a group");
+                           if (grouped && (a == Algorithm::kFused || IsHostFused(a)))
+                             return NotSupported(fmt::format("{} runs alone, not as one of several calls of a group",
+                                                             AlgorithmName(a)));
                            return GetAlgorithm(a).Supports(r, s);
                          });
 }
@@ -202,12 +203,15 @@ Status Engine::Launch(std::span<EngineCall> calls) {
 Status Engine::LaunchLocked(std::span<EngineCall> calls) {
   Prepared p;
   KZ_RETURN_IF_ERROR(Prepare(calls, &p));
-  // A fused collective runs alone (the direct groups): the transfers grouped with it on this rank
+  // A fused collective (fused, hier:fused) runs alone (its groups meet for it alone): the transfers
+  // grouped with it on this rank
   // — where the other ranks may call it alone — follow it as the next operation on the stream.
   std::vector<OperationMember> transfers;
   if (members_.size() > 1) {
     auto fused = std::find_if(members_.begin(), members_.end(),
-                              [](const OperationMember& m) { return m.plan->algorithm == Algorithm::kFused; });
+                              [](const OperationMember& m) {
+                                return m.plan->algorithm == Algorithm::kFused || IsHostFused(m.plan->algorithm);
+                              });
     if (fused != members_.end()) {
       OperationMember collective = std::move(*fused);
       members_.erase(fused);

@@ -199,8 +199,11 @@ Status Executor::RunOperation(Operation& op) {
   const bool direct = op.members.size() == 1 && op.members[0].plan->algorithm == Algorithm::kFused;
   if (direct) {
     status = RunDirect(op, Deadline::AfterSeconds(options_.timeout_s));
-  } else if (IsHostFused(op.members[0].plan->algorithm) && op.members.size() == 1) {
-    status = RunHostFused(op);
+  } else if (std::any_of(op.members.begin(), op.members.end(),
+                         [](const OperationMember& m) { return IsHostFused(m.plan->algorithm); })) {
+    // Its host level is the whole operation's (the engine never groups it with other calls).
+    status = op.members.size() == 1 ? RunHostFused(op)
+                                    : Internal("a hier:fused plan in a group of several calls (it runs alone)");
   } else {
     if (options_.same_process && op.seq != 0) {
       std::string call = op.members[0].plan->request.ToString();

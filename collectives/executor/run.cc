@@ -393,6 +393,12 @@ Result<bool> Executor::Run::TestPosted(ChannelRun& ch, size_t index) {
   const Step& step = (*ch.steps)[index];
   StepState& st = ch.states[index];
   if (st.in_header && step.kind == StepKind::kSend) {
+    if (st.waited && !st.waited->ok()) {
+      const Status failed = st.waited->status();
+      st.waited.reset();
+      st.request = nullptr;
+      return failed.WithContext(fmt::format("{} of {}", StepName(ch, index), DescribeHeader(op_.header)));
+    }
     const auto& pending = ex_.control_->pending[step.peer];
     if (std::find(pending.begin(), pending.end(), st.request) != pending.end()) return false;
     st.request = nullptr;
@@ -507,8 +513,21 @@ void Executor::Run::WaitBriefly() {
   for (ChannelRun* ch : all)
     for (size_t i : ch->active) {
       StepState& st = ch->states[i];
-      if (st.phase != Phase::kPosted || !st.in_header || headers_.count((*ch->steps)[i].peer)) continue;
-      ex_.WaitControl((*ch->steps)[i].peer, Deadline::After(kWaitSlice));
+      const Step& step = (*ch->steps)[i];
+      if (st.phase != Phase::kPosted || !st.in_header) continue;
+      if (step.kind != StepKind::kSend) {
+        if (headers_.count(step.peer)) continue;
+        ex_.WaitControl(step.peer, Deadline::After(kWaitSlice));
+        return;
+      }
+      // The header's send, once it is the oldest the pending list holds for the peer (the list
+      // reaps the others): its completion, or its failure, is the step's.
+      auto& pending = ex_.control_->pending[step.peer];
+      if (st.waited || pending.empty() || pending.front() != st.request) continue;
+      Result<size_t> got = tr_.peer(step.peer)->send->Wait(st.request, Deadline::After(kWaitSlice));
+      if (!got.ok() && got.status().code() == StatusCode::kTimeout) return;
+      pending.pop_front();  // released by the comm either way
+      if (!got.ok()) st.waited = Result<fabric::Completion>(got.status());
       return;
     }
   for (ChannelRun* ch : all)

@@ -14,6 +14,7 @@
 #include "runtime/bootstrap/socket.h"
 #include "runtime/core/logging.h"
 #include "runtime/core/random.h"
+#include "runtime/core/status.h"
 
 namespace kizuna::bootstrap {
 namespace {
@@ -25,22 +26,6 @@ std::string_view TrimSpace(std::string_view s) {
   while (!s.empty() && space(s.front())) s.remove_prefix(1);
   while (!s.empty() && space(s.back())) s.remove_suffix(1);
   return s;
-}
-
-// Text from outside as an error message shows it: printable ASCII, other bytes as \xNN, at most 64
-// bytes of it, so that a message stays one short line whatever the text held.
-std::string Shown(std::string_view text) {
-  constexpr size_t kShownBytes = 64;
-  std::string out;
-  for (size_t i = 0; i < text.size() && i < kShownBytes; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\')
-      out += static_cast<char>(c);
-    else
-      out += fmt::format("\\x{:02x}", c);
-  }
-  if (text.size() > kShownBytes) out += fmt::format("...({} bytes)", text.size());
-  return out;
 }
 
 // inet_pton reads a C string: a host with a NUL byte would be judged by what precedes the NUL
@@ -62,7 +47,7 @@ Result<uint16_t> ParsePort(std::string_view text, std::string_view what) {
     // Quoted only when it is as short as a port: in a garbled unique id the secret may sit here.
     if (text.size() > 5)
       return InvalidArgument(fmt::format("{}: port of {} characters is not a number in 1..65535", what, text.size()));
-    return InvalidArgument(fmt::format("{}: port '{}' is not a number in 1..65535", what, Shown(text)));
+    return InvalidArgument(fmt::format("{}: port '{}' is not a number in 1..65535", what, ShownText(text)));
   }
   return static_cast<uint16_t>(port);
 }
@@ -79,7 +64,7 @@ Status SplitHost(std::string_view text, std::string_view what, std::string& host
       if (host.find(':') == std::string::npos)
         return InvalidArgument(fmt::format("{}: what is in brackets ({} characters, no ':') is not an IPv6 address",
                                            what, host.size()));
-      return InvalidArgument(fmt::format("{}: '{}' in brackets is not an IPv6 address", what, Shown(host)));
+      return InvalidArgument(fmt::format("{}: '{}' in brackets is not an IPv6 address", what, ShownText(host)));
     }
     if (close + 1 >= text.size() || text[close + 1] != ':')
       return InvalidArgument(fmt::format("{}: expected ':' and a port after ']'", what));
@@ -107,29 +92,29 @@ Status ValidateHost(std::string_view host, std::string_view what) {
     return InvalidArgument(
         fmt::format("{}: '{}' is not an IPv6 address (write IPv6 addresses in brackets, "
                     "e.g. [fd00::2]:29501)",
-                    what, Shown(host)));
+                    what, ShownText(host)));
   if (host.find_first_not_of("0123456789.") == std::string_view::npos)
-    return InvalidArgument(fmt::format("{}: '{}' is not a valid IPv4 address", what, Shown(host)));
+    return InvalidArgument(fmt::format("{}: '{}' is not a valid IPv4 address", what, ShownText(host)));
   if (host.size() > 253) return InvalidArgument(fmt::format("{}: host name longer than 253 characters", what));
   size_t label = 0;
   for (size_t i = 0; i < host.size(); ++i) {
     char c = host[i];
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
     if (c == '.') {
-      if (label == 0) return InvalidArgument(fmt::format("{}: host name '{}' has an empty label", what, Shown(host)));
+      if (label == 0) return InvalidArgument(fmt::format("{}: host name '{}' has an empty label", what, ShownText(host)));
       label = 0;
       continue;
     }
     if (!ok) {
       return InvalidArgument(fmt::format("{}: host name '{}' contains '{}' (allowed: letters, digits, '-', '_', '.')",
-                                         what, Shown(host),
-                                         c == ' ' ? std::string("space") : Shown(std::string_view(&c, 1))));
+                                         what, ShownText(host),
+                                         c == ' ' ? std::string("space") : ShownText(std::string_view(&c, 1))));
     }
     if (++label > 63)
-      return InvalidArgument(fmt::format("{}: a label of host name '{}' exceeds 63 characters", what, Shown(host)));
+      return InvalidArgument(fmt::format("{}: a label of host name '{}' exceeds 63 characters", what, ShownText(host)));
   }
-  if (label == 0) return InvalidArgument(fmt::format("{}: host name '{}' ends with '.'", what, Shown(host)));
-  if (host.front() == '-') return InvalidArgument(fmt::format("{}: host name '{}' starts with '-'", what, Shown(host)));
+  if (label == 0) return InvalidArgument(fmt::format("{}: host name '{}' ends with '.'", what, ShownText(host)));
+  if (host.front() == '-') return InvalidArgument(fmt::format("{}: host name '{}' starts with '-'", what, ShownText(host)));
   return Status::Ok();
 }
 
@@ -182,7 +167,7 @@ Result<UniqueId> UniqueId::Parse(std::string_view text) {
                         "kz1)",
                         version.size()));
       return InvalidArgument(
-          fmt::format("unique id: version '{}' is not supported (this build reads kz1)", Shown(version)));
+          fmt::format("unique id: version '{}' is not supported (this build reads kz1)", ShownText(version)));
     }
     return InvalidArgument("unique id: not a kizuna unique id (expected kz1:HOST:PORT:SECRET)");
   }

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "runtime/core/logging.h"
+#include "runtime/core/status.h"
 
 extern char** environ;
 
@@ -88,23 +89,6 @@ std::optional<double> ParseDouble(std::string_view text) {
 
 std::string Expect(std::string_view what) { return fmt::format("expected {}", what); }
 
-// Text from the environment as a warning shows it: printable ASCII, control and other bytes as
-// \xNN, and no more than kShownBytes of it ("...(N bytes)" after), so that a value of any length
-// or content gives a warning of one short line.
-constexpr size_t kShownBytes = 64;
-std::string Shown(std::string_view text) {
-  std::string out;
-  for (size_t i = 0; i < text.size() && i < kShownBytes; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\')
-      out += static_cast<char>(c);
-    else
-      out += fmt::format("\\x{:02x}", c);
-  }
-  if (text.size() > kShownBytes) out += fmt::format("...({} bytes)", text.size());
-  return out;
-}
-
 // Setter builders.
 Setter IntIn(std::optional<int> Config::*field, int64_t lo, int64_t hi) {
   return [=](std::string_view v, Config& c) -> std::string {
@@ -181,7 +165,7 @@ std::string ParseSubsys(std::string_view v, uint32_t& mask) {
       return fmt::format(
           "unknown subsystem '{}' (known: ALL, INIT, DEVICE, FABRIC, COLL, BOOTSTRAP, PLUGIN, "
           "ENV, TUNE)",
-          Shown(name));
+          ShownText(name));
     if (remove) {
       result &= ~bits;
     } else {
@@ -349,13 +333,13 @@ ParsedConfig ParseConfig(const std::map<std::string, std::string>& env) {
         if (d < best_d) best_d = d, best = e.doc.name;
       }
       out.warnings.push_back(best.empty()
-                                 ? fmt::format("unknown variable {} (ignored)", Shown(name))
-                                 : fmt::format("unknown variable {} (ignored; did you mean {}?)", Shown(name), best));
+                                 ? fmt::format("unknown variable {} (ignored)", ShownText(name))
+                                 : fmt::format("unknown variable {} (ignored; did you mean {}?)", ShownText(name), best));
       continue;
     }
     std::string err = entry->set(value, out.config);
     if (!err.empty())
-      out.warnings.push_back(fmt::format("{}='{}' is malformed: {}; using the default ({})", name, Shown(value), err,
+      out.warnings.push_back(fmt::format("{}='{}' is malformed: {}; using the default ({})", name, ShownText(value), err,
                                          entry->doc.default_value));
   }
   return out;

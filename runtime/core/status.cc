@@ -92,4 +92,18 @@ void DieOnBadResultAccess(const Status& status) {
   std::abort();
 }
 
+std::string ShownText(std::string_view text) {
+  constexpr size_t kShownBytes = 64;
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < kShownBytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\')
+      out += static_cast<char>(c);
+    else
+      out += fmt::format("\\x{:02x}", c);
+  }
+  if (text.size() > kShownBytes) out += fmt::format("...({} bytes)", text.size());
+  return out;
+}
+
 }  // namespace kizuna

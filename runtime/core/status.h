@@ -17,6 +17,11 @@ namespace kizuna {
 
 // Two different "no"s: kNotSupported means "this backend/algorithm cannot do this,
 // try the next one"; kUnavailable means "no hardware or library here" (tests skip, saying why).
+// Text from outside (an environment value, a file, a peer) as an error message or a warning shows
+// it: printable ASCII, backslash and every other byte as \xNN, at most 64 bytes of it ("...(N
+// bytes)" after), so that a message stays one short line whatever the text held.
+std::string ShownText(std::string_view text);
+
 enum class StatusCode : uint8_t {
   kOk = 0,
   kInvalidArgument,

@@ -81,5 +81,11 @@ TEST(StatusTest, ForeignCodesNameCallAndLocation) {
       << f.message();
 }
 
+TEST(ShownTextTest, PrintableAsIsTheRestEscapedAndLongTextCut) {
+  EXPECT_EQ(ShownText("abc"), "abc");
+  EXPECT_EQ(ShownText(std::string_view("a\0b\n\\", 5)), "a\\x00b\\x0a\\x5c");
+  EXPECT_EQ(ShownText(std::string(100, 'x')), std::string(64, 'x') + "...(100 bytes)");
+}
+
 }  // namespace
 }  // namespace kizuna

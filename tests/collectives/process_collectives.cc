@@ -511,7 +511,7 @@ int Main(int argc, char** argv) {
   // first transfers inside the operation headers, and with K > 1 hier:fused's host level through
   // each host's group.
   CommOptions options;
-  if (mode == "hosts") {
+  if (mode == "hosts" || mode == "hosts-mismatch") {
     const char* rank = std::getenv("RANK");
     const int per_host = argc > 2 ? std::max(1, std::atoi(argv[2])) : 1;
     options.host_id = fmt::format("pretend-host-{}", rank != nullptr ? std::atoi(rank) / per_host : -1);
@@ -526,12 +526,13 @@ int Main(int argc, char** argv) {
   if (mode == "fused") return FusedMatrix(comm, stream);
   if (mode == "host") return HostMemory(comm, stream);
   if (mode == "host-mixed") return HostMixed(comm, stream);
-  if (mode == "mismatch") return Mismatch(comm, stream);
+  if (mode == "mismatch" || mode == "hosts-mismatch") return Mismatch(comm, stream);
   if (mode == "frozen") return Frozen(comm, stream, argc > 2 ? std::atoi(argv[2]) : 1);
   if (mode == "fused-abort" || mode == "fused-exit")
     return FusedFault(comm, stream, mode.substr(6), argc > 2 ? std::atoi(argv[2]) : 1);
   if (!mode.empty() && mode != "hosts")
-    return Fail("unknown mode " + mode + " (hosts, fused, host, fused-abort R, fused-exit R, frozen R)");
+    return Fail("unknown mode " + mode +
+                " (hosts [K], hosts-mismatch, fused, host, mismatch, fused-abort R, fused-exit R, frozen R)");
   int cases = 0;
   const Collective colls[] = {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
                               Collective::kBroadcast, Collective::kReduce,        Collective::kAllToAll,

@@ -39,6 +39,16 @@ echo "$out"
 for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* cases ok" <<<"$out" || fail "rank $r did not finish (hosts)"; done
 grep -qs "collectives up to [0-9]* KiB run on the calling thread" "$logs"/*.log ||
   fail "hosts: no collective ran on the calling thread"
+# AllReduces of different sizes between pretend hosts (8 B in the operation header, 16 KiB and
+# 1 MiB on the calling thread): every rank names the mismatch at once.
+start=$(date +%s)
+out="$(KIZUNA_FABRIC=tcp:lo "$run" -n 3 --timeout 120 -- "$prog" hosts-mismatch 2>&1)"
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+echo "$out"
+[ "$rc" -eq 0 ] || fail "hosts-mismatch: exit status $rc"
+[ "$elapsed" -lt 30 ] || fail "hosts-mismatch: took ${elapsed}s (a rank waited for its deadline)"
+for r in 0 1 2; do grep -q "^\[$r\] rank $r: mismatch named after" <<<"$out" || fail "hosts-mismatch rank $r"; done
 # Hosts of two ranks (2 + 1, then 2 + 2): hier:fused among the algorithms the matrix runs, its host
 # level through each host's group.
 for n in 3 4; do

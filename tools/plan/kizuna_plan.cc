@@ -79,6 +79,7 @@ struct Options {
   bool host_compute = false;   // the devices compute on the host's CPUs and memory (emulated)
   std::string links = "full";
   int hosts = 1;              // ranks dealt out in blocks over this many hosts
+  bool host_direct = false;   // the ranks of each host share their buffers (hier:fused applies)
   double net_gbps = 0;        // links between hosts (0: as --link-gbps)
   double net_latency_us = 0;  // (0: as --latency-us)
   int slow_rank = -1;
@@ -225,6 +226,8 @@ Result<Setup> Resolve(const Options& o) {
     while ((static_cast<int64_t>(host + 1) * o.ranks) / o.hosts <= r) ++host;
     s.shape.ranks[static_cast<size_t>(r)].host_id = fmt::format("host{}", host);
   }
+  if (o.host_direct && o.hosts < 2) return InvalidArgument("--host-direct needs --hosts 2 or more");
+  s.shape.host_direct = o.host_direct;
   for (int a = 0; a < o.ranks; ++a)
     for (int b = 0; b < o.ranks; ++b)
       if (a != b && s.shape.ranks[static_cast<size_t>(a)].host_id != s.shape.ranks[static_cast<size_t>(b)].host_id) {
@@ -457,7 +460,7 @@ void PrintJson(const Setup& s, const Options& o, const std::vector<Row>& rows) {
                 {"launch_us", o.launch_us}, {"slow_rank", o.slow_rank}, {"slow_factor", o.slow_factor},
                 {"slow", o.slow},           {"slow_peer", o.slow_peer}, {"direct", o.direct},
                 {"shared_device", o.shared_device}, {"host_cpus", o.host_cpus},
-                {"host_compute", o.host_compute}};
+                {"host_compute", o.host_compute}, {"hosts", o.hosts}, {"host_direct", o.host_direct}};
   json constants = json::object();
   for (const collectives::CostConstantInfo& c : collectives::CostConstantTable())
     constants[std::string(c.name)] = s.constants.*c.field;
@@ -567,6 +570,8 @@ int Main(int argc, char** argv) {
                "the devices compute on the host (emulated): they share its memory bandwidth");
   app.add_option("--hosts", o.hosts, "hosts the ranks are on, in blocks (the hierarchical algorithms need 2 or more)")
       ->capture_default_str();
+  app.add_flag("--host-direct", o.host_direct,
+               "the ranks of each host share their buffers across processes (hier:fused applies)");
   app.add_option("--net-gbps", o.net_gbps, "links between hosts, GB/s (0: as --link-gbps)")->capture_default_str();
   app.add_option("--net-latency-us", o.net_latency_us, "links between hosts, us (0: as --latency-us)")
       ->capture_default_str();

@@ -38,6 +38,15 @@ echo "$hosts"
 grep -Eq '^ *67108864 .* hier:pairwise/(ring|rd) +model *$' <<<"$hosts" || fail "64 MiB over 2 hosts: no hierarchy"
 out="$("$plan" --ranks 8 --hosts 9 2>&1)"; [ $? -eq 2 ] || fail "--hosts 9 accepted"
 grep -q -- '--hosts 9' <<<"$out" || fail "--hosts 9 not named: $out"
+# The ranks of each host sharing their buffers: hier:fused, at 8 B (the leader form) and 64 MiB.
+fused="$(for b in 8 64M; do
+  "$plan" --ranks 8 --hosts 2 --host-direct --link-gbps 20 --net-gbps 1 --net-latency-us 50 -b $b -e $b || exit
+done 2>&1)" || fail "--host-direct: exit $?: $fused"
+echo "$fused"
+grep -Eq '^ *8 +2 .* hier:fused/(ring|rd) +model *$' <<<"$fused" || fail "8 B with --host-direct: not hier:fused"
+grep -Eq '^ *67108864 .* hier:fused/(ring|rd) +model *$' <<<"$fused" || fail "64 MiB with --host-direct: not hier:fused"
+out="$("$plan" --ranks 8 --host-direct 2>&1)"; [ $? -eq 2 ] || fail "--host-direct on one host accepted"
+grep -q -- '--host-direct needs --hosts' <<<"$out" || fail "--host-direct on one host not explained: $out"
 
 # Other collectives; a rooted one with a root; unaligned sizes.
 for coll in reducescatter allgather broadcast reduce alltoall; do

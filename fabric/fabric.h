@@ -133,6 +133,11 @@ struct FabricDeviceProperties {
   uint64_t max_message_bytes = 0;   // the largest single send / receive / write
   bool write_immediate = false;     // SendComm::Write and RecvComm::Expose/PollImmediate work
   bool needs_flush = false;         // RecvComm::Flush does real work (NCCL's forceFlush)
+  // Registering memory the CPU addresses costs no more than bookkeeping (no pinning, no mapping:
+  // the backend keeps the pointer), so a caller may register a buffer for one transfer and
+  // deregister it after: the collective executor then sends from and receives into the
+  // caller's buffers instead of copying them through its staging.
+  bool cheap_registration = false;
 
   // Locality: which local accelerators this device is close to.
   std::vector<std::string> near_device_uuids;  // device::DeviceProperties::uuid values

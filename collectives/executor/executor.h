@@ -249,7 +249,8 @@ class Executor {
   // part was done (created on first use, by the thread that groups the calls).
   std::unique_ptr<device::Event> group_ready_, group_done_;
   bool group_on_streams_logged_ = false;
-  bool on_caller_logged_ = false;  // run_mu_: TryOnCaller said so once at INFO  // said once at INFO (rank 0's executor)
+  bool on_caller_logged_ = false;  // run_mu_: TryOnCaller said so once at INFO
+  bool direct_logged_ = false;     // run_mu_: Run::Post said once at INFO that transfers go direct
 
   // Held by the thread that uses the connections, the control state and the members below marked
   // "run_mu_": the executor's thread, or a caller's running an operation itself (TryOnCaller).

@@ -62,6 +62,10 @@ constexpr size_t kNetworkCpuStepBytes = 4 << 20;
 // A first transfer to a peer up to this size travels inside the operation header (one message
 // where there were two): what a control message has room for beside the header's fields.
 constexpr size_t kHeaderPayloadBytes = kControlSlotBytes - 64;
+// Transfers from this size up move the caller's bytes without a staging slot where the fabric
+// registers memory cheaply (Run::Direct); smaller ones are copied, which costs less than the
+// registration.
+constexpr size_t kDirectMinBytes = 16 << 10;
 // Control receives kept posted per peer (at most the control buffer's slots).
 constexpr size_t kControlDepth = 8;
 // How long the executor blocks on one thing before looking at everything again: short, so a
@@ -250,6 +254,10 @@ class Executor::Run {
     // header (kHeaderPayloadBytes): a send goes with this rank's header, a receive takes its bytes
     // from the peer's. No fabric request of its own.
     bool in_header = false;
+    // The transfer sends from its source or receives into its destination, registered on the
+    // peer's comm for this step alone (Run::Direct): no slot, no copy.
+    bool direct = false;
+    fabric::Registration* registration = nullptr;
   };
 
   struct ChannelRun {
@@ -295,6 +303,14 @@ class Executor::Run {
   // Marks StepState::in_header (Setup).
   void MarkTransfersInHeaders();
   Result<bool> Consume(ChannelRun& ch, size_t index);
+  // Whether step `index` is a transfer that moves the caller's bytes itself, without a staging
+  // slot: a collective's send or plain receive (a receive that reduces needs both operands), not
+  // in a header, large enough (kDirectMinBytes), on memory the CPU reaches, over a comm that
+  // registers it cheaply (FabricDeviceProperties::cheap_registration). Decided when the step
+  // starts, once the operation's connections are made.
+  bool Direct(const ChannelRun& ch, size_t index) const;
+  // Its registration, once its request is done or failed (released).
+  Status Unregister(const ChannelRun& ch, StepState& st);
   // Records the step's event (from the pool) on the channel's stream.
   Status RecordEvent(ChannelRun& ch, StepState& st);
   Status Start(ChannelRun& ch, size_t index);

@@ -230,13 +230,16 @@ Status Executor::Run::Start(ChannelRun& ch, size_t index) {
   const Step& step = (*ch.steps)[index];
   StepState& st = ch.states[index];
   const bool moves_bytes = step.count() > 0;
+  st.direct = Direct(ch, index);
   if ((step.kind == StepKind::kSend || step.kind == StepKind::kRecv || step.kind == StepKind::kRecvReduce) &&
-      moves_bytes)
+      moves_bytes && !st.direct)
     st.slot = TakeSlot(ch);
   const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
   switch (step.kind) {
     case StepKind::kSend:
-      if (moves_bytes && OnCpu(bytes)) {
+      if (st.direct) {
+        st.phase = Phase::kReadyToPost;
+      } else if (moves_bytes && OnCpu(bytes)) {
         HostCopy(SlotAddress(st.slot), Address(ch, step.srcs[0]), bytes);
         st.phase = Phase::kReadyToPost;
       } else if (moves_bytes) {
@@ -265,6 +268,29 @@ Status Executor::Run::Start(ChannelRun& ch, size_t index) {
   }
   ch.active.push_back(index);
   return Status::Ok();
+}
+
+bool Executor::Run::Direct(const ChannelRun& ch, size_t index) const {
+  const Step& s = (*ch.steps)[index];
+  if (ch.p2p || !cpu_steps_ || ch.states[index].in_header) return false;
+  if (s.kind != StepKind::kSend && s.kind != StepKind::kRecv) return false;
+  if (static_cast<size_t>(s.count()) * elem(ch) < kDirectMinBytes) return false;
+  const Transport::Peer* p = tr_.peer(s.peer);
+  if (p == nullptr) return false;
+  const fabric::Comm* comm = s.kind == StepKind::kSend ? static_cast<const fabric::Comm*>(p->send.get())
+                                                       : static_cast<const fabric::Comm*>(p->recv.get());
+  return comm != nullptr && comm->properties().cheap_registration;
+}
+
+Status Executor::Run::Unregister(const ChannelRun& ch, StepState& st) {
+  if (st.registration == nullptr) return Status::Ok();
+  const Step& step = (*ch.steps)[static_cast<size_t>(&st - ch.states.data())];
+  Transport::Peer* p = tr_.peer(step.peer);
+  fabric::Comm& comm = step.kind == StepKind::kSend ? static_cast<fabric::Comm&>(*p->send)
+                                                    : static_cast<fabric::Comm&>(*p->recv);
+  fabric::Registration* r = st.registration;
+  st.registration = nullptr;
+  return comm.Deregister(r);
 }
 
 int Executor::Run::TakeSlot(const ChannelRun& ch) {
@@ -346,7 +372,26 @@ Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, std::set<int>& se
   if (st.in_header) return PostInHeader(ch, index);
   Transport::Peer* p = tr_.peer(step.peer);
   fabric::Request* r = nullptr;
-  if (is_send) {
+  if (st.direct) {
+    // The caller's bytes themselves, registered for this transfer (kept over a busy answer).
+    // A receive's capacity is its destination: a longer message fails it (TestPosted names both
+    // ranks' calls).
+    void* data = is_send ? const_cast<void*>(Address(ch, step.srcs[0])) : MutableAddress(ch, step.dst);
+    fabric::Comm& comm = is_send ? static_cast<fabric::Comm&>(*p->send) : static_cast<fabric::Comm&>(*p->recv);
+    if (st.registration == nullptr) {
+      KZ_ASSIGN_OR_RETURN(st.registration, comm.Register(fabric::MemoryDescriptor::Host(data, bytes)));
+    }
+    if (!ex_.direct_logged_) {
+      ex_.direct_logged_ = true;
+      KZ_INFO(kLogColl, "rank {}: transfers of {} KiB and more go from and into the caller's buffers over {} (the first: {})",
+              tr_.rank(), kDirectMinBytes >> 10, comm.properties().fabric, StepName(ch, index));
+    }
+    if (is_send) {
+      KZ_ASSIGN_OR_RETURN(r, p->send->Send(data, bytes, ch.tag, st.registration));
+    } else {
+      KZ_ASSIGN_OR_RETURN(r, p->recv->Recv(data, bytes, ch.tag, st.registration));
+    }
+  } else if (is_send) {
     void* data = bytes > 0 ? SlotAddress(st.slot) : p->control_out.data();
     fabric::Registration* reg = bytes == 0 ? nullptr : st.slot < slots_ ? p->send_staging : p->send_p2p;
     KZ_ASSIGN_OR_RETURN(r, p->send->Send(data, bytes, ch.tag, reg));
@@ -424,10 +469,17 @@ Result<bool> Executor::Run::TestPosted(ChannelRun& ch, size_t index) {
   st.waited.reset();
   if (!c.ok()) {
     st.request = nullptr;
+    KZ_RETURN_IF_ERROR(Unregister(ch, st));
+    if (st.direct && !is_send && c.status().code() == StatusCode::kInvalidArgument)
+      return InvalidArgument(fmt::format(
+          "collective mismatch between ranks: rank {} sent more than the {} bytes rank {} expects at {} of {} ({})",
+          step.peer, static_cast<size_t>(step.count()) * elem(ch), tr_.rank(), StepName(ch, index),
+          DescribeHeader(op_.header), c.status().message()));
     return c.status().WithContext(fmt::format("{} of {}", StepName(ch, index), DescribeHeader(op_.header)));
   }
   if (!c->done) return false;
   st.request = nullptr;
+  KZ_RETURN_IF_ERROR(Unregister(ch, st));
   if (is_send) {
     st.phase = Phase::kDone;
   } else {
@@ -442,7 +494,9 @@ Result<bool> Executor::Run::Consume(ChannelRun& ch, size_t index) {
   const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
   // A collective's data is not trusted before its sender's header; a transfer's size is its check.
   if (!ch.p2p && !verified_.count(step.peer)) return false;
-  if (bytes > 0 && OnCpu(bytes)) {
+  if (st.direct) {
+    st.phase = Phase::kDone;  // received in place
+  } else if (bytes > 0 && OnCpu(bytes)) {
     KZ_RETURN_IF_ERROR(EnqueueConsume(ch, step, st, /*cpu=*/true));
     st.phase = Phase::kDone;
   } else if (bytes > 0) {
@@ -484,7 +538,7 @@ Result<bool> Executor::Run::Advance(ChannelRun& ch) {
       if ((*ch.steps)[a].ConflictsWith(step)) conflict = true;
     if (conflict) break;
     const bool needs_slot = step.kind != StepKind::kCopy && step.kind != StepKind::kReduce &&
-                            step.kind != StepKind::kScale && step.count() > 0;
+                            step.kind != StepKind::kScale && step.count() > 0 && !Direct(ch, ch.next);
     if (needs_slot && !HasFreeSlot(ch)) break;
     KZ_RETURN_IF_ERROR(Start(ch, ch.next));
     ++ch.next;

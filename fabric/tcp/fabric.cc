@@ -165,6 +165,7 @@ Result<std::unique_ptr<Fabric>> TcpFabric::CreateWith(const Config& config, cons
     p.ptr_support = kPtrHost | kPtrFd;
     p.max_requests = kMaxRequests;
     p.max_message_bytes = kMaxMessageBytes;
+    p.cheap_registration = true;  // TcpRegistration keeps the pointer (memory.cc)
     Describe(i.name, &p);
     KZ_INFO(kLogFabric, "tcp: device {}: {} ({}), {} Gb/s, {} socket(s) per connection", p.index, p.name,
             DescribeAddress(d.address), p.speed_gbps > 0 ? fmt::format("{:.1f}", p.speed_gbps) : "unknown", streams);

@@ -43,7 +43,8 @@ else
 fi
 
 # Every rank on a host of its own (as it claims): the matrix over the network fabric, small
-# collectives on the calling thread with their first transfers inside the operation headers.
+# collectives on the calling thread with their first transfers inside the operation headers, large
+# transfers straight between the caller's buffers and the sockets.
 logs="${TEST_TMPDIR:-$(mktemp -d)}/hosts-logs"
 mkdir -p "$logs"
 out="$(KIZUNA_FABRIC=tcp:lo KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=COLL KIZUNA_DEBUG_FILE="$logs/%p.log" "$run" -n 3 --timeout 240 -- "$prog" hosts 2>&1)"
@@ -53,6 +54,10 @@ echo "$out"
 for r in 0 1 2; do grep -q "^\[$r\] rank $r of 3: [0-9]* cases ok" <<<"$out" || fail "rank $r did not finish (hosts)"; done
 grep -qs "collectives up to [0-9]* KiB run on the calling thread" "$logs"/*.log ||
   fail "hosts: no collective ran on the calling thread"
+# 40009 floats take transfers over 16 KiB: tcp sends them from the caller's buffers and receives
+# them into them, no staging copy (the matrix checks the results).
+grep -qs "transfers of 16 KiB and more go from and into the caller's buffers over tcp" "$logs"/*.log ||
+  fail "hosts: no transfer went from or into the caller's buffers"
 # AllReduces of different sizes between pretend hosts (8 B in the operation header, 16 KiB and
 # 1 MiB on the calling thread): every rank names the mismatch at once.
 expect_mismatch hosts-mismatch KIZUNA_FABRIC=tcp:lo

@@ -1,5 +1,7 @@
 #include "fabric/tcp/transfer.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -32,11 +34,12 @@ void Hub::Remove(HubMember* m) {
 }
 
 Status Hub::Wait(HubMember& self, Deadline deadline) {
-  const auto spin = HostOversubscribed() ? std::chrono::microseconds(0) : kSpinWait;
-  const auto spin_until = std::min(std::chrono::steady_clock::now() + spin, deadline.when());
+  const bool yield = HostOversubscribed();
+  const auto spin_until = std::min(std::chrono::steady_clock::now() + kSpinWait, deadline.when());
   std::vector<pollfd> fds;
-  while (true) {
+  for (bool first = true;; first = false) {
     const bool spinning = std::chrono::steady_clock::now() < spin_until;
+    if (spinning && yield && !first) sched_yield();
     fds.clear();
     {
       std::lock_guard<std::mutex> lock(mu_);

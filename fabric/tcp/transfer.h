@@ -41,9 +41,12 @@ inline constexpr int kMaxRequests = 256;
 inline constexpr auto kMaxBlock = std::chrono::milliseconds(100);
 // A wait polls the sockets without blocking for this long before it sleeps in poll(): a message
 // already on its way arrives meanwhile, where a sleep and a wake-up would cost 5-60 us on the
-// build machines (README.md, measurements). None where the host's ranks outnumber its CPUs
-// (HostOversubscribed): there the spinning thread holds the CPU its peer needs (8 ranks of two
-// namespace hosts on 2 CPUs, an 8-byte AllReduce: 1.0-1.2 ms spinning, 0.75-0.82 ms not).
+// build machines (README.md, measurements). Where the host's ranks outnumber its CPUs
+// (HostOversubscribed) it yields the CPU between looks: a plain spin holds the CPU its peer needs
+// (8 ranks of two namespace hosts on 2 CPUs, an 8-byte AllReduce: 1.0-1.2 ms spinning, 0.75-0.82
+// ms sleeping at once), and sleeping at once lets the CPU halt, whose wake-up in a VM costs more
+// than the message (4 namespace hosts of 1 rank on 2 CPUs: 240-320 us sleeping at once, 370-440
+// spinning, 130-180 yielding; 4 x 2: 0.6 ms sleeping, 0.17-0.37 ms yielding).
 inline constexpr auto kSpinWait = std::chrono::microseconds(50);
 
 // A comm as the hub sees it.

@@ -312,14 +312,10 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
   if (same_host_) shape.direct_inline_bytes = same_host_->one_shot_bytes();
   shape.ina = layout_;
   KZ_RETURN_IF_ERROR(shape.Validate());
-  // Ranks on this machine, counted by the kernel's boot id in their host ids (HostId): hosts
+  // Ranks on this machine, counted by the kernel's boot id in their host ids (MachineOf): hosts
   // made of containers or network namespaces share one kernel's CPUs under different host names.
-  auto machine = [](const std::string& id) {
-    const size_t colon = id.rfind(':');
-    return colon == std::string::npos ? id : id.substr(colon + 1);
-  };
   int here = 0;
-  for (const RankDesc& d : shape.ranks) here += machine(d.host_id) == machine(me.host_id) ? 1 : 0;
+  for (const RankDesc& d : shape.ranks) here += MachineOf(d.host_id) == MachineOf(me.host_id) ? 1 : 0;
   if (me.host_cpus > 0 && here > me.host_cpus) {
     SetHostOversubscribed();  // the fabrics' waits sleep at once
     if (host_group_) host_group_->SetOversubscribed();

@@ -4,6 +4,8 @@
 #include <map>
 #include <string>
 
+#include "runtime/core/host_id.h"
+
 namespace kizuna::collectives::cost_internal {
 
 HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k)
@@ -15,7 +17,9 @@ HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k)
   rank_joined_.assign(n, 0);
   for (size_t r = 0; r < n && r < shape.ranks.size(); ++r) {
     const RankDesc& d = shape.ranks[r];
-    const auto [it, added] = index.emplace(d.host_id, static_cast<int>(cpus_.size()));
+    // Per machine, not per host name: namespace or container hosts on one kernel share its CPUs
+    // and memory.
+    const auto [it, added] = index.emplace(MachineOf(d.host_id), static_cast<int>(cpus_.size()));
     if (added) cpus_.push_back(0);
     host_[r] = it->second;
     compute_[r] = d.host_compute ? 1 : 0;

@@ -2,6 +2,9 @@
 // their devices compute on the host (RankDesc::host_compute: emulated devices), its memory.
 // Internal to the cost model: only cost_model_internal.h and cost_model_host.cc include it.
 //
+// A host here is a machine: ranks whose host ids name one kernel (MachineOf in runtime/core/host_id.h:
+// namespace or container hosts of one machine share its CPUs and memory).
+//
 // Per stage, over the host h of each rank that takes part (m_h of them, C_h = the host's CPUs,
 // the largest RankDesc::host_cpus among its ranks; 0: unknown, no CPU term):
 //   slowdown  = max(1, m_h / C_h) for the critical rank's host: its ranks take turns on the CPUs;

@@ -127,6 +127,14 @@ TEST(CostModelTest, OversubscribedHostByHand) {
   CommTopology two_hosts = two_cpus;
   two_hosts.ranks[2].host_id = two_hosts.ranks[3].host_id = "other";
   EXPECT_NEAR(Predict(Algorithm::kRing, r, two_hosts, Options(), k).seconds, 23.472e-6, 1e-12);
+  // Two host names on one kernel (namespace or container hosts: host ids that share a boot id)
+  // are one machine: its 2 CPUs run all 4 ranks, as on one host.
+  CommTopology one_kernel = two_cpus;
+  for (int i = 0; i < 4; ++i) one_kernel.ranks[static_cast<size_t>(i)].host_id = (i < 2 ? "ns0:" : "ns1:") + std::string("b00710");
+  EXPECT_NEAR(Predict(Algorithm::kRing, r, one_kernel, Options(), k).seconds, ring.seconds, 1e-15);
+  CommTopology two_kernels = one_kernel;
+  two_kernels.ranks[2].host_id = two_kernels.ranks[3].host_id = "ns1:c0ffee00";
+  EXPECT_NEAR(Predict(Algorithm::kRing, r, two_kernels, Options(), k).seconds, 23.472e-6, 1e-12);
   // Devices that compute on the host: a plan step also needs the device's stream thread, so 4
   // ranks on 4 CPUs run 8 threads: 4 wake-ups per ring stage, none for the fused pass (the
   // calling threads alone). The memory term is kept out of the way here.

@@ -18,6 +18,11 @@ std::string HostId() {
   return id;
 }
 
+std::string MachineOf(const std::string& host_id) {
+  const size_t colon = host_id.rfind(':');
+  return colon == std::string::npos ? host_id : host_id.substr(colon + 1);
+}
+
 int UsableCpuCount() {
   cpu_set_t set;
   CPU_ZERO(&set);

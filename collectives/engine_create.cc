@@ -83,6 +83,7 @@ class Engine::Builder {
   // Across hosts: this host's ranks' group (JoinHostGroups), and whether every host has one.
   std::shared_ptr<SameHostGroup> host_group_;
   bool host_direct_ = false;
+  bool serial_host_work_ = false;  // ExecutorOptions::serial_host_work
   size_t p2p_staging_bytes_ = 0;  // what point-to-point's chunk is cut from (ExecutorOptions)
 };
 
@@ -317,9 +318,14 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
   int here = 0;
   for (const RankDesc& d : shape.ranks) here += MachineOf(d.host_id) == MachineOf(me.host_id) ? 1 : 0;
   if (me.host_cpus > 0 && here > me.host_cpus) {
-    SetHostOversubscribed();  // the fabrics' waits sleep at once
+    SetHostOversubscribed();  // the fabrics' waits give the CPU away
     if (host_group_) host_group_->SetOversubscribed();
   }
+  // Across hosts, where a rank's CPU work competes with the network stacks of the machine's other
+  // ranks (2 namespace hosts of one rank on 2 CPUs, 1 MiB AllReduce: see ExecutorOptions).
+  const bool across_hosts = std::any_of(shape.ranks.begin(), shape.ranks.end(),
+                                        [&](const RankDesc& d) { return d.host_id != me.host_id; });
+  serial_host_work_ = across_hosts && me.host_cpus > 0 && here >= me.host_cpus;
   e_.shape_ = std::move(shape);
   return Status::Ok();
 }
@@ -334,6 +340,7 @@ Status Engine::Builder::StartExecutor(device::Device& device) {
   eopts.host_group = host_group_;
   eopts.rank = e_.rank_;
   for (const RankDesc& d : e_.shape_.ranks) eopts.host_memory.push_back(d.host_memory);
+  eopts.serial_host_work = serial_host_work_;
   // INA jobs: deeper windows (InaWindow).
   if (layout_) eopts.window = InaWindow(*layout_, e_.aggregation_device_);
   if (e_.aggregation_device_) {

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "collectives/executor/internal.h"
+#include "runtime/device/host_reduce.h"
 #include "runtime/core/logging.h"
 
 namespace kizuna::collectives {
@@ -197,6 +198,8 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
 Status Executor::RunOperation(Operation& op) {
   Status status;
   const bool direct = op.members.size() == 1 && op.members[0].plan->algorithm == Algorithm::kFused;
+  // The fused path decides for itself (its group knows when its ranks outnumber the CPUs).
+  const ScopedSerialHostWork serial(!direct && options_.serial_host_work);
   if (direct) {
     status = RunDirect(op, Deadline::AfterSeconds(options_.timeout_s));
   } else if (std::any_of(op.members.begin(), op.members.end(),

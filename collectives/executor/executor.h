@@ -91,6 +91,13 @@ struct ExecutorOptions {
   // Per rank of the communicator (RankDesc::host_memory): the CPU reaches its memory. A small
   // transfer between two such ranks travels inside the operation header (Run::Setup).
   std::vector<bool> host_memory;
+  // The machine's ranks take all its CPUs (or more): an operation's CPU work (steps on the CPU,
+  // hier:fused's host level) stays on the thread that runs it (ScopedSerialHostWork) instead of
+  // spreading over oneTBB's threads, whose CPUs the other ranks and their network stacks need
+  // (2 namespace hosts of one rank on 2 CPUs, busbw in alternate runs: 1 MiB AllReduce 1.53-1.79
+  // GB/s against 1.24-1.91 spread, 64 MiB 1.04-1.28 against 0.90-1.12). Set by the engine across
+  // hosts only.
+  bool serial_host_work = false;
   // An aggregation device of an INA job (algorithms/ina.cc): it makes no calls of its own. Set,
   // the executor runs an operation whenever one of its peers' operation headers arrives, with the
   // plan this returns for the request the header describes, until the job ends (every peer has

@@ -44,7 +44,9 @@
 // the parts from their owners after it (RankPlan::host_parts, HostPart). Up to kLeaderPartBytes
 // per part the parts are fewer than the ranks of the widest host (one part, owned by each host's
 // first rank, for a small message: the leader form), so that a small message crosses the network
-// once per host and not once per rail.
+// once per host and not once per rail. hier:fused/ring also serves ReduceScatter and AllGather:
+// the blocks' owners as in the rail form, the host level over mapped memory around the same
+// direct exchange between hosts (RankPlan::host_blocks, BuildFusedBlocks).
 //
 // Not deterministic: the order of additions depends on the host layout, so with
 // KIZUNA_DETERMINISTIC the build answers kNotSupported and the engine takes the next algorithm.
@@ -133,7 +135,10 @@ class Hierarchical final : public AlgorithmImpl {
   }
 
   Status SupportsFused(const CollectiveRequest& request, const CommTopology& shape) const {
-    if (request.collective != Collective::kAllReduce && request.collective != Collective::kBarrier)
+    const bool blocks =
+        request.collective == Collective::kReduceScatter || request.collective == Collective::kAllGather;
+    if (request.collective != Collective::kAllReduce && request.collective != Collective::kBarrier &&
+        !(blocks && id_ == Algorithm::kHierFusedRing))
       return NotImplemented(id_, request);
     const Hosts hosts(shape);
     if (hosts.count() < 2)
@@ -143,7 +148,9 @@ class Hierarchical final : public AlgorithmImpl {
       return NotSupported(fmt::format("{}: the ranks of a host do not share their buffers (no host group, or memory "
                                       "the CPU does not reach)",
                                       AlgorithmName(id_)));
-    const uint32_t parts = Parts(request, hosts);
+    // The blocks' direct exchange: rank (h, i) and rank (g, k) of another host exchange where
+    // k = i mod P_g (i's block to its owner on g) or i = k mod P_h (k's block to its owner on h).
+    const uint32_t parts = blocks ? static_cast<uint32_t>(hosts.widest) : Parts(request, hosts);
     for (int r = 0; r < shape.nranks; ++r) {
       const int h = hosts.host[static_cast<size_t>(r)], i = hosts.local[static_cast<size_t>(r)];
       for (int g = 0; g < hosts.count(); ++g)
@@ -167,7 +174,8 @@ class Hierarchical final : public AlgorithmImpl {
     const Hosts hosts(shape);
     const int h = hosts.host[static_cast<size_t>(rank)], l = hosts.local[static_cast<size_t>(rank)];
     const bool fused = IsHostFused(id_);
-    const int widest = fused ? static_cast<int>(Parts(request, hosts)) : hosts.widest;
+    const bool blocks = request.collective == Collective::kReduceScatter || request.collective == Collective::kAllGather;
+    const int widest = fused && !blocks ? static_cast<int>(Parts(request, hosts)) : hosts.widest;
     std::vector<int> parts;
     for (int j = l; j < widest; j += hosts.size(h)) parts.push_back(j);
     std::string_view outer =
@@ -234,6 +242,8 @@ class Hierarchical final : public AlgorithmImpl {
         }
       return std::move(b.plan);
     }
+    if (request.collective == Collective::kReduceScatter || request.collective == Collective::kAllGather)
+      return BuildFusedBlocks(request, hosts, b);
     if (request.op == ReduceOp::kAvg) {
       // Each owner divides its parts after the network level: an epilogue over the whole output
       // would write, in place, parts of the input that the host's other ranks are still summing.
@@ -248,11 +258,58 @@ class Hierarchical final : public AlgorithmImpl {
     return std::move(b.plan);
   }
 
+  // hier:fused ReduceScatter and AllGather: the host level's blocks (RankPlan::host_blocks) and
+  // the network level's direct exchange of each channel. A rank owns, on its host, its own block
+  // and those of the ranks of other hosts whose local index is its own mod P (its host's ranks):
+  // ReduceScatter sums each over the host's inputs (its own block into its output, the others
+  // into scratch) and sends the others to their ranks; AllGather receives them from their ranks,
+  // and every rank copies each block it lacks from the local rank that holds it.
+  Result<RankPlan> BuildFusedBlocks(const CollectiveRequest& request, const Hosts& hosts, Builder& b) const {
+    b.plan.host_parts = 0;
+    b.plan.host_channels = 0;
+    const int g = hosts.host[static_cast<size_t>(b.rank)], l = hosts.local[static_cast<size_t>(b.rank)];
+    const int P = hosts.size(g);
+    const uint64_t count = request.count;
+    const bool reduce = request.collective == Collective::kReduceScatter;
+    uint64_t base = 0;
+    if (reduce) {
+      std::vector<int> foreign;
+      for (int r = 0; r < request.nranks; ++r)
+        if (hosts.host[static_cast<size_t>(r)] != g && hosts.local[static_cast<size_t>(r)] % P == l) foreign.push_back(r);
+      base = b.AllocScratch(foreign.size() * count);
+      if (P > 1) {
+        b.plan.host_blocks.push_back({static_cast<uint32_t>(b.rank), 0, Builder::Out({0, count})});
+        for (size_t q = 0; q < foreign.size(); ++q)
+          b.plan.host_blocks.push_back(
+              {static_cast<uint32_t>(foreign[q]), 0, Builder::Scratch(base + q * count, count)});
+      }
+    } else {
+      for (int o = 0; o < request.nranks; ++o) {
+        const int h = hosts.host[static_cast<size_t>(o)], i = hosts.local[static_cast<size_t>(o)];
+        const int from = h == g ? i : i % P;  // o itself, or the owner its block came to
+        if (from != l)
+          b.plan.host_blocks.push_back({static_cast<uint32_t>(o), static_cast<uint32_t>(from),
+                                        Builder::Out({static_cast<uint64_t>(o) * count, count})});
+      }
+    }
+    for (int c = 0; c < b.channels(); ++c) {
+      const Range R = SplitEven({0, count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
+      Level level(b, hosts, c, R, 0, /*fused=*/true, base);
+      if (reduce)
+        level.ReduceScatter();  // avg: BuildPlan's epilogue divides this rank's block, which no other reads
+      else
+        level.AllGather();
+    }
+    return std::move(b.plan);
+  }
+
   // One channel's steps for one rank.
   class Level {
    public:
     // `parts`: hier:fused's part count (0: the rail form's, the widest host's rank count).
-    Level(Builder& b, const Hosts& hosts, int c, Range R, int parts = 0)
+    // `fused`: hier:fused's ReduceScatter or AllGather, whose host level is the executor's
+    // (RankPlan::host_blocks; ReduceScatter's foreign blocks summed in scratch from `host_base`).
+    Level(Builder& b, const Hosts& hosts, int c, Range R, int parts = 0, bool fused = false, uint64_t host_base = 0)
         : b_(b),
           hosts_(hosts),
           c_(c),
@@ -262,7 +319,8 @@ class Hierarchical final : public AlgorithmImpl {
           P_(hosts.size(g_)),
           H_(hosts.count()),
           M_(parts > 0 ? parts : hosts.widest),
-          fused_(parts > 0) {}
+          fused_(fused || parts > 0),
+          host_base_(host_base) {}
 
     // hier:fused: the parts this rank owns, already summed over its host in its output (the
     // executor's host level), AllReduced among their owners; avg divided here (BuildFused).
@@ -330,18 +388,20 @@ class Hierarchical final : public AlgorithmImpl {
       std::vector<int> foreign;
       for (int r = 0; r < b_.p; ++r)
         if (r != b_.rank && LocalOf(r) % P_ == l_) foreign.push_back(r);
+      // hier:fused: whole blocks, summed by the executor's host level before the steps.
       const uint64_t slot_size = std::min(b_.chunk, R_.count);
-      const uint64_t base = b_.AllocScratch(foreign.size() * kScratchSlots * slot_size);
+      const uint64_t base = fused_ ? host_base_ : b_.AllocScratch(foreign.size() * kScratchSlots * slot_size);
       for (uint64_t k = 0; k < rounds; ++k) {
         const Range pc = Piece(R_, b_.chunk, k);
         auto in = [&](int block) { return b_.In(static_cast<uint64_t>(block) * count + pc.offset, pc.count); };
         auto partial = [&](int block) {
           if (block == b_.rank) return Builder::Out(pc);
           const auto q = static_cast<uint64_t>(std::find(foreign.begin(), foreign.end(), block) - foreign.begin());
+          if (fused_) return Builder::Scratch(base + q * count + pc.offset, pc.count);
           return Builder::Scratch(base + (q * kScratchSlots + k % kScratchSlots) * slot_size, pc.count);
         };
         // Inside the host: each block's contributions to its owner.
-        for (int d = 1; d < P_; ++d) {
+        for (int d = 1; d < P_ && !fused_; ++d) {
           const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
           const std::vector<int> sends = BlocksOwnedBy(to), recvs = BlocksOwnedBy(l_);
           for (size_t t = 0; t < std::max(sends.size(), recvs.size()); ++t) {
@@ -399,8 +459,9 @@ class Hierarchical final : public AlgorithmImpl {
             if (t < recvs.size()) b_.Recv(c_, recvs[t], out(recvs[t]));
           }
         }
-        // Inside the host: every rank's held blocks to the others.
-        for (int d = 1; d < P_; ++d) {
+        // Inside the host: every rank's held blocks to the others (hier:fused: the executor's
+        // copies afterwards).
+        for (int d = 1; d < P_ && !fused_; ++d) {
           const int to = (l_ + d) % P_, from = (l_ - d + P_) % P_;
           const std::vector<int> recvs = held_by(from);
           for (size_t t = 0; t < std::max(held.size(), recvs.size()); ++t) {
@@ -649,6 +710,7 @@ class Hierarchical final : public AlgorithmImpl {
     const Range R_;
     const int g_, l_, P_, H_, M_;  // this rank's host, local index, host size; hosts; parts
     const bool fused_;             // hier:fused: the host level is the executor's
+    const uint64_t host_base_;     // hier:fused ReduceScatter: its foreign blocks' sums in scratch
   };
 
   Algorithm id_;

@@ -138,6 +138,30 @@ TEST(HierarchicalTest, FusedHostLevelMatchesReference) {
               c.chunk = count > 100 ? 997 : kUnlimited;
               EXPECT_TRUE(RunExact(c));
             }
+  // ReduceScatter (each rank's blocks summed over its host into its output or scratch) and
+  // AllGather (blocks copied from the local rank that received them), every data type.
+  uint64_t index = 0;
+  for (Collective coll : {Collective::kReduceScatter, Collective::kAllGather})
+    for (const std::vector<int>& layout :
+         std::vector<std::vector<int>>{{1, 1}, {2, 2}, {1, 3}, {3, 5}, {2, 3, 1}, {4, 4}, {1, 2, 1}})
+      for (bool interleave : {false, true})
+        for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{7}, uint64_t{1000}})
+          for (bool in_place : {false, true}) {
+            Case c;
+            c.coll = coll;
+            c.algo = Algorithm::kHierFusedRing;
+            c.shape = Hosts(layout, interleave);
+            c.shape->host_direct = true;
+            c.p = c.shape->nranks;
+            c.count = count;
+            const uint64_t combo = index++;
+            c.dtype = static_cast<DataType>(combo % kNumDataTypes);
+            if (coll == Collective::kReduceScatter) c.op = static_cast<ReduceOp>((combo / 3) % kNumReduceOps);
+            c.in_place = in_place;
+            c.channels = count > 100 ? 2 : 1;
+            c.chunk = count > 100 ? 97 : kUnlimited;
+            EXPECT_TRUE(RunExact(c)) << fmt::format("{}", fmt::join(layout, "+"));
+          }
   // A barrier: the host level and the first ranks' tokens complete.
   Case b;
   b.coll = Collective::kBarrier;
@@ -180,6 +204,24 @@ TEST(HierarchicalTest, FusedNeedsHostGroupsAndCrossesHostsOncePerPart) {
   EXPECT_EQ(GetAlgorithm(Algorithm::kHierFusedRd).Describe(small, shape, 5),
             "host level: mapped memory among the 4 ranks of host 1 (4, 5, 6, 7); network level: recursive "
             "doubling over 2 hosts among the owners of the 1 part(s), none of them this rank's");
+  // ReduceScatter and AllGather: the host level is the executor's (its blocks in the plan), the
+  // steps only cross hosts, along the rail; hier:fused/rd serves neither.
+  for (Collective coll : {Collective::kReduceScatter, Collective::kAllGather}) {
+    const CollectiveRequest blocks{coll, 8, 1000, DataType::kFloat32, ReduceOp::kSum, 0, false};
+    EXPECT_EQ(GetAlgorithm(Algorithm::kHierFusedRd).Supports(blocks, shape).code(), StatusCode::kNotSupported);
+    plan = BuildPlan(Algorithm::kHierFusedRing, blocks, shape, options, -1);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (const RankPlan& rp : plan->ranks) {
+      // ReduceScatter: its own block and its rail's block of the other host; AllGather: the
+      // 6 blocks of the other ranks that it neither has nor received.
+      EXPECT_EQ(rp.host_blocks.size(), coll == Collective::kReduceScatter ? 2u : 6u) << "rank " << rp.rank;
+      for (const auto& ch : rp.channels)
+        for (const Step& s : ch)
+          if (s.peer >= 0) {
+            EXPECT_EQ(s.peer, (rp.rank + 4) % 8) << "rank " << rp.rank;
+          }
+    }
+  }
 }
 
 TEST(HierarchicalTest, AcrossHostsOnlyAlongTheRail) {

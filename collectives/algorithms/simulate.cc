@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -110,8 +111,15 @@ class Simulator {
         esize_(DataTypeSize(plan.request.dtype)),
         op_(plan.request.op == ReduceOp::kAvg ? ReduceOp::kSum : plan.request.op), world_(plan.world()) {}
 
-  Result<SimStats> Run() {
+  // `before`: run after the buffers are set up and before any step, with every rank's scratch
+  // (hier:fused's host level).
+  Result<SimStats> Run(const std::function<Status(std::span<std::byte* const> scratch)>& before = {}) {
     KZ_RETURN_IF_ERROR(Setup());
+    if (before) {
+      std::vector<std::byte*> scratch;
+      for (RankState& rs : ranks_) scratch.push_back(rs.scratch.data());
+      KZ_RETURN_IF_ERROR(before(scratch));
+    }
     const int p = world_;
     size_t finished = 0;
     while (finished < static_cast<size_t>(p)) {
@@ -430,8 +438,9 @@ class Simulator {
 
 }  // namespace
 
-// SimOptions::host_of's host level, before (`sum`) or after the steps.
-static Status HostLevel(const Plan& plan, std::span<const SimRankBuffers> buffers, const std::vector<int>& host_of, bool sum) {
+// SimOptions::host_of's host level, before (`sum`, with every rank's scratch) or after the steps.
+static Status HostLevel(const Plan& plan, std::span<const SimRankBuffers> buffers, const std::vector<int>& host_of, bool sum,
+                        std::span<std::byte* const> scratch = {}) {
   const CollectiveRequest& req = plan.request;
   if (host_of.size() != static_cast<size_t>(req.nranks))
     return InvalidArgument(fmt::format("a hier:fused plan needs the host of each of its {} ranks (SimOptions::host_of)",
@@ -446,6 +455,21 @@ static Status HostLevel(const Plan& plan, std::span<const SimRankBuffers> buffer
     const auto l = static_cast<uint32_t>(std::find(host.begin(), host.end(), r) - host.begin());
     const RankPlan& rp = plan.ranks[static_cast<size_t>(r)];
     auto* out = static_cast<std::byte*>(buffers[static_cast<size_t>(r)].output);
+    // ReduceScatter's sums (before) and AllGather's copies (after), whole blocks.
+    const bool reduce = req.collective == Collective::kReduceScatter;
+    for (const RankPlan::HostBlock& hb : rp.host_blocks) {
+      const size_t block = static_cast<size_t>(hb.block) * req.count * es;
+      if (hb.from >= P) return InvalidArgument(fmt::format("rank {}: a host block from local rank {} of {}", r, hb.from, P));
+      if (!sum && !reduce) {
+        std::memcpy(out + block, static_cast<const std::byte*>(buffers[static_cast<size_t>(host[hb.from])].output) + block,
+                    req.count * es);
+      } else if (sum && reduce) {
+        std::byte* dst = (hb.dst.buffer == BufferKind::kScratch ? scratch[static_cast<size_t>(r)] : out) + hb.dst.offset * es;
+        std::vector<const void*> srcs;
+        for (int q : host) srcs.push_back(static_cast<const std::byte*>(buffers[static_cast<size_t>(q)].input) + block);
+        KZ_RETURN_IF_ERROR(HostReduce(dst, srcs, req.count, req.dtype, op));
+      }
+    }
     for (uint32_t c = 0; c < rp.host_channels; ++c)
       for (uint32_t j = 0; j < rp.host_parts; ++j) {
         const auto [offset, n] = HostPart(req.count, rp.host_channels, rp.host_parts, c, j);
@@ -467,9 +491,13 @@ static Status HostLevel(const Plan& plan, std::span<const SimRankBuffers> buffer
 
 Result<SimStats> SimulatePlan(const Plan& plan, std::span<const SimRankBuffers> buffers, const SimOptions& options) {
   if (options.window < 1) return InvalidArgument(fmt::format("simulation window {} is below 1", options.window));
-  const bool host_level = !plan.ranks.empty() && plan.ranks[0].host_parts > 0;
-  if (host_level) KZ_RETURN_IF_ERROR(HostLevel(plan, buffers, options.host_of, /*sum=*/true));
-  KZ_ASSIGN_OR_RETURN(SimStats stats, Simulator(plan, buffers, options).Run());
+  const bool host_level = !plan.ranks.empty() && IsHostFused(plan.algorithm);
+  std::function<Status(std::span<std::byte* const>)> before;
+  if (host_level)
+    before = [&](std::span<std::byte* const> scratch) {
+      return HostLevel(plan, buffers, options.host_of, /*sum=*/true, scratch);
+    };
+  KZ_ASSIGN_OR_RETURN(SimStats stats, Simulator(plan, buffers, options).Run(before));
   if (host_level) KZ_RETURN_IF_ERROR(HostLevel(plan, buffers, options.host_of, /*sum=*/false));
   return stats;
 }

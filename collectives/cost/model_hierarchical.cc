@@ -65,11 +65,24 @@ void Model::Hierarchical(Algorithm a) {
       // Copied bytes (a byte read or written is half a copied byte) on the busiest rank: its parts
       // read from every local input and written, or every other part read and written.
       const double owned = static_cast<double>(CeilDiv(static_cast<uint64_t>(M), P));
-      const double copied = reduce ? owned * part * (widest_host + 1) / 2 : static_cast<double>(count) * elem_;
+      double copied = reduce ? owned * part * (widest_host + 1) / 2 : static_cast<double>(count) * elem_;
+      // Rendezvous: AllReduce three in all, half counted on each side of the network level;
+      // ReduceScatter two (its blocks' sums, then the network level done); AllGather three.
+      double rendezvous = 1.5;
+      const double block = static_cast<double>(count) * elem_;
+      if (req_.collective == Collective::kReduceScatter) {
+        // The rank's own block and those it owns of the other hosts' ranks, each read from every
+        // local input.
+        copied = static_cast<double>(CeilDiv(p, P)) * block * (widest_host + 1) / 2;
+        rendezvous = 2;
+      } else if (req_.collective == Collective::kAllGather) {
+        copied = static_cast<double>(p - CeilDiv(p, P)) * block;  // the blocks other ranks hold
+        rendezvous = 3;
+      }
       StageCost c;
       double copy = 0;
       for (int r = 0; r < p_; ++r) copy = std::max(copy, copy_[static_cast<size_t>(r)]);
-      c.alpha = 1.5 * k_.oneshot_us * 1e-6;  // three rendezvous in all, half before the network level
+      c.alpha = rendezvous * k_.oneshot_us * 1e-6;
       c.gamma = copied * copy;
       return Add(reduce ? "host sum over mapped memory" : "host copy over mapped memory", c, 1);
     }

@@ -103,6 +103,8 @@ inline bool Serves(Algorithm a, Collective c) {
     case Algorithm::kHierRd:
       return c == Collective::kAllReduce;
     case Algorithm::kHierFusedRing:
+      return c == Collective::kAllReduce || c == Collective::kBarrier || c == Collective::kReduceScatter ||
+             c == Collective::kAllGather;
     case Algorithm::kHierFusedRd:
       return c == Collective::kAllReduce || c == Collective::kBarrier;
     case Algorithm::kHierRing:

@@ -238,6 +238,10 @@ class Executor {
   // hier:fused (host_level.cc): the host level over the host group's mapped buffers around the
   // plan's network steps.
   Status RunHostFused(Operation& op);
+  // The scratch buffer holds at least `bytes` (grown, never shrunk; run.cc).
+  Status EnsureScratch(size_t bytes);
+  // A plan's scratch in bytes, rounded up as EnsureScratch lays members out.
+  static size_t ScratchBytes(const Plan& plan);
   Status DirectStream();                                    // streams_[0] exists after it
   void Fail(const Status& status);
   void FinishOperation(Operation& op, const Status& status);

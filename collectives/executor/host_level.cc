@@ -1,11 +1,13 @@
-// hier:fused's host level (plan.h, RankPlan::host_parts): the ranks of this host meet in their
-// host group (collectives/direct/same_host_group.h), each sums its parts over every local rank's
-// input into its own output, the plan's network steps AllReduce the parts among their owners on
-// every host, and after a second meeting each rank copies the other parts from their owners'
-// outputs. Host memory traffic: every input byte read once, every output byte written twice (its
-// owner's sum, then every other rank's copy), where the pairwise host level sends each byte
-// through staging twice. The group's operation numbers are 2 seq (the buffers, then the network
-// level done) and 2 seq + 1 (every copy done): the next operation may then reuse the buffers.
+// hier:fused's host level (plan.h, RankPlan::host_parts and host_blocks): the ranks of this host
+// meet in their host group (collectives/direct/same_host_group.h), each sums what it owns over
+// every local rank's input (AllReduce: its parts, into its own output; ReduceScatter: its blocks,
+// into its output or the scratch its steps send from), the plan's network steps run, and after a
+// second meeting each rank copies what it lacks from the local rank that holds it (AllReduce: the
+// other parts from their owners' outputs; AllGather: the blocks the others received). Host memory
+// traffic: every input byte read once, every output byte written at most twice (its owner's sum,
+// then every other rank's copy), where the pairwise host level sends each byte through staging
+// twice. The group's operation numbers are 2 seq (the buffers, then the network level done) and
+// 2 seq + 1 (every copy done): the next operation may then reuse the buffers.
 #include <vector>
 
 #include <fmt/format.h>
@@ -22,7 +24,6 @@ Status Executor::RunHostFused(Operation& op) {
   const CollectiveRequest& req = m.plan->request;
   const RankPlan& rp = m.plan->ranks[0];
   const size_t elem = DataTypeSize(req.dtype);
-  const uint64_t bytes = req.count * elem;
   const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
   const uint64_t seq = 2 * op.seq;
   auto failed = [&](const Status& s) {
@@ -30,12 +31,27 @@ Status Executor::RunHostFused(Operation& op) {
   };
   Result<SameHostGroup::Buffers> buffers = SameHostGroup::Buffers{{m.input}, {m.output}};
   if (group != nullptr)
-    buffers = group->Exchange(seq, op.header.signature, req, m.input, bytes, m.output, bytes, deadline, abort_);
+    buffers = group->Exchange(seq, op.header.signature, req, m.input, req.input_count() * elem, m.output,
+                              req.output_count() * elem, deadline, abort_);
   if (!buffers.ok()) return failed(buffers.status());
   const int P = group != nullptr ? group->nranks() : 1, me = group != nullptr ? group->rank() : 0;
   const ReduceOp sum = req.op == ReduceOp::kAvg ? ReduceOp::kSum : req.op;  // divided by the steps
   auto* out = static_cast<uint8_t*>(m.output);
   std::vector<const void*> srcs(static_cast<size_t>(P));
+  const size_t block_bytes = req.count * elem;
+  if (req.collective == Collective::kReduceScatter) {
+    // Where the plan's steps find each sum: this rank's output, or its scratch (Run::Setup keeps
+    // the buffer EnsureScratch grows here).
+    KZ_RETURN_IF_ERROR(EnsureScratch(ScratchBytes(*m.plan)));
+    for (const RankPlan::HostBlock& hb : rp.host_blocks) {
+      uint8_t* dst = (hb.dst.buffer == BufferKind::kScratch ? static_cast<uint8_t*>(scratch_->data()) : out) +
+                     hb.dst.offset * elem;
+      for (int q = 0; q < P; ++q)
+        srcs[static_cast<size_t>(q)] =
+            static_cast<const uint8_t*>(buffers->inputs[static_cast<size_t>(q)]) + hb.block * block_bytes;
+      if (Status s = HostReduce(dst, srcs, req.count, req.dtype, sum); !s.ok()) return failed(s);
+    }
+  }
   for (uint32_t c = 0; c < rp.host_channels; ++c)
     for (uint32_t j = static_cast<uint32_t>(me); j < rp.host_parts; j += static_cast<uint32_t>(P)) {
       const auto [offset, n] = HostPart(req.count, rp.host_channels, rp.host_parts, c, j);
@@ -52,7 +68,13 @@ Status Executor::RunHostFused(Operation& op) {
   if (!network.ok()) return network;
   if (group == nullptr) return Status::Ok();
   if (Status s = group->Finish(seq, deadline, abort_); !s.ok()) return failed(s);
-  if (req.collective == Collective::kBarrier) return Status::Ok();  // the meeting is all of it
+  // Barrier: the meeting is all of it. ReduceScatter: every rank is past its sums (the only reads
+  // of another rank's buffers), and each output is its own.
+  if (req.collective == Collective::kBarrier || req.collective == Collective::kReduceScatter) return Status::Ok();
+  for (const RankPlan::HostBlock& hb : rp.host_blocks)
+    HostCopy(out + hb.block * block_bytes,
+             static_cast<const uint8_t*>(buffers->outputs[static_cast<size_t>(hb.from)]) + hb.block * block_bytes,
+             block_bytes);
   for (uint32_t c = 0; c < rp.host_channels; ++c)
     for (uint32_t j = 0; j < rp.host_parts; ++j) {
       const int owner = static_cast<int>(j % static_cast<uint32_t>(P));

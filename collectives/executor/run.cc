@@ -42,25 +42,32 @@ std::string Executor::Run::StepName(const ChannelRun& ch, size_t index) const {
   return text + ")";
 }
 
+size_t Executor::ScratchBytes(const Plan& plan) {
+  return (plan.ranks[0].scratch_count * DataTypeSize(plan.request.dtype) + 255) / 256 * 256;
+}
+
+Status Executor::EnsureScratch(size_t bytes) {
+  if (bytes == 0 || (scratch_ && scratch_->size() >= bytes)) return Status::Ok();
+  // The old buffer is kept until the executor goes away: freeing device memory can wait for the
+  // whole device (CUDA), and the caller's stream — held until this operation is done — is part
+  // of it. Growth at least doubles, so the kept buffers add up to less than the current one.
+  if (scratch_) {
+    bytes = std::max(bytes, 2 * scratch_->size());
+    retired_scratch_.push_back(std::move(scratch_));
+  }
+  KZ_ASSIGN_OR_RETURN(scratch_, device_->Allocate(bytes));
+  return Status::Ok();
+}
+
 Status Executor::Run::Setup() {
   // Scratch: one region per member, grown when too small (every earlier operation is finished,
   // so the old buffer is unused).
   size_t scratch_bytes = 0;
   for (const OperationMember& m : op_.members) {
     scratch_offsets_.push_back(scratch_bytes);
-    const RankPlan& rp = m.plan->ranks[0];
-    scratch_bytes += (rp.scratch_count * DataTypeSize(m.plan->request.dtype) + 255) / 256 * 256;
+    scratch_bytes += ScratchBytes(*m.plan);
   }
-  if (scratch_bytes > 0 && (!ex_.scratch_ || ex_.scratch_->size() < scratch_bytes)) {
-    // The old buffer is kept until the executor goes away: freeing device memory can wait for the
-    // whole device (CUDA), and the caller's stream — held until this operation is done — is part
-    // of it. Growth at least doubles, so the kept buffers add up to less than the current one.
-    if (ex_.scratch_) {
-      scratch_bytes = std::max(scratch_bytes, 2 * ex_.scratch_->size());
-      ex_.retired_scratch_.push_back(std::move(ex_.scratch_));
-    }
-    KZ_ASSIGN_OR_RETURN(ex_.scratch_, ex_.device_->Allocate(scratch_bytes));
-  }
+  KZ_RETURN_IF_ERROR(ex_.EnsureScratch(scratch_bytes));
 
   int stream_index = 0;
   auto stream_for = [&]() -> Result<device::Stream*> {

@@ -103,6 +103,9 @@ enum class Algorithm : uint8_t {
   // (collectives/direct/same_host_group.h): each rank sums its parts over every local rank's
   // input into its output before the network level, and copies the other parts from their
   // owners' outputs after it (RankPlan::host_parts). "hier:fused/ring", "hier:fused/rd".
+  // hier:fused/ring also serves ReduceScatter (each rank sums the blocks it owns over the host's
+  // inputs, then the network level's direct exchange) and AllGather (the direct exchange, then
+  // each rank copies the blocks it lacks from the local rank that holds them): RankPlan::host_blocks.
   kHierFusedRing = 10,
   kHierFusedRd = 11,
 };
@@ -206,6 +209,19 @@ struct RankPlan {
   // there by the host's other ranks after them. 0 for every other algorithm.
   uint32_t host_parts = 0;
   uint32_t host_channels = 0;
+  // hier:fused ReduceScatter and AllGather: the host level's blocks (block b: elements [b count,
+  // (b + 1) count) of the input, ReduceScatter, or of the output, AllGather). ReduceScatter: before
+  // the steps, block `block` of every local rank's input summed into `dst` (this rank's output, or
+  // scratch that the steps send on). AllGather: after the steps, once every rank of the host has
+  // done them, block `block` copied from the output of local rank `from` (ranks of a host
+  // numbered in ascending order) into this rank's output.
+  struct HostBlock {
+    uint32_t block = 0;
+    uint32_t from = 0;
+    Slice dst;
+    friend bool operator==(const HostBlock&, const HostBlock&) = default;
+  };
+  std::vector<HostBlock> host_blocks;
 
   size_t step_count() const;
 };

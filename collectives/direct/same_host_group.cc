@@ -565,4 +565,50 @@ Status SameHostGroup::RunOneShot(uint64_t seq, uint64_t signature, const Collect
   return HostReduce(output, srcs, request.count, request.dtype, request.op);
 }
 
+Status SameHostGroup::RunShare(uint64_t seq, uint64_t signature, const CollectiveRequest& request, int root,
+                               void* data, Deadline deadline, const std::atomic<bool>& abort) {
+  const uint64_t bytes = request.count * DataTypeSize(request.dtype);
+  if (!one_shot_ || bytes > kInlineBytes || root < 0 || root >= nranks_)
+    return Internal(fmt::format("cannot share {} from rank {} through the pages", request.ToString(), root));
+  const int slot = static_cast<int>(ops_++ % 2);
+  SameHostPage& me = mine();
+  me.slots[slot] = SlotHeader{seq, signature, static_cast<uint32_t>(Protocol::kOneShot), request};
+  OneLine& line = me.lines[slot];
+  auto seen = [&](int q) {
+    const SameHostPage& p = *peers_[static_cast<size_t>(q)].page;
+    const OneLine& theirs = p.lines[slot];
+    // `arrived` too: a peer that ran this operation another way stored it (a mismatch, named below).
+    return Wait(
+        q, seq, q == root ? "share the hierarchical collective's result" : "arrive at the hierarchical collective's end",
+        [&] {
+          return theirs.seq.load(std::memory_order_acquire) == seq || p.arrived.load(std::memory_order_acquire) >= seq;
+        },
+        deadline, abort);
+  };
+  auto matches = [&](int q) {
+    const OneLine& theirs = peers_[static_cast<size_t>(q)].page->lines[slot];
+    return theirs.seq.load(std::memory_order_acquire) == seq && theirs.signature == signature;
+  };
+  if (rank_ != root) {
+    line.signature = signature;
+    line.seq.store(seq, std::memory_order_release);  // arrived
+    Ring();
+    KZ_RETURN_IF_ERROR(seen(root));
+    if (!matches(root)) return Mismatch(root, seq, request, Protocol::kOneShot, slot);
+    const SameHostPage& p = *peers_[static_cast<size_t>(root)].page;
+    if (bytes > 0) std::memcpy(data, bytes <= kLineBytes ? p.lines[slot].data : p.data[slot], bytes);
+    return Status::Ok();
+  }
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_) continue;
+    KZ_RETURN_IF_ERROR(seen(q));
+    if (!matches(q)) return Mismatch(q, seq, request, Protocol::kOneShot, slot);
+  }
+  if (bytes > 0) std::memcpy(bytes <= kLineBytes ? line.data : me.data[slot], data, bytes);
+  line.signature = signature;
+  line.seq.store(seq, std::memory_order_release);
+  Ring();
+  return Status::Ok();
+}
+
 }  // namespace kizuna::collectives

@@ -127,6 +127,14 @@ class SameHostGroup {
   int cpus() const { return cpus_; }
   Status RunOneShot(uint64_t seq, uint64_t signature, const CollectiveRequest& request, const void* input, void* output,
                  Deadline deadline, const std::atomic<bool>& abort);
+  // Rank `root` hands its `data` (request.count elements, at most kInlineBytes) to the group's
+  // other ranks, which copy it into their `data`, on the calling thread through the pages: each
+  // other rank says it has arrived, the root writes once every rank has (so no rank still reads a
+  // slot that this operation reuses) and goes on; the others wait for the root alone. For
+  // hier:fused's leader form after a RunOneShot of the host's inputs (executor/host_level.cc).
+  // Errors as Exchange.
+  Status RunShare(uint64_t seq, uint64_t signature, const CollectiveRequest& request, int root, void* data,
+                  Deadline deadline, const std::atomic<bool>& abort);
   // A fused operation whole, on the calling thread, over plain host memory of this process
   // (malloc), which no other process can map: only its owner reads its input and writes its
   // output, and the ranks meet in two allocations of each rank's device that the others map, the

@@ -7,7 +7,8 @@
 // traffic: every input byte read once, every output byte written at most twice (its owner's sum,
 // then every other rank's copy), where the pairwise host level sends each byte through staging
 // twice. The group's operation numbers are 2 seq (the buffers, then the network level done) and
-// 2 seq + 1 (every copy done): the next operation may then reuse the buffers.
+// 2 seq + 1 (every copy done): the next operation may then reuse the buffers. A small AllReduce
+// in the leader form goes through the group's pages instead (RunOneShot, then RunShare).
 #include <vector>
 
 #include <fmt/format.h>
@@ -29,13 +30,32 @@ Status Executor::RunHostFused(Operation& op) {
   auto failed = [&](const Status& s) {
     return s.WithContext(fmt::format("{} (hier:fused), its host level", DescribeHeader(op.header)));
   };
+  const ReduceOp sum = req.op == ReduceOp::kAvg ? ReduceOp::kSum : req.op;  // divided by the steps
+  // The leader form of a small AllReduce (one part, owned by local rank 0): the host's sum through
+  // the pages on every rank (RunOneShot), the leader's network level, then the leader's result
+  // through its page (RunShare): two meetings where the mapped path has three, no buffer mapped,
+  // and the others wait for the leader alone at the end.
+  if (group != nullptr && req.collective == Collective::kAllReduce && rp.host_parts == 1 &&
+      group->host_accessible() && req.count * elem <= SameHostGroup::kInlineBytes) {
+    CollectiveRequest host = req;
+    host.op = sum;
+    if (Status s = group->RunOneShot(seq, op.header.signature, host, m.input, m.output, deadline, abort_); !s.ok())
+      return failed(s);
+    Run run(*this, op, op.slot_bytes, op.slots);
+    running_ = &run;
+    Status network = run.Execute(deadline);
+    running_ = nullptr;
+    if (!network.ok()) return network;
+    if (Status s = group->RunShare(seq + 1, op.header.signature, req, 0, m.output, deadline, abort_); !s.ok())
+      return failed(s);
+    return Status::Ok();
+  }
   Result<SameHostGroup::Buffers> buffers = SameHostGroup::Buffers{{m.input}, {m.output}};
   if (group != nullptr)
     buffers = group->Exchange(seq, op.header.signature, req, m.input, req.input_count() * elem, m.output,
                               req.output_count() * elem, deadline, abort_);
   if (!buffers.ok()) return failed(buffers.status());
   const int P = group != nullptr ? group->nranks() : 1, me = group != nullptr ? group->rank() : 0;
-  const ReduceOp sum = req.op == ReduceOp::kAvg ? ReduceOp::kSum : req.op;  // divided by the steps
   auto* out = static_cast<uint8_t*>(m.output);
   std::vector<const void*> srcs(static_cast<size_t>(P));
   const size_t block_bytes = req.count * elem;

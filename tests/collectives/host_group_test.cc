@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "devices/host_emulated/backend.h"
@@ -167,6 +168,72 @@ TEST_F(HostGroupTest, RetiredMemoryIsKeptWhileARankHoldsItsStream) {
   EXPECT_TRUE(g.ReleaseRetired());
   EXPECT_EQ(g.retired(), 0u);
   EXPECT_TRUE(g.ReleaseRetired()) << "nothing left to free";
+}
+
+// hier:fused's leader form through the pages: each round the host's sum (RunOneShot) on both
+// ranks, then the root's own value handed to the other (RunShare), alternating roots, one line
+// (8 bytes) and the pages' data (4 KiB); the slots the two operations share are reused every
+// other round, so a rank that ran ahead would overwrite what the other still reads.
+TEST_F(HostGroupTest, ShareHandsTheRootsValueToTheOthers) {
+  TwoRanks ranks(device());
+  ASSERT_TRUE(ranks.status(0).ok()) << ranks.status(0).ToString();
+  ASSERT_TRUE(ranks.status(1).ok()) << ranks.status(1).ToString();
+  std::atomic<bool> abort{false};
+  auto run = [&](int r) -> Status {
+    uint64_t seq = 0;
+    for (uint64_t count : {uint64_t{2}, uint64_t{1024}})
+      for (int round = 0; round < 200; ++round) {
+        CollectiveRequest request;
+        request.nranks = 2;
+        request.count = count;
+        std::vector<int32_t> in(count), sum(count), shared(count);
+        for (uint64_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>(r * 1000 + round + static_cast<int>(i));
+        request.dtype = DataType::kInt32;
+        const Deadline deadline = Deadline::AfterSeconds(10);
+        KZ_RETURN_IF_ERROR(ranks.group(r)->RunOneShot(++seq, 9, request, in.data(), sum.data(), deadline, abort));
+        const int root = round % 2;
+        if (r == root) shared = in;
+        KZ_RETURN_IF_ERROR(ranks.group(r)->RunShare(++seq, 9, request, root, shared.data(), deadline, abort));
+        for (uint64_t i = 0; i < count; ++i) {
+          const auto want_sum = static_cast<int32_t>(1000 + 2 * (round + static_cast<int>(i)));
+          const auto want_shared = static_cast<int32_t>(root * 1000 + round + static_cast<int>(i));
+          if (sum[i] != want_sum || shared[i] != want_shared)
+            return Internal(fmt::format("rank {} round {} count {} element {}: sum {} (want {}), shared {} (want {})", r,
+                                        round, count, i, sum[i], want_sum, shared[i], want_shared));
+        }
+      }
+    return Status::Ok();
+  };
+  Status other;
+  std::thread t([&] { other = run(1); });
+  const Status mine = run(0);
+  t.join();
+  EXPECT_TRUE(mine.ok()) << mine.ToString();
+  EXPECT_TRUE(other.ok()) << other.ToString();
+}
+
+// A rank that shares another operation than its root is named a mismatch, not handed its data.
+TEST_F(HostGroupTest, ShareNamesAMismatch) {
+  TwoRanks ranks(device());
+  ASSERT_TRUE(ranks.status(0).ok()) << ranks.status(0).ToString();
+  ASSERT_TRUE(ranks.status(1).ok()) << ranks.status(1).ToString();
+  std::atomic<bool> abort{false};
+  CollectiveRequest request;
+  request.nranks = 2;
+  request.count = 2;
+  int32_t data[2] = {1, 2};
+  Status other;
+  std::thread t([&] {
+    int32_t got[2] = {};
+    other = ranks.group(1)->RunShare(1, 8, request, 0, got, Deadline::AfterSeconds(10), abort);
+  });
+  const Status root = ranks.group(0)->RunShare(1, 9, request, 0, data, Deadline::AfterSeconds(10), abort);
+  ranks.group(0)->Fail(root);  // as the executor does: the other rank stops waiting for it
+  t.join();
+  EXPECT_EQ(root.code(), StatusCode::kInvalidArgument) << root.ToString();
+  EXPECT_NE(root.message().find("mismatch"), std::string::npos) << root.ToString();
+  EXPECT_EQ(other.code(), StatusCode::kAborted) << other.ToString();
+  EXPECT_NE(other.message().find("mismatch"), std::string::npos) << other.ToString();
 }
 
 // Ranks of one process on opaque devices form a host group (no in-process group: the CPU cannot

@@ -215,9 +215,13 @@ if tcp_keys:
         emit("| " + " | ".join(row) + " |")
     emit("")
     for b in sorted(k[3] for k in res if k[0] == "floor" and k[1] == "tcp-exchange"):
+        polled = ""
+        if ("floor", "tcp-exchange-poll", 2, b) in res:
+            polled = (f"; with receives that poll instead of blocking (--poll, as the MPIs' progress loops do), "
+                      f"{time_us('floor', 'tcp-exchange-poll', 2, b):.3g} µs")
         emit(f"Floor (bench/tcp_probe.c --exchanges): each end sending {size_name(b)} and receiving the other's on one "
-             f"thread takes {time_us('floor', 'tcp-exchange', 2, b):.3g} µs per exchange (the median): what a 2-rank "
-             "AllReduce of that size over TCP cannot beat here.")
+             f"thread takes {time_us('floor', 'tcp-exchange', 2, b):.3g} µs per exchange (the median){polled}: what a "
+             "2-rank AllReduce of that size over TCP cannot beat here.")
         emit("")
     for b in sorted(k[3] for k in res if k[0] == "floor" and k[1] == "tcp-duplex"):
         more = ""

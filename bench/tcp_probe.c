@@ -11,7 +11,9 @@
  * and then receives the other's S bytes, N times in a row (after 100 unmeasured), as a 2-rank
  * AllReduce of S bytes must (each rank needs the other's input); no thread hand-off, blocking
  * calls. The median exchange is reported as coll=tcp-exchange, its time_us what one AllReduce of
- * S bytes between these two ends cannot beat over TCP.
+ * S bytes between these two ends cannot beat over TCP when it waits in the kernel. With --poll
+ * the receives never block (MSG_DONTWAIT, retried at once), as the MPIs' progress loops poll:
+ * coll=tcp-exchange-poll, the floor of a library that spins on its sockets.
  *
  *   tcp_probe --listen PORT --bytes S [--connections K]          (one end)
  *   tcp_probe --connect ADDR PORT --bytes S [--connections K]    (the other; retries for 10 s)
@@ -43,6 +45,7 @@ static int fds[MAX_CONNECTIONS];
 static char *sendbuf, *recvbuf;
 static int failed;
 static int exchanges; /* > 0: the small-message floor (--exchanges) */
+static int poll_recv; /* --poll: receives never block (MSG_DONTWAIT, retried), as the MPIs poll */
 
 /* Connection i carries bytes [lo, hi) of the buffers. */
 static size_t slice_lo(int i) { return bytes / (size_t)nconn * (size_t)i; }
@@ -58,9 +61,9 @@ static double now(void) {
 static void move_slice(int i, int sending) {
   for (size_t off = slice_lo(i), end = slice_hi(i); off < end;) {
     const ssize_t k = sending ? send(fds[i], sendbuf + off, end - off, MSG_NOSIGNAL)
-                              : recv(fds[i], recvbuf + off, end - off, 0);
+                              : recv(fds[i], recvbuf + off, end - off, poll_recv ? MSG_DONTWAIT : 0);
     if (k <= 0) {
-      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EINTR || (poll_recv && (errno == EAGAIN || errno == EWOULDBLOCK)))) continue;
       fprintf(stderr, "tcp_probe: %s: %s\n", sending ? "send" : "recv", k < 0 ? strerror(errno) : "connection closed");
       failed = 1;
       return;
@@ -97,8 +100,9 @@ static int run_exchanges(int listening) {
   }
   qsort(t, (size_t)exchanges, sizeof(double), cmp_double);
   if (listening)
-    printf("RESULT lib=floor coll=tcp-exchange n=2 bytes=%zu time_us=%.2f busbw=%.4f\n", bytes,
-           t[exchanges / 2] * 1e6, (double)bytes / t[exchanges / 2] / 1e9);
+    printf("RESULT lib=floor coll=%s n=2 bytes=%zu time_us=%.2f busbw=%.4f\n",
+           poll_recv ? "tcp-exchange-poll" : "tcp-exchange", bytes, t[exchanges / 2] * 1e6,
+           (double)bytes / t[exchanges / 2] / 1e9);
   free(t);
   return 0;
 }
@@ -106,7 +110,7 @@ static int run_exchanges(int listening) {
 static int usage(void) {
   fprintf(stderr,
           "usage: tcp_probe --listen PORT --bytes S | --connect ADDR PORT --bytes S [--connections K] "
-          "[--rounds R] [--exchanges N]\n");
+          "[--rounds R] [--exchanges N [--poll]]\n");
   return 2;
 }
 
@@ -127,6 +131,8 @@ int main(int argc, char** argv) {
       rounds = atoi(argv[++i]);
     } else if (strcmp(argv[i], "--exchanges") == 0 && i + 1 < argc) {
       exchanges = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--poll") == 0) {
+      poll_recv = 1;
     } else if (strcmp(argv[i], "--connections") == 0 && i + 1 < argc) {
       nconn = atoi(argv[++i]);
     } else {

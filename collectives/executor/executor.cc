@@ -167,7 +167,18 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
   auto idle = stream.Idle();
   if (!idle.ok() || !*idle) return false;
   std::unique_lock run(run_mu_, std::try_to_lock);
-  if (!run.owns_lock()) return false;  // the executor's thread is looking at its connections
+  if (!run.owns_lock()) {
+    // With nothing queued, the executor's thread holds it only for a look at its connections and
+    // probes (every kIdlePoll while idle): wait for that rather than hand this call over. A call
+    // handed over makes the next one find it queued and go the same way, and calls made back to
+    // back then never come back to this thread (2 x 1 namespace hosts, 8 bytes back to back: 84 us
+    // per call instead of 25 once one call missed the lock).
+    {
+      std::lock_guard lock(mu_);
+      if (!queue_.empty() || pending_ > 0) return false;
+    }
+    run.lock();
+  }
   KZ_ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, NewOperation(members, slot_bytes));
   {
     std::lock_guard lock(mu_);

@@ -333,6 +333,15 @@ if cl_keys:
         row += [cl_res.get((l, shape, coll, b), {}).get("algo", "—") for l, _ in kz]
         md_row(row)
     emit("")
+    # The small-message floors between two hosts, beside the 8-byte rows (once: the two-host
+    # section above gives them when it ran).
+    for b in sorted(k[3] for k in res if k[0] == "floor" and k[1] == "tcp-exchange" and not tcp_keys):
+        polled = ""
+        if ("floor", "tcp-exchange-poll", 2, b) in res:
+            polled = f"; {time_us('floor', 'tcp-exchange-poll', 2, b):.3g} µs with receives that poll (--poll)"
+        emit(f"Floor between two hosts (bench/tcp_probe.c --exchanges): {size_name(b)} each way, sent and received on "
+             f"one thread, {time_us('floor', 'tcp-exchange', 2, b):.3g} µs with receives that block{polled}.")
+        emit("")
 
 if fails or cl_fails:
     emit("Errors (the cells marked error or missing):")

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -258,6 +259,35 @@ class Builder {
   static Slice Sub(Slice s, Range rel) { return {s.buffer, s.offset + rel.offset, rel.count}; }
 
   std::vector<Step>& steps(int c) { return plan.channels[static_cast<size_t>(c)]; }
+};
+
+// The ranks of each host, as the shape's host ids group them (the hierarchical plans).
+struct Hosts {
+  std::vector<std::vector<int>> ranks;  // per host, ascending; hosts ordered by their lowest rank
+  std::vector<int> host, local;         // per rank
+  int widest = 0;                       // the most ranks on one host: the rail form's part count
+
+  explicit Hosts(const CommTopology& shape) : host(static_cast<size_t>(shape.nranks)), local(host.size()) {
+    std::vector<std::string> ids;
+    for (int r = 0; r < shape.nranks; ++r) {
+      const std::string& id = shape.ranks[static_cast<size_t>(r)].host_id;
+      const auto it = std::find(ids.begin(), ids.end(), id);
+      const auto h = static_cast<size_t>(it - ids.begin());
+      if (it == ids.end()) {
+        ids.push_back(id);
+        ranks.emplace_back();
+      }
+      host[static_cast<size_t>(r)] = static_cast<int>(h);
+      local[static_cast<size_t>(r)] = static_cast<int>(ranks[h].size());
+      ranks[h].push_back(r);
+      widest = std::max(widest, static_cast<int>(ranks[h].size()));
+    }
+  }
+  int count() const { return static_cast<int>(ranks.size()); }
+  int size(int h) const { return static_cast<int>(ranks[static_cast<size_t>(h)].size()); }
+  int Rank(int h, int l) const { return ranks[static_cast<size_t>(h)][static_cast<size_t>(l)]; }
+  // The rank of host h that owns part (or local index) j: local rank j mod P_h.
+  int Owner(int h, int j) const { return Rank(h, j % size(h)); }
 };
 
 }  // namespace kizuna::collectives::algo

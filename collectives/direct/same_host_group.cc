@@ -579,7 +579,8 @@ Status SameHostGroup::RunShare(uint64_t seq, uint64_t signature, const Collectiv
     const OneLine& theirs = p.lines[slot];
     // `arrived` too: a peer that ran this operation another way stored it (a mismatch, named below).
     return Wait(
-        q, seq, q == root ? "share the hierarchical collective's result" : "arrive at the hierarchical collective's end",
+        q, seq,
+        q == root ? "share the hierarchical collective's result" : "arrive at the hierarchical collective's end",
         [&] {
           return theirs.seq.load(std::memory_order_acquire) == seq || p.arrived.load(std::memory_order_acquire) >= seq;
         },

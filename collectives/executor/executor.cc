@@ -206,6 +206,23 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
   return true;
 }
 
+size_t Executor::ScratchBytes(const Plan& plan) {
+  return (plan.ranks[0].scratch_count * DataTypeSize(plan.request.dtype) + 255) / 256 * 256;
+}
+
+Status Executor::EnsureScratch(size_t bytes) {
+  if (bytes == 0 || (scratch_ && scratch_->size() >= bytes)) return Status::Ok();
+  // The old buffer is kept until the executor goes away: freeing device memory can wait for the
+  // whole device (CUDA), and the caller's stream — held until this operation is done — is part
+  // of it. Growth at least doubles, so the kept buffers add up to less than the current one.
+  if (scratch_) {
+    bytes = std::max(bytes, 2 * scratch_->size());
+    retired_scratch_.push_back(std::move(scratch_));
+  }
+  KZ_ASSIGN_OR_RETURN(scratch_, device_->Allocate(bytes));
+  return Status::Ok();
+}
+
 Status Executor::RunOperation(Operation& op) {
   Status status;
   const bool direct = op.members.size() == 1 && op.members[0].plan->algorithm == Algorithm::kFused;

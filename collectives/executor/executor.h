@@ -238,7 +238,7 @@ class Executor {
   // hier:fused (host_level.cc): the host level over the host group's mapped buffers around the
   // plan's network steps.
   Status RunHostFused(Operation& op);
-  // The scratch buffer holds at least `bytes` (grown, never shrunk; run.cc).
+  // The scratch buffer holds at least `bytes` (grown, never shrunk).
   Status EnsureScratch(size_t bytes);
   // A plan's scratch in bytes, rounded up as EnsureScratch lays members out.
   static size_t ScratchBytes(const Plan& plan);

@@ -77,7 +77,8 @@ Status Executor::RunHostFused(Operation& op) {
       const auto [offset, n] = HostPart(req.count, rp.host_channels, rp.host_parts, c, j);
       if (n == 0) continue;
       for (int q = 0; q < P; ++q)
-        srcs[static_cast<size_t>(q)] = static_cast<const uint8_t*>(buffers->inputs[static_cast<size_t>(q)]) + offset * elem;
+        srcs[static_cast<size_t>(q)] =
+            static_cast<const uint8_t*>(buffers->inputs[static_cast<size_t>(q)]) + offset * elem;
       if (P == 1 && srcs[0] == out + offset * elem) continue;  // in place, alone on its host
       if (Status s = HostReduce(out + offset * elem, srcs, n, req.dtype, sum); !s.ok()) return failed(s);
     }

@@ -42,23 +42,6 @@ std::string Executor::Run::StepName(const ChannelRun& ch, size_t index) const {
   return text + ")";
 }
 
-size_t Executor::ScratchBytes(const Plan& plan) {
-  return (plan.ranks[0].scratch_count * DataTypeSize(plan.request.dtype) + 255) / 256 * 256;
-}
-
-Status Executor::EnsureScratch(size_t bytes) {
-  if (bytes == 0 || (scratch_ && scratch_->size() >= bytes)) return Status::Ok();
-  // The old buffer is kept until the executor goes away: freeing device memory can wait for the
-  // whole device (CUDA), and the caller's stream — held until this operation is done — is part
-  // of it. Growth at least doubles, so the kept buffers add up to less than the current one.
-  if (scratch_) {
-    bytes = std::max(bytes, 2 * scratch_->size());
-    retired_scratch_.push_back(std::move(scratch_));
-  }
-  KZ_ASSIGN_OR_RETURN(scratch_, device_->Allocate(bytes));
-  return Status::Ok();
-}
-
 Status Executor::Run::Setup() {
   // Scratch: one region per member, grown when too small (every earlier operation is finished,
   // so the old buffer is unused).
@@ -390,7 +373,8 @@ Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, std::set<int>& se
     }
     if (!ex_.direct_logged_) {
       ex_.direct_logged_ = true;
-      KZ_INFO(kLogColl, "rank {}: transfers of {} KiB and more go from and into the caller's buffers over {} (the first: {})",
+      KZ_INFO(kLogColl,
+              "rank {}: transfers of {} KiB and more go from and into the caller's buffers over {} (the first: {})",
               tr_.rank(), kDirectMinBytes >> 10, comm.properties().fabric, StepName(ch, index));
     }
     if (is_send) {

@@ -265,7 +265,8 @@ std::string RankPlanToString(const RankPlan& plan) {
   };
   // hier:fused's host level, which the executor runs around the steps.
   if (plan.host_parts > 0)
-    out += fmt::format("  host level: {} part(s) per channel over {} channel(s)\n", plan.host_parts, plan.host_channels);
+    out += fmt::format("  host level: {} part(s) per channel over {} channel(s)\n", plan.host_parts,
+                       plan.host_channels);
   // ReduceScatter: summed over the host into dst; AllGather: copied from local rank `from`.
   for (const RankPlan::HostBlock& hb : plan.host_blocks)
     out += fmt::format("  host block {}: {} (local rank {})\n", hb.block, SliceString(hb.dst), hb.from);

@@ -20,6 +20,7 @@ CASES=(
   "2x2|2 2|-"
   "3-uneven|2 3 1|-"
   "3-uneven-hier|2 3 1|KIZUNA_ALGO=hier"
+  "2x4-hier|4 4|KIZUNA_ALGO=hier"
   "2x2-rails|2 2|KIZUNA_ALGO=hier|2|allreduce alltoall"
 )
 COLLS=(allreduce reducescatter allgather broadcast reduce alltoall sendrecv)
@@ -227,7 +228,10 @@ run_one() { # case_name prefix "ranks per host" extra_env coll port -> 0 ok, els
     f=$(check_info "$dir/rank$rank.log" "$rank" "$n" "$nhosts" "${same_of[rank]}") || { echo "$f"; return 1; }
     [[ $rank -eq 0 ]] && fabrics=$f
   done
-  echo "$nhosts hosts; between hosts, rank 0: $fabrics"
+  # The hierarchical algorithms rank 0's rows ran, for the log.
+  local hier
+  hier=$(grep -oE 'hier:(pairwise|fused)/(ring|rd)' "$dir/rank0.log" | sort -u | paste -sd, -)
+  echo "$nhosts hosts; between hosts, rank 0: $fabrics${hier:+; $hier}"
 }
 
 # ---- rails -------------------------------------------------------------------------------------

@@ -70,10 +70,18 @@ Result<std::unique_ptr<Fabric>> CreateFabric(std::string_view name, const Config
                                      plugins.empty() ? "" : "; nor is it among the fabric plugins: " + plugins));
 }
 
-std::unique_ptr<FabricRegistry> FabricRegistry::Create(const Config& config, const FabricContext& context) {
+std::unique_ptr<FabricRegistry> FabricRegistry::Create(const Config& config, const FabricContext& context,
+                                                       bool every) {
   std::unique_ptr<FabricRegistry> registry(new FabricRegistry(&config));
   for (const FabricRegistration& reg : RegisteredFabrics()) {
     FabricSlot slot{reg.name, "built-in", reg.needs_hardware, Status::Ok(), nullptr};
+    if (std::string why;
+        !every && config.fabric.empty() && reg.started_by_default != nullptr && !reg.started_by_default(&why)) {
+      slot.status = Unavailable(fmt::format("not started: {} (KIZUNA_FABRIC={} starts it)", why, reg.name));
+      LogSlot(slot);
+      registry->slots_.push_back(std::move(slot));
+      continue;
+    }
     auto fabric = reg.factory(config, context);
     if (fabric.ok()) {
       slot.fabric = std::move(fabric).value();

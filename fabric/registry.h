@@ -31,6 +31,10 @@ struct FabricRegistration {
   // true for fabrics that need hardware (roce, ofi on verbs): their unavailability is expected on
   // machines without it, and tests skip them saying why.
   bool needs_hardware;
+  // When KIZUNA_FABRIC names no fabric, the registry starts this one only where this says it may
+  // serve a pair the others cannot (null: always); `why` says why not. For a fabric whose start is
+  // costly and whose devices here would only repeat another fabric's (ofi without RDMA devices).
+  bool (*started_by_default)(std::string* why) = nullptr;
 };
 
 // Called by KZ_REGISTER_FABRIC. Returns true so it can initialise a static.
@@ -59,7 +63,11 @@ class FabricRegistry {
  public:
   // Never fails as a whole: a fabric that cannot start is recorded in its slot with the reason
   // and logged (INFO for unavailable, WARN for other failures). `config` must outlive the registry.
-  static std::unique_ptr<FabricRegistry> Create(const Config& config, const FabricContext& context);
+  // Where KIZUNA_FABRIC names no fabric, one whose FabricRegistration::started_by_default says no
+  // is left unstarted (its slot says why) unless `every`: tools and conformance suites that
+  // measure or check each fabric linked in.
+  static std::unique_ptr<FabricRegistry> Create(const Config& config, const FabricContext& context,
+                                                bool every = false);
 
   const std::vector<FabricSlot>& fabrics() const { return slots_; }
   // The available fabric of that name, or nullptr.
@@ -93,3 +101,7 @@ class FabricRegistry {
 #define KZ_REGISTER_FABRIC(name, factory, needs_hardware)                \
   [[maybe_unused]] static const bool kz_fabric_registered_##name =       \
       ::kizuna::fabric::RegisterFabric({#name, factory, needs_hardware})
+// The same with FabricRegistration::started_by_default.
+#define KZ_REGISTER_FABRIC_WHEN(name, factory, needs_hardware, started_by_default) \
+  [[maybe_unused]] static const bool kz_fabric_registered_##name =                 \
+      ::kizuna::fabric::RegisterFabric({#name, factory, needs_hardware, started_by_default})

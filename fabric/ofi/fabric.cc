@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -378,6 +380,33 @@ Status OfiFabric::DoWaitConnectable(int dev, const Handle& handle, Deadline dead
   return p->Wait(deadline, attempt);
 }
 
-KZ_REGISTER_FABRIC(ofi, &OfiFabric::Create, false);
+namespace {
+
+// Where no directory entry names an RDMA or fabric device (verbs and EFA under
+// /sys/class/infiniband, Omni-Path's /dev/hfi1_*, Slingshot's /sys/class/cxi), libfabric's
+// providers here are sockets (tcp, udp) and shared memory: what the tcp and directconnect fabrics
+// already serve and rank before it. Starting libfabric (its providers' libraries, and their start
+// reading /proc/kallsyms through twice) took most of a process's launch to exit on the build
+// machines (2 processes: 0.96 s against 0.01; docs/PERFORMANCE.md), so the registry then leaves it
+// unstarted unless KIZUNA_FABRIC names ofi or FI_PROVIDER asks for a provider.
+bool AnyEntry(const char* dir, std::string_view prefix) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().filename().string().starts_with(prefix)) return true;
+  return false;
+}
+
+bool StartedByDefault(std::string* why) {
+  if (std::getenv("FI_PROVIDER") != nullptr || AnyEntry("/sys/class/infiniband", "") || AnyEntry("/dev", "hfi1_") ||
+      AnyEntry("/sys/class/cxi", ""))
+    return true;
+  *why = "no RDMA device here (/sys/class/infiniband, /dev/hfi1_*, /sys/class/cxi) and no FI_PROVIDER: libfabric "
+         "would offer sockets and shared memory, which the tcp and directconnect fabrics serve";
+  return false;
+}
+
+}  // namespace
+
+KZ_REGISTER_FABRIC_WHEN(ofi, &OfiFabric::Create, false, &StartedByDefault);
 
 }  // namespace kizuna::fabric::ofi

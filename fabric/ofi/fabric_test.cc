@@ -3,7 +3,9 @@
 
 #include <rdma/fabric.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -192,6 +194,45 @@ TEST(OfiProperties, TheRegistryCreatesItAndSelectsItByName) {
   auto selected = registry->Select();
   ASSERT_TRUE(selected.ok()) << selected.status().ToString();
   EXPECT_EQ((*selected)->name(), "ofi");
+}
+
+// Without KIZUNA_FABRIC, on a machine without RDMA devices and without FI_PROVIDER, the registry
+// leaves ofi unstarted and says why (libfabric would offer what tcp and directconnect serve);
+// FI_PROVIDER, or a registry asked for every fabric (tools, conformance), starts it.
+TEST(OfiProperties, TheRegistryStartsItByDefaultOnlyWhereItAddsSomething) {
+  std::error_code ec;
+  const bool rdma = std::filesystem::exists("/sys/class/infiniband", ec) &&
+                    !std::filesystem::is_empty("/sys/class/infiniband", ec);
+  const char* before = std::getenv("FI_PROVIDER");
+  const std::string saved = before != nullptr ? before : "";
+  ::unsetenv("FI_PROVIDER");
+  Config config = testing::ConfigFor("tcp;ofi_rxm");
+  config.fabric.clear();
+  auto slot_of = [](const FabricRegistry& r) -> const FabricSlot* {
+    for (const FabricSlot& s : r.fabrics())
+      if (s.name == "ofi") return &s;
+    return nullptr;
+  };
+  auto plain = FabricRegistry::Create(config, testing::Rank(0));
+  const FabricSlot* s = slot_of(*plain);
+  ASSERT_NE(s, nullptr);
+  if (!rdma) {
+    EXPECT_EQ(s->status.code(), StatusCode::kUnavailable) << s->status.ToString();
+    EXPECT_NE(s->status.message().find("not started"), std::string::npos) << s->status.ToString();
+    EXPECT_NE(s->status.message().find("KIZUNA_FABRIC=ofi"), std::string::npos) << s->status.ToString();
+  }
+  auto every = FabricRegistry::Create(config, testing::Rank(0), /*every=*/true);
+  EXPECT_EQ(slot_of(*every)->status.message().find("not started"), std::string::npos)
+      << slot_of(*every)->status.ToString();
+  ::setenv("FI_PROVIDER", "tcp", 1);
+  auto asked = FabricRegistry::Create(config, testing::Rank(0));
+  EXPECT_EQ(slot_of(*asked)->status.message().find("not started"), std::string::npos)
+      << slot_of(*asked)->status.ToString();
+  if (before != nullptr) {
+    ::setenv("FI_PROVIDER", saved.c_str(), 1);
+  } else {
+    ::unsetenv("FI_PROVIDER");
+  }
 }
 
 // Pieces (transfer.h): a receive posts one per piece of its capacity; a message sends its full

@@ -33,6 +33,7 @@ class Hosts {
     n_ = static_cast<int>(host_of_.size());
     config_.emulated_devices = n_;
     config_.timeout_s = 60;
+    config_.fabric = {"directconnect", "ofi"};  // direct links inside a host, ofi between
     fabric::FabricContext ctx;
     ctx.world_size = n_;
     auto ofi = fabric::CreateFabric("ofi", config_, ctx);

@@ -410,7 +410,7 @@ Result<std::vector<Row>> RunRank(bootstrap::Bootstrap& boot, const Config& confi
   ctx.rank = rank;
   ctx.world_size = boot.size();
   ctx.local_rank = rank;
-  auto registry = fabric::FabricRegistry::Create(config, ctx);
+  auto registry = fabric::FabricRegistry::Create(config, ctx, /*every=*/true);  // each fabric linked in
 
   device::Device* dev = nullptr;
   if (device::Backend* emu = devices->Find("host_emulated"); emu != nullptr && emu->device_count() > 0)

@@ -133,7 +133,7 @@ FabricContext RankContext(int rank) {
 ConformanceWorld::ConformanceWorld(Config config, Options options)
     : config_(std::make_unique<Config>(std::move(config))), options_(std::move(options)) {
   devices_ = device::DeviceRegistry::Create(*config_);
-  registry_ = FabricRegistry::Create(*config_, RankContext(0));
+  registry_ = FabricRegistry::Create(*config_, RankContext(0), /*every=*/true);
   const bool fd_device = emulated_device() != nullptr;
   for (const FabricSlot& slot : registry_->fabrics()) {
     FabricUnderTest f;

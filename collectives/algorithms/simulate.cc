@@ -439,8 +439,8 @@ class Simulator {
 }  // namespace
 
 // SimOptions::host_of's host level, before (`sum`, with every rank's scratch) or after the steps.
-static Status HostLevel(const Plan& plan, std::span<const SimRankBuffers> buffers, const std::vector<int>& host_of, bool sum,
-                        std::span<std::byte* const> scratch = {}) {
+static Status HostLevel(const Plan& plan, std::span<const SimRankBuffers> buffers, const std::vector<int>& host_of,
+                        bool sum, std::span<std::byte* const> scratch = {}) {
   const CollectiveRequest& req = plan.request;
   if (host_of.size() != static_cast<size_t>(req.nranks))
     return InvalidArgument(fmt::format("a hier:fused plan needs the host of each of its {} ranks (SimOptions::host_of)",
@@ -459,12 +459,14 @@ static Status HostLevel(const Plan& plan, std::span<const SimRankBuffers> buffer
     const bool reduce = req.collective == Collective::kReduceScatter;
     for (const RankPlan::HostBlock& hb : rp.host_blocks) {
       const size_t block = static_cast<size_t>(hb.block) * req.count * es;
-      if (hb.from >= P) return InvalidArgument(fmt::format("rank {}: a host block from local rank {} of {}", r, hb.from, P));
+      if (hb.from >= P)
+        return InvalidArgument(fmt::format("rank {}: a host block from local rank {} of {}", r, hb.from, P));
       if (!sum && !reduce) {
-        std::memcpy(out + block, static_cast<const std::byte*>(buffers[static_cast<size_t>(host[hb.from])].output) + block,
-                    req.count * es);
+        const auto* from = static_cast<const std::byte*>(buffers[static_cast<size_t>(host[hb.from])].output);
+        std::memcpy(out + block, from + block, req.count * es);
       } else if (sum && reduce) {
-        std::byte* dst = (hb.dst.buffer == BufferKind::kScratch ? scratch[static_cast<size_t>(r)] : out) + hb.dst.offset * es;
+        std::byte* dst =
+            (hb.dst.buffer == BufferKind::kScratch ? scratch[static_cast<size_t>(r)] : out) + hb.dst.offset * es;
         std::vector<const void*> srcs;
         for (int q : host) srcs.push_back(static_cast<const std::byte*>(buffers[static_cast<size_t>(q)].input) + block);
         KZ_RETURN_IF_ERROR(HostReduce(dst, srcs, req.count, req.dtype, op));

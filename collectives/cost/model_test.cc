@@ -130,7 +130,8 @@ TEST(CostModelTest, OversubscribedHostByHand) {
   // Two host names on one kernel (namespace or container hosts: host ids that share a boot id)
   // are one machine: its 2 CPUs run all 4 ranks, as on one host.
   CommTopology one_kernel = two_cpus;
-  for (int i = 0; i < 4; ++i) one_kernel.ranks[static_cast<size_t>(i)].host_id = (i < 2 ? "ns0:" : "ns1:") + std::string("b00710");
+  for (int i = 0; i < 4; ++i)
+    one_kernel.ranks[static_cast<size_t>(i)].host_id = std::string(i < 2 ? "ns0:" : "ns1:") + "b00710";
   EXPECT_NEAR(Predict(Algorithm::kRing, r, one_kernel, Options(), k).seconds, ring.seconds, 1e-15);
   CommTopology two_kernels = one_kernel;
   two_kernels.ranks[2].host_id = two_kernels.ranks[3].host_id = "ns1:c0ffee00";

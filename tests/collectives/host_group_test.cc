@@ -198,8 +198,8 @@ TEST_F(HostGroupTest, ShareHandsTheRootsValueToTheOthers) {
           const auto want_sum = static_cast<int32_t>(1000 + 2 * (round + static_cast<int>(i)));
           const auto want_shared = static_cast<int32_t>(root * 1000 + round + static_cast<int>(i));
           if (sum[i] != want_sum || shared[i] != want_shared)
-            return Internal(fmt::format("rank {} round {} count {} element {}: sum {} (want {}), shared {} (want {})", r,
-                                        round, count, i, sum[i], want_sum, shared[i], want_shared));
+            return Internal(fmt::format("rank {} round {} count {} element {}: sum {} (want {}), shared {} (want {})",
+                                        r, round, count, i, sum[i], want_sum, shared[i], want_shared));
         }
       }
     return Status::Ok();

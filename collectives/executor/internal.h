@@ -66,8 +66,11 @@ constexpr size_t kHeaderPayloadBytes = kControlSlotBytes - 64;
 // registers memory cheaply (Run::Direct); smaller ones are copied, which costs less than the
 // registration.
 constexpr size_t kDirectMinBytes = 16 << 10;
-// Control receives kept posted per peer (at most the control buffer's slots).
-constexpr size_t kControlDepth = 8;
+// Control receives kept posted per peer (at most the control buffer's slots). Reposted half at a
+// time: over tcp each batch of posts is one packet, so 32 cost 1/16 of a packet per message where
+// 8 cost 1/4 (2 x 1 namespace hosts, 8-byte AllReduce: 1.75 packets per call and host before, 1.56
+// after; 1.6-5 us faster in four paired runs).
+constexpr size_t kControlDepth = 32;
 // How long the executor blocks on one thing before looking at everything again: short, so a
 // completion elsewhere is not left waiting, long enough not to burn a core.
 constexpr auto kWaitSlice = std::chrono::microseconds(200);

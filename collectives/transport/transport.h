@@ -108,7 +108,7 @@ Result<std::vector<fabric::Fabric*>> AgreeOnFabrics(const fabric::FabricRegistry
 
 struct TransportOptions {
   size_t staging_bytes = 8u << 20;  // memory per rank for staging slots
-  size_t control_bytes = 8192;      // host memory per connection for control messages
+  size_t control_bytes = 16384;     // host memory per connection for control messages (32 slots)
   // Stage through host memory (Device::AllocateHost) even where a fabric could reach the
   // device's memory: runs the host-staged path on any device (tests, comparisons).
   bool force_host_staging = false;

@@ -27,6 +27,7 @@
 #include "runtime/bootstrap/bootstrap.h"
 #include "runtime/core/config.h"
 #include "runtime/core/status.h"
+#include "runtime/core/version.h"
 #include "runtime/device/device.h"
 
 namespace kizuna::fabric {
@@ -48,6 +49,7 @@ struct EngineOptions {
   std::string host_id;  // "" = HostId()
   bool direct_access = true;
   bool force_host_staging = false;
+  Version version = kVersion;
 };
 
 // One collective call, its arguments already validated by the API.

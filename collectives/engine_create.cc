@@ -17,6 +17,8 @@
 #include "fabric/registry.h"
 #include "runtime/core/host_id.h"
 #include "runtime/core/logging.h"
+#include "runtime/core/version.h"
+#include "runtime/core/wire.h"
 
 namespace kizuna::collectives {
 namespace {
@@ -33,6 +35,10 @@ constexpr size_t kNetworkStagingBytes = 16u << 20;
 // it: finer pipelining); an aggregation device with E ports 4(E+1), about two chunks of its E+5
 // steps. (A deeper window did not speed up the slowest layout: docs/PERFORMANCE.md, INA.)
 constexpr int kInaWindow = 16;
+// The head of the first record ranks exchange at creation ("KZVR").
+constexpr uint32_t kVersionMagic = 0x52565a4b;
+// A host id longer than this is not one (HostId() is a host name and a boot id).
+constexpr size_t kMaxHostIdBytes = 4096;
 int InaWindow(const ina::Layout& layout, bool aggregation_device) {
   return aggregation_device ? std::max(kInaWindow, 4 * (layout.aggregator_ports + 1)) : kInaWindow;
 }
@@ -105,13 +111,37 @@ Status Engine::Builder::LoadInaLayout() {
 }
 
 // Who shares this host: the local rank for the fabrics, which pairs direct links can join, and
-// whether every rank is here (the same-host group).
+// whether every rank is here (the same-host group). The first exchange of every communicator, so
+// it also carries each rank's version: ranks of different majors (ABIs) stop here, naming both,
+// before they meet in any record whose layout a major may change. The record's head (magic,
+// major, minor, patch) never changes.
 Status Engine::Builder::ExchangeHosts() {
   host_ = options_.host_id.empty() ? HostId() : options_.host_id;
-  KZ_ASSIGN_OR_RETURN(
-      auto hosts,
-      e_.bootstrap_->AllGather(std::span(reinterpret_cast<const uint8_t*>(host_.data()), host_.size()), deadline_));
-  for (const auto& h : hosts) rank_hosts_.emplace_back(h.begin(), h.end());
+  wire::Bytes mine;
+  wire::PutU32(mine, kVersionMagic);
+  wire::PutI32(mine, options_.version.major);
+  wire::PutI32(mine, options_.version.minor);
+  wire::PutI32(mine, options_.version.patch);
+  wire::PutString(mine, host_);
+  KZ_ASSIGN_OR_RETURN(auto rows, e_.bootstrap_->AllGather(mine, deadline_));
+  for (size_t r = 0; r < rows.size(); ++r) {
+    wire::Reader in(rows[r]);
+    const uint32_t magic = in.U32();
+    Version v;
+    v.major = in.I32();
+    v.minor = in.I32();
+    v.patch = in.I32();
+    const std::span<const uint8_t> host = in.Bytes(kMaxHostIdBytes);
+    if (!in.ok() || magic != kVersionMagic)
+      return InvalidArgument(fmt::format("rank {} is not a kizuna {} rank (its first record at communicator "
+                                         "creation is not this version's): every rank must run one major version",
+                                         r, VersionString(options_.version)));
+    if (v.major != options_.version.major)
+      return InvalidArgument(fmt::format("rank {} runs kizuna {} and this rank (rank {}) kizuna {}: ranks of "
+                                         "different major versions (ABIs) cannot form a communicator",
+                                         r, VersionString(v), e_.rank_, VersionString(options_.version)));
+    rank_hosts_.emplace_back(host.begin(), host.end());
+  }
   for (int r = 0; r < e_.rank_; ++r) local_rank_ += rank_hosts_[static_cast<size_t>(r)] == host_ ? 1 : 0;
   return Status::Ok();
 }

@@ -27,6 +27,7 @@
 #include "runtime/bootstrap/unique_id.h"
 #include "runtime/c_api_handles.h"
 #include "runtime/communicator.h"
+#include "runtime/core/version.h"
 #include "runtime/device/registry.h"
 #include "runtime/kizuna.h"
 
@@ -209,6 +210,10 @@ const char* kzGetErrorString(kzResult_t result) {
 }
 
 const char* kzGetLastError(void) { return g_last_error.c_str(); }
+
+static_assert(KZ_MAJOR == kizuna::kVersion.major && KZ_MINOR == kizuna::kVersion.minor &&
+                  KZ_PATCH == kizuna::kVersion.patch,
+              "kizuna.h's KZ_MAJOR/KZ_MINOR/KZ_PATCH and runtime/core/version.h's kVersion differ");
 
 kzResult_t kzGetVersion(int* version) {
   if (version == nullptr) return Invalid("version is NULL");

@@ -58,6 +58,7 @@
 #include "runtime/core/config.h"
 #include "runtime/core/dtype.h"
 #include "runtime/core/status.h"
+#include "runtime/core/version.h"
 #include "runtime/device/device.h"
 
 namespace kizuna {
@@ -83,6 +84,9 @@ struct CommOptions {
   // Stage every transfer through host memory from Device::AllocateHost, even where a fabric could
   // reach the device's memory (the path taken for GPU memory a fabric cannot register; tests).
   bool force_host_staging = false;
+  // The version this rank announces when the communicator forms (the library's; tests pretend
+  // another build's). Ranks of different majors refuse each other.
+  Version version = kVersion;
 };
 
 struct CallOptions {

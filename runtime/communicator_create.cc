@@ -27,6 +27,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   eopts.config = c->config_;
   eopts.staging_bytes = options.staging_bytes;
   eopts.host_id = options.host_id;
+  eopts.version = options.version;
   eopts.direct_access = options.direct_access;
   eopts.force_host_staging = options.force_host_staging;
   KZ_ASSIGN_OR_RETURN(c->engine_, collectives::Engine::Create(std::move(boot), device, eopts, std::move(same_process)));

@@ -40,8 +40,10 @@
 extern "C" {
 #endif
 
-#define KZ_MAJOR 0
-#define KZ_MINOR 1
+/* The library's version (libkizuna.so.KZ_MAJOR: the major is the ABI's; ranks of different majors
+ * refuse to form a communicator). kzGetVersion returns the loaded library's KZ_VERSION_CODE. */
+#define KZ_MAJOR 1
+#define KZ_MINOR 0
 #define KZ_PATCH 0
 #define KZ_VERSION_CODE (KZ_MAJOR * 10000 + KZ_MINOR * 100 + KZ_PATCH)
 

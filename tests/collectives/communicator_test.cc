@@ -555,6 +555,45 @@ TEST(Communicator, RanksOnTwoHostsUseOfiBetweenWhenKizunaFabricNamesIt) {
 // KIZUNA_TEST_BACKEND (world.h): the named backend's devices from the registry, round-robin; a
 // backend the registry reports unavailable makes the world skip with the registry's reason; a
 // name no backend in the binary has is an error naming the ones there are.
+// Ranks compare versions before anything else: another minor forms the communicator, another
+// major (another ABI) is refused on every rank with both versions named.
+TEST(Communicator, RanksOfAnotherMajorVersionAreRefused) {
+  const int n = 3;
+  Config config;
+  config.emulated_devices = n;
+  config.timeout_s = 30;
+  auto backend = host_emulated::CreateHostEmulatedBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  for (const Version other : {Version{kVersion.major, kVersion.minor + 1, 7}, Version{kVersion.major + 1, 0, 0}}) {
+    const bool same_major = other.major == kVersion.major;
+    auto boots = bootstrap::CreateInProcessBootstraps(n);
+    ASSERT_TRUE(boots.ok()) << boots.status().ToString();
+    std::vector<Result<std::unique_ptr<Communicator>>> created;
+    for (int r = 0; r < n; ++r) created.emplace_back(Internal("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        CommOptions options;
+        options.config = &config;
+        if (r == 2) options.version = other;
+        created[r] = Communicator::Create(std::shared_ptr<bootstrap::Bootstrap>(std::move((*boots)[r])),
+                                          *(*backend)->device(r), options);
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) {
+      if (same_major) {
+        EXPECT_TRUE(created[r].ok()) << "rank " << r << ": " << created[r].status().ToString();
+        continue;
+      }
+      ASSERT_FALSE(created[r].ok()) << "rank " << r;
+      EXPECT_TRUE(HasCode(created[r].status(), StatusCode::kInvalidArgument));
+      EXPECT_TRUE(Mentions(created[r].status(), VersionString(kVersion))) << "rank " << r;
+      EXPECT_TRUE(Mentions(created[r].status(), VersionString(other))) << "rank " << r;
+      EXPECT_TRUE(Mentions(created[r].status(), "different major versions")) << "rank " << r;
+    }
+  }
+}
+
 TEST(World, BackendFromTheEnvironment) {
   const char* before = std::getenv("KIZUNA_TEST_BACKEND");
   const std::string saved = before != nullptr ? before : "";

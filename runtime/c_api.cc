@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -42,15 +43,34 @@ using kizuna::StatusCode;
 // A communicator. One made by kzCommInitFromEnv owns its device (the registry it created), so
 // whatever uses that device — its streams, its memory, communicators split from it — holds
 // `device_keep`, a reference to the owner's entry: the device outlives them all.
-struct CommEntry {
-  std::shared_ptr<void> device_keep;  // declared first: released after `comm`
-  uintptr_t device = 0;               // the handle of its device
-  std::unique_ptr<kizuna::Communicator> comm;
-};
-
 struct StreamEntry {
   std::shared_ptr<void> device_keep;
   std::unique_ptr<kizuna::device::Stream> stream;
+};
+
+enum CommState : int { kCommReady, kCommCreating, kCommFailed };
+
+struct CommEntry {
+  std::shared_ptr<void> device_keep;  // declared first: released after `comm`
+  uintptr_t device = 0;               // the handle of its device
+  std::unique_ptr<kizuna::Communicator> comm;  // set before `state` turns kCommReady
+  // Non-blocking creation (kzCommInitRankConfig, blocking = 0): where it stands, why it failed
+  // (written before `state` turns kCommFailed), and the thread that creates it, joined before
+  // anything else of the entry goes.
+  std::atomic<int> state{kCommReady};
+  Status failure;
+  std::thread creator;
+  // The streams its calls used (kzCommFinalize waits for them), and whether it was finalized.
+  std::mutex streams_mu;
+  std::vector<std::weak_ptr<StreamEntry>> streams;
+  std::atomic<bool> finalized{false};
+
+  CommEntry() = default;
+  CommEntry(const CommEntry&) = delete;
+  CommEntry& operator=(const CommEntry&) = delete;
+  ~CommEntry() {
+    if (creator.joinable()) creator.join();
+  }
 };
 
 struct BufferEntry {
@@ -169,12 +189,41 @@ kzResult_t AddComm(std::unique_ptr<kizuna::Communicator> comm, uintptr_t device,
 bool ValidType(kzDataType_t t) { return static_cast<int>(t) >= 0 && static_cast<int>(t) < kizuna::kNumDataTypes; }
 bool ValidOp(kzRedOp_t op) { return static_cast<int>(op) >= 0 && static_cast<int>(op) < kizuna::kNumReduceOps; }
 
+// kzSuccess when the communicator can be used: kzInProgress while a non-blocking creation runs,
+// the creation's error after it failed.
+kzResult_t Ready(const CommEntry& c) {
+  switch (c.state.load(std::memory_order_acquire)) {
+    case kCommReady:
+      return kzSuccess;
+    case kCommCreating:
+      g_last_error = "the communicator is still being created (kzCommInitRankConfig with blocking = 0): "
+                     "kzCommGetAsyncError says when it is ready";
+      return kzInProgress;
+    default:
+      return Report(c.failure.WithContext("the communicator's creation failed"));
+  }
+}
+
+// Ready, not finalized, and `s` remembered for kzCommFinalize.
+kzResult_t Usable(CommEntry& c, const std::shared_ptr<StreamEntry>& s) {
+  if (const kzResult_t r = Ready(c); r != kzSuccess) return r;
+  if (c.finalized.load(std::memory_order_acquire))
+    return Invalid("the communicator was finalized (kzCommFinalize): only kzCommDestroy may follow");
+  std::lock_guard lock(c.streams_mu);
+  for (const auto& w : c.streams)
+    if (w.lock() == s) return kzSuccess;
+  std::erase_if(c.streams, [](const std::weak_ptr<StreamEntry>& w) { return w.expired(); });
+  c.streams.push_back(s);
+  return kzSuccess;
+}
+
 // `c` and `s`: the communicator and stream entries of a call, held until it returns.
 #define KZ_C_CHECK_COMM(comm, stream)                                            \
   const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");         \
   if (c == nullptr) return kzInvalidArgument;                                    \
   const std::shared_ptr<StreamEntry> s = Streams().Find(Bits(stream), "stream"); \
-  if (s == nullptr) return kzInvalidArgument
+  if (s == nullptr) return kzInvalidArgument;                                    \
+  if (const kzResult_t usable = Usable(*c, s); usable != kzSuccess) return usable
 
 #define KZ_C_CHECK_TYPE(t) \
   if (!ValidType(t)) return Invalid(fmt::format("datatype {} is not a kzDataType_t", static_cast<int>(t)))
@@ -205,6 +254,8 @@ const char* kzGetErrorString(kzResult_t result) {
       return "remote error";
     case kzInternalError:
       return "internal error";
+    case kzInProgress:
+      return "in progress";
   }
   return "unknown result code";
 }
@@ -362,6 +413,72 @@ kzResult_t kzCommInitRank(kzComm_t* comm, int nranks, kzUniqueId id, int rank, k
   return AddComm(std::move(*c), Bits(device), std::move(ref.keep), comm);
 }
 
+kzResult_t kzCommInitRankConfig(kzComm_t* comm, int nranks, kzUniqueId id, int rank, kzDevice_t device,
+                                const kzConfig_t* config) {
+  if (config == nullptr) return kzCommInitRank(comm, nranks, id, rank, device);
+  if (config->size != sizeof(kzConfig_t) || config->magic != KZ_CONFIG_MAGIC)
+    return Invalid(fmt::format("config was not set up with KZ_CONFIG_INITIALIZER (size {}, magic {:#x}; expected "
+                               "{} and {:#x})",
+                               config->size, config->magic, sizeof(kzConfig_t), KZ_CONFIG_MAGIC));
+  if (config->version / 10000 != KZ_MAJOR)
+    return Invalid(fmt::format("config comes from kizuna.h of version {}, this library is {}", config->version,
+                               KZ_VERSION_CODE));
+  if (config->blocking != 0 && config->blocking != 1)
+    return Invalid(fmt::format("config->blocking is {} (0 or 1)", config->blocking));
+  if (config->blocking == 1) return kzCommInitRank(comm, nranks, id, rank, device);
+  if (comm == nullptr) return Invalid("comm is NULL");
+  DeviceRef ref;
+  if (!FindDevice(device, "device", &ref)) return kzInvalidArgument;
+  const std::string text(id.internal, strnlen(id.internal, sizeof id.internal));
+  auto parsed = kizuna::bootstrap::UniqueId::Parse(text);
+  if (!parsed.ok()) return Report(parsed.status());
+  auto entry = std::make_shared<CommEntry>();
+  entry->device_keep = std::move(ref.keep);
+  entry->device = Bits(device);
+  entry->state.store(kCommCreating, std::memory_order_relaxed);
+  // The thread holds no reference: the entry's destructor joins it, so the entry outlives it.
+  CommEntry* e = entry.get();
+  kizuna::device::Device* d = ref.device;
+  entry->creator = std::thread([e, d, id = *parsed, rank, nranks] {
+    auto c = kizuna::Communicator::Create(id, rank, nranks, *d);
+    if (c.ok()) {
+      e->comm = std::move(*c);
+      e->state.store(kCommReady, std::memory_order_release);
+    } else {
+      e->failure = c.status();
+      e->state.store(kCommFailed, std::memory_order_release);
+    }
+  });
+  const uintptr_t handle = Comms().Add(std::move(entry));
+  if (handle == 0) return Report(kizuna::OutOfMemory("too many live communicators (their handle table is full)"));
+  *comm = CommHandle(handle);
+  g_last_error = "the communicator is being created (kzCommInitRankConfig with blocking = 0)";
+  return kzInProgress;
+}
+
+kzResult_t kzCommFinalize(kzComm_t comm) {
+  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
+  if (c == nullptr) return kzInvalidArgument;
+  if (const kzResult_t r = Ready(*c); r != kzSuccess) return r;
+  if (c->finalized.exchange(true)) return Invalid("the communicator was finalized already");
+  std::vector<std::shared_ptr<StreamEntry>> streams;
+  {
+    std::lock_guard lock(c->streams_mu);
+    for (const auto& w : c->streams)
+      if (auto s = w.lock()) streams.push_back(std::move(s));
+  }
+  // An event behind each stream's last operation, waited for with the job's deadline.
+  const auto deadline = kizuna::Deadline::AfterSeconds(kizuna::GlobalConfig().timeout_s);
+  for (const auto& s : streams) {
+    auto event = s->stream->device().CreateEvent();
+    if (!event.ok()) return Report(event.status());
+    if (Status r = s->stream->Record(**event); !r.ok()) return Report(r);
+    if (Status w = (*event)->Synchronize(deadline); !w.ok())
+      return Report(w.WithContext("kzCommFinalize: waiting for the communicator's operations"));
+  }
+  return Report(c->comm->AsyncError());
+}
+
 kzResult_t kzCommInitAll(kzComm_t* comms, int ndev, const int* devlist) {
   if (comms == nullptr) return Invalid("comms is NULL");
   if (ndev < 1) return Invalid(fmt::format("ndev {} (at least 1)", ndev));
@@ -412,6 +529,7 @@ kzResult_t kzCommSplit(kzComm_t comm, int color, int key, kzComm_t* newcomm) {
   if (newcomm == nullptr) return Invalid("newcomm is NULL");
   const std::shared_ptr<CommEntry> parent = Comms().Find(Bits(comm), "comm");
   if (parent == nullptr) return kzInvalidArgument;
+  if (const kzResult_t r = Ready(*parent); r != kzSuccess) return r;
   DeviceRef ref;
   if (!FindDevice(DeviceHandle(parent->device), "comm's device", &ref)) return kzInvalidArgument;
   auto c = parent->comm->Split(color, key);
@@ -433,7 +551,8 @@ kzResult_t kzCommDestroy(kzComm_t comm) {
 kzResult_t kzCommAbort(kzComm_t comm) {
   const std::shared_ptr<CommEntry> c = Comms().Remove(Bits(comm), "comm");
   if (c == nullptr) return kzInvalidArgument;
-  c->comm->Abort();
+  // One still being created is waited for when `c` goes (its entry joins the creating thread).
+  if (c->state.load(std::memory_order_acquire) == kCommReady) c->comm->Abort();
   return kzSuccess;
 }
 
@@ -441,6 +560,12 @@ kzResult_t kzCommGetAsyncError(kzComm_t comm, kzResult_t* async_error) {
   if (async_error == nullptr) return Invalid("async_error is NULL");
   const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
   if (c == nullptr) return kzInvalidArgument;
+  const int state = c->state.load(std::memory_order_acquire);
+  if (state != kCommReady) {
+    *async_error = state == kCommCreating ? kzInProgress : ToResult(c->failure.code());
+    if (state == kCommFailed) g_last_error = c->failure.ToString();
+    return kzSuccess;
+  }
   const Status s = c->comm->AsyncError();
   if (!s.ok()) g_last_error = s.ToString();
   *async_error = ToResult(s.code());
@@ -451,6 +576,7 @@ kzResult_t kzCommCount(const kzComm_t comm, int* count) {
   if (count == nullptr) return Invalid("count is NULL");
   const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
   if (c == nullptr) return kzInvalidArgument;
+  if (const kzResult_t r = Ready(*c); r != kzSuccess) return r;
   *count = c->comm->size();
   return kzSuccess;
 }
@@ -459,6 +585,7 @@ kzResult_t kzCommUserRank(const kzComm_t comm, int* rank) {
   if (rank == nullptr) return Invalid("rank is NULL");
   const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
   if (c == nullptr) return kzInvalidArgument;
+  if (const kzResult_t r = Ready(*c); r != kzSuccess) return r;
   *rank = c->comm->rank();
   return kzSuccess;
 }

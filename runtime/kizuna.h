@@ -57,6 +57,7 @@ typedef enum {
   kzAborted = 6,
   kzRemoteError = 7,
   kzInternalError = 8,
+  kzInProgress = 9, /* a non-blocking communicator is still being created (kzCommInitRankConfig) */
 } kzResult_t;
 
 typedef enum {
@@ -116,6 +117,26 @@ kzResult_t kzCommInitAll(kzComm_t* comms, int ndev, const int* devlist);
 /* Rank, size and rendezvous from the launcher (kizuna-run, torchrun, mpirun, srun). */
 kzResult_t kzCommInitFromEnv(kzComm_t* comm);
 kzResult_t kzCommSplit(kzComm_t comm, int color, int key, kzComm_t* newcomm);
+/* Creation with options (ncclCommInitRankConfig). `config` NULL: the defaults, as kzCommInitRank.
+ * With config->blocking = 0 the call returns at once, kzInProgress, with *comm a live handle;
+ * the communicator is created on a thread of the library's, and kzCommGetAsyncError reports
+ * kzInProgress until it is ready (then kzSuccess), or the creation's error. Until then every call
+ * that needs the communicator returns kzInProgress; kzCommDestroy and kzCommAbort wait for the
+ * creation to end (bounded by KIZUNA_TIMEOUT). */
+typedef struct {
+  size_t size;          /* sizeof(kzConfig_t), as KZ_CONFIG_INITIALIZER sets it */
+  unsigned int magic;   /* KZ_CONFIG_MAGIC */
+  unsigned int version; /* the KZ_VERSION_CODE the caller was built with */
+  int blocking;         /* 1 (default): return when the communicator is ready; 0: at once */
+} kzConfig_t;
+#define KZ_CONFIG_MAGIC 0x6b7a4346u
+#define KZ_CONFIG_INITIALIZER {sizeof(kzConfig_t), KZ_CONFIG_MAGIC, KZ_VERSION_CODE, 1}
+kzResult_t kzCommInitRankConfig(kzComm_t* comm, int nranks, kzUniqueId id, int rank, kzDevice_t device,
+                                const kzConfig_t* config);
+/* Waits until every operation enqueued on the communicator so far has finished (bounded by
+ * KIZUNA_TIMEOUT) and returns its first error, if any (ncclCommFinalize); then kzCommDestroy frees
+ * it without waiting. Collectives enqueued after it are refused. */
+kzResult_t kzCommFinalize(kzComm_t comm);
 /* Both end the handle: every later call with it, a second destroy included, returns
  * kzInvalidArgument ("communicator handle 0x... was destroyed"). */
 kzResult_t kzCommDestroy(kzComm_t comm);

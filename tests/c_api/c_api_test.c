@@ -1,9 +1,11 @@
 /* The C API from C (no C++ in this file): kizuna.h must compile as C, and the NCCL-style calls
  * must work: devices, memory, streams, kzCommInitAll, every collective once, groups, errors,
- * destroyed handles. */
+ * destroyed handles; non-blocking creation and kzCommFinalize. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "runtime/kizuna.h"
 
@@ -27,6 +29,86 @@ static int failures = 0;
     kzResult_t r_ = (call);                                                                         \
     CHECK(r_ == kzSuccess, "%s: %s (%s)", #call, kzGetErrorString(r_), kzGetLastError());           \
   } while (0)
+
+/* Two ranks created from this one thread with blocking = 0 (each call returns at once), polled
+ * until ready; an AllReduce, kzCommFinalize; a creation that fails reports its error through
+ * kzCommGetAsyncError; a config not from KZ_CONFIG_INITIALIZER is refused. */
+static void NonBlocking(void) {
+  enum { R = 2, M = 257 };
+  kzUniqueId id;
+  kzComm_t comm[R];
+  kzDevice_t dev[R];
+  kzStream_t stream[R];
+  float* data[R];
+  kzConfig_t config = KZ_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  OK(kzGetUniqueId(&id));
+  for (int r = 0; r < R; ++r) {
+    OK(kzDeviceGet(r, &dev[r]));
+    kzResult_t res = kzCommInitRankConfig(&comm[r], R, id, r, dev[r], &config);
+    CHECK(res == kzInProgress, "non-blocking init rank %d: %s (%s)", r, kzGetErrorString(res), kzGetLastError());
+  }
+  /* Ready within 30 s: polled as a framework's progress loop would. */
+  int ready = 0;
+  for (int i = 0; i < 30000 && ready < R; ++i) {
+    ready = 0;
+    for (int r = 0; r < R; ++r) {
+      kzResult_t async = kzInternalError;
+      OK(kzCommGetAsyncError(comm[r], &async));
+      CHECK(async == kzSuccess || async == kzInProgress, "rank %d creation: %s", r, kzGetLastError());
+      ready += async == kzSuccess;
+    }
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  CHECK(ready == R, "%d of %d non-blocking communicators ready after 30 s", ready, R);
+  if (ready != R) return;
+  for (int r = 0; r < R; ++r) {
+    int count = 0;
+    OK(kzCommCount(comm[r], &count));
+    CHECK(count == R, "count %d", count);
+    OK(kzStreamCreate(dev[r], &stream[r]));
+    OK(kzMalloc(dev[r], M * sizeof(float), (void**)&data[r]));
+    for (int i = 0; i < M; ++i) data[r][i] = (float)(r + 1) * (float)i;
+  }
+  for (int r = 0; r < R; ++r) OK(kzAllReduce(data[r], data[r], M, kzFloat32, kzSum, comm[r], stream[r]));
+  /* Finalize waits for the AllReduce (no stream synchronization here); later calls are refused. */
+  for (int r = 0; r < R; ++r) OK(kzCommFinalize(comm[r]));
+  for (int r = 0; r < R; ++r) CHECK(data[r][M - 1] == 3.0f * (M - 1), "finalized allreduce: %g", data[r][M - 1]);
+  kzResult_t res = kzAllReduce(data[0], data[0], M, kzFloat32, kzSum, comm[0], stream[0]);
+  CHECK(res == kzInvalidArgument && strstr(kzGetLastError(), "finalized") != NULL, "after finalize: %s",
+        kzGetLastError());
+  for (int r = 0; r < R; ++r) {
+    OK(kzFree(dev[r], data[r]));
+    OK(kzStreamDestroy(stream[r]));
+    OK(kzCommDestroy(comm[r]));
+  }
+
+  /* A creation that fails on its thread: rank 5 of 2. */
+  kzComm_t bad = NULL;
+  res = kzCommInitRankConfig(&bad, R, id, 5, dev[0], &config);
+  if (res == kzInProgress) {
+    kzResult_t async = kzInProgress;
+    for (int i = 0; i < 30000 && async == kzInProgress; ++i) {
+      OK(kzCommGetAsyncError(bad, &async));
+      struct timespec ms = {0, 1000000};
+      nanosleep(&ms, NULL);
+    }
+    CHECK(async == kzInvalidArgument, "rank 5 of 2: %s", kzGetErrorString(async));
+    int count = 0;
+    res = kzCommCount(bad, &count);
+    CHECK(res == kzInvalidArgument && strstr(kzGetLastError(), "creation failed") != NULL, "count: %s",
+          kzGetLastError());
+    OK(kzCommDestroy(bad));
+  } else {
+    CHECK(res == kzInvalidArgument, "rank 5 of 2: %s", kzGetErrorString(res));
+  }
+  kzConfig_t junk = KZ_CONFIG_INITIALIZER;
+  junk.magic = 0;
+  res = kzCommInitRankConfig(&bad, R, id, 0, dev[0], &junk);
+  CHECK(res == kzInvalidArgument && strstr(kzGetLastError(), "KZ_CONFIG_INITIALIZER") != NULL, "junk config: %s",
+        kzGetLastError());
+}
 
 int main(void) {
   int version = 0, ndev = 0;
@@ -106,6 +188,7 @@ int main(void) {
   r = kzStreamSynchronize(stream[0]);
   CHECK(r == kzInvalidArgument && strstr(kzGetLastError(), "was destroyed") != NULL, "destroyed stream: %s",
         kzGetLastError());
+  NonBlocking();
   if (failures == 0) printf("c_api_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

@@ -1,0 +1,1 @@
+"""kizuna from Python. `import kizuna.torch` registers the torch.distributed backend "kizuna"."""

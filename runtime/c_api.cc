@@ -364,11 +364,12 @@ kzResult_t kzFree(kzDevice_t device, void* ptr) {
   return kzSuccess;
 }
 
-kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream) {
+// kzStreamCreate (native null) or kzStreamAdopt.
+static kzResult_t NewStream(kzDevice_t device, void* native, kzStream_t* stream) {
   if (stream == nullptr) return Invalid("stream is NULL");
   DeviceRef ref;
   if (!FindDevice(device, "device", &ref)) return kzInvalidArgument;
-  auto created = ref.device->CreateStream();
+  auto created = native == nullptr ? ref.device->CreateStream() : ref.device->AdoptStream(native);
   if (!created.ok()) return Report(created.status());
   auto entry = std::make_shared<StreamEntry>();
   entry->device_keep = std::move(ref.keep);
@@ -376,6 +377,24 @@ kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream) {
   const uintptr_t handle = Streams().Add(std::move(entry));
   if (handle == 0) return Report(kizuna::OutOfMemory("too many live streams (their handle table is full)"));
   *stream = StreamHandle(handle);
+  return kzSuccess;
+}
+
+kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream) { return NewStream(device, nullptr, stream); }
+
+kzResult_t kzStreamAdopt(kzDevice_t device, void* native, kzStream_t* stream) {
+  if (native == nullptr) return Invalid("native is NULL");
+  return NewStream(device, native, stream);
+}
+
+kzResult_t kzStreamGetNative(kzStream_t stream, void** native) {
+  if (native == nullptr) return Invalid("native is NULL");
+  const std::shared_ptr<StreamEntry> s = Streams().Find(Bits(stream), "stream");
+  if (s == nullptr) return kzInvalidArgument;
+  *native = s->stream->native_handle();
+  if (*native == nullptr)
+    return Report(kizuna::NotSupported(fmt::format("stream of {}: its backend has no native handle",
+                                                   s->stream->device().label())));
   return kzSuccess;
 }
 

@@ -105,6 +105,14 @@ kzResult_t kzMalloc(kzDevice_t device, size_t bytes, void** ptr);
  * not finish within KIZUNA_TIMEOUT the memory is not freed and the error says so. */
 kzResult_t kzFree(kzDevice_t device, void* ptr);
 kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream);
+/* A framework's own stream (a cudaStream_t / CUstream on CUDA; on the emulated device the token
+ * kzStreamGetNative gives) as a kzStream_t, so that collectives enqueue on the framework's stream
+ * and return, as NCCL's do on a cudaStream_t. The native stream stays the caller's: it must
+ * outlive the handle, and kzStreamDestroy releases only the handle. kzInvalidArgument when
+ * `native` is not a live stream of `device`; kzNotSupported when its backend adopts none. */
+kzResult_t kzStreamAdopt(kzDevice_t device, void* native, kzStream_t* stream);
+/* The backend's own handle of a stream (kzNotSupported where its backend has none). */
+kzResult_t kzStreamGetNative(kzStream_t stream, void** native);
 /* A destroyed stream's handle is refused by every later call (see Handles above). */
 kzResult_t kzStreamDestroy(kzStream_t stream);
 kzResult_t kzStreamSynchronize(kzStream_t stream);

@@ -117,6 +117,9 @@ class EmuDevice final : public device::Device {
     if (memory_->opaque()) translator = memory_->shared_from_this();
     return MakeStream(this, streams_, pacer_, std::move(translator));
   }
+  Result<std::unique_ptr<device::Stream>> DoAdoptStream(void* native) override {
+    return host_emulated::AdoptStream(this, streams_, native);
+  }
   Result<std::unique_ptr<device::Event>> DoCreateEvent() override { return MakeEvent(this, streams_); }
   Result<device::ExportedMemory> DoExport(const device::Buffer& buffer, size_t offset, size_t size) override {
     return memory_->Export(buffer, offset, size);

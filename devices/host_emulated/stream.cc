@@ -483,6 +483,12 @@ class EmuStream final : public device::Stream {
  public:
   EmuStream(device::Device* device, StreamEnvironment* env, std::shared_ptr<StreamCore> core)
       : Stream(device), env_(env), core_(std::move(core)) {}
+  // An adopted stream (AdoptStream): the core of a stream another object owns, whose worker
+  // (`worker`) it enqueues to; no worker of its own, so destroying it stops nothing.
+  EmuStream(device::Device* device, StreamEnvironment* env, std::shared_ptr<StreamCore> core, std::thread::id worker)
+      : Stream(device), env_(env), core_(std::move(core)), worker_id_(worker) {}
+
+  std::thread::id worker_id() const { return worker_id_; }
 
   Status Start(const std::string& thread_name) {
     try {
@@ -490,6 +496,7 @@ class EmuStream final : public device::Stream {
     } catch (const std::system_error& e) {
       return Internal(fmt::format("{}: cannot start its worker thread: {}", core_->settings().label, e.what()));
     }
+    worker_id_ = worker_.get_id();
     // Named for debuggers and top; the kernel allows 15 characters.
     pthread_setname_np(worker_.native_handle(), thread_name.substr(0, 15).c_str());
     return Status::Ok();
@@ -587,10 +594,11 @@ class EmuStream final : public device::Stream {
 
   Result<bool> DoQuery() override { return core_->Query(); }
   std::optional<uint64_t> DoCompleted() const override { return core_->Completed(); }
+  void* DoNativeHandle() const override { return core_.get(); }
 
  private:
   const std::string& label() const { return core_->settings().label; }
-  bool OnWorker() const { return std::this_thread::get_id() == worker_.get_id(); }
+  bool OnWorker() const { return std::this_thread::get_id() == worker_id_; }
 
   // Copies, reduces, scales and host callbacks get the backend-wide number fault injection counts.
   void EnqueueNumbered(Op op) {
@@ -603,6 +611,7 @@ class EmuStream final : public device::Stream {
   StreamEnvironment* env_;
   std::shared_ptr<StreamCore> core_;
   std::thread worker_;
+  std::thread::id worker_id_;  // the worker this stream enqueues to (its own, or an adopted stream's)
 };
 
 }  // namespace
@@ -657,10 +666,42 @@ Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, Strea
   settings.reduce_bytes_per_s = config.emu_reduce_gbps.value_or(0.0) * 1e9;
   auto core = std::make_shared<StreamCore>(std::move(settings), std::move(pacer), std::move(translator));
   if (config.emu_sync_free) env->device_streams()->Add(device->properties().index, core);
+  StreamCore* native = core.get();
+  std::weak_ptr<StreamCore> weak = core;
   auto stream = std::make_unique<EmuStream>(device, env, std::move(core));
   KZ_RETURN_IF_ERROR(stream->Start(fmt::format("kz-emu{}-s{}", device->properties().index, id)));
+  env->AddNative(native, StreamEnvironment::Native{device->properties().index, std::move(weak), stream->worker_id()});
   KZ_TRACE(kLogDevice, "{} stream #{} created", device->label(), id);
   return std::unique_ptr<device::Stream>(std::move(stream));
+}
+
+Result<std::unique_ptr<device::Stream>> AdoptStream(device::Device* device, StreamEnvironment* env, void* native) {
+  std::optional<StreamEnvironment::Native> found = env->FindNative(native);
+  std::shared_ptr<StreamCore> core = found ? found->core.lock() : nullptr;
+  if (core == nullptr)
+    return InvalidArgument(fmt::format("{}: {} is not a live stream of this backend (Stream::native_handle gives one)",
+                                       device->label(), native));
+  if (found->device != device->properties().index)
+    return InvalidArgument(fmt::format("{}: native stream {} belongs to {} device {}", device->label(), native,
+                                       device->properties().backend, found->device));
+  return std::unique_ptr<device::Stream>(std::make_unique<EmuStream>(device, env, std::move(core), found->worker));
+}
+
+void StreamEnvironment::AddNative(void* handle, Native native) {
+  std::lock_guard lock(natives_mu_);
+  // Streams come and go: the entries of destroyed ones go when the map has doubled since.
+  if (natives_.size() >= 2 * natives_pruned_at_ + 16) {
+    std::erase_if(natives_, [](const auto& e) { return e.second.core.expired(); });
+    natives_pruned_at_ = natives_.size();
+  }
+  natives_[handle] = std::move(native);
+}
+
+std::optional<StreamEnvironment::Native> StreamEnvironment::FindNative(void* handle) {
+  std::lock_guard lock(natives_mu_);
+  const auto it = natives_.find(handle);
+  if (it == natives_.end() || it->second.core.expired()) return std::nullopt;
+  return it->second;
 }
 
 Result<std::unique_ptr<device::Event>> MakeEvent(device::Device* device, StreamEnvironment* env) {

@@ -46,7 +46,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string_view>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "devices/host_emulated/memory.h"
@@ -90,8 +93,22 @@ class StreamEnvironment {
   uint64_t NextStreamId() { return streams_.fetch_add(1, std::memory_order_relaxed) + 1; }
   uint64_t NextEventId() { return events_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
+  // The live streams by native handle (Stream::native_handle: the address of the stream's core),
+  // so that Device::AdoptStream takes only a handle that names one, never a stray pointer.
+  struct Native {
+    int device = 0;
+    std::weak_ptr<StreamCore> core;
+    std::thread::id worker;
+  };
+  void AddNative(void* handle, Native native);
+  // The stream `handle` names, or nullopt when none lives (never was, or destroyed since).
+  std::optional<Native> FindNative(void* handle);
+
  private:
   const Config& config_;
+  std::mutex natives_mu_;
+  std::unordered_map<void*, Native> natives_;  // guarded by natives_mu_
+  size_t natives_pruned_at_ = 0;               // guarded by natives_mu_
   std::shared_ptr<DeviceStreams> device_streams_ = std::make_shared<DeviceStreams>();
   std::atomic<uint64_t> operations_{0};
   std::atomic<uint64_t> streams_{0};
@@ -106,6 +123,11 @@ class StreamEnvironment {
 Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, StreamEnvironment* env,
                                                    std::shared_ptr<DevicePacer> pacer,
                                                    std::shared_ptr<const MemoryManager> translator);
+
+// A stream of `device` that works on the live stream `native` names (StreamEnvironment::Native):
+// its work goes to that stream's worker, and destroying it leaves that stream alone.
+// kInvalidArgument when `native` names no live stream, or one of another device.
+Result<std::unique_ptr<device::Stream>> AdoptStream(device::Device* device, StreamEnvironment* env, void* native);
 
 // An event on `device`; never recorded yet (queries report it complete).
 Result<std::unique_ptr<device::Event>> MakeEvent(device::Device* device, StreamEnvironment* env);

@@ -132,6 +132,10 @@ class Stream {
 
   Device& device() const { return *device_; }
 
+  // The backend's own handle of this stream (a CUstream on CUDA; a token on the emulated device),
+  // which a framework may keep and hand back to Device::AdoptStream; nullptr where there is none.
+  void* native_handle() const { return DoNativeHandle(); }
+
   // dst[0..bytes) = src[0..bytes). Both are memory this device's streams take (Addressable): device
   // memory of this backend (allocated or imported) or host memory from AllocateHost; they must not
   // overlap.
@@ -229,6 +233,7 @@ class Stream {
   // How many work items have completed so far (any counter that moves when work completes), or
   // nullopt when the backend does not count them.
   virtual std::optional<uint64_t> DoCompleted() const { return std::nullopt; }
+  virtual void* DoNativeHandle() const { return nullptr; }
 
  private:
   Status TakeFailure();
@@ -284,6 +289,12 @@ class Device {
   // when the device has no such memory; kOutOfMemory when the host has no room.
   Result<std::unique_ptr<Buffer>> AllocateHost(size_t bytes);
   Result<std::unique_ptr<Stream>> CreateStream();
+  // A Stream for a native stream of this device that someone else (a framework) created and
+  // keeps: work enqueued on it goes onto that native stream, in its order; destroying the returned
+  // object releases the wrapper only (the native stream stays, and its work goes on). `native` as
+  // Stream::native_handle gives it. kInvalidArgument when `native` is not a live stream of this
+  // device (the backend checks what it can), kNotSupported when the backend adopts nothing.
+  Result<std::unique_ptr<Stream>> AdoptStream(void* native);
   Result<std::unique_ptr<Event>> CreateEvent();
 
   // Exports [offset, offset + size) of a buffer allocated on this device for another process.
@@ -319,6 +330,8 @@ class Device {
   // The default: DoAllocate when the device is host accessible, else kNotSupported.
   virtual Result<std::unique_ptr<Buffer>> DoAllocateHost(size_t bytes);
   virtual Result<std::unique_ptr<Stream>> DoCreateStream() = 0;
+  // `native` is not null. The default: kNotSupported.
+  virtual Result<std::unique_ptr<Stream>> DoAdoptStream(void* native);
   virtual Result<std::unique_ptr<Event>> DoCreateEvent() = 0;
   virtual Result<ExportedMemory> DoExport(const Buffer& buffer, size_t offset, size_t size);
   virtual Result<std::unique_ptr<Buffer>> DoImport(const ExportedMemory& exported);

@@ -1,6 +1,6 @@
 /* The C API from C (no C++ in this file): kizuna.h must compile as C, and the NCCL-style calls
  * must work: devices, memory, streams, kzCommInitAll, every collective once, groups, errors,
- * destroyed handles; non-blocking creation and kzCommFinalize. */
+ * destroyed handles; non-blocking creation and kzCommFinalize; a framework's stream adopted. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +110,49 @@ static void NonBlocking(void) {
         kzGetLastError());
 }
 
+/* A framework's stream: the collective goes onto the native stream that kzStreamAdopt wraps, so
+ * synchronizing the original stream waits for it; releasing the adopted handle leaves the native
+ * stream working; a stray, foreign or dead native handle is refused. */
+static void Adopted(void) {
+  enum { R = 2, M = 1000 };
+  kzComm_t comm[R];
+  kzDevice_t dev[R];
+  kzStream_t own[R], adopted[R];
+  void* native[R];
+  float* data[R];
+  OK(kzCommInitAll(comm, R, NULL));
+  for (int r = 0; r < R; ++r) {
+    OK(kzCommDevice(comm[r], &dev[r]));
+    OK(kzStreamCreate(dev[r], &own[r]));
+    OK(kzStreamGetNative(own[r], &native[r]));
+    OK(kzStreamAdopt(dev[r], native[r], &adopted[r]));
+    OK(kzMalloc(dev[r], M * sizeof(float), (void**)&data[r]));
+    for (int i = 0; i < M; ++i) data[r][i] = (float)(r + 1);
+  }
+  for (int r = 0; r < R; ++r) OK(kzAllReduce(data[r], data[r], M, kzFloat32, kzSum, comm[r], adopted[r]));
+  for (int r = 0; r < R; ++r) OK(kzStreamSynchronize(own[r])); /* the native stream carried the work */
+  for (int r = 0; r < R; ++r) CHECK(data[r][M - 1] == 3.0f, "adopted-stream allreduce: %g", data[r][M - 1]);
+  for (int r = 0; r < R; ++r) OK(kzStreamDestroy(adopted[r]));
+  for (int r = 0; r < R; ++r) OK(kzAllReduce(data[r], data[r], M, kzFloat32, kzSum, comm[r], own[r]));
+  for (int r = 0; r < R; ++r) OK(kzStreamSynchronize(own[r]));
+  CHECK(data[0][0] == 6.0f, "the native stream after its adopted handle went: %g", data[0][0]);
+  kzStream_t bad = NULL;
+  kzResult_t res = kzStreamAdopt(dev[0], native[1], &bad);
+  CHECK(res == kzInvalidArgument && strstr(kzGetLastError(), "belongs to") != NULL, "another device's stream: %s",
+        kzGetLastError());
+  int stray = 0;
+  res = kzStreamAdopt(dev[0], &stray, &bad);
+  CHECK(res == kzInvalidArgument && strstr(kzGetLastError(), "not a live stream") != NULL, "a stray pointer: %s",
+        kzGetLastError());
+  for (int r = 0; r < R; ++r) {
+    OK(kzFree(dev[r], data[r]));
+    OK(kzStreamDestroy(own[r]));
+    OK(kzCommDestroy(comm[r]));
+  }
+  res = kzStreamAdopt(dev[0], native[0], &bad);
+  CHECK(res == kzInvalidArgument, "a destroyed stream's native handle: %s", kzGetErrorString(res));
+}
+
 int main(void) {
   int version = 0, ndev = 0;
   OK(kzGetVersion(&version));
@@ -189,6 +232,7 @@ int main(void) {
   CHECK(r == kzInvalidArgument && strstr(kzGetLastError(), "was destroyed") != NULL, "destroyed stream: %s",
         kzGetLastError());
   NonBlocking();
+  Adopted();
   if (failures == 0) printf("c_api_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

@@ -7,7 +7,7 @@ lib="$1"
 shift
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 xml="${XML_OUTPUT_FILE:-}"
-python="${KIZUNA_TORCH_PYTHON:-}"
+python="${KZ_TORCH_PYTHON:-}"
 
 # A skipped case, with the reason, where there is no Python with torch.
 skip() {
@@ -24,9 +24,9 @@ XML
   exit 0
 }
 
-[[ -n "$python" ]] || skip "KIZUNA_TORCH_PYTHON is not set (./kz test sets it to the Python with torch it installs)"
-[[ -x "$python" ]] || skip "KIZUNA_TORCH_PYTHON=$python is not an executable"
-"$python" -c "import torch" 2>/dev/null || skip "KIZUNA_TORCH_PYTHON=$python cannot import torch"
+[[ -n "$python" ]] || skip "KZ_TORCH_PYTHON is not set (./kz test sets it to the Python with torch it installs)"
+[[ -x "$python" ]] || skip "KZ_TORCH_PYTHON=$python is not an executable"
+"$python" -c "import torch" 2>/dev/null || skip "KZ_TORCH_PYTHON=$python cannot import torch"
 
 header_args=()
 for h in "$@"; do header_args+=(--header "$h"); done

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs kizuna into a temporary prefix, builds this folder's programs against the install the
 # way an outside project does (CMake's find_package; pkg-config for the C one), and runs them as 2
-# and 3 ranks under kizuna-run: each rank checks its result and prints one line.
+# and 3 ranks under kizuna-run, and as 3 ranks under MPICH's and Open MPI's mpirun (nothing set but
+# what the launcher sets): each rank checks its result and prints one line.
 #
 # Usage (Bazel passes these): cmake_consumer_test.sh KIZUNA_RUN LIBKIZUNA HEADER...
 set -euo pipefail
@@ -61,6 +62,22 @@ for n in 2 3; do
     ok="$(grep -c "AllReduce.* ok (kizuna 1\." <<<"$out" || true)"
     [[ "$ok" -eq "$n" ]] || { echo "$out" >&2; fail "$prog, $n ranks: $ok ranks reported ok"; }
     echo "ok: $(basename "$prog"), $n ranks"
+  done
+done
+
+# Under Debian's mpirun, the rendezvous needs nothing but the launcher's environment: the unique id
+# goes through MPICH's PMI-1 store (PMI_FD) and Open MPI's PMIx store (PMIX_RANK).
+for launcher in mpich openmpi; do
+  command -v "mpirun.$launcher" >/dev/null || fail "mpirun.$launcher is not installed (./kz setup installs it)"
+  extra=()
+  [[ "$launcher" == openmpi ]] && extra=(--allow-run-as-root --oversubscribe -x KIZUNA_EMULATED_DEVICES -x KIZUNA_TIMEOUT)
+  for prog in "$build/allreduce_c" "$build/allreduce_cxx"; do
+    out="$(env -u KIZUNA_UNIQUE_ID -u KIZUNA_UNIQUE_ID_FILE -u KIZUNA_ROOT \
+      timeout 120 "mpirun.$launcher" "${extra[@]}" -np 3 "$prog" 2>&1)" ||
+      { echo "$out" >&2; fail "$prog under mpirun.$launcher"; }
+    ok="$(grep -c "AllReduce.* ok (kizuna 1\." <<<"$out" || true)"
+    [[ "$ok" -eq 3 ]] || { echo "$out" >&2; fail "$prog under mpirun.$launcher: $ok of 3 ranks reported ok"; }
+    echo "ok: $(basename "$prog"), 3 ranks under mpirun.$launcher"
   done
 done
 echo "PASS"

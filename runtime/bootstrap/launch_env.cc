@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/bootstrap/launcher_kvs.h"
 #include "runtime/core/file.h"
 #include "runtime/core/logging.h"
 
@@ -271,6 +272,25 @@ Result<ObtainedUniqueId> ObtainUniqueId(const LaunchInfo& launch, const Config& 
       sleep = std::min<std::chrono::milliseconds>(sleep * 2, std::chrono::milliseconds(200));
     }
   }
+  if (launch.size > 1) {
+    KZ_ASSIGN_OR_RETURN(std::unique_ptr<LauncherKvs> kvs, OpenLauncherKvs(env));
+    if (kvs != nullptr) {
+      std::string mine;
+      if (launch.rank == 0) {
+        KZ_ASSIGN_OR_RETURN(UniqueId id, GetUniqueId(config, env));
+        mine = id.ToString();
+      }
+      Result<std::string> shared = kvs->Share(launch.rank, "kizuna_unique_id", mine, deadline);
+      if (!shared.ok()) return shared.status().WithContext("passing the unique id through the launcher");
+      Result<UniqueId> id = UniqueId::Parse(*shared);
+      if (!id.ok()) return id.status().WithContext(fmt::format("the unique id from {}", kvs->Describe()));
+      out.id = *id;
+      out.source = UniqueIdSource::kLauncher;
+      out.detail = fmt::format("{} through the launcher's store, {}", launch.rank == 0 ? "created and shared" : "read",
+                               kvs->Describe());
+      return out;
+    }
+  }
   if (launch.size == 1) {
     KZ_ASSIGN_OR_RETURN(out.id, CreateUniqueId(HostPort{"127.0.0.1", 0}));
     out.source = UniqueIdSource::kGenerated;
@@ -280,8 +300,8 @@ Result<ObtainedUniqueId> ObtainUniqueId(const LaunchInfo& launch, const Config& 
   return InvalidArgument(fmt::format(
       "no rendezvous id for {}: set KIZUNA_UNIQUE_ID to the id printed by rank 0's GetUniqueId (kizuna-run sets it), "
       "or KIZUNA_UNIQUE_ID_FILE to a fresh path all ranks can read (rank 0 writes it, the others wait for it), or "
-      "have rank 0 call GetUniqueId() and distribute the text yourself (MPI_Bcast, a torch store); PMIx is not "
-      "supported yet",
+      "have rank 0 call GetUniqueId() and distribute the text yourself (MPI_Bcast, a torch store); launchers with "
+      "a key-value store need none of these (MPICH's mpirun: PMI-1, PMI_FD; Open MPI's: PMIx, PMIX_RANK)",
       launch.Describe()));
 }
 

@@ -9,7 +9,8 @@
 //                           PMI_RANK, PMI_SIZE (MPI_LOCALRANKID, MPI_LOCALNRANKS)
 //   Slurm (srun)            SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
 //   none                    rank 0 of 1
-// PMIx (PMIX_RANK, put/get) is not supported yet.
+// The unique id may come through the launcher's key-value store (launcher_kvs.h): PMI-1 (PMI_FD,
+// MPICH's Hydra) or PMIx (PMIX_RANK, Open MPI).
 //
 // When several launchers are present, the innermost wins, in this order: torchrun, Open MPI, PMI,
 // Slurm. The others must agree with it, with two exceptions that are how jobs are really started:
@@ -70,7 +71,7 @@ struct RootAddress {
 // nullopt (GetUniqueId then picks a local address and a free port).
 Result<std::optional<RootAddress>> ConfiguredRoot(const Config& config, const Environment& env);
 
-enum class UniqueIdSource : uint8_t { kVariable, kFile, kGenerated };
+enum class UniqueIdSource : uint8_t { kVariable, kFile, kLauncher, kGenerated };
 
 struct ObtainedUniqueId {
   UniqueId id;
@@ -85,6 +86,9 @@ struct ObtainedUniqueId {
 //                          file in the same folder, then rename), the others wait for the file until
 //                          `deadline`. Use a fresh path per job: a file left from an earlier job is
 //                          read as it is, and its ranks then fail to authenticate with the new root;
+//   the launcher's store   PMI_FD (PMI-1: MPICH's mpirun) or PMIX_RANK (PMIx: Open MPI's mpirun):
+//                          rank 0 creates the id (GetUniqueId) and puts it there, the others get
+//                          it after the store's fence (launcher_kvs.h);
 //   a single-rank job      a fresh id on the loopback address;
 // otherwise kInvalidArgument explaining these options (and GetUniqueId for applications that
 // distribute the id themselves, as with ncclGetUniqueId).

@@ -12,12 +12,14 @@ python="${KZ_TORCH_PYTHON:-}"
 # A skipped case, with the reason, where there is no Python with torch.
 skip() {
   echo "SKIPPED: $1"
+  local why
+  why="$(printf '%s' "$1" | sed 's/&/\&amp;/g; s/</\&lt;/g; s/>/\&gt;/g; s/"/\&quot;/g')"
   [[ -n "$xml" ]] || exit 0
   cat >"$xml" <<XML
 <?xml version="1.0" encoding="UTF-8"?>
 <testsuites tests="1" failures="0" errors="0" name="torch_test">
 <testsuite name="Torch" tests="1" failures="0" skipped="1" errors="0">
-  <testcase name="torch backend" classname="Torch" time="0"><skipped message="$1" /></testcase>
+  <testcase name="torch backend" classname="Torch" time="0"><skipped message="$why" /></testcase>
 </testsuite>
 </testsuites>
 XML
@@ -25,6 +27,16 @@ XML
 }
 
 [[ -n "$python" ]] || skip "KZ_TORCH_PYTHON is not set (./kz test sets it to the Python with torch it installs)"
+# ./kz test installs torch while Bazel builds: KZ_TORCH_STATUS appears when that is over.
+if [[ -n "${KZ_TORCH_STATUS:-}" ]]; then
+  waited=0
+  while [[ ! -f "$KZ_TORCH_STATUS" && $waited -lt 600 ]]; do
+    sleep 2
+    waited=$((waited + 2))
+  done
+  [[ -f "$KZ_TORCH_STATUS" ]] || skip "torch was still being installed after 10 minutes (the test's own limit is 15)"
+  [[ "$(cat "$KZ_TORCH_STATUS")" == ok ]] || skip "$(cat "$KZ_TORCH_STATUS")"
+fi
 [[ -x "$python" ]] || skip "KZ_TORCH_PYTHON=$python is not an executable"
 "$python" -c "import torch" 2>/dev/null || skip "KZ_TORCH_PYTHON=$python cannot import torch"
 

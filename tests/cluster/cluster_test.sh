@@ -15,13 +15,17 @@ set -uo pipefail
 # ---- the cases: the one place to add one ---------------------------------------------------------
 # name | ranks per host, host 0 first | extra environment for every rank ("-": none), e.g.
 # KIZUNA_ALGO=ring to force an algorithm (README.md, KIZUNA_ALGO) | NICs per host (default 1; with
-# more, every NIC of every host must have carried traffic: rails) | collectives (default: COLLS)
+# more, every NIC of every host must have carried traffic: rails) | collectives (default: COLLS) |
+# launcher (default: the ranks started one by one with torchrun's environment and a unique id file;
+# "openmpi": mpirun.openmpi on host 0 starting every rank through an agent that enters the hosts'
+# namespaces, nothing set by hand: the unique id goes through Open MPI's PMIx store)
 CASES=(
   "2x2|2 2|-"
   "3-uneven|2 3 1|-"
   "3-uneven-hier|2 3 1|KIZUNA_ALGO=hier"
   "2x4-hier|4 4|KIZUNA_ALGO=hier"
   "2x2-rails|2 2|KIZUNA_ALGO=hier|2|allreduce alltoall"
+  "2x2-mpirun|2 2|-|1|allreduce broadcast alltoall|openmpi"
 )
 COLLS=(allreduce reducescatter allgather broadcast reduce alltoall sendrecv)
 # A run that fails because of a known kizuna bug: "CASE/COLL|what fails". It is reported as skipped
@@ -113,9 +117,9 @@ trap finish EXIT
 trap 'echo "cluster_test: stopped by a signal" >&2; exit 143' TERM INT HUP
 
 all_case_names() {
-  local c coll name layout extra nics colls
+  local c coll name layout extra nics colls launcher
   for c in "${CASES[@]}"; do
-    IFS='|' read -r name layout extra nics colls <<<"$c"
+    IFS='|' read -r name layout extra nics colls launcher <<<"$c"
     for coll in ${colls:-${COLLS[*]}}; do echo "$name.$coll"; done
     [[ ${nics:-1} -gt 1 ]] && echo "$name.rails"
   done
@@ -234,6 +238,57 @@ run_one() { # case_name prefix "ranks per host" extra_env coll port -> 0 ok, els
   echo "$nhosts hosts; between hosts, rank 0: $fabrics${hier:+; $hier}"
 }
 
+# One run under Open MPI's mpirun, started in host 0's namespace: its daemons on the other hosts come
+# through an agent that enters their namespaces (as ssh would log in), ranks placed by slot (the
+# case's ranks per host). No KIZUNA_UNIQUE_ID(_FILE) or KIZUNA_ROOT: the id goes through PMIx. The
+# ranks' output is one stream: the same checks as run_one, over it.
+run_one_mpirun() { # case_name prefix "ranks per host" extra_env coll -> 0 ok, else 1; prints why
+  local name=$1 pfx=$2 layout=$3 extra=$4 coll=$5
+  local -a per_host extra_env=()
+  read -ra per_host <<<"$layout"
+  local nhosts=${#per_host[@]} n=0 h hosts="" cases=""
+  for ((h = 0; h < nhosts; h++)); do
+    n=$((n + per_host[h]))
+    hosts+="${hosts:+,}10.77.0.$((h + 1)):${per_host[h]}"
+    cases+="10.77.0.$((h + 1))) i=$h ;; "
+  done
+  command -v mpirun.openmpi >/dev/null || { echo "mpirun.openmpi is not installed (./kz setup installs it)"; return 1; }
+  local dir="$tmp/$name.$coll" agent="$tmp/$pfx-agent.sh"
+  rm -rf "$dir"; mkdir -p "$dir"
+  printf '#!/bin/sh\nwhile [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done\nhost=$1; shift\n%s\n%s\n' \
+    "case \"\$host\" in $cases *) echo \"agent: unknown host \$host\" >&2; exit 1 ;; esac" \
+    "exec \"$netns\" exec \"$pfx\" \"\$i\" -- sh -c \"\$*\"" >"$agent"
+  chmod +x "$agent"
+  local -a xenv=(-x KIZUNA_TIMEOUT=$RANK_TIMEOUT_S -x KIZUNA_DEBUG=INFO -x KIZUNA_DEBUG_SUBSYS=INIT,BOOTSTRAP)
+  [[ $extra == - ]] || { read -ra extra_env <<<"$extra"; for e in "${extra_env[@]}"; do xenv+=(-x "$e"); done; }
+  env -u KIZUNA_UNIQUE_ID -u KIZUNA_UNIQUE_ID_FILE -u KIZUNA_ROOT -u RANK -u WORLD_SIZE \
+    "$netns" exec "$pfx" 0 -- timeout -k 5 "$RUN_TIMEOUT_S" mpirun.openmpi --allow-run-as-root --oversubscribe \
+    -np "$n" --host "$hosts" --bind-to none --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
+    --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
+    "${xenv[@]}" "$bench" --coll "$coll" "${BENCH_ARGS[@]}" >"$dir/rank0.log" 2>&1
+  local rc=$?
+  if [[ $rc -ne 0 ]]; then
+    echo "mpirun.openmpi exited with $rc ($(grep . "$dir/rank0.log" | tail -n 1 | cut -c 1-400))"
+    return 1
+  fi
+  grep -q '^# Out of bounds values : 0 OK' "$dir/rank0.log" ||
+    { echo "rank 0's table does not end in '0 OK': $(grep '^# Out of bounds' "$dir/rank0.log")"; return 1; }
+  grep -q "unique id .* through the launcher's store, PMIx" "$dir/rank0.log" ||
+    { echo "no rank says its unique id came through PMIx: $(grep -m1 'unique id' "$dir/rank0.log")"; return 1; }
+  local rank=0 l first fabrics="" f same s
+  for ((h = 0; h < nhosts; h++)); do
+    first=$rank
+    for ((l = 0; l < per_host[h]; l++)); do
+      same=""
+      for ((s = first; s < first + per_host[h]; s++)); do [[ $s -eq $rank ]] || same+="$s "; done
+      f=$(check_info "$dir/rank0.log" "$rank" "$n" "$nhosts" "$same") || { echo "$f"; return 1; }
+      [[ $rank -eq 0 ]] && fabrics=$f
+      rank=$((rank + 1))
+    done
+  done
+  echo "$nhosts hosts under mpirun.openmpi (unique id through PMIx); between hosts, rank 0: $fabrics"
+}
+
 # ---- rails -------------------------------------------------------------------------------------
 # Bytes each NIC of each host has sent: lines "h<host>/eth<k> <bytes>".
 nic_bytes() { # prefix hosts nics
@@ -266,8 +321,9 @@ known_failure() { # CASE/COLL: prints the recorded reason, or fails
 
 index=0
 for c in "${CASES[@]}"; do
-  IFS='|' read -r name layout extra nics colls <<<"$c"
+  IFS='|' read -r name layout extra nics colls launcher <<<"$c"
   nics=${nics:-1}
+  launcher=${launcher:-env}
   index=$((index + 1))
   if [[ ${#only[@]} -gt 0 && " ${only[*]} " != *" $name "* ]]; then continue; fi
   read -ra per_host <<<"$layout"
@@ -291,7 +347,11 @@ for c in "${CASES[@]}"; do
     port=$((port + 1))
     (
       t0=$SECONDS
-      run_one "$name" "$pfx" "$layout" "$extra" "$coll" "$port" >"$tmp/$name.$coll.msg" 2>&1
+      if [[ $launcher == openmpi ]]; then
+        run_one_mpirun "$name" "$pfx" "$layout" "$extra" "$coll" >"$tmp/$name.$coll.msg" 2>&1
+      else
+        run_one "$name" "$pfx" "$layout" "$extra" "$coll" "$port" >"$tmp/$name.$coll.msg" 2>&1
+      fi
       echo "$? $((SECONDS - t0))" >"$tmp/$name.$coll.rc"
     ) &
   done

@@ -265,4 +265,17 @@ Status Engine::AsyncError() const { return executor_ ? executor_->AsyncError() :
 
 int Engine::InFlight() const { return executor_ ? executor_->pending() : 0; }
 
+uint64_t Engine::Register(const void* buffer, size_t bytes) {
+  return executor_ ? executor_->Register(buffer, bytes) : ++single_rank_regions_;
+}
+
+Status Engine::Deregister(uint64_t handle) {
+  if (executor_) return executor_->Deregister(handle);
+  if (handle == 0 || handle > single_rank_regions_)
+    return InvalidArgument(fmt::format("no registered buffer has handle {}", handle));
+  return Status::Ok();
+}
+
+uint64_t Engine::registered_transfers() const { return executor_ ? executor_->registered_transfers() : 0; }
+
 }  // namespace kizuna::collectives

@@ -123,6 +123,10 @@ class Engine {
   void Abort(std::string_view why);
   Status AsyncError() const;
   int InFlight() const;
+  // Buffers registered for zero-copy (Executor::Register); a one-rank engine keeps none.
+  uint64_t Register(const void* buffer, size_t bytes);
+  Status Deregister(uint64_t handle);
+  uint64_t registered_transfers() const;
 
  private:
   struct Prepared {
@@ -157,6 +161,7 @@ class Engine {
   std::unique_ptr<fabric::FabricRegistry> fabrics_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Executor> executor_;
+  uint64_t single_rank_regions_ = 0;  // Register's handles where there is no executor
   CommTopology shape_;
   AlgoOverrides overrides_;  // KIZUNA_ALGO, parsed at creation
 

@@ -236,26 +236,16 @@ extern "C" {
 
 const char* kzGetErrorString(kzResult_t result) {
   switch (result) {
-    case kzSuccess:
-      return "success";
-    case kzInvalidArgument:
-      return "invalid argument";
-    case kzUnavailable:
-      return "unavailable";
-    case kzNotSupported:
-      return "not supported";
-    case kzOutOfMemory:
-      return "out of memory";
-    case kzTimeout:
-      return "timeout";
-    case kzAborted:
-      return "aborted";
-    case kzRemoteError:
-      return "remote error";
-    case kzInternalError:
-      return "internal error";
-    case kzInProgress:
-      return "in progress";
+    case kzSuccess: return "success";
+    case kzInvalidArgument: return "invalid argument";
+    case kzUnavailable: return "unavailable";
+    case kzNotSupported: return "not supported";
+    case kzOutOfMemory: return "out of memory";
+    case kzTimeout: return "timeout";
+    case kzAborted: return "aborted";
+    case kzRemoteError: return "remote error";
+    case kzInternalError: return "internal error";
+    case kzInProgress: return "in progress";
   }
   return "unknown result code";
 }
@@ -589,6 +579,24 @@ kzResult_t kzCommGetAsyncError(kzComm_t comm, kzResult_t* async_error) {
   if (!s.ok()) g_last_error = s.ToString();
   *async_error = ToResult(s.code());
   return kzSuccess;
+}
+
+kzResult_t kzCommRegister(const kzComm_t comm, void* buff, size_t size, void** handle) {
+  if (handle == nullptr) return Invalid("handle is NULL");
+  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
+  if (c == nullptr) return kzInvalidArgument;
+  if (const kzResult_t r = Ready(*c); r != kzSuccess) return r;
+  auto id = c->comm->Register(buff, size);
+  if (!id.ok()) return Report(id.status());
+  *handle = reinterpret_cast<void*>(static_cast<uintptr_t>(*id));
+  return kzSuccess;
+}
+
+kzResult_t kzCommDeregister(const kzComm_t comm, void* handle) {
+  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
+  if (c == nullptr) return kzInvalidArgument;
+  if (const kzResult_t r = Ready(*c); r != kzSuccess) return r;
+  return Report(c->comm->Deregister(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(handle))));
 }
 
 kzResult_t kzCommCount(const kzComm_t comm, int* count) {

@@ -284,6 +284,22 @@ int Communicator::InFlight() const { return engine_->InFlight(); }
 
 bool Communicator::TakesHostMemory() const { return engine_->TakesHostMemory(); }
 
+Result<uint64_t> Communicator::Register(const void* buffer, size_t bytes) {
+  if (buffer == nullptr) return InvalidArgument("Register: buffer is null");
+  if (bytes == 0) return InvalidArgument("Register: size 0");
+  // Registered as host memory: where the CPU does not reach the device's memory (a GPU's), the
+  // fabrics would need its exported form (fd, DMA-BUF), which registration does not take yet.
+  if (!device_->properties().host_accessible)
+    return NotSupported(fmt::format("Register: {}'s memory is not host-accessible; registering it is not "
+                                    "supported yet",
+                                    device_->label()));
+  return engine_->Register(buffer, bytes);
+}
+
+Status Communicator::Deregister(uint64_t handle) { return engine_->Deregister(handle); }
+
+uint64_t Communicator::registered_transfers() const { return engine_->registered_transfers(); }
+
 std::string Communicator::DescribeConnections() const { return engine_->DescribeConnections(); }
 
 std::vector<int> Communicator::ConnectedPeers() const { return engine_->ConnectedPeers(); }

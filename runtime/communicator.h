@@ -187,6 +187,16 @@ class Communicator {
   // memory. Such calls run fused on the calling thread (they return when done); AllReduce,
   // ReduceScatter, AllGather, Broadcast and Reduce only.
   bool TakesHostMemory() const;
+  // ncclCommRegister: `buffer`'s [buffer, buffer + bytes) is the caller's for as long as it is
+  // registered, and transfers from and into it go straight over any fabric that reaches it
+  // (registered with the fabric once per connection, on first use), where unregistered memory
+  // is staged unless the fabric registers memory cheaply. Memory the CPU reaches (host memory,
+  // the emulated device's). The handle goes to Deregister, which waits for the operation running
+  // now; the caller must not deregister a buffer that queued operations still use (as in NCCL).
+  Result<uint64_t> Register(const void* buffer, size_t bytes);
+  Status Deregister(uint64_t handle);
+  // Transfers that went through registered buffers so far (for tests and the curious).
+  uint64_t registered_transfers() const;
   // An aggregation device's life: runs the INA operations the workers start, as their headers
   // arrive, until the job ends (kUnavailable: every worker closed its connections) or fails (a
   // worker died mid-operation, an abort), and returns why; `served` counts the operations.

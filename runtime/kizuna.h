@@ -150,6 +150,13 @@ kzResult_t kzCommFinalize(kzComm_t comm);
 kzResult_t kzCommDestroy(kzComm_t comm);
 kzResult_t kzCommAbort(kzComm_t comm);
 kzResult_t kzCommGetAsyncError(kzComm_t comm, kzResult_t* async_error);
+/* ncclCommRegister / ncclCommDeregister: [buff, buff + size) stays the caller's while registered,
+ * and the communicator's transfers from and into it go straight over any fabric (registered once
+ * per connection) instead of through its staging memory. Host-accessible memory (host memory, the
+ * emulated device's); kzNotSupported otherwise. Deregister waits for the operation running now;
+ * do not deregister a buffer that queued operations still use. */
+kzResult_t kzCommRegister(const kzComm_t comm, void* buff, size_t size, void** handle);
+kzResult_t kzCommDeregister(const kzComm_t comm, void* handle);
 kzResult_t kzCommCount(const kzComm_t comm, int* count);
 kzResult_t kzCommUserRank(const kzComm_t comm, int* rank);
 kzResult_t kzCommDevice(const kzComm_t comm, kzDevice_t* device);

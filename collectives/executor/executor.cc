@@ -52,9 +52,68 @@ Executor::~Executor() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   live_executors_.fetch_sub(1, std::memory_order_relaxed);
+  {
+    std::lock_guard run(run_mu_);
+    ReleaseRegions(0);
+  }
   // Control receives and header sends still posted are released with the comms (the
   // transport's); nothing here refers to them after this point.
   for (auto& s : streams_) s->Synchronize(Deadline::AfterSeconds(10)).IgnoreError();
+}
+
+uint64_t Executor::Register(const void* base, size_t bytes) {
+  std::lock_guard lock(regions_mu_);
+  const uint64_t id = next_region_++;
+  regions_.push_back(Region{id, reinterpret_cast<uintptr_t>(base), bytes});
+  return id;
+}
+
+Status Executor::Deregister(uint64_t id) {
+  {
+    std::lock_guard lock(regions_mu_);
+    const auto it = std::find_if(regions_.begin(), regions_.end(), [&](const Region& r) { return r.id == id; });
+    if (it == regions_.end()) return InvalidArgument(fmt::format("no registered buffer has handle {}", id));
+    regions_.erase(it);
+  }
+  // The running operation may be sending from the region: its registrations go after it.
+  std::lock_guard run(run_mu_);
+  ReleaseRegions(id);
+  return Status::Ok();
+}
+
+std::optional<Executor::Region> Executor::RegionOf(const void* p, size_t bytes) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lock(regions_mu_);
+  for (const Region& r : regions_)
+    if (a >= r.base && a - r.base <= r.bytes && bytes <= r.bytes - (a - r.base)) return r;
+  return std::nullopt;
+}
+
+Result<fabric::Registration*> Executor::RegionRegistration(fabric::Comm& comm, const Region& region) {
+  fabric::Registration*& reg = region_regs_[{&comm, region.id}];
+  if (reg == nullptr) {
+    Result<fabric::Registration*> made =
+        comm.Register(fabric::MemoryDescriptor::Host(reinterpret_cast<void*>(region.base), region.bytes));
+    if (!made.ok()) {
+      region_regs_.erase({&comm, region.id});
+      return made.status().WithContext("registering a registered buffer with the fabric");
+    }
+    reg = *made;
+  }
+  registered_transfers_.fetch_add(1, std::memory_order_relaxed);
+  return reg;
+}
+
+void Executor::ReleaseRegions(uint64_t id) {
+  for (auto it = region_regs_.begin(); it != region_regs_.end();) {
+    if (id != 0 && it->first.second != id) {
+      ++it;
+      continue;
+    }
+    // Connections closed after a failure took their registrations with them.
+    if (!closed_) it->first.first->Deregister(it->second).IgnoreError();
+    it = region_regs_.erase(it);
+  }
 }
 
 size_t Executor::slot_bytes_for(int total_channels, size_t chunk_bytes) const {
@@ -408,6 +467,7 @@ void Executor::TellPeersAndClose(const Status& status, bool tell) {
   control_->pending.clear();
   for (ControlState::Posted& posted : control_->recv) posted.requests.clear();
   control_->waited.clear();
+  ReleaseRegions(0);  // before their comms go
   transport_->Close();
   closed_ = true;
 }

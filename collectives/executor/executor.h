@@ -43,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -182,6 +183,17 @@ class Executor {
            options_.same_host->one_rank_per_process();
   }
 
+  // The caller's buffers registered for zero-copy (Communicator::Register, ncclCommRegister): a
+  // transfer from or into one goes direct over any fabric (Run::Direct), the region registered
+  // on each connection's comm on first use and kept, not only where registration is cheap.
+  // Register returns the region's id. Deregister waits for the operation running now (run_mu_),
+  // releases the region's registrations, and later transfers in its bytes are staged again;
+  // kInvalidArgument for an id that is not registered.
+  uint64_t Register(const void* base, size_t bytes);
+  Status Deregister(uint64_t id);
+  // Transfers that went direct through a registered region so far (tests).
+  uint64_t registered_transfers() const { return registered_transfers_.load(std::memory_order_relaxed); }
+
   // Fails the current and queued operations with kAborted, releases held streams, closes the
   // connections. Returns promptly (does not wait for peers).
   void Abort(std::string_view why);
@@ -262,6 +274,24 @@ class Executor {
   bool group_on_streams_logged_ = false;
   bool on_caller_logged_ = false;  // run_mu_: TryOnCaller said so once at INFO
   bool direct_logged_ = false;     // run_mu_: Run::Post said once at INFO that transfers go direct
+
+  // Registered regions (Register): [base, base + bytes) by id.
+  struct Region {
+    uint64_t id = 0;
+    uintptr_t base = 0;
+    size_t bytes = 0;
+  };
+  // The region holding [p, p + bytes), if any.
+  std::optional<Region> RegionOf(const void* p, size_t bytes) const;
+  // run_mu_: the region's registration on `comm`, made on first use.
+  Result<fabric::Registration*> RegionRegistration(fabric::Comm& comm, const Region& region);
+  // run_mu_: releases every registration of region `id` (0: of every region).
+  void ReleaseRegions(uint64_t id);
+  mutable std::mutex regions_mu_;
+  std::vector<Region> regions_;  // regions_mu_
+  uint64_t next_region_ = 1;     // regions_mu_
+  std::map<std::pair<fabric::Comm*, uint64_t>, fabric::Registration*> region_regs_;  // run_mu_
+  std::atomic<uint64_t> registered_transfers_{0};
 
   // Held by the thread that uses the connections, the control state and the members below marked
   // "run_mu_": the executor's thread, or a caller's running an operation itself (TryOnCaller).

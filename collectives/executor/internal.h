@@ -258,9 +258,12 @@ class Executor::Run {
     // from the peer's. No fabric request of its own.
     bool in_header = false;
     // The transfer sends from its source or receives into its destination, registered on the
-    // peer's comm for this step alone (Run::Direct): no slot, no copy.
+    // peer's comm for this step alone, or within a registered region (Run::Direct): no slot, no
+    // copy.
     bool direct = false;
     fabric::Registration* registration = nullptr;
+    // `registration` is a registered region's (Executor::Register), kept after the step.
+    bool region = false;
   };
 
   struct ChannelRun {

@@ -269,11 +269,20 @@ bool Executor::Run::Direct(const ChannelRun& ch, size_t index) const {
   if (p == nullptr) return false;
   const fabric::Comm* comm = s.kind == StepKind::kSend ? static_cast<const fabric::Comm*>(p->send.get())
                                                        : static_cast<const fabric::Comm*>(p->recv.get());
-  return comm != nullptr && comm->properties().cheap_registration;
+  if (comm == nullptr) return false;
+  if (comm->properties().cheap_registration) return true;
+  // The caller registered the buffer (Communicator::Register): any fabric takes it as it is.
+  const void* data = s.kind == StepKind::kSend ? Address(ch, s.srcs[0]) : Address(ch, s.dst);
+  return ex_.RegionOf(data, static_cast<size_t>(s.count()) * elem(ch)).has_value();
 }
 
 Status Executor::Run::Unregister(const ChannelRun& ch, StepState& st) {
   if (st.registration == nullptr) return Status::Ok();
+  if (st.region) {  // the region's, kept for its next transfer
+    st.registration = nullptr;
+    st.region = false;
+    return Status::Ok();
+  }
   const Step& step = (*ch.steps)[static_cast<size_t>(&st - ch.states.data())];
   Transport::Peer* p = tr_.peer(step.peer);
   fabric::Comm& comm = step.kind == StepKind::kSend ? static_cast<fabric::Comm&>(*p->send)
@@ -368,8 +377,14 @@ Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, std::set<int>& se
     // ranks' calls).
     void* data = is_send ? const_cast<void*>(Address(ch, step.srcs[0])) : MutableAddress(ch, step.dst);
     fabric::Comm& comm = is_send ? static_cast<fabric::Comm&>(*p->send) : static_cast<fabric::Comm&>(*p->recv);
-    if (st.registration == nullptr) {
+    if (st.registration == nullptr && comm.properties().cheap_registration) {
       KZ_ASSIGN_OR_RETURN(st.registration, comm.Register(fabric::MemoryDescriptor::Host(data, bytes)));
+    } else if (st.registration == nullptr) {
+      // Within a registered region (Run::Direct checked; it cannot go while this runs: run_mu_).
+      const std::optional<Region> region = ex_.RegionOf(data, bytes);
+      if (!region) return Internal(fmt::format("{}: its registered buffer is gone", StepName(ch, index)));
+      KZ_ASSIGN_OR_RETURN(st.registration, ex_.RegionRegistration(comm, *region));
+      st.region = true;
     }
     if (!ex_.direct_logged_) {
       ex_.direct_logged_ = true;

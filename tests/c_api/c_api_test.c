@@ -136,8 +136,17 @@ static void Adopted(void) {
   for (int r = 0; r < R; ++r) OK(kzAllReduce(data[r], data[r], M, kzFloat32, kzSum, comm[r], own[r]));
   for (int r = 0; r < R; ++r) OK(kzStreamSynchronize(own[r]));
   CHECK(data[0][0] == 6.0f, "the native stream after its adopted handle went: %g", data[0][0]);
+  /* Registration (ncclCommRegister): a handle per buffer, refused once deregistered. */
+  void* reg = NULL;
+  OK(kzCommRegister(comm[0], data[0], M * sizeof(float), &reg));
+  OK(kzCommDeregister(comm[0], reg));
+  kzResult_t res = kzCommDeregister(comm[0], reg);
+  CHECK(res == kzInvalidArgument && strstr(kzGetLastError(), "handle") != NULL, "deregistered twice: %s",
+        kzGetLastError());
+  res = kzCommRegister(comm[0], NULL, 16, &reg);
+  CHECK(res == kzInvalidArgument, "a null buffer registered: %s", kzGetErrorString(res));
   kzStream_t bad = NULL;
-  kzResult_t res = kzStreamAdopt(dev[0], native[1], &bad);
+  res = kzStreamAdopt(dev[0], native[1], &bad);
   CHECK(res == kzInvalidArgument && strstr(kzGetLastError(), "belongs to") != NULL, "another device's stream: %s",
         kzGetLastError());
   int stray = 0;

@@ -552,9 +552,6 @@ TEST(Communicator, RanksOnTwoHostsUseOfiBetweenWhenKizunaFabricNamesIt) {
   RanksOnTwoHosts("ofi", {"directconnect", "ofi"});
 }
 
-// KIZUNA_TEST_BACKEND (world.h): the named backend's devices from the registry, round-robin; a
-// backend the registry reports unavailable makes the world skip with the registry's reason; a
-// name no backend in the binary has is an error naming the ones there are.
 // Ranks compare versions before anything else: another minor forms the communicator, another
 // major (another ABI) is refused on every rank with both versions named.
 TEST(Communicator, RanksOfAnotherMajorVersionAreRefused) {
@@ -594,6 +591,9 @@ TEST(Communicator, RanksOfAnotherMajorVersionAreRefused) {
   }
 }
 
+// KIZUNA_TEST_BACKEND (world.h): the named backend's devices from the registry, round-robin; a
+// backend the registry reports unavailable makes the world skip with the registry's reason; a
+// name no backend in the binary has is an error naming the ones there are.
 TEST(World, BackendFromTheEnvironment) {
   const char* before = std::getenv("KIZUNA_TEST_BACKEND");
   const std::string saved = before != nullptr ? before : "";

@@ -354,12 +354,12 @@ kzResult_t kzFree(kzDevice_t device, void* ptr) {
   return kzSuccess;
 }
 
-// kzStreamCreate (native null) or kzStreamAdopt.
-static kzResult_t NewStream(kzDevice_t device, void* native, kzStream_t* stream) {
+// kzStreamCreate, or kzStreamAdopt of `native`.
+static kzResult_t NewStream(kzDevice_t device, void* native, kzStream_t* stream, bool adopt) {
   if (stream == nullptr) return Invalid("stream is NULL");
   DeviceRef ref;
   if (!FindDevice(device, "device", &ref)) return kzInvalidArgument;
-  auto created = native == nullptr ? ref.device->CreateStream() : ref.device->AdoptStream(native);
+  auto created = adopt ? ref.device->AdoptStream(native) : ref.device->CreateStream();
   if (!created.ok()) return Report(created.status());
   auto entry = std::make_shared<StreamEntry>();
   entry->device_keep = std::move(ref.keep);
@@ -370,11 +370,12 @@ static kzResult_t NewStream(kzDevice_t device, void* native, kzStream_t* stream)
   return kzSuccess;
 }
 
-kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream) { return NewStream(device, nullptr, stream); }
+kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream) {
+  return NewStream(device, nullptr, stream, /*adopt=*/false);
+}
 
 kzResult_t kzStreamAdopt(kzDevice_t device, void* native, kzStream_t* stream) {
-  if (native == nullptr) return Invalid("native is NULL");
-  return NewStream(device, native, stream);
+  return NewStream(device, native, stream, /*adopt=*/true);
 }
 
 kzResult_t kzStreamGetNative(kzStream_t stream, void** native) {

@@ -108,8 +108,9 @@ kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream);
 /* A framework's own stream (a cudaStream_t / CUstream on CUDA; on the emulated device the token
  * kzStreamGetNative gives) as a kzStream_t, so that collectives enqueue on the framework's stream
  * and return, as NCCL's do on a cudaStream_t. The native stream stays the caller's: it must
- * outlive the handle, and kzStreamDestroy releases only the handle. kzInvalidArgument when
- * `native` is not a live stream of `device`; kzNotSupported when its backend adopts none. */
+ * outlive the handle, and kzStreamDestroy releases only the handle. NULL is CUDA's legacy default
+ * stream. kzInvalidArgument when `native` is not a live stream of `device`; kzNotSupported when its
+ * backend adopts none. */
 kzResult_t kzStreamAdopt(kzDevice_t device, void* native, kzStream_t* stream);
 /* The backend's own handle of a stream (kzNotSupported where its backend has none). */
 kzResult_t kzStreamGetNative(kzStream_t stream, void** native);

@@ -102,6 +102,7 @@ class CudaDevice final : public device::Device {
   Result<std::unique_ptr<device::Buffer>> DoAllocate(size_t bytes) override;
   Result<std::unique_ptr<device::Buffer>> DoAllocateHost(size_t bytes) override;
   Result<std::unique_ptr<device::Stream>> DoCreateStream() override;
+  Result<std::unique_ptr<device::Stream>> DoAdoptStream(void* native) override;
   Result<std::unique_ptr<device::Event>> DoCreateEvent() override;
   Result<device::ExportedMemory> DoExport(const device::Buffer& buffer, size_t offset, size_t size) override;
   Result<device::ExportedMemory> DoExportDmaBuf(const device::Buffer& buffer, size_t offset, size_t size) override;

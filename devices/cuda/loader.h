@@ -57,6 +57,7 @@ namespace kizuna::cuda {
   X(cuPointerGetAttribute)            \
   X(cuStreamCreate)                   \
   X(cuStreamDestroy)                  \
+  X(cuStreamGetCtx)                   \
   X(cuStreamQuery)                    \
   X(cuStreamSynchronize)              \
   X(cuStreamWaitEvent)                \

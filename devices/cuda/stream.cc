@@ -254,6 +254,23 @@ Result<std::unique_ptr<device::Stream>> CudaDevice::DoCreateStream() {
   return std::unique_ptr<device::Stream>(new CudaStream(this, s));
 }
 
+// A framework's CUstream (a torch stream's cuda_stream, a cudaStream_t: the same handle). The
+// driver says which context it belongs to; it must be this device's (the primary context, which
+// the runtime API and PyTorch use). The legacy default stream (null) is taken as it is.
+Result<std::unique_ptr<device::Stream>> CudaDevice::DoAdoptStream(void* native) {
+  auto stream = static_cast<CUstream>(native);
+  ScopedContext scope(api(), context());
+  CUcontext ctx = nullptr;
+  CUresult r = api().cuStreamGetCtx(stream, &ctx);
+  if (r != CUDA_SUCCESS)
+    return CudaError(api(), r, fmt::format("{}: {} is not a live CUDA stream (cuStreamGetCtx)", label(), native));
+  if (ctx != context())
+    return InvalidArgument(fmt::format("{}: CUDA stream {} belongs to another context (another device, or a context "
+                                       "other than the device's primary one)",
+                                       label(), native));
+  return std::unique_ptr<device::Stream>(new CudaStream(this, stream, /*owned=*/false));
+}
+
 Result<std::unique_ptr<device::Event>> CudaDevice::DoCreateEvent() {
   ScopedContext scope(api(), context());
   CUevent e = nullptr;
@@ -264,10 +281,15 @@ Result<std::unique_ptr<device::Event>> CudaDevice::DoCreateEvent() {
 
 // ---- CudaStream ----
 
-CudaStream::CudaStream(CudaDevice* device, CUstream stream)
-    : Stream(device), core_(device->core()), stream_(stream), state_(std::make_shared<StreamState>()) {}
+CudaStream::CudaStream(CudaDevice* device, CUstream stream, bool owned)
+    : Stream(device),
+      core_(device->core()),
+      stream_(stream),
+      owned_(owned),
+      state_(std::make_shared<StreamState>()) {}
 
 CudaStream::~CudaStream() {
+  if (!owned_) return;  // a framework's stream: its work and its life are the framework's
   const double timeout_s = device().config().timeout_s;
   if (tls_callback_stream != nullptr) {
     // Destroyed by a host callback, on the driver's callback thread, where no CUDA call is

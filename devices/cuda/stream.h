@@ -36,7 +36,9 @@ struct StreamState {
 
 class CudaStream final : public device::Stream {
  public:
-  CudaStream(CudaDevice* device, CUstream stream);
+  // `owned`: the stream is destroyed with this object (CreateStream); an adopted one (a
+  // framework's, AdoptStream) is left to its owner.
+  CudaStream(CudaDevice* device, CUstream stream, bool owned = true);
   ~CudaStream() override;
 
  protected:
@@ -52,6 +54,7 @@ class CudaStream final : public device::Stream {
   Status DoEnqueueRelease(std::unique_ptr<device::StreamHold> hold) override;
   Status DoSynchronize(Deadline deadline) override;
   Result<bool> DoQuery() override;
+  void* DoNativeHandle() const override { return stream_; }
 
  private:
   CudaDevice& cuda() const { return static_cast<CudaDevice&>(device()); }
@@ -62,6 +65,7 @@ class CudaStream final : public device::Stream {
 
   std::shared_ptr<DeviceCore> core_;
   CUstream stream_;
+  bool owned_ = true;
   std::shared_ptr<StreamState> state_;
   std::shared_ptr<struct HoldSlots> holds_;  // created on the first hold
   bool holds_unsupported_ = false;           // the driver refused stream memory waits: callback holds

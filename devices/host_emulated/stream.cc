@@ -676,6 +676,7 @@ Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, Strea
 }
 
 Result<std::unique_ptr<device::Stream>> AdoptStream(device::Device* device, StreamEnvironment* env, void* native) {
+  if (native == nullptr) return InvalidArgument(fmt::format("{}: the native stream to adopt is null", device->label()));
   std::optional<StreamEnvironment::Native> found = env->FindNative(native);
   std::shared_ptr<StreamCore> core = found ? found->core.lock() : nullptr;
   if (core == nullptr)

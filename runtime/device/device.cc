@@ -265,10 +265,7 @@ Result<std::unique_ptr<Buffer>> Device::DoAllocateHost(size_t bytes) {
 
 Result<std::unique_ptr<Stream>> Device::CreateStream() { return DoCreateStream(); }
 
-Result<std::unique_ptr<Stream>> Device::AdoptStream(void* native) {
-  if (native == nullptr) return InvalidArgument(fmt::format("{}: the native stream to adopt is null", label()));
-  return DoAdoptStream(native);
-}
+Result<std::unique_ptr<Stream>> Device::AdoptStream(void* native) { return DoAdoptStream(native); }
 
 Result<std::unique_ptr<Stream>> Device::DoAdoptStream(void* /*native*/) {
   return NotSupported(fmt::format("{}: backend {} cannot adopt a native stream", label(), properties_.backend));

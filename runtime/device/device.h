@@ -292,8 +292,9 @@ class Device {
   // A Stream for a native stream of this device that someone else (a framework) created and
   // keeps: work enqueued on it goes onto that native stream, in its order; destroying the returned
   // object releases the wrapper only (the native stream stays, and its work goes on). `native` as
-  // Stream::native_handle gives it. kInvalidArgument when `native` is not a live stream of this
-  // device (the backend checks what it can), kNotSupported when the backend adopts nothing.
+  // Stream::native_handle gives it (null is CUDA's legacy default stream; the emulated device
+  // refuses it). kInvalidArgument when `native` is not a live stream of this device (the backend
+  // checks what it can), kNotSupported when the backend adopts nothing.
   Result<std::unique_ptr<Stream>> AdoptStream(void* native);
   Result<std::unique_ptr<Event>> CreateEvent();
 
@@ -330,7 +331,7 @@ class Device {
   // The default: DoAllocate when the device is host accessible, else kNotSupported.
   virtual Result<std::unique_ptr<Buffer>> DoAllocateHost(size_t bytes);
   virtual Result<std::unique_ptr<Stream>> DoCreateStream() = 0;
-  // `native` is not null. The default: kNotSupported.
+  // The default: kNotSupported.
   virtual Result<std::unique_ptr<Stream>> DoAdoptStream(void* native);
   virtual Result<std::unique_ptr<Event>> DoCreateEvent() = 0;
   virtual Result<ExportedMemory> DoExport(const Buffer& buffer, size_t offset, size_t size);

@@ -149,6 +149,8 @@ static void Adopted(void) {
   res = kzStreamAdopt(dev[0], native[1], &bad);
   CHECK(res == kzInvalidArgument && strstr(kzGetLastError(), "belongs to") != NULL, "another device's stream: %s",
         kzGetLastError());
+  res = kzStreamAdopt(dev[0], NULL, &bad);
+  CHECK(res == kzInvalidArgument, "the emulated device adopted a null stream: %s", kzGetErrorString(res));
   int stray = 0;
   res = kzStreamAdopt(dev[0], &stray, &bad);
   CHECK(res == kzInvalidArgument && strstr(kzGetLastError(), "not a live stream") != NULL, "a stray pointer: %s",

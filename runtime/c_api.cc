@@ -225,6 +225,12 @@ kzResult_t Usable(CommEntry& c, const std::shared_ptr<StreamEntry>& s) {
   if (s == nullptr) return kzInvalidArgument;                                    \
   if (const kzResult_t usable = Usable(*c, s); usable != kzSuccess) return usable
 
+// `c`: a communicator entry that is ready (Ready), held until the call returns.
+#define KZ_C_READY_COMM(comm)                                                                     \
+  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");                          \
+  if (c == nullptr) return kzInvalidArgument;                                                     \
+  if (const kzResult_t ready = Ready(*c); ready != kzSuccess) return ready
+
 #define KZ_C_CHECK_TYPE(t) \
   if (!ValidType(t)) return Invalid(fmt::format("datatype {} is not a kzDataType_t", static_cast<int>(t)))
 #define KZ_C_CHECK_OP(op) \
@@ -370,9 +376,7 @@ static kzResult_t NewStream(kzDevice_t device, void* native, kzStream_t* stream,
   return kzSuccess;
 }
 
-kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream) {
-  return NewStream(device, nullptr, stream, /*adopt=*/false);
-}
+kzResult_t kzStreamCreate(kzDevice_t device, kzStream_t* stream) { return NewStream(device, nullptr, stream, false); }
 
 kzResult_t kzStreamAdopt(kzDevice_t device, void* native, kzStream_t* stream) {
   return NewStream(device, native, stream, /*adopt=*/true);
@@ -411,14 +415,22 @@ kzResult_t kzGetUniqueId(kzUniqueId* id) {
   return kzSuccess;
 }
 
-kzResult_t kzCommInitRank(kzComm_t* comm, int nranks, kzUniqueId id, int rank, kzDevice_t device) {
+// kzCommInitRank's arguments checked: the device and the id, parsed.
+static kzResult_t InitArgs(kzComm_t* comm, const kzUniqueId& id, kzDevice_t device, DeviceRef* ref,
+                           kizuna::bootstrap::UniqueId* parsed) {
   if (comm == nullptr) return Invalid("comm is NULL");
+  if (!FindDevice(device, "device", ref)) return kzInvalidArgument;
+  auto p = kizuna::bootstrap::UniqueId::Parse(std::string(id.internal, strnlen(id.internal, sizeof id.internal)));
+  if (!p.ok()) return Report(p.status());
+  *parsed = *p;
+  return kzSuccess;
+}
+
+kzResult_t kzCommInitRank(kzComm_t* comm, int nranks, kzUniqueId id, int rank, kzDevice_t device) {
   DeviceRef ref;
-  if (!FindDevice(device, "device", &ref)) return kzInvalidArgument;
-  const std::string text(id.internal, strnlen(id.internal, sizeof id.internal));
-  auto parsed = kizuna::bootstrap::UniqueId::Parse(text);
-  if (!parsed.ok()) return Report(parsed.status());
-  auto c = kizuna::Communicator::Create(*parsed, rank, nranks, *ref.device);
+  kizuna::bootstrap::UniqueId parsed;
+  if (const kzResult_t r = InitArgs(comm, id, device, &ref, &parsed); r != kzSuccess) return r;
+  auto c = kizuna::Communicator::Create(parsed, rank, nranks, *ref.device);
   if (!c.ok()) return Report(c.status());
   return AddComm(std::move(*c), Bits(device), std::move(ref.keep), comm);
 }
@@ -436,12 +448,9 @@ kzResult_t kzCommInitRankConfig(kzComm_t* comm, int nranks, kzUniqueId id, int r
   if (config->blocking != 0 && config->blocking != 1)
     return Invalid(fmt::format("config->blocking is {} (0 or 1)", config->blocking));
   if (config->blocking == 1) return kzCommInitRank(comm, nranks, id, rank, device);
-  if (comm == nullptr) return Invalid("comm is NULL");
   DeviceRef ref;
-  if (!FindDevice(device, "device", &ref)) return kzInvalidArgument;
-  const std::string text(id.internal, strnlen(id.internal, sizeof id.internal));
-  auto parsed = kizuna::bootstrap::UniqueId::Parse(text);
-  if (!parsed.ok()) return Report(parsed.status());
+  kizuna::bootstrap::UniqueId parsed;
+  if (const kzResult_t r = InitArgs(comm, id, device, &ref, &parsed); r != kzSuccess) return r;
   auto entry = std::make_shared<CommEntry>();
   entry->device_keep = std::move(ref.keep);
   entry->device = Bits(device);
@@ -449,7 +458,7 @@ kzResult_t kzCommInitRankConfig(kzComm_t* comm, int nranks, kzUniqueId id, int r
   // The thread holds no reference: the entry's destructor joins it, so the entry outlives it.
   CommEntry* e = entry.get();
   kizuna::device::Device* d = ref.device;
-  entry->creator = std::thread([e, d, id = *parsed, rank, nranks] {
+  entry->creator = std::thread([e, d, id = parsed, rank, nranks] {
     auto c = kizuna::Communicator::Create(id, rank, nranks, *d);
     if (c.ok()) {
       e->comm = std::move(*c);
@@ -467,9 +476,7 @@ kzResult_t kzCommInitRankConfig(kzComm_t* comm, int nranks, kzUniqueId id, int r
 }
 
 kzResult_t kzCommFinalize(kzComm_t comm) {
-  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
-  if (c == nullptr) return kzInvalidArgument;
-  if (const kzResult_t r = Ready(*c); r != kzSuccess) return r;
+  KZ_C_READY_COMM(comm);
   if (c->finalized.exchange(true)) return Invalid("the communicator was finalized already");
   std::vector<std::shared_ptr<StreamEntry>> streams;
   {
@@ -584,9 +591,7 @@ kzResult_t kzCommGetAsyncError(kzComm_t comm, kzResult_t* async_error) {
 
 kzResult_t kzCommRegister(const kzComm_t comm, void* buff, size_t size, void** handle) {
   if (handle == nullptr) return Invalid("handle is NULL");
-  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
-  if (c == nullptr) return kzInvalidArgument;
-  if (const kzResult_t r = Ready(*c); r != kzSuccess) return r;
+  KZ_C_READY_COMM(comm);
   auto id = c->comm->Register(buff, size);
   if (!id.ok()) return Report(id.status());
   *handle = reinterpret_cast<void*>(static_cast<uintptr_t>(*id));
@@ -594,26 +599,20 @@ kzResult_t kzCommRegister(const kzComm_t comm, void* buff, size_t size, void** h
 }
 
 kzResult_t kzCommDeregister(const kzComm_t comm, void* handle) {
-  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
-  if (c == nullptr) return kzInvalidArgument;
-  if (const kzResult_t r = Ready(*c); r != kzSuccess) return r;
+  KZ_C_READY_COMM(comm);
   return Report(c->comm->Deregister(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(handle))));
 }
 
 kzResult_t kzCommCount(const kzComm_t comm, int* count) {
   if (count == nullptr) return Invalid("count is NULL");
-  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
-  if (c == nullptr) return kzInvalidArgument;
-  if (const kzResult_t r = Ready(*c); r != kzSuccess) return r;
+  KZ_C_READY_COMM(comm);
   *count = c->comm->size();
   return kzSuccess;
 }
 
 kzResult_t kzCommUserRank(const kzComm_t comm, int* rank) {
   if (rank == nullptr) return Invalid("rank is NULL");
-  const std::shared_ptr<CommEntry> c = Comms().Find(Bits(comm), "comm");
-  if (c == nullptr) return kzInvalidArgument;
-  if (const kzResult_t r = Ready(*c); r != kzSuccess) return r;
+  KZ_C_READY_COMM(comm);
   *rank = c->comm->rank();
   return kzSuccess;
 }

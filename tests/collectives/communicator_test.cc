@@ -474,21 +474,15 @@ void RanksOnTwoHosts(const std::string& network, const std::vector<std::string>&
   }
   auto backend = host_emulated::CreateHostEmulatedBackend(config);
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-  auto boots = bootstrap::CreateInProcessBootstraps(n);
-  ASSERT_TRUE(boots.ok()) << boots.status().ToString();
-  std::vector<Result<std::unique_ptr<Communicator>>> created;
-  for (int r = 0; r < n; ++r) created.emplace_back(Internal("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      CommOptions options;
-      options.config = &config;
-      options.staging_bytes = 2u << 20;
-      options.host_id = r < 2 ? "hostA" : "hostB";
-      created[r] = Communicator::Create(std::shared_ptr<bootstrap::Bootstrap>(std::move((*boots)[r])),
-                                        *(*backend)->device(r), options);
-    });
-  for (auto& t : threads) t.join();
+  auto created = CreateByThreads(
+      n, [&](int r) { return (*backend)->device(r); },
+      [&](int r) {
+        CommOptions options;
+        options.config = &config;
+        options.staging_bytes = 2u << 20;
+        options.host_id = r < 2 ? "hostA" : "hostB";
+        return options;
+      });
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(created[r].ok()) << "rank " << r << ": " << created[r].status().ToString();
@@ -563,20 +557,14 @@ TEST(Communicator, RanksOfAnotherMajorVersionAreRefused) {
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   for (const Version other : {Version{kVersion.major, kVersion.minor + 1, 7}, Version{kVersion.major + 1, 0, 0}}) {
     const bool same_major = other.major == kVersion.major;
-    auto boots = bootstrap::CreateInProcessBootstraps(n);
-    ASSERT_TRUE(boots.ok()) << boots.status().ToString();
-    std::vector<Result<std::unique_ptr<Communicator>>> created;
-    for (int r = 0; r < n; ++r) created.emplace_back(Internal("not run"));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r)
-      threads.emplace_back([&, r] {
-        CommOptions options;
-        options.config = &config;
-        if (r == 2) options.version = other;
-        created[r] = Communicator::Create(std::shared_ptr<bootstrap::Bootstrap>(std::move((*boots)[r])),
-                                          *(*backend)->device(r), options);
-      });
-    for (auto& t : threads) t.join();
+    auto created = CreateByThreads(
+        n, [&](int r) { return (*backend)->device(r); },
+        [&](int r) {
+          CommOptions options;
+          options.config = &config;
+          if (r == 2) options.version = other;
+          return options;
+        });
     for (int r = 0; r < n; ++r) {
       if (same_major) {
         EXPECT_TRUE(created[r].ok()) << "rank " << r << ": " << created[r].status().ToString();

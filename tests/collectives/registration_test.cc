@@ -10,10 +10,8 @@
 
 #include <gtest/gtest.h>
 
-#include "devices/host_emulated/backend.h"
 #include "fabric/registry.h"
-#include "runtime/bootstrap/in_process.h"
-#include "runtime/communicator.h"
+#include "tests/collectives/world.h"
 
 namespace kizuna {
 namespace {
@@ -34,21 +32,15 @@ TEST(Registration, RegisteredBuffersGoStraightOverAFabricWhoseRegistrationCostsS
   }
   auto backend = host_emulated::CreateHostEmulatedBackend(config);
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-  auto boots = bootstrap::CreateInProcessBootstraps(n);
-  ASSERT_TRUE(boots.ok()) << boots.status().ToString();
-  std::vector<Result<std::unique_ptr<Communicator>>> created;
-  for (int r = 0; r < n; ++r) created.emplace_back(Internal("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      CommOptions options;
-      options.config = &config;
-      options.staging_bytes = 2u << 20;
-      options.host_id = r < 2 ? "hostA" : "hostB";
-      created[r] = Communicator::Create(std::shared_ptr<bootstrap::Bootstrap>(std::move((*boots)[r])),
-                                        *(*backend)->device(r), options);
-    });
-  for (auto& t : threads) t.join();
+  auto created = test::CreateByThreads(
+      n, [&](int r) { return (*backend)->device(r); },
+      [&](int r) {
+        CommOptions options;
+        options.config = &config;
+        options.staging_bytes = 2u << 20;
+        options.host_id = r < 2 ? "hostA" : "hostB";
+        return options;
+      });
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::unique_ptr<device::Stream>> streams;
   std::vector<std::unique_ptr<device::Buffer>> bufs;

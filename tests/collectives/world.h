@@ -21,8 +21,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -30,6 +32,7 @@
 
 #include "collectives/plan/plan.h"
 #include "devices/host_emulated/backend.h"
+#include "runtime/bootstrap/in_process.h"
 #include "runtime/communicator.h"
 #include "runtime/core/config.h"
 #include "runtime/device/registry.h"
@@ -243,6 +246,26 @@ class World {
   } while (0)
 
 // A buffer of `bytes` on rank r's device; a failed allocation fails the test and gives null.
+// `n` communicators made by threads of this process over an in-process bootstrap: rank r on
+// `device_of(r)` with `options_of(r)` (tests that set per-rank options: pretend hosts, versions).
+// Each rank's result, in rank order.
+inline std::vector<Result<std::unique_ptr<Communicator>>> CreateByThreads(
+    int n, const std::function<device::Device*(int)>& device_of, const std::function<CommOptions(int)>& options_of) {
+  std::vector<Result<std::unique_ptr<Communicator>>> created;
+  auto boots = bootstrap::CreateInProcessBootstraps(n);
+  for (int r = 0; r < n; ++r) created.emplace_back(boots.ok() ? Internal("not run") : boots.status());
+  if (!boots.ok()) return created;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      created[static_cast<size_t>(r)] = Communicator::Create(
+          std::shared_ptr<bootstrap::Bootstrap>(std::move((*boots)[static_cast<size_t>(r)])), *device_of(r),
+          options_of(r));
+    });
+  for (auto& t : threads) t.join();
+  return created;
+}
+
 inline std::unique_ptr<device::Buffer> Alloc(World& w, int r, size_t bytes) {
   auto b = w.device(r).Allocate(bytes);
   EXPECT_TRUE(b.ok()) << b.status().ToString();

@@ -50,7 +50,7 @@ class KizunaWork : public c10d::Work {
   c10::intrusive_ptr<at::ivalue::Future> future_;
 };
 
-DataType TypeOf(const at::Tensor& t, bool reducing) {
+DataType TypeOf(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kHalf: return DataType::kFloat16;
     case at::kBFloat16: return DataType::kBfloat16;
@@ -62,9 +62,7 @@ DataType TypeOf(const at::Tensor& t, bool reducing) {
     case at::kUInt32: return DataType::kUint32;
     case at::kLong: return DataType::kInt64;
     case at::kUInt64: return DataType::kUint64;
-    case at::kBool:
-      // Bytes of 0 and 1: moved as uint8; min and max of them are AND and OR (checked by OpOf).
-      if (!reducing) return DataType::kUint8;
+    case at::kBool:  // bytes of 0 and 1, moved as uint8; MIN and MAX of them are AND and OR (OpOf)
       return DataType::kUint8;
     default:
       TORCH_CHECK(false, "kizuna: tensors of ", t.scalar_type(), " are not supported");
@@ -226,7 +224,7 @@ Status KizunaBackend::Execute(const void* in, size_t in_bytes, void* out, size_t
 c10::intrusive_ptr<c10d::Work> KizunaBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::AllreduceOptions& opts) {
   Dense t(One(tensors, "allreduce"));
-  const DataType type = TypeOf(t.data, true);
+  const DataType type = TypeOf(t.data);
   const ReduceOp op = OpOf(opts.reduceOp, t.data);
   return Run(c10d::OpType::ALLREDUCE, "kizuna:all_reduce", tensors, [&]() -> Status {
     void* p = t.data.data_ptr();
@@ -267,7 +265,7 @@ c10::intrusive_ptr<c10d::Work> KizunaBackend::allreduce_coalesced(std::vector<at
 c10::intrusive_ptr<c10d::Work> KizunaBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                         const c10d::BroadcastOptions& opts) {
   Dense t(One(tensors, "broadcast"));
-  const DataType type = TypeOf(t.data, false);
+  const DataType type = TypeOf(t.data);
   const int root = static_cast<int>(opts.rootRank);
   return Run(c10d::OpType::BROADCAST, "kizuna:broadcast", tensors, [&]() -> Status {
     void* p = t.data.data_ptr();
@@ -283,7 +281,7 @@ c10::intrusive_ptr<c10d::Work> KizunaBackend::broadcast(std::vector<at::Tensor>&
 c10::intrusive_ptr<c10d::Work> KizunaBackend::reduce(std::vector<at::Tensor>& tensors,
                                                      const c10d::ReduceOptions& opts) {
   Dense t(One(tensors, "reduce"));
-  const DataType type = TypeOf(t.data, true);
+  const DataType type = TypeOf(t.data);
   const ReduceOp op = OpOf(opts.reduceOp, t.data);
   const int root = static_cast<int>(opts.rootRank);
   return Run(c10d::OpType::REDUCE, "kizuna:reduce", tensors, [&]() -> Status {
@@ -307,7 +305,7 @@ c10::intrusive_ptr<c10d::Work> KizunaBackend::_allgather_base(at::Tensor& output
               " elements, expected ", input.numel() * getSize(), " (input x ranks)");
   Dense out(output);
   const at::Tensor in = input.contiguous();
-  const DataType type = TypeOf(in, false);
+  const DataType type = TypeOf(in);
   return Run(c10d::OpType::_ALLGATHER_BASE, "kizuna:all_gather_into_tensor", {output}, [&]() -> Status {
     const size_t n = static_cast<size_t>(in.numel());
     KZ_RETURN_IF_ERROR(Execute(in.data_ptr(), Bytes(in), out.data.data_ptr(), Bytes(out.data), true,
@@ -346,7 +344,7 @@ c10::intrusive_ptr<c10d::Work> KizunaBackend::_reduce_scatter_base(at::Tensor& o
               " elements, expected ", output.numel() * getSize(), " (output x ranks)");
   Dense out(output);
   const at::Tensor in = input.contiguous();
-  const DataType type = TypeOf(in, true);
+  const DataType type = TypeOf(in);
   const ReduceOp op = OpOf(opts.reduceOp, in);
   return Run(c10d::OpType::_REDUCE_SCATTER_BASE, "kizuna:reduce_scatter_tensor", {output}, [&]() -> Status {
     const size_t n = static_cast<size_t>(out.data.numel());
@@ -385,7 +383,7 @@ c10::intrusive_ptr<c10d::Work> KizunaBackend::alltoall_base(at::Tensor& output, 
   const int n = getSize(), me = getRank();
   Dense out(output);
   const at::Tensor in = input.contiguous();
-  const DataType type = TypeOf(in, false);
+  const DataType type = TypeOf(in);
   // Splits count rows (the first dimension); empty: equal parts.
   const int64_t in_row = in.dim() > 0 && in.size(0) > 0 ? in.numel() / in.size(0) : 1;
   const int64_t out_row = out.data.dim() > 0 && out.data.size(0) > 0 ? out.data.numel() / out.data.size(0) : 1;
@@ -446,7 +444,7 @@ c10::intrusive_ptr<c10d::Work> KizunaBackend::alltoall_base(at::Tensor& output, 
 
 c10::intrusive_ptr<c10d::Work> KizunaBackend::send(std::vector<at::Tensor>& tensors, int dst, int /*tag*/) {
   const at::Tensor t = One(tensors, "send").contiguous();
-  const DataType type = TypeOf(t, false);
+  const DataType type = TypeOf(t);
   return Run(c10d::OpType::SEND, "kizuna:send", tensors, [&]() -> Status {
     const size_t n = static_cast<size_t>(t.numel());
     return Execute(t.data_ptr(), Bytes(t), nullptr, 0, false,
@@ -456,7 +454,7 @@ c10::intrusive_ptr<c10d::Work> KizunaBackend::send(std::vector<at::Tensor>& tens
 
 c10::intrusive_ptr<c10d::Work> KizunaBackend::recv(std::vector<at::Tensor>& tensors, int src, int /*tag*/) {
   Dense t(One(tensors, "recv"));
-  const DataType type = TypeOf(t.data, false);
+  const DataType type = TypeOf(t.data);
   return Run(c10d::OpType::RECV, "kizuna:recv", tensors, [&]() -> Status {
     const size_t n = static_cast<size_t>(t.data.numel());
     KZ_RETURN_IF_ERROR(Execute(nullptr, 0, t.data.data_ptr(), Bytes(t.data), false,

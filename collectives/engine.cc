@@ -276,6 +276,10 @@ Status Engine::Deregister(uint64_t handle) {
   return Status::Ok();
 }
 
+std::string Engine::FlightRecord() const {
+  return executor_ ? executor_->recorder().ToJson(rank_) : fmt::format("{{\"rank\": {}, \"records\": []}}\n", rank_);
+}
+
 uint64_t Engine::registered_transfers() const { return executor_ ? executor_->registered_transfers() : 0; }
 
 }  // namespace kizuna::collectives

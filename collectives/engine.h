@@ -127,6 +127,8 @@ class Engine {
   uint64_t Register(const void* buffer, size_t bytes);
   Status Deregister(uint64_t handle);
   uint64_t registered_transfers() const;
+  // The flight recorder's JSON (FlightRecorder::ToJson); a one-rank engine records nothing.
+  std::string FlightRecord() const;
 
  private:
   struct Prepared {

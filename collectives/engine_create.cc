@@ -363,6 +363,7 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
 Status Engine::Builder::StartExecutor(device::Device& device) {
   ExecutorOptions eopts;
   eopts.timeout_s = e_.config_->timeout_s;
+  eopts.dump_on_timeout = e_.config_->dump_on_timeout;
   eopts.p2p_staging_bytes = p2p_staging_bytes_;
   eopts.chunk_bytes = e_.config_->chunk_bytes.value_or(0);
   eopts.same_process = same_process_;

@@ -300,6 +300,8 @@ Status Communicator::Deregister(uint64_t handle) { return engine_->Deregister(ha
 
 uint64_t Communicator::registered_transfers() const { return engine_->registered_transfers(); }
 
+std::string Communicator::FlightRecord() const { return engine_->FlightRecord(); }
+
 std::string Communicator::DescribeConnections() const { return engine_->DescribeConnections(); }
 
 std::vector<int> Communicator::ConnectedPeers() const { return engine_->ConnectedPeers(); }

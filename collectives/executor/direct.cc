@@ -192,6 +192,7 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
   const Deadline deadline = Deadline::AfterSecondsCoarse(options_.timeout_s);
   // Ranks outnumbering the CPUs each do their part on this thread alone.
   const ScopedSerialHostWork serial(group.oversubscribed());
+  const uint64_t ticket = recorder_.Begin(seq, req, m.plan->algorithm, 1, RunPath::kInline);
   Status s;
   if (group.UsesOneShot(req)) {
     s = group.RunOneShot(seq, signature, req, m.input, m.output, deadline, abort_);
@@ -205,8 +206,10 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     s = buffers.ok() ? RunFusedPartOnCpu(req, options_.rank, buffers->inputs, buffers->outputs) : buffers.status();
     if (s.ok()) s = group.Finish(seq, deadline, abort_);
   }
+  recorder_.End(ticket, s);
   if (!s.ok()) {
     s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", seq, options_.rank, req.ToString()));
+    if (s.code() == StatusCode::kTimeout) DumpRecorder();
     Fail(s);
     return s;
   }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -59,6 +61,24 @@ Executor::~Executor() {
   // Control receives and header sends still posted are released with the comms (the
   // transport's); nothing here refers to them after this point.
   for (auto& s : streams_) s->Synchronize(Deadline::AfterSeconds(10)).IgnoreError();
+}
+
+void Executor::DumpRecorder() {
+  if (options_.dump_on_timeout.empty()) return;
+  const std::string path = ExpandPathPattern(options_.dump_on_timeout, options_.rank);
+  const std::string json = recorder_.ToJson(options_.rank);
+  bool written = false;
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    written = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+    written = std::fclose(f) == 0 && written;
+  }
+  if (written) {
+    KZ_WARN(kLogColl, "rank {}: an operation timed out; its last operations are in {} (KIZUNA_DUMP_ON_TIMEOUT)",
+            options_.rank, path);
+  } else {
+    KZ_WARN(kLogColl, "rank {}: KIZUNA_DUMP_ON_TIMEOUT: cannot write {}: {}", options_.rank, path,
+            std::strerror(errno));
+  }
 }
 
 uint64_t Executor::Register(const void* base, size_t bytes) {
@@ -256,7 +276,7 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
     KZ_INFO(kLogColl, "rank {}: collectives up to {} KiB run on the calling thread (the first: {})", options_.rank,
             CallerOpBytes(*transport_) >> 10, req.ToString());
   }
-  const Status status = RunOperation(*op);
+  const Status status = RunOperation(*op, RunPath::kCaller);
   {
     std::lock_guard lock(mu_);
     --pending_;  // no one waits for it: the executor's thread wakes for the queue
@@ -282,7 +302,10 @@ Status Executor::EnsureScratch(size_t bytes) {
   return Status::Ok();
 }
 
-Status Executor::RunOperation(Operation& op) {
+Status Executor::RunOperation(Operation& op, RunPath path) {
+  const OperationMember& first = op.members[0];
+  const uint64_t ticket = recorder_.Begin(op.seq, first.plan->request, first.plan->algorithm,
+                                          static_cast<int>(op.members.size()), path);
   Status status;
   const bool direct = op.members.size() == 1 && op.members[0].plan->algorithm == Algorithm::kFused;
   // The fused path decides for itself (its group knows when its ranks outnumber the CPUs).
@@ -306,6 +329,8 @@ Status Executor::RunOperation(Operation& op) {
     running_ = nullptr;
   }
   if (op.seq != 0) last_seq_ = op.seq;
+  recorder_.End(ticket, status);
+  if (status.code() == StatusCode::kTimeout) DumpRecorder();
   if (!status.ok()) {
     Fail(status);
     if (!closed_) TellPeersAndClose(status);

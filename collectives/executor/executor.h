@@ -51,6 +51,7 @@
 
 #include "collectives/direct/same_host_group.h"
 #include "collectives/direct/same_process_group.h"
+#include "collectives/executor/flight_recorder.h"
 #include "collectives/plan/plan.h"
 #include "collectives/transport/transport.h"
 #include "runtime/core/config.h"
@@ -72,6 +73,7 @@ struct OperationMember {
 
 struct ExecutorOptions {
   double timeout_s = 600;  // per operation, from its inputs being ready
+  std::string dump_on_timeout;  // Config::dump_on_timeout
   int window = 4;          // started steps per channel (>= 2, plan.h)
   // Point-to-point's staging for every channel that can be active at once (P2pStagingBytes): the
   // chunk is cut from it (p2p_chunk_bytes). The transport's region for point-to-point grows to the
@@ -191,6 +193,8 @@ class Executor {
   // kInvalidArgument for an id that is not registered.
   uint64_t Register(const void* base, size_t bytes);
   Status Deregister(uint64_t id);
+  // Its last operations (FlightRecorder).
+  const FlightRecorder& recorder() const { return recorder_; }
   // Transfers that went direct through a registered region so far (tests).
   uint64_t registered_transfers() const { return registered_transfers_.load(std::memory_order_relaxed); }
 
@@ -241,9 +245,12 @@ class Executor {
   static Status FillHeader(Operation& op, int* total_channels);
   // An operation of `members` with its header and staging slots (Submit, TryOnCaller); not numbered.
   Result<std::shared_ptr<Operation>> NewOperation(std::vector<OperationMember> members, size_t slot_bytes);
-  // Runs `op` on this thread, which holds run_mu_ (Loop, TryOnCaller); a failure fails the
-  // communicator and tells the peers.
-  Status RunOperation(Operation& op);
+  // Runs `op` on this thread, which holds run_mu_ (Loop, TryOnCaller: `path`); a failure fails
+  // the communicator and tells the peers; a timeout writes the flight recorder where
+  // KIZUNA_DUMP_ON_TIMEOUT says.
+  Status RunOperation(Operation& op, RunPath path = RunPath::kExecutor);
+  // The flight recorder into the file options_.dump_on_timeout names (after a timeout).
+  void DumpRecorder();
   // A fused member (fused.cc), run through the direct group (executor_direct.cc).
   Status RunDirect(Operation& op, Deadline deadline);
   Status RunHostDirect(Operation& op, Deadline deadline);  // through the host group
@@ -292,6 +299,7 @@ class Executor {
   uint64_t next_region_ = 1;     // regions_mu_
   std::map<std::pair<fabric::Comm*, uint64_t>, fabric::Registration*> region_regs_;  // run_mu_
   std::atomic<uint64_t> registered_transfers_{0};
+  FlightRecorder recorder_;
 
   // Held by the thread that uses the connections, the control state and the members below marked
   // "run_mu_": the executor's thread, or a caller's running an operation itself (TryOnCaller).

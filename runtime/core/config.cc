@@ -244,6 +244,9 @@ const std::vector<Entry>& Entries() {
         Text(&Config::unique_id_file));
     add({"KIZUNA_ROOT", "host:port", "MASTER_ADDR:MASTER_PORT+1", "root's bootstrap address"},
         Text(&Config::root));
+    add({"KIZUNA_DUMP_ON_TIMEOUT", "path (%r rank, %p pid, %h host)", "",
+         "each rank writes its last operations (JSON) here when one times out"},
+        Text(&Config::dump_on_timeout));
     add({"KIZUNA_FABRIC", "comma list (name or name:device)", "auto",
          "fabrics in preference order, e.g. ofi:shm,directconnect"},
         List(&Config::fabric, ','));

@@ -68,6 +68,10 @@ struct Config {
   std::string unique_id_file;
   std::string root;  // host:port
 
+  // Diagnostics: where each rank writes its flight recorder (its last operations, JSON) when an
+  // operation times out; %r the rank, %p the process id, %h the host name. Empty: nowhere.
+  std::string dump_on_timeout;
+
   // Fabric and topology.
   std::vector<std::string> fabric;
   std::string topology;

@@ -29,13 +29,14 @@ std::string HostName() {
   return buf;
 }
 
-std::string ExpandPath(const std::string& pattern, const std::string& host) {
+std::string ExpandPath(const std::string& pattern, const std::string& host, int rank = -1) {
   std::string out;
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '%' && i + 1 < pattern.size()) {
       char c = pattern[i + 1];
       if (c == 'h') { out += host; ++i; continue; }
       if (c == 'p') { out += std::to_string(getpid()); ++i; continue; }
+      if (c == 'r' && rank >= 0) { out += std::to_string(rank); ++i; continue; }
       if (c == '%') { out += '%'; ++i; continue; }
     }
     out += pattern[i];
@@ -102,4 +103,6 @@ void Write(LogLevel level, LogSubsys subsys, std::string_view message) {
 }
 
 }  // namespace log_internal
+std::string ExpandPathPattern(const std::string& pattern, int rank) { return ExpandPath(pattern, HostName(), rank); }
+
 }  // namespace kizuna

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <string>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -23,6 +24,10 @@ void ConfigureLogging(const Config& config);
 
 // The rank printed on this thread's lines; -1 (default) prints none.
 void SetLogRank(int rank);
+
+// A file name pattern expanded: %h the host name, %p the process id, %r `rank` (where given, else
+// left as it is), %% a percent sign (KIZUNA_DEBUG_FILE, KIZUNA_DUMP_ON_TIMEOUT).
+std::string ExpandPathPattern(const std::string& pattern, int rank = -1);
 int LogRank();
 
 namespace log_internal {

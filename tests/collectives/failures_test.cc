@@ -2,6 +2,7 @@
 // and fabric connections), as the fused path reports them: the caller's stream says a collective
 // failed, and the culprit is named.
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "runtime/core/file.h"
 #include "tests/collectives/world.h"
 
 namespace kizuna::test {
@@ -137,6 +139,51 @@ TEST(StagedFailures, SlowButMovingRanksDoNotTimeOut) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GT(took, 2.0) << "the queue must outlast the deadline for the test to mean anything";
   for (int r = 0; r < 3; ++r) EXPECT_TRUE(w.comm(r).AsyncError().ok()) << w.comm(r).AsyncError().ToString();
+}
+
+// The flight recorder: every rank keeps its last operations (Communicator::FlightRecord); when
+// one times out (rank 2 never calls the third AllReduce), the ranks that waited write theirs to
+// KIZUNA_DUMP_ON_TIMEOUT's file: the two that finished, and the third, failed with the timeout.
+TEST(StagedFailures, ATimeoutDumpsTheFlightRecorder) {
+  Config config = StagedConfig(3, 2);
+  const std::string pattern = ::testing::TempDir() + "/kz-flight-%r.json";
+  config.dump_on_timeout = pattern;
+  for (int r = 0; r < 3; ++r) std::remove((::testing::TempDir() + fmt::format("/kz-flight-{}.json", r)).c_str());
+  World w(3, config);
+  KZ_ASSERT_WORLD(w);
+  std::vector<std::unique_ptr<device::Buffer>> b;
+  for (int r = 0; r < 3; ++r) b.push_back(Alloc(w, r, 1 << 16));
+  for (int round = 0; round < 2; ++round) {
+    for (int r = 0; r < 3; ++r)
+      ASSERT_TRUE(w.comm(r).AllReduce(b[r]->data(), b[r]->data(), 1000, DataType::kFloat32, ReduceOp::kSum,
+                                      w.stream(r)).ok());
+    ASSERT_TRUE(w.SyncAll().ok());
+  }
+  const std::string before = w.comm(2).FlightRecord();
+  EXPECT_NE(before.find("\"rank\": 2"), std::string::npos) << before;
+  EXPECT_NE(before.find("allreduce count=1000 float32 sum"), std::string::npos) << before;
+  EXPECT_NE(before.find("\"algorithm\": \"ring\""), std::string::npos) << before;
+  size_t oks = 0;
+  for (size_t at = before.find("\"state\": \"ok\""); at != std::string::npos;
+       at = before.find("\"state\": \"ok\"", at + 1))
+    ++oks;
+  EXPECT_EQ(oks, 2u) << before;
+
+  for (int r = 0; r < 2; ++r)  // rank 2 never calls
+    ASSERT_TRUE(w.comm(r).AllReduce(b[r]->data(), b[r]->data(), 1000, DataType::kFloat32, ReduceOp::kSum,
+                                    w.stream(r)).ok());
+  for (int r = 0; r < 2; ++r) w.stream(r).Synchronize(Deadline::AfterSeconds(30)).IgnoreError();
+  int dumped = 0;
+  for (int r = 0; r < 2; ++r) {
+    auto text = ReadFileCapped(::testing::TempDir() + fmt::format("/kz-flight-{}.json", r), 1 << 20);
+    if (!text.ok()) continue;  // a rank whose error came from its peer, not from its own deadline
+    ++dumped;
+    EXPECT_NE(text->find(fmt::format("\"rank\": {}", r)), std::string::npos) << *text;
+    EXPECT_NE(text->find("\"state\": \"failed\""), std::string::npos) << *text;
+    EXPECT_NE(text->find("\"state\": \"ok\""), std::string::npos) << *text;
+    EXPECT_NE(text->find("\"seq\": 3"), std::string::npos) << *text;
+  }
+  EXPECT_GE(dumped, 1) << "no rank wrote " << pattern;
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "runtime/core/status.h"
 
+#include <sys/resource.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -77,7 +79,19 @@ Status FromErrno(int err, std::string_view what, std::source_location where) {
     case ECONNRESET: case EPIPE: case ECONNREFUSED: code = StatusCode::kRemoteError; break;
     default: break;
   }
-  return Status(code, fmt::format("{} failed: {} (errno {}) [{}:{}]", what, std::strerror(err), err,
+  // The limit behind the commonest trap of jobs with many peers: sockets and mapped buffers are
+  // descriptors, and the default soft limit (1024) is soon reached.
+  std::string hint;
+  if (err == EMFILE) {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) == 0)
+      hint = fmt::format(" (this process may hold {} descriptors, ulimit -n: raise it; connections to peers and "
+                         "buffers mapped from them each hold some)",
+                         limit.rlim_cur);
+  } else if (err == ENFILE) {
+    hint = " (the system's table of open files is full: /proc/sys/fs/file-max)";
+  }
+  return Status(code, fmt::format("{} failed: {} (errno {}){} [{}:{}]", what, std::strerror(err), err, hint,
                                   SourcePath(where.file_name()), where.line()));
 }
 

@@ -87,5 +87,15 @@ TEST(ShownTextTest, PrintableAsIsTheRestEscapedAndLongTextCut) {
   EXPECT_EQ(ShownText(std::string(100, 'x')), std::string(64, 'x') + "...(100 bytes)");
 }
 
+// Running out of descriptors names the limit and what to do; a full system table says so too.
+TEST(StatusTest, OutOfDescriptorsNamesTheLimit) {
+  const std::string emfile = FromErrno(EMFILE, "accept").message();
+  EXPECT_NE(emfile.find("ulimit -n"), std::string::npos) << emfile;
+  EXPECT_NE(emfile.find("this process may hold"), std::string::npos) << emfile;
+  const std::string enfile = FromErrno(ENFILE, "socket").message();
+  EXPECT_NE(enfile.find("file-max"), std::string::npos) << enfile;
+  EXPECT_EQ(FromErrno(EPIPE, "send").message().find("ulimit"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kizuna

@@ -145,9 +145,15 @@ Result<std::unique_ptr<Fabric>> TcpFabric::CreateWith(const Config& config, cons
             "tcp: KIZUNA_FABRIC names interface(s) this host does not have with a usable address: {} "
             "(it has: {})",
             fmt::join(missing, ", "), offered.empty() ? "none" : offered);
+  // Interfaces named and none of them here: the user's setting is wrong, not the host unfit (a
+  // list may name interfaces of several kinds of host; then the ones a host has are used).
+  if (chosen.empty() && !wanted.empty())
+    return InvalidArgument(fmt::format(
+        "tcp: KIZUNA_FABRIC names interface(s) {}, which this host does not have with a usable address (it has: "
+        "{}); name one it has (tcp:<interface>), or just 'tcp' to let kizuna choose",
+        fmt::join(wanted, ", "), offered.empty() ? "none" : offered));
   if (chosen.empty())
-    return Unavailable(fmt::format("tcp: no network interface with an address{} (interfaces up: {})",
-                                   wanted.empty() ? "" : fmt::format(" among {}", fmt::join(wanted, ", ")),
+    return Unavailable(fmt::format("tcp: no network interface with an address (interfaces up: {})",
                                    offered.empty() ? "none" : offered));
   std::vector<DeviceAddress> devices;
   for (const Interface& i : chosen) {

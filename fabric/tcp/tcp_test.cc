@@ -91,6 +91,20 @@ TEST(Tcp, KizunaFabricNamesInterfacesInOrder) {
   EXPECT_EQ(missing, std::vector<std::string>{"eth9"});
 }
 
+// Interfaces named, none of them here: an error naming them, what the host has, and what to do
+// (not "unavailable", which would leave the fabric out without a word).
+TEST(Tcp, NamedInterfacesThatDoNotExistAreAnError) {
+  Config config;
+  config.fabric = {"tcp:eth9", "tcp:ib7"};
+  FabricContext ctx;
+  ctx.world_size = 2;
+  auto f = TcpFabric::CreateWith(config, ctx, {V4("eth0", "10.0.0.2"), V4("lo", "127.0.0.1", true)}, 1);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << f.status().ToString();
+  for (const char* part : {"eth9, ib7", "it has: eth0, lo", "name one it has"})
+    EXPECT_NE(f.status().message().find(part), std::string::npos) << part << " missing: " << f.status().ToString();
+}
+
 TEST(Tcp, HandlesRoundTripAndBadOnesAreRefused) {
   WireHandle w;
   w.family = AF_INET;

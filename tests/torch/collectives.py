@@ -276,6 +276,16 @@ def bad_input():
 
 case("an unsupported op is refused, naming it", bad_input)
 
+def flight_record():
+    rec = kt.flight_record()
+    calls = [r["call"] for r in rec["records"]]
+    ok = rec["rank"] == rank and any(c.startswith("allreduce") for c in calls)
+    ok = ok and all(r["state"] in ("ok", "failed") for r in rec["records"])
+    return ok, f"{rec['rank']} {calls[-3:]}"
+
+
+case("the flight recorder lists the calls", flight_record)
+
 if rank == 0:
     print(f"ZERO_COPY {kt.zero_copy()}", flush=True)
     print("DONE", flush=True)

@@ -59,6 +59,8 @@ class KizunaBackend : public c10d::Backend {
   // Whether calls pass the tensors' own memory (processes of one host: the fused path), rather than
   // copies in the device's memory. For the log and the tests.
   bool zero_copy() const { return zero_copy_; }
+  // The communicator's flight recorder (its last operations, JSON: Communicator::FlightRecord).
+  std::string flight_record() const { return comm_->FlightRecord(); }
 
  private:
   // Device memory for calls that cannot take host memory, grown as needed and kept.

@@ -20,5 +20,13 @@ PYBIND11_MODULE(_C, m) {
         return k->zero_copy();
       },
       "Whether the backend's calls use the tensors' own memory (processes of one host).");
+  m.def(
+      "flight_record",
+      [](const c10::intrusive_ptr<c10d::Backend>& b) {
+        auto* k = dynamic_cast<kizuna::torch_backend::KizunaBackend*>(b.get());
+        TORCH_CHECK(k != nullptr, "not a kizuna backend");
+        return k->flight_record();
+      },
+      "The communicator's last operations as JSON (what each was, how it ended).");
   m.attr("version") = kizuna::VersionString(kizuna::kVersion);
 }

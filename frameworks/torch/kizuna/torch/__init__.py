@@ -31,5 +31,16 @@ def zero_copy(group=None):
     return _C.zero_copy(pg._get_backend(torch.device("cpu")))
 
 
+def flight_record(group=None):
+    """`group`'s last operations on this rank (kizuna's flight recorder), as a dict: {"rank",
+    "records": [{"seq", "call", "algorithm", "members", "path", "start_s", "end_s", "state",
+    "error"}]}. What a stuck or failed job was doing; KIZUNA_DUMP_ON_TIMEOUT writes the same to a
+    file when an operation times out."""
+    import json
+
+    pg = group if group is not None else dist.group.WORLD
+    return json.loads(_C.flight_record(pg._get_backend(torch.device("cpu"))))
+
+
 if "kizuna" not in dist.Backend.backend_list:
     dist.Backend.register_backend("kizuna", _create, devices=["cpu"])

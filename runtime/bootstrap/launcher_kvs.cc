@@ -59,7 +59,7 @@ std::map<std::string, std::string> Fields(std::string_view line) {
 // PMI-1's wire protocol (MPICH's simple PMI): one command per line, one answer line each.
 class Pmi1 final : public LauncherKvs {
  public:
-  explicit Pmi1(int fd) : fd_(fd) {}
+  Pmi1(int fd, bool finalize_at_exit) : fd_(fd), finalize_at_exit_(finalize_at_exit) {}
 
   std::string Describe() const override { return fmt::format("PMI-1 (PMI_FD {})", fd_); }
 
@@ -76,7 +76,7 @@ class Pmi1 final : public LauncherKvs {
     }
     KZ_ASSIGN_OR_RETURN(auto barrier, Ask("cmd=barrier_in", "barrier_out", deadline));
     (void)barrier;
-    FinalizeAtExit(fd_);
+    if (finalize_at_exit_) FinalizeAtExit(fd_);
     if (rank == 0) return std::string(value);
     KZ_ASSIGN_OR_RETURN(auto got, Ask(fmt::format("cmd=get kvsname={} key={}", kvs, key), "get_result", deadline));
     if (got["rc"] != "0") return Refused("get", got);
@@ -125,11 +125,14 @@ class Pmi1 final : public LauncherKvs {
   }
 
   int fd_;
+  bool finalize_at_exit_;
 };
 
 }  // namespace
 
-std::unique_ptr<LauncherKvs> Pmi1OverFd(int fd) { return std::make_unique<Pmi1>(fd); }
+std::unique_ptr<LauncherKvs> Pmi1OverFd(int fd, bool finalize_at_exit) {
+  return std::make_unique<Pmi1>(fd, finalize_at_exit);
+}
 
 Result<std::unique_ptr<LauncherKvs>> OpenLauncherKvs(const Environment& env) {
   if (const auto it = env.find("PMI_FD"); it != env.end()) {
@@ -137,7 +140,7 @@ Result<std::unique_ptr<LauncherKvs>> OpenLauncherKvs(const Environment& env) {
     const long fd = std::strtol(it->second.c_str(), &end, 10);
     if (it->second.empty() || *end != '\0' || fd < 0 || fd > 65535)
       return InvalidArgument(fmt::format("PMI_FD '{}' is not a file descriptor", it->second));
-    return Pmi1OverFd(static_cast<int>(fd));
+    return Pmi1OverFd(static_cast<int>(fd), /*finalize_at_exit=*/true);
   }
   if (env.count("PMIX_RANK") != 0 && env.count("PMIX_NAMESPACE") != 0) {
     Status why;

@@ -35,7 +35,8 @@ class LauncherKvs {
 Result<std::unique_ptr<LauncherKvs>> OpenLauncherKvs(const Environment& env);
 
 // The PMI-1 client over an already connected socket `fd` (not owned: the launcher gave it to the
-// process, and MPI may use it after kizuna). For tests: a fake server on a socket pair.
-std::unique_ptr<LauncherKvs> Pmi1OverFd(int fd);
+// process, and MPI may use it after kizuna). `finalize_at_exit`: the session is finalized when the
+// process exits (the launcher's own socket); tests on a socket pair of their own pass false.
+std::unique_ptr<LauncherKvs> Pmi1OverFd(int fd, bool finalize_at_exit = false);
 
 }  // namespace kizuna::bootstrap

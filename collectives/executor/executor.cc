@@ -124,6 +124,23 @@ Result<fabric::Registration*> Executor::RegionRegistration(fabric::Comm& comm, c
   return reg;
 }
 
+// A direct step's registration: its own, released after it; a registered region's, kept.
+Status Executor::Run::Unregister(const ChannelRun& ch, StepState& st) {
+  if (st.registration == nullptr) return Status::Ok();
+  if (st.region) {  // the region's, kept for its next transfer
+    st.registration = nullptr;
+    st.region = false;
+    return Status::Ok();
+  }
+  const Step& step = (*ch.steps)[static_cast<size_t>(&st - ch.states.data())];
+  Transport::Peer* p = tr_.peer(step.peer);
+  fabric::Comm& comm = step.kind == StepKind::kSend ? static_cast<fabric::Comm&>(*p->send)
+                                                    : static_cast<fabric::Comm&>(*p->recv);
+  fabric::Registration* r = st.registration;
+  st.registration = nullptr;
+  return comm.Deregister(r);
+}
+
 void Executor::ReleaseRegions(uint64_t id) {
   for (auto it = region_regs_.begin(); it != region_regs_.end();) {
     if (id != 0 && it->first.second != id) {

@@ -276,22 +276,6 @@ bool Executor::Run::Direct(const ChannelRun& ch, size_t index) const {
   return ex_.RegionOf(data, static_cast<size_t>(s.count()) * elem(ch)).has_value();
 }
 
-Status Executor::Run::Unregister(const ChannelRun& ch, StepState& st) {
-  if (st.registration == nullptr) return Status::Ok();
-  if (st.region) {  // the region's, kept for its next transfer
-    st.registration = nullptr;
-    st.region = false;
-    return Status::Ok();
-  }
-  const Step& step = (*ch.steps)[static_cast<size_t>(&st - ch.states.data())];
-  Transport::Peer* p = tr_.peer(step.peer);
-  fabric::Comm& comm = step.kind == StepKind::kSend ? static_cast<fabric::Comm&>(*p->send)
-                                                    : static_cast<fabric::Comm&>(*p->recv);
-  fabric::Registration* r = st.registration;
-  st.registration = nullptr;
-  return comm.Deregister(r);
-}
-
 int Executor::Run::TakeSlot(const ChannelRun& ch) {
   std::vector<int>& pool = ch.p2p ? free_p2p_slots_ : free_slots_;
   const int slot = pool.back();

@@ -277,7 +277,7 @@ Status Engine::Deregister(uint64_t handle) {
 }
 
 std::string Engine::FlightRecord() const {
-  return executor_ ? executor_->recorder().ToJson(rank_) : fmt::format("{{\"rank\": {}, \"records\": []}}\n", rank_);
+  return executor_ ? executor_->recorder().ToJson(rank_) : fmt::format("{{\"rank\":{},\"records\":[]}}\n", rank_);
 }
 
 uint64_t Engine::registered_transfers() const { return executor_ ? executor_->registered_transfers() : 0; }

@@ -1,6 +1,6 @@
 #include "collectives/executor/flight_recorder.h"
 
-#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace kizuna::collectives {
 namespace {
@@ -12,22 +12,6 @@ std::string_view PathName(RunPath p) {
     case RunPath::kInline: return "inline";
   }
   return "?";
-}
-
-// JSON string contents: quotes, backslashes and control characters escaped.
-std::string Escaped(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -71,19 +55,20 @@ std::vector<OperationRecord> FlightRecorder::Snapshot() const {
 }
 
 std::string FlightRecorder::ToJson(int rank) const {
-  std::string out = fmt::format("{{\"rank\": {}, \"records\": [", rank);
-  bool first = true;
+  nlohmann::ordered_json records = nlohmann::ordered_json::array();
   for (const OperationRecord& r : Snapshot()) {
-    const char* state = r.end_s == 0 ? "running" : r.status.ok() ? "ok" : "failed";
-    out += fmt::format(
-        "{}\n  {{\"seq\": {}, \"call\": \"{}\", \"algorithm\": \"{}\", \"members\": {}, \"path\": \"{}\", "
-        "\"start_s\": {:.6f}, \"end_s\": {:.6f}, \"state\": \"{}\", \"error\": \"{}\"}}",
-        first ? "" : ",", r.seq, Escaped(r.request.ToString()), AlgorithmName(r.algorithm), r.members,
-        PathName(r.path), r.start_s, r.end_s, state, r.status.ok() ? "" : Escaped(r.status.ToString()));
-    first = false;
+    records.push_back({{"seq", r.seq},
+                       {"call", r.request.ToString()},
+                       {"algorithm", AlgorithmName(r.algorithm)},
+                       {"members", r.members},
+                       {"path", PathName(r.path)},
+                       {"start_s", r.start_s},
+                       {"end_s", r.end_s},
+                       {"state", r.end_s == 0 ? "running" : r.status.ok() ? "ok" : "failed"},
+                       {"error", r.status.ok() ? std::string() : r.status.ToString()}});
   }
-  out += "\n]}\n";
-  return out;
+  const nlohmann::ordered_json out = {{"rank", rank}, {"records", std::move(records)}};
+  return out.dump() + "\n";
 }
 
 }  // namespace kizuna::collectives

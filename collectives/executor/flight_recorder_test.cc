@@ -43,16 +43,16 @@ TEST(FlightRecorder, JsonSaysWhatRanAndHowItEnded) {
   rec.End(rec.Begin(2, Request(9), Algorithm::kTree, 2, RunPath::kExecutor), Timeout("rank 3 \"never\" came"));
   rec.Begin(3, Request(10), Algorithm::kFused, 1, RunPath::kInline);
   const std::string json = rec.ToJson(5);
-  EXPECT_NE(json.find("\"rank\": 5"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"call\": \"allreduce count=8 float32 sum nranks=4\""), std::string::npos) << json;
-  EXPECT_NE(json.find("\"path\": \"caller\""), std::string::npos) << json;
-  EXPECT_NE(json.find("\"members\": 2"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"state\": \"failed\", \"error\": \"timeout: rank 3 \\\"never\\\" came\""), std::string::npos)
+  EXPECT_NE(json.find("\"rank\":5"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"call\":\"allreduce count=8 float32 sum nranks=4\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"path\":\"caller\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"members\":2"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"state\":\"failed\",\"error\":\"timeout: rank 3 \\\"never\\\" came\""), std::string::npos)
       << json;
-  EXPECT_NE(json.find("\"seq\": 3, \"call\": \"allreduce count=10 float32 sum nranks=4\", \"algorithm\": \"fused\""),
+  EXPECT_NE(json.find("\"seq\":3,\"call\":\"allreduce count=10 float32 sum nranks=4\",\"algorithm\":\"fused\""),
             std::string::npos)
       << json;
-  EXPECT_NE(json.find("\"state\": \"running\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"state\":\"running\""), std::string::npos) << json;
 }
 
 // What it costs an operation: printed, not asserted (a benchmark is not a timed test).

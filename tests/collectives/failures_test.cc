@@ -160,12 +160,12 @@ TEST(StagedFailures, ATimeoutDumpsTheFlightRecorder) {
     ASSERT_TRUE(w.SyncAll().ok());
   }
   const std::string before = w.comm(2).FlightRecord();
-  EXPECT_NE(before.find("\"rank\": 2"), std::string::npos) << before;
+  EXPECT_NE(before.find("\"rank\":2"), std::string::npos) << before;
   EXPECT_NE(before.find("allreduce count=1000 float32 sum"), std::string::npos) << before;
-  EXPECT_NE(before.find("\"algorithm\": \"ring\""), std::string::npos) << before;
+  EXPECT_NE(before.find("\"algorithm\":\"ring\""), std::string::npos) << before;
   size_t oks = 0;
-  for (size_t at = before.find("\"state\": \"ok\""); at != std::string::npos;
-       at = before.find("\"state\": \"ok\"", at + 1))
+  for (size_t at = before.find("\"state\":\"ok\""); at != std::string::npos;
+       at = before.find("\"state\":\"ok\"", at + 1))
     ++oks;
   EXPECT_EQ(oks, 2u) << before;
 
@@ -178,10 +178,10 @@ TEST(StagedFailures, ATimeoutDumpsTheFlightRecorder) {
     auto text = ReadFileCapped(::testing::TempDir() + fmt::format("/kz-flight-{}.json", r), 1 << 20);
     if (!text.ok()) continue;  // a rank whose error came from its peer, not from its own deadline
     ++dumped;
-    EXPECT_NE(text->find(fmt::format("\"rank\": {}", r)), std::string::npos) << *text;
-    EXPECT_NE(text->find("\"state\": \"failed\""), std::string::npos) << *text;
-    EXPECT_NE(text->find("\"state\": \"ok\""), std::string::npos) << *text;
-    EXPECT_NE(text->find("\"seq\": 3"), std::string::npos) << *text;
+    EXPECT_NE(text->find(fmt::format("\"rank\":{}", r)), std::string::npos) << *text;
+    EXPECT_NE(text->find("\"state\":\"failed\""), std::string::npos) << *text;
+    EXPECT_NE(text->find("\"state\":\"ok\""), std::string::npos) << *text;
+    EXPECT_NE(text->find("\"seq\":3"), std::string::npos) << *text;
   }
   EXPECT_GE(dumped, 1) << "no rank wrote " << pattern;
 }

@@ -67,7 +67,10 @@ def ddp():
         params = re.findall(r"PARAMS (\d+) ([0-9a-f]+)", p.stdout)
         losses = [json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("LOSSES ")]
         if p.returncode != 0 or len(params) != 2 or not losses:
-            record(f"DDP training with {backend}", seconds, f"exit {p.returncode}; stderr: {p.stderr[-1500:]}")
+            # The workers' own errors, not only the launcher's summary at the end.
+            errors = [l for l in p.stderr.splitlines() if "Error" in l or "error" in l][:8]
+            record(f"DDP training with {backend}", seconds,
+                   f"exit {p.returncode}; errors: {' | '.join(errors)[:1500]}; stderr tail: {p.stderr[-800:]}")
             return
         same = len({h for _, h in params}) == 1
         record(f"DDP training with {backend}: identical parameters on every rank", seconds,

@@ -435,18 +435,29 @@ kzResult_t kzCommInitRank(kzComm_t* comm, int nranks, kzUniqueId id, int rank, k
   return AddComm(std::move(*c), Bits(device), std::move(ref.keep), comm);
 }
 
+namespace {
+
+// A kzConfig_t the caller passed (not NULL) is one KZ_CONFIG_INITIALIZER set up.
+kzResult_t CheckConfig(const kzConfig_t& config) {
+  if (config.size != sizeof(kzConfig_t) || config.magic != KZ_CONFIG_MAGIC)
+    return Invalid(
+        fmt::format("config was not set up with KZ_CONFIG_INITIALIZER (size {}, magic {:#x}; expected "
+                    "{} and {:#x})",
+                    config.size, config.magic, sizeof(kzConfig_t), KZ_CONFIG_MAGIC));
+  if (config.version / 10000 != KZ_MAJOR)
+    return Invalid(
+        fmt::format("config comes from kizuna.h of version {}, this library is {}", config.version, KZ_VERSION_CODE));
+  if (config.blocking != 0 && config.blocking != 1)
+    return Invalid(fmt::format("config->blocking is {} (0 or 1)", config.blocking));
+  return kzSuccess;
+}
+
+}  // namespace
+
 kzResult_t kzCommInitRankConfig(kzComm_t* comm, int nranks, kzUniqueId id, int rank, kzDevice_t device,
                                 const kzConfig_t* config) {
   if (config == nullptr) return kzCommInitRank(comm, nranks, id, rank, device);
-  if (config->size != sizeof(kzConfig_t) || config->magic != KZ_CONFIG_MAGIC)
-    return Invalid(fmt::format("config was not set up with KZ_CONFIG_INITIALIZER (size {}, magic {:#x}; expected "
-                               "{} and {:#x})",
-                               config->size, config->magic, sizeof(kzConfig_t), KZ_CONFIG_MAGIC));
-  if (config->version / 10000 != KZ_MAJOR)
-    return Invalid(fmt::format("config comes from kizuna.h of version {}, this library is {}", config->version,
-                               KZ_VERSION_CODE));
-  if (config->blocking != 0 && config->blocking != 1)
-    return Invalid(fmt::format("config->blocking is {} (0 or 1)", config->blocking));
+  if (const kzResult_t r = CheckConfig(*config); r != kzSuccess) return r;
   if (config->blocking == 1) return kzCommInitRank(comm, nranks, id, rank, device);
   DeviceRef ref;
   kizuna::bootstrap::UniqueId parsed;
@@ -556,6 +567,36 @@ kzResult_t kzCommSplit(kzComm_t comm, int color, int key, kzComm_t* newcomm) {
     return kzSuccess;
   }
   return AddComm(std::move(*c), parent->device, std::move(ref.keep), newcomm);
+}
+
+kzResult_t kzCommShrink(kzComm_t comm, const int* exclude_ranks, int exclude_count, kzComm_t* newcomm,
+                        const kzConfig_t* config, int flags) {
+  if (newcomm == nullptr) return Invalid("newcomm is NULL");
+  if (exclude_count < 0) return Invalid(fmt::format("exclude_count is {}", exclude_count));
+  if (exclude_count > 0 && exclude_ranks == nullptr)
+    return Invalid(fmt::format("exclude_ranks is NULL with exclude_count {}", exclude_count));
+  if (flags != KZ_SHRINK_DEFAULT && flags != KZ_SHRINK_ABORT)
+    return Invalid(fmt::format("flags is {} (KZ_SHRINK_DEFAULT or KZ_SHRINK_ABORT)", flags));
+  if (config != nullptr) {
+    if (const kzResult_t r = CheckConfig(*config); r != kzSuccess) return r;
+    if (config->blocking == 0) return Invalid("config->blocking = 0: kzCommShrink creates blocking communicators only");
+  }
+  const std::shared_ptr<CommEntry> parent = Comms().Find(Bits(comm), "comm");
+  if (parent == nullptr) return kzInvalidArgument;
+  if (const kzResult_t r = Ready(*parent); r != kzSuccess) return r;
+  DeviceRef ref;
+  if (!FindDevice(DeviceHandle(parent->device), "comm's device", &ref)) return kzInvalidArgument;
+  auto c = parent->comm->Shrink(std::span(exclude_ranks, static_cast<size_t>(exclude_count)),
+                                flags == KZ_SHRINK_ABORT ? kizuna::ShrinkMode::kAbort : kizuna::ShrinkMode::kDefault);
+  if (!c.ok()) return Report(c.status());
+  return AddComm(std::move(*c), parent->device, std::move(ref.keep), newcomm);
+}
+
+kzResult_t kzCommRevoke(kzComm_t comm, int flags) {
+  if (flags != 0) return Invalid(fmt::format("flags is {} (0)", flags));
+  KZ_C_READY_COMM(comm);
+  c->comm->Revoke();
+  return kzSuccess;
 }
 
 kzResult_t kzCommDestroy(kzComm_t comm) {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "runtime/bootstrap/sub_bootstrap.h"
 #include "runtime/core/logging.h"
@@ -275,6 +276,56 @@ Result<std::unique_ptr<Communicator>> Communicator::Split(int color, int key) {
   KZ_ASSIGN_OR_RETURN(auto sub, bootstrap::CreateSubBootstrap(bootstrap_, ranks, tag_base));
   return Init(std::shared_ptr<bootstrap::Bootstrap>(std::move(sub)), *device_, options_);
 }
+
+Result<std::unique_ptr<Communicator>> Communicator::Shrink(std::span<const int> exclude, ShrinkMode mode) {
+  std::vector<int> excluded(exclude.begin(), exclude.end());
+  std::sort(excluded.begin(), excluded.end());
+  for (size_t i = 0; i < excluded.size(); ++i) {
+    if (excluded[i] < 0 || excluded[i] >= size())
+      return InvalidArgument(fmt::format("Shrink: excluded rank {} is not a rank (size {})", excluded[i], size()));
+    if (i > 0 && excluded[i] == excluded[i - 1])
+      return InvalidArgument(fmt::format("Shrink: rank {} is excluded twice", excluded[i]));
+  }
+  if (std::binary_search(excluded.begin(), excluded.end(), rank()))
+    return InvalidArgument(
+        fmt::format("Shrink: rank {} excludes itself; only the ranks that stay call Shrink", rank()));
+  if (mode == ShrinkMode::kDefault && engine_->InFlight() > 0)
+    return InvalidArgument(
+        fmt::format("Shrink: {} operations are still in flight on rank {}; wait for them, or "
+                    "pass ShrinkMode::kAbort to revoke them",
+                    engine_->InFlight(), rank()));
+  if (mode == ShrinkMode::kAbort) Revoke();
+  // The survivors' bootstrap is made of the parent's point-to-point messages between them, which
+  // need neither the excluded ranks nor the parent's root (it may be among the lost).
+  const uint32_t tag_base = kSplitTagBase + splits_++ * kSplitTagStride;
+  std::vector<int> members;
+  for (int r = 0; r < size(); ++r)
+    if (!std::binary_search(excluded.begin(), excluded.end(), r)) members.push_back(r);
+  KZ_ASSIGN_OR_RETURN(auto sub, bootstrap::CreateSubBootstrap(bootstrap_, members, tag_base));
+  // Every survivor must exclude the same ranks: a rank that excluded fewer would wait for one
+  // that is gone, or form a communicator of another size.
+  const Deadline deadline = Deadline::AfterSeconds(config_->timeout_s);
+  auto all = sub->AllGather(std::span(reinterpret_cast<const uint8_t*>(excluded.data()), excluded.size() * sizeof(int)),
+                            deadline);
+  if (!all.ok()) return all.status().WithContext("Shrink: agreeing on the excluded ranks");
+  auto text = [](std::span<const int> ranks) {
+    return ranks.empty() ? std::string("none") : fmt::format("{}", fmt::join(ranks, ", "));
+  };
+  for (size_t i = 0; i < all->size(); ++i) {
+    const bootstrap::Bytes& theirs = (*all)[i];
+    std::vector<int> other(theirs.size() / sizeof(int));
+    std::memcpy(other.data(), theirs.data(), other.size() * sizeof(int));
+    if (other != excluded)
+      return InvalidArgument(
+          fmt::format("Shrink: rank {} excludes {} and rank {} excludes {}: every remaining rank "
+                      "must exclude the same ranks",
+                      rank(), text(excluded), members[i], text(other)));
+  }
+  KZ_INFO(kLogInit, "rank {}: shrinking {} ranks to {} (excluded: {})", rank(), size(), members.size(), text(excluded));
+  return Init(std::shared_ptr<bootstrap::Bootstrap>(std::move(sub)), *device_, options_);
+}
+
+void Communicator::Revoke() { engine_->Abort("revoked (Communicator::Revoke)"); }
 
 void Communicator::Abort() { engine_->Abort("Communicator::Abort"); }
 

@@ -101,6 +101,12 @@ struct CallOptions {
 // Split's color for ranks that join no new communicator (NCCL_SPLIT_NOCOLOR).
 inline constexpr int kSplitNoColor = -1;
 
+// Shrink's treatment of the operations still in flight (NCCL_SHRINK_DEFAULT, NCCL_SHRINK_ABORT).
+enum class ShrinkMode {
+  kDefault,  // none may be in flight (kInvalidArgument otherwise); the communicator stays usable
+  kAbort,    // revoke them first (Revoke): the way on after a rank was lost
+};
+
 class Communicator {
  public:
   // ncclCommInitRank: rank `rank` of `size` ranks that share `id` (from bootstrap::GetUniqueId on
@@ -168,6 +174,19 @@ class Communicator {
   // communicator on the same devices, ordered by (key, rank); color kSplitNoColor gives nullptr.
   Result<std::unique_ptr<Communicator>> Split(int color, int key);
 
+  // ncclCommShrink: a new communicator of this one's ranks but `exclude` (ranks of this
+  // communicator, say those lost), in the same order, on the same devices, usable at once.
+  // Collective over the remaining ranks only: each calls it with the same `exclude` (a rank whose
+  // list differs fails every rank's call, naming both lists); the excluded ranks do not call it,
+  // and need not be alive — nor need this communicator's rank 0. kAbort first revokes this
+  // communicator's operations (the usual case: one of them failed naming a lost rank); kDefault
+  // needs none in flight and leaves this communicator usable. kInvalidArgument for a rank out of
+  // range or listed twice, or for excluding the calling rank.
+  Result<std::unique_ptr<Communicator>> Shrink(std::span<const int> exclude, ShrinkMode mode = ShrinkMode::kAbort);
+  // ncclCommRevoke: fails queued and running operations with kAborted ("revoked"), refuses later
+  // calls and tells the peers, so that ranks blocked on this one fail at once; returns promptly.
+  // The communicator stays valid for Shrink and destruction (Abort's effect, with Shrink after).
+  void Revoke();
   // Fails queued and running operations with kAborted, releases held streams, tells the peers.
   // Returns promptly. The communicator is then unusable (destroy it).
   void Abort();

@@ -43,7 +43,7 @@ extern "C" {
 /* The library's version (libkizuna.so.KZ_MAJOR: the major is the ABI's; ranks of different majors
  * refuse to form a communicator). kzGetVersion returns the loaded library's KZ_VERSION_CODE. */
 #define KZ_MAJOR 1
-#define KZ_MINOR 0
+#define KZ_MINOR 1
 #define KZ_PATCH 0
 #define KZ_VERSION_CODE (KZ_MAJOR * 10000 + KZ_MINOR * 100 + KZ_PATCH)
 
@@ -150,6 +150,19 @@ kzResult_t kzCommFinalize(kzComm_t comm);
  * kzInvalidArgument ("communicator handle 0x... was destroyed"). */
 kzResult_t kzCommDestroy(kzComm_t comm);
 kzResult_t kzCommAbort(kzComm_t comm);
+/* Surviving a lost rank (ncclCommRevoke, ncclCommShrink). kzCommRevoke fails the communicator's
+ * queued and running operations (kzAborted), refuses later ones and tells the peers, so that ranks
+ * waiting on this one fail at once; the handle stays live for kzCommShrink and kzCommDestroy.
+ * `flags` is 0. kzCommShrink makes *newcomm of comm's ranks but the `exclude_count` ranks in
+ * `exclude_ranks` (say those lost), in the same order: only the remaining ranks call it, each with
+ * the same list (a different list fails every caller, naming both); the excluded ranks need not be
+ * alive, nor comm's rank 0. KZ_SHRINK_ABORT revokes comm's operations first (after a failure);
+ * KZ_SHRINK_DEFAULT needs none in flight and leaves comm usable. `config` NULL or blocking. */
+#define KZ_SHRINK_DEFAULT 0
+#define KZ_SHRINK_ABORT 1
+kzResult_t kzCommRevoke(kzComm_t comm, int flags);
+kzResult_t kzCommShrink(kzComm_t comm, const int* exclude_ranks, int exclude_count, kzComm_t* newcomm,
+                        const kzConfig_t* config, int flags);
 kzResult_t kzCommGetAsyncError(kzComm_t comm, kzResult_t* async_error);
 /* ncclCommRegister / ncclCommDeregister: [buff, buff + size) stays the caller's while registered,
  * and the communicator's transfers from and into it go straight over any fabric (registered once

@@ -88,6 +88,12 @@ constexpr auto kSpinWindow = std::chrono::microseconds(50);
 // about 2 µs of it (docs/RACE.md, "Since the 16:04 run": oversubscribed waits look once, then
 // yield).
 constexpr int kSpins = 64, kOversubscribedSpins = 0;
+// How long past its deadline a rank waits for a peer inside the operation to report its own
+// failure: the peer waits on another rank (a hierarchical operation's leader on the network level),
+// its deadline falls about now, and its error names the rank that stopped, where this rank's
+// could only name the peer. Notices travel in milliseconds; the ranks' deadlines start within one
+// round of each other. A peer that has not arrived gets none: it is the culprit.
+constexpr auto kBlameGrace = std::chrono::seconds(1);
 
 // The CPUs this process may run on, a bit each (none when the kernel does not say).
 void UsableCpus(uint64_t (&bits)[16]) {
@@ -245,7 +251,7 @@ Status SameHostGroup::WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadli
   if (phase == Phase::kFinish)
     return Wait(
         q, seq, "finish the fused collective", [&] { return p.finished.load(std::memory_order_acquire) >= seq; },
-        deadline, abort);
+        deadline, abort, /*inside=*/true);
   // A peer that took the one-line protocol for this operation does not store `arrived`: seeing
   // its line ends the wait too, and the caller names the mismatch.
   return Wait(
@@ -259,7 +265,7 @@ Status SameHostGroup::WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadli
 
 template <typename Reached>
 Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reached, Deadline deadline,
-                       const std::atomic<bool>& abort) {
+                           const std::atomic<bool>& abort, bool inside) {
   SameHostPage& p = *peers_[static_cast<size_t>(q)].page;
   // With a CPU for every rank, spin (the peer is usually there already or about to be), yielding
   // once per kSpinWindow: a system call costs a microsecond or more (more inside a VM), longer
@@ -283,7 +289,7 @@ Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reache
           __builtin_ia32_pause();
         }
       } while (std::chrono::steady_clock::now() < until);
-      KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort));
+      KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort, inside));
       ::sched_yield();
     }
   }
@@ -296,20 +302,22 @@ Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reache
       ::sched_yield();
       continue;
     }
-    KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort));
+    KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort, inside));
     p.sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t bell = p.bell.load(std::memory_order_seq_cst);
     if (!reached() && p.failed.load() == 0) {
-      const auto slice = std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(10), deadline.Remaining());
-      const timespec ts{0, static_cast<long>(std::max<int64_t>(slice.count(), 1000))};
+      // At least a millisecond: past the deadline, a grace (Stalled) may still run.
+      const auto slice = std::clamp<std::chrono::nanoseconds>(deadline.Remaining(), std::chrono::milliseconds(1),
+                                                              std::chrono::milliseconds(10));
+      const timespec ts{0, static_cast<long>(slice.count())};
       Futex(&p.bell, FUTEX_WAIT, bell, &ts);
     }
     p.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 
-Status SameHostGroup::Stalled(int q, uint64_t seq, const char* what, Deadline deadline,
-                          const std::atomic<bool>& abort) const {
+Status SameHostGroup::Stalled(int q, uint64_t seq, const char* what, Deadline deadline, const std::atomic<bool>& abort,
+                              bool inside) const {
   const Peer& peer = peers_[static_cast<size_t>(q)];
   const SameHostPage& p = *peer.page;
   if (p.failed.load(std::memory_order_acquire) != 0)
@@ -320,8 +328,9 @@ Status SameHostGroup::Stalled(int q, uint64_t seq, const char* what, Deadline de
   const std::string op = seq != 0 ? fmt::format("operation {}: ", seq) : std::string();
   if (ProcessEnded(peer.pidfd.get()))
     return RemoteError(fmt::format("{}rank {} (pid {}) ended before it could {}", op, Name(q), peer.pid, what));
-  if (deadline.Expired()) return Timeout(fmt::format("{}rank {} did not {} by the deadline", op, Name(q), what));
-  return Status::Ok();
+  if (!deadline.Expired()) return Status::Ok();
+  if (inside && std::chrono::steady_clock::now() < deadline.when() + kBlameGrace) return Status::Ok();
+  return Timeout(fmt::format("{}rank {} did not {} by the deadline", op, Name(q), what));
 }
 
 Status SameHostGroup::PublishRegion(int which, const void* ptr, uint64_t bytes) {
@@ -584,7 +593,7 @@ Status SameHostGroup::RunShare(uint64_t seq, uint64_t signature, const Collectiv
         [&] {
           return theirs.seq.load(std::memory_order_acquire) == seq || p.arrived.load(std::memory_order_acquire) >= seq;
         },
-        deadline, abort);
+        deadline, abort, /*inside=*/q == root);
   };
   auto matches = [&](int q) {
     const OneLine& theirs = peers_[static_cast<size_t>(q)].page->lines[slot];

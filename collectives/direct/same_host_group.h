@@ -201,17 +201,21 @@ class SameHostGroup {
   // Waits until rank q's page shows `seq` reached in `phase` (kArrive: in `slot`).
   Status WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadline deadline, const std::atomic<bool>& abort);
   // Waits until `reached()`, spinning, yielding or sleeping on rank q's bell (`what` it waits for
-  // rank q to do, for the errors: "arrive at the fused collective").
+  // rank q to do, for the errors: "arrive at the fused collective"). `inside`: rank q is known to
+  // be inside this operation (it arrived, and works: a hierarchical operation's leader on the
+  // network level), so its own failure may name the culprit; see Stalled.
   template <typename Reached>
-  Status Wait(int q, uint64_t seq, const char* what, Reached reached, Deadline deadline,
-              const std::atomic<bool>& abort);
+  Status Wait(int q, uint64_t seq, const char* what, Reached reached, Deadline deadline, const std::atomic<bool>& abort,
+              bool inside = false);
   // Publishes this rank's slot for operation `seq` (the regions or data written before), then
   // waits until every rank has arrived there with the same signature and protocol.
   Status Meet(uint64_t seq, uint64_t signature, const CollectiveRequest& request, Protocol protocol, Deadline deadline,
               const std::atomic<bool>& abort);
   // Why a wait for rank q should end now (it failed or its process ended, the communicator was
-  // aborted, the deadline passed), or ok to go on waiting.
-  Status Stalled(int q, uint64_t seq, const char* what, Deadline deadline, const std::atomic<bool>& abort) const;
+  // aborted, the deadline passed — and, for a peer `inside` the operation, a grace after it in which
+  // the peer's own failure, naming the rank it waits on, is taken instead), or ok to go on waiting.
+  Status Stalled(int q, uint64_t seq, const char* what, Deadline deadline, const std::atomic<bool>& abort,
+                 bool inside) const;
   // Rings this rank's bell: wakes every rank sleeping on this rank's page.
   void Ring();
   // Where this process reaches rank q's published region (importing it on first use).

@@ -195,6 +195,14 @@ void Executor::WaitControl(int peer, Deadline deadline) {
 
 Result<bool> Executor::SendControl(int peer, const ControlMessage& m, bool wait, Deadline deadline,
                                    fabric::Request** sent) {
+  // A failure names the peer: the fabric's error names addresses only.
+  Result<bool> r = SendControlTo(peer, m, wait, deadline, sent);
+  if (!r.ok()) return r.status().WithContext(fmt::format("control message to rank {}", peer));
+  return r;
+}
+
+Result<bool> Executor::SendControlTo(int peer, const ControlMessage& m, bool wait, Deadline deadline,
+                                     fabric::Request** sent) {
   if (closed_) return false;
   KZ_ASSIGN_OR_RETURN(bool connected, transport_->Connect(peer));
   if (!connected) return false;
@@ -288,8 +296,9 @@ Result<bool> Executor::Run::PollControl(bool accept_now, std::span<const int> ex
   for (auto& [peer, pending] : ex_.control_->pending) {
     Transport::Peer* p = tr_.peer(peer);
     while (!pending.empty()) {
-      KZ_ASSIGN_OR_RETURN(fabric::Completion c, p->send->Test(pending.front()));
-      if (!c.done) break;
+      Result<fabric::Completion> c = p->send->Test(pending.front());
+      if (!c.ok()) return c.status().WithContext(fmt::format("control message to rank {}", peer));
+      if (!c->done) break;
       pending.pop_front();  // not the operation's progress: probes and answers go this way too
     }
   }

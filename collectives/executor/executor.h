@@ -234,6 +234,9 @@ class Executor {
   // `sent`, when given: the send's request, which stays in the pending list until it completes.
   Result<bool> SendControl(int peer, const executor_internal::ControlMessage& m, bool wait, Deadline deadline,
                            fabric::Request** sent = nullptr);
+  // SendControl's work; its errors do not name the peer yet.
+  Result<bool> SendControlTo(int peer, const executor_internal::ControlMessage& m, bool wait, Deadline deadline,
+                             fabric::Request** sent);
   // This rank's answer to a probe: the running operation, or idle after the last one.
   executor_internal::ControlMessage State() const;
   // A better reason than `symptom` for the failure of the operation with header `mine`, if one

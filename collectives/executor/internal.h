@@ -92,6 +92,12 @@ enum class ControlKind : uint32_t { kHeader = 1, kAbort = 2, kProbe = 3, kState 
 // the same operation with another signature is a mismatch, reported then; the answers (or their
 // absence) name the culprit when the deadline comes. At most a quarter of the deadline.
 constexpr std::chrono::milliseconds kProbeAfter{1000};
+// How long past its deadline an operation that stopped moving still listens for its peers'
+// failure notices before it reports its own timeout: in a chain of waits (a hierarchical
+// operation's host level waiting on a stopped rank, the network level on that host's leader),
+// every rank's deadline falls within about a round of the others, and the notice of the rank next
+// to the stopped one names it, where the others could only name the peer they wait on.
+constexpr std::chrono::milliseconds kBlameGrace{1000};
 // How often an idle executor looks for probes (an answer takes at most this long) and takes the
 // connections peers made to it.
 constexpr std::chrono::milliseconds kIdlePoll{20};

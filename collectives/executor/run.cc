@@ -314,8 +314,11 @@ Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& s
     }
   }
   if (st.phase == Phase::kReadyToPost || st.phase == Phase::kCopyIn) {
-    KZ_ASSIGN_OR_RETURN(bool posted, Post(ch, index, send_blocked, recv_blocked));
-    progress |= posted;
+    // A failed post names its step (the fabric's error names addresses only).
+    Result<bool> posted = Post(ch, index, send_blocked, recv_blocked);
+    if (!posted.ok())
+      return posted.status().WithContext(fmt::format("{} of {}", StepName(ch, index), DescribeHeader(op_.header)));
+    progress |= *posted;
   }
   if (st.phase == Phase::kPosted) {
     KZ_ASSIGN_OR_RETURN(bool completed, TestPosted(ch, index));
@@ -366,7 +369,7 @@ Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, std::set<int>& se
     } else if (st.registration == nullptr) {
       // Within a registered region (Run::Direct checked; it cannot go while this runs: run_mu_).
       const std::optional<Region> region = ex_.RegionOf(data, bytes);
-      if (!region) return Internal(fmt::format("{}: its registered buffer is gone", StepName(ch, index)));
+      if (!region) return Internal("its registered buffer is gone");
       KZ_ASSIGN_OR_RETURN(st.registration, ex_.RegionRegistration(comm, *region));
       st.region = true;
     }
@@ -667,7 +670,8 @@ Status Executor::Run::Execute(Deadline deadline) {
       KZ_RETURN_IF_ERROR(CheckStates());
       // The deadline is for an operation that stopped moving: a slow operation that keeps
       // moving (a throttled peer) runs past it.
-      if (deadline.Expired() && Clock::now() - last_progress_ > std::chrono::duration<double>(ex_.options_.timeout_s))
+      if (deadline.Expired() &&
+          Clock::now() - last_progress_ > std::chrono::duration<double>(ex_.options_.timeout_s) + kBlameGrace)
         return Timeout(fmt::format("{} made no progress for {} s: rank {} is {}{}", DescribeHeader(op_.header),
                                    ex_.options_.timeout_s, tr_.rank(), Waiting(), DescribePeers()));
       if (!progress) WaitBriefly();

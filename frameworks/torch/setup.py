@@ -13,7 +13,7 @@ if not prefix:
 
 setup(
     name="kizuna",
-    version="1.0.0",
+    version="1.1.0",
     packages=["kizuna", "kizuna.torch"],
     ext_modules=[
         CppExtension(

@@ -21,13 +21,15 @@ constexpr std::string_view kAllGather = "AllGather";
 constexpr std::string_view kBarrier = "Barrier";
 }  // namespace
 
-Status Bootstrap::Enter(std::string_view op) {
+Status Bootstrap::Enter(std::string_view op, bool collective) {
   if (busy_.exchange(true, std::memory_order_acquire)) {
     return InvalidArgument(fmt::format("{}: this Bootstrap (rank {}) is already serving a call from another "
                                        "thread; it serves one call at a time",
                                        op, rank_));
   }
-  if (!failed_.ok()) {
+  // Point to point stays usable after a failed collective: it needs only the two ranks, which is
+  // what survivors build a new communicator on (Communicator::Shrink).
+  if (collective && !failed_.ok()) {
     busy_.store(false, std::memory_order_release);
     return Aborted(fmt::format("{}: the bootstrap is unusable after an earlier failure: {}", op, failed_.ToString()));
   }
@@ -51,7 +53,7 @@ Result<std::vector<Bytes>> Bootstrap::AllGather(std::span<const uint8_t> mine, D
   if (mine.size() > kMaxMessageBytes)
     return InvalidArgument(fmt::format("AllGather: {} bytes from rank {} exceed the limit of {} bytes per rank",
                                        mine.size(), rank_, kMaxMessageBytes));
-  KZ_RETURN_IF_ERROR(Enter(kAllGather));
+  KZ_RETURN_IF_ERROR(Enter(kAllGather, /*collective=*/true));
   CallGuard guard(this);
   Result<std::vector<Bytes>> r = DoAllGather(mine, deadline);
   if (!r.ok()) failed_ = r.status();
@@ -59,7 +61,7 @@ Result<std::vector<Bytes>> Bootstrap::AllGather(std::span<const uint8_t> mine, D
 }
 
 Status Bootstrap::Barrier(Deadline deadline) {
-  KZ_RETURN_IF_ERROR(Enter(kBarrier));
+  KZ_RETURN_IF_ERROR(Enter(kBarrier, /*collective=*/true));
   CallGuard guard(this);
   Status s = DoBarrier(deadline);
   if (!s.ok()) failed_ = s;
@@ -72,7 +74,7 @@ Status Bootstrap::Send(int peer, uint32_t tag, std::span<const uint8_t> bytes, D
   if (bytes.size() > kMaxMessageBytes)
     return InvalidArgument(fmt::format("Send: {} bytes exceed the bootstrap's limit of {} bytes per message",
                                        bytes.size(), kMaxMessageBytes));
-  KZ_RETURN_IF_ERROR(Enter("Send"));
+  KZ_RETURN_IF_ERROR(Enter("Send", /*collective=*/false));
   CallGuard guard(this);
   return DoSend(peer, tag, bytes, deadline);
 }
@@ -80,7 +82,7 @@ Status Bootstrap::Send(int peer, uint32_t tag, std::span<const uint8_t> bytes, D
 Result<Bytes> Bootstrap::Recv(int peer, uint32_t tag, Deadline deadline) {
   if (peer < 0 || peer >= size_)
     return InvalidArgument(fmt::format("Recv: peer {} is not a rank (size {})", peer, size_));
-  KZ_RETURN_IF_ERROR(Enter("Recv"));
+  KZ_RETURN_IF_ERROR(Enter("Recv", /*collective=*/false));
   CallGuard guard(this);
   return DoRecv(peer, tag, deadline);
 }

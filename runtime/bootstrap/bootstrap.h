@@ -21,8 +21,10 @@
 //                     message names the rank
 //   kAborted          the Bootstrap is unusable after an earlier collective failed (the message
 //                     repeats that failure)
-// A failed AllGather or Barrier leaves the Bootstrap unusable (ranks may be in different rounds);
-// a failed Recv does not (a Recv that timed out can be retried; a peer that went away stays gone).
+// A failed AllGather or Barrier leaves the Bootstrap's collectives unusable (ranks may be in
+// different rounds); Send and Recv between ranks that are alive still work (survivors of a lost
+// rank build a new communicator on them: Communicator::Shrink). A failed Recv can be retried (a
+// Recv that timed out; a peer that went away stays gone).
 // A Send that timed out may still be delivered during later calls: do not send it again.
 //
 // Threading: a Bootstrap serves one call at a time. A call made while another call on the same
@@ -82,7 +84,7 @@ class Bootstrap {
 
  private:
   class CallGuard;
-  Status Enter(std::string_view op);
+  Status Enter(std::string_view op, bool collective);
   void Leave();
 
   const int rank_;

@@ -232,7 +232,10 @@ class TcpBootstrap final : public Bootstrap {
   int joined_ = 0;               // root: ranks whose Join was accepted
   bool rendezvous_done_ = false;
   bool welcomed_ = false;        // non-root
-  Status fatal_;                 // the job failed (the root said so, or a protocol violation)
+  Status fatal_;                 // the rendezvous failed (the root said so, or a protocol violation)
+  // A collective failed after the rendezvous (the root said so, or this rank saw it): collectives
+  // only; Send and Recv between ranks that are alive go on (Bootstrap's contract).
+  Status collective_failed_;
   Status job_error_;             // root: a misconfigured job found inside the poll loop
   Conn* job_error_conn_ = nullptr;  // ... and the connection that revealed it
   Clock::time_point listener_paused_until_{};  // out of file descriptors: accept later

@@ -95,12 +95,14 @@ void TcpBootstrap::OnAbort(Bytes payload) {
   const std::string message = r.String(kMaxAbortBytes);
   if (!r.ok() || code == StatusCode::kOk || static_cast<uint32_t>(code) > static_cast<uint32_t>(StatusCode::kInternal))
     code = StatusCode::kRemoteError;
-  fatal_ = Status(code, fmt::format("rank 0 (the root) reports: {}", message));
-  KZ_WARN(kLogBootstrap, "{}: {}", Me(), fatal_.ToString());
+  Status& failed = rendezvous_done_ ? collective_failed_ : fatal_;
+  failed = Status(code, fmt::format("rank 0 (the root) reports: {}", message));
+  KZ_WARN(kLogBootstrap, "{}: {}", Me(), failed.ToString());
 }
 
 Result<std::vector<Bytes>> TcpBootstrap::Collective(uint32_t kind, std::span<const uint8_t> mine, Deadline deadline) {
   if (!fatal_.ok()) return fatal_;
+  if (!collective_failed_.ok()) return collective_failed_;
   std::string_view op = KindName(kind);
   if (size() == 1) {
     std::vector<Bytes> out;
@@ -113,23 +115,26 @@ Result<std::vector<Bytes>> TcpBootstrap::Collective(uint32_t kind, std::span<con
   if (!root_conn_->open()) return RemoteError(fmt::format("{}: {}", op, root_conn_->closed_reason));
   QueueFrame(*root_conn_, FrameType::kGather, kind, mine);
   Status s = Progress(
-      deadline, [&] { return !results_.empty() || !root_conn_->open(); },
+      deadline, [&] { return !results_.empty() || !root_conn_->open() || !collective_failed_.ok(); },
       [&] {
         return Timeout(fmt::format("{}: no answer from the root (rank 0 at {}) within {:.1f} s; the root names the "
                                    "missing ranks in its own log",
                                    op, id_.root.ToString(), SecondsSince(start)));
       });
-  if (s.ok() && results_.empty()) s = RemoteError(fmt::format("{}: {}", op, root_conn_->closed_reason));
+  if (s.ok() && results_.empty()) {
+    s = collective_failed_.ok() ? RemoteError(fmt::format("{}: {}", op, root_conn_->closed_reason))
+                                : collective_failed_;
+  }
   if (!s.ok()) {
-    fatal_ = s;
+    collective_failed_ = s;
     return s;
   }
   auto [got_kind, payload] = std::move(results_.front());
   results_.pop_front();
   if (got_kind != kind) {
-    fatal_ = InvalidArgument(fmt::format("{}: the root answered a {} (ranks called different collectives)", op,
-                                         KindName(got_kind)));
-    return fatal_;
+    collective_failed_ = InvalidArgument(
+        fmt::format("{}: the root answered a {} (ranks called different collectives)", op, KindName(got_kind)));
+    return collective_failed_;
   }
   std::vector<Bytes> out;
   if (kind == kKindBarrier) return out;
@@ -142,8 +147,9 @@ Result<std::vector<Bytes>> TcpBootstrap::Collective(uint32_t kind, std::span<con
     out.emplace_back(part.begin(), part.end());
   }
   if (n != static_cast<uint32_t>(size()) || !r.AtEnd()) {
-    fatal_ = Internal(fmt::format("{}: malformed result from the root ({} entries for {} ranks)", op, n, size()));
-    return fatal_;
+    collective_failed_ =
+        Internal(fmt::format("{}: malformed result from the root ({} entries for {} ranks)", op, n, size()));
+    return collective_failed_;
   }
   return out;
 }

@@ -36,7 +36,7 @@ Status TcpBootstrap::FailJob(Status status, Conn* also) {
     flushed.IgnoreError();
   }
   KZ_WARN(kLogBootstrap, "{}: {}", Me(), status.ToString());
-  fatal_ = status;
+  (rendezvous_done_ ? collective_failed_ : fatal_) = status;
   return status;
 }
 
@@ -172,7 +172,7 @@ Result<std::vector<Bytes>> TcpBootstrap::RootCollective(uint32_t kind, std::span
       s = InvalidArgument(fmt::format("collective mismatch: rank 0 called {} while rank {} called {}", op, r,
                                       KindName(gather_in_[r].front().first)));
   }
-  if (!s.ok()) return fatal_.ok() ? FailJob(s) : s;
+  if (!s.ok()) return collective_failed_.ok() ? FailJob(s) : s;
 
   std::vector<Bytes> out(size());
   out[0].assign(mine.begin(), mine.end());
@@ -210,7 +210,7 @@ Result<std::vector<Bytes>> TcpBootstrap::RootCollective(uint32_t kind, std::span
       });
   for (int r = 1; s.ok() && r < size(); ++r)
     if (!rank_conn_[r]->open()) s = RemoteError(fmt::format("{}: {}", op, rank_conn_[r]->closed_reason));
-  if (!s.ok()) return fatal_.ok() ? FailJob(s) : s;
+  if (!s.ok()) return collective_failed_.ok() ? FailJob(s) : s;
   if (kind == kKindBarrier) out.clear();
   return out;
 }

@@ -14,7 +14,7 @@ struct Version {
   int patch = 0;
 };
 
-inline constexpr Version kVersion{1, 0, 0};
+inline constexpr Version kVersion{1, 1, 0};
 
 inline std::string VersionString(const Version& v) {
   return std::to_string(v.major) + "." + std::to_string(v.minor) + "." + std::to_string(v.patch);

@@ -62,6 +62,8 @@ void ExpectEveryCommCallRefused(kzComm_t comm, kzStream_t stream, float* buf, co
   EXPECT_TRUE(Refused(kzCommDevice(comm, &d), text)) << "kzCommDevice";
   EXPECT_TRUE(Refused(kzCommGetAsyncError(comm, &async), text)) << "kzCommGetAsyncError";
   EXPECT_TRUE(Refused(kzCommSplit(comm, 0, 0, &split), text)) << "kzCommSplit";
+  EXPECT_TRUE(Refused(kzCommShrink(comm, nullptr, 0, &split, nullptr, KZ_SHRINK_ABORT), text)) << "kzCommShrink";
+  EXPECT_TRUE(Refused(kzCommRevoke(comm, 0), text)) << "kzCommRevoke";
   EXPECT_TRUE(Refused(kzAllReduce(buf, buf, kCount, kzFloat32, kzSum, comm, stream), text)) << "kzAllReduce";
   EXPECT_TRUE(Refused(kzBroadcast(buf, buf, kCount, kzFloat32, 0, comm, stream), text)) << "kzBroadcast";
   EXPECT_TRUE(Refused(kzReduce(buf, buf, kCount, kzFloat32, kzSum, 0, comm, stream), text)) << "kzReduce";
@@ -112,6 +114,60 @@ TEST(CApiHandles, FreeDuringAnOperationWaitsForIt) {
     EXPECT_EQ(kzStreamDestroy(streams[r]), kzSuccess);
     EXPECT_EQ(kzCommDestroy(comms[r]), kzSuccess);
   }
+}
+
+// kzCommRevoke and kzCommShrink: bad arguments are refused naming them; rank 2 revokes, and ranks
+// 0 and 1 shrink it away and sum exactly.
+TEST(CApiHandles, RevokeAndShrink) {
+  const int devlist[3] = {0, 1, 0};  // the test's two emulated devices
+  kzComm_t comms[3] = {};
+  ASSERT_EQ(kzCommInitAll(comms, 3, devlist), kzSuccess) << kzGetLastError();
+  kzComm_t shrunk[2] = {};
+  const int lost[1] = {2};
+  EXPECT_TRUE(Refused(kzCommShrink(comms[0], lost, 1, nullptr, nullptr, KZ_SHRINK_ABORT), "newcomm is NULL"));
+  EXPECT_TRUE(Refused(kzCommShrink(comms[0], lost, -1, &shrunk[0], nullptr, KZ_SHRINK_ABORT), "exclude_count is -1"));
+  EXPECT_TRUE(
+      Refused(kzCommShrink(comms[0], nullptr, 1, &shrunk[0], nullptr, KZ_SHRINK_ABORT), "exclude_ranks is NULL"));
+  EXPECT_TRUE(Refused(kzCommShrink(comms[0], lost, 1, &shrunk[0], nullptr, 7), "flags is 7"));
+  kzConfig_t config = KZ_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  EXPECT_TRUE(Refused(kzCommShrink(comms[0], lost, 1, &shrunk[0], &config, KZ_SHRINK_ABORT), "blocking"));
+  EXPECT_TRUE(Refused(kzCommRevoke(comms[0], 1), "flags is 1"));
+  const int self[1] = {0};
+  EXPECT_TRUE(Refused(kzCommShrink(comms[0], self, 1, &shrunk[0], nullptr, KZ_SHRINK_ABORT), "excludes itself"));
+  ASSERT_EQ(kzCommRevoke(comms[2], 0), kzSuccess) << kzGetLastError();
+  std::vector<std::thread> threads;
+  kzResult_t results[2] = {kzInternalError, kzInternalError};
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back(
+        [&, r] { results[r] = kzCommShrink(comms[r], lost, 1, &shrunk[r], nullptr, KZ_SHRINK_ABORT); });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(results[r], kzSuccess) << "rank " << r;
+  kzStream_t streams[2] = {};
+  kzDevice_t devices[2] = {};
+  float* bufs[2] = {};
+  for (int r = 0; r < 2; ++r) {
+    int n = 0, rank = -1;
+    EXPECT_EQ(kzCommCount(shrunk[r], &n), kzSuccess);
+    EXPECT_EQ(kzCommUserRank(shrunk[r], &rank), kzSuccess);
+    EXPECT_EQ(n, 2);
+    EXPECT_EQ(rank, r);
+    ASSERT_EQ(kzCommDevice(shrunk[r], &devices[r]), kzSuccess) << kzGetLastError();
+    ASSERT_EQ(kzStreamCreate(devices[r], &streams[r]), kzSuccess) << kzGetLastError();
+    ASSERT_EQ(kzMalloc(devices[r], kCount * sizeof(float), reinterpret_cast<void**>(&bufs[r])), kzSuccess);
+    for (size_t k = 0; k < kCount; ++k) bufs[r][k] = static_cast<float>(r + 1);  // memory the CPU reaches
+  }
+  for (int r = 0; r < 2; ++r)
+    ASSERT_EQ(kzAllReduce(bufs[r], bufs[r], kCount, kzFloat32, kzSum, shrunk[r], streams[r]), kzSuccess);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(kzStreamSynchronize(streams[r]), kzSuccess) << kzGetLastError();
+    EXPECT_EQ(bufs[r][0], 3.0f);
+    EXPECT_EQ(bufs[r][kCount - 1], 3.0f);
+    EXPECT_EQ(kzFree(devices[r], bufs[r]), kzSuccess);
+    EXPECT_EQ(kzStreamDestroy(streams[r]), kzSuccess);
+    EXPECT_EQ(kzCommDestroy(shrunk[r]), kzSuccess);
+  }
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(kzCommDestroy(comms[r]), kzSuccess);
 }
 
 TEST(CApiHandles, DestroyedCommunicatorIsRefusedByEveryCallAndDestroyTwiceToo) {

@@ -11,10 +11,10 @@
 // KIZUNA_UNIQUE_ID, so that BootstrapFromEnvironment() (runtime/bootstrap/launch_env.h) needs
 // nothing else. Variables of other launchers in kizuna-run's own environment are not passed on.
 // Every line the ranks print is prefixed with "[rank] " (stdout to stdout, stderr to stderr).
-// When a rank fails, the others are stopped (SIGTERM, then SIGKILL after --grace seconds) and
-// kizuna-run exits with the failed rank's status (128 + signal for a signal); --timeout stops
-// everything and exits 124; SIGINT/SIGTERM/SIGHUP are forwarded to the ranks. Exit 2 for bad
-// command-line input, 127 when the program cannot be executed.
+// When a rank fails, the others are stopped (SIGTERM, then SIGKILL after --grace seconds; with
+// --keep-going they go on) and kizuna-run exits with the failed rank's status (128 + signal for a
+// signal); --timeout stops everything and exits 124; SIGINT/SIGTERM/SIGHUP are forwarded to the
+// ranks. Exit 2 for bad command-line input, 127 when the program cannot be executed.
 //
 // The free port is found by binding port 0 and releasing it: another process could take it in the
 // moment before rank 0 binds it, and rank 0 then reports the port as in use.
@@ -64,6 +64,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--grace", options.grace_s, "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str();
+  app.add_flag("--keep-going", options.keep_going,
+               "a rank that fails does not stop the others (jobs that shrink their communicators around a lost "
+               "rank); the exit status is still the first failure's");
   std::string bind = "none";
   app.add_option("--bind-to", bind,
                  "core: pin rank r to the r-th CPU kizuna-run may use (a CPU per rank); core:overload-allowed: the "

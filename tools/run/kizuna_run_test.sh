@@ -53,6 +53,14 @@ for r in 0 1 3; do
   kill -0 "$pid" 2>/dev/null && fail "rank $r (pid $pid) is still running"
 done
 
+# 3b. With --keep-going the others go on after rank 1 fails, and the exit status is still rank 1's.
+out="$("$run" -n 3 --keep-going -- sh -c '[ "$RANK" = 1 ] && exit 7; sleep 1; echo "rank $RANK went on"' 2>&1)"
+rc=$?
+echo "$out"
+[ "$rc" -eq 7 ] || fail "--keep-going: expected exit status 7, got $rc"
+grep -q 'kizuna-run: rank 1 exited with status 7; the others go on' <<<"$out" || fail "--keep-going: no message"
+for r in 0 2; do grep -qx "\[$r\] rank $r went on" <<<"$out" || fail "--keep-going: rank $r was stopped"; done
+
 # 4. --timeout stops everything and exits 124, saying so.
 out="$("$run" -n 2 --timeout 1 --grace 1 -- sleep 60 2>&1)"
 rc=$?

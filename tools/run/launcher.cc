@@ -292,7 +292,10 @@ void Runner::Reap(Rank& r) {
     r.outcome.code = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
   }
   bool failed = !(r.outcome.exited && r.outcome.code == 0);
-  if (failed && !stopping_) {
+  if (failed && !stopping_ && o_.keep_going) {
+    if (result_.first_failure < 0) result_.first_failure = r.index;
+    Say(o_.err_fd, "rank {} {}; the others go on (--keep-going)", r.index, Describe(r.outcome));
+  } else if (failed && !stopping_) {
     result_.first_failure = r.index;
     Say(o_.err_fd, "rank {} {}; stopping the other ranks", r.index, Describe(r.outcome));
     BeginStop(SIGTERM);

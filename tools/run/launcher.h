@@ -68,6 +68,9 @@ struct LaunchOptions {
   std::vector<App> more;
   double timeout_s = 0;              // the whole run; 0: no limit
   double grace_s = 5;                // between the stop signal and SIGKILL
+  // A rank that fails does not stop the others (jobs that continue without it: Communicator::
+  // Shrink); the exit status is still the first failure's, once every rank has ended.
+  bool keep_going = false;
   // Pin rank r to the r-th CPU this process may run on (mpirun's --bind-to core); refused when
   // the ranks outnumber those CPUs, unless `bind_overload`: then rank r goes to CPU r mod C, the
   // same number of ranks (give or take one) on each (mpirun's core:overload-allowed).

@@ -387,7 +387,8 @@ void TunerPlugin::Refuse(Selection& sel, const Answer& answer) {
                   sel.request.ToString(), answer.detail, AlgorithmName(sel.chosen));
   // One warning per kind: a plugin wrong for one call is usually wrong for many.
   if (before == 0)
-    KZ_WARN(kLogTune, "{} (further answers refused for a {} are logged at TRACE)", text, RefusalName(kind));
+    KZ_WARN(kLogTune, "{} (later answers refused for the same reason, {}, are logged at TRACE)", text,
+            RefusalName(kind));
   else
     KZ_TRACE(kLogTune, "{}", text);
   sel.reason += fmt::format(" (tuner plugin {} refused: {})", identity_, answer.detail);

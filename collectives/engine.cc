@@ -10,6 +10,7 @@
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/executor/executor.h"
 #include "collectives/transport/transport.h"
+#include "collectives/tuner/tuner_plugin.h"
 #include "fabric/registry.h"
 #include "runtime/core/logging.h"
 
@@ -63,6 +64,10 @@ Result<const std::shared_ptr<const Plan>*> Engine::PlanFor(const EngineCall& cal
     }
   }
   KZ_ASSIGN_OR_RETURN(Selection sel, Select(request, popts, call.algorithm, grouped));
+  // A tuner plugin's plan options (at most the chunk the slots hold: TunerPlugin::Choose). More
+  // channels than Prepare sized the slots for make it size them again.
+  if (sel.chunk_count) popts.chunk_count = *sel.chunk_count;
+  if (sel.channels) popts.channels = *sel.channels;
   KZ_ASSIGN_OR_RETURN(Plan plan, BuildWithFallback(request, popts, sel));
   const std::string levels = GetAlgorithm(plan.algorithm).Describe(request, shape_, rank_);
   KZ_INFO(kLogColl, "rank {} plan: {} via {}, chunk {} elements, {} channel(s), {} steps, scratch {} elements{}{}",
@@ -106,13 +111,18 @@ Result<Plan> Engine::BuildWithFallback(const CollectiveRequest& request, const P
 
 Result<Selection> Engine::Select(const CollectiveRequest& request, const PlanOptions& options,
                                  std::optional<Algorithm> per_call, bool grouped) const {
-  return SelectAlgorithm(request, shape_, options, CostConstants{}, overrides_, per_call,
-                         [grouped](Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
-                           if (grouped && (a == Algorithm::kFused || IsHostFused(a)))
-                             return NotSupported(fmt::format("{} runs alone, not as one of several calls of a group",
-                                                             AlgorithmName(a)));
-                           return GetAlgorithm(a).Supports(r, s);
-                         });
+  KZ_ASSIGN_OR_RETURN(
+      Selection sel,
+      SelectAlgorithm(request, shape_, options, CostConstants{}, overrides_, per_call,
+                      [grouped](Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
+                        if (grouped && (a == Algorithm::kFused || IsHostFused(a)))
+                          return NotSupported(fmt::format("{} runs alone, not as one of several calls of a group",
+                                                          AlgorithmName(a)));
+                        return GetAlgorithm(a).Supports(r, s);
+                      }));
+  if (tuner_ != nullptr && tuner::PluginDecides(request.collective, per_call.has_value(), overrides_))
+    tuner_->Choose(sel, options);
+  return sel;
 }
 
 Result<std::string> Engine::ExplainChoice(Collective collective, size_t count, DataType type) const {

@@ -33,6 +33,9 @@
 namespace kizuna::fabric {
 class FabricRegistry;
 }
+namespace kizuna::collectives::tuner {
+class TunerPlugin;
+}
 
 namespace kizuna::collectives {
 
@@ -145,7 +148,8 @@ class Engine {
   // The plan for one call, from the cache or built; the pointer stays valid until the next call.
   Result<const std::shared_ptr<const Plan>*> PlanFor(const EngineCall& call, size_t slot_bytes, int channels,
                                                      bool grouped);
-  // The model's ranking, with per_call / KIZUNA_ALGO applied; `grouped`: fused is not a candidate.
+  // The model's ranking, with per_call / KIZUNA_ALGO applied, then the tuner plugin where neither
+  // named an algorithm; `grouped`: fused is not a candidate.
   Result<Selection> Select(const CollectiveRequest& request, const PlanOptions& options,
                            std::optional<Algorithm> per_call, bool grouped) const;
   // Builds the selection's choice, falling back to the next supported candidate by predicted time
@@ -166,6 +170,7 @@ class Engine {
   uint64_t single_rank_regions_ = 0;  // Register's handles where there is no executor
   CommTopology shape_;
   AlgoOverrides overrides_;  // KIZUNA_ALGO, parsed at creation
+  std::unique_ptr<tuner::TunerPlugin> tuner_;  // KIZUNA_TUNER_PLUGIN, loaded at creation; null: none
 
   std::mutex call_mu_;  // one operation at a time (Launch)
   // The plan cache. The plan of the last lookup is checked before the map: a loop repeating one

@@ -14,6 +14,7 @@
 #include "collectives/executor/executor.h"
 #include "collectives/ina/layout.h"
 #include "collectives/transport/transport.h"
+#include "collectives/tuner/tuner_plugin.h"
 #include "fabric/registry.h"
 #include "runtime/core/host_id.h"
 #include "runtime/core/logging.h"
@@ -39,6 +40,8 @@ constexpr int kInaWindow = 16;
 constexpr uint32_t kVersionMagic = 0x52565a4b;
 // A host id longer than this is not one (HostId() is a host name and a boot id).
 constexpr size_t kMaxHostIdBytes = 4096;
+// Nor a tuner plugin's name and version one this long (TunerPlugin::identity).
+constexpr size_t kMaxTunerIdBytes = 1024;
 int InaWindow(const ina::Layout& layout, bool aggregation_device) {
   return aggregation_device ? std::max(kInaWindow, 4 * (layout.aggregator_ports + 1)) : kInaWindow;
 }
@@ -114,15 +117,19 @@ Status Engine::Builder::LoadInaLayout() {
 // whether every rank is here (the same-host group). The first exchange of every communicator, so
 // it also carries each rank's version: ranks of different majors (ABIs) stop here, naming both,
 // before they meet in any record whose layout a major may change. The record's head (magic,
-// major, minor, patch) never changes.
+// major, minor, patch) never changes. After the host comes the rank's tuner plugin (name and
+// version, or none), which the workers must share to choose alike; a rank of an earlier minor
+// sends none.
 Status Engine::Builder::ExchangeHosts() {
   host_ = options_.host_id.empty() ? HostId() : options_.host_id;
+  const std::string tuner = e_.tuner_ ? e_.tuner_->identity() : std::string();
   wire::Bytes mine;
   wire::PutU32(mine, kVersionMagic);
   wire::PutI32(mine, options_.version.major);
   wire::PutI32(mine, options_.version.minor);
   wire::PutI32(mine, options_.version.patch);
   wire::PutString(mine, host_);
+  wire::PutString(mine, tuner);
   KZ_ASSIGN_OR_RETURN(auto rows, e_.bootstrap_->AllGather(mine, deadline_));
   for (size_t r = 0; r < rows.size(); ++r) {
     wire::Reader in(rows[r]);
@@ -141,6 +148,10 @@ Status Engine::Builder::ExchangeHosts() {
                                          "different major versions (ABIs) cannot form a communicator",
                                          r, VersionString(v), e_.rank_, VersionString(options_.version)));
     rank_hosts_.emplace_back(host.begin(), host.end());
+    const std::string their_tuner = in.left() > 0 ? in.String(kMaxTunerIdBytes) : std::string();
+    // Aggregation devices choose nothing: only the workers compare.
+    if (!e_.aggregation_device_ && static_cast<int>(r) < e_.size_)
+      KZ_RETURN_IF_ERROR(tuner::CheckSameTuner(tuner, e_.rank_, their_tuner, static_cast<int>(r)));
   }
   for (int r = 0; r < e_.rank_; ++r) local_rank_ += rank_hosts_[static_cast<size_t>(r)] == host_ ? 1 : 0;
   return Status::Ok();
@@ -420,11 +431,17 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<bootstrap::Bootst
   e->device_ = &device;
   Builder b(*e, options, std::move(same_process));
   KZ_RETURN_IF_ERROR(b.LoadInaLayout());
+  // KIZUNA_TUNER_PLUGIN: named explicitly, so a library that cannot be used fails creation (before
+  // the ranks compare their plugins in ExchangeHosts). Aggregation devices choose nothing.
+  if (!e->config_->tuner_plugin.empty() && !e->aggregation_device_) {
+    KZ_ASSIGN_OR_RETURN(e->tuner_, tuner::TunerPlugin::Load(e->config_->tuner_plugin));
+  }
   KZ_RETURN_IF_ERROR(b.ExchangeHosts());
   KZ_RETURN_IF_ERROR(b.Connect(device));
   KZ_RETURN_IF_ERROR(b.JoinSameHostGroup(device));
   KZ_RETURN_IF_ERROR(b.JoinHostGroups(device));
   KZ_RETURN_IF_ERROR(b.AgreeOnShape(device));
+  if (e->tuner_) KZ_RETURN_IF_ERROR(e->tuner_->Init(e->rank_, e->shape_));
   // KIZUNA_ALGO, parsed once: a malformed value fails creation, naming the bad item, instead of
   // every call; names not available yet are logged once.
   KZ_ASSIGN_OR_RETURN(e->overrides_, ParseAlgoOverrides(e->config_->algo));

@@ -61,6 +61,7 @@ dest_of() {
     runtime/communicator.h) echo communicator.h ;;
     */kizuna_device_plugin.h) echo kizuna_device_plugin.h ;;
     */kizuna_fabric_plugin.h) echo kizuna_fabric_plugin.h ;;
+    */kizuna_tuner_plugin.h) echo kizuna_tuner_plugin.h ;;
     *) echo "$1" ;;
   esac
 }

@@ -11,6 +11,9 @@
 // A forced algorithm that cannot serve the request falls back to 4, and the selection says why
 // ("KIZUNA_ALGO=tree cannot serve reducescatter: ...; using ring"). When no candidate can serve
 // the request, selection fails with kNotSupported listing each candidate's reason.
+// Between 3 and 4 the engine asks a tuner plugin where one is loaded (KIZUNA_TUNER_PLUGIN,
+// collectives/tuner/README.md): when neither the call nor KIZUNA_ALGO names an algorithm for the
+// collective, the plugin's valid answer replaces the model's choice (Selection::tuned).
 //
 // Every rank must choose the same algorithm: selection is a pure function of its arguments (no
 // clocks, no randomness, no global state; the cost model is deterministic, see cost_model.h), and
@@ -94,6 +97,11 @@ struct Selection {
   // option (tree)", "KIZUNA_ALGO=tree cannot serve reducescatter: <why>; using ring".
   std::string reason;
   std::vector<Candidate> candidates;  // every algorithm, in Algorithm order
+  // A tuner plugin chose (collectives/tuner; `reason` names it), with the plan options it asked
+  // for, if any: the largest step in elements, and the channels (none: the engine's own).
+  bool tuned = false;
+  std::optional<uint64_t> chunk_count;
+  std::optional<int> channels;
 
   const Candidate& candidate(Algorithm a) const { return candidates[static_cast<size_t>(a)]; }
 };

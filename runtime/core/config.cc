@@ -213,6 +213,8 @@ const std::vector<Entry>& Entries() {
         List(&Config::device_plugins, ':'));
     add({"KIZUNA_FABRIC_PLUGINS", "colon-separated paths", "", "fabric plugins to dlopen"},
         List(&Config::fabric_plugins, ':'));
+    add({"KIZUNA_TUNER_PLUGIN", "path", "", "tuner plugin to dlopen: chooses the algorithm where KIZUNA_ALGO does not"},
+        Text(&Config::tuner_plugin));
     add({"KIZUNA_EMULATED_DEVICES", "count", "8", "emulated devices on this host (0 disables them)"},
         [](std::string_view v, Config& c) -> std::string {
           auto x = ParseInt(v);

@@ -45,6 +45,9 @@ struct Config {
   // Plugins (dlopen paths).
   std::vector<std::string> device_plugins;
   std::vector<std::string> fabric_plugins;
+  // The tuner plugin (collectives/tuner): chooses the algorithm where the call and KIZUNA_ALGO do
+  // not. Named explicitly, so a library that cannot be loaded fails communicator creation.
+  std::string tuner_plugin;
 
   // Emulated devices (host-wide: the same N devices in every process on the host).
   int emulated_devices = 8;

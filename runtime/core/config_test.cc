@@ -22,6 +22,7 @@ TEST(ConfigTest, DefaultsWithEmptyEnvironment) {
   EXPECT_FALSE(p.config.device.has_value());
   EXPECT_FALSE(p.config.emu_fail_alloc.has_value());
   EXPECT_FALSE(p.config.deterministic);
+  EXPECT_TRUE(p.config.tuner_plugin.empty());
 }
 
 TEST(ConfigTest, ParsesEveryKind) {
@@ -30,6 +31,7 @@ TEST(ConfigTest, ParsesEveryKind) {
       {"KIZUNA_DEBUG_SUBSYS", "INIT,device"},
       {"KIZUNA_TIMEOUT", "2.5"},
       {"KIZUNA_DEVICE_PLUGINS", "/a/libx.so: /b/liby.so"},
+      {"KIZUNA_TUNER_PLUGIN", " /opt/tuners/libmy_tuner.so "},
       {"KIZUNA_EMULATED_DEVICES", "3"},
       {"KIZUNA_DEVICE", "2"},
       {"KIZUNA_EMU_MEM_BYTES", "64M"},
@@ -51,6 +53,7 @@ TEST(ConfigTest, ParsesEveryKind) {
   EXPECT_EQ(c.debug_subsys, static_cast<uint32_t>(kLogInit | kLogDevice));
   EXPECT_EQ(c.timeout_s, 2.5);
   EXPECT_EQ(c.device_plugins, (std::vector<std::string>{"/a/libx.so", "/b/liby.so"}));
+  EXPECT_EQ(c.tuner_plugin, "/opt/tuners/libmy_tuner.so");
   EXPECT_EQ(c.emulated_devices, 3);
   EXPECT_EQ(c.device, 2);
   EXPECT_EQ(c.emu_mem_bytes, uint64_t{64} << 20);
@@ -146,7 +149,8 @@ TEST(ConfigTest, EveryDocumentedVariableParses) {
   }
   EXPECT_GE(names.size(), 27u);
   for (std::string_view must : {"KIZUNA_DEBUG", "KIZUNA_TIMEOUT", "KIZUNA_EMULATED_DEVICES", "KIZUNA_DEVICE_PLUGINS",
-                                "KIZUNA_EMU_FAIL_STREAM_OP", "KIZUNA_ALGO", "KIZUNA_IB_GID_INDEX"})
+                                "KIZUNA_EMU_FAIL_STREAM_OP", "KIZUNA_ALGO", "KIZUNA_IB_GID_INDEX",
+                                "KIZUNA_TUNER_PLUGIN"})
     EXPECT_TRUE(names.count(must)) << must;
 }
 

@@ -140,6 +140,7 @@ void PrintConfig(const Config& c) {
          "KIZUNA_EMU_FAIL_*"});
   t.Add({"device plugins", c.device_plugins.empty() ? "none" : fmt::format("{}", fmt::join(c.device_plugins, ":")),
          "KIZUNA_DEVICE_PLUGINS, --plugin"});
+  t.Add({"tuner plugin", c.tuner_plugin.empty() ? "none" : c.tuner_plugin, "KIZUNA_TUNER_PLUGIN"});
   t.Print();
 }
 

@@ -71,6 +71,8 @@ class Engine::Builder {
   Status JoinHostGroups(device::Device& device);
   Status AgreeOnShape(device::Device& device);
   Status StartExecutor(device::Device& device);
+  // With a trace on every rank (KIZUNA_TRACE_FILE): each rank's clock against rank 0's.
+  Status MeasureClockOffsets();
   void LogCreated(device::Device& device) const;
 
  private:
@@ -93,6 +95,7 @@ class Engine::Builder {
   std::shared_ptr<SameHostGroup> host_group_;
   bool host_direct_ = false;
   bool serial_host_work_ = false;  // ExecutorOptions::serial_host_work
+  int tracing_ranks_ = 0;          // ranks with a trace file (ExchangeHosts)
   size_t p2p_staging_bytes_ = 0;  // what point-to-point's chunk is cut from (ExecutorOptions)
 };
 
@@ -130,6 +133,7 @@ Status Engine::Builder::ExchangeHosts() {
   wire::PutI32(mine, options_.version.patch);
   wire::PutString(mine, host_);
   wire::PutString(mine, tuner);
+  wire::PutU32(mine, e_.config_->trace_file.empty() ? 0 : 1);
   KZ_ASSIGN_OR_RETURN(auto rows, e_.bootstrap_->AllGather(mine, deadline_));
   for (size_t r = 0; r < rows.size(); ++r) {
     wire::Reader in(rows[r]);
@@ -149,6 +153,7 @@ Status Engine::Builder::ExchangeHosts() {
                                          r, VersionString(v), e_.rank_, VersionString(options_.version)));
     rank_hosts_.emplace_back(host.begin(), host.end());
     const std::string their_tuner = in.left() > 0 ? in.String(kMaxTunerIdBytes) : std::string();
+    tracing_ranks_ += in.left() > 0 && in.U32() != 0 ? 1 : 0;
     // Aggregation devices choose nothing: only the workers compare.
     if (!e_.aggregation_device_ && static_cast<int>(r) < e_.size_)
       KZ_RETURN_IF_ERROR(tuner::CheckSameTuner(tuner, e_.rank_, their_tuner, static_cast<int>(r)));
@@ -371,10 +376,66 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
   return Status::Ok();
 }
 
+// NTP's way over the bootstrap: rank r sends its time t0, rank 0 answers with its own T, rank r
+// reads t1; its offset is (t0 + t1) / 2 - T, from the shortest of kClockPings round trips. Rank 0
+// serves the ranks in turn. Only where every rank traces: the others would not answer.
+Status Engine::Builder::MeasureClockOffsets() {
+  constexpr int kClockPings = 5;
+  constexpr uint32_t kClockTag = 0x100;  // below Communicator::Split's tags
+  Tracer* tracer = e_.executor_ ? e_.executor_->tracer() : nullptr;
+  const int n = e_.bootstrap_->size();
+  if (tracer == nullptr || n == 1) return Status::Ok();
+  if (tracing_ranks_ != n) {
+    KZ_WARN(kLogInit,
+            "rank {}: KIZUNA_TRACE_FILE is set on {} of {} ranks: clock offsets not measured (the traces "
+            "are merged as if the clocks agreed)",
+            e_.rank_, tracing_ranks_, n);
+    tracer->SetClockOffset(0, 0, false);
+    return Status::Ok();
+  }
+  auto put = [](uint64_t v) {
+    wire::Bytes b;
+    wire::PutU64(b, v);
+    return b;
+  };
+  auto get = [](const bootstrap::Bytes& b) {
+    wire::Reader in(b);
+    return in.U64();
+  };
+  bootstrap::Bootstrap& boot = *e_.bootstrap_;
+  if (e_.rank_ == 0) {
+    for (int r = 1; r < n; ++r) {
+      for (int i = 0; i < kClockPings; ++i) {
+        KZ_RETURN_IF_ERROR(boot.Recv(r, kClockTag, deadline_).status());
+        KZ_RETURN_IF_ERROR(boot.Send(r, kClockTag, put(Tracer::NowUs()), deadline_));
+      }
+    }
+    tracer->SetClockOffset(0, 0, true);
+    return Status::Ok();
+  }
+  double best_rtt = -1, offset = 0;
+  for (int i = 0; i < kClockPings; ++i) {
+    const uint64_t t0 = Tracer::NowUs();
+    KZ_RETURN_IF_ERROR(boot.Send(0, kClockTag, put(t0), deadline_));
+    KZ_ASSIGN_OR_RETURN(bootstrap::Bytes answer, boot.Recv(0, kClockTag, deadline_));
+    const uint64_t t1 = Tracer::NowUs();
+    const double rtt = static_cast<double>(t1 - t0);
+    if (best_rtt < 0 || rtt < best_rtt) {
+      best_rtt = rtt;
+      offset = (static_cast<double>(t0) + static_cast<double>(t1)) / 2 - static_cast<double>(get(answer));
+    }
+  }
+  tracer->SetClockOffset(offset, best_rtt, true);
+  KZ_INFO(kLogInit, "rank {}: clock offset to rank 0 {:.1f} us (round trip {:.1f} us), for the trace", e_.rank_, offset,
+          best_rtt);
+  return Status::Ok();
+}
+
 Status Engine::Builder::StartExecutor(device::Device& device) {
   ExecutorOptions eopts;
   eopts.timeout_s = e_.config_->timeout_s;
   eopts.dump_on_timeout = e_.config_->dump_on_timeout;
+  eopts.trace_file = e_.config_->trace_file;
   eopts.p2p_staging_bytes = p2p_staging_bytes_;
   eopts.chunk_bytes = e_.config_->chunk_bytes.value_or(0);
   eopts.same_process = same_process_;
@@ -448,6 +509,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<bootstrap::Bootst
   if (e->rank_ == 0)
     for (const std::string& w : e->overrides_.warnings) KZ_WARN(kLogTune, "KIZUNA_ALGO: {}", w);
   KZ_RETURN_IF_ERROR(b.StartExecutor(device));
+  KZ_RETURN_IF_ERROR(b.MeasureClockOffsets());
   b.LogCreated(device);
   return e;
 }

@@ -74,6 +74,9 @@ struct Config {
   // Diagnostics: where each rank writes its flight recorder (its last operations, JSON) when an
   // operation times out; %r the rank, %p the process id, %h the host name. Empty: nowhere.
   std::string dump_on_timeout;
+  // Where each rank writes its trace (Chrome trace / Perfetto JSON of its collectives and their
+  // steps) when its communicator is destroyed; %r, %p, %h as above. Empty: no trace.
+  std::string trace_file;
 
   // Fabric and topology.
   std::vector<std::string> fabric;

@@ -66,6 +66,9 @@ namespace kizuna {
 namespace device {
 class DeviceRegistry;
 }
+namespace status {
+class Registration;
+}
 
 struct CommOptions {
   // The configuration to use; nullptr: the process's (GlobalConfig()). Must outlive the
@@ -249,6 +252,8 @@ class Communicator {
   std::shared_ptr<bootstrap::Bootstrap> bootstrap_;  // Split's rendezvous
   std::unique_ptr<collectives::Engine> engine_;
   uint32_t splits_ = 0;  // splits made from this communicator (tags for their bootstraps)
+  // kizuna-status reaches this communicator while held (runtime/job_status.h); dropped first.
+  std::unique_ptr<status::Registration> status_;
 };
 
 }  // namespace kizuna

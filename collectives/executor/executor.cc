@@ -325,6 +325,7 @@ Status Executor::RunOperation(Operation& op, RunPath path) {
   const uint64_t ticket = recorder_.Begin(op.seq, first.plan->request, first.plan->algorithm,
                                           static_cast<int>(op.members.size()), path);
   const uint64_t traced_from = tracer_ ? Tracer::NowUs() : 0;
+  record_ticket_ = ticket;
   Status status;
   const bool direct = op.members.size() == 1 && op.members[0].plan->algorithm == Algorithm::kFused;
   // The fused path decides for itself (its group knows when its ranks outnumber the CPUs).

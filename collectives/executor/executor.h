@@ -308,6 +308,9 @@ class Executor {
   std::atomic<uint64_t> registered_transfers_{0};
   FlightRecorder recorder_;
   std::unique_ptr<Tracer> tracer_;  // KIZUNA_TRACE_FILE; null when off
+  // The flight recorder's ticket of the operation RunOperation runs (its runs say there what they
+  // wait on when they stall); under run_mu_.
+  uint64_t record_ticket_ = ~uint64_t{0};
 
   // Held by the thread that uses the connections, the control state and the members below marked
   // "run_mu_": the executor's thread, or a caller's running an operation itself (TryOnCaller).

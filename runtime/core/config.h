@@ -77,6 +77,9 @@ struct Config {
   // Where each rank writes its trace (Chrome trace / Perfetto JSON of its collectives and their
   // steps) when its communicator is destroyed; %r, %p, %h as above. Empty: no trace.
   std::string trace_file;
+  // Where each process of a job serves its status to kizuna-status (runtime/job_status.h): a
+  // folder per job inside; empty: /tmp/kizuna-<uid>.
+  std::string run_dir;
 
   // Fabric and topology.
   std::vector<std::string> fabric;

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/cost/cost_file.h"
 #include "collectives/direct/same_host_group.h"
 #include "collectives/engine.h"
 #include "collectives/executor/executor.h"
@@ -42,6 +43,8 @@ constexpr uint32_t kVersionMagic = 0x52565a4b;
 constexpr size_t kMaxHostIdBytes = 4096;
 // Nor a tuner plugin's name and version one this long (TunerPlugin::identity).
 constexpr size_t kMaxTunerIdBytes = 1024;
+// Nor costs this long (AppliedCosts::Digest, its source).
+constexpr size_t kMaxCostBytes = 65536;
 int InaWindow(const ina::Layout& layout, bool aggregation_device) {
   return aggregation_device ? std::max(kInaWindow, 4 * (layout.aggregator_ports + 1)) : kInaWindow;
 }
@@ -66,6 +69,8 @@ class Engine::Builder {
 
   Status LoadInaLayout();
   Status ExchangeHosts();
+  // KIZUNA_COST_FILE: the constants and link costs of this communicator's size (costs_, cost_).
+  Status LoadCosts();
   Status Connect(device::Device& device);
   Status JoinSameHostGroup(device::Device& device);
   Status JoinHostGroups(device::Device& device);
@@ -96,6 +101,7 @@ class Engine::Builder {
   bool host_direct_ = false;
   bool serial_host_work_ = false;  // ExecutorOptions::serial_host_work
   int tracing_ranks_ = 0;          // ranks with a trace file (ExchangeHosts)
+  AppliedCosts costs_;             // KIZUNA_COST_FILE's for this size, or the defaults (Create)
   size_t p2p_staging_bytes_ = 0;  // what point-to-point's chunk is cut from (ExecutorOptions)
 };
 
@@ -123,6 +129,21 @@ Status Engine::Builder::LoadInaLayout() {
 // major, minor, patch) never changes. After the host comes the rank's tuner plugin (name and
 // version, or none), which the workers must share to choose alike; a rank of an earlier minor
 // sends none.
+Status Engine::Builder::LoadCosts() {
+  const std::string& path = e_.config_->cost_file;
+  if (!path.empty()) {
+    KZ_ASSIGN_OR_RETURN(CostFile file, LoadCostFile(path));
+    costs_ = CostsFor(file, e_.size_);
+  } else {
+    costs_ = CostsFor(CostFile{}, e_.size_);
+  }
+  e_.cost_ = costs_.constants;
+  if (e_.rank_ == 0 && !path.empty())
+    KZ_INFO(kLogInit, "the cost model's constants: {} ({}){}", CostConstantsToString(costs_.constants), costs_.source,
+            costs_.links.empty() ? "" : " and measured link costs");
+  return Status::Ok();
+}
+
 Status Engine::Builder::ExchangeHosts() {
   host_ = options_.host_id.empty() ? HostId() : options_.host_id;
   const std::string tuner = e_.tuner_ ? e_.tuner_->identity() : std::string();
@@ -134,6 +155,9 @@ Status Engine::Builder::ExchangeHosts() {
   wire::PutString(mine, host_);
   wire::PutString(mine, tuner);
   wire::PutU32(mine, e_.config_->trace_file.empty() ? 0 : 1);
+  const std::string costs = costs_.Digest();
+  wire::PutString(mine, costs);
+  wire::PutString(mine, costs_.source);
   KZ_ASSIGN_OR_RETURN(auto rows, e_.bootstrap_->AllGather(mine, deadline_));
   for (size_t r = 0; r < rows.size(); ++r) {
     wire::Reader in(rows[r]);
@@ -154,6 +178,15 @@ Status Engine::Builder::ExchangeHosts() {
     rank_hosts_.emplace_back(host.begin(), host.end());
     const std::string their_tuner = in.left() > 0 ? in.String(kMaxTunerIdBytes) : std::string();
     tracing_ranks_ += in.left() > 0 && in.U32() != 0 ? 1 : 0;
+    // The same costs on every rank, or the ranks would choose differently (a rank of an earlier
+    // minor sends none: the defaults).
+    const std::string their_costs = in.left() > 0 ? in.String(kMaxCostBytes) : CostsFor(CostFile{}, 1).Digest();
+    const std::string their_source = in.left() > 0 ? in.String(kMaxCostBytes) : std::string("defaults");
+    if (their_costs != costs)
+      return InvalidArgument(
+          fmt::format("rank {} uses the costs of {} and this rank (rank {}) those of {}: every rank "
+                      "must load the same KIZUNA_COST_FILE (or none)",
+                      r, their_source, e_.rank_, costs_.source));
     // Aggregation devices choose nothing: only the workers compare.
     if (!e_.aggregation_device_ && static_cast<int>(r) < e_.size_)
       KZ_RETURN_IF_ERROR(tuner::CheckSameTuner(tuner, e_.rank_, their_tuner, static_cast<int>(r)));
@@ -251,7 +284,14 @@ Status Engine::Builder::JoinSameHostGroup(device::Device& device) {
 }
 
 std::vector<LinkDesc> Engine::Builder::LinkRow() const {
-  const std::vector<LinkDesc>& full_row = e_.transport_->link_row();
+  std::vector<LinkDesc> full_row = e_.transport_->link_row();
+  // KIZUNA_COST_FILE's measured link costs, per fabric, over what the fabrics declare.
+  for (size_t q = 0; q < full_row.size() && !costs_.links.empty(); ++q) {
+    const auto it = costs_.links.find(std::string(e_.transport_->FabricOf(static_cast<int>(q))));
+    if (it == costs_.links.end() || !full_row[q].reachable) continue;
+    if (it->second.latency_us > 0) full_row[q].latency_us = it->second.latency_us;
+    if (it->second.gbps > 0) full_row[q].gbps = it->second.gbps;
+  }
   std::vector<LinkDesc> row(full_row.begin(), full_row.begin() + std::min<ptrdiff_t>(e_.size_, std::ssize(full_row)));
   if (!layout_) return row;
   LinkDesc slowest;
@@ -462,6 +502,13 @@ Status Engine::Builder::StartExecutor(device::Device& device) {
     };
   }
   KZ_ASSIGN_OR_RETURN(e_.executor_, Executor::Create(e_.transport_.get(), &device, eopts));
+  // Small operations run on the calling thread where every rank's device computes on the host and
+  // each process drives one rank (CommTopology::caller_inline_bytes; the model counts no
+  // hand-offs for them). Every rank computes the same: the same devices' kind, and every rank has
+  // a network peer or none.
+  const bool all_host =
+      std::all_of(e_.shape_.ranks.begin(), e_.shape_.ranks.end(), [](const RankDesc& d) { return d.host_compute; });
+  if (all_host && same_process_ == nullptr) e_.shape_.caller_inline_bytes = e_.executor_->caller_op_bytes();
   return Status::Ok();
 }
 
@@ -497,6 +544,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<bootstrap::Bootst
   if (!e->config_->tuner_plugin.empty() && !e->aggregation_device_) {
     KZ_ASSIGN_OR_RETURN(e->tuner_, tuner::TunerPlugin::Load(e->config_->tuner_plugin));
   }
+  KZ_RETURN_IF_ERROR(b.LoadCosts());
   KZ_RETURN_IF_ERROR(b.ExchangeHosts());
   KZ_RETURN_IF_ERROR(b.Connect(device));
   KZ_RETURN_IF_ERROR(b.JoinSameHostGroup(device));

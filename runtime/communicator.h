@@ -152,6 +152,8 @@ class Communicator {
   // and children, a point-to-point peer), not at creation, so this grows with the peers the
   // algorithms used; the fused algorithms between ranks of one host use none.
   std::vector<int> ConnectedPeers() const;
+  // The fabric that reaches `peer` ("directconnect", "tcp"); "" for none, or this rank.
+  std::string FabricOf(int peer) const;
 
   Status AllReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op, device::Stream& stream,
                    const CallOptions& options = {});
@@ -233,6 +235,11 @@ class Communicator {
   // The algorithm and predicted times the engine chooses for a request on this communicator,
   // as logged at INFO (tools and tests).
   Result<std::string> ExplainChoice(collectives::Collective collective, size_t count, DataType type) const;
+  // What the cost model predicts for `algorithm` serving such a request on this communicator with
+  // `constants` instead of its own (kizuna-tune fits the constants to measured calls).
+  collectives::Prediction PredictWith(collectives::Collective collective, size_t count, DataType type,
+                                      collectives::Algorithm algorithm,
+                                      const collectives::CostConstants& constants) const;
 
  private:
   Communicator() = default;

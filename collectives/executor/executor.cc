@@ -303,6 +303,8 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
   return true;
 }
 
+size_t Executor::caller_op_bytes() const { return CpuSteps(device_->properties()) ? CallerOpBytes(*transport_) : 0; }
+
 size_t Executor::ScratchBytes(const Plan& plan) {
   return (plan.ranks[0].scratch_count * DataTypeSize(plan.request.dtype) + 255) / 256 * 256;
 }

@@ -182,6 +182,9 @@ class Executor {
   // Calls may pass plain host memory (malloc): the communicator's ranks are processes of one host
   // sharing buffers, and the CPU reaches their device memory, so fused operations run on the
   // calling thread (TryInline) through staging allocations the peers map (SameHostGroup::RunStaged).
+  // Operations up to this many bytes may run whole on the calling thread (TryOnCaller); 0 when
+  // the device's steps are not the CPU's.
+  size_t caller_op_bytes() const;
   bool TakesHostMemory() const {
     return options_.same_host && options_.same_host->host_accessible() &&
            options_.same_host->one_rank_per_process();

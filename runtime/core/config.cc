@@ -255,6 +255,9 @@ const std::vector<Entry>& Entries() {
     add({"KIZUNA_RUN_DIR", "path", "/tmp/kizuna-<uid>",
          "where each process serves its status to kizuna-status (a folder per job)"},
         Text(&Config::run_dir));
+    add({"KIZUNA_COST_FILE", "path", "",
+         "the machine's measured costs (kizuna-tune's file): the cost model's constants and link speeds"},
+        Text(&Config::cost_file));
     add({"KIZUNA_FABRIC", "comma list (name or name:device)", "auto",
          "fabrics in preference order, e.g. ofi:shm,directconnect"},
         List(&Config::fabric, ','));

@@ -80,6 +80,9 @@ struct Config {
   // Where each process of a job serves its status to kizuna-status (runtime/job_status.h): a
   // folder per job inside; empty: /tmp/kizuna-<uid>.
   std::string run_dir;
+  // The machine's measured costs (collectives/cost/cost_file.h, written by kizuna-tune); empty:
+  // the cost model's defaults.
+  std::string cost_file;
 
   // Fabric and topology.
   std::vector<std::string> fabric;

@@ -221,10 +221,11 @@ class Communicator {
   Status Deregister(uint64_t handle);
   // Transfers that went through registered buffers so far (for tests and the curious).
   uint64_t registered_transfers() const;
-  // The flight recorder: this rank's last 64 operations as JSON ({"rank", "records": [{"seq",
-  // "call", "algorithm", "members", "path", "start_s", "end_s", "state", "error"}]}), running ones
-  // included, so that a job that stopped or failed says what each rank was doing. The same goes
-  // to the file KIZUNA_DUMP_ON_TIMEOUT names when an operation times out.
+  // The flight recorder: this rank's last 64 operations as JSON ({"rank", "now_s", "records":
+  // [{"seq", "call", "algorithm", "members", "path", "start_s", "end_s", "state", "error",
+  // "waiting"}]}), running ones included with what a stalled one waits on, so that a job that
+  // stopped or failed says what each rank was doing. The same goes to the file
+  // KIZUNA_DUMP_ON_TIMEOUT names when an operation times out, and to kizuna-status.
   std::string FlightRecord() const;
   // An aggregation device's life: runs the INA operations the workers start, as their headers
   // arrive, until the job ends (kUnavailable: every worker closed its connections) or fails (a

@@ -172,6 +172,19 @@ bool ProviderMatches(std::string_view provider, std::string_view wanted) {
          provider[wanted.size()] == ';';
 }
 
+std::string ShmProviderHint(bool wanted, bool offered, const Result<FileSystemSpace>& dev_shm, unsigned cores) {
+  if (!wanted || offered) return "";
+  if (dev_shm.ok() && dev_shm->free_bytes >= (uint64_t{32} << 20) * std::max(cores, 1u)) return "";
+  const std::string space = dev_shm.ok() ? fmt::format("/dev/shm has {}, {} free", ApproxByteSize(dev_shm->size_bytes),
+                                                       ApproxByteSize(dev_shm->free_bytes))
+                                         : fmt::format("/dev/shm cannot be measured: {}", dev_shm.status().message());
+  return fmt::format(
+      "; libfabric's shm provider leaves itself out when /dev/shm has too little room for its regions "
+      "(tens of MiB; FI_LOG_LEVEL=warn shows it), and {}: give /dev/shm room (docker run "
+      "--shm-size=1g; mount -o remount,size=1g /dev/shm), or name another fabric (KIZUNA_FABRIC=tcp)",
+      space);
+}
+
 std::vector<size_t> SelectDevices(const std::vector<ProviderEntry>& entries, const SelectionRequest& request) {
   std::vector<std::string> wanted;
   if (request.fi_provider_set) {
@@ -331,9 +344,21 @@ Result<std::unique_ptr<Fabric>> OfiFabric::CreateWith(const Config& config, cons
     for (const std::string& p : request.providers.empty() ? kDefaultProviders : request.providers)
       wanted += (wanted.empty() ? "" : ", ") + p;
   }
+  // Is shm among the providers asked for, and did libfabric offer it?
+  bool shm_wanted = false, shm_offered = false;
+  if (request.fi_provider_set) {
+    shm_wanted = std::string_view(fi_provider).find("shm") != std::string_view::npos;
+  } else {
+    for (const std::string& p : request.providers.empty() ? kDefaultProviders : request.providers)
+      shm_wanted = shm_wanted || p == "shm";
+  }
+  for (const ProviderEntry& e : entries) shm_offered = shm_offered || e.provider == "shm";
+  const std::string shm_hint =
+      ShmProviderHint(shm_wanted, shm_offered, SpaceOf("/dev/shm"), std::max(1u, std::thread::hardware_concurrency()));
   if (chosen.empty())
-    return Unavailable(fmt::format("libfabric {} offers no RDM endpoint with tagged messages for {} (it offers: {})",
-                                   l->VersionString(), wanted, DescribeOffered(*found)));
+    return Unavailable(fmt::format("libfabric {} offers no RDM endpoint with tagged messages for {} (it offers: {}){}",
+                                   l->VersionString(), wanted, DescribeOffered(*found), shm_hint));
+  if (!shm_hint.empty()) KZ_INFO(kLogFabric, "ofi: no shm device{}", shm_hint);
 
   std::vector<std::shared_ptr<OfiDevice>> devices;
   std::string failures;

@@ -67,6 +67,12 @@ bool ProviderMatches(std::string_view provider, std::string_view wanted);
 // Indices into `entries`, in device order, following the rules in this file's header comment.
 std::vector<size_t> SelectDevices(const std::vector<ProviderEntry>& entries, const SelectionRequest& request);
 
+// libfabric's tcp provider takes every interface when FI_TCP_IFACE names none of this host's (a
+// typo, or a setting written for other hosts): traffic on a NIC nobody chose. kInvalidArgument
+// naming the setting and `host_interfaces` when `fi_tcp_iface` (a name, or a comma list) names an
+// interface not among them; ok when it is empty.
+Status CheckTcpIface(std::string_view fi_tcp_iface, const std::vector<std::string>& host_interfaces);
+
 // libfabric's shm provider leaves itself out of fi_getinfo, saying so only in libfabric's own log,
 // when /dev/shm has less room than its regions need (28 MiB on a 2-core machine): a container's
 // default 64 MiB /dev/shm, or a full one. Where shm is `wanted` but not `offered` and /dev/shm

@@ -101,6 +101,19 @@ TEST(OfiSelection, ProviderNamesMatchWholeLayers) {
   EXPECT_TRUE(ProvidersFromConfig({"ofi", "ofi:", "roce"}).empty());
 }
 
+TEST(OfiSelection, FiTcpIfaceNamingNoInterfaceOfThisHostIsRefused) {
+  const std::vector<std::string> here = {"lo", "eth0", "ib0"};
+  EXPECT_TRUE(CheckTcpIface("eth0", here).ok());
+  EXPECT_TRUE(CheckTcpIface("eth0,ib0", here).ok());
+  const Status typo = CheckTcpIface("eth9", here);
+  EXPECT_EQ(typo.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(typo.message().find("FI_TCP_IFACE names eth9, which this host does not have (it has: lo, eth0, ib0)"),
+            std::string::npos)
+      << typo.message();
+  EXPECT_NE(typo.message().find("unset FI_TCP_IFACE"), std::string::npos) << typo.message();
+  EXPECT_NE(CheckTcpIface("eth0,bond7", here).message().find("names bond7,"), std::string::npos);
+}
+
 TEST(OfiSelection, AMissingShmProviderIsExplainedWhereDevShmIsSmall) {
   const FileSystemSpace docker{64u << 20, 60u << 20};  // a container's default --shm-size, nearly empty
   const std::string hint = ShmProviderHint(true, false, docker, 4);

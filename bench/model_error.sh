@@ -5,16 +5,18 @@
 # (out-of-place and in-place medians) and, per rank count, how far the model is off: the median and
 # the largest factor max(r, 1/r) and how many rows are within 2x.
 #
-#   bench/model_error.sh [--ranks "2 4 8"] [-b 8] [-e 64M] [-f 8] [--algo NAME] [--out FILE] [--bin DIR]
+#   bench/model_error.sh [--ranks "2 4 8"] [-b 8] [-e 64M] [-f 8] [--algo NAME] [--cost-file F] [--out FILE]
+#                        [--bin DIR]
 #
 # --algo NAME: run that algorithm (kizuna-bench --algo: ring, tree, rhd, ...) instead of the
-# model's choice, to see its error too. --bin DIR: kizuna-bench and kizuna-run from DIR (another
-# build, to compare) instead of Bazel's.
+# model's choice, to see its error too. --cost-file F: the ranks load F (KIZUNA_COST_FILE,
+# kizuna-tune's), so the predictions are the tuned model's. --bin DIR: kizuna-bench and kizuna-run
+# from DIR (another build, to compare) instead of Bazel's.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RANKS="2 4 8"
-MIN=8 MAX=64M FACTOR=8 OUT="" BIN="" ALGO=auto
+MIN=8 MAX=64M FACTOR=8 OUT="" BIN="" ALGO=auto COST=
 while [ $# -gt 0 ]; do
   case "$1" in
     --ranks) RANKS="$2"; shift 2 ;;
@@ -24,7 +26,8 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --bin) BIN="$2"; shift 2 ;;
     --algo) ALGO="$2"; shift 2 ;;
-    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
+    --cost-file) COST="$(realpath "$2")"; shift 2 ;;
+    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
     *) echo "model_error.sh: unknown argument '$1' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -42,12 +45,14 @@ trap 'rm -rf "$TMP"' EXIT
 
 report() {
   echo "Cost model against measurement: $(nproc) CPUs, $(date -u +%Y-%m-%dT%H:%MZ), AllReduce float32 sum,"
-  echo "kizuna-bench -b $MIN -e $MAX -f $FACTOR -c 1 -n 20 -w 3 --timing median --algo $ALGO, one rank per process."
+  echo "kizuna-bench -b $MIN -e $MAX -f $FACTOR -c 1 -n 20 -w 3 --timing median --algo $ALGO, one rank per process,"
+  echo "cost model: ${COST:-the defaults}."
   echo
   echo "| ranks | size (B) | algo | predicted (µs) | out-of-place (µs) | ratio | in-place (µs) | ratio |"
   echo "|---|---|---|---|---|---|---|---|"
   for n in $RANKS; do
-    if ! KIZUNA_EMULATED_DEVICES="$n" "$RUN" -n "$n" --timeout 600 -- "$BENCH" -b "$MIN" -e "$MAX" -f "$FACTOR" \
+    if ! KIZUNA_COST_FILE="$COST" KIZUNA_EMULATED_DEVICES="$n" "$RUN" -n "$n" --timeout 600 -- \
+      "$BENCH" -b "$MIN" -e "$MAX" -f "$FACTOR" \
       -c 1 -n 20 -w 3 --timing median --algo "$ALGO" --csv "$TMP/n$n.csv" >"$TMP/n$n.log" 2>&1; then
       tail -20 "$TMP/n$n.log" >&2
       echo "model_error.sh: kizuna-bench at $n ranks failed (log above)" >&2

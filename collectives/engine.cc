@@ -113,7 +113,7 @@ Result<Selection> Engine::Select(const CollectiveRequest& request, const PlanOpt
                                  std::optional<Algorithm> per_call, bool grouped) const {
   KZ_ASSIGN_OR_RETURN(
       Selection sel,
-      SelectAlgorithm(request, shape_, options, CostConstants{}, overrides_, per_call,
+      SelectAlgorithm(request, shape_, options, cost_, overrides_, per_call,
                       [grouped](Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
                         if (grouped && (a == Algorithm::kFused || IsHostFused(a)))
                           return NotSupported(fmt::format("{} runs alone, not as one of several calls of a group",
@@ -125,18 +125,39 @@ Result<Selection> Engine::Select(const CollectiveRequest& request, const PlanOpt
   return sel;
 }
 
-Result<std::string> Engine::ExplainChoice(Collective collective, size_t count, DataType type) const {
+namespace {
+
+// A request as ExplainChoice and PredictWith see it: a call of `count` elements, in place.
+CollectiveRequest RequestFor(Collective collective, int nranks, size_t count, DataType type) {
   CollectiveRequest r;
   r.collective = collective;
-  r.nranks = size_;
+  r.nranks = nranks;
   r.count = count;
   r.dtype = type;
+  return r;
+}
+
+}  // namespace
+
+std::string Engine::FabricOf(int q) const { return transport_ ? std::string(transport_->FabricOf(q)) : std::string(); }
+
+PlanOptions Engine::ChoiceOptions(DataType type) const {
   PlanOptions popts;
   const size_t elem = std::max<size_t>(1, DataTypeSize(type));
   popts.chunk_count = std::max<uint64_t>(1, executor_->slot_bytes_for(1, config_->chunk_bytes.value_or(0)) / elem);
   popts.deterministic = config_->deterministic;
-  KZ_ASSIGN_OR_RETURN(Selection sel, Select(r, popts, std::nullopt, false));
+  return popts;
+}
+
+Result<std::string> Engine::ExplainChoice(Collective collective, size_t count, DataType type) const {
+  KZ_ASSIGN_OR_RETURN(Selection sel,
+                      Select(RequestFor(collective, size_, count, type), ChoiceOptions(type), std::nullopt, false));
   return SelectionToString(sel);
+}
+
+Prediction Engine::PredictWith(Collective collective, size_t count, DataType type, Algorithm algorithm,
+                               const CostConstants& constants) const {
+  return Predict(algorithm, RequestFor(collective, size_, count, type), shape_, ChoiceOptions(type), constants);
 }
 
 // ---------------------------------------------------------------------------------------------

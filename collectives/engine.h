@@ -108,6 +108,8 @@ class Engine {
   std::string DescribeConnections() const;
   // The peers this rank has a connection with so far, either way (Transport::connected_peers).
   std::vector<int> ConnectedPeers() const;
+  // The fabric that reaches peer q ("" for none, or this rank).
+  std::string FabricOf(int q) const;
 
   // Runs or queues `calls` (one or several calls of one group, on one stream) as one operation.
   // Not on an aggregation device (the API refuses its calls).
@@ -121,6 +123,10 @@ class Engine {
   bool TakesHostMemory() const;
   // The algorithm and predicted times chosen for a request, as logged at INFO.
   Result<std::string> ExplainChoice(Collective collective, size_t count, DataType type) const;
+  // What the cost model predicts for `algorithm` serving the request on this shape with
+  // `constants` (kizuna-tune fits them), planned as a call would be.
+  Prediction PredictWith(Collective collective, size_t count, DataType type, Algorithm algorithm,
+                         const CostConstants& constants) const;
   // An aggregation device's life (Executor::WaitServing); kInvalidArgument on a worker.
   Status ServeAggregation(uint64_t* served);
   void Abort(std::string_view why);
@@ -152,6 +158,8 @@ class Engine {
   // named an algorithm; `grouped`: fused is not a candidate.
   Result<Selection> Select(const CollectiveRequest& request, const PlanOptions& options,
                            std::optional<Algorithm> per_call, bool grouped) const;
+  // The plan options of ExplainChoice and PredictWith (a call's chunk, the configuration's mode).
+  PlanOptions ChoiceOptions(DataType type) const;
   // Builds the selection's choice, falling back to the next supported candidate by predicted time
   // when building answers kNotSupported (what only building can tell: a deterministic plan on
   // links that are not all there, a point-to-point peer out of reach).
@@ -171,6 +179,7 @@ class Engine {
   CommTopology shape_;
   AlgoOverrides overrides_;  // KIZUNA_ALGO, parsed at creation
   std::unique_ptr<tuner::TunerPlugin> tuner_;  // KIZUNA_TUNER_PLUGIN, loaded at creation; null: none
+  CostConstants cost_;  // the cost model's constants: the defaults, or KIZUNA_COST_FILE's for this size
 
   std::mutex call_mu_;  // one operation at a time (Launch)
   // The plan cache. The plan of the last lookup is checked before the map: a loop repeating one

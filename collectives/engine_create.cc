@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/cost/cost_file.h"
 #include "collectives/direct/same_host_group.h"
 #include "collectives/engine.h"
 #include "collectives/executor/executor.h"
@@ -42,6 +43,8 @@ constexpr uint32_t kVersionMagic = 0x52565a4b;
 constexpr size_t kMaxHostIdBytes = 4096;
 // Nor a tuner plugin's name and version one this long (TunerPlugin::identity).
 constexpr size_t kMaxTunerIdBytes = 1024;
+// Nor costs this long (AppliedCosts::Digest, its source).
+constexpr size_t kMaxCostBytes = 65536;
 int InaWindow(const ina::Layout& layout, bool aggregation_device) {
   return aggregation_device ? std::max(kInaWindow, 4 * (layout.aggregator_ports + 1)) : kInaWindow;
 }
@@ -66,11 +69,15 @@ class Engine::Builder {
 
   Status LoadInaLayout();
   Status ExchangeHosts();
+  // KIZUNA_COST_FILE: the constants and link costs of this communicator's size (costs_, cost_).
+  Status LoadCosts();
   Status Connect(device::Device& device);
   Status JoinSameHostGroup(device::Device& device);
   Status JoinHostGroups(device::Device& device);
   Status AgreeOnShape(device::Device& device);
   Status StartExecutor(device::Device& device);
+  // With a trace on every rank (KIZUNA_TRACE_FILE): each rank's clock against rank 0's.
+  Status MeasureClockOffsets();
   void LogCreated(device::Device& device) const;
 
  private:
@@ -93,6 +100,8 @@ class Engine::Builder {
   std::shared_ptr<SameHostGroup> host_group_;
   bool host_direct_ = false;
   bool serial_host_work_ = false;  // ExecutorOptions::serial_host_work
+  int tracing_ranks_ = 0;          // ranks with a trace file (ExchangeHosts)
+  AppliedCosts costs_;             // KIZUNA_COST_FILE's for this size, or the defaults (Create)
   size_t p2p_staging_bytes_ = 0;  // what point-to-point's chunk is cut from (ExecutorOptions)
 };
 
@@ -120,6 +129,21 @@ Status Engine::Builder::LoadInaLayout() {
 // major, minor, patch) never changes. After the host comes the rank's tuner plugin (name and
 // version, or none), which the workers must share to choose alike; a rank of an earlier minor
 // sends none.
+Status Engine::Builder::LoadCosts() {
+  const std::string& path = e_.config_->cost_file;
+  if (!path.empty()) {
+    KZ_ASSIGN_OR_RETURN(CostFile file, LoadCostFile(path));
+    costs_ = CostsFor(file, e_.size_);
+  } else {
+    costs_ = CostsFor(CostFile{}, e_.size_);
+  }
+  e_.cost_ = costs_.constants;
+  if (e_.rank_ == 0 && !path.empty())
+    KZ_INFO(kLogInit, "the cost model's constants: {} ({}){}", CostConstantsToString(costs_.constants), costs_.source,
+            costs_.links.empty() ? "" : " and measured link costs");
+  return Status::Ok();
+}
+
 Status Engine::Builder::ExchangeHosts() {
   host_ = options_.host_id.empty() ? HostId() : options_.host_id;
   const std::string tuner = e_.tuner_ ? e_.tuner_->identity() : std::string();
@@ -130,6 +154,10 @@ Status Engine::Builder::ExchangeHosts() {
   wire::PutI32(mine, options_.version.patch);
   wire::PutString(mine, host_);
   wire::PutString(mine, tuner);
+  wire::PutU32(mine, e_.config_->trace_file.empty() ? 0 : 1);
+  const std::string costs = costs_.Digest();
+  wire::PutString(mine, costs);
+  wire::PutString(mine, costs_.source);
   KZ_ASSIGN_OR_RETURN(auto rows, e_.bootstrap_->AllGather(mine, deadline_));
   for (size_t r = 0; r < rows.size(); ++r) {
     wire::Reader in(rows[r]);
@@ -149,6 +177,16 @@ Status Engine::Builder::ExchangeHosts() {
                                          r, VersionString(v), e_.rank_, VersionString(options_.version)));
     rank_hosts_.emplace_back(host.begin(), host.end());
     const std::string their_tuner = in.left() > 0 ? in.String(kMaxTunerIdBytes) : std::string();
+    tracing_ranks_ += in.left() > 0 && in.U32() != 0 ? 1 : 0;
+    // The same costs on every rank, or the ranks would choose differently (a rank of an earlier
+    // minor sends none: the defaults).
+    const std::string their_costs = in.left() > 0 ? in.String(kMaxCostBytes) : CostsFor(CostFile{}, 1).Digest();
+    const std::string their_source = in.left() > 0 ? in.String(kMaxCostBytes) : std::string("defaults");
+    if (their_costs != costs)
+      return InvalidArgument(
+          fmt::format("rank {} uses the costs of {} and this rank (rank {}) those of {}: every rank "
+                      "must load the same KIZUNA_COST_FILE (or none)",
+                      r, their_source, e_.rank_, costs_.source));
     // Aggregation devices choose nothing: only the workers compare.
     if (!e_.aggregation_device_ && static_cast<int>(r) < e_.size_)
       KZ_RETURN_IF_ERROR(tuner::CheckSameTuner(tuner, e_.rank_, their_tuner, static_cast<int>(r)));
@@ -246,7 +284,14 @@ Status Engine::Builder::JoinSameHostGroup(device::Device& device) {
 }
 
 std::vector<LinkDesc> Engine::Builder::LinkRow() const {
-  const std::vector<LinkDesc>& full_row = e_.transport_->link_row();
+  std::vector<LinkDesc> full_row = e_.transport_->link_row();
+  // KIZUNA_COST_FILE's measured link costs, per fabric, over what the fabrics declare.
+  for (size_t q = 0; q < full_row.size() && !costs_.links.empty(); ++q) {
+    const auto it = costs_.links.find(std::string(e_.transport_->FabricOf(static_cast<int>(q))));
+    if (it == costs_.links.end() || !full_row[q].reachable) continue;
+    if (it->second.latency_us > 0) full_row[q].latency_us = it->second.latency_us;
+    if (it->second.gbps > 0) full_row[q].gbps = it->second.gbps;
+  }
   std::vector<LinkDesc> row(full_row.begin(), full_row.begin() + std::min<ptrdiff_t>(e_.size_, std::ssize(full_row)));
   if (!layout_) return row;
   LinkDesc slowest;
@@ -371,10 +416,66 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
   return Status::Ok();
 }
 
+// NTP's way over the bootstrap: rank r sends its time t0, rank 0 answers with its own T, rank r
+// reads t1; its offset is (t0 + t1) / 2 - T, from the shortest of kClockPings round trips. Rank 0
+// serves the ranks in turn. Only where every rank traces: the others would not answer.
+Status Engine::Builder::MeasureClockOffsets() {
+  constexpr int kClockPings = 5;
+  constexpr uint32_t kClockTag = 0x100;  // below Communicator::Split's tags
+  Tracer* tracer = e_.executor_ ? e_.executor_->tracer() : nullptr;
+  const int n = e_.bootstrap_->size();
+  if (tracer == nullptr || n == 1) return Status::Ok();
+  if (tracing_ranks_ != n) {
+    KZ_WARN(kLogInit,
+            "rank {}: KIZUNA_TRACE_FILE is set on {} of {} ranks: clock offsets not measured (the traces "
+            "are merged as if the clocks agreed)",
+            e_.rank_, tracing_ranks_, n);
+    tracer->SetClockOffset(0, 0, false);
+    return Status::Ok();
+  }
+  auto put = [](uint64_t v) {
+    wire::Bytes b;
+    wire::PutU64(b, v);
+    return b;
+  };
+  auto get = [](const bootstrap::Bytes& b) {
+    wire::Reader in(b);
+    return in.U64();
+  };
+  bootstrap::Bootstrap& boot = *e_.bootstrap_;
+  if (e_.rank_ == 0) {
+    for (int r = 1; r < n; ++r) {
+      for (int i = 0; i < kClockPings; ++i) {
+        KZ_RETURN_IF_ERROR(boot.Recv(r, kClockTag, deadline_).status());
+        KZ_RETURN_IF_ERROR(boot.Send(r, kClockTag, put(Tracer::NowUs()), deadline_));
+      }
+    }
+    tracer->SetClockOffset(0, 0, true);
+    return Status::Ok();
+  }
+  double best_rtt = -1, offset = 0;
+  for (int i = 0; i < kClockPings; ++i) {
+    const uint64_t t0 = Tracer::NowUs();
+    KZ_RETURN_IF_ERROR(boot.Send(0, kClockTag, put(t0), deadline_));
+    KZ_ASSIGN_OR_RETURN(bootstrap::Bytes answer, boot.Recv(0, kClockTag, deadline_));
+    const uint64_t t1 = Tracer::NowUs();
+    const double rtt = static_cast<double>(t1 - t0);
+    if (best_rtt < 0 || rtt < best_rtt) {
+      best_rtt = rtt;
+      offset = (static_cast<double>(t0) + static_cast<double>(t1)) / 2 - static_cast<double>(get(answer));
+    }
+  }
+  tracer->SetClockOffset(offset, best_rtt, true);
+  KZ_INFO(kLogInit, "rank {}: clock offset to rank 0 {:.1f} us (round trip {:.1f} us), for the trace", e_.rank_, offset,
+          best_rtt);
+  return Status::Ok();
+}
+
 Status Engine::Builder::StartExecutor(device::Device& device) {
   ExecutorOptions eopts;
   eopts.timeout_s = e_.config_->timeout_s;
   eopts.dump_on_timeout = e_.config_->dump_on_timeout;
+  eopts.trace_file = e_.config_->trace_file;
   eopts.p2p_staging_bytes = p2p_staging_bytes_;
   eopts.chunk_bytes = e_.config_->chunk_bytes.value_or(0);
   eopts.same_process = same_process_;
@@ -401,6 +502,13 @@ Status Engine::Builder::StartExecutor(device::Device& device) {
     };
   }
   KZ_ASSIGN_OR_RETURN(e_.executor_, Executor::Create(e_.transport_.get(), &device, eopts));
+  // Small operations run on the calling thread where every rank's device computes on the host and
+  // each process drives one rank (CommTopology::caller_inline_bytes; the model counts no
+  // hand-offs for them). Every rank computes the same: the same devices' kind, and every rank has
+  // a network peer or none.
+  const bool all_host =
+      std::all_of(e_.shape_.ranks.begin(), e_.shape_.ranks.end(), [](const RankDesc& d) { return d.host_compute; });
+  if (all_host && same_process_ == nullptr) e_.shape_.caller_inline_bytes = e_.executor_->caller_op_bytes();
   return Status::Ok();
 }
 
@@ -436,6 +544,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<bootstrap::Bootst
   if (!e->config_->tuner_plugin.empty() && !e->aggregation_device_) {
     KZ_ASSIGN_OR_RETURN(e->tuner_, tuner::TunerPlugin::Load(e->config_->tuner_plugin));
   }
+  KZ_RETURN_IF_ERROR(b.LoadCosts());
   KZ_RETURN_IF_ERROR(b.ExchangeHosts());
   KZ_RETURN_IF_ERROR(b.Connect(device));
   KZ_RETURN_IF_ERROR(b.JoinSameHostGroup(device));
@@ -448,6 +557,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<bootstrap::Bootst
   if (e->rank_ == 0)
     for (const std::string& w : e->overrides_.warnings) KZ_WARN(kLogTune, "KIZUNA_ALGO: {}", w);
   KZ_RETURN_IF_ERROR(b.StartExecutor(device));
+  KZ_RETURN_IF_ERROR(b.MeasureClockOffsets());
   b.LogCreated(device);
   return e;
 }

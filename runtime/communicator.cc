@@ -363,4 +363,12 @@ Result<std::string> Communicator::ExplainChoice(Collective collective, size_t co
   return engine_->ExplainChoice(collective, count, type);
 }
 
+std::string Communicator::FabricOf(int peer) const { return engine_->FabricOf(peer); }
+
+collectives::Prediction Communicator::PredictWith(Collective collective, size_t count, DataType type,
+                                                  collectives::Algorithm algorithm,
+                                                  const collectives::CostConstants& constants) const {
+  return engine_->PredictWith(collective, count, type, algorithm, constants);
+}
+
 }  // namespace kizuna

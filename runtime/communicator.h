@@ -66,6 +66,9 @@ namespace kizuna {
 namespace device {
 class DeviceRegistry;
 }
+namespace status {
+class Registration;
+}
 
 struct CommOptions {
   // The configuration to use; nullptr: the process's (GlobalConfig()). Must outlive the
@@ -149,6 +152,8 @@ class Communicator {
   // and children, a point-to-point peer), not at creation, so this grows with the peers the
   // algorithms used; the fused algorithms between ranks of one host use none.
   std::vector<int> ConnectedPeers() const;
+  // The fabric that reaches `peer` ("directconnect", "tcp"); "" for none, or this rank.
+  std::string FabricOf(int peer) const;
 
   Status AllReduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op, device::Stream& stream,
                    const CallOptions& options = {});
@@ -230,6 +235,11 @@ class Communicator {
   // The algorithm and predicted times the engine chooses for a request on this communicator,
   // as logged at INFO (tools and tests).
   Result<std::string> ExplainChoice(collectives::Collective collective, size_t count, DataType type) const;
+  // What the cost model predicts for `algorithm` serving such a request on this communicator with
+  // `constants` instead of its own (kizuna-tune fits the constants to measured calls).
+  collectives::Prediction PredictWith(collectives::Collective collective, size_t count, DataType type,
+                                      collectives::Algorithm algorithm,
+                                      const collectives::CostConstants& constants) const;
 
  private:
   Communicator() = default;
@@ -249,6 +259,8 @@ class Communicator {
   std::shared_ptr<bootstrap::Bootstrap> bootstrap_;  // Split's rendezvous
   std::unique_ptr<collectives::Engine> engine_;
   uint32_t splits_ = 0;  // splits made from this communicator (tags for their bootstraps)
+  // kizuna-status reaches this communicator while held (runtime/job_status.h); dropped first.
+  std::unique_ptr<status::Registration> status_;
 };
 
 }  // namespace kizuna

@@ -12,6 +12,7 @@
 #include "runtime/communicator.h"
 #include "runtime/core/logging.h"
 #include "runtime/device/registry.h"
+#include "runtime/job_status.h"
 
 namespace kizuna {
 
@@ -30,7 +31,20 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   eopts.version = options.version;
   eopts.direct_access = options.direct_access;
   eopts.force_host_staging = options.force_host_staging;
-  KZ_ASSIGN_OR_RETURN(c->engine_, collectives::Engine::Create(std::move(boot), device, eopts, std::move(same_process)));
+  KZ_ASSIGN_OR_RETURN(c->engine_, collectives::Engine::Create(boot, device, eopts, std::move(same_process)));
+  if (const bootstrap::UniqueId* job = boot->job()) {
+    Communicator* self = c.get();
+    c->status_ = status::Serve(*job, c->config_->run_dir, c->rank(), [self] {
+      nlohmann::ordered_json j = nlohmann::ordered_json::parse(self->FlightRecord(), nullptr, false);
+      if (j.is_discarded()) j = nlohmann::ordered_json::object();
+      j["size"] = self->size();
+      j["comm"] = self->bootstrap_->kind() == "tcp" ? std::string("world") : std::string(self->bootstrap_->kind());
+      j["host"] = self->topology().ranks[static_cast<size_t>(self->rank())].host_id;
+      const Status e = self->AsyncError();
+      j["async_error"] = e.ok() ? std::string() : e.ToString();
+      return j;
+    });
+  }
   return c;
 }
 

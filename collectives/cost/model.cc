@@ -53,6 +53,9 @@ bool Model::Resolve() {
     launch_[r] = (Known(d.launch_us) ? d.launch_us : k_.unknown_launch_us) * 1e-6;
   }
   host_.emplace(shape_, k_);
+  on_caller_ = shape_.caller_inline_bytes > 0 &&
+               static_cast<double>(std::max(req_.input_count(), req_.output_count())) * elem_ <=
+                   static_cast<double>(shape_.caller_inline_bytes);
   cpu_.assign(n, 0);
   wout_.assign(n, 0);
   win_.assign(n, 0);
@@ -86,8 +89,8 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double bytes, int channels) 
                                     (data && (l.staged || h.reduce) ? launch_[to] : 0.0));
     touch(h.from);
     touch(h.to);
-    host_->Join(h.from, /*executor=*/true);
-    host_->Join(h.to, /*executor=*/true);
+    host_->Join(h.from, /*executor=*/!on_caller_);
+    host_->Join(h.to, /*executor=*/!on_caller_);
     cpu_[from] += message;
     cpu_[to] += message;
     if (data) {

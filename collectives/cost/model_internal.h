@@ -221,6 +221,9 @@ class Model {
   // Per rank, resolved: seconds per byte, seconds.
   std::vector<double> copy_, staging_, reduce_, launch_;
   std::optional<HostSharing> host_;  // ranks sharing a host's CPUs and memory
+  // The operation runs on the calling threads (CommTopology::caller_inline_bytes): its stages
+  // pass through no executor or stream thread.
+  bool on_caller_ = false;
   // Per-stage scratch, reset after each stage.
   std::vector<double> cpu_, wout_, win_, stage_, red_;
   std::vector<char> touched_mark_;

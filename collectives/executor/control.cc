@@ -342,6 +342,7 @@ void Executor::Run::ProbeIfStalled(bool progress) {
   // The operation's peers (a rank its neighbours wait on shows up in their answers): probing
   // every rank would connect to every rank.
   for (int q : Peers()) ex_.SendControl(q, probe, false, Deadline::AfterSeconds(0)).status().IgnoreError();
+  ex_.recorder_.Waiting(ex_.record_ticket_, Waiting());
 }
 
 Status Executor::Run::CheckStates() const {

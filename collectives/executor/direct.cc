@@ -193,6 +193,7 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
   // Ranks outnumbering the CPUs each do their part on this thread alone.
   const ScopedSerialHostWork serial(group.oversubscribed());
   const uint64_t ticket = recorder_.Begin(seq, req, m.plan->algorithm, 1, RunPath::kInline);
+  const uint64_t traced_from = tracer_ ? Tracer::NowUs() : 0;
   Status s;
   if (group.UsesOneShot(req)) {
     s = group.RunOneShot(seq, signature, req, m.input, m.output, deadline, abort_);
@@ -207,6 +208,8 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     if (s.ok()) s = group.Finish(seq, deadline, abort_);
   }
   recorder_.End(ticket, s);
+  if (tracer_)
+    tracer_->Complete(fmt::format("{} (fused)", req.ToString()), "fused", traced_from, Tracer::NowUs(), 0, seq);
   if (!s.ok()) {
     s = s.WithContext(fmt::format("operation {}: rank {}'s part of a fused {}", seq, options_.rank, req.ToString()));
     if (s.code() == StatusCode::kTimeout) DumpRecorder();

@@ -28,6 +28,7 @@ std::atomic<int> Executor::live_executors_{0};
 Executor::Executor(Transport* transport, device::Device* device, const ExecutorOptions& options)
     : transport_(transport), device_(device), options_(options) {
   live_executors_.fetch_add(1, std::memory_order_relaxed);
+  tracer_ = Tracer::Open(options.trace_file, options.rank);
   control_ = std::make_unique<ControlState>();
   control_->recv.resize(static_cast<size_t>(transport->nranks()));
   control_->gone.resize(static_cast<size_t>(transport->nranks()));
@@ -302,6 +303,8 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
   return true;
 }
 
+size_t Executor::caller_op_bytes() const { return CpuSteps(device_->properties()) ? CallerOpBytes(*transport_) : 0; }
+
 size_t Executor::ScratchBytes(const Plan& plan) {
   return (plan.ranks[0].scratch_count * DataTypeSize(plan.request.dtype) + 255) / 256 * 256;
 }
@@ -323,6 +326,8 @@ Status Executor::RunOperation(Operation& op, RunPath path) {
   const OperationMember& first = op.members[0];
   const uint64_t ticket = recorder_.Begin(op.seq, first.plan->request, first.plan->algorithm,
                                           static_cast<int>(op.members.size()), path);
+  const uint64_t traced_from = tracer_ ? Tracer::NowUs() : 0;
+  record_ticket_ = ticket;
   Status status;
   const bool direct = op.members.size() == 1 && op.members[0].plan->algorithm == Algorithm::kFused;
   // The fused path decides for itself (its group knows when its ranks outnumber the CPUs).
@@ -347,6 +352,11 @@ Status Executor::RunOperation(Operation& op, RunPath path) {
   }
   if (op.seq != 0) last_seq_ = op.seq;
   recorder_.End(ticket, status);
+  if (tracer_) {
+    std::string name = fmt::format("{} ({})", first.plan->request.ToString(), AlgorithmName(first.plan->algorithm));
+    if (op.members.size() > 1) name += fmt::format(" and {} more calls", op.members.size() - 1);
+    tracer_->Complete(std::move(name), "collective", traced_from, Tracer::NowUs(), 0, op.seq);
+  }
   if (status.code() == StatusCode::kTimeout) DumpRecorder();
   if (!status.ok()) {
     Fail(status);

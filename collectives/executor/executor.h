@@ -52,11 +52,12 @@
 #include "collectives/direct/same_host_group.h"
 #include "collectives/direct/same_process_group.h"
 #include "collectives/executor/flight_recorder.h"
+#include "collectives/executor/trace.h"
 #include "collectives/plan/plan.h"
 #include "collectives/transport/transport.h"
 #include "runtime/core/config.h"
-#include "runtime/device/device.h"
 #include "runtime/core/status.h"
+#include "runtime/device/device.h"
 
 namespace kizuna::collectives {
 
@@ -74,6 +75,7 @@ struct OperationMember {
 struct ExecutorOptions {
   double timeout_s = 600;  // per operation, from its inputs being ready
   std::string dump_on_timeout;  // Config::dump_on_timeout
+  std::string trace_file;       // Config::trace_file (trace.h)
   int window = 4;          // started steps per channel (>= 2, plan.h)
   // Point-to-point's staging for every channel that can be active at once (P2pStagingBytes): the
   // chunk is cut from it (p2p_chunk_bytes). The transport's region for point-to-point grows to the
@@ -180,6 +182,9 @@ class Executor {
   // Calls may pass plain host memory (malloc): the communicator's ranks are processes of one host
   // sharing buffers, and the CPU reaches their device memory, so fused operations run on the
   // calling thread (TryInline) through staging allocations the peers map (SameHostGroup::RunStaged).
+  // Operations up to this many bytes may run whole on the calling thread (TryOnCaller); 0 when
+  // the device's steps are not the CPU's.
+  size_t caller_op_bytes() const;
   bool TakesHostMemory() const {
     return options_.same_host && options_.same_host->host_accessible() &&
            options_.same_host->one_rank_per_process();
@@ -195,6 +200,8 @@ class Executor {
   Status Deregister(uint64_t id);
   // Its last operations (FlightRecorder).
   const FlightRecorder& recorder() const { return recorder_; }
+  // The trace (KIZUNA_TRACE_FILE), or null.
+  Tracer* tracer() const { return tracer_.get(); }
   // Transfers that went direct through a registered region so far (tests).
   uint64_t registered_transfers() const { return registered_transfers_.load(std::memory_order_relaxed); }
 
@@ -303,6 +310,10 @@ class Executor {
   std::map<std::pair<fabric::Comm*, uint64_t>, fabric::Registration*> region_regs_;  // run_mu_
   std::atomic<uint64_t> registered_transfers_{0};
   FlightRecorder recorder_;
+  std::unique_ptr<Tracer> tracer_;  // KIZUNA_TRACE_FILE; null when off
+  // The flight recorder's ticket of the operation RunOperation runs (its runs say there what they
+  // wait on when they stall); under run_mu_.
+  uint64_t record_ticket_ = ~uint64_t{0};
 
   // Held by the thread that uses the connections, the control state and the members below marked
   // "run_mu_": the executor's thread, or a caller's running an operation itself (TryOnCaller).

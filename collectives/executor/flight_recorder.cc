@@ -34,6 +34,7 @@ uint64_t FlightRecorder::Begin(uint64_t seq, const CollectiveRequest& request, A
   r.start_s = now;
   r.end_s = 0;
   r.status = Status::Ok();
+  r.waiting.clear();
   return ticket;
 }
 
@@ -44,6 +45,12 @@ void FlightRecorder::End(uint64_t ticket, const Status& status) {
   OperationRecord& r = ring_[ticket % kCapacity];
   r.end_s = now;
   r.status = status;
+}
+
+void FlightRecorder::Waiting(uint64_t ticket, std::string what) {
+  std::lock_guard lock(mu_);
+  if (ticket >= next_ || ticket + kCapacity < next_) return;  // none yet, or overwritten since
+  ring_[ticket % kCapacity].waiting = std::move(what);
 }
 
 std::vector<OperationRecord> FlightRecorder::Snapshot() const {
@@ -64,10 +71,13 @@ std::string FlightRecorder::ToJson(int rank) const {
                        {"path", PathName(r.path)},
                        {"start_s", r.start_s},
                        {"end_s", r.end_s},
-                       {"state", r.end_s == 0 ? "running" : r.status.ok() ? "ok" : "failed"},
-                       {"error", r.status.ok() ? std::string() : r.status.ToString()}});
+                       {"state", r.end_s == 0    ? "running"
+                                 : r.status.ok() ? "ok"
+                                                 : "failed"},
+                       {"error", r.status.ok() ? std::string() : r.status.ToString()},
+                       {"waiting", r.end_s == 0 ? r.waiting : std::string()}});
   }
-  const nlohmann::ordered_json out = {{"rank", rank}, {"records", std::move(records)}};
+  const nlohmann::ordered_json out = {{"rank", rank}, {"now_s", Now()}, {"records", std::move(records)}};
   return out.dump() + "\n";
 }
 

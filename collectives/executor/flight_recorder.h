@@ -32,6 +32,9 @@ struct OperationRecord {
   double start_s = 0;  // since the recorder was made
   double end_s = 0;    // 0: still running
   Status status;       // how it ended (ok while running)
+  // While it runs and has not moved for a while (the staged path's probes): what it waits on,
+  // "waiting on rank(s) 2 (channel 0 step 3 (recv from rank 2))".
+  std::string waiting;
 };
 
 class FlightRecorder {
@@ -41,11 +44,14 @@ class FlightRecorder {
   // An operation starts: its record's ticket, for End.
   uint64_t Begin(uint64_t seq, const CollectiveRequest& request, Algorithm algorithm, int members, RunPath path);
   void End(uint64_t ticket, const Status& status);
+  // What a running operation waits on (OperationRecord::waiting).
+  void Waiting(uint64_t ticket, std::string what);
 
   // The records kept, oldest first.
   std::vector<OperationRecord> Snapshot() const;
-  // The same as JSON: {"rank": R, "records": [{"seq", "call", "algorithm", "members", "path",
-  // "start_s", "end_s", "state": "running"|"ok"|"failed", "error"}...]}.
+  // The same as JSON: {"rank": R, "now_s": the recorder's clock now, "records": [{"seq", "call",
+  // "algorithm", "members", "path", "start_s", "end_s", "state": "running"|"ok"|"failed", "error",
+  // "waiting"}...]}.
   std::string ToJson(int rank) const;
 
  private:

@@ -270,6 +270,9 @@ class Executor::Run {
     fabric::Registration* registration = nullptr;
     // `registration` is a registered region's (Executor::Register), kept after the step.
     bool region = false;
+    // With a trace (KIZUNA_TRACE_FILE): when the step became active, was posted, and its data
+    // arrived (Tracer::NowUs); 0 before.
+    uint64_t traced_active = 0, traced_posted = 0, traced_arrived = 0;
   };
 
   struct ChannelRun {
@@ -292,6 +295,8 @@ class Executor::Run {
   };
 
   Status Setup();
+  // The trace's events for a step that is done (the executor has a tracer).
+  void TraceStep(const ChannelRun& ch, size_t index, const StepState& st) const;
   // Connects to every peer the operation sends to and waits for every peer it receives from to
   // connect (Transport::Connect, Poll), answering probes meanwhile; a peer that does not make its
   // connection fails the operation at its deadline like any wait, naming the peer.

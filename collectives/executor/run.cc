@@ -306,6 +306,9 @@ Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& s
                                   std::set<int>& recv_blocked) {
   StepState& st = ch.states[index];
   bool progress = false;
+  Tracer* const tracer = ex_.tracer_.get();
+  const Phase entry = st.phase;
+  if (tracer != nullptr && st.traced_active == 0) st.traced_active = Tracer::NowUs();
   if (st.phase == Phase::kCopyIn) {
     KZ_ASSIGN_OR_RETURN(bool done, EventDone(st));
     if (done) {
@@ -319,10 +322,12 @@ Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& s
     if (!posted.ok())
       return posted.status().WithContext(fmt::format("{} of {}", StepName(ch, index), DescribeHeader(op_.header)));
     progress |= *posted;
+    if (tracer != nullptr && st.phase == Phase::kPosted) st.traced_posted = Tracer::NowUs();
   }
   if (st.phase == Phase::kPosted) {
     KZ_ASSIGN_OR_RETURN(bool completed, TestPosted(ch, index));
     progress |= completed;
+    if (tracer != nullptr && st.phase != Phase::kPosted) st.traced_arrived = Tracer::NowUs();
   }
   if (st.phase == Phase::kReceived) {
     KZ_ASSIGN_OR_RETURN(bool consumed, Consume(ch, index));
@@ -339,6 +344,7 @@ Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& s
     FreeSlot(st.slot);
     st.slot = -1;
   }
+  if (tracer != nullptr && st.phase == Phase::kDone && entry != Phase::kDone) TraceStep(ch, index, st);
   return progress;
 }
 

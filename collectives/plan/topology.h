@@ -48,6 +48,10 @@ struct CommTopology {
   // With `direct` across processes (collectives/direct/same_host_group.h): AllReduces up to this many bytes
   // run whole on the calling thread through shared pages (SameHostGroup::RunOneShot); 0: never.
   uint64_t direct_inline_bytes = 0;
+  // Operations of the executor's plans up to this many bytes run whole on the calling thread
+  // (Executor::TryOnCaller: every rank's device computes on the host), without the hand-offs to
+  // the executor's and the streams' threads; 0: never. Not serialized: every rank sets it alike.
+  uint64_t caller_inline_bytes = 0;
   // Across hosts: the ranks of every host (of two or more) share their buffers through a host
   // group (collectives/direct/same_host_group.h), and the CPU does their host level
   // (hier:fused/*). Not serialized: every rank learns it alike at creation.

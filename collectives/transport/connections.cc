@@ -67,6 +67,12 @@ bool Transport::reachable(int q) const {
   return q >= 0 && q < nranks_ && q != rank_ && !routes_.empty() && routes_[static_cast<size_t>(q)].fabric >= 0;
 }
 
+std::string_view Transport::FabricOf(int q) const {
+  if (q < 0 || q >= nranks_) return "";
+  const Route& r = routes_[static_cast<size_t>(q)];
+  return r.fabric < 0 ? std::string_view() : fabrics_[static_cast<size_t>(r.fabric)]->name();
+}
+
 std::string Transport::Named(int q) const {
   const Route& r = routes_[static_cast<size_t>(q)];
   if (r.fabric < 0) return fmt::format("rank {}", q);

@@ -257,6 +257,8 @@ class Transport {
   // This rank's row of the shape's links: links[to] for every rank (unreachable for itself),
   // from the fabric device's latency and speed (0 when the fabric does not say), staged = true.
   const std::vector<LinkDesc>& link_row() const { return link_row_; }
+  // The name of the fabric that reaches peer q ("directconnect", "tcp"); "" when none does.
+  std::string_view FabricOf(int q) const;
   // Which fabric serves which peers, the devices it uses, and how staging is registered, for logs
   // and tests: "directconnect: rank 1 (device w0:port0); ofi: ranks 2, 3 (device tcp;ofi_rxm:lo);
   // staging by fd (device export)", or "...; staging through host memory (ofi cannot reach

@@ -66,6 +66,9 @@ class Bootstrap {
   int size() const { return size_; }
   // "tcp" or "in-process" (for logs).
   virtual std::string_view kind() const = 0;
+  // The job's unique id where the ranks met through one (TCP, and the bootstraps made from such
+  // one: a Split's); null otherwise (in-process). Its secret authenticates kizuna-status.
+  virtual const UniqueId* job() const { return nullptr; }
 
   // Every rank's bytes, result[r] from rank r (result[rank()] is `mine`).
   Result<std::vector<Bytes>> AllGather(std::span<const uint8_t> mine, Deadline deadline);

@@ -25,6 +25,7 @@ class SubBootstrap : public Bootstrap {
         tag_base_(tag_base) {}
 
   std::string_view kind() const override { return "split"; }
+  const UniqueId* job() const override { return parent_->job(); }
 
  protected:
   Result<std::vector<Bytes>> DoAllGather(std::span<const uint8_t> mine, Deadline deadline) override {

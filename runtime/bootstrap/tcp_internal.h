@@ -148,6 +148,7 @@ class TcpBootstrap final : public Bootstrap {
         gather_in_(size) {}
 
   std::string_view kind() const override { return "tcp"; }
+  const UniqueId* job() const override { return &id_; }
 
   Status Start(Deadline deadline);
 

@@ -249,6 +249,15 @@ const std::vector<Entry>& Entries() {
     add({"KIZUNA_DUMP_ON_TIMEOUT", "path (%r rank, %p pid, %h host)", "",
          "each rank writes its last operations (JSON) here when one times out"},
         Text(&Config::dump_on_timeout));
+    add({"KIZUNA_TRACE_FILE", "path (%r rank, %p pid, %h host)", "",
+         "each rank writes a trace of its collectives and their steps (Chrome trace JSON) here"},
+        Text(&Config::trace_file));
+    add({"KIZUNA_RUN_DIR", "path", "/tmp/kizuna-<uid>",
+         "where each process serves its status to kizuna-status (a folder per job)"},
+        Text(&Config::run_dir));
+    add({"KIZUNA_COST_FILE", "path", "",
+         "the machine's measured costs (kizuna-tune's file): the cost model's constants and link speeds"},
+        Text(&Config::cost_file));
     add({"KIZUNA_FABRIC", "comma list (name or name:device)", "auto",
          "fabrics in preference order, e.g. ofi:shm,directconnect"},
         List(&Config::fabric, ','));

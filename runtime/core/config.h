@@ -74,6 +74,15 @@ struct Config {
   // Diagnostics: where each rank writes its flight recorder (its last operations, JSON) when an
   // operation times out; %r the rank, %p the process id, %h the host name. Empty: nowhere.
   std::string dump_on_timeout;
+  // Where each rank writes its trace (Chrome trace / Perfetto JSON of its collectives and their
+  // steps) when its communicator is destroyed; %r, %p, %h as above. Empty: no trace.
+  std::string trace_file;
+  // Where each process of a job serves its status to kizuna-status (runtime/job_status.h): a
+  // folder per job inside; empty: /tmp/kizuna-<uid>.
+  std::string run_dir;
+  // The machine's measured costs (collectives/cost/cost_file.h, written by kizuna-tune); empty:
+  // the cost model's defaults.
+  std::string cost_file;
 
   // Fabric and topology.
   std::vector<std::string> fabric;

@@ -18,7 +18,9 @@ set -uo pipefail
 # more, every NIC of every host must have carried traffic: rails) | collectives (default: COLLS) |
 # launcher (default: the ranks started one by one with torchrun's environment and a unique id file;
 # "openmpi": mpirun.openmpi on host 0 starting every rank through an agent that enters the hosts'
-# namespaces, nothing set by hand: the unique id goes through Open MPI's PMIx store)
+# namespaces, nothing set by hand: the unique id goes through Open MPI's PMIx store; "survive": the
+# collectives field lists modes of tests/collectives/survive.cc, "kill:R" or "stop:R", each a job of
+# AllReduces in which rank R is killed or frozen and the others shrink it away and go on)
 CASES=(
   "2x2|2 2|-"
   "3-uneven|2 3 1|-"
@@ -26,6 +28,7 @@ CASES=(
   "2x4-hier|4 4|KIZUNA_ALGO=hier"
   "2x2-rails|2 2|KIZUNA_ALGO=hier|2|allreduce alltoall"
   "2x2-mpirun|2 2|-|1|allreduce broadcast alltoall|openmpi"
+  "2x2-survive|2 2|-|1|kill:3 stop:1 kill:0|survive"
 )
 COLLS=(allreduce reducescatter allgather broadcast reduce alltoall sendrecv)
 # A run that fails because of a known kizuna bug: "CASE/COLL|what fails". It is reported as skipped
@@ -44,10 +47,11 @@ RUN_TIMEOUT_S=120
 PARALLEL="${CLUSTER_TEST_PARALLEL:-1}"
 # ---------------------------------------------------------------------------------------------------
 
-[[ $# -ge 2 ]] || { echo "usage: cluster_test.sh KIZUNA_BENCH KIZUNA_NETNS [CASE...]" >&2; exit 2; }
+[[ $# -ge 3 ]] || { echo "usage: cluster_test.sh KIZUNA_BENCH KIZUNA_NETNS SURVIVE [CASE...]" >&2; exit 2; }
 bench="$(realpath "$1")"
 netns="$(realpath "$2")"
-shift 2
+survive="$(realpath "$3")"
+shift 3
 only=("$@")
 own_tmp=0
 if [[ -n "${TEST_TMPDIR:-}" ]]; then
@@ -238,6 +242,54 @@ run_one() { # case_name prefix "ranks per host" extra_env coll port -> 0 ok, els
   echo "$nhosts hosts; between hosts, rank 0: $fabrics${hier:+; $hier}"
 }
 
+# One job of survive.cc (mode "kill:R" or "stop:R"): rank R is lost, every other rank names it,
+# shrinks it away and runs 20 more AllReduces; a frozen rank is named at the ranks' deadline (4 s
+# here) and killed afterwards by the survivors.
+run_one_survive() { # case_name prefix "ranks per host" extra_env mode port -> 0 ok, else 1; prints why
+  local name=$1 pfx=$2 layout=$3 extra=$4 mode=$5 port=$6
+  local how=${mode%%:*} victim=${mode#*:}
+  local -a per_host extra_env=()
+  read -ra per_host <<<"$layout"
+  local nhosts=${#per_host[@]} n=0 h
+  for h in "${per_host[@]}"; do n=$((n + h)); done
+  local dir="$tmp/$name.$mode"
+  rm -rf "$dir"; mkdir -p "$dir"
+  local -a envs=("KIZUNA_TIMEOUT=4" "KIZUNA_UNIQUE_ID_FILE=$dir/unique_id" "KIZUNA_ROOT=10.77.0.1:$port" "WORLD_SIZE=$n")
+  [[ $extra == - ]] || { read -ra extra_env <<<"$extra"; envs+=("${extra_env[@]}"); }
+  local -a pids=()
+  local rank=0 l
+  for ((h = 0; h < nhosts; h++)); do
+    for ((l = 0; l < per_host[h]; l++)); do
+      env "${envs[@]}" RANK=$rank LOCAL_RANK=$l LOCAL_WORLD_SIZE=${per_host[h]} \
+        "$netns" exec "$pfx" "$h" -- timeout -k 5 "$RUN_TIMEOUT_S" "$survive" "$how" "$victim" >"$dir/rank$rank.log" 2>&1 &
+      pids+=($!)
+      rank=$((rank + 1))
+    done
+  done
+  local bad="" rc took
+  for ((rank = 0; rank < n; rank++)); do
+    wait "${pids[rank]}" 2>/dev/null  # not the shell's "Killed" for the victim
+    rc=$?
+    if [[ $rank -eq $victim ]]; then
+      [[ $rc -eq 137 ]] || bad+="${bad:+; }the victim, rank $rank, exited with $rc (expected 137: SIGKILL)"
+      continue
+    fi
+    [[ $rc -eq 0 ]] || { bad+="${bad:+; }rank $rank exited with $rc ($(grep . "$dir/rank$rank.log" | tail -n 1 | cut -c 1-400))"; continue; }
+    took=$(sed -n "s/^rank $rank: lost rank $victim named after \([0-9.]*\) s: .*/\1/p" "$dir/rank$rank.log")
+    [[ -n $took ]] || { bad+="${bad:+; }rank $rank did not name rank $victim"; continue; }
+    grep -q "^rank $rank: 20 AllReduces ok after the loss" "$dir/rank$rank.log" || bad+="${bad:+; }rank $rank did not go on"
+    awk -v t="$took" -v w="$([[ $how == kill ]] && echo 5 || echo 15)" 'BEGIN { exit !(t < w) }' ||
+      bad+="${bad:+; }rank $rank took $took s to name rank $victim"
+  done
+  if [[ -n "$bad" ]]; then
+    echo "$bad"
+    return 1
+  fi
+  local what=killed
+  [[ $how == stop ]] && what=frozen
+  echo "$nhosts hosts; rank $victim $what; the others named it and went on as $((n - 1)) ranks"
+}
+
 # One run under Open MPI's mpirun, started in host 0's namespace: its daemons on the other hosts come
 # through an agent that enters their namespaces (as ssh would log in), ranks placed by slot (the
 # case's ranks per host). No KIZUNA_UNIQUE_ID(_FILE) or KIZUNA_ROOT: the id goes through PMIx. The
@@ -349,6 +401,8 @@ for c in "${CASES[@]}"; do
       t0=$SECONDS
       if [[ $launcher == openmpi ]]; then
         run_one_mpirun "$name" "$pfx" "$layout" "$extra" "$coll" >"$tmp/$name.$coll.msg" 2>&1
+      elif [[ $launcher == survive ]]; then
+        run_one_survive "$name" "$pfx" "$layout" "$extra" "$coll" "$port" >"$tmp/$name.$coll.msg" 2>&1
       else
         run_one "$name" "$pfx" "$layout" "$extra" "$coll" "$port" >"$tmp/$name.$coll.msg" 2>&1
       fi

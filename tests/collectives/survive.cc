@@ -1,7 +1,7 @@
 // One rank of a job that survives a lost rank, under kizuna-run --keep-going (survive_test.sh, the
 // cluster test):
 //
-//   survive kill|stop VICTIM [PER_HOST]
+//   survive kill|stop|pause VICTIM [PER_HOST]
 //
 // Every rank runs AllReduces of 4096 floats and checks them; at round 5 rank VICTIM kills itself
 // (SIGKILL) or freezes (SIGSTOP). The others must fail naming it ("rank VICTIM"), then Shrink it
@@ -10,6 +10,9 @@
 // of that many ranks (pretend hosts: the network path between them, on one machine).
 // Prints "rank R: lost rank V named after S s: ERROR", "rank R: shrank to N ranks in S s (now rank
 // Q)" and "rank R: 20 AllReduces ok after the loss"; exits non-zero naming what went wrong.
+// `pause`: the victim stops itself at round 5 and goes on when continued (SIGCONT), the others
+// wait for it (kizuna-status's test looks at the job meanwhile); every rank prints "rank R: 10
+// AllReduces ok" at the end.
 #include <signal.h>
 #include <unistd.h>
 
@@ -58,11 +61,11 @@ Status Round(Communicator& comm, device::Stream& stream, float* buf, int round) 
 }
 
 int Main(int argc, char** argv) {
-  if (argc < 3) return Fail("usage: survive kill|stop VICTIM [PER_HOST]");
+  if (argc < 3) return Fail("usage: survive kill|stop|pause VICTIM [PER_HOST]");
   const std::string how = argv[1];
   const int victim = std::atoi(argv[2]);
   const int per_host = argc > 3 ? std::atoi(argv[3]) : 0;
-  if (how != "kill" && how != "stop") return Fail("the first argument is kill or stop");
+  if (how != "kill" && how != "stop" && how != "pause") return Fail("the first argument is kill, stop or pause");
   CommOptions options;
   if (per_host > 0) {
     const char* rank = std::getenv("RANK");
@@ -87,6 +90,23 @@ int Main(int argc, char** argv) {
   if (s.ok()) s = stream.Synchronize(Deadline::AfterSeconds(60));
   if (!s.ok()) return Fail("gathering the pids: " + s.ToString());
 
+  if (how == "pause") {
+    for (int round = 0; round < 10; ++round) {
+      if (round == kLossRound && r == victim) {
+        std::printf("rank %d: stopping at round %d\n", r, round);
+        std::fflush(stdout);
+        raise(SIGSTOP);
+      }
+      if (Status e = Round(*comm, stream, buf, round); !e.ok())
+        return Fail(fmt::format("rank {}: {}", r, e.ToString()));
+      if (round == kLossRound - 1) {
+        std::printf("rank %d: round %d done\n", r, round);
+        std::fflush(stdout);
+      }
+    }
+    std::printf("rank %d: 10 AllReduces ok\n", r);
+    return 0;
+  }
   int round = 0;
   Clock::time_point call_start;
   for (;; ++round) {

@@ -30,35 +30,34 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "fabric/directconnect/topology.h"
 #include "fabric/fabric.h"
 #include "fabric/registry.h"
-#include "runtime/bootstrap/in_process.h"
 #include "runtime/bootstrap/launch_env.h"
 #include "runtime/core/config.h"
-#include "runtime/device/registry.h"
 #include "runtime/core/logging.h"
-#include "runtime/core/unique_fd.h"
+#include "runtime/device/registry.h"
 #include "tools/p2p/measure.h"
 
 namespace kizuna {
 namespace {
 
 using p2p::BandwidthCount;
+using p2p::ChooseTopology;
 using p2p::kLatencyBytes;
 using p2p::kMaxAllowedBytes;
 using p2p::MemcpyRows;
 using p2p::Options;
 using p2p::Row;
+using p2p::RunInProcess;
 using p2p::RunRank;
 using p2p::Sizes;
+using p2p::TempTopology;
 
 Result<uint64_t> ParseBytes(const std::string& text, std::string_view option) {
   if (text.empty()) return InvalidArgument(fmt::format("{}: empty size", option));
@@ -129,34 +128,6 @@ void PrintJson(const std::vector<Row>& rows, const Options& o, const std::vector
   fmt::print("{}\n", j.dump(2));
 }
 
-// ---- The topology for directconnect ----
-
-// A 2-worker ring written to a temporary file, removed on destruction.
-struct TempTopology {
-  std::string path;
-  ~TempTopology() {
-    if (!path.empty()) ::unlink(path.c_str());
-  }
-};
-
-Status GenerateRing(TempTopology& out) {
-  KZ_ASSIGN_OR_RETURN(fabric::directconnect::Topology ring,
-                      fabric::directconnect::GenerateRing(2, fabric::directconnect::LinkParams{}));
-  const std::string json = fabric::directconnect::TopologyToJson(ring);
-  const char* tmpdir = std::getenv("TMPDIR");
-  std::string path = fmt::format("{}/kizuna-p2p-ring2-XXXXXX.json", tmpdir != nullptr && *tmpdir ? tmpdir : "/tmp");
-  UniqueFd fd(::mkstemps(path.data(), 5));
-  if (!fd.valid()) return FromErrno(errno, fmt::format("creating the topology file {}", path));
-  out.path = path;
-  for (size_t at = 0; at < json.size();) {
-    const ssize_t n = ::write(fd.get(), json.data() + at, json.size() - at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return FromErrno(errno, fmt::format("writing the topology file {}", path));
-    at += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
 // Kept whole: the command line, its checks and the measurements it selects, in order, sharing their variables.
 int Main(int argc, char** argv) {
   CLI::App app{"kizuna-p2p: point-to-point latency and bandwidth of the fabrics between two ranks"};
@@ -222,19 +193,11 @@ int Main(int argc, char** argv) {
 
   Config config = GlobalConfig();
   std::vector<std::string> notes;
-  TempTopology topology;
-  if (config.topology.empty() && (o.fabric.empty() || o.fabric == "directconnect")) {
-    if (Status s = GenerateRing(topology); !s.ok()) return fail(s);
-    config.topology = topology.path;
-    notes.push_back(fmt::format("KIZUNA_TOPOLOGY is not set: directconnect uses a generated 2-worker ring ({})",
-                                topology.path));
-  } else if (!config.topology.empty()) {
-    notes.push_back(fmt::format("directconnect topology: {} (KIZUNA_TOPOLOGY)", config.topology));
-  }
-  auto devices = device::DeviceRegistry::Create(config);
-
   Result<std::vector<Row>> rows = std::vector<Row>{};
   if (o.processes) {
+    TempTopology topology;
+    if (Status s = ChooseTopology(config, o, topology, notes); !s.ok()) return fail(s);
+    auto devices = device::DeviceRegistry::Create(config);
     auto made = bootstrap::BootstrapFromEnvironment();
     if (!made.ok()) return fail(made.status().WithContext("bootstrap (is this running under kizuna-run -n 2?)"));
     if ((*made)->size() != 2)
@@ -244,22 +207,8 @@ int Main(int argc, char** argv) {
     if ((*made)->rank() != 0) return 0;
     notes.push_back("2 processes under kizuna-run (TCP bootstrap)");
   } else {
-    auto boots = bootstrap::CreateInProcessBootstraps(2);
-    if (!boots.ok()) return fail(boots.status());
-    Result<std::vector<Row>> peer = std::vector<Row>{};
-    // Each rank owns its Bootstrap; a rank that fails destroys it on return, which the other sees
-    // as kRemoteError instead of waiting for its deadline.
-    std::unique_ptr<bootstrap::Bootstrap> b0 = std::move((*boots)[0]), b1 = std::move((*boots)[1]);
-    std::thread t([&, b = std::move(b1)]() mutable {
-      peer = RunRank(*b, config, o, devices.get());
-      b.reset();
-    });
-    rows = RunRank(*b0, config, o, devices.get());
-    b0.reset();
-    t.join();
-    if (!rows.ok()) return fail(rows.status().WithContext("rank 0"));
-    if (!peer.ok()) return fail(peer.status().WithContext("rank 1"));
-    notes.push_back("2 threads of one process (in-process bootstrap)");
+    rows = RunInProcess(config, o, notes);
+    if (!rows.ok()) return fail(rows.status());
   }
   if (o.reference) {
     auto ref = MemcpyRows(o);

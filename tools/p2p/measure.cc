@@ -1,10 +1,14 @@
 // kizuna-p2p's measurements (measure.h).
+#include "tools/p2p/measure.h"
+
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -14,12 +18,14 @@
 
 #include <fmt/format.h>
 
+#include "fabric/directconnect/topology.h"
 #include "fabric/fabric.h"
 #include "fabric/registry.h"
+#include "runtime/bootstrap/in_process.h"
 #include "runtime/core/config.h"
-#include "runtime/device/registry.h"
 #include "runtime/core/logging.h"
-#include "tools/p2p/measure.h"
+#include "runtime/core/unique_fd.h"
+#include "runtime/device/registry.h"
 
 namespace kizuna::p2p {
 namespace {
@@ -382,6 +388,56 @@ Status MeasureMemory(int rank, bootstrap::Bootstrap& boot, Connection& conn, con
 }
 
 }  // namespace
+
+TempTopology::~TempTopology() {
+  if (!path.empty()) ::unlink(path.c_str());
+}
+
+Status ChooseTopology(Config& config, const Options& o, TempTopology& keep, std::vector<std::string>& notes) {
+  if (config.topology.empty() && (o.fabric.empty() || o.fabric == "directconnect")) {
+    KZ_ASSIGN_OR_RETURN(fabric::directconnect::Topology ring,
+                        fabric::directconnect::GenerateRing(2, fabric::directconnect::LinkParams{}));
+    const std::string json = fabric::directconnect::TopologyToJson(ring);
+    const char* tmpdir = std::getenv("TMPDIR");
+    std::string path = fmt::format("{}/kizuna-p2p-ring2-XXXXXX.json", tmpdir != nullptr && *tmpdir ? tmpdir : "/tmp");
+    UniqueFd fd(::mkstemps(path.data(), 5));
+    if (!fd.valid()) return FromErrno(errno, fmt::format("creating the topology file {}", path));
+    keep.path = path;
+    for (size_t at = 0; at < json.size();) {
+      const ssize_t n = ::write(fd.get(), json.data() + at, json.size() - at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return FromErrno(errno, fmt::format("writing the topology file {}", path));
+      at += static_cast<size_t>(n);
+    }
+    config.topology = path;
+    notes.push_back(fmt::format("KIZUNA_TOPOLOGY is not set: directconnect uses a generated 2-worker ring ({})", path));
+  } else if (!config.topology.empty()) {
+    notes.push_back(fmt::format("directconnect topology: {} (KIZUNA_TOPOLOGY)", config.topology));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<Row>> RunInProcess(Config config, const Options& o, std::vector<std::string>& notes) {
+  TempTopology topology;
+  KZ_RETURN_IF_ERROR(ChooseTopology(config, o, topology, notes));
+  auto devices = device::DeviceRegistry::Create(config);
+  KZ_ASSIGN_OR_RETURN(auto boots, bootstrap::CreateInProcessBootstraps(2));
+  Result<std::vector<Row>> rows = std::vector<Row>{}, peer = std::vector<Row>{};
+  // Each rank owns its Bootstrap; a rank that fails destroys it on return, which the other sees
+  // as kRemoteError instead of waiting for its deadline.
+  std::unique_ptr<bootstrap::Bootstrap> b0 = std::move(boots[0]), b1 = std::move(boots[1]);
+  std::thread t([&, b = std::move(b1)]() mutable {
+    peer = RunRank(*b, config, o, devices.get());
+    b.reset();
+  });
+  rows = RunRank(*b0, config, o, devices.get());
+  b0.reset();
+  t.join();
+  if (!rows.ok()) return rows.status().WithContext("rank 0");
+  if (!peer.ok()) return peer.status().WithContext("rank 1");
+  notes.push_back("2 threads of one process (in-process bootstrap)");
+  return rows;
+}
 
 std::vector<uint64_t> Sizes(const Options& o) {
   std::vector<uint64_t> sizes;

@@ -59,6 +59,20 @@ int64_t BandwidthCount(const Options& o, uint64_t size);
 // One rank's whole run: every fabric (or o.fabric), both memory kinds. Rank 0's rows are the report.
 Result<std::vector<Row>> RunRank(bootstrap::Bootstrap& boot, const Config& config, const Options& o,
                                  device::DeviceRegistry* devices);
+// Where KIZUNA_TOPOLOGY is not set and directconnect is measured, a generated 2-worker ring stands
+// for it: a temporary file, named in config.topology, removed with `keep`. Adds the choice to
+// `notes`.
+struct TempTopology {
+  std::string path;
+  TempTopology() = default;
+  TempTopology(const TempTopology&) = delete;
+  TempTopology& operator=(const TempTopology&) = delete;
+  ~TempTopology();
+};
+Status ChooseTopology(Config& config, const Options& o, TempTopology& keep, std::vector<std::string>& notes);
+// Both ranks as two threads of this process over the in-process bootstrap (with ChooseTopology's
+// topology): rank 0's rows.
+Result<std::vector<Row>> RunInProcess(Config config, const Options& o, std::vector<std::string>& notes);
 // Single-thread memcpy of the bandwidth sizes: the bound of a transfer that copies once.
 Result<std::vector<Row>> MemcpyRows(const Options& o);
 

@@ -1,0 +1,391 @@
+// kizuna-tune: this machine's costs, measured, for the cost model (KIZUNA_COST_FILE).
+//
+//   kizuna-run -n N -- kizuna-tune -o cost.txt [--append] [--max-bytes 16M] [--iters 7]
+//
+// Run as a job of N ranks (any launcher) on the machine to tune, once per job size that matters
+// (the file keeps a [ranks=N] section per size; --append replaces that size's section and keeps
+// the others). Each run measures, in well under a minute:
+//   - the host's memory bandwidth, every rank copying at once (host_memory_gbps);
+//   - each rank's device copy and 2-input reduce rates (unknown_copy_gbps, unknown_reduce_gbps,
+//     which the model uses for devices that do not report their own);
+//   - every fabric's latency (8 bytes) and bandwidth (4 MiB) between two threads of rank 0, as
+//     kizuna-p2p measures them (link.<fabric>.latency_us and .gbps: the fabric's software path,
+//     as the model's link terms count it);
+//   - AllReduces of the model's choice and of ring, over sizes from 16 B to --max-bytes, in place
+//     and not (the median of --iters calls each),
+// then fits the constants the model cannot measure one by one (per-message and per-step overheads,
+// rendezvous and wake-up costs, the one-shot path, staging copies, host memory) so that the
+// model's predictions for those AllReduces come closest to what they took: coordinate descent on
+// the median of |log(measured / predicted)|. Rank 0 writes the file, with the fit's error before
+// and after in its header. Exit status 1 on failure, naming it; 2 for a bad command line.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "collectives/cost/cost_file.h"
+#include "runtime/bootstrap/launch_env.h"
+#include "runtime/communicator.h"
+#include "tools/p2p/measure.h"
+#include "tools/bench/sweep.h"
+
+namespace kizuna {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using collectives::Algorithm;
+using collectives::Collective;
+using collectives::CostConstants;
+
+double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+// Whole or not at all: a rank reading the file never sees half of it.
+Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) return FromErrno(errno, fmt::format("writing {}", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return FromErrno(errno, fmt::format("renaming {} to {}", tmp, path));
+  return Status::Ok();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// One measured AllReduce: what the model is fitted to.
+struct Sample {
+  Algorithm algorithm = Algorithm::kRing;
+  size_t count = 0;  // float32 elements
+  double seconds = 0;
+};
+
+// The run's shared state: the communicator, its stream, and a buffer the CPU reaches.
+struct Job {
+  Communicator* comm = nullptr;
+  device::Stream* stream = nullptr;
+  float* a = nullptr;  // max_bytes each
+  float* b = nullptr;
+  size_t max_bytes = 0;
+
+  Status Sync() { return stream->Synchronize(); }
+  // Every rank's `value`, the largest (an AllReduce of one double through the engine).
+  Result<double> Max(double value) {
+    auto* d = reinterpret_cast<double*>(b);
+    d[0] = value;
+    KZ_RETURN_IF_ERROR(comm->AllReduce(d, d, 1, DataType::kFloat64, ReduceOp::kMax, *stream));
+    KZ_RETURN_IF_ERROR(Sync());
+    return d[0];
+  }
+  Status Barrier() {
+    KZ_RETURN_IF_ERROR(comm->Barrier(*stream));
+    return Sync();
+  }
+};
+
+// Host memory: every rank copies its buffer 4 times at once; bytes read and written by all ranks
+// over the slowest rank's time.
+Result<double> HostMemoryGbps(Job& job) {
+  const size_t bytes = std::min<size_t>(job.max_bytes, size_t{32} << 20);
+  std::vector<uint8_t> from(bytes, 1), to(bytes, 0);
+  KZ_RETURN_IF_ERROR(job.Barrier());
+  const auto start = Clock::now();
+  for (int i = 0; i < 4; ++i) std::memcpy(i % 2 ? from.data() : to.data(), i % 2 ? to.data() : from.data(), bytes);
+  KZ_ASSIGN_OR_RETURN(double slowest, job.Max(Seconds(start)));
+  return 4.0 * 2 * static_cast<double>(bytes) * job.comm->size() / slowest / 1e9;
+}
+
+// The rank's device: a copy and a 2-input sum of `max_bytes`, the best of 3 (bytes copied; input
+// bytes read), the slowest rank's.
+Result<std::pair<double, double>> DeviceRates(Job& job) {
+  const size_t bytes = std::min<size_t>(job.max_bytes, size_t{16} << 20);
+  double copy = 1e30, reduce = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    auto start = Clock::now();
+    KZ_RETURN_IF_ERROR(job.stream->Copy(job.b, job.a, bytes));
+    KZ_RETURN_IF_ERROR(job.Sync());
+    copy = std::min(copy, Seconds(start));
+    const void* srcs[2] = {job.a, job.b};
+    start = Clock::now();
+    KZ_RETURN_IF_ERROR(job.stream->Reduce(job.b, srcs, bytes / sizeof(float), DataType::kFloat32, ReduceOp::kSum));
+    KZ_RETURN_IF_ERROR(job.Sync());
+    reduce = std::min(reduce, Seconds(start));
+  }
+  KZ_ASSIGN_OR_RETURN(copy, job.Max(copy));
+  KZ_ASSIGN_OR_RETURN(reduce, job.Max(reduce));
+  return std::make_pair(bytes / copy / 1e9, 2.0 * bytes / reduce / 1e9);
+}
+
+// Every fabric's latency (8 bytes, half the round trip) and bandwidth (4 MiB, a window of 16) between
+// two threads of this process, as kizuna-p2p measures them: the fabric's own path, which the
+// model's link terms stand for (its per-message and per-step overheads are the executor's).
+Result<std::vector<std::pair<std::string, collectives::LinkCosts>>> FabricLinks(const Config& config) {
+  p2p::Options o;
+  o.min_bytes = o.max_bytes = size_t{4} << 20;
+  o.iters = 200;
+  o.warmup = 20;
+  o.memory = "host";
+  o.reference = false;
+  std::vector<std::string> notes;
+  KZ_ASSIGN_OR_RETURN(std::vector<p2p::Row> rows, p2p::RunInProcess(config, o, notes));
+  std::vector<std::pair<std::string, collectives::LinkCosts>> out;
+  for (const p2p::Row& r : rows) {
+    if (r.memory != "host" || !std::isfinite(r.test == "latency" ? r.median_us : r.gbps)) continue;
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == r.fabric; });
+    if (it == out.end()) it = out.insert(out.end(), {r.fabric, collectives::LinkCosts{}});
+    if (r.test == "latency") it->second.latency_us = r.median_us;
+    if (r.test == "bandwidth") it->second.gbps = r.gbps;
+  }
+  std::erase_if(out, [](const auto& e) { return e.second.latency_us <= 0 || e.second.gbps <= 0; });
+  return out;
+}
+
+// AllReduces of `algorithm` (nullopt: the model's choice) over the sizes, in place and not: the
+// median of `iters` calls after 2 to warm up, each a sample with the algorithm that ran.
+Status Measure(Job& job, std::optional<Algorithm> algorithm, int iters, std::vector<Sample>& out) {
+  for (size_t bytes = 16; bytes <= job.max_bytes; bytes *= 8) {
+    const size_t count = bytes / sizeof(float);
+    for (bool in_place : {false, true}) {
+      CallOptions options;
+      options.algorithm = algorithm;
+      std::vector<double> took;
+      for (int i = 0; i < iters + 2; ++i) {
+        KZ_RETURN_IF_ERROR(job.Barrier());
+        const auto start = Clock::now();
+        KZ_RETURN_IF_ERROR(job.comm->AllReduce(job.a, in_place ? job.a : job.b, count, DataType::kFloat32,
+                                               ReduceOp::kSum, *job.stream, options));
+        KZ_RETURN_IF_ERROR(job.Sync());
+        if (i >= 2) took.push_back(Seconds(start));
+      }
+      // The algorithm is the last timed call's (its flight record); the slowest rank's median is
+      // the call's time.
+      const nlohmann::json record = nlohmann::json::parse(job.comm->FlightRecord(), nullptr, false);
+      std::optional<Algorithm> ran;
+      const std::string call = fmt::format("allreduce count={} ", count);
+      if (record.is_object()) {
+        for (const auto& rec : record["records"])
+          if (rec.value("call", "").rfind(call, 0) == 0) ran = collectives::ParseAlgorithm(rec.value("algorithm", ""));
+      }
+      if (!ran) return Internal(fmt::format("the flight recorder does not say which algorithm ran {}", call));
+      KZ_ASSIGN_OR_RETURN(double seconds, job.Max(Median(took)));
+      out.push_back({*ran, count, seconds});
+    }
+  }
+  return Status::Ok();
+}
+
+// The model's error over the samples: the median and the mean of |log(measured / predicted)|.
+std::pair<double, double> Error(const Communicator& comm, const std::vector<Sample>& samples, const CostConstants& k) {
+  std::vector<double> e;
+  double sum = 0;
+  for (const Sample& s : samples) {
+    const collectives::Prediction p = comm.PredictWith(Collective::kAllReduce, s.count, DataType::kFloat32,
+                                                       s.algorithm, k);
+    const double x = p.finite() && p.seconds > 0 ? std::abs(std::log(s.seconds / p.seconds)) : 10.0;
+    e.push_back(x);
+    sum += x;
+  }
+  return {Median(e), e.empty() ? 0 : sum / e.size()};
+}
+
+// Coordinate descent in log space over the constants the model cannot measure directly.
+CostConstants Fit(const Communicator& comm, const std::vector<Sample>& samples, CostConstants k) {
+  static constexpr std::string_view kFitted[] = {"message_overhead_us", "step_overhead_us",   "direct_rendezvous_us",
+                                                 "oneshot_us",          "oversubscribed_wake_us", "host_memory_gbps",
+                                                 "staging_copy_max_gbps"};
+  auto score = [&](const CostConstants& c) {
+    const auto [median, mean] = Error(comm, samples, c);
+    return median + 0.25 * mean;  // the median is the goal; the mean breaks its ties
+  };
+  double best = score(k);
+  for (double step = 4.0; step > 1.05; step = std::sqrt(step)) {
+    for (int pass = 0; pass < 4; ++pass) {
+      bool moved = false;
+      for (std::string_view name : kFitted) {
+        double CostConstants::*field = nullptr;
+        for (const collectives::CostConstantInfo& info : collectives::CostConstantTable())
+          if (info.name == name) field = info.field;
+        for (double f : {step, 1 / step}) {
+          CostConstants trial = k;
+          trial.*field = std::clamp(k.*field * f, 1e-3, 1e5);
+          const double s = score(trial);
+          if (s < best - 1e-9) {
+            best = s;
+            k = trial;
+            moved = true;
+          }
+        }
+      }
+      if (!moved) break;
+    }
+  }
+  return k;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kizuna-tune: this machine's costs for the cost model (KIZUNA_COST_FILE); run as a job of N ranks",
+               "kizuna-tune"};
+  std::string out_path;
+  bool append = false, verbose = false;
+  size_t max_bytes = size_t{16} << 20;
+  std::string max_text = "16M";
+  int iters = 7;
+  app.add_option("-o,--output", out_path, "the cost file rank 0 writes")->required();
+  app.add_flag("--append", append, "replace this size's section of an existing file, keep the others");
+  app.add_flag("-v,--verbose", verbose, "print every measured AllReduce beside its predictions");
+  app.add_option("--max-bytes", max_text, "the largest AllReduce measured (K, M, G suffixes)")->capture_default_str();
+  app.add_option("--iters", iters, "timed calls per size (the median is kept)")->capture_default_str()->check(
+      CLI::Range(1, 1000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 reports parse errors as exceptions; they end here, at the edge of the program.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "kizuna-tune: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  auto parsed_max = bench::ParseByteSize(max_text, "--max-bytes");
+  if (!parsed_max.ok()) {
+    std::fprintf(stderr, "kizuna-tune: %s\n", parsed_max.status().ToString().c_str());
+    return 2;
+  }
+  max_bytes = static_cast<size_t>(*parsed_max);
+  const auto start = Clock::now();
+  // The measurements run with the model's defaults; the links measured here go into a first file,
+  // which a second communicator loads (Split reads the configuration again), so that the fit sees
+  // the measured links in its shape.
+  Config config = GlobalConfig();
+  config.cost_file.clear();
+  // The fabrics first, on rank 0 alone, before the job's communicator exists: the other ranks
+  // wait for it in the rendezvous, asleep.
+  std::vector<std::pair<std::string, collectives::LinkCosts>> links;
+  auto launch = bootstrap::DetectLaunch(bootstrap::ProcessEnvironment());
+  if (!launch.ok()) return fail(launch.status());
+  if (launch->rank == 0) {
+    auto measured_links = FabricLinks(config);
+    if (!measured_links.ok()) return fail(measured_links.status().WithContext("measuring the fabrics"));
+    links = std::move(*measured_links);
+  }
+  CommOptions options;
+  options.config = &config;
+  auto created = Communicator::CreateFromEnvironment(options);
+  if (!created.ok()) return fail(created.status());
+  std::unique_ptr<Communicator> comm = std::move(*created);
+  const int rank = comm->rank(), n = comm->size();
+  if (!comm->device().properties().host_accessible)
+    return fail(NotSupported(fmt::format("kizuna-tune measures devices whose memory the CPU reaches; {}'s is not",
+                                         comm->device().label())));
+  auto stream = comm->device().CreateStream();
+  if (!stream.ok()) return fail(stream.status());
+  max_bytes = std::max<size_t>(max_bytes, 64);
+  auto a = comm->device().Allocate(max_bytes), b = comm->device().Allocate(max_bytes);
+  if (!a.ok() || !b.ok()) return fail(!a.ok() ? a.status() : b.status());
+  std::memset((*a)->data(), 0, max_bytes);
+  Job job{comm.get(), stream->get(), static_cast<float*>((*a)->data()), static_cast<float*>((*b)->data()), max_bytes};
+
+  collectives::CostFile measured;
+  measured.sections.push_back({n, {}});
+  auto& entries = measured.sections.back().entries;
+  auto host = HostMemoryGbps(job);
+  if (!host.ok()) return fail(host.status());
+  auto rates = DeviceRates(job);
+  if (!rates.ok()) return fail(rates.status());
+  entries.emplace_back("unknown_copy_gbps", rates->first);
+  entries.emplace_back("unknown_reduce_gbps", rates->second);
+  for (const auto& [fabric, link] : links) {
+    entries.emplace_back(fmt::format("link.{}.latency_us", fabric), link.latency_us);
+    entries.emplace_back(fmt::format("link.{}.gbps", fabric), link.gbps);
+  }
+  // Rank 0's link entries, to every rank: a small text through the engine, zero-padded.
+  std::string text = collectives::FormatCostFile(measured, {});
+  {
+    constexpr size_t kTextBytes = 4096;
+    auto* bytes = reinterpret_cast<uint8_t*>(job.b);
+    std::memset(bytes, 0, kTextBytes);
+    if (rank == 0) std::memcpy(bytes, text.data(), std::min(text.size(), kTextBytes - 1));
+    if (Status s = comm->Broadcast(bytes, bytes, kTextBytes, DataType::kUint8, 0, *job.stream); !s.ok()) return fail(s);
+    if (Status s = job.Sync(); !s.ok()) return fail(s);
+    text.assign(reinterpret_cast<const char*>(bytes));
+  }
+  const std::string links_path = fmt::format("{}.links.{}", out_path, rank);
+  if (Status s = WriteFileAtomically(links_path, text); !s.ok()) return fail(s);
+  config.cost_file = links_path;
+  auto split = comm->Split(0, rank);
+  std::remove(links_path.c_str());
+  if (!split.ok()) return fail(split.status());
+  job.comm = split->get();
+
+  std::vector<Sample> samples;
+  for (std::optional<Algorithm> algorithm : {std::optional<Algorithm>(), std::optional<Algorithm>(Algorithm::kRing)}) {
+    if (Status s = Measure(job, algorithm, iters, samples); !s.ok()) return fail(s);
+  }
+  if (rank == 0) {
+    auto parsed = collectives::ParseCostFile(text);
+    if (!parsed.ok()) return fail(parsed.status());
+    CostConstants start_k = collectives::CostsFor(*parsed, n).constants;
+    start_k.host_memory_gbps = *host;
+    const auto before = Error(*job.comm, samples, CostConstants{});
+    const CostConstants fitted = Fit(*job.comm, samples, start_k);
+    const auto after = Error(*job.comm, samples, fitted);
+    for (const Sample& x : samples) {
+      if (!verbose) break;
+      auto predicted = [&](const CostConstants& k) {
+        return job.comm->PredictWith(Collective::kAllReduce, x.count, DataType::kFloat32, x.algorithm, k).seconds * 1e6;
+      };
+      std::printf("%-18s %10zu B  measured %10.1f us  predicted %10.1f us (defaults) %10.1f us (fitted)\n",
+                  std::string(collectives::AlgorithmName(x.algorithm)).c_str(), x.count * sizeof(float),
+                  x.seconds * 1e6, predicted(CostConstants{}), predicted(fitted));
+    }
+    collectives::CostFile::Section section{n, parsed->sections.back().entries};
+    for (const collectives::CostConstantInfo& info : collectives::CostConstantTable()) {
+      if (info.name == "unknown_copy_gbps" || info.name == "unknown_reduce_gbps") continue;
+      if (fitted.*info.field != CostConstants{}.*info.field) section.entries.emplace_back(std::string(info.name),
+                                                                                          fitted.*info.field);
+    }
+    collectives::CostFile file;
+    if (append) {
+      auto old = collectives::LoadCostFile(out_path);
+      if (old.ok()) file = std::move(*old);
+    }
+    std::erase_if(file.sections, [&](const auto& s) { return s.ranks == n; });
+    if (file.sections.empty()) file.sections.emplace_back();
+    file.sections.push_back(std::move(section));
+    std::sort(file.sections.begin(), file.sections.end(), [](const auto& x, const auto& y) { return x.ranks < y.ranks; });
+    const std::vector<std::string> header = {
+        "kizuna cost file (KIZUNA_COST_FILE), written by kizuna-tune",
+        fmt::format("[ranks={}]: {} AllReduces measured; the model's median error on them {:.0f}% with the "
+                    "defaults, {:.0f}% with this section (mean {:.0f}% -> {:.0f}%)",
+                    n, samples.size(), (std::exp(before.first) - 1) * 100, (std::exp(after.first) - 1) * 100,
+                    (std::exp(before.second) - 1) * 100, (std::exp(after.second) - 1) * 100)};
+    if (Status s = WriteFileAtomically(out_path, collectives::FormatCostFile(file, header)); !s.ok()) return fail(s);
+    std::printf("kizuna-tune: %d ranks, %.1f s: %s (host memory %.1f GB/s, device copy %.1f GB/s, reduce %.1f GB/s; "
+                "the model's median error on %zu AllReduces %.0f%% -> %.0f%%)\n",
+                n, Seconds(start), out_path.c_str(), *host, rates->first, rates->second, samples.size(),
+                (std::exp(before.first) - 1) * 100, (std::exp(after.first) - 1) * 100);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kizuna
+
+int main(int argc, char** argv) { return kizuna::Main(argc, argv); }

@@ -20,6 +20,7 @@
 
 #include "runtime/device/host_reduce.h"
 #include "runtime/core/logging.h"
+#include "runtime/core/resources.h"
 
 namespace kizuna::collectives {
 
@@ -182,11 +183,17 @@ Status SameHostGroup::OpenOwnPage() {
   // Peers find a buffer's allocation by its address (PublishRegion): a device that cannot say
   // which allocation an address lies in would fail every fused call.
   if (Status named = CanNameAllocations(device_); !named.ok()) return NotSupported(named.message());
+  // Each call named with the page's size; the memory limits where memory was refused.
+  const auto page_error = [](int err, std::string_view call) {
+    Status s = FromErrno(err, fmt::format("{} of the host group's page ({} bytes)", call, kPageBytes));
+    if (err != ENOMEM && err != ENOSPC) return s;
+    return Status(s.code(), fmt::format("{}; {}", s.message(), DescribeMemoryLimits()));
+  };
   UniqueFd fd(::memfd_create("kizuna-host-group", MFD_CLOEXEC));
-  if (!fd.valid() || ::ftruncate(fd.get(), kPageBytes) != 0)
-    return FromErrno(errno, "memfd_create/ftruncate for the host group's page");
+  if (!fd.valid()) return page_error(errno, "memfd_create");
+  if (::ftruncate(fd.get(), kPageBytes) != 0) return page_error(errno, "ftruncate");
   void* map = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (map == MAP_FAILED) return FromErrno(errno, "mmap of the host group's page");
+  if (map == MAP_FAILED) return page_error(errno, "mmap");
   Peer& me = peers_[static_cast<size_t>(rank_)];
   me.map = map;
   me.page = new (map) SameHostPage{};

@@ -287,8 +287,10 @@ class DeviceMap {
           std::string names;
           for (const FabricDeviceProperties& p : props_)
             if (!p.point_to_point) names += (names.empty() ? "" : ", ") + p.name;
-          return InvalidArgument(fmt::format("KIZUNA_NICS names {}, which {} does not have (its devices: {})", nic,
-                                             fabric, names.empty() ? "none" : names));
+          return InvalidArgument(
+              fmt::format("KIZUNA_NICS names {}, which {} does not have (its devices: {}); name "
+                          "those to use between hosts, or unset KIZUNA_NICS",
+                          nic, fabric, names.empty() ? "none" : names));
         }
         rail_nics_.push_back(found);
       }

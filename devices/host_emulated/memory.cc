@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <limits>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "runtime/core/logging.h"
+#include "runtime/core/resources.h"
 
 namespace kizuna::host_emulated {
 
@@ -179,9 +181,13 @@ namespace {
 // Converts a failed kernel call into a Status. ENOMEM / ENOSPC / EFBIG mean the kernel has no
 // memory for the request: that is the device being out of memory, not an internal error.
 Status KernelError(int err, std::string_view call, const device::Device& device, size_t bytes) {
+  // Emulated memory is shared memory (shmem) charged to this process's memory cgroup; mappings
+  // count against ulimit -v. Which of these ran out is for the operator to see, with its figure.
   if (err == ENOMEM || err == ENOSPC || err == EFBIG)
-    return OutOfMemory(fmt::format("{}: the kernel has no memory for {} bytes ({}: {})", device.label(), bytes, call,
-                                   FromErrno(err, call).message()));
+    return OutOfMemory(
+        fmt::format("{}: the kernel has no memory for {} bytes ({}: {}); {}; lower KIZUNA_EMU_MEM_BYTES or the job's "
+                    "memory use, or raise the limit reached",
+                    device.label(), bytes, call, FromErrno(err, call).message(), DescribeMemoryLimits()));
   // Each allocation holds one memfd: running out of descriptors is running out of allocations.
   if (err == EMFILE || err == ENFILE)
     return OutOfMemory(fmt::format("{}: cannot allocate {} bytes: out of file descriptors, and every emulated "
@@ -279,6 +285,22 @@ Result<std::unique_ptr<device::Buffer>> MemoryManager::AllocateKind(device::Devi
 
   const std::string name =
       fmt::format("kizuna-emu{}{}", device->properties().index, kind == Kind::kHost ? "-host" : "");
+  // ulimit -f applies to memfds too, and growing one past it raises SIGXFSZ, which ends the process:
+  // refused here instead, naming the limit.
+  if (const std::optional<uint64_t> fsize = FileSizeLimit(); fsize && bytes > *fsize)
+    return OutOfMemory(
+        fmt::format("{}: cannot allocate {} bytes: every emulated allocation is a memory file, and this process's "
+                    "file size limit is {} bytes (ulimit -f): raise it (ulimit -f unlimited)",
+                    device->label(), bytes, *fsize));
+  // A memory cgroup (a container's --memory) does not fail the commit below past its limit: its
+  // OOM killer ends the process. An allocation larger than the whole limit cannot succeed, so it is
+  // refused here, naming the limit (read once: limits are set before a job starts).
+  static const std::optional<CgroupMemoryLimit> cgroup = CgroupMemory();
+  if (cgroup && bytes > cgroup->limit_bytes)
+    return OutOfMemory(
+        fmt::format("{}: cannot allocate {} bytes: this process's memory cgroup allows {} in all ({}; a container's "
+                    "--memory): lower KIZUNA_EMU_MEM_BYTES or the buffers, or raise the limit",
+                    device->label(), bytes, ApproxByteSize(cgroup->limit_bytes), cgroup->file));
   UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return KernelError(errno, "memfd_create", *device, bytes);
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) return KernelError(errno, "ftruncate", *device, bytes);

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "runtime/core/logging.h"
+#include "runtime/core/resources.h"
 #include "runtime/core/status.h"
 #include "runtime/core/unique_fd.h"
 
@@ -24,6 +25,24 @@ constexpr size_t kSlotBytes = 64;  // one cache line per device: no false sharin
 constexpr size_t kSegmentBytes = kSlots * kSlotBytes;
 
 static_assert(std::atomic<int64_t>::is_always_lock_free, "cross-process atomics need lock-free int64");
+
+// What to do when /dev/shm cannot hold the segment, with its size and free space.
+std::string ShmAdvice(int err) {
+  if (err == ENOSPC || err == ENOMEM || err == EFBIG)
+    return fmt::format(
+        "/dev/shm is full or too small ({}): give it room (docker run --shm-size=256m; mount -o "
+        "remount,size=1g /dev/shm) or free it, or unset KIZUNA_EMU_COPY_GBPS and "
+        "KIZUNA_EMU_REDUCE_GBPS",
+        DescribeSpace("/dev/shm"));
+  return "is /dev/shm a tmpfs this user may write? (`df /dev/shm`; or unset KIZUNA_EMU_COPY_GBPS and "
+         "KIZUNA_EMU_REDUCE_GBPS)";
+}
+
+// A failed call on the segment: the error, then the advice.
+Status ShmError(int err, const std::string& what) {
+  const Status s = FromErrno(err, what);
+  return Status(s.code(), fmt::format("{}; {}", s.message(), ShmAdvice(err)));
+}
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Deadline::Clock::now().time_since_epoch()).count();
@@ -41,7 +60,7 @@ class SharedTimelines {
     std::lock_guard lock(mu);
     if (auto existing = open[name].lock()) return existing;
     UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-    if (!fd.valid()) return FromErrno(errno, fmt::format("shm_open(/dev/shm{})", name));
+    if (!fd.valid()) return ShmError(errno, fmt::format("shm_open(/dev/shm{})", name));
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return FromErrno(errno, fmt::format("fstat(/dev/shm{})", name));
     // Only a segment this user owns and nobody else can write: anyone able to truncate it could
@@ -55,9 +74,8 @@ class SharedTimelines {
     // is full that touch is a SIGBUS in the middle of a throttled operation. 64 KiB: no cost worth
     // measuring. posix_fallocate returns the error number; it does not set errno.
     if (const int err = ::posix_fallocate(fd.get(), 0, kSegmentBytes); err != 0) {
-      return FromErrno(err, fmt::format("reserving the {} bytes of /dev/shm{} (posix_fallocate; is /dev/shm full? "
-                                        "`df /dev/shm`)",
-                                        kSegmentBytes, name));
+      return ShmError(err, fmt::format("reserving the {} bytes of the throttle's timeline /dev/shm{} (posix_fallocate)",
+                                       kSegmentBytes, name));
     }
     void* p = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) return FromErrno(errno, fmt::format("mmap(/dev/shm{}, {} bytes)", name, kSegmentBytes));
@@ -94,7 +112,10 @@ std::atomic<int64_t>* DevicePacer::Slot() {
         shared_ = std::move(shared).value();
       } else {
         shared_error_ = shared.status().ToString();
-        KZ_WARN(kLogDevice, "host_emulated: device {}: {}; throttles are per process", device_index_, shared_error_);
+        KZ_WARN(kLogDevice,
+                "host_emulated: device {}: {}; throttles are per process (ranks of several processes on this device "
+                "are not paced together)",
+                device_index_, shared_error_);
       }
     }
     slot_ = shared_ != nullptr ? shared_->slot(device_index_) : &local_;

@@ -67,8 +67,12 @@ void ReserveOnFullShm() {
   const bool timed = end > Deadline::Clock::now();
   const std::string error = pacer.shared_error();
   std::fprintf(stderr, "segment '%s', error '%s'\n", pacer.segment_name().c_str(), error.c_str());
-  const bool ok = timed && pacer.segment_name().empty() && error.find("/dev/shm/kizuna-emu-") != std::string::npos &&
-                  error.find("65536 bytes") != std::string::npos && error.find("No space left") != std::string::npos;
+  // The segment, its size, the cause, /dev/shm's own size, and what to do.
+  const bool ok =
+      timed && pacer.segment_name().empty() && error.find("/dev/shm/kizuna-emu-") != std::string::npos &&
+      error.find("65536 bytes") != std::string::npos && error.find("No space left") != std::string::npos &&
+      error.find("/dev/shm is full or too small (/dev/shm has 4.0 KiB, 0 bytes free)") != std::string::npos &&
+      error.find("--shm-size") != std::string::npos && error.find("KIZUNA_EMU_COPY_GBPS") != std::string::npos;
   std::exit(ok ? 0 : 1);
 }
 

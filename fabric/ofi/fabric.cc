@@ -1,5 +1,6 @@
 #include "fabric/ofi/fabric.h"
 
+#include <net/if.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_errno.h>
 
@@ -35,6 +36,16 @@ struct Discovered {
   ProviderEntry entry;
   InfoPtr info;
 };
+
+// The names of this host's network interfaces (if_nameindex), in the kernel's order.
+std::vector<std::string> HostInterfaces() {
+  std::vector<std::string> names;
+  if (struct if_nameindex* all = ::if_nameindex()) {
+    for (struct if_nameindex* i = all; i->if_index != 0 && i->if_name != nullptr; ++i) names.emplace_back(i->if_name);
+    ::if_freenameindex(all);
+  }
+  return names;
+}
 
 uint32_t Fnv1a32(std::string_view s) {
   uint32_t h = 2166136261u;
@@ -170,6 +181,37 @@ bool ProviderMatches(std::string_view provider, std::string_view wanted) {
   if (provider == wanted) return true;
   return provider.size() > wanted.size() && provider.substr(0, wanted.size()) == wanted &&
          provider[wanted.size()] == ';';
+}
+
+Status CheckTcpIface(std::string_view fi_tcp_iface, const std::vector<std::string>& host_interfaces) {
+  std::vector<std::string> missing;
+  for (size_t start = 0; start <= fi_tcp_iface.size();) {
+    const size_t comma = std::min(fi_tcp_iface.find(',', start), fi_tcp_iface.size());
+    const std::string name(fi_tcp_iface.substr(start, comma - start));
+    if (!name.empty() && std::find(host_interfaces.begin(), host_interfaces.end(), name) == host_interfaces.end())
+      missing.push_back(name);
+    start = comma + 1;
+  }
+  if (missing.empty()) return Status::Ok();
+  std::string have;
+  for (const std::string& i : host_interfaces) have += (have.empty() ? "" : ", ") + i;
+  return InvalidArgument(
+      fmt::format("FI_TCP_IFACE names {}, which this host does not have (it has: {}); libfabric "
+                  "would use its other interfaces instead: name one it has, or unset FI_TCP_IFACE",
+                  fmt::join(missing, ", "), have.empty() ? "none" : have));
+}
+
+std::string ShmProviderHint(bool wanted, bool offered, const Result<FileSystemSpace>& dev_shm, unsigned cores) {
+  if (!wanted || offered) return "";
+  if (dev_shm.ok() && dev_shm->free_bytes >= (uint64_t{32} << 20) * std::max(cores, 1u)) return "";
+  const std::string space = dev_shm.ok() ? fmt::format("/dev/shm has {}, {} free", ApproxByteSize(dev_shm->size_bytes),
+                                                       ApproxByteSize(dev_shm->free_bytes))
+                                         : fmt::format("/dev/shm cannot be measured: {}", dev_shm.status().message());
+  return fmt::format(
+      "; libfabric's shm provider leaves itself out when /dev/shm has too little room for its regions "
+      "(tens of MiB; FI_LOG_LEVEL=warn shows it), and {}: give /dev/shm room (docker run "
+      "--shm-size=1g; mount -o remount,size=1g /dev/shm), or name another fabric (KIZUNA_FABRIC=tcp)",
+      space);
 }
 
 std::vector<size_t> SelectDevices(const std::vector<ProviderEntry>& entries, const SelectionRequest& request) {
@@ -320,6 +362,16 @@ Result<std::unique_ptr<Fabric>> OfiFabric::CreateWith(const Config& config, cons
   const char* fi_provider = std::getenv("FI_PROVIDER");
   request.fi_provider_set = fi_provider != nullptr && fi_provider[0] != '\0';
   request.providers = ProvidersFromConfig(config.fabric);
+  if (const char* iface = std::getenv("FI_TCP_IFACE"); iface != nullptr && iface[0] != '\0') {
+    bool tcp_wanted = false;
+    if (request.fi_provider_set) {
+      tcp_wanted = std::string_view(fi_provider).find("tcp") != std::string_view::npos;
+    } else {
+      for (const std::string& p : request.providers.empty() ? kDefaultProviders : request.providers)
+        tcp_wanted = tcp_wanted || ProviderMatches("tcp;ofi_rxm", p);
+    }
+    if (tcp_wanted) KZ_RETURN_IF_ERROR(CheckTcpIface(iface, HostInterfaces()));
+  }
   std::vector<ProviderEntry> entries;
   for (const Discovered& d : *found) entries.push_back(d.entry);
   const std::vector<size_t> chosen = SelectDevices(entries, request);
@@ -331,9 +383,21 @@ Result<std::unique_ptr<Fabric>> OfiFabric::CreateWith(const Config& config, cons
     for (const std::string& p : request.providers.empty() ? kDefaultProviders : request.providers)
       wanted += (wanted.empty() ? "" : ", ") + p;
   }
+  // Is shm among the providers asked for, and did libfabric offer it?
+  bool shm_wanted = false, shm_offered = false;
+  if (request.fi_provider_set) {
+    shm_wanted = std::string_view(fi_provider).find("shm") != std::string_view::npos;
+  } else {
+    for (const std::string& p : request.providers.empty() ? kDefaultProviders : request.providers)
+      shm_wanted = shm_wanted || p == "shm";
+  }
+  for (const ProviderEntry& e : entries) shm_offered = shm_offered || e.provider == "shm";
+  const std::string shm_hint =
+      ShmProviderHint(shm_wanted, shm_offered, SpaceOf("/dev/shm"), std::max(1u, std::thread::hardware_concurrency()));
   if (chosen.empty())
-    return Unavailable(fmt::format("libfabric {} offers no RDM endpoint with tagged messages for {} (it offers: {})",
-                                   l->VersionString(), wanted, DescribeOffered(*found)));
+    return Unavailable(fmt::format("libfabric {} offers no RDM endpoint with tagged messages for {} (it offers: {}){}",
+                                   l->VersionString(), wanted, DescribeOffered(*found), shm_hint));
+  if (!shm_hint.empty()) KZ_INFO(kLogFabric, "ofi: no shm device{}", shm_hint);
 
   std::vector<std::shared_ptr<OfiDevice>> devices;
   std::string failures;

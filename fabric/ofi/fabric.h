@@ -29,6 +29,7 @@
 #include "fabric/ofi/loader.h"
 #include "fabric/pending_connects.h"
 #include "runtime/core/config.h"
+#include "runtime/core/resources.h"
 #include "runtime/core/status.h"
 
 namespace kizuna::fabric::ofi {
@@ -65,6 +66,19 @@ std::vector<std::string> ProvidersFromConfig(const std::vector<std::string>& kiz
 bool ProviderMatches(std::string_view provider, std::string_view wanted);
 // Indices into `entries`, in device order, following the rules in this file's header comment.
 std::vector<size_t> SelectDevices(const std::vector<ProviderEntry>& entries, const SelectionRequest& request);
+
+// libfabric's tcp provider takes every interface when FI_TCP_IFACE names none of this host's (a
+// typo, or a setting written for other hosts): traffic on a NIC nobody chose. kInvalidArgument
+// naming the setting and `host_interfaces` when `fi_tcp_iface` (a name, or a comma list) names an
+// interface not among them; ok when it is empty.
+Status CheckTcpIface(std::string_view fi_tcp_iface, const std::vector<std::string>& host_interfaces);
+
+// libfabric's shm provider leaves itself out of fi_getinfo, saying so only in libfabric's own log,
+// when /dev/shm has less room than its regions need (28 MiB on a 2-core machine): a container's
+// default 64 MiB /dev/shm, or a full one. Where shm is `wanted` but not `offered` and /dev/shm
+// (`dev_shm`: its size and free space, or why they are unknown) has less than 32 MiB a core free,
+// the reason and what to do, starting "; "; else "".
+std::string ShmProviderHint(bool wanted, bool offered, const Result<FileSystemSpace>& dev_shm, unsigned cores);
 
 // ---- Tags ----
 

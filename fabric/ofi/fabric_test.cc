@@ -101,6 +101,36 @@ TEST(OfiSelection, ProviderNamesMatchWholeLayers) {
   EXPECT_TRUE(ProvidersFromConfig({"ofi", "ofi:", "roce"}).empty());
 }
 
+TEST(OfiSelection, FiTcpIfaceNamingNoInterfaceOfThisHostIsRefused) {
+  const std::vector<std::string> here = {"lo", "eth0", "ib0"};
+  EXPECT_TRUE(CheckTcpIface("eth0", here).ok());
+  EXPECT_TRUE(CheckTcpIface("eth0,ib0", here).ok());
+  const Status typo = CheckTcpIface("eth9", here);
+  EXPECT_EQ(typo.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(typo.message().find("FI_TCP_IFACE names eth9, which this host does not have (it has: lo, eth0, ib0)"),
+            std::string::npos)
+      << typo.message();
+  EXPECT_NE(typo.message().find("unset FI_TCP_IFACE"), std::string::npos) << typo.message();
+  EXPECT_NE(CheckTcpIface("eth0,bond7", here).message().find("names bond7,"), std::string::npos);
+}
+
+TEST(OfiSelection, AMissingShmProviderIsExplainedWhereDevShmIsSmall) {
+  const FileSystemSpace docker{64u << 20, 60u << 20};  // a container's default --shm-size, nearly empty
+  const std::string hint = ShmProviderHint(true, false, docker, 4);
+  EXPECT_TRUE(hint.starts_with("; libfabric's shm provider leaves itself out")) << hint;
+  EXPECT_NE(hint.find("/dev/shm has 64.0 MiB, 60.0 MiB free"), std::string::npos) << hint;
+  EXPECT_NE(hint.find("--shm-size"), std::string::npos) << hint;
+  EXPECT_NE(hint.find("KIZUNA_FABRIC=tcp"), std::string::npos) << hint;
+  // Not where shm was not asked for, was offered, or /dev/shm has room (32 MiB a core).
+  EXPECT_EQ(ShmProviderHint(false, false, docker, 4), "");
+  EXPECT_EQ(ShmProviderHint(true, true, docker, 4), "");
+  EXPECT_EQ(ShmProviderHint(true, false, FileSystemSpace{1u << 30, 128u << 20}, 4), "");
+  EXPECT_NE(ShmProviderHint(true, false, FileSystemSpace{1u << 30, 127u << 20}, 4), "");
+  // Where /dev/shm cannot be measured, the reason.
+  const std::string unknown = ShmProviderHint(true, false, Unavailable("statvfs(/dev/shm) failed: gone"), 2);
+  EXPECT_NE(unknown.find("statvfs(/dev/shm) failed: gone"), std::string::npos) << unknown;
+}
+
 TEST(OfiTags, KindConnectionAndSequenceNeverOverlap) {
   TagLayout t;
   EXPECT_EQ(t.Make(TagKind::kData, 0, 0), uint64_t{4} << 60);

@@ -78,22 +78,19 @@ void Skip(std::string& skipped, const std::string& what, const std::string& why)
   KZ_INFO(kLogFabric, "roce: {} not used: {}", what, why);
 }
 
-// A device (index into the verbs device list) and the port KIZUNA_IB_HCA names on it, if any.
-struct Candidate {
-  int device;
-  std::optional<int> port;
-};
+}  // namespace
 
-// (device index, port) in KIZUNA_IB_HCA order, else every device's every port. kInvalidArgument
-// when KIZUNA_IB_HCA names a device that is not among `names`.
-Result<std::vector<Candidate>> Candidates(const std::vector<HcaSpec>& hca, const std::vector<std::string>& names) {
+Result<std::vector<HcaCandidate>> HcaCandidates(const std::vector<HcaSpec>& hca,
+                                                const std::vector<std::string>& names) {
   std::string all_names;
   for (const std::string& n : names) all_names += (all_names.empty() ? "" : ", ") + n;
   for (const HcaSpec& spec : hca)
     if (std::find(names.begin(), names.end(), spec.device) == names.end())
-      return InvalidArgument(fmt::format("KIZUNA_IB_HCA names '{}', which is not an RDMA device here (devices: {})",
-                                         spec.device, all_names));
-  std::vector<Candidate> candidates;
+      return InvalidArgument(
+          fmt::format("KIZUNA_IB_HCA names '{}', which is not an RDMA device here (devices: {}); "
+                      "name one of them, or unset KIZUNA_IB_HCA to use them all",
+                      spec.device, all_names));
+  std::vector<HcaCandidate> candidates;
   if (hca.empty()) {
     for (int i = 0; i < static_cast<int>(names.size()); ++i) candidates.push_back({i, std::nullopt});
   } else {
@@ -103,6 +100,8 @@ Result<std::vector<Candidate>> Candidates(const std::vector<HcaSpec>& hca, const
   }
   return candidates;
 }
+
+namespace {
 
 // A port RoCE can use: its attributes and the GID it uses.
 struct UsablePort {
@@ -228,21 +227,27 @@ Result<std::unique_ptr<Fabric>> RoceFabric::CreateWith(const Config& config, con
       l->get_device_list(&count), [&](ibv_device** p) {
         if (p != nullptr) l->free_device_list(p);
       });
+  // Where KIZUNA_IB_HCA names devices and there are none, the setting is named too: it is the
+  // operator's clue that the job landed on a host without the NICs it was written for.
+  const std::string named =
+      config.ib_hca.empty() ? "" : fmt::format("; KIZUNA_IB_HCA names {}, none of which is here", config.ib_hca);
   if (list == nullptr) {
     // ENOSYS: the kernel has no RDMA subsystem (/sys/class/infiniband is missing).
     if (errno == ENOSYS)
-      return Unavailable("no RDMA device (this kernel has no RDMA subsystem: no /sys/class/infiniband)");
-    return Unavailable(fmt::format("no RDMA device ({})", l->Error(errno, "ibv_get_device_list").message()));
+      return Unavailable(
+          fmt::format("no RDMA device (this kernel has no RDMA subsystem: no /sys/class/infiniband){}", named));
+    return Unavailable(fmt::format("no RDMA device ({}){}", l->Error(errno, "ibv_get_device_list").message(), named));
   }
   if (count == 0)
-    return Unavailable("no RDMA device (libibverbs lists none: no RoCE NIC here, and no rdma_rxe / siw link set up)");
+    return Unavailable(fmt::format(
+        "no RDMA device (libibverbs lists none: no RoCE NIC here, and no rdma_rxe / siw link set up){}", named));
 
   std::vector<std::string> names;
   for (int i = 0; i < count; ++i) names.emplace_back(l->get_device_name(list.get()[i]));
-  KZ_ASSIGN_OR_RETURN(const std::vector<Candidate> candidates, Candidates(hca, names));
+  KZ_ASSIGN_OR_RETURN(const std::vector<HcaCandidate> candidates, HcaCandidates(hca, names));
   std::vector<std::shared_ptr<RoceDevice>> devices;
   std::string skipped;
-  for (const Candidate& c : candidates)
+  for (const HcaCandidate& c : candidates)
     KZ_RETURN_IF_ERROR(AddPorts(l, list.get()[c.device], names[static_cast<size_t>(c.device)], c.port, gid_request,
                                 settings, devices, skipped));
   if (devices.empty())

@@ -121,6 +121,15 @@ class RoceFabric : public Fabric {
   PendingConnects<PendingConnect> pending_;
 };
 
+// A device (index into the verbs device list) and the port KIZUNA_IB_HCA names on it, if any.
+struct HcaCandidate {
+  int device;
+  std::optional<int> port;
+};
+// (device index, port) in KIZUNA_IB_HCA order, else every device's every port. kInvalidArgument,
+// naming the entry and the devices here, when KIZUNA_IB_HCA names a device not among `names`.
+Result<std::vector<HcaCandidate>> HcaCandidates(const std::vector<HcaSpec>& hca, const std::vector<std::string>& names);
+
 // Link speed in Gb/s from ibv_port_attr's active_speed and active_width; 0 when unknown.
 double PortSpeedGbps(uint32_t active_speed, uint8_t active_width);
 

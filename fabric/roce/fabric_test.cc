@@ -97,9 +97,35 @@ TEST(RoceFabricFactory, HcaNamingNoDeviceIsAnErrorWhereDevicesExist) {
   config.ib_gid_index.reset();
   auto f = CreateFabric("roce", config, Rank(0));
   ASSERT_FALSE(f.ok());
+  // Either way the error names the setting: no device at all (this build machine), or not that one.
+  EXPECT_NE(f.status().message().find("kizuna_no_such_hca0"), std::string::npos) << f.status().message();
+  EXPECT_NE(f.status().message().find("KIZUNA_IB_HCA"), std::string::npos) << f.status().message();
   if (f.status().code() == StatusCode::kUnavailable) GTEST_SKIP() << f.status().message();
   EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << f.status().ToString();
-  EXPECT_NE(f.status().message().find("kizuna_no_such_hca0"), std::string::npos) << f.status().message();
+}
+
+// Which devices and ports KIZUNA_IB_HCA selects, and a name that is not here (no device needed).
+TEST(RoceFabricFactory, HcaCandidatesFollowTheListOrRefuseAMissingDevice) {
+  const std::vector<std::string> here = {"mlx5_0", "mlx5_1", "rxe0"};
+  auto all = HcaCandidates({}, here);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[2].device, 2);
+  EXPECT_FALSE((*all)[2].port.has_value());
+  auto listed = HcaCandidates({{"rxe0", 1}, {"mlx5_0", std::nullopt}}, here);
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].device, 2);
+  EXPECT_EQ((*listed)[0].port, 1);
+  EXPECT_EQ((*listed)[1].device, 0);
+  auto missing = HcaCandidates({{"mlx5_0", std::nullopt}, {"mlx5_9", std::nullopt}}, here);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("KIZUNA_IB_HCA names 'mlx5_9', which is not an RDMA device here "
+                                            "(devices: mlx5_0, mlx5_1, rxe0)"),
+            std::string::npos)
+      << missing.status().message();
+  EXPECT_NE(missing.status().message().find("unset KIZUNA_IB_HCA"), std::string::npos) << missing.status().message();
 }
 
 TEST(RoceFabricFactory, PortSpeed) {

@@ -88,8 +88,10 @@ Result<ClientProof> ClientHandshake::OnServerHello(const ServerHello& reply) con
   // address, another nonce) cannot have produced it.
   KZ_ASSIGN_OR_RETURN(auto expected, Mac(secret_, kServerLabel, hello_, server_nonce));
   if (CRYPTO_memcmp(expected.data(), mac.data(), kMacBytes) != 0)
-    return RemoteError("the peer failed authentication: it does not know this job's secret (another job, or a "
-                       "stale unique id?)");
+    return RemoteError(
+        "authentication failed: the secret of this rank's unique id does not match the peer's (a "
+        "unique id of another job, or a stale KIZUNA_UNIQUE_ID / KIZUNA_UNIQUE_ID_FILE?); give every "
+        "rank the unique id of the same job");
   KZ_ASSIGN_OR_RETURN(auto proof, Mac(secret_, kClientLabel, hello_, server_nonce));
   ClientProof out;
   std::memcpy(out.data(), proof.data(), kMacBytes);
@@ -130,8 +132,9 @@ Status ServerHandshake::OnClientProof(const ClientProof& proof) const {
   if (!got_hello_) return Internal("ServerHandshake::OnClientProof before OnClientHello");
   KZ_ASSIGN_OR_RETURN(auto expected, Mac(secret_, kClientLabel, hello_, nonce_));
   if (CRYPTO_memcmp(expected.data(), proof.data(), kMacBytes) != 0)
-    return RemoteError("the client failed authentication: it does not know this job's secret (another job, or a "
-                       "stale unique id?)");
+    return RemoteError(
+        "the client failed authentication: it does not know this job's secret (a rank of another "
+        "job, or one given a stale KIZUNA_UNIQUE_ID / KIZUNA_UNIQUE_ID_FILE?)");
   return Status::Ok();
 }
 

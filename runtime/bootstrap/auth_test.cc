@@ -64,7 +64,8 @@ TEST(Handshake, DifferentSecretsFailBothSides) {
   auto [c, s] = RunBothSides(MakeSecret(1), MakeSecret(2));
   // The client finds out first (the server's MAC) and never proves anything; the server sees it go.
   EXPECT_EQ(c.code(), StatusCode::kRemoteError) << c.ToString();
-  EXPECT_TRUE(Contains(c.message(), "does not know this job's secret")) << c.message();
+  EXPECT_TRUE(Contains(c.message(), "the secret of this rank's unique id does not match")) << c.message();
+  EXPECT_TRUE(Contains(c.message(), "KIZUNA_UNIQUE_ID")) << c.message();
   EXPECT_EQ(s.status().code(), StatusCode::kRemoteError) << s.status().ToString();
 }
 

@@ -126,9 +126,12 @@ TEST(TcpBootstrap, ARankOfAnotherJobIsToldAndTheJobCompletes) {
   UniqueId id = testing::LoopbackId();
   UniqueId other = id;
   other.secret[15] ^= 1;
+  double stranger_s = 0;
   std::vector<Status> got = OnThreads<Status>(3, [&](int r) -> Status {
     if (r == 2) {  // another job's rank 1, pointed at this job's root
+      const auto start = Clock::now();
       auto b = CreateTcpBootstrap(other, 1, 2, In(10));
+      stranger_s = Since(start);
       return b.status();
     }
     if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -139,7 +142,12 @@ TEST(TcpBootstrap, ARankOfAnotherJobIsToldAndTheJobCompletes) {
   EXPECT_TRUE(got[0].ok()) << got[0].ToString();
   EXPECT_TRUE(got[1].ok()) << got[1].ToString();
   EXPECT_EQ(got[2].code(), StatusCode::kRemoteError) << got[2].ToString();
+  // Told at once, not at its deadline, what happened and what to check.
+  const std::string refused = "the root at " + id.root.ToString() + " refused this rank";
+  EXPECT_TRUE(Contains(got[2].message(), refused)) << got[2].message();
   EXPECT_TRUE(Contains(got[2].message(), "secret")) << got[2].message();
+  EXPECT_TRUE(Contains(got[2].message(), "KIZUNA_UNIQUE_ID")) << got[2].message();
+  EXPECT_LT(stranger_s, 5.0);
 }
 
 TEST(TcpBootstrap, ARankThatNeverShowsUpIsNamedInTheTimeout) {

@@ -118,8 +118,12 @@ void TcpBootstrap::Accept() {
     if (fd < 0) {
       if (errno == EINTR) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // The connection stays queued; try again shortly instead of spinning on poll().
-        KZ_WARN(kLogBootstrap, "{}: accept failed: {}; retrying in 100 ms", Me(), std::strerror(errno));
+        // The connection stays queued; try again shortly instead of spinning on poll(). The root
+        // holds a connection per rank, so a job larger than `ulimit -n` ends here: the reason (with
+        // the limit) goes into the rendezvous timeout, and is warned about once, not every 100 ms.
+        const bool first = accept_error_.empty();
+        accept_error_ = FromErrno(errno, "accept").message();
+        if (first) KZ_WARN(kLogBootstrap, "{}: {}; retrying every 100 ms", Me(), accept_error_);
         listener_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED) {
         KZ_WARN(kLogBootstrap, "{}: accept failed: {}", Me(), std::strerror(errno));

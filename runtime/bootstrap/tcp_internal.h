@@ -240,6 +240,7 @@ class TcpBootstrap final : public Bootstrap {
   Status job_error_;             // root: a misconfigured job found inside the poll loop
   Conn* job_error_conn_ = nullptr;  // ... and the connection that revealed it
   Clock::time_point listener_paused_until_{};  // out of file descriptors: accept later
+  std::string accept_error_;                   // root: why accept last failed (no descriptors), for timeouts
   std::string listen_text_;      // where this rank listens, for logs
   struct {
     double tokens = kRejectWarningBurst;

@@ -58,10 +58,12 @@ void TcpBootstrap::OnServerHello(Conn& c) {
   std::memcpy(reply.data(), c.in.data(), reply.size());
   Result<ClientProof> proof = c.client->OnServerHello(reply);
   if (!proof.ok()) {
+    // A MAC that does not match means the two ends hold different secrets: the root refused this rank.
+    const bool refused = proof.status().code() == StatusCode::kRemoteError;
     std::string why =
-        fmt::format("{} at {}: {}",
+        fmt::format("{} at {}{}: {}",
                     c.role == Conn::Role::kToRoot ? std::string("the root") : fmt::format("rank {}", c.peer), c.address,
-                    proof.status().message());
+                    refused ? " refused this rank" : "", proof.status().message());
     KZ_WARN(kLogBootstrap, "{}: {}", Me(), why);
     if (c.role == Conn::Role::kToRoot) fatal_ = Status(proof.status().code(), why);
     Close(c, why);

@@ -108,9 +108,10 @@ Status TcpBootstrap::StartRoot(Deadline deadline) {
         std::vector<int> missing;
         for (int r = 1; r < size(); ++r)
           if (rank_conn_[r] == nullptr) missing.push_back(r);
-        return Timeout(fmt::format("rendezvous at {}: {} never joined within {:.1f} s ({} of {} ranks joined)",
-                                   id_.root.ToString(), PluralRanks(missing), SecondsSince(start), joined_ + 1,
-                                   size()));
+        return Timeout(
+            fmt::format("rendezvous at {}: {} never joined within {:.1f} s ({} of {} ranks joined){}",
+                        id_.root.ToString(), PluralRanks(missing), SecondsSince(start), joined_ + 1, size(),
+                        accept_error_.empty() ? "" : "; the root could not take their connections: " + accept_error_));
       });
   if (s.ok()) {
     // A rank that joined and then went away before the table was sent.

@@ -5,18 +5,20 @@
 # (out-of-place and in-place medians) and, per rank count, how far the model is off: the median and
 # the largest factor max(r, 1/r) and how many rows are within 2x.
 #
-#   bench/model_error.sh [--ranks "2 4 8"] [-b 8] [-e 64M] [-f 8] [--algo NAME] [--cost-file F] [--out FILE]
-#                        [--bin DIR]
+#   bench/model_error.sh [--ranks "2 4 8"] [-b 8] [-e 64M] [-f 8] [--algo NAME] [--cost-file F] [--bind]
+#                        [--out FILE] [--bin DIR]
 #
 # --algo NAME: run that algorithm (kizuna-bench --algo: ring, tree, rhd, ...) instead of the
 # model's choice, to see its error too. --cost-file F: the ranks load F (KIZUNA_COST_FILE,
-# kizuna-tune's), so the predictions are the tuned model's. --bin DIR: kizuna-bench and kizuna-run
+# kizuna-tune's), so the predictions are the tuned model's. --bind: kizuna-run --bind-to
+# core:overload-allowed (rank r on CPU r mod C: two processes never share a CPU while another idles,
+# which makes some cells bimodal otherwise). --bin DIR: kizuna-bench and kizuna-run
 # from DIR (another build, to compare) instead of Bazel's.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RANKS="2 4 8"
-MIN=8 MAX=64M FACTOR=8 OUT="" BIN="" ALGO=auto COST=
+MIN=8 MAX=64M FACTOR=8 OUT="" BIN="" ALGO=auto COST="" BIND=none
 while [ $# -gt 0 ]; do
   case "$1" in
     --ranks) RANKS="$2"; shift 2 ;;
@@ -27,7 +29,8 @@ while [ $# -gt 0 ]; do
     --bin) BIN="$2"; shift 2 ;;
     --algo) ALGO="$2"; shift 2 ;;
     --cost-file) COST="$(realpath "$2")"; shift 2 ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    --bind) BIND=core:overload-allowed; shift ;;
+    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
     *) echo "model_error.sh: unknown argument '$1' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -46,12 +49,12 @@ trap 'rm -rf "$TMP"' EXIT
 report() {
   echo "Cost model against measurement: $(nproc) CPUs, $(date -u +%Y-%m-%dT%H:%MZ), AllReduce float32 sum,"
   echo "kizuna-bench -b $MIN -e $MAX -f $FACTOR -c 1 -n 20 -w 3 --timing median --algo $ALGO, one rank per process,"
-  echo "cost model: ${COST:-the defaults}."
+  echo "cost model: ${COST:-the defaults}; kizuna-run --bind-to $BIND."
   echo
   echo "| ranks | size (B) | algo | predicted (µs) | out-of-place (µs) | ratio | in-place (µs) | ratio |"
   echo "|---|---|---|---|---|---|---|---|"
   for n in $RANKS; do
-    if ! KIZUNA_COST_FILE="$COST" KIZUNA_EMULATED_DEVICES="$n" "$RUN" -n "$n" --timeout 600 -- \
+    if ! KIZUNA_COST_FILE="$COST" KIZUNA_EMULATED_DEVICES="$n" "$RUN" -n "$n" --timeout 600 --bind-to "$BIND" -- \
       "$BENCH" -b "$MIN" -e "$MAX" -f "$FACTOR" \
       -c 1 -n 20 -w 3 --timing median --algo "$ALGO" --csv "$TMP/n$n.csv" >"$TMP/n$n.log" 2>&1; then
       tail -20 "$TMP/n$n.log" >&2

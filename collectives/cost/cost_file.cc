@@ -49,6 +49,12 @@ Result<CostFile> ParseCostFile(std::string_view text, std::string path) {
     std::string_view line = text.substr(0, nl);
     text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
     ++line_no;
+    CostFile::Section& current = file.sections.back();
+    if (const std::string_view t = Trim(line);
+        !t.empty() && t.front() == '#' && current.ranks > 0 && current.entries.empty() && current.note.empty()) {
+      current.note = std::string(Trim(t.substr(1)));
+      continue;
+    }
     if (const size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
     line = Trim(line);
     if (line.empty()) continue;
@@ -63,7 +69,7 @@ Result<CostFile> ParseCostFile(std::string_view text, std::string path) {
         return InvalidArgument(fmt::format("{}: '{}' is not a section header ([ranks=N], N >= 1)", at, line));
       for (const CostFile::Section& s : file.sections)
         if (s.ranks == ranks) return InvalidArgument(fmt::format("{}: [ranks={}] appears twice", at, ranks));
-      file.sections.push_back({ranks, {}});
+      file.sections.push_back({ranks, {}, {}});
       continue;
     }
     const size_t eq = line.find('=');
@@ -142,6 +148,7 @@ std::string FormatCostFile(const CostFile& file, const std::vector<std::string>&
   for (const CostFile::Section& s : file.sections) {
     if (s.ranks == 0 && s.entries.empty()) continue;
     if (s.ranks > 0) out += fmt::format("\n[ranks={}]\n", s.ranks);
+    if (s.ranks > 0 && !s.note.empty()) out += fmt::format("# {}\n", s.note);
     for (const auto& [name, v] : s.entries) out += fmt::format("{} = {:.4g}\n", name, v);
   }
   return out;

@@ -4,6 +4,7 @@
 //   # comments
 //   oversubscribed_wake_us = 12        every communicator
 //   [ranks=4]                          communicators of 4 ranks (kizuna-tune's measurements at 4)
+//   # measured ...                     a comment right under a header is the section's note
 //   message_overhead_us = 3.1
 //   link.directconnect.latency_us = 5.2
 //   link.directconnect.gbps = 2.4      GB/s (bytes), as the cost model counts
@@ -33,6 +34,9 @@ struct CostFile {
   struct Section {
     int ranks = 0;  // 0: before any section (every communicator)
     std::vector<std::pair<std::string, double>> entries;  // in file order
+    // A comment right under the section's header (kizuna-tune's figures), kept when the file is
+    // read and written again.
+    std::string note;
   };
   std::string path;  // for messages; "" when parsed from text
   std::vector<Section> sections;

@@ -18,6 +18,7 @@
 // model's predictions for those AllReduces come closest to what they took: coordinate descent on
 // the median of |log(measured / predicted)|. Rank 0 writes the file, with the fit's error before
 // and after in its header. Exit status 1 on failure, naming it; 2 for a bad command line.
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -39,8 +41,9 @@
 #include "collectives/cost/cost_file.h"
 #include "runtime/bootstrap/launch_env.h"
 #include "runtime/communicator.h"
-#include "tools/p2p/measure.h"
+#include "runtime/device/registry.h"
 #include "tools/bench/sweep.h"
+#include "tools/p2p/measure.h"
 
 namespace kizuna {
 namespace {
@@ -63,6 +66,16 @@ Status WriteFileAtomically(const std::string& path, const std::string& text) {
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return FromErrno(errno, fmt::format("renaming {} to {}", tmp, path));
   return Status::Ok();
+}
+
+// "2026-11-29 04:20 UTC".
+std::string UtcNow() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &tm);
+  return text;
 }
 
 double Median(std::vector<double> v) {
@@ -112,24 +125,33 @@ Result<double> HostMemoryGbps(Job& job) {
   return 4.0 * 2 * static_cast<double>(bytes) * job.comm->size() / slowest / 1e9;
 }
 
-// The rank's device: a copy and a 2-input sum of `max_bytes`, the best of 3 (bytes copied; input
-// bytes read), the slowest rank's.
-Result<std::pair<double, double>> DeviceRates(Job& job) {
-  const size_t bytes = std::min<size_t>(job.max_bytes, size_t{16} << 20);
+// A device of the job's kind alone (before the communicator, so that no rank competes with it): a
+// copy and a 2-input sum of 16 MiB, the best of 3 (bytes copied; input bytes read). The model
+// counts the ranks that share a host's CPUs and memory itself (its host term).
+Result<std::pair<double, double>> DeviceRates(const Config& config) {
+  auto registry = device::DeviceRegistry::Create(config);
+  if (registry->devices().empty()) return Unavailable("no device to measure");
+  device::Device& d = *registry->devices()[0];
+  const size_t bytes = size_t{16} << 20;
+  KZ_ASSIGN_OR_RETURN(auto stream, d.CreateStream());
+  KZ_ASSIGN_OR_RETURN(auto a, d.Allocate(bytes));
+  KZ_ASSIGN_OR_RETURN(auto b, d.Allocate(bytes));
+  if (d.properties().host_accessible) {
+    std::memset(a->data(), 0, bytes);
+    std::memset(b->data(), 0, bytes);
+  }
   double copy = 1e30, reduce = 1e30;
   for (int i = 0; i < 3; ++i) {
     auto start = Clock::now();
-    KZ_RETURN_IF_ERROR(job.stream->Copy(job.b, job.a, bytes));
-    KZ_RETURN_IF_ERROR(job.Sync());
+    KZ_RETURN_IF_ERROR(stream->Copy(b->data(), a->data(), bytes));
+    KZ_RETURN_IF_ERROR(stream->Synchronize());
     copy = std::min(copy, Seconds(start));
-    const void* srcs[2] = {job.a, job.b};
+    const void* srcs[2] = {a->data(), b->data()};
     start = Clock::now();
-    KZ_RETURN_IF_ERROR(job.stream->Reduce(job.b, srcs, bytes / sizeof(float), DataType::kFloat32, ReduceOp::kSum));
-    KZ_RETURN_IF_ERROR(job.Sync());
+    KZ_RETURN_IF_ERROR(stream->Reduce(b->data(), srcs, bytes / sizeof(float), DataType::kFloat32, ReduceOp::kSum));
+    KZ_RETURN_IF_ERROR(stream->Synchronize());
     reduce = std::min(reduce, Seconds(start));
   }
-  KZ_ASSIGN_OR_RETURN(copy, job.Max(copy));
-  KZ_ASSIGN_OR_RETURN(reduce, job.Max(reduce));
   return std::make_pair(bytes / copy / 1e9, 2.0 * bytes / reduce / 1e9);
 }
 
@@ -144,23 +166,42 @@ Result<std::vector<std::pair<std::string, collectives::LinkCosts>>> FabricLinks(
   o.memory = "host";
   o.reference = false;
   std::vector<std::string> notes;
-  KZ_ASSIGN_OR_RETURN(std::vector<p2p::Row> rows, p2p::RunInProcess(config, o, notes));
   std::vector<std::pair<std::string, collectives::LinkCosts>> out;
-  for (const p2p::Row& r : rows) {
-    if (r.memory != "host" || !std::isfinite(r.test == "latency" ? r.median_us : r.gbps)) continue;
-    auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == r.fabric; });
-    if (it == out.end()) it = out.insert(out.end(), {r.fabric, collectives::LinkCosts{}});
-    if (r.test == "latency") it->second.latency_us = r.median_us;
-    if (r.test == "bandwidth") it->second.gbps = r.gbps;
+  // The two threads on CPUs of their own, even where the launcher bound this process to one
+  // (kizuna-run --bind-to core): sharing one, every round trip would wait for the scheduler. The
+  // job's other ranks are asleep in the rendezvous meanwhile; the binding comes back after.
+  cpu_set_t bound, all;
+  const bool rebind = sched_getaffinity(0, sizeof bound, &bound) == 0;
+  CPU_ZERO(&all);
+  for (long c = 0, n = sysconf(_SC_NPROCESSORS_ONLN); c < n && c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+  if (rebind) sched_setaffinity(0, sizeof all, &all);
+  struct Restore {
+    bool on;
+    cpu_set_t* mask;
+    ~Restore() {
+      if (on) sched_setaffinity(0, sizeof *mask, mask);
+    }
+  } restore{rebind, &bound};
+  // The best of 3 runs: a run whose threads the scheduler kept apart (a wake-up in every round
+  // trip) measures the machine's load, not the fabric.
+  for (int run = 0; run < 3; ++run) {
+    KZ_ASSIGN_OR_RETURN(std::vector<p2p::Row> rows, p2p::RunInProcess(config, o, notes));
+    for (const p2p::Row& r : rows) {
+      if (r.memory != "host" || !std::isfinite(r.test == "latency" ? r.median_us : r.gbps)) continue;
+      auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == r.fabric; });
+      if (it == out.end()) it = out.insert(out.end(), {r.fabric, collectives::LinkCosts{1e30, 0}});
+      if (r.test == "latency") it->second.latency_us = std::min(it->second.latency_us, r.median_us);
+      if (r.test == "bandwidth") it->second.gbps = std::max(it->second.gbps, r.gbps);
+    }
   }
-  std::erase_if(out, [](const auto& e) { return e.second.latency_us <= 0 || e.second.gbps <= 0; });
+  std::erase_if(out, [](const auto& e) { return e.second.latency_us >= 1e30 || e.second.gbps <= 0; });
   return out;
 }
 
 // AllReduces of `algorithm` (nullopt: the model's choice) over the sizes, in place and not: the
 // median of `iters` calls after 2 to warm up, each a sample with the algorithm that ran.
 Status Measure(Job& job, std::optional<Algorithm> algorithm, int iters, std::vector<Sample>& out) {
-  for (size_t bytes = 16; bytes <= job.max_bytes; bytes *= 8) {
+  for (size_t bytes = 16; bytes <= job.max_bytes; bytes *= 4) {
     const size_t count = bytes / sizeof(float);
     for (bool in_place : {false, true}) {
       CallOptions options;
@@ -224,7 +265,10 @@ CostConstants Fit(const Communicator& comm, const std::vector<Sample>& samples, 
           if (info.name == name) field = info.field;
         for (double f : {step, 1 / step}) {
           CostConstants trial = k;
-          trial.*field = std::clamp(k.*field * f, 1e-3, 1e5);
+          // Within 16x of the default either way: a fit on a few sizes must not wander to values
+          // no machine has (a rendezvous of a nanosecond) to shave an error elsewhere.
+          const double d = CostConstants{}.*field;
+          trial.*field = std::clamp(k.*field * f, d / 16, d * 16);
           const double s = score(trial);
           if (s < best - 1e-9) {
             best = s;
@@ -246,7 +290,7 @@ int Main(int argc, char** argv) {
   bool append = false, verbose = false;
   size_t max_bytes = size_t{16} << 20;
   std::string max_text = "16M";
-  int iters = 7;
+  int iters = 9;
   app.add_option("-o,--output", out_path, "the cost file rank 0 writes")->required();
   app.add_flag("--append", append, "replace this size's section of an existing file, keep the others");
   app.add_flag("-v,--verbose", verbose, "print every measured AllReduce beside its predictions");
@@ -280,10 +324,14 @@ int Main(int argc, char** argv) {
   std::vector<std::pair<std::string, collectives::LinkCosts>> links;
   auto launch = bootstrap::DetectLaunch(bootstrap::ProcessEnvironment());
   if (!launch.ok()) return fail(launch.status());
+  std::pair<double, double> rates;
   if (launch->rank == 0) {
     auto measured_links = FabricLinks(config);
     if (!measured_links.ok()) return fail(measured_links.status().WithContext("measuring the fabrics"));
     links = std::move(*measured_links);
+    auto measured_rates = DeviceRates(config);
+    if (!measured_rates.ok()) return fail(measured_rates.status().WithContext("measuring a device"));
+    rates = *measured_rates;
   }
   CommOptions options;
   options.config = &config;
@@ -303,14 +351,12 @@ int Main(int argc, char** argv) {
   Job job{comm.get(), stream->get(), static_cast<float*>((*a)->data()), static_cast<float*>((*b)->data()), max_bytes};
 
   collectives::CostFile measured;
-  measured.sections.push_back({n, {}});
+  measured.sections.push_back({n, {}, {}});
   auto& entries = measured.sections.back().entries;
   auto host = HostMemoryGbps(job);
   if (!host.ok()) return fail(host.status());
-  auto rates = DeviceRates(job);
-  if (!rates.ok()) return fail(rates.status());
-  entries.emplace_back("unknown_copy_gbps", rates->first);
-  entries.emplace_back("unknown_reduce_gbps", rates->second);
+  entries.emplace_back("unknown_copy_gbps", rates.first);
+  entries.emplace_back("unknown_reduce_gbps", rates.second);
   for (const auto& [fabric, link] : links) {
     entries.emplace_back(fmt::format("link.{}.latency_us", fabric), link.latency_us);
     entries.emplace_back(fmt::format("link.{}.gbps", fabric), link.gbps);
@@ -355,32 +401,34 @@ int Main(int argc, char** argv) {
                   std::string(collectives::AlgorithmName(x.algorithm)).c_str(), x.count * sizeof(float),
                   x.seconds * 1e6, predicted(CostConstants{}), predicted(fitted));
     }
-    collectives::CostFile::Section section{n, parsed->sections.back().entries};
+    collectives::CostFile::Section section{n, parsed->sections.back().entries, {}};
     for (const collectives::CostConstantInfo& info : collectives::CostConstantTable()) {
       if (info.name == "unknown_copy_gbps" || info.name == "unknown_reduce_gbps") continue;
-      if (fitted.*info.field != CostConstants{}.*info.field) section.entries.emplace_back(std::string(info.name),
-                                                                                          fitted.*info.field);
+      if (fitted.*info.field != CostConstants{}.*info.field)
+        section.entries.emplace_back(std::string(info.name), fitted.*info.field);
     }
+    section.note = fmt::format(
+        "{} AllReduces measured ({}); the model's median error on them {:.0f}% with the defaults, "
+        "{:.0f}% with this section (mean {:.0f}% -> {:.0f}%)",
+        samples.size(), UtcNow(), (std::exp(before.first) - 1) * 100, (std::exp(after.first) - 1) * 100,
+        (std::exp(before.second) - 1) * 100, (std::exp(after.second) - 1) * 100);
     collectives::CostFile file;
     if (append) {
       auto old = collectives::LoadCostFile(out_path);
       if (old.ok()) file = std::move(*old);
     }
-    std::erase_if(file.sections, [&](const auto& s) { return s.ranks == n; });
+    std::erase_if(file.sections, [&](const auto& x) { return x.ranks == n; });
     if (file.sections.empty()) file.sections.emplace_back();
     file.sections.push_back(std::move(section));
     std::sort(file.sections.begin(), file.sections.end(), [](const auto& x, const auto& y) { return x.ranks < y.ranks; });
     const std::vector<std::string> header = {
-        "kizuna cost file (KIZUNA_COST_FILE), written by kizuna-tune",
-        fmt::format("[ranks={}]: {} AllReduces measured; the model's median error on them {:.0f}% with the "
-                    "defaults, {:.0f}% with this section (mean {:.0f}% -> {:.0f}%)",
-                    n, samples.size(), (std::exp(before.first) - 1) * 100, (std::exp(after.first) - 1) * 100,
-                    (std::exp(before.second) - 1) * 100, (std::exp(after.second) - 1) * 100)};
+        "kizuna cost file (KIZUNA_COST_FILE), written by kizuna-tune: a [ranks=N] section per job size measured"};
     if (Status s = WriteFileAtomically(out_path, collectives::FormatCostFile(file, header)); !s.ok()) return fail(s);
-    std::printf("kizuna-tune: %d ranks, %.1f s: %s (host memory %.1f GB/s, device copy %.1f GB/s, reduce %.1f GB/s; "
-                "the model's median error on %zu AllReduces %.0f%% -> %.0f%%)\n",
-                n, Seconds(start), out_path.c_str(), *host, rates->first, rates->second, samples.size(),
-                (std::exp(before.first) - 1) * 100, (std::exp(after.first) - 1) * 100);
+    std::printf(
+        "kizuna-tune: %d ranks, %.1f s: %s (host memory %.1f GB/s, device copy %.1f GB/s, reduce %.1f GB/s; "
+        "the model's median error on %zu AllReduces %.0f%% -> %.0f%%)\n",
+        n, Seconds(start), out_path.c_str(), *host, rates.first, rates.second, samples.size(),
+        (std::exp(before.first) - 1) * 100, (std::exp(after.first) - 1) * 100);
   }
   return 0;
 }

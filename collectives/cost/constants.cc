@@ -16,7 +16,7 @@
 namespace kizuna::collectives {
 namespace {
 
-constexpr std::array<CostConstantInfo, 12> kConstantTable = {{
+constexpr std::array<CostConstantInfo, 13> kConstantTable = {{
     {"unknown_link_latency_us", "us", 1.1,
      "directconnect's 8-byte one-way latency, 1.12-1.16 us median (kizuna-p2p), its software path included",
      &CostConstants::unknown_link_latency_us},
@@ -25,8 +25,7 @@ constexpr std::array<CostConstantInfo, 12> kConstantTable = {{
      &CostConstants::unknown_link_gbps},
     {"unknown_copy_gbps", "GB/s", 28.0, "kizuna-demo's copy on host_emulated:0, 28.1 GB/s (the slower device)",
      &CostConstants::unknown_copy_gbps},
-    {"unknown_reduce_gbps", "GB/s", 43.0,
-     "kizuna-demo's 2-input sum on host_emulated:0, 42.9 GB/s (the slower device)",
+    {"unknown_reduce_gbps", "GB/s", 43.0, "kizuna-demo's 2-input sum on host_emulated:0, 42.9 GB/s (the slower device)",
      &CostConstants::unknown_reduce_gbps},
     {"unknown_launch_us", "us", 4.2,
      "a tiny kernel launch on the H100 (docs/PERFORMANCE.md, the CUDA backend on an H100), the only one measured",
@@ -47,6 +46,9 @@ constexpr std::array<CostConstantInfo, 12> kConstantTable = {{
     {"oversubscribed_wake_us", "us", 8.0,
      "8-byte AllReduce on 2 CPUs: 7-14 us per thread beyond them at 4 processes, 8 us at 8 (RACE.md)",
      &CostConstants::oversubscribed_wake_us},
+    {"handoff_wake_us", "us", 8.0,
+     "as oversubscribed_wake_us until measured apart: a stage's hand-offs to the executor's and streams' threads",
+     &CostConstants::handoff_wake_us},
     {"host_memory_gbps", "GB/s", 50.0,
      "a host's emulated devices together: the race ceiling's fused pass 45 GB/s, its copy 52-113 GB/s (RACE.md)",
      &CostConstants::host_memory_gbps},

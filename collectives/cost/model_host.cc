@@ -9,7 +9,9 @@
 namespace kizuna::collectives::cost_internal {
 
 HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k)
-    : wake_s_(k.oversubscribed_wake_us * 1e-6), memory_s_per_byte_(1.0 / (k.host_memory_gbps * 1e9)) {
+    : wake_s_(k.oversubscribed_wake_us * 1e-6),
+      handoff_s_(k.handoff_wake_us * 1e-6),
+      memory_s_per_byte_(1.0 / (k.host_memory_gbps * 1e9)) {
   std::map<std::string, int> index;
   const auto n = static_cast<size_t>(shape.nranks);
   host_.resize(n);
@@ -54,8 +56,11 @@ HostSharing::Extra HostSharing::End(int critical) {
   for (int hi : hosts_touched_) {
     const auto h = static_cast<size_t>(hi);
     const int cpus = cpus_[h];
-    if (cpus > 0 && threads_[h] > cpus)
-      e.wake_s = std::max(e.wake_s, wake_s_ * static_cast<double>(threads_[h] - cpus));
+    if (cpus > 0 && threads_[h] > cpus) {
+      const int beyond = threads_[h] - cpus;
+      const int ranks = std::min(beyond, std::max(0, active_[h] - cpus));
+      e.wake_s = std::max(e.wake_s, wake_s_ * ranks + handoff_s_ * static_cast<double>(beyond - ranks));
+    }
     if (cpus > 0 && active_[h] > cpus && critical >= 0 && host_[static_cast<size_t>(critical)] == hi)
       e.slowdown = static_cast<double>(active_[h]) / static_cast<double>(cpus);
     e.memory_s = std::max(e.memory_s, traffic_[h] * memory_s_per_byte_);

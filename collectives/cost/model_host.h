@@ -8,12 +8,13 @@
 // Per stage, over the host h of each rank that takes part (m_h of them, C_h = the host's CPUs,
 // the largest RankDesc::host_cpus among its ranks; 0: unknown, no CPU term):
 //   slowdown  = max(1, m_h / C_h) for the critical rank's host: its ranks take turns on the CPUs;
-//   wake      = oversubscribed_wake_us × max(0, t_h − C_h), the largest over the hosts, with t_h
-//               the threads that must run for the stage: each beyond the CPUs is woken and
-//               scheduled before the stage can complete. A fused pass runs on each rank's calling
-//               thread (t_h = m_h); a plan step of the executor's also passes through the device's
-//               stream thread when the device computes on the host (t_h = 2 per such rank: the
-//               executor's thread and the stream's);
+//   wake      = oversubscribed_wake_us × max(0, m_h − C_h) + handoff_wake_us × the rest of
+//               max(0, t_h − C_h), the largest over the hosts, with t_h the threads that must run
+//               for the stage: each beyond the CPUs is woken and scheduled before the stage can
+//               complete. A fused pass runs on each rank's calling thread (t_h = m_h); a plan step
+//               of the executor's also passes through the device's stream thread when the device
+//               computes on the host (t_h = 2 per such rank: the executor's thread and the
+//               stream's), whose wake-ups cost differently (handoff_wake_us);
 //   memory    = the host's memory traffic in the stage (bytes read + written by its host_compute
 //               ranks) / host_memory_gbps, the largest over the hosts: a floor under the stage's
 //               bandwidth terms, since every such rank's copies share one memory system.
@@ -54,7 +55,7 @@ class HostSharing {
   std::vector<char> rank_joined_;
   std::vector<int> joined_;
   std::vector<int> hosts_touched_;
-  double wake_s_;
+  double wake_s_, handoff_s_;
   double memory_s_per_byte_;
 };
 

@@ -1,6 +1,6 @@
 // The C API's results and handle tables (c_api.cc's header comment says how handles work): the
 // thread's last error, kzResult_t from a Status, and one table per kind of handle. Not a public
-// header: only c_api.cc includes it.
+// header: only the C API's sources include it.
 #pragma once
 
 #include <array>

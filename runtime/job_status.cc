@@ -8,8 +8,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <openssl/sha.h>
-
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -18,6 +16,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <openssl/sha.h>
 
 #include "runtime/bootstrap/auth.h"
 #include "runtime/core/host_id.h"
@@ -246,8 +245,8 @@ Result<std::vector<ProcessAnswer>> AskJob(const bootstrap::UniqueId& id, const s
       a.why = fmt::format("connect: {}", std::strerror(errno));
       continue;
     }
-    Status s = bootstrap::AuthenticateAsClient(fd.get(), id.secret, bootstrap::Route{kClientEnd, kServerEnd},
-                                               deadline, a.socket);
+    Status s = bootstrap::AuthenticateAsClient(fd.get(), id.secret, bootstrap::Route{kClientEnd, kServerEnd}, deadline,
+                                               a.socket);
     if (s.ok()) s = WriteAll(fd.get(), kRequest, sizeof kRequest, deadline, "the request");
     Result<std::string> text = s.ok() ? ReadAll(fd.get(), kMaxAnswerBytes, deadline, "the answer") : s;
     if (!text.ok()) {

@@ -54,7 +54,7 @@ struct ProcessAnswer {
   int rank = -1;       // from the socket's name
   int pid = 0;
   enum class State { kAnswered, kGone, kSilent, kRefused } state = State::kAnswered;
-  std::string why;          // for kGone, kSilent, kRefused
+  std::string why;                // for kGone, kSilent, kRefused
   nlohmann::ordered_json answer;  // kAnswered
 };
 

@@ -62,10 +62,10 @@ Result<CostFile> ParseCostFile(std::string_view text, std::string path) {
     if (line.front() == '[') {
       int ranks = 0;
       const std::string_view body = line.substr(1, line.size() >= 2 ? line.size() - 2 : 0);
-      const auto [p, ec] = std::from_chars(body.data() + std::min<size_t>(6, body.size()), body.data() + body.size(),
-                                           ranks);
-      if (line.back() != ']' || body.substr(0, 6) != "ranks=" || ec != std::errc() ||
-          p != body.data() + body.size() || ranks < 1)
+      const auto [p, ec] =
+          std::from_chars(body.data() + std::min<size_t>(6, body.size()), body.data() + body.size(), ranks);
+      if (line.back() != ']' || body.substr(0, 6) != "ranks=" || ec != std::errc() || p != body.data() + body.size() ||
+          ranks < 1)
         return InvalidArgument(fmt::format("{}: '{}' is not a section header ([ranks=N], N >= 1)", at, line));
       for (const CostFile::Section& s : file.sections)
         if (s.ranks == ranks) return InvalidArgument(fmt::format("{}: [ranks={}] appears twice", at, ranks));
@@ -86,16 +86,17 @@ Result<CostFile> ParseCostFile(std::string_view text, std::string path) {
     } else {
       std::string known;
       for (const CostConstantInfo& c : CostConstantTable()) known += fmt::format("{}, ", c.name);
-      return InvalidArgument(fmt::format("{}: unknown name '{}' (known: {}link.<fabric>.latency_us, "
-                                         "link.<fabric>.gbps)",
-                                         at, name, known));
+      return InvalidArgument(
+          fmt::format("{}: unknown name '{}' (known: {}link.<fabric>.latency_us, "
+                      "link.<fabric>.gbps)",
+                      at, name, known));
     }
     double v = 0;
     const auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
     if (value.empty() || ec != std::errc() || p != value.data() + value.size() || !std::isfinite(v) || v < 0 ||
         (speed && v == 0))
-      return InvalidArgument(fmt::format("{}: '{}' is not a {} number", at, value,
-                                         speed ? "positive" : "finite, non-negative"));
+      return InvalidArgument(
+          fmt::format("{}: '{}' is not a {} number", at, value, speed ? "positive" : "finite, non-negative"));
     file.sections.back().entries.emplace_back(std::string(name), v);
   }
   return file;

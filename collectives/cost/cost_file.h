@@ -32,7 +32,7 @@ struct LinkCosts {
 
 struct CostFile {
   struct Section {
-    int ranks = 0;  // 0: before any section (every communicator)
+    int ranks = 0;                                        // 0: before any section (every communicator)
     std::vector<std::pair<std::string, double>> entries;  // in file order
     // A comment right under the section's header (kizuna-tune's figures), kept when the file is
     // read and written again.
@@ -46,7 +46,7 @@ struct CostFile {
 struct AppliedCosts {
   CostConstants constants;
   std::map<std::string, LinkCosts> links;  // by fabric name
-  std::string source;                       // "cost.txt, ranks=4" or "defaults"
+  std::string source;                      // "cost.txt, ranks=4" or "defaults"
   // Every value, for the ranks to compare ("k=v,...;link.x.latency_us=...").
   std::string Digest() const;
 };

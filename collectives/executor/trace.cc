@@ -53,7 +53,8 @@ Status Tracer::Write() {
     std::lock_guard lock(mu_);
     nlohmann::ordered_json events = nlohmann::ordered_json::array();
     // Perfetto names the timelines from these metadata events.
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", fmt::format("rank {}", rank_)}}}});
+    events.push_back(
+        {{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", fmt::format("rank {}", rank_)}}}});
     for (const Event& e : events_) {
       events.push_back({{"name", e.name},
                         {"cat", e.cat},
@@ -103,13 +104,15 @@ void Executor::Run::TraceStep(const ChannelRun& ch, size_t index, const StepStat
   if (posted > st.traced_active) tracer.Complete("wait", "wait", st.traced_active, posted, tid, seq);
   const uint64_t arrived = st.traced_arrived != 0 ? st.traced_arrived : now;
   switch (step.kind) {
-    case StepKind::kSend: tracer.Complete(fmt::format("send to {}", step.peer), "send", posted, arrived, tid, seq); break;
+    case StepKind::kSend:
+      tracer.Complete(fmt::format("send to {}", step.peer), "send", posted, arrived, tid, seq);
+      break;
     case StepKind::kRecv:
     case StepKind::kRecvReduce:
       tracer.Complete(fmt::format("recv from {}", step.peer), "recv", posted, arrived, tid, seq);
       if (now > arrived)
-        tracer.Complete(step.kind == StepKind::kRecv ? "copy" : "reduce", step.kind == StepKind::kRecv ? "copy" : "reduce",
-                        arrived, now, tid, seq);
+        tracer.Complete(step.kind == StepKind::kRecv ? "copy" : "reduce",
+                        step.kind == StepKind::kRecv ? "copy" : "reduce", arrived, now, tid, seq);
       break;
     case StepKind::kCopy:
     case StepKind::kScale: tracer.Complete("copy", "copy", posted, now, tid, seq); break;

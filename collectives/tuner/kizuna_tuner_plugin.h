@@ -127,10 +127,10 @@ typedef struct kz_tuner_init_args {
  * kizuna has, in kizuna's order, which only grows at the end (match names, not positions, to stay
  * independent of it). Valid during get_coll_info only. */
 typedef struct kz_tuner_call {
-  size_t struct_size;     /* set by kizuna */
-  int32_t collective;     /* KZ_TUNER_ALLREDUCE, ... */
-  int32_t dtype;          /* KZ_TUNER_FLOAT32, ... */
-  uint64_t bytes;         /* the larger of one rank's input and output buffers, in bytes */
+  size_t struct_size; /* set by kizuna */
+  int32_t collective; /* KZ_TUNER_ALLREDUCE, ... */
+  int32_t dtype;      /* KZ_TUNER_FLOAT32, ... */
+  uint64_t bytes;     /* the larger of one rank's input and output buffers, in bytes */
   int32_t nranks;
   int32_t nhosts;
   int32_t ranks_per_host;
@@ -147,7 +147,7 @@ typedef struct kz_tuner_call {
 /* kizuna's choice, filled in before get_coll_info; the plugin changes what it wants to. The plugin
  * writes only fields inside struct_size and leaves struct_size as it is. */
 typedef struct kz_tuner_decision {
-  size_t struct_size;    /* set by kizuna */
+  size_t struct_size; /* set by kizuna */
   /* In: the model's choice. Out: the index of the candidate to run, in [0, num_candidates). */
   int32_t candidate;
   /* In: NULL. Out: optionally a candidate's name ("ring"), which then wins over `candidate`. The
@@ -185,8 +185,7 @@ typedef struct kz_tuner_plugin_api {
 
 /* The entry point. kizuna passes its own api version; a plugin may return NULL when it cannot
  * serve that version (kizuna then reports the mismatch). */
-typedef const kz_tuner_plugin_api_t* (*kz_tuner_plugin_get_api_fn)(uint32_t host_api_major,
-                                                                   uint32_t host_api_minor);
+typedef const kz_tuner_plugin_api_t* (*kz_tuner_plugin_get_api_fn)(uint32_t host_api_major, uint32_t host_api_minor);
 const kz_tuner_plugin_api_t* kzTunerPluginGetApi(uint32_t host_api_major, uint32_t host_api_minor);
 
 #ifdef __cplusplus

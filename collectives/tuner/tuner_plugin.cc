@@ -128,23 +128,25 @@ Status CheckName(const char* name, const std::string& path) {
 // The table an entry point returned, for kizuna's api. The errors name the plugin and what is wrong.
 Status CheckTable(const kz_tuner_plugin_api_t* api, const std::string& path) {
   if (api == nullptr)
-    return InvalidArgument(fmt::format("tuner plugin {}: {} returned no api table for kizuna's tuner plugin api "
-                                       "{}.{} (the plugin does not serve this version)",
-                                       path, KZ_TUNER_PLUGIN_ENTRY_POINT, KZ_TUNER_PLUGIN_API_MAJOR,
-                                       KZ_TUNER_PLUGIN_API_MINOR));
+    return InvalidArgument(
+        fmt::format("tuner plugin {}: {} returned no api table for kizuna's tuner plugin api "
+                    "{}.{} (the plugin does not serve this version)",
+                    path, KZ_TUNER_PLUGIN_ENTRY_POINT, KZ_TUNER_PLUGIN_API_MAJOR, KZ_TUNER_PLUGIN_API_MINOR));
   if (api->struct_size < kVersionFieldsSize)
     return InvalidArgument(fmt::format("tuner plugin {}: api table struct_size {} is too small to hold its version",
                                        path, api->struct_size));
   if (api->api_major != KZ_TUNER_PLUGIN_API_MAJOR)
-    return InvalidArgument(fmt::format("tuner plugin {}: plugin api version {}.{} is incompatible with kizuna's "
-                                       "tuner plugin api {}.{} (the major versions must match; rebuild the plugin "
-                                       "against kizuna_tuner_plugin.h {}.x)",
-                                       path, api->api_major, api->api_minor, KZ_TUNER_PLUGIN_API_MAJOR,
-                                       KZ_TUNER_PLUGIN_API_MINOR, KZ_TUNER_PLUGIN_API_MAJOR));
+    return InvalidArgument(
+        fmt::format("tuner plugin {}: plugin api version {}.{} is incompatible with kizuna's "
+                    "tuner plugin api {}.{} (the major versions must match; rebuild the plugin "
+                    "against kizuna_tuner_plugin.h {}.x)",
+                    path, api->api_major, api->api_minor, KZ_TUNER_PLUGIN_API_MAJOR, KZ_TUNER_PLUGIN_API_MINOR,
+                    KZ_TUNER_PLUGIN_API_MAJOR));
   if (api->struct_size < kApi10TableSize)
-    return InvalidArgument(fmt::format("tuner plugin {}: api table struct_size {} is smaller than the {} bytes of "
-                                       "api {}.0",
-                                       path, api->struct_size, kApi10TableSize, KZ_TUNER_PLUGIN_API_MAJOR));
+    return InvalidArgument(
+        fmt::format("tuner plugin {}: api table struct_size {} is smaller than the {} bytes of "
+                    "api {}.0",
+                    path, api->struct_size, kApi10TableSize, KZ_TUNER_PLUGIN_API_MAJOR));
   KZ_RETURN_IF_ERROR(CheckName(api->name, path));
   const std::pair<std::string_view, bool> required[] = {
       {"last_error", api->last_error != nullptr},
@@ -192,9 +194,10 @@ Status CheckSameTuner(std::string_view mine, int rank, std::string_view theirs, 
   auto describe = [](std::string_view id) {
     return id.empty() ? std::string("no tuner plugin") : fmt::format("tuner plugin {}", Printable(id, kMaxIdentity));
   };
-  return InvalidArgument(fmt::format("rank {} has {} and this rank (rank {}) {}: every rank must load the same "
-                                     "tuner plugin (KIZUNA_TUNER_PLUGIN), so that all choose the same algorithms",
-                                     other, describe(theirs), rank, describe(mine)));
+  return InvalidArgument(
+      fmt::format("rank {} has {} and this rank (rank {}) {}: every rank must load the same "
+                  "tuner plugin (KIZUNA_TUNER_PLUGIN), so that all choose the same algorithms",
+                  other, describe(theirs), rank, describe(mine)));
 }
 
 void TunerPlugin::DlCloser::operator()(void* handle) const {
@@ -268,7 +271,8 @@ Status TunerPlugin::Init(int rank, const CommTopology& shape) {
   context_ = context;
   initialized_ = true;
   if (rank == 0)
-    KZ_INFO(kLogTune, "tuner plugin {} ({}) chooses where the call and KIZUNA_ALGO do not: {} ranks, {} host(s), "
+    KZ_INFO(kLogTune,
+            "tuner plugin {} ({}) chooses where the call and KIZUNA_ALGO do not: {} ranks, {} host(s), "
             "up to {} per host",
             identity_, path_, nranks_, nhosts_, ranks_per_host_);
   return Status::Ok();
@@ -277,12 +281,12 @@ Status TunerPlugin::Init(int rank, const CommTopology& shape) {
 void TunerPlugin::LogFromPlugin(void* context, int32_t level, const char* message) {
   const auto* self = static_cast<const TunerPlugin*>(context);
   if (self == nullptr || message == nullptr) return;
-  const LogLevel l = level <= KZ_TUNER_LOG_WARN ? LogLevel::kWarn
+  const LogLevel l = level <= KZ_TUNER_LOG_WARN   ? LogLevel::kWarn
                      : level == KZ_TUNER_LOG_INFO ? LogLevel::kInfo
                                                   : LogLevel::kTrace;
   if (!LogEnabled(l, kLogTune)) return;
-  Log(l, kLogTune, "tuner plugin '{}': {}", self->name_, Printable(BoundedString(message, kMaxLogLineLength + 1),
-                                                                  kMaxLogLineLength));
+  Log(l, kLogTune, "tuner plugin '{}': {}", self->name_,
+      Printable(BoundedString(message, kMaxLogLineLength + 1), kMaxLogLineLength));
 }
 
 TunerPlugin::Answer TunerPlugin::Ask(const Selection& sel, const PlanOptions& options) {
@@ -297,8 +301,8 @@ TunerPlugin::Answer TunerPlugin::Ask(const Selection& sel, const PlanOptions& op
     const Candidate& c = sel.candidates[i];
     names[i] = all_names[static_cast<size_t>(c.algorithm)].c_str();
     supported[i] = c.supported() ? 1 : 0;
-    predicted_us[i] = c.supported() && c.prediction.finite() ? c.seconds() * 1e6
-                                                              : std::numeric_limits<double>::infinity();
+    predicted_us[i] =
+        c.supported() && c.prediction.finite() ? c.seconds() * 1e6 : std::numeric_limits<double>::infinity();
   }
   kz_tuner_call_t call;
   std::memset(&call, 0, sizeof call);
@@ -314,10 +318,10 @@ TunerPlugin::Answer TunerPlugin::Ask(const Selection& sel, const PlanOptions& op
   call.candidate_supported = supported.data();
   call.candidate_predicted_us = predicted_us.data();
 
-  const int32_t model = static_cast<int32_t>(
-      std::find_if(sel.candidates.begin(), sel.candidates.end(),
-                   [&](const Candidate& c) { return c.algorithm == sel.chosen; }) -
-      sel.candidates.begin());
+  const int32_t model =
+      static_cast<int32_t>(std::find_if(sel.candidates.begin(), sel.candidates.end(),
+                                        [&](const Candidate& c) { return c.algorithm == sel.chosen; }) -
+                           sel.candidates.begin());
   kz_tuner_decision_t d;
   std::memset(&d, 0, sizeof d);
   d.struct_size = sizeof d;
@@ -362,8 +366,8 @@ TunerPlugin::Answer TunerPlugin::Ask(const Selection& sel, const PlanOptions& op
   }
   if (d.chunk_bytes < elem || d.chunk_bytes > KZ_TUNER_MAX_CHUNK_BYTES) {
     a.refusal = Refusal::kBadChunk;
-    a.detail = fmt::format("chunk_bytes {} is outside [{} (one element), {}]", d.chunk_bytes, elem,
-                           KZ_TUNER_MAX_CHUNK_BYTES);
+    a.detail =
+        fmt::format("chunk_bytes {} is outside [{} (one element), {}]", d.chunk_bytes, elem, KZ_TUNER_MAX_CHUNK_BYTES);
     return a;
   }
   if (d.channels < 1 || d.channels > KZ_TUNER_MAX_CHANNELS) {
@@ -410,8 +414,8 @@ void TunerPlugin::Choose(Selection& sel, const PlanOptions& options) {
     return;
   }
   const uint64_t elem = std::max<uint64_t>(1, DataTypeSize(sel.request.dtype));
-  std::string what = other_algorithm ? fmt::format("over the model's {}", AlgorithmName(sel.chosen))
-                                     : std::string("as the model did");
+  std::string what =
+      other_algorithm ? fmt::format("over the model's {}", AlgorithmName(sel.chosen)) : std::string("as the model did");
   if (other_chunk) {
     what += fmt::format(", chunk {}", FormatChunk(answer.chunk_count * elem));
     sel.chunk_count = answer.chunk_count;

@@ -30,12 +30,12 @@ namespace kizuna::collectives::tuner {
 // TRACE). Any of them refuses the whole answer: the model's choice runs, with the engine's chunk
 // and channels.
 enum class Refusal : uint8_t {
-  kError = 0,     // get_coll_info returned an error code
-  kBadIndex,      // the candidate index is outside [0, candidates)
-  kUnknownName,   // the algorithm name is no candidate's
-  kUnsupported,   // the candidate cannot serve the call
-  kBadChunk,      // 0, less than one element, or above KZ_TUNER_MAX_CHUNK_BYTES
-  kBadChannels,   // outside [1, KZ_TUNER_MAX_CHANNELS]
+  kError = 0,    // get_coll_info returned an error code
+  kBadIndex,     // the candidate index is outside [0, candidates)
+  kUnknownName,  // the algorithm name is no candidate's
+  kUnsupported,  // the candidate cannot serve the call
+  kBadChunk,     // 0, less than one element, or above KZ_TUNER_MAX_CHUNK_BYTES
+  kBadChannels,  // outside [1, KZ_TUNER_MAX_CHANNELS]
 };
 inline constexpr int kNumRefusals = 6;
 std::string_view RefusalName(Refusal r);  // "error code", "candidate index out of range", ...

@@ -141,8 +141,9 @@ TEST(ExampleTunerTest, ChoosesRingFromOneMiBAndKeepsTheModelsChoiceBelow) {
   EXPECT_EQ(big.chunk_count, uint64_t{65536});
   EXPECT_FALSE(big.channels.has_value());
   EXPECT_EQ(big.reason, "chosen by tuner plugin example_ring 1.0.0 (over the model's tree, chunk 256 KiB)");
-  EXPECT_TRUE(Contains(SelectionToString(big), "allreduce count=262144 float32 sum nranks=4: ring (predicted 2 ms) "
-                                               "chosen by tuner plugin example_ring 1.0.0"))
+  EXPECT_TRUE(Contains(SelectionToString(big),
+                       "allreduce count=262144 float32 sum nranks=4: ring (predicted 2 ms) "
+                       "chosen by tuner plugin example_ring 1.0.0"))
       << SelectionToString(big);
 
   // One element less: the model's choice, untouched.
@@ -167,8 +168,8 @@ TEST(ExampleTunerTest, ChoosesRingFromOneMiBAndKeepsTheModelsChoiceBelow) {
   EXPECT_TRUE(Contains(fine.reason, "over the model's rhd)")) << fine.reason;
 
   // Byte counts, not element counts: 1 MiB of float64 is 131072 elements.
-  Selection f64 = ModelSelection(Collective::kAllReduce, 131072, Algorithm::kTree, kAllReduceAlgorithms,
-                                 DataType::kFloat64);
+  Selection f64 =
+      ModelSelection(Collective::kAllReduce, 131072, Algorithm::kTree, kAllReduceAlgorithms, DataType::kFloat64);
   plugin->Choose(f64, Options(131072));
   EXPECT_EQ(f64.chosen, Algorithm::kRing);
   EXPECT_EQ(f64.chunk_count, uint64_t{32768});
@@ -189,8 +190,9 @@ TEST(ExampleTunerTest, LogsThroughTheCallbackAndContextsAreIndependent) {
   ranks.clear();
   const std::string text = log.Text();
   // The example logs from rank 0's init only, through kizuna's log (TUNE), named.
-  EXPECT_EQ(CountLines(text, "INFO TUNE tuner plugin 'example_ring': ring for calls of 1048576 bytes or more on 3 "
-                             "ranks over 3 host(s)"),
+  EXPECT_EQ(CountLines(text,
+                       "INFO TUNE tuner plugin 'example_ring': ring for calls of 1048576 bytes or more on 3 "
+                       "ranks over 3 host(s)"),
             1)
       << text;
   EXPECT_EQ(CountLines(text, "loaded tuner plugin " + g_example), 3) << text;
@@ -219,14 +221,14 @@ TEST_P(RefusedAtLoadTest, NamesThePathAndTheDefect) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, RefusedAtLoadTest,
-    ::testing::Values(
-        LoadCase{"api_major_99", {"plugin api version 99.0 is incompatible with kizuna's tuner plugin api 1.0"}},
-        LoadCase{"null_table", {"returned no api table", "1.0"}},
-        LoadCase{"short_table", {"struct_size", "smaller than"}},
-        LoadCase{"missing_function", {"required function 'get_coll_info' is NULL"}},
-        LoadCase{"bad_name", {"Broken Tuner!", "[a-z0-9_]"}},
-        LoadCase{"no_entry_point", {"does not export kzTunerPluginGetApi"}},
-        LoadCase{"source", {"dlopen failed"}}),
+    ::testing::Values(LoadCase{"api_major_99",
+                               {"plugin api version 99.0 is incompatible with kizuna's tuner plugin api 1.0"}},
+                      LoadCase{"null_table", {"returned no api table", "1.0"}},
+                      LoadCase{"short_table", {"struct_size", "smaller than"}},
+                      LoadCase{"missing_function", {"required function 'get_coll_info' is NULL"}},
+                      LoadCase{"bad_name", {"Broken Tuner!", "[a-z0-9_]"}},
+                      LoadCase{"no_entry_point", {"does not export kzTunerPluginGetApi"}},
+                      LoadCase{"source", {"dlopen failed"}}),
     [](const ::testing::TestParamInfo<LoadCase>& info) { return info.param.name; });
 
 TEST(TunerLoaderTest, MissingFilesAndInitErrorsAreRefused) {
@@ -273,8 +275,7 @@ TEST_P(RefusedAnswerTest, KeepsTheModelsChoiceWithOneWarning) {
     EXPECT_FALSE(sel.tuned);
     EXPECT_FALSE(sel.chunk_count.has_value());
     EXPECT_FALSE(sel.channels.has_value());
-    EXPECT_TRUE(Contains(sel.reason, "chosen by the model (tuner plugin test_tuner 0.0.1 refused: "))
-        << sel.reason;
+    EXPECT_TRUE(Contains(sel.reason, "chosen by the model (tuner plugin test_tuner 0.0.1 refused: ")) << sel.reason;
     EXPECT_TRUE(Contains(sel.reason, c.says)) << sel.reason;
   }
   for (int k = 0; k < kNumRefusals; ++k)
@@ -317,8 +318,8 @@ TEST(TunerAnswerTest, IndexChunkAndChannelsAreApplied) {
   EXPECT_TRUE(Contains(sel.reason, "(over the model's ring, chunk 64 KiB, 4 channels)")) << sel.reason;
 
   // Where rhd cannot serve the call the plugin keeps the candidate: the channels still change.
-  Selection bcast = ModelSelection(Collective::kBroadcast, 1 << 20, Algorithm::kTree,
-                                   {Algorithm::kRing, Algorithm::kTree});
+  Selection bcast =
+      ModelSelection(Collective::kBroadcast, 1 << 20, Algorithm::kTree, {Algorithm::kRing, Algorithm::kTree});
   plugin->Choose(bcast, Options(8192, 1));
   EXPECT_EQ(bcast.chosen, Algorithm::kTree);
   EXPECT_TRUE(bcast.tuned);
@@ -353,12 +354,14 @@ TEST(TunerAgreementTest, RanksWithAnotherPluginOrNoneAreNamed) {
   EXPECT_TRUE(CheckSameTuner("example_ring 1.0.0", 0, "example_ring 1.0.0", 3).ok());
   const Status other = CheckSameTuner("example_ring 1.0.0", 0, "example_ring 1.0.1", 2);
   EXPECT_EQ(other.code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(other.message(), "rank 2 has tuner plugin example_ring 1.0.1 and this rank (rank 0) tuner "
-                                        "plugin example_ring 1.0.0"))
+  EXPECT_TRUE(Contains(other.message(),
+                       "rank 2 has tuner plugin example_ring 1.0.1 and this rank (rank 0) tuner "
+                       "plugin example_ring 1.0.0"))
       << other.ToString();
   const Status none = CheckSameTuner("", 1, "example_ring 1.0.0", 0);
-  EXPECT_TRUE(Contains(none.message(), "rank 0 has tuner plugin example_ring 1.0.0 and this rank (rank 1) no tuner "
-                                       "plugin"))
+  EXPECT_TRUE(Contains(none.message(),
+                       "rank 0 has tuner plugin example_ring 1.0.0 and this rank (rank 1) no tuner "
+                       "plugin"))
       << none.ToString();
   EXPECT_TRUE(Contains(none.message(), "KIZUNA_TUNER_PLUGIN")) << none.ToString();
 }

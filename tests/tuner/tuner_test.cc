@@ -227,8 +227,7 @@ TEST(TunerPlugin, ChannelsAndChunkOfAPluginAreHonoured) {
       << large;
   EXPECT_EQ(w.AllReduce(kLarge), "");
   EXPECT_EQ(w.AllReduce(kLarge + 3), "");
-  for (int r = 0; r < 4; ++r)
-    EXPECT_EQ(w.AlgorithmsRun(r), (std::vector<std::string>{"rhd", "rhd"})) << "rank " << r;
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(w.AlgorithmsRun(r), (std::vector<std::string>{"rhd", "rhd"})) << "rank " << r;
   // The plans every rank ran: the plugin's channels and chunk (64 KiB: 16384 float32).
   const std::string text = log.Text();
   for (int r = 0; r < 4; ++r)
@@ -236,7 +235,8 @@ TEST(TunerPlugin, ChannelsAndChunkOfAPluginAreHonoured) {
       EXPECT_TRUE(Contains(text, fmt::format("rank {} plan: allreduce count={} float32 sum nranks=4 via rhd, chunk "
                                              "16384 elements, 4 channel(s)",
                                              r, count)))
-          << "rank " << r << ", count " << count << ":\n" << text;
+          << "rank " << r << ", count " << count << ":\n"
+          << text;
 }
 
 TEST(TunerPlugin, KizunaAlgoAndTheCallsOptionWinOverThePlugin) {
@@ -251,8 +251,7 @@ TEST(TunerPlugin, KizunaAlgoAndTheCallsOptionWinOverThePlugin) {
   CallOptions call;
   call.algorithm = Algorithm::kRhd;
   EXPECT_EQ(w.AllReduce(kLarge, call), "");
-  for (int r = 0; r < 4; ++r)
-    EXPECT_EQ(w.AlgorithmsRun(r), (std::vector<std::string>{"tree", "rhd"})) << "rank " << r;
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(w.AlgorithmsRun(r), (std::vector<std::string>{"tree", "rhd"})) << "rank " << r;
 
   // KIZUNA_ALGO for another collective leaves AllReduce to the plugin.
   config.algo = "allgather:pairwise";
@@ -289,8 +288,9 @@ TEST(TunerPlugin, UnusablePluginsFailCreation) {
     std::string path;
     std::string says;
   };
-  for (const Bad& bad : {Bad{Case("api_major_99"), "plugin api version 99.0 is incompatible with kizuna's tuner "
-                                                   "plugin api 1.0"},
+  for (const Bad& bad : {Bad{Case("api_major_99"),
+                             "plugin api version 99.0 is incompatible with kizuna's tuner "
+                             "plugin api 1.0"},
                          Bad{Case("missing_function"), "required function 'get_coll_info' is NULL"},
                          Bad{Case("init_error"), "the test_tuner plugin failed on purpose"},
                          Bad{"/nonexistent/libno_tuner.so", "dlopen failed"}}) {
@@ -319,9 +319,9 @@ TEST(TunerPlugin, RanksWithDifferentPluginsRefuseEachOther) {
       threads.emplace_back([&, r] {
         CommOptions options;
         options.config = &configs[static_cast<size_t>(r)];
-        created[static_cast<size_t>(r)] = Communicator::Create(
-            std::shared_ptr<bootstrap::Bootstrap>(std::move((*boots)[static_cast<size_t>(r)])),
-            *(*backend)->device(r), options);
+        created[static_cast<size_t>(r)] =
+            Communicator::Create(std::shared_ptr<bootstrap::Bootstrap>(std::move((*boots)[static_cast<size_t>(r)])),
+                                 *(*backend)->device(r), options);
       });
     for (auto& t : threads) t.join();
     const std::string theirs = other.empty() ? "no tuner plugin" : "tuner plugin test_tuner 0.0.1";

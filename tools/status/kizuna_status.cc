@@ -149,8 +149,8 @@ int Main(int argc, char** argv) {
     row.rank = a.rank;
     row.pid = a.pid;
     const std::string proc = ProcessState(a.pid);
-    row.state = !proc.empty() ? proc
-                : a.state == status::ProcessAnswer::State::kGone ? "gone"
+    row.state = !proc.empty()                                      ? proc
+                : a.state == status::ProcessAnswer::State::kGone   ? "gone"
                 : a.state == status::ProcessAnswer::State::kSilent ? "silent"
                                                                    : "refused";
     row.error = a.why;

@@ -97,9 +97,10 @@ Status Merge(const std::vector<std::string>& inputs, const std::string& output) 
 }
 
 std::string Colour(const std::string& cat) {
-  static const std::map<std::string, std::string> kColours = {
-      {"collective", "#d0d0d0"}, {"fused", "#b39ddb"}, {"send", "#64b5f6"}, {"recv", "#81c784"},
-      {"reduce", "#ffb74d"},     {"copy", "#fff176"},  {"wait", "#ef9a9a"}};
+  static const std::map<std::string, std::string> kColours = {{"collective", "#d0d0d0"}, {"fused", "#b39ddb"},
+                                                              {"send", "#64b5f6"},       {"recv", "#81c784"},
+                                                              {"reduce", "#ffb74d"},     {"copy", "#fff176"},
+                                                              {"wait", "#ef9a9a"}};
   const auto it = kColours.find(cat);
   return it != kColours.end() ? it->second : "#eeeeee";
 }
@@ -117,8 +118,8 @@ Status Svg(const std::string& input, const std::string& output, int64_t seq, dou
   for (const Json& e : j["traceEvents"]) {
     if (e.value("ph", "") != "X") continue;
     if (seq >= 0 && (!e.contains("args") || e["args"].value("seq", int64_t{-1}) != seq)) continue;
-    Box b{e.value("pid", int64_t{0}), e.value("tid", int64_t{0}), e.value("ts", 0.0), e.value("dur", 0.0),
-          e.value("name", ""),        e.value("cat", "")};
+    Box b{e.value("pid", int64_t{0}), e.value("tid", int64_t{0}), e.value("ts", 0.0),
+          e.value("dur", 0.0),        e.value("name", ""),        e.value("cat", "")};
     if (from_us >= 0 && b.ts + b.dur < from_us) continue;
     if (to_us >= 0 && b.ts > to_us) continue;
     if (lo < 0 || b.ts < lo) lo = b.ts;

@@ -238,8 +238,8 @@ std::pair<double, double> Error(const Communicator& comm, const std::vector<Samp
   std::vector<double> e;
   double sum = 0;
   for (const Sample& s : samples) {
-    const collectives::Prediction p = comm.PredictWith(Collective::kAllReduce, s.count, DataType::kFloat32,
-                                                       s.algorithm, k);
+    const collectives::Prediction p =
+        comm.PredictWith(Collective::kAllReduce, s.count, DataType::kFloat32, s.algorithm, k);
     const double x = p.finite() && p.seconds > 0 ? std::abs(std::log(s.seconds / p.seconds)) : 10.0;
     e.push_back(x);
     sum += x;
@@ -305,8 +305,9 @@ int Main(int argc, char** argv) {
   app.add_flag("--append", append, "replace this size's section of an existing file, keep the others");
   app.add_flag("-v,--verbose", verbose, "print every measured AllReduce beside its predictions");
   app.add_option("--max-bytes", max_text, "the largest AllReduce measured (K, M, G suffixes)")->capture_default_str();
-  app.add_option("--iters", iters, "timed calls per size (the median is kept)")->capture_default_str()->check(
-      CLI::Range(1, 1000));
+  app.add_option("--iters", iters, "timed calls per size (the median is kept)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -350,8 +351,8 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Communicator> comm = std::move(*created);
   const int rank = comm->rank(), n = comm->size();
   if (!comm->device().properties().host_accessible)
-    return fail(NotSupported(fmt::format("kizuna-tune measures devices whose memory the CPU reaches; {}'s is not",
-                                         comm->device().label())));
+    return fail(NotSupported(
+        fmt::format("kizuna-tune measures devices whose memory the CPU reaches; {}'s is not", comm->device().label())));
   auto stream = comm->device().CreateStream();
   if (!stream.ok()) return fail(stream.status());
   max_bytes = std::max<size_t>(max_bytes, 64);
@@ -430,7 +431,8 @@ int Main(int argc, char** argv) {
     std::erase_if(file.sections, [&](const auto& x) { return x.ranks == n; });
     if (file.sections.empty()) file.sections.emplace_back();
     file.sections.push_back(std::move(section));
-    std::sort(file.sections.begin(), file.sections.end(), [](const auto& x, const auto& y) { return x.ranks < y.ranks; });
+    std::sort(file.sections.begin(), file.sections.end(),
+              [](const auto& x, const auto& y) { return x.ranks < y.ranks; });
     const std::vector<std::string> header = {
         "kizuna cost file (KIZUNA_COST_FILE), written by kizuna-tune: a [ranks=N] section per job size measured"};
     if (Status s = WriteFileAtomically(out_path, collectives::FormatCostFile(file, header)); !s.ok()) return fail(s);

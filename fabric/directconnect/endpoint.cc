@@ -226,6 +226,11 @@ Result<std::unique_ptr<SendComm>> ConnectOnPort(DirectConnectFabric& fabric, int
   const PortRef me{fabric.node(), port};
   const PortRef target{h.node, h.port};
 
+  // The channel and the hello before the connection: the listener gives a connection kHelloTimeout
+  // to send its hello, and the time to make the channel's memory must not count against it (256
+  // ranks of one process on 2 busy CPUs had connections dropped for a late hello).
+  KZ_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, Channel::Create(ChannelSizes{}));
+  KZ_ASSIGN_OR_RETURN(const Hello hello, MakeHello(fabric, port, h));
   UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!sock.valid()) return FromErrno(errno, "socket(AF_UNIX)");
   sockaddr_un addr;
@@ -239,8 +244,6 @@ Result<std::unique_ptr<SendComm>> ConnectOnPort(DirectConnectFabric& fabric, int
     return FromErrno(errno, "connect");
   }
 
-  KZ_ASSIGN_OR_RETURN(std::unique_ptr<Channel> channel, Channel::Create(ChannelSizes{}));
-  KZ_ASSIGN_OR_RETURN(const Hello hello, MakeHello(fabric, port, h));
   const int fds[kHelloFds] = {channel->segment_fd(), channel->wake_fd(Side::kSender),
                               channel->wake_fd(Side::kReceiver)};
   KZ_RETURN_IF_ERROR(SendHello(sock.get(), hello, fds, t, target, Deadline::AfterSeconds(fabric.io_timeout_s())));

@@ -98,6 +98,9 @@ class Server {
     if (wake_[1] >= 0) (void)!write(wake_[1], "x", 1);
     thread_.join();
     unlink(path_.c_str());
+    // The job's folder goes with its last process's socket (rmdir fails while others remain; the
+    // socket of a process that was killed stays, naming it gone, until the folder is removed).
+    rmdir(path_.substr(0, path_.rfind('/')).c_str());
     for (int fd : wake_)
       if (fd >= 0) close(fd);
   }

@@ -10,7 +10,8 @@
 // user (0700). A process serves from its first such communicator's creation until its last one
 // of the job is destroyed; one thread, asleep in poll() between questions. A socket whose process
 // died stays behind (its connect is refused: the rank is gone); a stopped process's connect
-// succeeds but nothing answers (the client's deadline says so).
+// succeeds but nothing answers (the client's deadline says so). The last process to leave removes
+// the job's folder when nothing else is in it.
 //
 // The answer, one JSON object: {"pid", "host", "communicators": [{"rank", "size", "comm" (world,
 // or split / shrink and its size), "async_error", "now_s", "records": [...]}]} where records are

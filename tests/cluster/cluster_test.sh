@@ -254,7 +254,11 @@ run_one_survive() { # case_name prefix "ranks per host" extra_env mode port -> 0
   for h in "${per_host[@]}"; do n=$((n + h)); done
   local dir="$tmp/$name.$mode"
   rm -rf "$dir"; mkdir -p "$dir"
-  local -a envs=("KIZUNA_TIMEOUT=4" "KIZUNA_UNIQUE_ID_FILE=$dir/unique_id" "KIZUNA_ROOT=10.77.0.1:$port" "WORLD_SIZE=$n")
+  # The status sockets in a short folder of the run's (a killed rank's stays; paths under 108 bytes).
+  local run_dir
+  run_dir="$(mktemp -d /tmp/kz-cl.XXXXXX)"
+  local -a envs=("KIZUNA_TIMEOUT=4" "KIZUNA_UNIQUE_ID_FILE=$dir/unique_id" "KIZUNA_ROOT=10.77.0.1:$port" "WORLD_SIZE=$n"
+    "KIZUNA_RUN_DIR=$run_dir")
   [[ $extra == - ]] || { read -ra extra_env <<<"$extra"; envs+=("${extra_env[@]}"); }
   local -a pids=()
   local rank=0 l
@@ -281,6 +285,7 @@ run_one_survive() { # case_name prefix "ranks per host" extra_env mode port -> 0
     awk -v t="$took" -v w="$([[ $how == kill ]] && echo 5 || echo 15)" 'BEGIN { exit !(t < w) }' ||
       bad+="${bad:+; }rank $rank took $took s to name rank $victim"
   done
+  rm -rf "$run_dir"
   if [[ -n "$bad" ]]; then
     echo "$bad"
     return 1

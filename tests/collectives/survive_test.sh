@@ -7,6 +7,10 @@ set -uo pipefail
 run="$1"
 prog="$2"
 export KIZUNA_EMULATED_DEVICES=4
+# The jobs' status sockets (runtime/job_status.h) in a folder of the test's: a killed rank's stays.
+KIZUNA_RUN_DIR="$(mktemp -d /tmp/kz-survive.XXXXXX)"
+trap 'rm -rf "$KIZUNA_RUN_DIR"' EXIT
+export KIZUNA_RUN_DIR
 unset XML_OUTPUT_FILE GTEST_OUTPUT TEST_PREMATURE_EXIT_FILE
 fail() { echo "FAIL: $*"; exit 1; }
 

@@ -12,11 +12,16 @@ import os
 import re
 import socket
 import subprocess
+import shutil
 import sys
+import tempfile
 import time
 from xml.sax.saxutils import quoteattr
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The jobs' status sockets (kizuna-status) in a folder of this run's, removed at the end: a rank
+# that is made to die leaves its socket behind.
+RUN_DIR = tempfile.mkdtemp(prefix="kz-torch-", dir="/tmp")
 results = []  # (name, seconds, failure message or None)
 
 
@@ -31,7 +36,7 @@ def torchrun(n, script, *args, timeout=300):
            str(free_port()), os.path.join(HERE, script), *args]
     # Gloo on the loopback interface: the reference runs stay on this host whatever its host name
     # resolves to.
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", KIZUNA_RUN_DIR=RUN_DIR)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -99,7 +104,8 @@ def lost_rank():
     procs = []
     for r in range(n):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TIMEOUT_S=str(timeout_s), OMP_NUM_THREADS="1")
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TIMEOUT_S=str(timeout_s), OMP_NUM_THREADS="1",
+                   KIZUNA_RUN_DIR=RUN_DIR)
         procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "lost_rank.py")], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=120)[0] for p in procs]
@@ -138,6 +144,7 @@ if __name__ == "__main__":
             step()
         except subprocess.TimeoutExpired as e:
             record("a launch", 0, f"timed out: {e}")
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
     if out:
         write_xml(out)
     failed = [name for name, _, f in results if f is not None]

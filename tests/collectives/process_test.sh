@@ -9,6 +9,11 @@ prog="$2"
 example="$3"
 export KIZUNA_TIMEOUT=60
 export KIZUNA_EMULATED_DEVICES=4
+# The jobs' status sockets (runtime/job_status.h) in a folder of the test's: a rank that is made
+# to exit or is killed leaves its socket behind.
+KIZUNA_RUN_DIR="$(mktemp -d /tmp/kz-process.XXXXXX)"
+trap 'rm -rf "$KIZUNA_RUN_DIR"' EXIT
+export KIZUNA_RUN_DIR
 unset XML_OUTPUT_FILE GTEST_OUTPUT TEST_PREMATURE_EXIT_FILE
 fail() { echo "FAIL: $*"; exit 1; }
 # Runs process_collectives' mode $1 on 3 ranks (the rest: NAME=VALUE environment), whose ranks

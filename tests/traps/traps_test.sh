@@ -28,6 +28,10 @@ prog="$2"
 export KIZUNA_EMULATED_DEVICES=4
 # No rank may wait for the 600 s default: every job here ends within seconds.
 export KIZUNA_TIMEOUT=10
+# The jobs' status sockets (runtime/job_status.h) in a folder of the test's, removed at the end.
+KIZUNA_RUN_DIR="$(mktemp -d /tmp/kz-traps.XXXXXX)"
+trap 'rm -rf "$KIZUNA_RUN_DIR"' EXIT
+export KIZUNA_RUN_DIR
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/traps"
 mkdir -p "$tmp"
 xml="${XML_OUTPUT_FILE:-}"

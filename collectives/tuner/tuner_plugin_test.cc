@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/core/config.h"
+#include "runtime/core/log_capture.h"
 #include "runtime/core/logging.h"
 
 namespace kizuna::collectives::tuner {
@@ -87,36 +88,6 @@ std::unique_ptr<TunerPlugin> LoadAndInit(const std::string& path, int rank = 0, 
   return s.ok() ? std::move(*loaded) : nullptr;
 }
 
-// Log lines of the scope into a file (KIZUNA_DEBUG_FILE), read back by Text(); logging returns to
-// the default (stderr, WARN) after.
-class LogCapture {
- public:
-  explicit LogCapture(LogLevel level) {
-    path_ = ::testing::TempDir() + "/tuner-plugin-test-" + std::to_string(::getpid()) + "-" +
-            std::to_string(counter_++) + ".log";
-    Config c;
-    c.debug = level;
-    c.debug_subsys = kLogTune | kLogPlugin;
-    c.debug_file = path_;
-    ConfigureLogging(c);
-  }
-  ~LogCapture() {
-    ConfigureLogging(Config{});
-    std::remove(path_.c_str());
-  }
-  std::string Text() {
-    ConfigureLogging(Config{});  // closes the file
-    std::ifstream in(path_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
- private:
-  static inline int counter_ = 0;
-  std::string path_;
-};
-
 int CountLines(const std::string& text, std::string_view part) {
   int n = 0;
   std::istringstream lines(text);
@@ -178,7 +149,7 @@ TEST(ExampleTunerTest, ChoosesRingFromOneMiBAndKeepsTheModelsChoiceBelow) {
 }
 
 TEST(ExampleTunerTest, LogsThroughTheCallbackAndContextsAreIndependent) {
-  LogCapture log(LogLevel::kInfo);
+  kizuna::testing::LogCapture log(LogLevel::kInfo, kLogTune | kLogPlugin);
   std::vector<std::unique_ptr<TunerPlugin>> ranks;
   for (int r = 0; r < 3; ++r) ranks.push_back(LoadAndInit(g_example, r, Shape(3, 3)));
   for (const auto& p : ranks) ASSERT_NE(p, nullptr);
@@ -265,7 +236,7 @@ class RefusedAnswerTest : public ::testing::TestWithParam<AnswerCase> {};
 
 TEST_P(RefusedAnswerTest, KeepsTheModelsChoiceWithOneWarning) {
   const AnswerCase& c = GetParam();
-  LogCapture log(LogLevel::kWarn);
+  kizuna::testing::LogCapture log(LogLevel::kWarn, kLogTune | kLogPlugin);
   auto plugin = LoadAndInit(Case(c.name));
   ASSERT_NE(plugin, nullptr);
   for (int call = 0; call < 3; ++call) {

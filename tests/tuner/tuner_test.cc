@@ -28,6 +28,7 @@
 #include "devices/host_emulated/backend.h"
 #include "runtime/bootstrap/in_process.h"
 #include "runtime/communicator.h"
+#include "runtime/core/log_capture.h"
 #include "runtime/core/logging.h"
 
 namespace kizuna::test {
@@ -154,33 +155,6 @@ class Ranks {
   std::vector<std::unique_ptr<device::Stream>> streams_;
 };
 
-// Log lines of the scope (KIZUNA_DEBUG=INFO for COLL and TUNE) into a file, read back by Text();
-// logging returns to the default (stderr, WARN) after.
-class LogCapture {
- public:
-  LogCapture() : path_(::testing::TempDir() + "/tuner-test-" + std::to_string(::getpid()) + ".log") {
-    Config c;
-    c.debug = LogLevel::kInfo;
-    c.debug_subsys = kLogColl | kLogTune;
-    c.debug_file = path_;
-    ConfigureLogging(c);
-  }
-  ~LogCapture() {
-    ConfigureLogging(Config{});
-    std::remove(path_.c_str());
-  }
-  std::string Text() {
-    ConfigureLogging(Config{});  // closes the file
-    std::ifstream in(path_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
- private:
-  std::string path_;
-};
-
 constexpr size_t kSmall = 4096;            // 16 KiB of float32: below the example's 1 MiB
 constexpr size_t kLarge = (1u << 20) / 2;  // 2 MiB of float32: the example's ring
 
@@ -219,7 +193,7 @@ TEST(TunerPlugin, ExampleChoosesRingForLargeCallsAndTheyRunExactly) {
 // A valid answer that sets every field (rhd, 4 channels, 64 KiB chunks): more channels than the
 // engine sized its staging for, so it sizes the slots again; the results stay exact.
 TEST(TunerPlugin, ChannelsAndChunkOfAPluginAreHonoured) {
-  LogCapture log;
+  kizuna::testing::LogCapture log(LogLevel::kInfo, kLogColl | kLogTune);
   Ranks w(4, TestConfig(4, Case("rhd_4_channels")), (kLarge + 3) * sizeof(float));
   ASSERT_TRUE(w.status().ok()) << w.status().ToString();
   const std::string large = w.Explain(kLarge);

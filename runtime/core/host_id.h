@@ -22,8 +22,8 @@ int UsableCpuCount();
 // This host runs more ranks than the CPUs they may use (a communicator's engine says so at
 // creation, from the shape, counting the ranks of each machine: MachineOf). Waits that would poll
 // a while before they sleep then give way: the tcp fabric's hub yields the CPU between its looks,
-// directconnect's channels sleep at once; a polling rank holds the CPU a peer needs to send what
-// it waits for. Process-wide, and once set it stays set.
+// directconnect's channels yield a few times, then sleep; a polling rank holds the CPU a peer
+// needs to send what it waits for. Process-wide, and once set it stays set.
 void SetHostOversubscribed();
 bool HostOversubscribed();
 

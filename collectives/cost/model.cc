@@ -52,7 +52,14 @@ bool Model::Resolve() {
     reduce_[r] = 1.0 / ((Known(d.reduce_gbps) ? d.reduce_gbps : k_.unknown_reduce_gbps) * 1e9);
     launch_[r] = (Known(d.launch_us) ? d.launch_us : k_.unknown_launch_us) * 1e-6;
   }
-  host_.emplace(shape_, k_);
+  host_.emplace(shape_, k_, static_cast<double>(req_.input_count() + req_.output_count()) * elem_);
+  for (size_t r = 0; r < n; ++r)
+    if (host_->Cached(static_cast<int>(r))) {
+      const double speedup = std::max(1.0, k_.cache_speedup);
+      copy_[r] /= speedup;
+      staging_[r] /= speedup;
+      reduce_[r] /= speedup;
+    }
   on_caller_ = shape_.caller_inline_bytes > 0 &&
                static_cast<double>(std::max(req_.input_count(), req_.output_count())) * elem_ <=
                    static_cast<double>(shape_.caller_inline_bytes);
@@ -85,8 +92,8 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double bytes, int channels) 
     const LinkDesc& l = shape_.link(h.from, h.to);
     // Empty messages (barriers) need no device work: no staging copy, nothing to reduce.
     const bool data = bytes > 0;
-    latency = std::max(latency, Latency(l) + (data && l.staged ? launch_[from] : 0.0) +
-                                    (data && (l.staged || h.reduce) ? launch_[to] : 0.0));
+    latency = std::max(latency, Latency(l) + (data && l.staged ? StepLaunch(from) : 0.0) +
+                                    (data && (l.staged || h.reduce) ? StepLaunch(to) : 0.0));
     touch(h.from);
     touch(h.to);
     host_->Join(h.from, /*executor=*/!on_caller_);
@@ -168,7 +175,7 @@ void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t e
   for (int r : ranks) {
     const auto i = static_cast<size_t>(r);
     StageCost c;
-    c.alpha = launch_[i] + ch * k_.step_overhead_us * 1e-6;
+    c.alpha = StepLaunch(i) + ch * k_.step_overhead_us * 1e-6;
     if (kind == LocalKind::kCopy)
       c.beta = ch * s.bytes * copy_[i];
     else if (kind == LocalKind::kScale)  // one input read, one output written: a copy's traffic

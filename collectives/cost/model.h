@@ -95,6 +95,11 @@ struct CostConstants {
   // Memory traffic (bytes read + written) per second of all ranks of one host whose devices
   // compute on the host (RankDesc::host_compute: emulated devices), together.
   double host_memory_gbps;
+  // A host's last-level cache: where the bytes an operation touches on one machine (every rank's
+  // input and output there) fit in it, the device copy, reduce and staging rates and the host's
+  // memory rate of host-computing ranks are this many times their measured (memory) rates.
+  double host_cache_mib;
+  double cache_speedup;
 };
 
 // One constant as documented: the table behind CostConstants(), CostConstantsToString and

@@ -8,10 +8,11 @@
 
 namespace kizuna::collectives::cost_internal {
 
-HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k)
+HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k, double operation_bytes)
     : wake_s_(k.oversubscribed_wake_us * 1e-6),
       handoff_s_(k.handoff_wake_us * 1e-6),
-      memory_s_per_byte_(1.0 / (k.host_memory_gbps * 1e9)) {
+      memory_s_per_byte_(1.0 / (k.host_memory_gbps * 1e9)),
+      cache_speedup_(std::max(1.0, k.cache_speedup)) {
   std::map<std::string, int> index;
   const auto n = static_cast<size_t>(shape.nranks);
   host_.resize(n);
@@ -28,9 +29,19 @@ HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k)
     int& cpus = cpus_[static_cast<size_t>(it->second)];
     cpus = std::max(cpus, d.host_cpus);
   }
+  std::vector<double> bytes(cpus_.size(), 0);
+  for (size_t r = 0; r < n && r < shape.ranks.size(); ++r)
+    if (compute_[r]) bytes[static_cast<size_t>(host_[r])] += operation_bytes;
+  cached_.resize(cpus_.size());
+  for (size_t h = 0; h < cpus_.size(); ++h) cached_[h] = bytes[h] > 0 && bytes[h] <= k.host_cache_mib * (1 << 20);
   active_.assign(cpus_.size(), 0);
   threads_.assign(cpus_.size(), 0);
   traffic_.assign(cpus_.size(), 0);
+}
+
+bool HostSharing::Cached(int rank) const {
+  const auto r = static_cast<size_t>(rank);
+  return compute_[r] && cached_[static_cast<size_t>(host_[r])];
 }
 
 void HostSharing::Join(int rank, bool executor) {
@@ -63,7 +74,7 @@ HostSharing::Extra HostSharing::End(int critical) {
     }
     if (cpus > 0 && active_[h] > cpus && critical >= 0 && host_[static_cast<size_t>(critical)] == hi)
       e.slowdown = static_cast<double>(active_[h]) / static_cast<double>(cpus);
-    e.memory_s = std::max(e.memory_s, traffic_[h] * memory_s_per_byte_);
+    e.memory_s = std::max(e.memory_s, traffic_[h] * memory_s_per_byte_ / (cached_[h] ? cache_speedup_ : 1.0));
     active_[h] = 0;
     threads_[h] = 0;
     traffic_[h] = 0;

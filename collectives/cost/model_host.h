@@ -17,7 +17,9 @@
 //               stream's), whose wake-ups cost differently (handoff_wake_us);
 //   memory    = the host's memory traffic in the stage (bytes read + written by its host_compute
 //               ranks) / host_memory_gbps, the largest over the hosts: a floor under the stage's
-//               bandwidth terms, since every such rank's copies share one memory system.
+//               bandwidth terms, since every such rank's copies share one memory system; ×
+//               1 / cache_speedup where the operation's bytes on the host (its host_compute ranks'
+//               inputs and outputs) fit in host_cache_mib (Cached).
 #pragma once
 
 #include <vector>
@@ -29,7 +31,11 @@ namespace kizuna::collectives::cost_internal {
 
 class HostSharing {
  public:
-  HostSharing(const CommTopology& shape, const CostConstants& k);
+  // `operation_bytes`: one rank's input and output bytes in the operation.
+  HostSharing(const CommTopology& shape, const CostConstants& k, double operation_bytes);
+
+  // The operation's bytes on `rank`'s host fit in its cache, and the rank computes on the host.
+  bool Cached(int rank) const;
 
   // One stage: Join every rank that takes part, add the memory traffic of each, then End.
   // `executor`: the rank takes part through the executor's thread and its device streams (a
@@ -52,11 +58,12 @@ class HostSharing {
   std::vector<int> active_;       // per host: ranks joined in this stage
   std::vector<int> threads_;      // per host: threads those ranks need scheduled in this stage
   std::vector<double> traffic_;   // per host: bytes in this stage
+  std::vector<char> cached_;      // per host: the operation's bytes there fit in its cache
   std::vector<char> rank_joined_;
   std::vector<int> joined_;
   std::vector<int> hosts_touched_;
   double wake_s_, handoff_s_;
-  double memory_s_per_byte_;
+  double memory_s_per_byte_, cache_speedup_;
 };
 
 }  // namespace kizuna::collectives::cost_internal

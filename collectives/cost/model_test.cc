@@ -4,8 +4,6 @@
 // constants table.
 #include "collectives/cost/model.h"
 
-#include <gtest/gtest.h>
-
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -15,6 +13,8 @@
 #include <system_error>
 #include <utility>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 namespace kizuna::collectives {
 namespace {
@@ -138,9 +138,10 @@ TEST(CostModelTest, OversubscribedHostByHand) {
   EXPECT_NEAR(Predict(Algorithm::kRing, r, two_kernels, Options(), k).seconds, 23.472e-6, 1e-12);
   // Devices that compute on the host: a plan step also needs the device's stream thread, so 4
   // ranks on 4 CPUs run 8 threads: 4 wake-ups per ring stage, none for the fused pass (the
-  // calling threads alone). The memory term is kept out of the way here.
+  // calling threads alone). The memory and cache terms are kept out of the way here.
   CostConstants fast_memory = k;
   fast_memory.host_memory_gbps = 1e9;
+  fast_memory.cache_speedup = 1;
   CommTopology emulated = four_cpus;
   for (RankDesc& d : emulated.ranks) d.host_compute = true;
   EXPECT_NEAR(Predict(Algorithm::kRing, r, emulated, Options(), fast_memory).seconds,
@@ -167,6 +168,29 @@ TEST(CostModelTest, HostMemoryBoundsDevicesThatComputeOnTheHost) {
   const Prediction ring = Predict(Algorithm::kRing, r, emulated, Options(), k);
   EXPECT_GT(ring.seconds, fused.seconds);
   EXPECT_GT(ring.beta_s + ring.gamma_s, Predict(Algorithm::kRing, r, HandShape(8), Options(), k).beta_s);
+}
+
+TEST(CostModelTest, OperationsThatFitTheHostsCacheRunFaster) {
+  CostConstants k;
+  k.host_memory_gbps = 40;
+  k.host_cache_mib = 32;
+  k.cache_speedup = 2;
+  CommTopology emulated = HandShape(8);
+  for (RankDesc& d : emulated.ranks) d.host_compute = true;
+  // 8 ranks x (1 MiB in + 1 MiB out) = 16 MiB fit in 32 MiB: the memory floor at twice the rate.
+  const uint64_t small = 256 << 10;  // 1 MiB of float32
+  const Prediction cached =
+      Predict(Algorithm::kFused, Request(Collective::kAllReduce, 8, small), emulated, Options(), k);
+  EXPECT_NEAR(cached.gamma_s, 2.0 * 8 * 4 * small / 80e9, 1e-12);
+  // 8 x 8 MiB = 64 MiB do not: memory rates.
+  const uint64_t large = 1 << 20;  // 4 MiB of float32
+  const Prediction memory =
+      Predict(Algorithm::kFused, Request(Collective::kAllReduce, 8, large), emulated, Options(), k);
+  EXPECT_NEAR(memory.gamma_s, 2.0 * 8 * 4 * large / 40e9, 1e-12);
+  // Devices with memory of their own (a GPU's) have no host cache term.
+  const Prediction gpu =
+      Predict(Algorithm::kFused, Request(Collective::kAllReduce, 8, small), HandShape(8), Options(), k);
+  EXPECT_NEAR(gpu.gamma_s, 4.0 * small / 20e9, 1e-12);
 }
 
 TEST(CostModelTest, StagedSendWithDefaultsByHand) {
@@ -346,7 +370,8 @@ TEST(CostModelTest, HierarchicalOverHosts) {
       }
     }
   // One host: no prediction.
-  const Prediction one = Predict(Algorithm::kHierRing, Request(Collective::kAllReduce, 4, 64), HandShape(4), Options(), k);
+  const Prediction one =
+      Predict(Algorithm::kHierRing, Request(Collective::kAllReduce, 4, 64), HandShape(4), Options(), k);
   EXPECT_FALSE(one.finite());
   EXPECT_NE(one.note.find("two hosts"), std::string::npos) << one.note;
 }
@@ -626,14 +651,14 @@ std::vector<std::pair<std::string, double>> ParseDump(const std::string& text) {
 TEST(CostModelTest, ConstantsTableGivesTheDefaults) {
   const CostConstants defaults;
   const std::span<const CostConstantInfo> table = CostConstantTable();
-  EXPECT_EQ(table.size(), 13u);
+  EXPECT_EQ(table.size(), 15u);
   for (const CostConstantInfo& c : table) {
     EXPECT_EQ(defaults.*c.field, c.value) << c.name << ": the default is not the table's value";
     EXPECT_TRUE(std::isfinite(c.value) && c.value >= 0) << c.name;
     if (c.unit == "GB/s") {
       EXPECT_GT(c.value, 0) << c.name << ": a speed";
     }
-    EXPECT_TRUE(c.unit == "GB/s" || c.unit == "us") << c.name << ": " << c.unit;
+    EXPECT_TRUE(c.unit == "GB/s" || c.unit == "us" || c.unit == "MiB" || c.unit == "x") << c.name << ": " << c.unit;
     EXPECT_FALSE(c.source.empty()) << c.name << " has no reason for its value";
   }
 }

@@ -89,8 +89,7 @@ struct CostConstants {
   // scheduling it (cost_model_host.h counts the threads).
   double oversubscribed_wake_us;
   // The same for the threads a plan stage hands its work to beyond the ranks' own (the executor's,
-  // a device stream's), which wait behind the ranks' spinning windows: 4 processes on 2 CPUs ran a
-  // fused 8-byte AllReduce in 4.5 us and a ring one in 260 us (docs/OPERABILITY.md, tuning).
+  // a device stream's), which wait behind the ranks' spinning windows (docs/OPERABILITY.md, tuning).
   double handoff_wake_us;
   // Memory traffic (bytes read + written) per second of all ranks of one host whose devices
   // compute on the host (RankDesc::host_compute: emulated devices), together.

@@ -3,11 +3,13 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -170,6 +172,46 @@ class Unserved final : public Registration {};
 std::mutex g_mu;
 std::map<std::string, std::weak_ptr<Server>> g_servers;  // by job folder; g_mu
 
+// The sockets of a job's folder (r<R>-p<PID>.sock), as answers still to ask for; opendir's error,
+// named `what`, where the folder cannot be read.
+Result<std::vector<ProcessAnswer>> SocketsIn(const std::string& job, std::string_view what) {
+  DIR* d = opendir(job.c_str());
+  if (d == nullptr) return FromErrno(errno, what);
+  std::vector<ProcessAnswer> out;
+  while (dirent* e = readdir(d)) {
+    ProcessAnswer a;
+    char tail[8] = {};
+    if (std::sscanf(e->d_name, "r%d-p%d.sock%7s", &a.rank, &a.pid, tail) != 2) continue;
+    a.socket = fmt::format("{}/{}", job, e->d_name);
+    out.push_back(std::move(a));
+  }
+  closedir(d);
+  return out;
+}
+
+// Folders of jobs none of whose processes lives any more, under `base` but `keep`: a process that
+// was killed cannot remove its socket, and the folder of a job that lost its last process that way
+// would stay for good. A live job's folder stays whole (its dead ranks' sockets name them gone).
+void SweepEndedJobs(const std::string& base, const std::string& keep) {
+  DIR* d = opendir(base.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> jobs;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') jobs.push_back(fmt::format("{}/{}", base, e->d_name));
+  closedir(d);
+  for (const std::string& job : jobs) {
+    if (job == keep) continue;
+    auto sockets = SocketsIn(job, job);
+    // An empty folder may be a process's that has not bound its socket yet.
+    if (!sockets.ok() || sockets->empty()) continue;
+    const bool alive = std::any_of(sockets->begin(), sockets->end(),
+                                   [](const ProcessAnswer& a) { return kill(a.pid, 0) == 0 || errno != ESRCH; });
+    if (alive) continue;
+    for (const ProcessAnswer& a : *sockets) unlink(a.socket.c_str());
+    rmdir(job.c_str());  // fails, and the folder stays, where it holds anything else
+  }
+}
+
 Result<std::shared_ptr<Server>> ServerFor(const bootstrap::UniqueId& id, const std::string& run_dir, int rank) {
   const std::string dir = JobDir(id, run_dir);
   std::lock_guard lock(g_mu);
@@ -178,6 +220,7 @@ Result<std::shared_ptr<Server>> ServerFor(const bootstrap::UniqueId& id, const s
   for (const std::string& d : {base, dir}) {
     if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) return FromErrno(errno, fmt::format("making {}", d));
   }
+  SweepEndedJobs(base, dir);
   const std::string path = fmt::format("{}/r{}-p{}.sock", dir, rank, getpid());
   if (path.size() >= sizeof(sockaddr_un{}.sun_path))
     return InvalidArgument(fmt::format("{}: longer than a Unix socket's path may be (KIZUNA_RUN_DIR shorter)", path));
@@ -223,20 +266,10 @@ std::unique_ptr<Registration> Serve(const bootstrap::UniqueId& id, const std::st
 
 Result<std::vector<ProcessAnswer>> AskJob(const bootstrap::UniqueId& id, const std::string& run_dir, double wait_s) {
   const std::string dir = JobDir(id, run_dir);
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr)
-    return FromErrno(errno, fmt::format("{} (the job's folder: no process of this job serves status here; is "
-                                        "KIZUNA_RUN_DIR the job's?)",
-                                        dir));
-  std::vector<ProcessAnswer> out;
-  while (dirent* e = readdir(d)) {
-    ProcessAnswer a;
-    char tail[8] = {};
-    if (std::sscanf(e->d_name, "r%d-p%d.sock%7s", &a.rank, &a.pid, tail) != 2) continue;
-    a.socket = fmt::format("{}/{}", dir, e->d_name);
-    out.push_back(std::move(a));
-  }
-  closedir(d);
+  KZ_ASSIGN_OR_RETURN(std::vector<ProcessAnswer> out,
+                      SocketsIn(dir, fmt::format("{} (the job's folder: no process of this job serves status here; "
+                                                 "is KIZUNA_RUN_DIR the job's?)",
+                                                 dir)));
   std::sort(out.begin(), out.end(), [](const ProcessAnswer& x, const ProcessAnswer& y) { return x.rank < y.rank; });
   for (ProcessAnswer& a : out) {
     const Deadline deadline = Deadline::AfterSeconds(wait_s);

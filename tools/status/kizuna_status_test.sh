@@ -15,6 +15,13 @@ mkdir -p "$tmp"
 KIZUNA_RUN_DIR="$(mktemp -d /tmp/kz-status.XXXXXX)"
 trap 'rm -rf "$KIZUNA_RUN_DIR"' EXIT
 export KIZUNA_RUN_DIR KIZUNA_EMULATED_DEVICES=4 KIZUNA_TIMEOUT=60
+# What killed jobs leave: the folder of a job whose processes are all gone goes when another job
+# starts; one with a live process stays.
+true &
+dead=$!
+wait "$dead"
+mkdir -p "$KIZUNA_RUN_DIR/ended" "$KIZUNA_RUN_DIR/live"
+touch "$KIZUNA_RUN_DIR/ended/r0-p$dead.sock" "$KIZUNA_RUN_DIR/ended/r1-p$dead.sock" "$KIZUNA_RUN_DIR/live/r0-p$$.sock"
 
 "$run" -n 4 --timeout 90 -- "$prog" pause 2 >"$tmp/job.out" 2>&1 &
 job=$!
@@ -25,6 +32,9 @@ for _ in $(seq 1 300); do
 done
 grep -q 'rank 2: stopping' "$tmp/job.out" || { cat "$tmp/job.out"; fail "rank 2 never stopped"; }
 sleep 1.5  # the others stall on it: their records say what they wait on
+[ ! -e "$KIZUNA_RUN_DIR/ended" ] || fail "the folder of a job whose processes are gone stayed"
+[ -e "$KIZUNA_RUN_DIR/live/r0-p$$.sock" ] || fail "the socket of a live process was removed"
+rm -r "$KIZUNA_RUN_DIR/live"
 victim="$(ls "$KIZUNA_RUN_DIR"/*/ | sed -n 's/^r2-p\([0-9]*\)\.sock$/\1/p')"
 [ -n "$victim" ] || fail "no status socket of rank 2 in $KIZUNA_RUN_DIR"
 any="$(ls "$KIZUNA_RUN_DIR"/*/ | sed -n 's/^r0-p\([0-9]*\)\.sock$/\1/p')"

@@ -52,7 +52,8 @@ bool Model::Resolve() {
     reduce_[r] = 1.0 / ((Known(d.reduce_gbps) ? d.reduce_gbps : k_.unknown_reduce_gbps) * 1e9);
     launch_[r] = (Known(d.launch_us) ? d.launch_us : k_.unknown_launch_us) * 1e-6;
   }
-  host_.emplace(shape_, k_, static_cast<double>(req_.input_count() + req_.output_count()) * elem_);
+  host_.emplace(shape_, k_, static_cast<double>(req_.input_count() + req_.output_count()) * elem_,
+                !IsPointToPoint(req_.collective));
   for (size_t r = 0; r < n; ++r)
     if (host_->Cached(static_cast<int>(r))) {
       const double speedup = std::max(1.0, k_.cache_speedup);

@@ -8,7 +8,7 @@
 
 namespace kizuna::collectives::cost_internal {
 
-HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k, double operation_bytes)
+HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k, double operation_bytes, bool collective)
     : wake_s_(k.oversubscribed_wake_us * 1e-6),
       handoff_s_(k.handoff_wake_us * 1e-6),
       memory_s_per_byte_(1.0 / (k.host_memory_gbps * 1e9)),
@@ -29,6 +29,9 @@ HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k, doub
     int& cpus = cpus_[static_cast<size_t>(it->second)];
     cpus = std::max(cpus, d.host_cpus);
   }
+  waiting_.assign(cpus_.size(), 0);
+  if (collective)
+    for (size_t r = 0; r < n && r < shape.ranks.size(); ++r) ++waiting_[static_cast<size_t>(host_[r])];
   std::vector<double> bytes(cpus_.size(), 0);
   for (size_t r = 0; r < n && r < shape.ranks.size(); ++r)
     if (compute_[r]) bytes[static_cast<size_t>(host_[r])] += operation_bytes;
@@ -67,9 +70,11 @@ HostSharing::Extra HostSharing::End(int critical) {
   for (int hi : hosts_touched_) {
     const auto h = static_cast<size_t>(hi);
     const int cpus = cpus_[h];
-    if (cpus > 0 && threads_[h] > cpus) {
-      const int beyond = threads_[h] - cpus;
-      const int ranks = std::min(beyond, std::max(0, active_[h] - cpus));
+    // The operation's ranks outside this stage wait on one thread each.
+    const int idle = std::max(0, waiting_[h] - active_[h]);
+    if (cpus > 0 && threads_[h] + idle > cpus) {
+      const int beyond = threads_[h] + idle - cpus;
+      const int ranks = std::min(beyond, std::max(0, active_[h] + idle - cpus));
       e.wake_s = std::max(e.wake_s, wake_s_ * ranks + handoff_s_ * static_cast<double>(beyond - ranks));
     }
     if (cpus > 0 && active_[h] > cpus && critical >= 0 && host_[static_cast<size_t>(critical)] == hi)

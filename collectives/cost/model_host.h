@@ -9,7 +9,9 @@
 // the largest RankDesc::host_cpus among its ranks; 0: unknown, no CPU term):
 //   slowdown  = max(1, m_h / C_h) for the critical rank's host: its ranks take turns on the CPUs;
 //   wake      = oversubscribed_wake_us × max(0, m_h − C_h) + handoff_wake_us × the rest of
-//               max(0, t_h − C_h), the largest over the hosts, with t_h the threads that must run
+//               max(0, t_h − C_h), the largest over the hosts, where in a collective m_h counts
+//               every rank of the host, a stage's or not (the others wait for theirs, and their
+//               waits take turns on the CPUs too), with t_h the threads that must run
 //               for the stage: each beyond the CPUs is woken and scheduled before the stage can
 //               complete. A fused pass runs on each rank's calling thread (t_h = m_h); a plan step
 //               of the executor's also passes through the device's stream thread when the device
@@ -31,8 +33,9 @@ namespace kizuna::collectives::cost_internal {
 
 class HostSharing {
  public:
-  // `operation_bytes`: one rank's input and output bytes in the operation.
-  HostSharing(const CommTopology& shape, const CostConstants& k, double operation_bytes);
+  // `operation_bytes`: one rank's input and output bytes in the operation; `collective`: every
+  // rank takes part in it (not a transfer between two).
+  HostSharing(const CommTopology& shape, const CostConstants& k, double operation_bytes, bool collective);
 
   // The operation's bytes on `rank`'s host fit in its cache, and the rank computes on the host.
   bool Cached(int rank) const;
@@ -59,6 +62,7 @@ class HostSharing {
   std::vector<int> threads_;      // per host: threads those ranks need scheduled in this stage
   std::vector<double> traffic_;   // per host: bytes in this stage
   std::vector<char> cached_;      // per host: the operation's bytes there fit in its cache
+  std::vector<int> waiting_;     // per host: its ranks in the operation (a collective's all, else 0)
   std::vector<char> rank_joined_;
   std::vector<int> joined_;
   std::vector<int> hosts_touched_;

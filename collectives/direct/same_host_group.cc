@@ -68,6 +68,10 @@ struct SameHostPage {
   alignas(64) std::atomic<uint32_t> holding;
   alignas(64) std::atomic<uint32_t> freeing;
   SlotHeader slots[2];
+  // The last operation this rank runs as the executor's plan instead (PublishPlanned), written
+  // before `planned_seq` (release).
+  SlotHeader planned;
+  alignas(64) std::atomic<uint64_t> planned_seq;
   SharedRegion regions[2];  // input, output (Exchange)
   char failure[600];
   alignas(64) uint8_t data[2][SameHostGroup::kInlineBytes];  // RunOneShot: the inputs
@@ -331,6 +335,16 @@ Status SameHostGroup::Stalled(int q, uint64_t seq, const char* what, Deadline de
     return Aborted(
         fmt::format("rank {} failed: {}", Name(q), std::string(p.failure, strnlen(p.failure, sizeof(p.failure)))));
   if (abort.load()) return Aborted("the communicator was aborted");
+  if (seq != 0 && p.planned_seq.load(std::memory_order_acquire) == seq) {
+    // The peer runs this operation as a plan: it will never arrive here.
+    const SameHostPage& me = mine();
+    const SlotHeader* own = me.slots[0].seq == seq ? &me.slots[0] : me.slots[1].seq == seq ? &me.slots[1] : nullptr;
+    return InvalidArgument(fmt::format(
+        "collective mismatch between ranks: rank {} is at operation {}: {}; rank {} is at operation {}: {} (run "
+        "another way: the ranks disagree on the algorithm)",
+        Name(rank_), seq, own != nullptr ? own->request.ToString() : std::string("a fused call"), Name(q), seq,
+        p.planned.request.ToString()));
+  }
   // Point-to-point operations (BeginHold) have no number.
   const std::string op = seq != 0 ? fmt::format("operation {}: ", seq) : std::string();
   if (ProcessEnded(peer.pidfd.get()))
@@ -473,6 +487,28 @@ Status SameHostGroup::Mismatch(int q, uint64_t seq, const CollectiveRequest& req
   return InvalidArgument(fmt::format("collective mismatch between ranks: rank {} is at operation {}: {}; rank {} is at "
                                      "operation {}: {}{}",
                                      Name(rank_), seq, request.ToString(), Name(q), h.seq, h.request.ToString(), why));
+}
+
+void SameHostGroup::PublishPlanned(uint64_t seq, uint64_t signature, const CollectiveRequest& request) {
+  SameHostPage& me = mine();
+  me.planned = SlotHeader{seq, signature, 0, request};
+  me.planned_seq.store(seq, std::memory_order_release);
+  Ring();
+}
+
+Status SameHostGroup::CheckFusedPeers(uint64_t seq, std::string_view call) const {
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_) continue;
+    const SameHostPage& p = *peers_[static_cast<size_t>(q)].page;
+    if (p.arrived.load(std::memory_order_acquire) < seq) continue;
+    for (const SlotHeader& h : p.slots)
+      if (h.seq == seq)
+        return InvalidArgument(fmt::format(
+            "collective mismatch between ranks: rank {} is at {}; rank {} is at operation {}: {} (run another way: "
+            "the ranks disagree on the algorithm)",
+            Name(rank_), call, Name(q), seq, h.request.ToString()));
+  }
+  return Status::Ok();
 }
 
 Status SameHostGroup::Meet(uint64_t seq, uint64_t signature, const CollectiveRequest& request, Protocol protocol,

@@ -169,6 +169,13 @@ class SameHostGroup {
   // The stream held since BeginHold is released.
   void EndHold();
 
+  // This rank runs operation `seq` as the executor's plan (not through this group): a peer that
+  // runs it on the fused path, waiting here for this rank to arrive, names the mismatch at once.
+  void PublishPlanned(uint64_t seq, uint64_t signature, const CollectiveRequest& request);
+  // The mismatch, where a peer has arrived at operation `seq` on the fused path while this rank
+  // runs it as a plan (`call`: this rank's, "operation S: ...", for the message); else ok.
+  Status CheckFusedPeers(uint64_t seq, std::string_view call) const;
+
   // Peer allocations mapped so far, and buffers waiting for ReleaseRetired (for logs and tests).
   size_t cached_imports() const { return imports_.size(); }
   size_t retired() const;

@@ -346,6 +346,10 @@ void Executor::Run::ProbeIfStalled(bool progress) {
 }
 
 Status Executor::Run::CheckStates() const {
+  // A peer of this host at this operation on the fused path waits on this rank's arrival there,
+  // and sends no header: its page says so once the operation stalls.
+  if (ex_.options_.same_host && op_.seq != 0 && Clock::now() - last_progress_ > kFusedPeerCheckAfter)
+    KZ_RETURN_IF_ERROR(ex_.options_.same_host->CheckFusedPeers(op_.seq, DescribeHeader(op_.header)));
   // Transfers are matched by their sizes; before a probe, no answer is this operation's.
   if (op_.seq == 0 || probed_at_ == Clock::time_point{}) return Status::Ok();
   for (const auto& [q, answer] : ex_.control_->state) {

@@ -343,6 +343,10 @@ Status Executor::RunOperation(Operation& op, RunPath path) {
     status = op.members.size() == 1 ? RunHostFused(op)
                                     : Internal("a hier:fused plan in a group of several calls (it runs alone)");
   } else {
+    // A peer of this host that runs the operation on the fused path waits for this rank there, not
+    // for its header: it sees this instead, and names the mismatch (Run::CheckStates, this side's).
+    if (options_.same_host && op.seq != 0)
+      options_.same_host->PublishPlanned(op.seq, op.header.signature, op.members[0].plan->request);
     if (options_.same_process && op.seq != 0) {
       std::string call = op.members[0].plan->request.ToString();
       if (op.members.size() > 1) call += fmt::format(" and {} more calls in a group", op.members.size() - 1);

@@ -98,6 +98,9 @@ constexpr std::chrono::milliseconds kProbeAfter{1000};
 // every rank's deadline falls within about a round of the others, and the notice of the rank next
 // to the stopped one names it, where the others could only name the peer they wait on.
 constexpr std::chrono::milliseconds kBlameGrace{1000};
+// How long an operation of the executor's plan waits before it looks whether a peer of its host
+// runs the same operation on the fused path (a mismatch that no header or probe would show).
+constexpr std::chrono::milliseconds kFusedPeerCheckAfter{1};
 // How often an idle executor looks for probes (an answer takes at most this long) and takes the
 // connections peers made to it.
 constexpr std::chrono::milliseconds kIdlePoll{20};

@@ -93,6 +93,9 @@ constexpr auto kSpinWindow = std::chrono::microseconds(50);
 // about 2 µs of it (docs/RACE.md, "Since the 16:04 run": oversubscribed waits look once, then
 // yield).
 constexpr int kSpins = 64, kOversubscribedSpins = 0;
+// How long a wait inside an operation lasts before it says what it waits on (set_stall_report):
+// as the executor's plans (ProbeIfStalled).
+constexpr auto kStallReport = std::chrono::seconds(1);
 // How long past its deadline a rank waits for a peer inside the operation to report its own
 // failure: the peer waits on another rank (a hierarchical operation's leader on the network level),
 // its deadline falls about now, and its error names the rank that stopped, where this rank's
@@ -289,6 +292,13 @@ Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reache
     __builtin_ia32_pause();
     if (reached()) return Status::Ok();
   }
+  const auto began = std::chrono::steady_clock::now();
+  bool reported = seq == 0 || !stall_report_;  // point-to-point holds (seq 0) are no operation's
+  auto report = [&] {
+    if (reported || std::chrono::steady_clock::now() - began < kStallReport) return;
+    reported = true;
+    stall_report_(fmt::format("waiting on rank {} (to {})", Name(q), what));
+  };
   if (spin_) {
     // No rank sleeps, so none rings (Ring): spin, yielding the core between windows, and look at
     // the peer, the abort flag and the deadline after each window.
@@ -301,6 +311,7 @@ Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reache
         }
       } while (std::chrono::steady_clock::now() < until);
       KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort, inside));
+      report();
       ::sched_yield();
     }
   }
@@ -314,6 +325,7 @@ Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reache
       continue;
     }
     KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort, inside));
+    report();
     p.sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t bell = p.bell.load(std::memory_order_seq_cst);
     if (!reached() && p.failed.load() == 0) {

@@ -169,6 +169,11 @@ class SameHostGroup {
   // The stream held since BeginHold is released.
   void EndHold();
 
+  // Called on the waiting thread once a wait inside an operation has lasted kStallReport, with what
+  // it waits on ("waiting on rank 2 (to arrive at the fused collective)"): the flight recorder's
+  // text. Set while no operation runs (the executor's construction and destruction).
+  void set_stall_report(std::function<void(std::string)> report) { stall_report_ = std::move(report); }
+
   // This rank runs operation `seq` as the executor's plan (not through this group): a peer that
   // runs it on the fused path, waiting here for this rank to arrive, names the mismatch at once.
   void PublishPlanned(uint64_t seq, uint64_t signature, const CollectiveRequest& request);
@@ -204,6 +209,7 @@ class SameHostGroup {
   enum class Protocol : uint32_t { kMapped = 0, kOneShot = 1, kStaged = 2 };
 
   std::vector<int> names_;  // set_rank_names
+  std::function<void(std::string)> stall_report_;
   SameHostPage& mine() const { return *peers_[static_cast<size_t>(rank_)].page; }
   // Waits until rank q's page shows `seq` reached in `phase` (kArrive: in `slot`).
   Status WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadline deadline, const std::atomic<bool>& abort);

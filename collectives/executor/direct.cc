@@ -193,6 +193,7 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
   // Ranks outnumbering the CPUs each do their part on this thread alone.
   const ScopedSerialHostWork serial(group.oversubscribed());
   const uint64_t ticket = recorder_.Begin(seq, req, m.plan->algorithm, 1, RunPath::kInline);
+  record_ticket_ = ticket;  // the group's waits say here what they wait on (set_stall_report)
   const uint64_t traced_from = tracer_ ? Tracer::NowUs() : 0;
   Status s;
   if (group.UsesOneShot(req)) {

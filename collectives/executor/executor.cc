@@ -32,6 +32,10 @@ Executor::Executor(Transport* transport, device::Device* device, const ExecutorO
   control_ = std::make_unique<ControlState>();
   control_->recv.resize(static_cast<size_t>(transport->nranks()));
   control_->gone.resize(static_cast<size_t>(transport->nranks()));
+  // The fused path's waits say what they wait on, as the plans' do (kizuna-status, the dumps).
+  for (const auto& group : {options_.same_host, options_.host_group})
+    if (group)
+      group->set_stall_report([this](std::string what) { recorder_.Waiting(record_ticket_, std::move(what)); });
 }
 
 Result<std::unique_ptr<Executor>> Executor::Create(Transport* transport, device::Device* device,
@@ -54,6 +58,8 @@ Executor::~Executor() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  for (const auto& group : {options_.same_host, options_.host_group})
+    if (group) group->set_stall_report(nullptr);  // the group may outlive this executor
   live_executors_.fetch_sub(1, std::memory_order_relaxed);
   {
     std::lock_guard run(run_mu_);

@@ -47,6 +47,9 @@ grep -Eq "^world +2 +$victim .*stopped \(SIGSTOP\)" <<<"$out" || fail "rank 2 no
 for r in 0 1 3; do
   grep -Eq "^world +$r +[0-9]+ +[^ ]+ +running +#[0-9]+ +#[0-9]+ allreduce" <<<"$out" || fail "rank $r not shown running"
 done
+# The fused path's waits say what they wait on, as the plans' do.
+grep -Eq "^world +0 .*waiting on rank 2 \(to arrive at the fused collective\)" <<<"$out" ||
+  fail "rank 0 does not say it waits on rank 2"
 grep -q "^slowest: rank 2 (stopped (SIGSTOP), pid $victim) does not answer; the others are at operation" <<<"$out" ||
   fail "the slowest rank is not named"
 

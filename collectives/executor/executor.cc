@@ -261,9 +261,8 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
   const Plan& plan = *members[0].plan;
   const CollectiveRequest& req = plan.request;
   // The plans of one host's processes run here too (4 processes on 2 CPUs, 8-byte ring: 56-64 us
-  // against 85-100 us through the executor's thread); the fused ones have paths of their own.
-  if (IsPointToPoint(req.collective) || plan.algorithm == Algorithm::kFused || IsHostFused(plan.algorithm) ||
-      !CpuSteps(device_->properties()))
+  // against 85-100 us through the executor's thread); the fused one has a path of its own.
+  if (IsPointToPoint(req.collective) || plan.algorithm == Algorithm::kFused || !CpuSteps(device_->properties()))
     return false;
   const uint64_t elems = std::max(req.input_count(), req.output_count());
   if (elems * DataTypeSize(req.dtype) > CallerOpBytes(*transport_)) return false;

@@ -37,6 +37,8 @@ HostSharing::HostSharing(const CommTopology& shape, const CostConstants& k, doub
     if (compute_[r]) bytes[static_cast<size_t>(host_[r])] += operation_bytes;
   cached_.resize(cpus_.size());
   for (size_t h = 0; h < cpus_.size(); ++h) cached_[h] = bytes[h] > 0 && bytes[h] <= k.host_cache_mib * (1 << 20);
+  last_stage_.assign(n, 1);  // every rank starts running: its call is the operation's first stage
+  rejoined_.assign(cpus_.size(), 0);
   active_.assign(cpus_.size(), 0);
   threads_.assign(cpus_.size(), 0);
   traffic_.assign(cpus_.size(), 0);
@@ -54,6 +56,7 @@ void HostSharing::Join(int rank, bool executor) {
   joined_.push_back(rank);
   const auto h = static_cast<size_t>(host_[r]);
   threads_[h] += executor && compute_[r] ? 2 : 1;
+  if (!last_stage_[r]) ++rejoined_[h];
   if (active_[h]++ == 0 && traffic_[h] == 0) hosts_touched_.push_back(static_cast<int>(h));
 }
 
@@ -70,13 +73,17 @@ HostSharing::Extra HostSharing::End(int critical) {
   for (int hi : hosts_touched_) {
     const auto h = static_cast<size_t>(hi);
     const int cpus = cpus_[h];
-    // The operation's ranks outside this stage wait on one thread each.
-    const int idle = std::max(0, waiting_[h] - active_[h]);
-    if (cpus > 0 && threads_[h] + idle > cpus) {
-      const int beyond = threads_[h] + idle - cpus;
-      const int ranks = std::min(beyond, std::max(0, active_[h] + idle - cpus));
-      e.wake_s = std::max(e.wake_s, wake_s_ * ranks + handoff_s_ * static_cast<double>(beyond - ranks));
+    double wake = 0;
+    if (cpus > 0 && threads_[h] > cpus) {
+      const int beyond = threads_[h] - cpus;
+      const int ranks = std::min(beyond, std::max(0, active_[h] - cpus));
+      wake = wake_s_ * ranks + handoff_s_ * static_cast<double>(beyond - ranks);
     }
+    // On a host whose ranks in the operation outnumber its CPUs, a rank that sat the last stage
+    // out has given its CPU away and fallen asleep: it is woken before this stage can go on.
+    if (cpus > 0 && waiting_[h] > cpus) wake += wake_s_ * rejoined_[h];
+    e.wake_s = std::max(e.wake_s, wake);
+    rejoined_[h] = 0;
     if (cpus > 0 && active_[h] > cpus && critical >= 0 && host_[static_cast<size_t>(critical)] == hi)
       e.slowdown = static_cast<double>(active_[h]) / static_cast<double>(cpus);
     e.memory_s = std::max(e.memory_s, traffic_[h] * memory_s_per_byte_ / (cached_[h] ? cache_speedup_ : 1.0));
@@ -85,6 +92,8 @@ HostSharing::Extra HostSharing::End(int critical) {
     traffic_[h] = 0;
   }
   hosts_touched_.clear();
+  if (!joined_.empty())
+    for (size_t r = 0; r < last_stage_.size(); ++r) last_stage_[r] = rank_joined_[r];
   for (int r : joined_) rank_joined_[static_cast<size_t>(r)] = 0;
   joined_.clear();
   return e;

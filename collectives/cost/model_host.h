@@ -9,14 +9,15 @@
 // the largest RankDesc::host_cpus among its ranks; 0: unknown, no CPU term):
 //   slowdown  = max(1, m_h / C_h) for the critical rank's host: its ranks take turns on the CPUs;
 //   wake      = oversubscribed_wake_us × max(0, m_h − C_h) + handoff_wake_us × the rest of
-//               max(0, t_h − C_h), the largest over the hosts, where in a collective m_h counts
-//               every rank of the host, a stage's or not (the others wait for theirs, and their
-//               waits take turns on the CPUs too), with t_h the threads that must run
+//               max(0, t_h − C_h), with t_h the threads that must run
 //               for the stage: each beyond the CPUs is woken and scheduled before the stage can
 //               complete. A fused pass runs on each rank's calling thread (t_h = m_h); a plan step
 //               of the executor's also passes through the device's stream thread when the device
 //               computes on the host (t_h = 2 per such rank: the executor's thread and the
-//               stream's), whose wake-ups cost differently (handoff_wake_us);
+//               stream's), whose wake-ups cost differently (handoff_wake_us); plus, in a
+//               collective whose ranks on h outnumber C_h, oversubscribed_wake_us per rank of h
+//               that joins this stage after sitting the last one out (its wait gave the CPU away
+//               and slept: 3 processes on 2 CPUs, rd's third rank); the largest over the hosts;
 //   memory    = the host's memory traffic in the stage (bytes read + written by its host_compute
 //               ranks) / host_memory_gbps, the largest over the hosts: a floor under the stage's
 //               bandwidth terms, since every such rank's copies share one memory system; ×
@@ -63,6 +64,8 @@ class HostSharing {
   std::vector<double> traffic_;   // per host: bytes in this stage
   std::vector<char> cached_;      // per host: the operation's bytes there fit in its cache
   std::vector<int> waiting_;     // per host: its ranks in the operation (a collective's all, else 0)
+  std::vector<int> rejoined_;    // per host: ranks in this stage that sat the last one out
+  std::vector<char> last_stage_;  // per rank: it took part in the last stage
   std::vector<char> rank_joined_;
   std::vector<int> joined_;
   std::vector<int> hosts_touched_;

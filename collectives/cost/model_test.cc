@@ -152,6 +152,28 @@ TEST(CostModelTest, OversubscribedHostByHand) {
 
 // Devices that compute on the host share its memory: a fused AllReduce over 8 such ranks moves
 // 2 x 8 x S bytes through one memory system, whatever each device's own copy speed.
+// A rank that sat a stage out on a host whose ranks outnumber its CPUs has slept, and is woken
+// before it can take part again: recursive doubling over 3 ranks on 2 CPUs folds rank 2 into
+// rank 0 (ranks 2 and 0), exchanges between ranks 0 and 1 (rank 1 rejoins), and hands rank 2 the
+// result (rank 2 rejoins). Each stage has 2 ranks, as many as the CPUs: no other wake-up.
+TEST(CostModelTest, RanksThatSatAStageOutAreWokenOnAnOversubscribedHost) {
+  const CostConstants k;
+  const CollectiveRequest r = Request(Collective::kAllReduce, 3, 2);
+  CommTopology two_cpus = HandShape(3);
+  for (RankDesc& d : two_cpus.ranks) d.host_cpus = 2;
+  CommTopology three_cpus = two_cpus;
+  for (RankDesc& d : three_cpus.ranks) d.host_cpus = 3;
+  const Prediction busy = Predict(Algorithm::kRd, r, two_cpus, Options(), k);
+  const Prediction free = Predict(Algorithm::kRd, r, three_cpus, Options(), k);
+  ASSERT_TRUE(busy.finite() && free.finite()) << busy.note << free.note;
+  EXPECT_NEAR(busy.seconds - free.seconds, 2 * k.oversubscribed_wake_us * 1e-6, 1e-12);
+  // A transfer between two ranks wakes no one else.
+  CollectiveRequest send = Request(Collective::kSend, 3, 2);
+  send.root = 1;
+  EXPECT_NEAR(Predict(Algorithm::kP2p, send, two_cpus, Options(), k).seconds,
+              Predict(Algorithm::kP2p, send, three_cpus, Options(), k).seconds, 1e-15);
+}
+
 TEST(CostModelTest, HostMemoryBoundsDevicesThatComputeOnTheHost) {
   CostConstants k;
   k.host_memory_gbps = 40;

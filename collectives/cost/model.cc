@@ -191,7 +191,7 @@ void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t e
       critical = r;
     }
   }
-  const cost_internal::HostSharing::Extra host = host_->End(critical);
+  const cost_internal::HostSharing::Extra host = host_->End(critical, /*waits=*/false);
   worst.beta *= host.slowdown;
   worst.gamma *= host.slowdown;
   worst.beta += std::max(0.0, host.memory_s - worst.beta - worst.gamma);

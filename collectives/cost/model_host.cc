@@ -68,7 +68,7 @@ void HostSharing::Traffic(int rank, double bytes) {
   traffic_[h] += bytes;
 }
 
-HostSharing::Extra HostSharing::End(int critical) {
+HostSharing::Extra HostSharing::End(int critical, bool waits) {
   Extra e;
   for (int hi : hosts_touched_) {
     const auto h = static_cast<size_t>(hi);
@@ -81,7 +81,7 @@ HostSharing::Extra HostSharing::End(int critical) {
     }
     // On a host whose ranks in the operation outnumber its CPUs, a rank that sat the last stage
     // out has given its CPU away and fallen asleep: it is woken before this stage can go on.
-    if (cpus > 0 && waiting_[h] > cpus) wake += wake_s_ * rejoined_[h];
+    if (waits && cpus > 0 && waiting_[h] > cpus) wake += wake_s_ * rejoined_[h];
     e.wake_s = std::max(e.wake_s, wake);
     rejoined_[h] = 0;
     if (cpus > 0 && active_[h] > cpus && critical >= 0 && host_[static_cast<size_t>(critical)] == hi)
@@ -92,7 +92,7 @@ HostSharing::Extra HostSharing::End(int critical) {
     traffic_[h] = 0;
   }
   hosts_touched_.clear();
-  if (!joined_.empty())
+  if (waits && !joined_.empty())
     for (size_t r = 0; r < last_stage_.size(); ++r) last_stage_[r] = rank_joined_[r];
   for (int r : joined_) rank_joined_[static_cast<size_t>(r)] = 0;
   joined_.clear();

@@ -53,7 +53,9 @@ class HostSharing {
     double memory_s = 0;  // the stage's bandwidth terms are at least this
   };
   // The stage's extra costs with `critical` the rank whose work sets its time; resets the stage.
-  Extra End(int critical);
+  // `waits`: its ranks wait for each other (a transfer stage), not each on its own work alone (a
+  // local copy or reduction), which neither wakes a rank that sat out nor counts as taking part.
+  Extra End(int critical, bool waits = true);
 
  private:
   std::vector<int> host_;         // per rank: its host's index

@@ -156,11 +156,16 @@ Result<Selection> SelectAlgorithm(const CollectiveRequest& request, const CommTo
   Selection sel;
   sel.request = request;
   sel.candidates.reserve(kNumAlgorithms);
+  // Every rank must choose alike, and ranks may place their buffers differently (a Broadcast's
+  // root alone decides whether it runs in place): the algorithms are compared on the call out of
+  // place on every rank. A placement an algorithm cannot serve stays its own rank's refusal.
+  CollectiveRequest compared = request;
+  compared.in_place = false;
   for (int i = 0; i < kNumAlgorithms; ++i) {
     Candidate c;
     c.algorithm = static_cast<Algorithm>(i);
     c.support = supports(c.algorithm, request, shape);
-    if (c.supported()) c.prediction = Predict(c.algorithm, request, shape, options, constants);
+    if (c.supported()) c.prediction = Predict(c.algorithm, compared, shape, options, constants);
     sel.candidates.push_back(std::move(c));
   }
 

@@ -404,6 +404,32 @@ TEST(SelectorTest, SameInputsSameChoice) {
     }
 }
 
+// Ranks may place their buffers differently (a Broadcast's root alone decides whether it runs in
+// place): the choice must not depend on it. Uneven hosts (2 + 3 + 1) on one machine of 2 CPUs,
+// where a local copy on the root alone once made the hierarchy and the tree trade places.
+TEST(SelectorTest, InPlaceOrNotTheSameChoice) {
+  CommTopology shape = CommTopology::Uniform(6, RankDesc{"host", "dev", 0, 0, 0}, LinkDesc{true, 0, 0, true});
+  const int host_of[6] = {0, 0, 1, 1, 1, 2};
+  for (int r = 0; r < 6; ++r) {
+    shape.ranks[static_cast<size_t>(r)].host_id = "h" + std::to_string(host_of[r]) + ":b00710";
+    shape.ranks[static_cast<size_t>(r)].host_cpus = 2;
+    shape.ranks[static_cast<size_t>(r)].host_compute = true;
+  }
+  for (int a = 0; a < 6; ++a)
+    for (int b = 0; b < 6; ++b)
+      if (host_of[a] != host_of[b]) shape.link(a, b) = LinkDesc{true, 20, 1, false};
+  for (Collective c : {Collective::kBroadcast, Collective::kAllGather, Collective::kAllReduce, Collective::kReduce})
+    for (uint64_t count = 1; count < (uint64_t{1} << 24); count *= 4) {
+      CollectiveRequest r = Request(c, 6, count);
+      auto out = Select(r, shape, AlgoOverrides{});
+      r.in_place = true;
+      auto in = Select(r, shape, AlgoOverrides{});
+      ASSERT_TRUE(out.ok() && in.ok()) << CollectiveName(c) << " " << count;
+      EXPECT_EQ(out->chosen, in->chosen) << CollectiveName(c) << " " << count << ": " << SelectionToString(*out)
+                                         << " / " << SelectionToString(*in);
+    }
+}
+
 TEST(SelectorTest, OneLineForTheLog) {
   auto s = Select(Request(Collective::kAllReduce, 8, 2), Shape(8), {});
   ASSERT_TRUE(s.ok());

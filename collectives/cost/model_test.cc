@@ -44,6 +44,12 @@ CommTopology HandShape(int n) {
 }
 
 // Everything unknown: the model's defaults apply. Staged links, as the executor runs them.
+// `shape` with every rank's host reporting `cpus` CPUs.
+CommTopology WithHostCpus(CommTopology shape, int cpus) {
+  for (RankDesc& d : shape.ranks) d.host_cpus = cpus;
+  return shape;
+}
+
 CommTopology DefaultShape(int n) {
   return CommTopology::Uniform(n, RankDesc{"host", "dev", 0, 0, 0}, LinkDesc{true, 0, 0, true});
 }
@@ -105,10 +111,8 @@ TEST(CostModelTest, RingAllReduceByHand) {
 TEST(CostModelTest, OversubscribedHostByHand) {
   const CostConstants k;
   const CollectiveRequest r = Request(Collective::kAllReduce, 4, 4096);
-  CommTopology two_cpus = HandShape(4);
-  for (RankDesc& d : two_cpus.ranks) d.host_cpus = 2;
-  CommTopology four_cpus = two_cpus;
-  for (RankDesc& d : four_cpus.ranks) d.host_cpus = 4;
+  const CommTopology two_cpus = WithHostCpus(HandShape(4), 2);
+  const CommTopology four_cpus = WithHostCpus(HandShape(4), 4);
   // With a CPU each the host term adds nothing: RingAllReduceByHand's figures.
   const Prediction free = Predict(Algorithm::kRing, r, four_cpus, Options(), k);
   EXPECT_NEAR(free.seconds, 23.472e-6, 1e-12);
@@ -159,10 +163,8 @@ TEST(CostModelTest, OversubscribedHostByHand) {
 TEST(CostModelTest, RanksThatSatAStageOutAreWokenOnAnOversubscribedHost) {
   const CostConstants k;
   const CollectiveRequest r = Request(Collective::kAllReduce, 3, 2);
-  CommTopology two_cpus = HandShape(3);
-  for (RankDesc& d : two_cpus.ranks) d.host_cpus = 2;
-  CommTopology three_cpus = two_cpus;
-  for (RankDesc& d : three_cpus.ranks) d.host_cpus = 3;
+  const CommTopology two_cpus = WithHostCpus(HandShape(3), 2);
+  const CommTopology three_cpus = WithHostCpus(HandShape(3), 3);
   const Prediction busy = Predict(Algorithm::kRd, r, two_cpus, Options(), k);
   const Prediction free = Predict(Algorithm::kRd, r, three_cpus, Options(), k);
   ASSERT_TRUE(busy.finite() && free.finite()) << busy.note << free.note;

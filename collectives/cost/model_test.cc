@@ -1,7 +1,7 @@
-// The cost model without any transport or device: formulas against values computed by hand,
-// monotonicity, the regimes the formulas must reproduce (ring for large messages, rd and tree for
-// small ones), heterogeneous shapes, unreachable links, malformed inputs, determinism, and the
-// constants table.
+// The cost model without any transport or device: formulas against values computed by hand (the
+// host term's in model_host_test.cc), monotonicity, the regimes the formulas must reproduce (ring
+// for large messages, rd and tree for small ones), heterogeneous shapes, unreachable links,
+// malformed inputs, determinism, and the constants table.
 #include "collectives/cost/model.h"
 
 #include <charconv>
@@ -16,46 +16,12 @@
 
 #include <gtest/gtest.h>
 
+#include "collectives/cost/model_test_util.h"
+
 namespace kizuna::collectives {
 namespace {
 
-constexpr uint64_t kUnlimited = uint64_t{1} << 40;
-
-CollectiveRequest Request(Collective c, int nranks, uint64_t count, DataType dtype = DataType::kFloat32) {
-  CollectiveRequest r;
-  r.collective = c;
-  r.nranks = nranks;
-  r.count = count;
-  r.dtype = dtype;
-  return r;
-}
-
-PlanOptions Options(uint64_t chunk_count = kUnlimited, int channels = 1) {
-  PlanOptions o;
-  o.chunk_count = chunk_count;
-  o.channels = channels;
-  return o;
-}
-
-// Known speeds, links that need no staging: numbers that are easy to follow by hand.
-// Device: copy 20 GB/s, reduce 40 GB/s, launch 2 us. Link: 1 us, 10 GB/s.
-CommTopology HandShape(int n) {
-  return CommTopology::Uniform(n, RankDesc{"host", "dev", 20, 40, 2}, LinkDesc{true, 1, 10, false});
-}
-
-// Everything unknown: the model's defaults apply. Staged links, as the executor runs them.
-// `shape` with every rank's host reporting `cpus` CPUs.
-CommTopology WithHostCpus(CommTopology shape, int cpus) {
-  for (RankDesc& d : shape.ranks) d.host_cpus = cpus;
-  return shape;
-}
-
-CommTopology DefaultShape(int n) {
-  return CommTopology::Uniform(n, RankDesc{"host", "dev", 0, 0, 0}, LinkDesc{true, 0, 0, true});
-}
-
-// The constants' software overheads, per message at one rank: message + step.
-double MessageOverhead(const CostConstants& k) { return (k.message_overhead_us + k.step_overhead_us) * 1e-6; }
+using namespace cost_testing;  // NOLINT: the tests' shared requests and shapes
 
 TEST(CostModelTest, FusedAllReduceByHand) {
   const CostConstants k;
@@ -104,117 +70,6 @@ TEST(CostModelTest, RingAllReduceByHand) {
   EXPECT_NEAR(p.seconds, 23.472e-6, 1e-12);
   EXPECT_EQ(p.stages, 6);
   EXPECT_EQ(p.structure, "reduce-scatter 3 + allgather 3");
-}
-
-// Ranks sharing a host with fewer CPUs than ranks take turns (the slowdown m / C on the critical
-// rank's terms) and wait for each rank beyond the CPUs to be scheduled (a wake-up per stage).
-TEST(CostModelTest, OversubscribedHostByHand) {
-  const CostConstants k;
-  const CollectiveRequest r = Request(Collective::kAllReduce, 4, 4096);
-  const CommTopology two_cpus = WithHostCpus(HandShape(4), 2);
-  const CommTopology four_cpus = WithHostCpus(HandShape(4), 4);
-  // With a CPU each the host term adds nothing: RingAllReduceByHand's figures.
-  const Prediction free = Predict(Algorithm::kRing, r, four_cpus, Options(), k);
-  EXPECT_NEAR(free.seconds, 23.472e-6, 1e-12);
-  // Two CPUs: every stage's CPU, wire and reduce terms twice as long, plus 2 wake-ups per stage.
-  const Prediction ring = Predict(Algorithm::kRing, r, two_cpus, Options(), k);
-  const double cpu = 2 * MessageOverhead(k);
-  EXPECT_NEAR(ring.alpha_s, 3 * (3e-6 + 2 * cpu) + 3 * (1e-6 + 2 * cpu) + 6 * 2 * k.oversubscribed_wake_us * 1e-6,
-              1e-15);
-  EXPECT_NEAR(ring.beta_s, 2 * 6 * (4096 / 10e9), 1e-15);
-  EXPECT_NEAR(ring.gamma_s, 2 * 3 * (2 * 4096 / 40e9), 1e-15);
-  // The fused pass: two rendezvous with 2 wake-ups each, the pass itself twice as long.
-  const Prediction fused = Predict(Algorithm::kFused, r, two_cpus, Options(), k);
-  EXPECT_NEAR(fused.alpha_s, 2e-6 + (k.direct_rendezvous_us + 2 * 2 * k.oversubscribed_wake_us) * 1e-6, 1e-12);
-  EXPECT_NEAR(fused.gamma_s, 2 * 16384 / 20e9, 1e-12);
-  // Ranks on two hosts of 2 CPUs each are not oversubscribed.
-  CommTopology two_hosts = two_cpus;
-  two_hosts.ranks[2].host_id = two_hosts.ranks[3].host_id = "other";
-  EXPECT_NEAR(Predict(Algorithm::kRing, r, two_hosts, Options(), k).seconds, 23.472e-6, 1e-12);
-  // Two host names on one kernel (namespace or container hosts: host ids that share a boot id)
-  // are one machine: its 2 CPUs run all 4 ranks, as on one host.
-  CommTopology one_kernel = two_cpus;
-  for (int i = 0; i < 4; ++i)
-    one_kernel.ranks[static_cast<size_t>(i)].host_id = std::string(i < 2 ? "ns0:" : "ns1:") + "b00710";
-  EXPECT_NEAR(Predict(Algorithm::kRing, r, one_kernel, Options(), k).seconds, ring.seconds, 1e-15);
-  CommTopology two_kernels = one_kernel;
-  two_kernels.ranks[2].host_id = two_kernels.ranks[3].host_id = "ns1:c0ffee00";
-  EXPECT_NEAR(Predict(Algorithm::kRing, r, two_kernels, Options(), k).seconds, 23.472e-6, 1e-12);
-  // Devices that compute on the host: a plan step also needs the device's stream thread, so 4
-  // ranks on 4 CPUs run 8 threads: 4 wake-ups per ring stage, none for the fused pass (the
-  // calling threads alone). The memory and cache terms are kept out of the way here.
-  CostConstants fast_memory = k;
-  fast_memory.host_memory_gbps = 1e9;
-  fast_memory.cache_speedup = 1;
-  CommTopology emulated = four_cpus;
-  for (RankDesc& d : emulated.ranks) d.host_compute = true;
-  EXPECT_NEAR(Predict(Algorithm::kRing, r, emulated, Options(), fast_memory).seconds,
-              23.472e-6 + 6 * 4 * k.oversubscribed_wake_us * 1e-6, 1e-12);
-  EXPECT_NEAR(Predict(Algorithm::kFused, r, emulated, Options(), fast_memory).alpha_s,
-              2e-6 + k.direct_rendezvous_us * 1e-6, 1e-12);
-}
-
-// Devices that compute on the host share its memory: a fused AllReduce over 8 such ranks moves
-// 2 x 8 x S bytes through one memory system, whatever each device's own copy speed.
-// A rank that sat a stage out on a host whose ranks outnumber its CPUs has slept, and is woken
-// before it can take part again: recursive doubling over 3 ranks on 2 CPUs folds rank 2 into
-// rank 0 (ranks 2 and 0), exchanges between ranks 0 and 1 (rank 1 rejoins), and hands rank 2 the
-// result (rank 2 rejoins). Each stage has 2 ranks, as many as the CPUs: no other wake-up.
-TEST(CostModelTest, RanksThatSatAStageOutAreWokenOnAnOversubscribedHost) {
-  const CostConstants k;
-  const CollectiveRequest r = Request(Collective::kAllReduce, 3, 2);
-  const CommTopology two_cpus = WithHostCpus(HandShape(3), 2);
-  const CommTopology three_cpus = WithHostCpus(HandShape(3), 3);
-  const Prediction busy = Predict(Algorithm::kRd, r, two_cpus, Options(), k);
-  const Prediction free = Predict(Algorithm::kRd, r, three_cpus, Options(), k);
-  ASSERT_TRUE(busy.finite() && free.finite()) << busy.note << free.note;
-  EXPECT_NEAR(busy.seconds - free.seconds, 2 * k.oversubscribed_wake_us * 1e-6, 1e-12);
-  // A transfer between two ranks wakes no one else.
-  CollectiveRequest send = Request(Collective::kSend, 3, 2);
-  send.root = 1;
-  EXPECT_NEAR(Predict(Algorithm::kP2p, send, two_cpus, Options(), k).seconds,
-              Predict(Algorithm::kP2p, send, three_cpus, Options(), k).seconds, 1e-15);
-}
-
-TEST(CostModelTest, HostMemoryBoundsDevicesThatComputeOnTheHost) {
-  CostConstants k;
-  k.host_memory_gbps = 40;
-  const uint64_t count = 16 << 20;  // 64 MiB of float32
-  const CollectiveRequest r = Request(Collective::kAllReduce, 8, count);
-  CommTopology emulated = HandShape(8);
-  for (RankDesc& d : emulated.ranks) d.host_compute = true;
-  const Prediction fused = Predict(Algorithm::kFused, r, emulated, Options(), k);
-  EXPECT_NEAR(fused.gamma_s, 2.0 * 8 * 4 * count / 40e9, 1e-9);
-  // Without host_compute (a GPU's memory) each device's pass runs at its own copy speed.
-  EXPECT_NEAR(Predict(Algorithm::kFused, r, HandShape(8), Options(), k).gamma_s, 4.0 * count / 20e9, 1e-9);
-  // The ring pays its memory traffic too (a reduced message: read, written, two reads and a
-  // write), so the fused pass, the least traffic, stays the cheaper one.
-  const Prediction ring = Predict(Algorithm::kRing, r, emulated, Options(), k);
-  EXPECT_GT(ring.seconds, fused.seconds);
-  EXPECT_GT(ring.beta_s + ring.gamma_s, Predict(Algorithm::kRing, r, HandShape(8), Options(), k).beta_s);
-}
-
-TEST(CostModelTest, OperationsThatFitTheHostsCacheRunFaster) {
-  CostConstants k;
-  k.host_memory_gbps = 40;
-  k.host_cache_mib = 32;
-  k.cache_speedup = 2;
-  CommTopology emulated = HandShape(8);
-  for (RankDesc& d : emulated.ranks) d.host_compute = true;
-  // 8 ranks x (1 MiB in + 1 MiB out) = 16 MiB fit in 32 MiB: the memory floor at twice the rate.
-  const uint64_t small = 256 << 10;  // 1 MiB of float32
-  const Prediction cached =
-      Predict(Algorithm::kFused, Request(Collective::kAllReduce, 8, small), emulated, Options(), k);
-  EXPECT_NEAR(cached.gamma_s, 2.0 * 8 * 4 * small / 80e9, 1e-12);
-  // 8 x 8 MiB = 64 MiB do not: memory rates.
-  const uint64_t large = 1 << 20;  // 4 MiB of float32
-  const Prediction memory =
-      Predict(Algorithm::kFused, Request(Collective::kAllReduce, 8, large), emulated, Options(), k);
-  EXPECT_NEAR(memory.gamma_s, 2.0 * 8 * 4 * large / 40e9, 1e-12);
-  // Devices with memory of their own (a GPU's) have no host cache term.
-  const Prediction gpu =
-      Predict(Algorithm::kFused, Request(Collective::kAllReduce, 8, small), HandShape(8), Options(), k);
-  EXPECT_NEAR(gpu.gamma_s, 4.0 * small / 20e9, 1e-12);
 }
 
 TEST(CostModelTest, StagedSendWithDefaultsByHand) {

@@ -12,6 +12,10 @@
 //  - AllGather: rank r copies its input into block r of every output (pushed: read once for all).
 //  - Broadcast: rank r copies slice r of the root's input into every output.
 //  - Barrier: nothing moves; the rendezvous around the part is the barrier.
+// Those are the even parts. Where the devices differ in speed, the plan sizes the parts by speed
+// instead (RankPlan::fused_bounds): rank r then takes elements [b_r, b_r+1) of the vector, or of
+// every rank's block laid end to end for ReduceScatter and AllGather, whose part may then cover
+// pieces of several blocks (each reduced into, or copied from, that block's owner).
 // In place, a copy onto itself is skipped. avg is reduced as avg in the same pass (sum, then one
 // division by nranks, rounded once): the plan's epilogue is not used.
 //
@@ -41,12 +45,13 @@ inline std::pair<uint64_t, uint64_t> FusedSlice(uint64_t count, int n, int r) {
 }
 
 // Enqueues rank `rank`'s part of the fused operation `req` on `stream`, given every rank's buffers
-// (indexed by rank, as this rank's device addresses them).
-Status EnqueueFusedPart(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
-                        std::span<void* const> outputs, device::Stream& stream);
+// (indexed by rank, as this rank's device addresses them). `bounds`: the plan's
+// RankPlan::fused_bounds (parts sized by speed), or empty for the even split above.
+Status EnqueueFusedPart(const CollectiveRequest& req, int rank, std::span<const uint64_t> bounds,
+                        std::span<const void* const> inputs, std::span<void* const> outputs, device::Stream& stream);
 // The same part done by the calling thread on memory the CPU reaches (host_reduce.h's kernels).
-Status RunFusedPartOnCpu(const CollectiveRequest& req, int rank, std::span<const void* const> inputs,
-                         std::span<void* const> outputs);
+Status RunFusedPartOnCpu(const CollectiveRequest& req, int rank, std::span<const uint64_t> bounds,
+                         std::span<const void* const> inputs, std::span<void* const> outputs);
 // The bytes of this rank's input and output that a fused operation touches (the root's buffer
 // alone matters for Broadcast's input and Reduce's output).
 std::pair<uint64_t, uint64_t> FusedBytes(const CollectiveRequest& req, int rank);

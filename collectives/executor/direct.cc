@@ -58,7 +58,7 @@ Status Executor::RunDirect(Operation& op, Deadline deadline) {
   // that published no event finished its part before
   // publishing; the events of ranks that went through their streams are waited for here.
   if (CpuDoesParts(device_->properties())) {
-    if (Status s = RunFusedPartOnCpu(req, rank, inputs, outputs); !s.ok()) return failed(s);
+    if (Status s = RunFusedPartOnCpu(req, rank, plan.ranks[0].fused_bounds, inputs, outputs); !s.ok()) return failed(s);
     KZ_ASSIGN_OR_RETURN(std::vector<device::Event*> events,
                         group->Finish(op.seq, rank, nullptr, deadline, abort_));
     for (device::Event* e : events)
@@ -71,7 +71,8 @@ Status Executor::RunDirect(Operation& op, Deadline deadline) {
   if (!direct_done_) {
     KZ_ASSIGN_OR_RETURN(direct_done_, device_->CreateEvent());
   }
-  if (Status s = EnqueueFusedPart(req, rank, inputs, outputs, stream); !s.ok()) return failed(s);
+  if (Status s = EnqueueFusedPart(req, rank, plan.ranks[0].fused_bounds, inputs, outputs, stream); !s.ok())
+    return failed(s);
   if (Status s = stream.Record(*direct_done_); !s.ok()) return failed(s);
   // The finish stays on the device: this rank's stream waits for every other rank's part, then
   // releases the caller's stream itself. No host thread waits for the device pass.
@@ -126,7 +127,9 @@ Status Executor::RunHostDirect(Operation& op, Deadline deadline) {
   if (!buffers.ok()) return failed(buffers.status());
   if (Status s = DirectStream(); !s.ok()) return failed(s);
   device::Stream& stream = *streams_[0];
-  if (Status s = EnqueueFusedPart(req, rank, buffers->inputs, buffers->outputs, stream); !s.ok()) return failed(s);
+  if (Status s = EnqueueFusedPart(req, rank, m.plan->ranks[0].fused_bounds, buffers->inputs, buffers->outputs, stream);
+      !s.ok())
+    return failed(s);
   if (Status s = stream.Synchronize(deadline); !s.ok()) return failed(s);
   if (Status s = group.Finish(op.seq, deadline, abort_); !s.ok()) return failed(s);
   return Status::Ok();
@@ -205,7 +208,9 @@ Result<bool> Executor::TryInline(const std::vector<OperationMember>& members, de
     const auto [in_bytes, out_bytes] = FusedBytes(req, options_.rank);
     auto buffers = group.Exchange(seq, signature, req, m.input, in_bytes, m.output, out_bytes, deadline,
                                   abort_);
-    s = buffers.ok() ? RunFusedPartOnCpu(req, options_.rank, buffers->inputs, buffers->outputs) : buffers.status();
+    s = buffers.ok()
+            ? RunFusedPartOnCpu(req, options_.rank, m.plan->ranks[0].fused_bounds, buffers->inputs, buffers->outputs)
+            : buffers.status();
     if (s.ok()) s = group.Finish(seq, deadline, abort_);
   }
   recorder_.End(ticket, s);
@@ -247,6 +252,9 @@ class Executor::GroupCall {
  private:
   const CollectiveRequest& request(size_t r) const {
     return (*members_[static_cast<size_t>(order_[r])])[0].plan->request;
+  }
+  const std::vector<uint64_t>& bounds(size_t r) const {
+    return (*members_[static_cast<size_t>(order_[r])])[0].plan->ranks[0].fused_bounds;
   }
   device::Stream& stream(size_t r) const { return *streams_[static_cast<size_t>(order_[r])]; }
   Executor& ex(size_t r) const { return *executors_[static_cast<size_t>(order_[r])]; }
@@ -330,7 +338,7 @@ Status Executor::GroupCall::FailAll(Status s, size_t r) const {
 
 Result<bool> Executor::GroupCall::RunOnCpu() {
   for (size_t r = 0; r < n_; ++r)
-    if (Status s = RunFusedPartOnCpu(request(r), static_cast<int>(r), inputs_, outputs_); !s.ok())
+    if (Status s = RunFusedPartOnCpu(request(r), static_cast<int>(r), bounds(r), inputs_, outputs_); !s.ok())
       return FailAll(s, r);
   return true;
 }
@@ -351,7 +359,7 @@ Result<bool> Executor::GroupCall::EnqueueOnStreams() {
     Status s;
     for (size_t q = 0; q < n_ && s.ok(); ++q)
       if (q != r) s = stream(r).Wait(*ex(q).group_ready_);
-    if (s.ok()) s = EnqueueFusedPart(request(r), static_cast<int>(r), inputs_, outputs_, stream(r));
+    if (s.ok()) s = EnqueueFusedPart(request(r), static_cast<int>(r), bounds(r), inputs_, outputs_, stream(r));
     if (s.ok()) s = stream(r).Record(*ex(r).group_done_);
     if (!s.ok()) return FailAll(s, r);
   }

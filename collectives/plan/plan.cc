@@ -5,6 +5,7 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace kizuna::collectives {
 namespace {
@@ -242,7 +243,21 @@ Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, 
       }
     }
   }
+  if (const std::vector<uint64_t>& b = plan.fused_bounds; !b.empty()) {
+    const uint64_t work = FusedWorkCount(request);
+    const bool ordered = std::is_sorted(b.begin(), b.end());
+    if (b.size() != static_cast<size_t>(request.nranks) + 1 || b.front() != 0 || b.back() != work || !ordered)
+      return Internal(
+          fmt::format("plan for {} rank {}: fused parts beginning at {} do not cut {} elements into {} "
+                      "parts in order",
+                      request.ToString(), plan.rank, fmt::join(b, ", "), work, request.nranks));
+  }
   return Status::Ok();
+}
+
+uint64_t FusedWorkCount(const CollectiveRequest& request) {
+  const bool blocks = request.collective == Collective::kReduceScatter || request.collective == Collective::kAllGather;
+  return blocks ? request.count * static_cast<uint64_t>(request.nranks) : request.count;
 }
 
 std::string RankPlanToString(const RankPlan& plan) {
@@ -270,6 +285,7 @@ std::string RankPlanToString(const RankPlan& plan) {
   // ReduceScatter: summed over the host into dst; AllGather: copied from local rank `from`.
   for (const RankPlan::HostBlock& hb : plan.host_blocks)
     out += fmt::format("  host block {}: {} (local rank {})\n", hb.block, SliceString(hb.dst), hb.from);
+  if (!plan.fused_bounds.empty()) out += fmt::format("  fused parts begin at {}\n", fmt::join(plan.fused_bounds, ", "));
   for (size_t c = 0; c < plan.channels.size(); ++c) print(plan.channels[c], fmt::format("c{}", c));
   print(plan.epilogue, "epilogue");
   return out;

@@ -222,9 +222,18 @@ struct RankPlan {
     friend bool operator==(const HostBlock&, const HostBlock&) = default;
   };
   std::vector<HostBlock> host_blocks;
+  // fused (direct/fused.h): where each rank's part of the work begins, nranks + 1 entries, the
+  // same on every rank. Rank r does elements [fused_bounds[r], fused_bounds[r + 1]) of the vector
+  // (AllReduce, Reduce, Broadcast) or of every rank's block laid end to end (ReduceScatter,
+  // AllGather: the part may cover pieces of several blocks). Empty: the even split (FusedSlice).
+  std::vector<uint64_t> fused_bounds;
 
   size_t step_count() const;
 };
+
+// The elements a fused plan's parts cut (RankPlan::fused_bounds): the vector's count, or every
+// rank's block laid end to end (nranks x count) for ReduceScatter and AllGather.
+uint64_t FusedWorkCount(const CollectiveRequest& request);
 
 // hier:fused's part j of channel c of `count` elements, cut into `channels` then `parts` even
 // ranges (the first ones one element longer where they do not divide): {offset, count}.

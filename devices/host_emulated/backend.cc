@@ -12,11 +12,12 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "devices/host_emulated/memory.h"
 #include "devices/host_emulated/stream.h"
-#include "runtime/device/registry.h"
 #include "runtime/core/logging.h"
+#include "runtime/device/registry.h"
 
 namespace kizuna::host_emulated {
 namespace {
@@ -159,8 +160,11 @@ class EmuBackend final : public device::Backend {
       p.name = fmt::format("emulated accelerator {}", i);
       p.uuid = fmt::format("emu-{}-{}", host, i);
       p.memory_bytes = memory_->capacity_bytes();
-      p.copy_gbps = config.emu_copy_gbps.value_or(0.0);
-      p.reduce_gbps = config.emu_reduce_gbps.value_or(0.0);
+      const double factor = static_cast<size_t>(i) < config.emu_speed_factors.size()
+                                ? config.emu_speed_factors[static_cast<size_t>(i)]
+                                : 1.0;
+      p.copy_gbps = config.emu_copy_gbps.value_or(0.0) * factor;
+      p.reduce_gbps = config.emu_reduce_gbps.value_or(0.0) * factor;
       p.launch_latency_us = config.emu_launch_us.value_or(0.0);
       p.host_accessible = !config.emu_opaque;
       p.host_compute = true;
@@ -189,6 +193,8 @@ std::string Throttles(const Config& c) {
   if (c.emu_copy_gbps) out += fmt::format(" copy {} GB/s", *c.emu_copy_gbps);
   if (c.emu_reduce_gbps) out += fmt::format(" reduce {} GB/s", *c.emu_reduce_gbps);
   if (c.emu_launch_us) out += fmt::format(" launch {} us", *c.emu_launch_us);
+  if (!c.emu_speed_factors.empty() && (c.emu_copy_gbps || c.emu_reduce_gbps))
+    out += fmt::format(", times {} per device", fmt::join(c.emu_speed_factors, ", "));
   return out.empty() ? " none" : out;
 }
 

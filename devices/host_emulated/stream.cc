@@ -662,8 +662,9 @@ Result<std::unique_ptr<device::Stream>> MakeStream(device::Device* device, Strea
   settings.label = fmt::format("{} stream #{}", device->label(), id);
   settings.timeout_s = config.timeout_s;
   settings.launch = ToNanos(config.emu_launch_us.value_or(0.0) * 1e-6);
-  settings.copy_bytes_per_s = config.emu_copy_gbps.value_or(0.0) * 1e9;
-  settings.reduce_bytes_per_s = config.emu_reduce_gbps.value_or(0.0) * 1e9;
+  // The device's own throttles: the backend's, times its KIZUNA_EMU_SPEED_FACTORS entry.
+  settings.copy_bytes_per_s = device->properties().copy_gbps * 1e9;
+  settings.reduce_bytes_per_s = device->properties().reduce_gbps * 1e9;
   auto core = std::make_shared<StreamCore>(std::move(settings), std::move(pacer), std::move(translator));
   if (config.emu_sync_free) env->device_streams()->Add(device->properties().index, core);
   StreamCore* native = core.get();

@@ -2,18 +2,20 @@
 // gains. A benchmark, not a test: it prints times, and checks every result.
 //
 //   bazel-bin/examples/heterogeneous/heterogeneous [--ranks 8] [--slow 4] [--fast-gbps 8]
-//       [--slow-gbps 2] [--bytes 16M] [--iters 5]
+//       [--slow-gbps 2] [--bytes 16M] [--iters 5] [--algos fused,pairwise,tree]
+//       [--colls allreduce,reducescatter,allgather]
 //
-// The first ranks run on emulated devices whose reductions are throttled to --fast-gbps, the last
-// --slow ranks on devices throttled to --slow-gbps (two emulated backends in this process, so
-// each group reports its own speed). For the algorithms that can split work unevenly (pairwise
-// AllReduce: each rank reduces its part of the vector; the double binary tree: two trees share the
-// data), each AllReduce runs with the work split by speed and with the even split, alternating,
-// and the median times are compared.
+// The first ranks run on emulated devices whose copies and reductions are throttled to
+// --fast-gbps, the last --slow ranks on devices throttled to --slow-gbps (one emulated backend,
+// its devices' throttles scaled apart; each device reports its own speed). Each collective runs with every algorithm
+// named that serves it, with the work split by speed (CallOptions::balance, the default) and with
+// the even split, alternating which goes first; the median times are compared. What each
+// algorithm splits: docs/ALGORITHMS.md ("Heterogeneous devices").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,20 +38,35 @@ int Fail(const kizuna::Status& s) {
   return 1;
 }
 
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Rank r's input element i: small integers, so that float sums are exact in any order.
+float Input(int r, size_t i) { return static_cast<float>((static_cast<size_t>(r) + i) % 7); }
+
 }  // namespace
 
 // Kept whole: an example, meant to be read top to bottom as one program.
 int main(int argc, char** argv) {
   int ranks = 8, slow = 4, iters = 5;
   double fast_gbps = 8, slow_gbps = 2;
-  std::string bytes_text = "16M";
-  CLI::App app{"kizuna: AllReduce across fast and slow emulated devices, work split by speed vs even"};
+  std::string bytes_text = "16M", algos_text = "fused,pairwise,tree", colls_text = "allreduce";
+  CLI::App app{"kizuna: collectives across fast and slow emulated devices, work split by speed vs even"};
   app.add_option("--ranks", ranks, "ranks (one device each)")->check(CLI::Range(2, 8));
   app.add_option("--slow", slow, "how many of them are slow")->check(CLI::Range(1, 7));
-  app.add_option("--fast-gbps", fast_gbps, "reduce throughput of the fast devices, GB/s")->check(CLI::PositiveNumber);
-  app.add_option("--slow-gbps", slow_gbps, "reduce throughput of the slow devices, GB/s")->check(CLI::PositiveNumber);
-  app.add_option("--bytes", bytes_text, "message size (K/M/G suffixes)");
+  app.add_option("--fast-gbps", fast_gbps, "copy and reduce throughput of the fast devices, GB/s")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--slow-gbps", slow_gbps, "copy and reduce throughput of the slow devices, GB/s")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--bytes", bytes_text, "each rank's input (K/M/G suffixes)");
   app.add_option("--iters", iters, "timed calls per variant")->check(CLI::Range(1, 1000));
+  app.add_option("--algos", algos_text, "algorithms, comma-separated");
+  app.add_option("--colls", colls_text, "allreduce, reducescatter, allgather, comma-separated");
   CLI11_PARSE(app, argc, argv);
   if (slow >= ranks) return Fail(kizuna::InvalidArgument("--slow must be below --ranks"));
   uint64_t bytes = std::stoull(bytes_text);
@@ -57,18 +74,24 @@ int main(int argc, char** argv) {
   if (unit == 'K' || unit == 'k') bytes <<= 10;
   if (unit == 'M' || unit == 'm') bytes <<= 20;
   if (unit == 'G' || unit == 'g') bytes <<= 30;
-  const size_t count = bytes / sizeof(float);
+  const size_t count = bytes / sizeof(float) / static_cast<size_t>(ranks) * static_cast<size_t>(ranks);
+  std::vector<Algorithm> algos;
+  for (const std::string& name : SplitList(algos_text)) {
+    auto a = kizuna::collectives::ParseAlgorithm(name);
+    if (!a) return Fail(kizuna::InvalidArgument(fmt::format("--algos: no algorithm '{}'", name)));
+    algos.push_back(*a);
+  }
 
-  kizuna::Config fast_config, slow_config;
-  fast_config.emulated_devices = slow_config.emulated_devices = ranks;
-  fast_config.emu_reduce_gbps = fast_gbps;
-  slow_config.emu_reduce_gbps = slow_gbps;
-  auto fast_backend = kizuna::host_emulated::CreateHostEmulatedBackend(fast_config);
-  auto slow_backend = kizuna::host_emulated::CreateHostEmulatedBackend(slow_config);
-  if (!fast_backend.ok()) return Fail(fast_backend.status());
-  if (!slow_backend.ok()) return Fail(slow_backend.status());
+  // One backend (its devices address each other's memory, as fused needs), each device throttled
+  // to its group's speed (KIZUNA_EMU_SPEED_FACTORS).
+  kizuna::Config config;
+  config.emulated_devices = ranks;
+  config.emu_reduce_gbps = config.emu_copy_gbps = fast_gbps;
+  for (int r = 0; r < ranks; ++r) config.emu_speed_factors.push_back(r < ranks - slow ? 1.0 : slow_gbps / fast_gbps);
+  auto backend = kizuna::host_emulated::CreateHostEmulatedBackend(config);
+  if (!backend.ok()) return Fail(backend.status());
   std::vector<kizuna::device::Device*> devices;
-  for (int r = 0; r < ranks; ++r) devices.push_back((r < ranks - slow ? **fast_backend : **slow_backend).device(r));
+  for (int r = 0; r < ranks; ++r) devices.push_back((*backend)->device(r));
 
   std::vector<std::unique_ptr<Communicator>> comms;
   {
@@ -76,6 +99,8 @@ int main(int argc, char** argv) {
     if (!created.ok()) return Fail(created.status());
     comms = std::move(*created);
   }
+  // Inputs of `count` elements; outputs of count (AllReduce), count / ranks (ReduceScatter) or
+  // count * ranks (AllGather, whose input is count / ranks: every collective moves `bytes`).
   std::vector<std::unique_ptr<kizuna::device::Buffer>> in, out;
   std::vector<std::unique_ptr<kizuna::device::Stream>> streams;
   for (int r = 0; r < ranks; ++r) {
@@ -84,58 +109,82 @@ int main(int argc, char** argv) {
     auto s = devices[r]->CreateStream();
     if (!a.ok() || !b.ok() || !s.ok()) return Fail(kizuna::OutOfMemory("buffers"));
     auto* data = static_cast<float*>((*a)->data());
-    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((r + i) % 7);
+    for (size_t i = 0; i < count; ++i) data[i] = Input(r, i);
     in.push_back(std::move(*a));
     out.push_back(std::move(*b));
     streams.push_back(std::move(*s));
   }
-  auto run = [&](Algorithm algo, bool balance) -> kizuna::Result<double> {
+  const size_t block = count / static_cast<size_t>(ranks);
+  // One call of `coll` on every rank, then a check of a sample of every rank's output.
+  auto run = [&](const std::string& coll, Algorithm algo, bool balance) -> kizuna::Result<double> {
     CallOptions options;
     options.algorithm = algo;
     options.balance = balance;
     const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < ranks; ++r)
-      KZ_RETURN_IF_ERROR(comms[r]->AllReduce(in[r]->data(), out[r]->data(), count, DataType::kFloat32,
-                                             ReduceOp::kSum, *streams[r], options));
+    for (int r = 0; r < ranks; ++r) {
+      void* o = out[r]->data();
+      const void* i = in[r]->data();
+      if (coll == "allreduce") {
+        KZ_RETURN_IF_ERROR(comms[r]->AllReduce(i, o, count, DataType::kFloat32, ReduceOp::kSum, *streams[r], options));
+      } else if (coll == "reducescatter") {
+        KZ_RETURN_IF_ERROR(
+            comms[r]->ReduceScatter(i, o, block, DataType::kFloat32, ReduceOp::kSum, *streams[r], options));
+      } else if (coll == "allgather") {
+        KZ_RETURN_IF_ERROR(comms[r]->AllGather(i, o, block, DataType::kFloat32, *streams[r], options));
+      } else {
+        return kizuna::InvalidArgument(fmt::format("--colls: no collective '{}'", coll));
+      }
+    }
     for (auto& s : streams) KZ_RETURN_IF_ERROR(s->Synchronize());
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     for (auto& c : comms) KZ_RETURN_IF_ERROR(c->AsyncError());
+    const size_t n = coll == "reducescatter" ? block : count;
     for (int r = 0; r < ranks; ++r) {
       const auto* got = static_cast<const float*>(out[r]->data());
-      for (size_t i = 0; i < count; i += 997) {
+      for (size_t i = 0; i < n; i += 997) {
         float want = 0;
-        for (int q = 0; q < ranks; ++q) want += static_cast<float>((q + i) % 7);
-        if (got[i] != want) return kizuna::Internal(fmt::format("rank {} element {}: {} != {}", r, i, got[i], want));
+        if (coll == "allgather") {
+          want = Input(static_cast<int>(i / block), i % block);
+        } else {
+          const size_t at = coll == "reducescatter" ? static_cast<size_t>(r) * block + i : i;
+          for (int q = 0; q < ranks; ++q) want += Input(q, at);
+        }
+        if (got[i] != want)
+          return kizuna::Internal(fmt::format("{} via {}: rank {} element {}: {} != {}", coll,
+                                              kizuna::collectives::AlgorithmName(algo), r, i, got[i], want));
       }
     }
     return ms;
   };
-  std::printf("%d ranks (%d at %.1f GB/s reduce, %d at %.1f GB/s), AllReduce of %zu float32 (%s), median of %d\n",
-              ranks, ranks - slow, fast_gbps, slow, slow_gbps, count, bytes_text.c_str(), iters);
-  std::printf("%-10s %14s %14s %8s\n", "algorithm", "by speed ms", "even ms", "gain");
-  for (Algorithm algo : {Algorithm::kPairwise, Algorithm::kTree}) {
-    std::vector<double> balanced, even;
-    for (bool warm : {true, false}) {
-      for (int i = 0; i < (warm ? 1 : iters); ++i) {
+  std::printf("%d ranks (%d at %.2f GB/s copy and reduce, %d at %.2f GB/s), %s per rank (float32), median of %d\n",
+              ranks, ranks - slow, fast_gbps, slow, slow_gbps, bytes_text.c_str(), iters);
+  std::printf("%-14s %-10s %12s %12s %8s\n", "collective", "algorithm", "by speed ms", "even ms", "gain");
+  for (const std::string& coll : SplitList(colls_text)) {
+    for (Algorithm algo : algos) {
+      std::vector<double> balanced, even;
+      bool served = true;
+      for (int i = -1; i < iters && served; ++i) {  // i = -1 warms up
         // Alternate which variant goes first, so that neither always runs on a warmer cache.
-        const bool even_first = i % 2 == 1;
-        kizuna::Result<double> e = even_first ? run(algo, false) : kizuna::Result<double>(0.0);
-        if (!e.ok()) return Fail(e.status());
-        auto b = run(algo, true);
-        if (!b.ok()) return Fail(b.status());
-        if (!even_first) e = run(algo, false);
-        if (!e.ok()) return Fail(e.status());
-        if (!warm) {
-          balanced.push_back(*b);
-          even.push_back(*e);
+        const bool even_first = i % 2 != 0;
+        double b = 0, e = 0;
+        for (bool balance : even_first ? std::vector<bool>{false, true} : std::vector<bool>{true, false}) {
+          auto t = run(coll, algo, balance);
+          if (!t.ok() && t.status().code() == kizuna::StatusCode::kNotSupported) {
+            served = false;  // this algorithm does not serve this collective here
+            break;
+          }
+          if (!t.ok()) return Fail(t.status());
+          (balance ? b : e) = *t;
         }
+        if (served && i >= 0) balanced.push_back(b), even.push_back(e);
       }
+      if (!served) continue;
+      std::sort(balanced.begin(), balanced.end());
+      std::sort(even.begin(), even.end());
+      const double mb = balanced[balanced.size() / 2], me = even[even.size() / 2];
+      std::printf("%-14s %-10s %12.2f %12.2f %7.2fx\n", coll.c_str(),
+                  std::string(kizuna::collectives::AlgorithmName(algo)).c_str(), mb, me, me / mb);
     }
-    std::sort(balanced.begin(), balanced.end());
-    std::sort(even.begin(), even.end());
-    const double mb = balanced[balanced.size() / 2], me = even[even.size() / 2];
-    std::printf("%-10s %14.2f %14.2f %7.2fx\n", std::string(kizuna::collectives::AlgorithmName(algo)).c_str(), mb,
-                me, me / mb);
   }
   comms.clear();
   return 0;

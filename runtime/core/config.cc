@@ -229,6 +229,22 @@ const std::vector<Entry>& Entries() {
         PositiveDouble(&Config::emu_copy_gbps, false));
     add({"KIZUNA_EMU_REDUCE_GBPS", "GB/s", "unthrottled", "emulated reduce bandwidth (bytes read)"},
         PositiveDouble(&Config::emu_reduce_gbps, false));
+    add({"KIZUNA_EMU_SPEED_FACTORS", "comma list of factors", "1",
+         "emulated device i's copy and reduce throttles times the i-th factor"},
+        [](std::string_view v, Config& c) -> std::string {
+          std::vector<double> factors;
+          std::string_view rest = v;
+          while (true) {
+            const size_t comma = rest.find(',');
+            auto x = ParseDouble(rest.substr(0, comma));
+            if (!x || *x <= 0 || *x > 1e6) return Expect("positive numbers separated by commas");
+            factors.push_back(*x);
+            if (comma == std::string_view::npos) break;
+            rest.remove_prefix(comma + 1);
+          }
+          c.emu_speed_factors = std::move(factors);
+          return "";
+        });
     add({"KIZUNA_EMU_LAUNCH_US", "microseconds", "0", "emulated launch latency per stream operation"},
         PositiveDouble(&Config::emu_launch_us, true));
     add({"KIZUNA_EMU_FAIL_ALLOC", "k (1-based)", "off", "fail the k-th emulated allocation"},

@@ -55,6 +55,9 @@ struct Config {
   std::optional<uint64_t> emu_mem_bytes;  // per device; default: the host's physical memory
   std::optional<double> emu_copy_gbps;
   std::optional<double> emu_reduce_gbps;
+  // Per device index, a factor on its copy and reduce throttles (devices beyond the list: 1):
+  // devices of unlike speeds in one backend, e.g. 1,1,1,1,0.25,0.25,0.25,0.25.
+  std::vector<double> emu_speed_factors;
   std::optional<double> emu_launch_us;
   std::optional<uint64_t> emu_fail_alloc;      // fail the k-th allocation (1-based)
   std::optional<uint64_t> emu_fail_stream_op;  // fail the k-th stream operation (1-based)

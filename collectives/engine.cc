@@ -9,6 +9,7 @@
 
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/executor/executor.h"
+#include "collectives/plan/shares.h"
 #include "collectives/transport/transport.h"
 #include "collectives/tuner/tuner_plugin.h"
 #include "fabric/registry.h"
@@ -69,7 +70,9 @@ Result<const std::shared_ptr<const Plan>*> Engine::PlanFor(const EngineCall& cal
   if (sel.chunk_count) popts.chunk_count = *sel.chunk_count;
   if (sel.channels) popts.channels = *sel.channels;
   KZ_ASSIGN_OR_RETURN(Plan plan, BuildWithFallback(request, popts, sel));
-  const std::string levels = GetAlgorithm(plan.algorithm).Describe(request, shape_, rank_);
+  std::string levels = GetAlgorithm(plan.algorithm).Describe(request, shape_, rank_);
+  if (const std::string parts = DescribeFusedParts(request, shape_, plan.ranks[0].fused_bounds); !parts.empty())
+    levels += (levels.empty() ? "" : "; ") + parts;
   KZ_INFO(kLogColl, "rank {} plan: {} via {}, chunk {} elements, {} channel(s), {} steps, scratch {} elements{}{}",
           rank_, request.ToString(), AlgorithmName(plan.algorithm), plan.chunk_count, plan.channels,
           plan.ranks[0].step_count(), plan.ranks[0].scratch_count, levels.empty() ? "" : "; ", levels);
@@ -149,9 +152,10 @@ PlanOptions Engine::ChoiceOptions(DataType type) const {
   return popts;
 }
 
-Result<std::string> Engine::ExplainChoice(Collective collective, size_t count, DataType type) const {
-  KZ_ASSIGN_OR_RETURN(Selection sel,
-                      Select(RequestFor(collective, size_, count, type), ChoiceOptions(type), std::nullopt, false));
+Result<std::string> Engine::ExplainChoice(Collective collective, size_t count, DataType type, bool balance) const {
+  PlanOptions popts = ChoiceOptions(type);
+  popts.balance = balance;
+  KZ_ASSIGN_OR_RETURN(Selection sel, Select(RequestFor(collective, size_, count, type), popts, std::nullopt, false));
   return SelectionToString(sel);
 }
 

@@ -121,8 +121,9 @@ class Engine {
                                      std::span<std::vector<EngineCall>* const> calls);
   // Plain host memory is accepted (Executor::TakesHostMemory).
   bool TakesHostMemory() const;
-  // The algorithm and predicted times chosen for a request, as logged at INFO.
-  Result<std::string> ExplainChoice(Collective collective, size_t count, DataType type) const;
+  // The algorithm and predicted times chosen for a request, as logged at INFO; `balance`: a call's
+  // CallOptions::balance (work split by speed, or evenly).
+  Result<std::string> ExplainChoice(Collective collective, size_t count, DataType type, bool balance = true) const;
   // What the cost model predicts for `algorithm` serving the request on this shape with
   // `constants` (kizuna-tune fits them), planned as a call would be.
   Prediction PredictWith(Collective collective, size_t count, DataType type, Algorithm algorithm,

@@ -363,6 +363,11 @@ Result<std::string> Communicator::ExplainChoice(Collective collective, size_t co
   return engine_->ExplainChoice(collective, count, type);
 }
 
+Result<std::string> Communicator::ExplainChoice(Collective collective, size_t count, DataType type,
+                                                bool balance) const {
+  return engine_->ExplainChoice(collective, count, type, balance);
+}
+
 std::string Communicator::FabricOf(int peer) const { return engine_->FabricOf(peer); }
 
 collectives::Prediction Communicator::PredictWith(Collective collective, size_t count, DataType type,

@@ -234,8 +234,10 @@ class Communicator {
   Status ServeAggregation(uint64_t* served = nullptr);
 
   // The algorithm and predicted times the engine chooses for a request on this communicator,
-  // as logged at INFO (tools and tests).
+  // as logged at INFO (tools and tests); `balance` as CallOptions::balance (true without it).
   Result<std::string> ExplainChoice(collectives::Collective collective, size_t count, DataType type) const;
+  Result<std::string> ExplainChoice(collectives::Collective collective, size_t count, DataType type,
+                                    bool balance) const;
   // What the cost model predicts for `algorithm` serving such a request on this communicator with
   // `constants` instead of its own (kizuna-tune fits the constants to measured calls).
   collectives::Prediction PredictWith(collectives::Collective collective, size_t count, DataType type,

@@ -17,13 +17,13 @@
 #include <gtest/gtest.h>
 
 #include "collectives/algorithms/algorithm.h"
-#include "collectives/plan/plan.h"
-#include "collectives/algorithms/reference.h"
-#include "collectives/plan/topology.h"
-#include "collectives/algorithms/simulate.h"
-#include "runtime/core/half.h"
-
 #include "collectives/algorithms/algorithms_test_util.h"
+#include "collectives/algorithms/reference.h"
+#include "collectives/algorithms/simulate.h"
+#include "collectives/plan/plan.h"
+#include "collectives/plan/shares.h"
+#include "collectives/plan/topology.h"
+#include "runtime/core/half.h"
 
 namespace kizuna::collectives {
 namespace {
@@ -230,6 +230,58 @@ TEST(HeterogeneousTest, TreesShareTheDataByTheirStreamingRates) {
   }
 }
 
+// fused: each rank's part in proportion to its speed (the reduce speed for reductions, the copy
+// speed for AllGather and Broadcast), shared by the ranks of one device; even where a speed is
+// unknown, the speeds are equal, or balance is off.
+TEST(HeterogeneousTest, FusedPartsFollowTheSpeeds) {
+  CommTopology shape = SlowReducer();  // rank 2 reduces at 5 GB/s, the others at 20
+  shape.direct = true;
+  auto bounds = [&](Collective coll, const CommTopology& s, bool balance) {
+    const CollectiveRequest req{coll, 6, 6000, DataType::kFloat32, ReduceOp::kSum, 0, false};
+    PlanOptions options;
+    options.balance = balance;
+    auto plan = BuildPlan(Algorithm::kFused, req, s, options, -1);
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    return plan.ok() ? plan->ranks[0].fused_bounds : std::vector<uint64_t>{};
+  };
+  // 20, 20, 5, 20, 20, 20: rank 2 takes 5 / 105 of 6000 elements (285.7), the others 1142.9.
+  const std::vector<uint64_t> ar = bounds(Collective::kAllReduce, shape, true);
+  ASSERT_EQ(ar.size(), 7u);
+  EXPECT_NEAR(static_cast<double>(ar[3] - ar[2]), 285.7, 1.0);
+  EXPECT_NEAR(static_cast<double>(ar[1] - ar[0]), 1142.9, 1.0);
+  EXPECT_EQ(ar.back(), 6000u);
+  const CollectiveRequest ar_req{Collective::kAllReduce, 6, 6000, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  const std::string said = DescribeFusedParts(ar_req, shape, ar);
+  EXPECT_NE(said.find("parts by each device's reduce speed: ranks 0-1 "), std::string::npos) << said;
+  EXPECT_NE(said.find(", rank 2 4.8% (5 GB/s), ranks 3-5 "), std::string::npos) << said;
+  EXPECT_EQ(DescribeFusedParts(ar_req, shape, {}), "");
+  // ReduceScatter cuts its 6 blocks laid end to end.
+  EXPECT_EQ(bounds(Collective::kReduceScatter, shape, true).back(), 36000u);
+  EXPECT_TRUE(bounds(Collective::kAllReduce, shape, false).empty());
+  // Copies: no copy speed known, so even; then rank 4 copies half as fast as the others.
+  EXPECT_TRUE(bounds(Collective::kAllGather, shape, true).empty());
+  for (RankDesc& r : shape.ranks) r.copy_gbps = 10;
+  EXPECT_TRUE(bounds(Collective::kAllGather, shape, true).empty()) << "equal speeds";
+  shape.ranks[4].copy_gbps = 5;
+  const std::vector<uint64_t> ag = bounds(Collective::kAllGather, shape, true);
+  ASSERT_EQ(ag.size(), 7u);
+  EXPECT_NEAR(2.0 * static_cast<double>(ag[5] - ag[4]), static_cast<double>(ag[1] - ag[0]), 2.0);
+  // Ranks 0 and 1 on one device share it: each gets half of what its speed alone would give.
+  CommTopology shared = SlowReducer();
+  shared.direct = true;
+  for (RankDesc& r : shared.ranks) r.device = "emu:" + std::to_string(&r - shared.ranks.data());
+  shared.ranks[1].device = shared.ranks[0].device;
+  const std::vector<uint64_t> sh = bounds(Collective::kAllReduce, shared, true);
+  ASSERT_EQ(sh.size(), 7u);
+  EXPECT_NEAR(static_cast<double>(sh[1] - sh[0]), (sh[4] - sh[3]) / 2.0, 1.0);
+  // The plan check refuses bounds that do not cut the work in order.
+  const CollectiveRequest req{Collective::kAllReduce, 6, 6000, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  RankPlan bad;
+  bad.fused_bounds = {0, 10, 5, 20, 30, 40, 6000};
+  EXPECT_EQ(ValidateRankPlan(req, bad, 0).code(), StatusCode::kInternal);
+  bad.fused_bounds = {0, 6000};
+  EXPECT_EQ(ValidateRankPlan(req, bad, 0).code(), StatusCode::kInternal);
+}
 
 }  // namespace
 }  // namespace kizuna::collectives

@@ -27,6 +27,7 @@
 
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/plan/plan.h"
+#include "collectives/plan/shares.h"
 #include "collectives/plan/topology.h"
 #include "runtime/core/status.h"
 
@@ -51,30 +52,12 @@ inline Range SplitEven(Range whole, uint64_t parts, uint64_t i) {
   return {whole.offset + i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
 }
 
-// Part i of contiguous parts of `whole` in proportion to `weights` (all finite and > 0): each
-// part gets floor(count * w_i / sum) elements and the remainder goes one element each to the
-// first parts, so equal weights give exactly SplitEven's parts. A pure function of its inputs:
-// every rank computes the same parts from the same shape.
+// Part i of contiguous parts of `whole` in proportion to `weights` (all finite and > 0), as
+// WeightedBounds cuts them (shares.h): equal weights give exactly SplitEven's parts. A pure
+// function of its inputs: every rank computes the same parts from the same shape.
 inline Range SplitWeighted(Range whole, const std::vector<double>& weights, size_t i) {
-  const size_t parts = weights.size();
-  bool equal = true;
-  double sum = 0;
-  for (double w : weights) {
-    sum += w;
-    equal &= w == weights[0];
-  }
-  if (equal) return SplitEven(whole, parts, i);
-  std::vector<uint64_t> size(parts);
-  uint64_t given = 0;
-  for (size_t j = 0; j < parts; ++j) {
-    const double share = static_cast<double>(whole.count) * (weights[j] / sum);
-    size[j] = std::min<uint64_t>(static_cast<uint64_t>(share), whole.count - given);
-    given += size[j];
-  }
-  for (size_t j = 0; given < whole.count; j = (j + 1) % parts, ++given) ++size[j];
-  uint64_t offset = whole.offset;
-  for (size_t j = 0; j < i; ++j) offset += size[j];
-  return {offset, size[i]};
+  const std::vector<uint64_t> bounds = WeightedBounds(whole.count, weights);
+  return {whole.offset + bounds[i], bounds[i + 1] - bounds[i]};
 }
 
 // Per rank, how much reduction work it should take: its device's reduce speed when

@@ -25,15 +25,6 @@ const AlgorithmImpl& HierRdAlgorithm();    // hierarchical.cc
 const AlgorithmImpl& HierFusedRingAlgorithm();  // hierarchical.cc
 const AlgorithmImpl& HierFusedRdAlgorithm();    // hierarchical.cc
 
-// fused: each rank's weight for its part (fused.cc): with options.balance and every rank's speed
-// known, its device's reduce speed (reductions) or copy speed (AllGather, Broadcast), divided
-// among the ranks that share the device; equal weights otherwise.
-std::vector<double> FusedWeights(const CollectiveRequest& request, const CommTopology& shape,
-                                 const PlanOptions& options);
-// RankPlan::fused_bounds from those weights: empty when they are equal (the even split).
-std::vector<uint64_t> FusedBounds(const CollectiveRequest& request, const CommTopology& shape,
-                                  const PlanOptions& options);
-
 // A part of the data that one rank reduces.
 struct OwnedPart {
   int owner = -1;

@@ -223,10 +223,12 @@ Prediction Model::Run(Algorithm a) {
     const Collective c = req_.collective;
     const bool send_recv = c == Collective::kSend || c == Collective::kRecv;
     if (send_recv && p_ < 2) Fail(fmt::format("{} needs a peer: the communicator has one rank", CollectiveName(c)));
-    // Local copies the algorithms make of the rank's own data.
-    if (c == Collective::kAllToAll || (c == Collective::kAllGather && !req_.in_place && p_ > 1))
+    // Local copies the algorithms make of the rank's own data (fused's pass writes it with the
+    // rest: no copy of its own).
+    const bool fused = a == Algorithm::kFused;
+    if (c == Collective::kAllToAll || (c == Collective::kAllGather && !req_.in_place && p_ > 1 && !fused))
       Local("own block copy", LocalKind::kCopy, 1, req_.count, -1);
-    if (c == Collective::kBroadcast && !req_.in_place && p_ > 1)
+    if (c == Collective::kBroadcast && !req_.in_place && p_ > 1 && !fused)
       Local("root copy", LocalKind::kCopy, 1, req_.count, req_.root);
     if (p_ == 1) {
       if (!req_.in_place && c != Collective::kAllToAll && req_.output_count() > 0)

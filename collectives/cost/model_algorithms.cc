@@ -1,13 +1,14 @@
 // The cost model's stages per algorithm (cost_model.h): each algorithm's structure as the
 // stages its plan takes (algorithms/), costed by Model::Cost (cost_model.cc).
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "collectives/cost/model_ina.h"
 #include "collectives/cost/model_internal.h"
+#include "collectives/plan/shares.h"
 
 namespace kizuna::collectives::cost_internal {
 
@@ -262,8 +263,10 @@ void Model::Body(Algorithm a) {
 // bytes); Reduce reads p slices and writes one, Broadcast reads one and writes p ((p + 1) / 2 x
 // slice); ReduceScatter reads p blocks and writes one ((p + 1) / 2 x count); AllGather reads its
 // block and writes it into p outputs ((p + 1) / 2 x count). Ranks that share a device share its
-// memory system, so a device's ranks take that many times as long. Two rendezvous and a stream
-// synchronization per operation (direct_rendezvous_us), one launch.
+// memory system, so a device's ranks take that many times as long. Those are the even parts;
+// where the plan sizes them by speed (shares.h), rank r's bytes are its share times p times
+// those. Two rendezvous and a stream synchronization per operation (direct_rendezvous_us), one
+// launch.
 void Model::Fused() {
   const auto p = static_cast<double>(p_);
   const double slice = static_cast<double>(CeilDiv(req_.count, static_cast<uint64_t>(p_)));
@@ -313,27 +316,54 @@ void Model::Fused() {
     Add("one-shot through shared pages on the calling thread", c, 1);
     return;
   }
+  // Each rank's part: the even slice, or in proportion to its speed (shares.h, as the plan cuts it).
+  const std::vector<double> weights = FusedWeights(req_, shape_, opt_.balance);
+  double weight_sum = 0;
+  for (double w : weights) weight_sum += w;
+  const bool reduction = IsReduction(req_.collective);
+  // Bytes a rank's device reads (reductions: p inputs of its part) or copies (AllGather,
+  // Broadcast: its part into p outputs) per unit of its share: what an emulated device's throttle
+  // paces.
+  const double device_bytes_per_share = static_cast<double>(FusedWorkCount(req_)) * elem_ * p;
   StageCost worst;
   int critical = 0;
+  std::vector<double> cpu_s(static_cast<size_t>(p_)), device_s(static_cast<size_t>(p_));
   for (int r = 0; r < p_; ++r) {
+    const auto ur = static_cast<size_t>(r);
+    const RankDesc& d = shape_.ranks[ur];
     int sharing = 0;
     for (int q = 0; q < p_; ++q)
-      if (shape_.ranks[static_cast<size_t>(q)].host_id == shape_.ranks[static_cast<size_t>(r)].host_id &&
-          shape_.ranks[static_cast<size_t>(q)].device == shape_.ranks[static_cast<size_t>(r)].device)
+      if (shape_.ranks[static_cast<size_t>(q)].host_id == d.host_id &&
+          shape_.ranks[static_cast<size_t>(q)].device == d.device)
         ++sharing;
-    host_->Traffic(r, 2 * traffic_bytes);  // a copied byte is read once and written once
+    const double share = weights[ur] / weight_sum;  // 1 / p when even
+    const double rank_traffic = traffic_bytes * share * p;
+    host_->Traffic(r, 2 * rank_traffic);  // a copied byte is read once and written once
     StageCost c;
     // Between processes whose memory the CPU reaches, the calling thread does the part itself
     // (Executor::TryInline): two rendezvous through the shared pages, no launch.
-    c.alpha = shape_.direct_inline_bytes > 0 ? 2 * k_.oneshot_us * 1e-6
-                                             : launch_[static_cast<size_t>(r)] + k_.direct_rendezvous_us * 1e-6;
-    c.gamma = static_cast<double>(sharing) * traffic_bytes * copy_[static_cast<size_t>(r)];
+    c.alpha = shape_.direct_inline_bytes > 0 ? 2 * k_.oneshot_us * 1e-6 : launch_[ur] + k_.direct_rendezvous_us * 1e-6;
+    // A device that computes on the host's CPUs at a speed of its own (a throttled emulated
+    // device) takes the longer of its speed's time and the CPUs' time for the bytes, which the
+    // ranks sharing the CPUs stretch; any other device its reported speed's time.
+    const double speed = reduction ? d.reduce_gbps : d.copy_gbps;
+    const bool paced = d.host_compute && Known(speed);
+    double per_byte = copy_[ur];
+    if (paced) {
+      per_byte = 1.0 / (k_.unknown_copy_gbps * 1e9);
+      if (host_->Cached(r)) per_byte /= std::max(1.0, k_.cache_speedup);
+      device_s[ur] = static_cast<double>(sharing) * device_bytes_per_share * share / (speed * 1e9);
+    }
+    cpu_s[ur] = static_cast<double>(sharing) * rank_traffic * per_byte;
+    c.gamma = std::max(cpu_s[ur], device_s[ur]);
     if (c.total() > worst.total()) worst = c, critical = r;
   }
   // Two rendezvous, each waiting for every rank beyond the CPUs to be scheduled.
   const HostSharing::Extra host = host_->End(critical);
   worst.alpha += 2 * host.wake_s;
-  worst.gamma = std::max(worst.gamma * host.slowdown, host.memory_s);
+  double gamma = 0;
+  for (size_t r = 0; r < cpu_s.size(); ++r) gamma = std::max(gamma, std::max(cpu_s[r] * host.slowdown, device_s[r]));
+  worst.gamma = std::max(gamma, host.memory_s);
   Add(what, worst, 1);
 }
 

@@ -1,6 +1,8 @@
 // The cost model's host term (model_host.h) by hand: ranks that outnumber their host's CPUs take
 // turns and are woken, devices that compute on the host share its memory, and operations that fit
 // its cache run faster.
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include "collectives/cost/model.h"
@@ -120,6 +122,34 @@ TEST(CostModelTest, OperationsThatFitTheHostsCacheRunFaster) {
   const Prediction gpu =
       Predict(Algorithm::kFused, Request(Collective::kAllReduce, 8, small), HandShape(8), Options(), k);
   EXPECT_NEAR(gpu.gamma_s, 4.0 * small / 20e9, 1e-12);
+}
+
+// Devices that compute on the host at speeds of their own (throttled emulated devices, 4 at 0.4
+// GB/s and 4 at 0.1): fused's parts sized by speed (shares.h) each take as long as the others,
+// 4 x 0.4 + 4 x 0.1 = 2 GB/s together; the even split waits for the slow ones.
+TEST(CostModelTest, FusedPartsSizedBySpeedTakeTheTimeOfTheirShare) {
+  CostConstants k;
+  CommTopology unlike = WithHostCpus(HandShape(8), 2);
+  for (int r = 0; r < 8; ++r) {
+    RankDesc& d = unlike.ranks[static_cast<size_t>(r)];
+    d.host_compute = true;
+    d.device = "emu:" + std::to_string(r);
+    d.copy_gbps = d.reduce_gbps = r < 4 ? 0.4 : 0.1;
+  }
+  unlike.direct = true;
+  const uint64_t count = 4 << 20;  // 16 MiB of float32
+  PlanOptions even = Options();
+  even.balance = false;
+  for (Collective c : {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather}) {
+    // Every rank's device reads (reductions) or writes (copies) 8 x its part: 8 x 16 MiB of work
+    // in all (AllReduce's vector; ReduceScatter's and AllGather's 8 blocks of 2 MiB).
+    const uint64_t n = c == Collective::kAllReduce ? count : count / 8;
+    const Prediction by_speed = Predict(Algorithm::kFused, Request(c, 8, n), unlike, Options(), k);
+    const Prediction evenly = Predict(Algorithm::kFused, Request(c, 8, n), unlike, even, k);
+    const double work = 8.0 * 4 * count;
+    EXPECT_NEAR(by_speed.gamma_s, work / 2e9, work / 2e9 * 0.01) << CollectiveName(c);
+    EXPECT_NEAR(evenly.gamma_s, work / 8 / 0.1e9, work / 8 / 0.1e9 * 0.01) << CollectiveName(c);
+  }
 }
 
 }  // namespace

@@ -283,56 +283,84 @@ TEST(Communicator, SplitMakesWorkingSubCommunicators) {
   }
 }
 
-// Ranks on devices of different speeds in one communicator (two emulated backends with different
-// reduce throttles): the shape reports each rank's speed, and the algorithms that split work by
-// speed (pairwise parts, the tree halves) still produce exact results.
+// Ranks on devices of different speeds in one communicator (one emulated backend, device 2's
+// throttles a quarter of the others': KIZUNA_EMU_SPEED_FACTORS): the shape reports each rank's
+// speed, and the algorithms that split work by speed (pairwise parts, the tree halves, fused
+// parts) still produce exact results, ReduceScatter and AllGather's fused parts included.
 TEST(Communicator, HeterogeneousDevicesInOneCommunicator) {
-  Config fast = WorldConfig(4), slow = WorldConfig(4);
-  fast.emu_reduce_gbps = 40;
-  slow.emu_reduce_gbps = 10;
-  auto fast_backend = host_emulated::CreateHostEmulatedBackend(fast);
-  auto slow_backend = host_emulated::CreateHostEmulatedBackend(slow);
-  ASSERT_TRUE(fast_backend.ok() && slow_backend.ok());
-  std::vector<device::Device*> devices = {(*fast_backend)->device(0), (*fast_backend)->device(1),
-                                          (*slow_backend)->device(2), (*fast_backend)->device(3)};
+  Config config = WorldConfig(4);
+  config.emu_reduce_gbps = config.emu_copy_gbps = 40;
+  config.emu_speed_factors = {1, 1, 0.25};
+  auto backend = host_emulated::CreateHostEmulatedBackend(config);
+  ASSERT_TRUE(backend.ok());
+  std::vector<device::Device*> devices;
+  for (int r = 0; r < 4; ++r) devices.push_back((*backend)->device(r));
   CommOptions options;
-  options.config = &fast;
+  options.config = &config;
   options.staging_bytes = 2u << 20;
   auto comms = Communicator::CreateLocal(devices, options);
   ASSERT_TRUE(comms.ok()) << comms.status().ToString();
   const collectives::CommTopology& shape = (*comms)[0]->topology();
   EXPECT_EQ(shape.ranks[0].reduce_gbps, 40);
   EXPECT_EQ(shape.ranks[2].reduce_gbps, 10);
-  const size_t count = 100003;
-  std::vector<std::unique_ptr<device::Buffer>> bufs;
+  EXPECT_EQ(shape.ranks[3].copy_gbps, 40) << "devices beyond the factors' list keep the backend's speed";
+  EXPECT_TRUE(shape.direct) << "one backend's devices address each other's memory";
+  const size_t count = 100000;  // 4 blocks of 25000
+  std::vector<std::unique_ptr<device::Buffer>> in, out;
   std::vector<std::unique_ptr<device::Stream>> streams;
   for (int r = 0; r < 4; ++r) {
-    auto b = devices[r]->Allocate(count * 4);
+    auto a = devices[r]->Allocate(count * 4), b = devices[r]->Allocate(count * 4);
     auto st = devices[r]->CreateStream();
-    ASSERT_TRUE(b.ok() && st.ok());
-    bufs.push_back(std::move(*b));
+    ASSERT_TRUE(a.ok() && b.ok() && st.ok());
+    for (size_t i = 0; i < count; ++i) static_cast<float*>((*a)->data())[i] = static_cast<float>((r + i) % 5);
+    in.push_back(std::move(*a));
+    out.push_back(std::move(*b));
     streams.push_back(std::move(*st));
   }
-  for (Algorithm algo : {Algorithm::kPairwise, Algorithm::kTree, Algorithm::kRing}) {
-    for (int r = 0; r < 4; ++r)
-      for (size_t i = 0; i < count; ++i) static_cast<float*>(bufs[r]->data())[i] = static_cast<float>((r + i) % 5);
+  const size_t block = count / 4;
+  auto input = [](int r, size_t i) { return static_cast<float>((r + i) % 5); };
+  struct Case {
+    Collective coll;
+    Algorithm algo;
+  };
+  for (const Case& c :
+       {Case{Collective::kAllReduce, Algorithm::kPairwise}, Case{Collective::kAllReduce, Algorithm::kTree},
+        Case{Collective::kAllReduce, Algorithm::kRing}, Case{Collective::kAllReduce, Algorithm::kFused},
+        Case{Collective::kReduceScatter, Algorithm::kFused}, Case{Collective::kAllGather, Algorithm::kFused}}) {
     CallOptions call;
-    call.algorithm = algo;
-    for (int r = 0; r < 4; ++r)
-      ASSERT_TRUE((*comms)[r]->AllReduce(bufs[r]->data(), bufs[r]->data(), count, DataType::kFloat32, ReduceOp::kSum,
-                                         *streams[r], call).ok());
-    for (int r = 0; r < 4; ++r) ASSERT_TRUE(streams[r]->Synchronize(Deadline::AfterSeconds(60)).ok());
+    call.algorithm = c.algo;
     for (int r = 0; r < 4; ++r) {
-      ASSERT_TRUE((*comms)[r]->AsyncError().ok()) << (*comms)[r]->AsyncError().ToString();
-      for (size_t i = 0; i < count; i += 101) {
+      Status s;
+      if (c.coll == Collective::kAllReduce)
+        s = (*comms)[r]->AllReduce(in[r]->data(), out[r]->data(), count, DataType::kFloat32, ReduceOp::kSum,
+                                   *streams[r], call);
+      else if (c.coll == Collective::kReduceScatter)
+        s = (*comms)[r]->ReduceScatter(in[r]->data(), out[r]->data(), block, DataType::kFloat32, ReduceOp::kSum,
+                                       *streams[r], call);
+      else
+        s = (*comms)[r]->AllGather(in[r]->data(), out[r]->data(), block, DataType::kFloat32, *streams[r], call);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+    for (int r = 0; r < 4; ++r) ASSERT_TRUE(streams[r]->Synchronize(Deadline::AfterSeconds(60)).ok());
+    const std::string what = fmt::format("{} via {}", CollectiveName(c.coll), collectives::AlgorithmName(c.algo));
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE((*comms)[r]->AsyncError().ok()) << what << ": " << (*comms)[r]->AsyncError().ToString();
+      const size_t n = c.coll == Collective::kReduceScatter ? block : count;
+      for (size_t i = 0; i < n; i += 101) {
         float want = 0;
-        for (int q = 0; q < 4; ++q) want += static_cast<float>((q + i) % 5);
-        ASSERT_EQ(static_cast<float*>(bufs[r]->data())[i], want) << collectives::AlgorithmName(algo) << " rank " << r;
+        if (c.coll == Collective::kAllGather) {
+          want = input(static_cast<int>(i / block), i % block);
+        } else {
+          const size_t at = c.coll == Collective::kReduceScatter ? r * block + i : i;
+          for (int q = 0; q < 4; ++q) want += input(q, at);
+        }
+        ASSERT_EQ(static_cast<float*>(out[r]->data())[i], want) << what << ": rank " << r << " element " << i;
       }
     }
   }
   streams.clear();
-  bufs.clear();
+  in.clear();
+  out.clear();
   comms->clear();
 }
 

@@ -71,6 +71,7 @@ struct Options {
   std::string algo = "auto", buffers = "device";
   std::string timing = "avg";
   std::string placement = "both";
+  std::string split = "speed";
   std::string json, csv, plot;
 };
 
@@ -228,7 +229,7 @@ class Bench {
       for (ReduceOp op : p_.ops) {
         for (uint64_t size : p_.sizes) {
           const Geometry g = GeometryFor(p_.coll, size, type, n);
-          auto choice = w_.Explain(p_.coll, g.count, type);
+          auto choice = w_.Explain(p_.coll, g.count, type, o_.split == "speed");
           if (!choice.ok()) Warn(fmt::format("no prediction for {} bytes: {}", size, choice.status().ToString()));
           std::vector<std::optional<Algorithm>> forced;
           if (p_.algo_all && choice.ok())
@@ -273,6 +274,7 @@ class Bench {
     call.op = op;
     call.root = o_.root;
     call.algorithm = forced;
+    call.balance = o_.split == "speed";
     for (bool in_place : {false, true}) {
       if (in_place && !g.in_place) continue;
       if (o_.placement != "both" && in_place != (o_.placement == "in")) continue;  // N/A in the table
@@ -415,6 +417,11 @@ int Main(int argc, char** argv) {
   app.add_option("--placement", o.placement,
                  "both: out-of-place and in-place columns (nccl-tests); out or in: that one alone, the other N/A")
       ->check(CLI::IsMember({"both", "out", "in"}))
+      ->capture_default_str();
+  app.add_option("--split", o.split,
+                 "speed: work split by each device's speed where the algorithm can (CallOptions::balance); even: "
+                 "the even split")
+      ->check(CLI::IsMember({"speed", "even"}))
       ->capture_default_str();
   app.add_option("--json", o.json, "write every row to this file as JSON")->type_name("FILE");
   app.add_option("--csv", o.csv, "write every row to this file as CSV")->type_name("FILE");

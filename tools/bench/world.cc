@@ -186,9 +186,9 @@ Status World::AddRank(const WorldOptions& options) {
   return Status::Ok();
 }
 
-Result<AlgorithmChoice> World::Explain(BenchColl coll, uint64_t count, DataType type) const {
+Result<AlgorithmChoice> World::Explain(BenchColl coll, uint64_t count, DataType type, bool balance) const {
   // Every rank predicts the same (the selection is a pure function of what all ranks share).
-  KZ_ASSIGN_OR_RETURN(std::string line, comms_[0]->ExplainChoice(EngineCollective(coll), count, type));
+  KZ_ASSIGN_OR_RETURN(std::string line, comms_[0]->ExplainChoice(EngineCollective(coll), count, type, balance));
   return ParseChoice(line);
 }
 
@@ -214,6 +214,7 @@ Status World::IssueOne(Rank& rank, const BenchCall& call) {
   }
   CallOptions options;
   options.algorithm = call.algorithm;
+  options.balance = call.balance;
   Communicator& c = *rank.comm;
   device::Stream& s = *rank.stream;
   switch (call.coll) {

@@ -64,6 +64,7 @@ struct BenchCall {
   int root = 0;
   bool in_place = false;
   std::optional<collectives::Algorithm> algorithm;  // forced per call; nullopt: the engine chooses
+  bool balance = true;                              // CallOptions::balance (--split speed|even)
 };
 
 class World {
@@ -88,7 +89,7 @@ class World {
   std::string data_path() const;
 
   // The engine's choice and predictions for a call of `coll` with `count` (Geometry::count).
-  Result<AlgorithmChoice> Explain(BenchColl coll, uint64_t count, DataType type) const;
+  Result<AlgorithmChoice> Explain(BenchColl coll, uint64_t count, DataType type, bool balance = true) const;
   // Zeroes every buffer (before timing: uninitialised memory may hold NaNs and denormals, which
   // some devices reduce slowly).
   Status Prime();

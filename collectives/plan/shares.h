@@ -1,0 +1,35 @@
+// How work is shared among ranks of unlike speed: contiguous parts in proportion to weights, and
+// the fused algorithm's weights and parts (RankPlan::fused_bounds), which the algorithm builds
+// and the cost model predicts from the same shape. Pure functions: every rank computes the same
+// parts from the same shape.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collectives/plan/plan.h"
+#include "collectives/plan/topology.h"
+
+namespace kizuna::collectives {
+
+// The bounds of weights.size() contiguous parts of `count` elements in proportion to `weights`
+// (finite, > 0), weights.size() + 1 entries from 0 to count: part j gets floor(count * w_j / sum)
+// elements and the remainder goes one element each to the first parts, so equal weights give the
+// even split (the first count % parts parts one element longer).
+std::vector<uint64_t> WeightedBounds(uint64_t count, const std::vector<double>& weights);
+
+// fused: each rank's weight for its part. With `balance` and every rank's speed known, its
+// device's reduce speed (reductions) or copy speed (AllGather, Broadcast), divided among the ranks
+// that share the device (one host id and device name); equal weights otherwise (and for Barrier).
+std::vector<double> FusedWeights(const CollectiveRequest& request, const CommTopology& shape, bool balance);
+// RankPlan::fused_bounds from those weights over FusedWorkCount(request) elements: empty when the
+// weights are equal (the even split, FusedSlice).
+std::vector<uint64_t> FusedBounds(const CollectiveRequest& request, const CommTopology& shape, bool balance);
+// For the INFO log: "parts by each device's reduce speed: ranks 0-3 20.0% each (0.4 GB/s), ranks
+// 4-7 5.0% each (0.1 GB/s)" (ranks in a row of one speed together); "" for `bounds`
+// empty (the even split).
+std::string DescribeFusedParts(const CollectiveRequest& request, const CommTopology& shape,
+                               const std::vector<uint64_t>& bounds);
+
+}  // namespace kizuna::collectives

@@ -230,6 +230,40 @@ TEST(HeterogeneousTest, TreesShareTheDataByTheirStreamingRates) {
   }
 }
 
+// rhd AllReduce: blocks sized by their final owners' speeds. Ranks 4-7 of 8 reduce 4x slower:
+// at the first halving step each fast rank keeps 4/5 of what it holds (the slow half's blocks
+// are a fifth of the data), and reduces 4x as many elements as a slow rank in all.
+TEST(HeterogeneousTest, HalvingDoublingSizesBlocksBySpeed) {
+  CommTopology shape = Full(8);
+  for (int r = 0; r < 8; ++r) shape.ranks[static_cast<size_t>(r)].reduce_gbps = r < 4 ? 20 : 5;
+  const CollectiveRequest req{Collective::kAllReduce, 8, 8000, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  PlanOptions options;
+  options.chunk_count = 512;
+  auto plan = BuildPlan(Algorithm::kRhd, req, shape, options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const double fast = static_cast<double>(ReducedElements(plan->ranks[0]));
+  const double slow = static_cast<double>(ReducedElements(plan->ranks[5]));
+  EXPECT_NEAR(fast / slow, 4.0, 0.1) << fast << " against " << slow;
+  options.balance = false;
+  auto even = BuildPlan(Algorithm::kRhd, req, shape, options, -1);
+  ASSERT_TRUE(even.ok());
+  EXPECT_EQ(ReducedElements(even->ranks[0]), ReducedElements(even->ranks[5]));
+  // Exact results, the fold of a rank count that is not a power of two included.
+  for (int p : {8, 6}) {
+    for (bool balance : {true, false}) {
+      Case c;
+      c.coll = Collective::kAllReduce;
+      c.algo = Algorithm::kRhd;
+      c.p = p;
+      c.count = 8000;
+      c.chunk = 512;
+      c.shape = p == 8 ? shape : SlowReducer();
+      c.balance = balance;
+      EXPECT_TRUE(RunExact(c)) << p << " ranks, balance " << balance;
+    }
+  }
+}
+
 // fused: each rank's part in proportion to its speed (the reduce speed for reductions, the copy
 // speed for AllGather and Broadcast), shared by the ranks of one device; even where a speed is
 // unknown, the speeds are equal, or balance is off.

@@ -7,6 +7,13 @@
 //   ReduceScatter  halving over blocks made of the input's parts; each rank ends with its part.
 //   AllGather      doubling over blocks made of the output's parts.
 //
+// Unlike devices (PlanOptions::balance, ReduceWeights): AllReduce's blocks are sized by the reduce
+// speed of the active rank that ends with each, so at every halving step a pair splits what it
+// holds by the speeds of the two halves of its subcube: with the fast ranks in one half and the
+// slow in the other, each fast rank keeps and reduces the larger share, as many times larger as
+// its half is faster.
+// ReduceScatter and AllGather keep the even split: their blocks are the ranks' own parts.
+//
 // Rank counts that are not a power of two use the fold (common.h: Fold): with p' the largest
 // power of two <= p, ranks 2i and 2i+1 (i < p - p') pair up; the even one sends its data to the
 // odd one first (AllReduce, ReduceScatter: to be added; AllGather: to be placed) and receives
@@ -72,7 +79,7 @@ class Rhd final : public AlgorithmImpl {
         b.CopyChunked(c, b.In(R), Builder::Out(R));
         continue;
       }
-      Channel ch(b, c, R);
+      Channel ch(b, c, R, ReduceWeights(shape, options));
       switch (request.collective) {
         case Collective::kAllReduce:
           ordered ? ch.OrderedAllReduce() : ch.AllReduce();
@@ -93,7 +100,14 @@ class Rhd final : public AlgorithmImpl {
  private:
   class Channel {
    public:
-    Channel(Builder& b, int c, Range R) : b_(b), c_(c), R_(R), f_(b.p), a_(f_.Active(b.rank)) {}
+    // `weights`: each rank's share of the reduction (ReduceWeights): AllReduce's blocks are sized by
+    // their active ranks' weights.
+    Channel(Builder& b, int c, Range R, const std::vector<double>& weights)
+        : b_(b), c_(c), R_(R), f_(b.p), a_(f_.Active(b.rank)) {
+      std::vector<double> active(static_cast<size_t>(f_.pp));
+      for (int a = 0; a < f_.pp; ++a) active[static_cast<size_t>(a)] = weights[static_cast<size_t>(f_.RankOf(a))];
+      blocks_ = WeightedBounds(R_.count, active);
+    }
 
     void AllReduce() {
       const int r = b_.rank;
@@ -217,8 +231,11 @@ class Rhd final : public AlgorithmImpl {
 
    private:
     bool PartsAreBlocks() const { return b_.req.collective == Collective::kAllReduce; }
-    // AllReduce block a of the channel's slice.
-    Range Block(int a) const { return SplitEven(R_, static_cast<uint64_t>(f_.pp), static_cast<uint64_t>(a)); }
+    // AllReduce block a of the channel's slice: the final sum of active rank a, sized by its weight.
+    Range Block(int a) const {
+      const auto i = static_cast<size_t>(a);
+      return {R_.offset + blocks_[i], blocks_[i + 1] - blocks_[i]};
+    }
     // ReduceScatter / AllGather: part j's segment of this channel (input resp. output index space).
     Range Seg(int j) const { return {static_cast<uint64_t>(j) * b_.req.count + R_.offset, R_.count}; }
 
@@ -280,6 +297,7 @@ class Rhd final : public AlgorithmImpl {
     const Range R_;
     const Fold f_;
     const int a_;
+    std::vector<uint64_t> blocks_;  // AllReduce: block a is [blocks_[a], blocks_[a + 1]) of R_
   };
 };
 

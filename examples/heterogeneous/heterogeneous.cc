@@ -10,7 +10,7 @@
 // its devices' throttles scaled apart; each device reports its own speed). Each collective runs with every algorithm
 // named that serves it, with the work split by speed (CallOptions::balance, the default) and with
 // the even split, alternating which goes first; the median times are compared. What each
-// algorithm splits: docs/ALGORITHMS.md ("Heterogeneous devices").
+// algorithm splits, and the figures: docs/PERFORMANCE.md ("Heterogeneous devices").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

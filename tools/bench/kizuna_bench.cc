@@ -229,15 +229,19 @@ class Bench {
       for (ReduceOp op : p_.ops) {
         for (uint64_t size : p_.sizes) {
           const Geometry g = GeometryFor(p_.coll, size, type, n);
-          auto choice = w_.Explain(p_.coll, g.count, type, o_.split == "speed");
-          if (!choice.ok()) Warn(fmt::format("no prediction for {} bytes: {}", size, choice.status().ToString()));
-          std::vector<std::optional<Algorithm>> forced;
-          if (p_.algo_all && choice.ok())
-            for (Algorithm a : choice->Supported()) forced.push_back(a);
-          else
-            forced.push_back(p_.algo);
-          for (const std::optional<Algorithm>& f : forced)
-            KZ_RETURN_IF_ERROR(RunRow(type, op, g, f, choice.ok() ? &*choice : nullptr, factor));
+          // --split both: every row with the work split by speed, then evenly.
+          for (const bool balance :
+               o_.split == "both" ? std::vector<bool>{true, false} : std::vector<bool>{o_.split == "speed"}) {
+            auto choice = w_.Explain(p_.coll, g.count, type, balance);
+            if (!choice.ok()) Warn(fmt::format("no prediction for {} bytes: {}", size, choice.status().ToString()));
+            std::vector<std::optional<Algorithm>> forced;
+            if (p_.algo_all && choice.ok())
+              for (Algorithm a : choice->Supported()) forced.push_back(a);
+            else
+              forced.push_back(p_.algo);
+            for (const std::optional<Algorithm>& f : forced)
+              KZ_RETURN_IF_ERROR(RunRow(type, op, g, f, choice.ok() ? &*choice : nullptr, factor, balance));
+          }
         }
       }
     }
@@ -249,7 +253,7 @@ class Bench {
 
  private:
   Status RunRow(DataType type, ReduceOp op, const Geometry& g, std::optional<Algorithm> forced,
-                const AlgorithmChoice* choice, double factor) {
+                const AlgorithmChoice* choice, double factor, bool balance) {
     Row row;
     row.size_bytes = g.size_bytes();
     row.count = g.count;
@@ -274,7 +278,11 @@ class Bench {
     call.op = op;
     call.root = o_.root;
     call.algorithm = forced;
-    call.balance = o_.split == "speed";
+    call.balance = balance;
+    if (o_.split == "both" && !balance) {  // the even split's rows (and plot lines) by their own name
+      row.requested += " even";
+      row.algo += " even";
+    }
     for (bool in_place : {false, true}) {
       if (in_place && !g.in_place) continue;
       if (o_.placement != "both" && in_place != (o_.placement == "in")) continue;  // N/A in the table
@@ -420,8 +428,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--split", o.split,
                  "speed: work split by each device's speed where the algorithm can (CallOptions::balance); even: "
-                 "the even split")
-      ->check(CLI::IsMember({"speed", "even"}))
+                 "the even split; both: each row twice, the even one's algorithm named '<name> even'")
+      ->check(CLI::IsMember({"speed", "even", "both"}))
       ->capture_default_str();
   app.add_option("--json", o.json, "write every row to this file as JSON")->type_name("FILE");
   app.add_option("--csv", o.csv, "write every row to this file as CSV")->type_name("FILE");

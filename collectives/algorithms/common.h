@@ -60,15 +60,10 @@ inline Range SplitWeighted(Range whole, const std::vector<double>& weights, size
   return {whole.offset + bounds[i], bounds[i + 1] - bounds[i]};
 }
 
-// Per rank, how much reduction work it should take: its device's reduce speed when
+// Per rank, how much reduction work it should take (shares.h): its device's reduce speed when
 // options.balance is on and every rank's speed is known, otherwise equal weights.
 inline std::vector<double> ReduceWeights(const CommTopology& shape, const PlanOptions& options) {
-  std::vector<double> w(static_cast<size_t>(shape.nranks), 1.0);
-  if (!options.balance) return w;
-  for (const RankDesc& r : shape.ranks)
-    if (!(r.reduce_gbps > 0)) return w;
-  for (int i = 0; i < shape.nranks; ++i) w[static_cast<size_t>(i)] = shape.ranks[static_cast<size_t>(i)].reduce_gbps;
-  return w;
+  return collectives::ReduceWeights(shape, options.balance);
 }
 
 // Number of chunks of at most `chunk` elements that cover n elements.

@@ -44,23 +44,33 @@ bool Model::Resolve() {
   staging_.resize(n);
   reduce_.resize(n);
   launch_.resize(n);
-  for (size_t r = 0; r < n; ++r) {
-    const RankDesc& d = shape_.ranks[r];
-    const double copy = Known(d.copy_gbps) ? d.copy_gbps : k_.unknown_copy_gbps;
-    copy_[r] = 1.0 / (copy * 1e9);
-    staging_[r] = 1.0 / (std::min(copy, k_.staging_copy_max_gbps) * 1e9);
-    reduce_[r] = 1.0 / ((Known(d.reduce_gbps) ? d.reduce_gbps : k_.unknown_reduce_gbps) * 1e9);
-    launch_[r] = (Known(d.launch_us) ? d.launch_us : k_.unknown_launch_us) * 1e-6;
-  }
+  cpu_copy_.resize(n);
+  cpu_staging_.resize(n);
+  cpu_reduce_.resize(n);
   host_.emplace(shape_, k_, static_cast<double>(req_.input_count() + req_.output_count()) * elem_,
                 !IsPointToPoint(req_.collective));
-  for (size_t r = 0; r < n; ++r)
-    if (host_->Cached(static_cast<int>(r))) {
-      const double speedup = std::max(1.0, k_.cache_speedup);
-      copy_[r] /= speedup;
-      staging_[r] /= speedup;
-      reduce_[r] /= speedup;
-    }
+  for (size_t r = 0; r < n; ++r) {
+    const RankDesc& d = shape_.ranks[r];
+    // The CPUs' rates (the machine's defaults, faster where the operation fits the cache) for a
+    // device that computes on them; a device's own speed (known) is its rate, and where it also
+    // computes on the host's CPUs (a throttled emulated device) it only bounds them from below.
+    const double speedup = host_->Cached(static_cast<int>(r)) ? std::max(1.0, k_.cache_speedup) : 1.0;
+    const double cpu_copy = 1.0 / (k_.unknown_copy_gbps * 1e9) / speedup;
+    const double cpu_staging = 1.0 / (std::min(k_.unknown_copy_gbps, k_.staging_copy_max_gbps) * 1e9) / speedup;
+    const double cpu_reduce = 1.0 / (k_.unknown_reduce_gbps * 1e9) / speedup;
+    const bool paced_copy = d.host_compute && Known(d.copy_gbps);
+    const bool paced_reduce = d.host_compute && Known(d.reduce_gbps);
+    const double copy = Known(d.copy_gbps) ? d.copy_gbps : k_.unknown_copy_gbps;
+    const double device_speedup = paced_copy ? 1.0 : speedup;
+    copy_[r] = 1.0 / (copy * 1e9) / device_speedup;
+    staging_[r] = 1.0 / (std::min(copy, k_.staging_copy_max_gbps) * 1e9) / device_speedup;
+    reduce_[r] =
+        1.0 / ((Known(d.reduce_gbps) ? d.reduce_gbps : k_.unknown_reduce_gbps) * 1e9) / (paced_reduce ? 1.0 : speedup);
+    launch_[r] = (Known(d.launch_us) ? d.launch_us : k_.unknown_launch_us) * 1e-6;
+    cpu_copy_[r] = paced_copy ? cpu_copy : copy_[r];
+    cpu_staging_[r] = paced_copy ? cpu_staging : staging_[r];
+    cpu_reduce_[r] = paced_reduce ? cpu_reduce : reduce_[r];
+  }
   on_caller_ = shape_.caller_inline_bytes > 0 &&
                static_cast<double>(std::max(req_.input_count(), req_.output_count())) * elem_ <=
                    static_cast<double>(shape_.caller_inline_bytes);
@@ -69,11 +79,13 @@ bool Model::Resolve() {
   win_.assign(n, 0);
   stage_.assign(n, 0);
   red_.assign(n, 0);
+  stage_cpu_.assign(n, 0);
+  red_cpu_.assign(n, 0);
   touched_mark_.assign(n, 0);
   return true;
 }
 
-StageCost Model::Cost(const std::vector<Hop>& hops, double bytes, int channels) {
+StageCost Model::Cost(const std::vector<Hop>& hops, double stage_bytes, int channels) {
   StageCost c;
   double latency = 0;
   const double message = (k_.message_overhead_us + k_.step_overhead_us) * 1e-6;
@@ -92,6 +104,7 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double bytes, int channels) 
     const auto from = static_cast<size_t>(h.from), to = static_cast<size_t>(h.to);
     const LinkDesc& l = shape_.link(h.from, h.to);
     // Empty messages (barriers) need no device work: no staging copy, nothing to reduce.
+    const double bytes = stage_bytes * h.scale;
     const bool data = bytes > 0;
     latency = std::max(latency, Latency(l) + (data && l.staged ? StepLaunch(from) : 0.0) +
                                     (data && (l.staged || h.reduce) ? StepLaunch(to) : 0.0));
@@ -110,11 +123,17 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double bytes, int channels) 
       const double traffic = bytes * static_cast<double>(channels);
       host_->Traffic(h.from, traffic * (l.staged ? 3 : 1));
       host_->Traffic(h.to, traffic * ((l.staged && !h.reduce ? 3 : 1) + (h.reduce ? 3 : 0)));
-      if (l.staged) stage_[from] += bytes * staging_[from];
-      if (h.reduce)
+      if (l.staged) {
+        stage_[from] += bytes * staging_[from];
+        stage_cpu_[from] += bytes * cpu_staging_[from];
+      }
+      if (h.reduce) {
         red_[to] += 2.0 * bytes * reduce_[to];
-      else if (l.staged)
+        red_cpu_[to] += 2.0 * bytes * cpu_reduce_[to];
+      } else if (l.staged) {
         stage_[to] += bytes * staging_[to];
+        stage_cpu_[to] += bytes * cpu_staging_[to];
+      }
     }
   }
   // The critical rank: the largest per-rank time, the lowest rank on a tie.
@@ -131,15 +150,16 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double bytes, int channels) 
   const cost_internal::HostSharing::Extra host = host_->End(worst);
   if (c.ok && worst >= 0) {
     const auto i = static_cast<size_t>(worst);
-    const double ch = static_cast<double>(channels) * host.slowdown;
-    c.alpha = latency + host.wake_s + ch * cpu_[i];
-    c.beta = ch * (std::max(wout_[i], win_[i]) + stage_[i]);
-    c.gamma = ch * red_[i];
+    // Ranks beyond the CPUs stretch the CPUs' work; a device's own pace (a throttle) is a floor.
+    const double ch = static_cast<double>(channels), slow = host.slowdown;
+    c.alpha = latency + host.wake_s + ch * slow * cpu_[i];
+    c.beta = ch * (slow * std::max(wout_[i], win_[i]) + std::max(stage_[i], slow * stage_cpu_[i]));
+    c.gamma = ch * std::max(red_[i], slow * red_cpu_[i]);
     c.beta += std::max(0.0, host.memory_s - c.beta - c.gamma);
   }
   for (int r : touched_) {
     const auto i = static_cast<size_t>(r);
-    cpu_[i] = wout_[i] = win_[i] = stage_[i] = red_[i] = 0;
+    cpu_[i] = wout_[i] = win_[i] = stage_[i] = red_[i] = stage_cpu_[i] = red_cpu_[i] = 0;
     touched_mark_[i] = 0;
   }
   touched_.clear();
@@ -166,34 +186,41 @@ void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t e
 }
 
 // The slowest of `ranks` doing the work at the same time.
-void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t elems, const std::vector<int>& ranks) {
+void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t elems, const std::vector<int>& ranks,
+                  const std::vector<double>* scale) {
   const Split s = SplitElems(elems);
   if (s.chunks == 0 || failed_) return;
   const double ch = static_cast<double>(s.channels);
-  StageCost worst;
+  StageCost worst, worst_cpu;
   double worst_time = -1;
   int critical = -1;
   for (int r : ranks) {
     const auto i = static_cast<size_t>(r);
-    StageCost c;
+    const double bytes = s.bytes * (scale != nullptr ? (*scale)[i] : 1.0);
+    StageCost c, cpu;  // at the device's pace, and the CPUs' work for the same bytes
     c.alpha = StepLaunch(i) + ch * k_.step_overhead_us * 1e-6;
-    if (kind == LocalKind::kCopy)
-      c.beta = ch * s.bytes * copy_[i];
-    else if (kind == LocalKind::kScale)  // one input read, one output written: a copy's traffic
-      c.gamma = ch * s.bytes * copy_[i];
-    else
-      c.gamma = ch * static_cast<double>(inputs) * s.bytes * reduce_[i];
+    if (kind == LocalKind::kCopy) {
+      c.beta = ch * bytes * copy_[i];
+      cpu.beta = ch * bytes * cpu_copy_[i];
+    } else if (kind == LocalKind::kScale) {  // one input read, one output written: a copy's traffic
+      c.gamma = ch * bytes * copy_[i];
+      cpu.gamma = ch * bytes * cpu_copy_[i];
+    } else {
+      c.gamma = ch * static_cast<double>(inputs) * bytes * reduce_[i];
+      cpu.gamma = ch * static_cast<double>(inputs) * bytes * cpu_reduce_[i];
+    }
     host_->Join(r);
-    host_->Traffic(r, ch * s.bytes * (kind == LocalKind::kReduce ? static_cast<double>(inputs) + 1 : 2));
+    host_->Traffic(r, ch * bytes * (kind == LocalKind::kReduce ? static_cast<double>(inputs) + 1 : 2));
     if (c.total() > worst_time) {
       worst = c;
+      worst_cpu = cpu;
       worst_time = c.total();
       critical = r;
     }
   }
   const cost_internal::HostSharing::Extra host = host_->End(critical, /*waits=*/false);
-  worst.beta *= host.slowdown;
-  worst.gamma *= host.slowdown;
+  worst.beta = std::max(worst.beta, worst_cpu.beta * host.slowdown);
+  worst.gamma = std::max(worst.gamma, worst_cpu.gamma * host.slowdown);
   worst.beta += std::max(0.0, host.memory_s - worst.beta - worst.gamma);
   Add(label, worst, s.chunks);
 }

@@ -16,14 +16,19 @@ namespace kizuna::collectives::cost_internal {
 // only to the ranks marked in `owners` (the direct exchange of deterministic mode, which brings
 // every contribution to a part's owner). A round's chunks are independent, so a round costs one
 // stage per chunk.
-void Model::DirectRounds(std::string_view label, uint64_t elems, const std::vector<char>* owners) {
+void Model::DirectRounds(std::string_view label, uint64_t elems, const std::vector<char>* owners,
+                         const std::vector<double>* part_scale, bool by_sender) {
   const Split s = SplitElems(elems);
   if (s.chunks == 0) return;
   std::vector<Hop> hops;
   for (int j = 1; j < p_ && !failed_; ++j) {
     hops.clear();
-    for (int r = 0; r < p_; ++r)
-      if (owners == nullptr || (*owners)[static_cast<size_t>((r + j) % p_)]) hops.push_back({r, (r + j) % p_, false});
+    for (int r = 0; r < p_; ++r) {
+      const int to = (r + j) % p_;
+      if (owners != nullptr && !(*owners)[static_cast<size_t>(to)]) continue;
+      const double scale = part_scale != nullptr ? (*part_scale)[static_cast<size_t>(by_sender ? r : to)] : 1.0;
+      hops.push_back({r, to, false, scale});
+    }
     Stage(label, hops, s.bytes, s.chunks, s.channels);
   }
 }
@@ -118,15 +123,27 @@ void Model::Unfold(std::string_view label, uint64_t parts, uint64_t elems) {
 // away; doubling: what it has gathered). AllReduce's blocks are the vector's p2 blocks;
 // ReduceScatter's and AllGather's are the parts of the ranks an active rank stands for (p/p2 on
 // average, `count` elements each).
-void Model::HypercubeRounds(std::string_view label, bool halving, uint64_t count) {
+void Model::HypercubeRounds(std::string_view label, bool halving, uint64_t count,
+                            const std::vector<double>* block_shares) {
   const bool blocks_are_parts = req_.collective != Collective::kAllReduce;
   const uint64_t block = blocks_are_parts ? count : CeilDiv(count, static_cast<uint64_t>(p2_));
   const Split s = SplitElems(block);
   if (s.chunks == 0) return;
+  const bool weighted = !blocks_are_parts && block_shares != nullptr && !block_shares->empty();
+  // The blocks active rank nr sends in a round at distance `mask`: halving, the half of its
+  // group that its partner keeps; doubling, the blocks it holds. As a factor on even blocks.
+  auto sent = [&](int nr, int mask) {
+    if (!weighted) return 1.0;
+    const int first = halving ? ((nr ^ mask) & ~(mask - 1)) : (nr & ~(mask - 1));
+    double share = 0;
+    for (int b = first; b < first + mask; ++b) share += (*block_shares)[static_cast<size_t>(b)];
+    return share * static_cast<double>(p2_) / static_cast<double>(mask);
+  };
   std::vector<Hop> hops(static_cast<size_t>(p2_));
   for (int i = 0; i < FloorLog2(static_cast<uint64_t>(p2_)) && !failed_; ++i) {
     const int mask = halving ? p2_ >> (i + 1) : 1 << i;
-    for (int nr = 0; nr < p2_; ++nr) hops[static_cast<size_t>(nr)] = {Real(nr), Real(nr ^ mask), halving};
+    for (int nr = 0; nr < p2_; ++nr)
+      hops[static_cast<size_t>(nr)] = {Real(nr), Real(nr ^ mask), halving, sent(nr, mask)};
     // Messages per round: a part per block, p/p2 on average when blocks stand for folded pairs;
     // AllReduce's blocks are empty (and not sent) past the channel's element count.
     const uint64_t parts =
@@ -186,11 +203,17 @@ void Model::Body(Algorithm a) {
       return TreeRooted(req_.collective == Collective::kReduce);
     case Algorithm::kRhd:
       switch (req_.collective) {
-        case Collective::kAllReduce:
+        case Collective::kAllReduce: {
+          // Blocks sized by the speed of the active rank that ends with each (halving_doubling.cc).
+          const std::vector<double> weights = ReduceWeights(shape_, opt_.balance);
+          std::vector<double> active;
+          for (int nr = 0; nr < p2_; ++nr) active.push_back(weights[static_cast<size_t>(Real(nr))]);
+          const std::vector<double> shares = Shares(active);
           Fold("fold", 1, count, true);
-          HypercubeRounds("halving", true, count);
-          HypercubeRounds("doubling", false, count);
+          HypercubeRounds("halving", true, count, &shares);
+          HypercubeRounds("doubling", false, count, &shares);
           return Unfold("unfold", 1, count);
+        }
         case Collective::kReduceScatter:  // the fold hands over every part, the unfold one
           Fold("fold", p, count, true);
           HypercubeRounds("halving", true, count);
@@ -229,10 +252,16 @@ void Model::Body(Algorithm a) {
         case Collective::kReduceScatter:
           DirectRounds("exchange", count);
           return Local("ordered reduce", LocalKind::kReduce, p_, count, -1);
-        case Collective::kAllReduce:
-          DirectRounds("exchange", CeilDiv(count, p));
-          Local("ordered reduce", LocalKind::kReduce, p_, CeilDiv(count, p), -1);
-          return DirectRounds("direct allgather", CeilDiv(count, p));
+        case Collective::kAllReduce: {
+          // Part j sized by rank j's reduce speed (pairwise.cc): p x its share of the even part.
+          std::vector<double> scale = Shares(ReduceWeights(shape_, opt_.balance));
+          for (double& x : scale) x *= p;
+          std::vector<int> all(static_cast<size_t>(p_));
+          for (int r = 0; r < p_; ++r) all[static_cast<size_t>(r)] = r;
+          DirectRounds("exchange", CeilDiv(count, p), nullptr, &scale, /*by_sender=*/false);
+          Local("ordered reduce", LocalKind::kReduce, p_, CeilDiv(count, p), all, &scale);
+          return DirectRounds("direct allgather", CeilDiv(count, p), nullptr, &scale, /*by_sender=*/true);
+        }
         case Collective::kBarrier: {
           std::vector<Hop> hops;
           for (int a2 = 0; a2 < p_; ++a2)
@@ -348,13 +377,8 @@ void Model::Fused() {
     // ranks sharing the CPUs stretch; any other device its reported speed's time.
     const double speed = reduction ? d.reduce_gbps : d.copy_gbps;
     const bool paced = d.host_compute && Known(speed);
-    double per_byte = copy_[ur];
-    if (paced) {
-      per_byte = 1.0 / (k_.unknown_copy_gbps * 1e9);
-      if (host_->Cached(r)) per_byte /= std::max(1.0, k_.cache_speedup);
-      device_s[ur] = static_cast<double>(sharing) * device_bytes_per_share * share / (speed * 1e9);
-    }
-    cpu_s[ur] = static_cast<double>(sharing) * rank_traffic * per_byte;
+    if (paced) device_s[ur] = static_cast<double>(sharing) * device_bytes_per_share * share / (speed * 1e9);
+    cpu_s[ur] = static_cast<double>(sharing) * rank_traffic * (paced ? cpu_copy_[ur] : copy_[ur]);
     c.gamma = std::max(cpu_s[ur], device_s[ur]);
     if (c.total() > worst.total()) worst = c, critical = r;
   }

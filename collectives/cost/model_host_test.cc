@@ -152,5 +152,27 @@ TEST(CostModelTest, FusedPartsSizedBySpeedTakeTheTimeOfTheirShare) {
   }
 }
 
+// pairwise's parts and rhd's blocks sized by reduce speed (4 ranks at 20 GB/s, 4 at 5): the
+// reductions, which the slow ranks set, take well under the even split's time; equal speeds
+// predict the same either way.
+TEST(CostModelTest, PairwiseAndRhdPredictTheirPartsSizedBySpeed) {
+  CostConstants k;
+  CommTopology unlike = HandShape(8);
+  for (int r = 4; r < 8; ++r) unlike.ranks[static_cast<size_t>(r)].reduce_gbps = 5;
+  for (RankDesc& d : unlike.ranks) d.copy_gbps = 20;
+  PlanOptions even = Options(1 << 16);
+  even.balance = false;
+  const CollectiveRequest r = Request(Collective::kAllReduce, 8, 16 << 20);
+  for (Algorithm a : {Algorithm::kPairwise, Algorithm::kRhd}) {
+    const Prediction by_speed = Predict(a, r, unlike, Options(1 << 16), k);
+    const Prediction evenly = Predict(a, r, unlike, even, k);
+    EXPECT_LT(by_speed.gamma_s, 0.6 * evenly.gamma_s) << AlgorithmName(a);
+    EXPECT_LT(by_speed.seconds, evenly.seconds) << AlgorithmName(a);
+    EXPECT_DOUBLE_EQ(Predict(a, r, HandShape(8), Options(1 << 16), k).seconds,
+                     Predict(a, r, HandShape(8), even, k).seconds)
+        << AlgorithmName(a);
+  }
+}
+
 }  // namespace
 }  // namespace kizuna::collectives

@@ -117,7 +117,8 @@ inline bool Serves(Algorithm a, Collective c) {
 struct Hop {
   int from;
   int to;
-  bool reduce;  // the receiver reduces the message into its data
+  bool reduce;       // the receiver reduces the message into its data
+  double scale = 1;  // this hop's message is the stage's bytes times this (parts sized by speed)
 };
 
 // The cost of one stage (see the header), or why it has none.
@@ -183,7 +184,9 @@ class Model {
   }
   // Local device work on `rank` (or every rank when rank < 0) over `elems` elements, chunked.
   void Local(std::string_view label, LocalKind kind, int inputs, uint64_t elems, int rank);
-  void Local(std::string_view label, LocalKind kind, int inputs, uint64_t elems, const std::vector<int>& ranks);
+  // `scale`: per rank, a factor on its elements (parts sized by speed); null: 1 for every rank.
+  void Local(std::string_view label, LocalKind kind, int inputs, uint64_t elems, const std::vector<int>& ranks,
+             const std::vector<double>* scale = nullptr);
   void Fail(std::string note) {
     if (!failed_) note_ = std::move(note);
     failed_ = true;
@@ -192,7 +195,11 @@ class Model {
   // ---- Structures ----
   std::vector<Hop> RingHops(bool reduce) const;
   std::vector<Hop> ChainHops(int first, bool reduce) const;
-  void DirectRounds(std::string_view label, uint64_t elems, const std::vector<char>* owners = nullptr);
+  // `part_scale`: per rank, a factor on the elements of its part (parts sized by speed); a hop
+  // carries the receiver's part (`by_sender` false: the exchange that gathers each part at its
+  // owner) or the sender's (true: the allgather that spreads each owner's part).
+  void DirectRounds(std::string_view label, uint64_t elems, const std::vector<char>* owners = nullptr,
+                    const std::vector<double>* part_scale = nullptr, bool by_sender = false);
   void RingReduceScatter(uint64_t part_elems);
   void RingAllGather(uint64_t part_elems);
   void TreeAllReduce();
@@ -203,7 +210,10 @@ class Model {
   int Real(int nr) const { return nr < rem_ ? 2 * nr + 1 : nr + rem_; }  // rhd/rd fold numbering
   void Fold(std::string_view label, uint64_t parts, uint64_t elems, bool reduce);
   void Unfold(std::string_view label, uint64_t parts, uint64_t elems);
-  void HypercubeRounds(std::string_view label, bool halving, uint64_t count);
+  // `block_shares`: AllReduce's blocks sized by speed (each active rank's share of the data); null
+  // or empty: even blocks.
+  void HypercubeRounds(std::string_view label, bool halving, uint64_t count,
+                       const std::vector<double>* block_shares = nullptr);
   void OrderedTreeAllReduce();
   void PointToPoint(bool send);
 
@@ -220,6 +230,10 @@ class Model {
 
   // Per rank, resolved: seconds per byte, seconds.
   std::vector<double> copy_, staging_, reduce_, launch_;
+  // The same work at the CPUs' rates, which ranks beyond the CPUs stretch (HostSharing::slowdown):
+  // equal to the above except for a device that computes on the host at a pace of its own
+  // (known speeds and RankDesc::host_compute: a throttled emulated device), whose pace is a floor.
+  std::vector<double> cpu_copy_, cpu_staging_, cpu_reduce_;
   std::optional<HostSharing> host_;  // ranks sharing a host's CPUs and memory
   // The operation runs on the calling threads (CommTopology::caller_inline_bytes): its stages
   // pass through no executor or stream thread.
@@ -228,7 +242,7 @@ class Model {
   // reductions itself (2 processes, 8-byte ring: 4 us measured, 19 us predicted with launches).
   double StepLaunch(size_t rank) const { return on_caller_ ? 0.0 : launch_[rank]; }
   // Per-stage scratch, reset after each stage.
-  std::vector<double> cpu_, wout_, win_, stage_, red_;
+  std::vector<double> cpu_, wout_, win_, stage_, red_, stage_cpu_, red_cpu_;
   std::vector<char> touched_mark_;
   std::vector<int> touched_;
 

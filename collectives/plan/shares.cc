@@ -23,6 +23,23 @@ std::vector<uint64_t> WeightedBounds(uint64_t count, const std::vector<double>& 
   return bounds;
 }
 
+std::vector<double> ReduceWeights(const CommTopology& shape, bool balance) {
+  std::vector<double> w(static_cast<size_t>(shape.nranks), 1.0);
+  if (!balance || shape.ranks.size() != w.size()) return w;
+  for (const RankDesc& r : shape.ranks)
+    if (!(r.reduce_gbps > 0)) return w;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = shape.ranks[i].reduce_gbps;
+  return w;
+}
+
+std::vector<double> Shares(const std::vector<double>& weights) {
+  double sum = 0;
+  for (double w : weights) sum += w;
+  std::vector<double> out(weights);
+  for (double& x : out) x /= sum;
+  return out;
+}
+
 std::vector<double> FusedWeights(const CollectiveRequest& request, const CommTopology& shape, bool balance) {
   const auto n = static_cast<size_t>(shape.nranks);
   std::vector<double> w(n, 1.0);

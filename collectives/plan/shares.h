@@ -19,6 +19,12 @@ namespace kizuna::collectives {
 // even split (the first count % parts parts one element longer).
 std::vector<uint64_t> WeightedBounds(uint64_t count, const std::vector<double>& weights);
 
+// Per rank, its share of reduction work: its device's reduce speed with `balance` and every rank's
+// speed known, otherwise equal weights (pairwise's parts, rhd's blocks).
+std::vector<double> ReduceWeights(const CommTopology& shape, bool balance);
+// The weights as fractions of their sum.
+std::vector<double> Shares(const std::vector<double>& weights);
+
 // fused: each rank's weight for its part. With `balance` and every rank's speed known, its
 // device's reduce speed (reductions) or copy speed (AllGather, Broadcast), divided among the ranks
 // that share the device (one host id and device name); equal weights otherwise (and for Barrier).

@@ -230,6 +230,40 @@ TEST(HeterogeneousTest, TreesShareTheDataByTheirStreamingRates) {
   }
 }
 
+// tree AllReduce with half the ranks slow: the slow ones go on the first tree's leaves (inner in
+// the second), the first tree carries most of the data, and the slow ranks reduce a fraction of
+// what the fast ones do; where every tree had a slow inner node, the split was even.
+TEST(HeterogeneousTest, TreesPutTheSlowRanksOnTheFirstTreesLeaves) {
+  for (int p : {8, 6}) {
+    CommTopology shape = Full(p);
+    const int fast_ranks = p / 2;  // the first tree's inner nodes and root: the even labels
+    for (int r = 0; r < p; ++r) shape.ranks[static_cast<size_t>(r)].reduce_gbps = r < fast_ranks ? 20 : 5;
+    const CollectiveRequest req{Collective::kAllReduce, p, 8000, DataType::kFloat32, ReduceOp::kSum, 0, false};
+    PlanOptions options;
+    options.chunk_count = 512;
+    options.channels = 2;
+    auto plan = BuildPlan(Algorithm::kTree, req, shape, options, -1);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    uint64_t fast = 0, slow = 0;
+    for (int r = 0; r < p; ++r)
+      (r < p / 2 ? fast : slow) =
+          std::max(r < p / 2 ? fast : slow, ReducedElements(plan->ranks[static_cast<size_t>(r)]));
+    EXPECT_LT(3 * slow, fast) << p << " ranks: the busiest slow rank reduces " << slow << ", fast " << fast;
+    for (bool balance : {true, false}) {
+      Case c;
+      c.coll = Collective::kAllReduce;
+      c.algo = Algorithm::kTree;
+      c.p = p;
+      c.count = 8000;
+      c.chunk = 512;
+      c.channels = 2;
+      c.shape = shape;
+      c.balance = balance;
+      EXPECT_TRUE(RunExact(c)) << p << " ranks, balance " << balance;
+    }
+  }
+}
+
 // rhd AllReduce: blocks sized by their final owners' speeds. Ranks 4-7 of 8 reduce 4x slower:
 // at the first halving step each fast rank keeps 4/5 of what it holds (the slow half's blocks
 // are a fifth of the data), and reduces 4x as many elements as a slow rank in all.

@@ -11,7 +11,10 @@
 //
 // Heterogeneity: the two trees need not carry half each. When the shape reports every link and
 // reduce speed, each tree's share is proportional to its streaming rate (TreeWeights), so a slow
-// device or link that is an inner node or edge of one tree moves data to the other.
+// device or link that is an inner node or edge of one tree moves data to the other. AllReduce also
+// places the slower half of the ranks on the first tree's leaves (AllReduceLabels), which makes
+// them the second tree's inner nodes: the first tree streams at the fast ranks' pace and carries
+// most of the data, where otherwise both trees would have slow inner nodes and split evenly.
 //
 // Tree shape: NCCL's btree over labels 0..n-1 (root 0 with a single child, the largest power of
 // two below n; other nodes' parent found from their lowest set bit). AllReduce's second tree is
@@ -130,14 +133,42 @@ std::vector<double> TreeWeights(const std::vector<Tree>& trees, const CommTopolo
   return {1.0 / *c0, 1.0 / *c1};
 }
 
-std::vector<Tree> MakeTrees(int n, int root) {
+// AllReduce's placement of ranks on the first tree's labels (label_of[r]): the identity, or, with
+// balance, every speed known and unequal and every pair of ranks linked, the slowest floor(n / 2)
+// reducers on the odd labels, which are the first tree's leaves (a leaf reduces nothing), in rank
+// order, and the others on the even labels. The second tree (mirrored or shifted) then has them
+// inner, and TreeWeights gives the first, fast tree most of the data.
+std::vector<int> AllReduceLabels(const CommTopology& shape, const PlanOptions& options) {
+  const int n = shape.nranks;
+  std::vector<int> label_of(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) label_of[static_cast<size_t>(r)] = r;
+  const std::vector<double> w = ReduceWeights(shape, options);
+  if (n < 4 || std::all_of(w.begin(), w.end(), [&](double x) { return x == w[0]; })) return label_of;
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b)
+      if (a != b && !shape.Reachable(a, b)) return label_of;
+  std::vector<int> by_speed(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) by_speed[static_cast<size_t>(r)] = r;
+  std::stable_sort(by_speed.begin(), by_speed.end(),
+                   [&](int x, int y) { return w[static_cast<size_t>(x)] > w[static_cast<size_t>(y)]; });
+  std::vector<int> fast(by_speed.begin(), by_speed.begin() + (n + 1) / 2),
+      slow(by_speed.begin() + (n + 1) / 2, by_speed.end());
+  std::sort(fast.begin(), fast.end());
+  std::sort(slow.begin(), slow.end());
+  for (size_t i = 0; i < fast.size(); ++i) label_of[static_cast<size_t>(fast[i])] = static_cast<int>(2 * i);
+  for (size_t i = 0; i < slow.size(); ++i) label_of[static_cast<size_t>(slow[i])] = static_cast<int>(2 * i + 1);
+  return label_of;
+}
+
+// `labels`: AllReduce's first-tree label of each rank (AllReduceLabels); empty: the identity.
+std::vector<Tree> MakeTrees(int n, int root, const std::vector<int>& labels = {}) {
   std::vector<int> first(static_cast<size_t>(n)), second(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     auto& a = first[static_cast<size_t>(r)];
     auto& b = second[static_cast<size_t>(r)];
     if (root < 0) {
-      a = r;
-      b = n % 2 == 0 ? n - 1 - r : Mod(r - 1, n);
+      a = labels.empty() ? r : labels[static_cast<size_t>(r)];
+      b = n % 2 == 0 ? n - 1 - a : Mod(a - 1, n);
     } else {
       const int v = Mod(r - root, n);
       a = v;
@@ -198,7 +229,8 @@ class TreeAlgo final : public AlgorithmImpl {
       KZ_RETURN_IF_ERROR(RequireFullyConnected(
           shape, kName, "deterministic mode sends every contribution straight to the rank that reduces it"));
     const bool rooted = request.collective != Collective::kAllReduce;
-    const std::vector<Tree> trees = MakeTrees(request.nranks, rooted ? request.root : -1);
+    const std::vector<Tree> trees = rooted ? MakeTrees(request.nranks, request.root)
+                                           : MakeTrees(request.nranks, -1, AllReduceLabels(shape, options));
     const std::vector<double> weights = TreeWeights(trees, shape, options, request.collective);
     Builder b(request, options, rank, ChannelsFor(options, request.count));
     // With two or more channels each tree gets channels of its own (tree t of slice s on channel

@@ -9,6 +9,7 @@
 #include "collectives/cost/model_ina.h"
 #include "collectives/cost/model_internal.h"
 #include "collectives/plan/shares.h"
+#include "collectives/plan/trees.h"
 
 namespace kizuna::collectives::cost_internal {
 
@@ -43,22 +44,25 @@ void Model::RingAllGather(uint64_t part_elems) {
   Stage("allgather", RingHops(false), s.bytes, s.chunks * (p_ - 1), s.channels);
 }
 
-// Both trees, each half the data, reduce up and broadcast down pipelined. Filling the pipeline
-// takes d stages going up (every upward edge of both trees busy) and d - 1 coming down; in the
-// steady state a stage carries one chunk over every edge of both trees in both directions.
+// Both trees (collectives/plan/trees.h: placed and shared as the plan does; half the data each
+// when the speeds are equal or unknown), reduce up and broadcast down pipelined. Filling the
+// pipeline takes d stages going up (every upward edge of both trees busy) and d - 1 coming down;
+// in the steady state a stage carries one chunk over every edge of both trees in both directions.
 void Model::TreeAllReduce() {
   const Split s = SplitElems(CeilDiv(req_.count, 2));
   if (s.chunks == 0) return;
+  const std::vector<Tree> trees = MakeTrees(p_, -1, AllReduceLabels(shape_, opt_.balance));
+  const std::vector<double> share = Shares(TreeWeights(trees, shape_, opt_.balance, Collective::kAllReduce));
   std::vector<Hop> hops, up_hops, down_hops;
   int depth = 0;
-  for (int t = 0; t < 2; ++t) {
-    const std::vector<int> parent = DtreeParents(p_, t);
-    depth = std::max(depth, TreeDepth(parent));
+  for (size_t t = 0; t < trees.size(); ++t) {
+    depth = std::max(depth, trees[t].height);
+    const double scale = 2 * share[t];  // the stage's bytes are half the data's chunk
     for (int r = 0; r < p_; ++r) {
-      const int up = parent[static_cast<size_t>(r)];
+      const int up = trees[t].parent[static_cast<size_t>(r)];
       if (up < 0) continue;
-      up_hops.push_back({r, up, true});
-      down_hops.push_back({up, r, false});
+      up_hops.push_back({r, up, true, scale});
+      down_hops.push_back({up, r, false, scale});
     }
   }
   hops = up_hops;
@@ -68,31 +72,20 @@ void Model::TreeAllReduce() {
   Add("tree reduce+broadcast", Cost(hops, s.bytes, s.channels), s.chunks);
 }
 
-// Broadcast (down) or Reduce (up) over two trees both rooted at the root (tree.cc): the first on
-// the ranks rotated so that the root is label 0, the second with the other labels mirrored (odd
-// p) or shifted (even p), so that the first tree's leaves are mostly the second's inner nodes.
+// Broadcast (down) or Reduce (up) over two trees both rooted at the root (trees.h), each carrying
+// its share of the data.
 void Model::TreeRooted(bool reduce) {
   const Split s = SplitElems(CeilDiv(req_.count, 2));
   if (s.chunks == 0) return;
+  const std::vector<Tree> trees = MakeTrees(p_, req_.root);
+  const std::vector<double> share = Shares(TreeWeights(trees, shape_, opt_.balance, req_.collective));
   std::vector<Hop> hops;
   int depth = 0;
-  for (int t = 0; t < 2; ++t) {
-    std::vector<int> label(static_cast<size_t>(p_)), rank_of(static_cast<size_t>(p_));
+  for (size_t t = 0; t < trees.size(); ++t) {
+    depth = std::max(depth, trees[t].height);
     for (int r = 0; r < p_; ++r) {
-      const int v = (r - req_.root + p_) % p_;
-      const int l = t == 0 || v == 0 ? v : (p_ % 2 == 1 ? p_ - v : (v - 2 + (p_ - 1)) % (p_ - 1) + 1);
-      label[static_cast<size_t>(r)] = l;
-      rank_of[static_cast<size_t>(l)] = r;
-    }
-    std::vector<int> parent(static_cast<size_t>(p_));
-    for (int r = 0; r < p_; ++r) {
-      const int up = BtreeParent(p_, label[static_cast<size_t>(r)]);
-      parent[static_cast<size_t>(r)] = up < 0 ? -1 : rank_of[static_cast<size_t>(up)];
-    }
-    depth = std::max(depth, TreeDepth(parent));
-    for (int r = 0; r < p_; ++r) {
-      const int up = parent[static_cast<size_t>(r)];
-      if (up >= 0) hops.push_back(reduce ? Hop{r, up, true} : Hop{up, r, false});
+      const int up = trees[t].parent[static_cast<size_t>(r)];
+      if (up >= 0) hops.push_back(reduce ? Hop{r, up, true, 2 * share[t]} : Hop{up, r, false, 2 * share[t]});
     }
   }
   Pipeline(reduce ? "tree reduce" : "tree broadcast", hops, s, depth);
@@ -473,24 +466,26 @@ void Model::Deterministic(Algorithm a) {
 // it, it reduces them in rank order, and the tree broadcasts the result down, pipelined.
 void Model::OrderedTreeAllReduce() {
   const uint64_t half = CeilDiv(req_.count, 2);
+  const std::vector<Tree> trees = MakeTrees(p_, -1, AllReduceLabels(shape_, opt_.balance));
+  const std::vector<double> share = Shares(TreeWeights(trees, shape_, opt_.balance, Collective::kAllReduce));
   std::vector<char> owners(static_cast<size_t>(p_), 0);
+  std::vector<double> part_scale(static_cast<size_t>(p_), 1.0);  // a root's part: its tree's share
   std::vector<int> roots;
   std::vector<Hop> down;
   int depth = 0;
-  for (int t = 0; t < 2; ++t) {
-    const std::vector<int> parent = DtreeParents(p_, t);
-    depth = std::max(depth, TreeDepth(parent));
+  for (size_t t = 0; t < trees.size(); ++t) {
+    depth = std::max(depth, trees[t].height);
     for (int r = 0; r < p_; ++r) {
-      const int up = parent[static_cast<size_t>(r)];
-      if (up >= 0) down.push_back({up, r, false});
-      if (up < 0 && !owners[static_cast<size_t>(r)]) {
-        owners[static_cast<size_t>(r)] = 1;
-        roots.push_back(r);
-      }
+      const int up = trees[t].parent[static_cast<size_t>(r)];
+      if (up >= 0) down.push_back({up, r, false, 2 * share[t]});
     }
+    const auto root = static_cast<size_t>(trees[t].root);
+    if (!owners[root]) roots.push_back(trees[t].root);
+    owners[root] = 1;
+    part_scale[root] = 2 * share[t];
   }
-  DirectRounds("exchange", half, &owners);
-  Local("ordered reduce", LocalKind::kReduce, p_, half, roots);
+  DirectRounds("exchange", half, &owners, &part_scale, /*by_sender=*/false);
+  Local("ordered reduce", LocalKind::kReduce, p_, half, roots, &part_scale);
   Pipeline("tree broadcast", down, SplitElems(half), depth);
 }
 

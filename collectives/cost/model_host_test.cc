@@ -152,10 +152,10 @@ TEST(CostModelTest, FusedPartsSizedBySpeedTakeTheTimeOfTheirShare) {
   }
 }
 
-// pairwise's parts and rhd's blocks sized by reduce speed (4 ranks at 20 GB/s, 4 at 5): the
-// reductions, which the slow ranks set, take well under the even split's time; equal speeds
-// predict the same either way.
-TEST(CostModelTest, PairwiseAndRhdPredictTheirPartsSizedBySpeed) {
+// pairwise's parts, rhd's blocks and the trees' placement and shares sized by reduce speed (4
+// ranks at 20 GB/s, 4 at 5): the reductions, which the slow ranks set, take well under the even
+// split's time; equal speeds predict the same either way.
+TEST(CostModelTest, WeightedPlansArePredictedAsBuilt) {
   CostConstants k;
   CommTopology unlike = HandShape(8);
   for (int r = 4; r < 8; ++r) unlike.ranks[static_cast<size_t>(r)].reduce_gbps = 5;
@@ -163,7 +163,7 @@ TEST(CostModelTest, PairwiseAndRhdPredictTheirPartsSizedBySpeed) {
   PlanOptions even = Options(1 << 16);
   even.balance = false;
   const CollectiveRequest r = Request(Collective::kAllReduce, 8, 16 << 20);
-  for (Algorithm a : {Algorithm::kPairwise, Algorithm::kRhd}) {
+  for (Algorithm a : {Algorithm::kPairwise, Algorithm::kRhd, Algorithm::kTree}) {
     const Prediction by_speed = Predict(a, r, unlike, Options(1 << 16), k);
     const Prediction evenly = Predict(a, r, unlike, even, k);
     EXPECT_LT(by_speed.gamma_s, 0.6 * evenly.gamma_s) << AlgorithmName(a);

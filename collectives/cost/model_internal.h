@@ -37,49 +37,6 @@ inline int FloorLog2(uint64_t v) {
   return l;
 }
 
-// NCCL's ncclGetBtree: the parent of `rank` in the in-order binary tree over 0..n-1 rooted at 0
-// (root 0 has one child, the largest power of two below n; -1 for the root).
-inline int BtreeParent(int n, int rank) {
-  if (rank == 0) return -1;
-  int bit = 1;
-  while (bit < n && (bit & rank) == 0) bit <<= 1;
-  int up = (rank ^ bit) | (bit << 1);
-  if (up >= n) up = rank ^ bit;
-  return up;
-}
-
-// NCCL's ncclGetDtree: the second tree mirrors the first for an even n and shifts it by one rank
-// for an odd n, so that every rank is an inner node in at most one of the two.
-inline int DtreeParent(int n, int tree, int rank) {
-  if (tree == 0) return BtreeParent(n, rank);
-  if (n % 2 == 1) {
-    const int u = BtreeParent(n, (rank - 1 + n) % n);
-    return u == -1 ? -1 : (u + 1) % n;
-  }
-  const int u = BtreeParent(n, n - 1 - rank);
-  return u == -1 ? -1 : n - 1 - u;
-}
-
-// Every rank's parent in tree `tree` (DtreeParent).
-inline std::vector<int> DtreeParents(int n, int tree) {
-  std::vector<int> parent(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) parent[static_cast<size_t>(r)] = DtreeParent(n, tree, r);
-  return parent;
-}
-
-// Depth of the deepest rank of tree `parent` (parent[r] == -1 at the root).
-inline int TreeDepth(const std::vector<int>& parent) {
-  int depth = 0;
-  for (size_t r = 0; r < parent.size(); ++r) {
-    int d = 0;
-    for (int at = static_cast<int>(r); parent[static_cast<size_t>(at)] != -1 && d <= static_cast<int>(parent.size());
-         at = parent[static_cast<size_t>(at)])
-      ++d;
-    depth = std::max(depth, d);
-  }
-  return depth;
-}
-
 inline bool Serves(Algorithm a, Collective c) {
   switch (a) {
     case Algorithm::kRing:

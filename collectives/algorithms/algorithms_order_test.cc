@@ -170,6 +170,22 @@ uint64_t ReducedElements(const RankPlan& plan) {
   return n;
 }
 
+// An AllReduce of `algo` on `shape` gives exact results with the work split by speed and evenly.
+void ExpectExactBothWays(Algorithm algo, const CommTopology& shape, uint64_t count, int channels = 1) {
+  for (bool balance : {true, false}) {
+    Case c;
+    c.coll = Collective::kAllReduce;
+    c.algo = algo;
+    c.p = shape.nranks;
+    c.count = count;
+    c.chunk = 512;
+    c.channels = channels;
+    c.shape = shape;
+    c.balance = balance;
+    EXPECT_TRUE(RunExact(c)) << AlgorithmName(algo) << ", " << shape.nranks << " ranks, balance " << balance;
+  }
+}
+
 TEST(HeterogeneousTest, PairwiseGivesTheSlowReducerASmallerPart) {
   const CollectiveRequest req{Collective::kAllReduce, 6, 6000, DataType::kFloat32, ReduceOp::kSum, 0, false};
   PlanOptions options;
@@ -184,18 +200,7 @@ TEST(HeterogeneousTest, PairwiseGivesTheSlowReducerASmallerPart) {
   auto even = BuildPlan(Algorithm::kPairwise, req, SlowReducer(), options, -1);
   ASSERT_TRUE(even.ok());
   EXPECT_EQ(ReducedElements(even->ranks[2]), ReducedElements(even->ranks[0]));
-  // Results are right either way.
-  for (bool balance : {true, false}) {
-    Case c;
-    c.coll = Collective::kAllReduce;
-    c.algo = Algorithm::kPairwise;
-    c.p = 6;
-    c.count = 6000;
-    c.chunk = 512;
-    c.shape = SlowReducer();
-    c.balance = balance;
-    EXPECT_TRUE(RunExact(c));
-  }
+  ExpectExactBothWays(Algorithm::kPairwise, SlowReducer(), 6000);
 }
 
 TEST(HeterogeneousTest, TreesShareTheDataByTheirStreamingRates) {
@@ -245,22 +250,12 @@ TEST(HeterogeneousTest, TreesPutTheSlowRanksOnTheFirstTreesLeaves) {
     auto plan = BuildPlan(Algorithm::kTree, req, shape, options, -1);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     uint64_t fast = 0, slow = 0;
-    for (int r = 0; r < p; ++r)
-      (r < p / 2 ? fast : slow) =
-          std::max(r < p / 2 ? fast : slow, ReducedElements(plan->ranks[static_cast<size_t>(r)]));
-    EXPECT_LT(3 * slow, fast) << p << " ranks: the busiest slow rank reduces " << slow << ", fast " << fast;
-    for (bool balance : {true, false}) {
-      Case c;
-      c.coll = Collective::kAllReduce;
-      c.algo = Algorithm::kTree;
-      c.p = p;
-      c.count = 8000;
-      c.chunk = 512;
-      c.channels = 2;
-      c.shape = shape;
-      c.balance = balance;
-      EXPECT_TRUE(RunExact(c)) << p << " ranks, balance " << balance;
+    for (int r = 0; r < p; ++r) {
+      uint64_t& busiest = r < fast_ranks ? fast : slow;
+      busiest = std::max(busiest, ReducedElements(plan->ranks[static_cast<size_t>(r)]));
     }
+    EXPECT_LT(3 * slow, fast) << p << " ranks: the busiest slow rank reduces " << slow << ", fast " << fast;
+    ExpectExactBothWays(Algorithm::kTree, shape, 8000, /*channels=*/2);
   }
 }
 
@@ -283,19 +278,8 @@ TEST(HeterogeneousTest, HalvingDoublingSizesBlocksBySpeed) {
   ASSERT_TRUE(even.ok());
   EXPECT_EQ(ReducedElements(even->ranks[0]), ReducedElements(even->ranks[5]));
   // Exact results, the fold of a rank count that is not a power of two included.
-  for (int p : {8, 6}) {
-    for (bool balance : {true, false}) {
-      Case c;
-      c.coll = Collective::kAllReduce;
-      c.algo = Algorithm::kRhd;
-      c.p = p;
-      c.count = 8000;
-      c.chunk = 512;
-      c.shape = p == 8 ? shape : SlowReducer();
-      c.balance = balance;
-      EXPECT_TRUE(RunExact(c)) << p << " ranks, balance " << balance;
-    }
-  }
+  ExpectExactBothWays(Algorithm::kRhd, shape, 8000);
+  ExpectExactBothWays(Algorithm::kRhd, SlowReducer(), 8000);
 }
 
 // fused: each rank's part in proportion to its speed (the reduce speed for reductions, the copy

@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,14 +37,6 @@ int Fail(const kizuna::Status& s) {
   return 1;
 }
 
-std::vector<std::string> SplitList(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // Rank r's input element i: small integers, so that float sums are exact in any order.
 float Input(int r, size_t i) { return static_cast<float>((static_cast<size_t>(r) + i) % 7); }
 
@@ -55,7 +46,8 @@ float Input(int r, size_t i) { return static_cast<float>((static_cast<size_t>(r)
 int main(int argc, char** argv) {
   int ranks = 8, slow = 4, iters = 5;
   double fast_gbps = 8, slow_gbps = 2;
-  std::string bytes_text = "16M", algos_text = "fused,pairwise,tree", colls_text = "allreduce";
+  std::string bytes_text = "16M";
+  std::vector<std::string> algo_names = {"fused", "pairwise", "tree"}, colls = {"allreduce"};
   CLI::App app{"kizuna: collectives across fast and slow emulated devices, work split by speed vs even"};
   app.add_option("--ranks", ranks, "ranks (one device each)")->check(CLI::Range(2, 8));
   app.add_option("--slow", slow, "how many of them are slow")->check(CLI::Range(1, 7));
@@ -65,8 +57,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--bytes", bytes_text, "each rank's input (K/M/G suffixes)");
   app.add_option("--iters", iters, "timed calls per variant")->check(CLI::Range(1, 1000));
-  app.add_option("--algos", algos_text, "algorithms, comma-separated");
-  app.add_option("--colls", colls_text, "allreduce, reducescatter, allgather, comma-separated");
+  app.add_option("--algos", algo_names, "algorithms, comma-separated")->delimiter(',');
+  app.add_option("--colls", colls, "allreduce, reducescatter, allgather, comma-separated")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   if (slow >= ranks) return Fail(kizuna::InvalidArgument("--slow must be below --ranks"));
   uint64_t bytes = std::stoull(bytes_text);
@@ -76,7 +68,7 @@ int main(int argc, char** argv) {
   if (unit == 'G' || unit == 'g') bytes <<= 30;
   const size_t count = bytes / sizeof(float) / static_cast<size_t>(ranks) * static_cast<size_t>(ranks);
   std::vector<Algorithm> algos;
-  for (const std::string& name : SplitList(algos_text)) {
+  for (const std::string& name : algo_names) {
     auto a = kizuna::collectives::ParseAlgorithm(name);
     if (!a) return Fail(kizuna::InvalidArgument(fmt::format("--algos: no algorithm '{}'", name)));
     algos.push_back(*a);
@@ -159,7 +151,7 @@ int main(int argc, char** argv) {
   std::printf("%d ranks (%d at %.2f GB/s copy and reduce, %d at %.2f GB/s), %s per rank (float32), median of %d\n",
               ranks, ranks - slow, fast_gbps, slow, slow_gbps, bytes_text.c_str(), iters);
   std::printf("%-14s %-10s %12s %12s %8s\n", "collective", "algorithm", "by speed ms", "even ms", "gain");
-  for (const std::string& coll : SplitList(colls_text)) {
+  for (const std::string& coll : colls) {
     for (Algorithm algo : algos) {
       std::vector<double> balanced, even;
       bool served = true;

@@ -15,6 +15,25 @@
 #include "runtime/job_status.h"
 
 namespace kizuna {
+namespace {
+
+// Whether every device's streams take memory of every other (probed with one small allocation per
+// distinct device, each checked against the first device and the first's against each).
+bool MutuallyAddressable(std::span<device::Device* const> devices) {
+  constexpr size_t kProbeBytes = 64;
+  auto first = devices[0]->Allocate(kProbeBytes);
+  if (!first.ok()) return false;
+  for (device::Device* d : devices) {
+    if (d == devices[0]) continue;
+    auto mine = d->Allocate(kProbeBytes);
+    if (!mine.ok() || !devices[0]->Addressable((*mine)->data(), kProbeBytes) ||
+        !d->Addressable((*first)->data(), kProbeBytes))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstrap::Bootstrap> boot,
                                                          device::Device& device, const CommOptions& options,
@@ -115,6 +134,9 @@ Result<std::vector<std::unique_ptr<Communicator>>> Communicator::CreateLocal(std
   for (device::Device* d : devices)
     direct = direct && d->properties().backend == devices[0]->properties().backend &&
              (d == devices[0] || (d->properties().host_accessible && devices[0]->properties().host_accessible));
+  // Two instances of one backend (an application's own beside the registry's) keep their memory
+  // apart: each device's streams must take the first device's memory and the first's each other's.
+  if (direct && n > 1) direct = MutuallyAddressable(devices);
   auto group = direct ? std::make_shared<collectives::SameProcessGroup>(n) : nullptr;
   KZ_INFO(kLogInit, "{} local ranks: {}", n,
           direct ? "they address each other's memory directly (fused algorithms available)"

@@ -12,15 +12,14 @@
 namespace kizuna::collectives {
 namespace {
 
-// Rank `rank`'s part of a fused operation, given every rank's buffers, into `stream` (a device
-// stream or the CPU; fused.h says who does what).
-// Rank `rank`'s part of the work: [begin, end) of FusedWorkCount(req) elements.
+// Rank `rank`'s part of the work: [begin, end) of FusedWorkCount(req) elements (the plan's
+// bounds, or the even split: a slice of the vector, or the rank's own block).
 std::pair<uint64_t, uint64_t> PartOf(const CollectiveRequest& req, int rank, std::span<const uint64_t> bounds) {
   const auto r = static_cast<size_t>(rank);
   if (bounds.size() == static_cast<size_t>(req.nranks) + 1) return {bounds[r], bounds[r + 1]};
   const uint64_t block =
       req.collective == Collective::kReduceScatter || req.collective == Collective::kAllGather ? req.count : 0;
-  if (block > 0) return {r * block, (r + 1) * block};  // a rank's own block, as before weights
+  if (block > 0) return {r * block, (r + 1) * block};
   const auto [offset, count] = FusedSlice(req.count, req.nranks, rank);
   return {offset, offset + count};
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -361,6 +362,52 @@ TEST(Communicator, HeterogeneousDevicesInOneCommunicator) {
   streams.clear();
   in.clear();
   out.clear();
+  comms->clear();
+}
+
+// Devices of two instances of one backend (an application's own beside another) keep their memory
+// apart: the ranks do not share one in-process group (whose parts would hand each device the
+// other instance's memory: before, fused failed so at run time); they meet as ranks of one host,
+// mapping each other's buffers, and fused runs there as the model's choice or forced.
+TEST(Communicator, TwoInstancesOfABackendMeetAsRanksOfOneHost) {
+  Config config = WorldConfig(2);
+  config.emu_reduce_gbps = config.emu_copy_gbps = 100;  // parts on the devices' streams, which check memory
+  auto a = host_emulated::CreateHostEmulatedBackend(config), b = host_emulated::CreateHostEmulatedBackend(config);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<device::Device*> devices = {(*a)->device(0), (*b)->device(1)};
+  CommOptions options;
+  options.config = &config;
+  options.staging_bytes = 1u << 20;
+  auto comms = Communicator::CreateLocal(devices, options);
+  ASSERT_TRUE(comms.ok()) << comms.status().ToString();
+  std::vector<std::unique_ptr<device::Buffer>> bufs;
+  std::vector<std::unique_ptr<device::Stream>> streams;
+  for (int r = 0; r < 2; ++r) {
+    auto buf = devices[r]->Allocate(4096 * 4);
+    auto st = devices[r]->CreateStream();
+    ASSERT_TRUE(buf.ok() && st.ok());
+    std::fill_n(static_cast<float*>((*buf)->data()), 4096, static_cast<float>(r + 1));
+    bufs.push_back(std::move(*buf));
+    streams.push_back(std::move(*st));
+  }
+  float want = 3;  // 1 + 2, then doubled by each later call
+  for (const std::optional<Algorithm> algo : {std::optional<Algorithm>(), std::optional(Algorithm::kFused)}) {
+    CallOptions call;
+    call.algorithm = algo;
+    for (int r = 0; r < 2; ++r)
+      ASSERT_TRUE(
+          (*comms)[r]
+              ->AllReduce(bufs[r]->data(), bufs[r]->data(), 4096, DataType::kFloat32, ReduceOp::kSum, *streams[r], call)
+              .ok());
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(streams[r]->Synchronize(Deadline::AfterSeconds(60)).ok());
+      ASSERT_TRUE((*comms)[r]->AsyncError().ok()) << (*comms)[r]->AsyncError().ToString();
+      EXPECT_EQ(static_cast<float*>(bufs[r]->data())[4095], want) << (algo ? "fused" : "the model's choice");
+    }
+    want *= 2;
+  }
+  streams.clear();
+  bufs.clear();
   comms->clear();
 }
 

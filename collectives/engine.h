@@ -128,6 +128,11 @@ class Engine {
   // `constants` (kizuna-tune fits them), planned as a call would be.
   Prediction PredictWith(Collective collective, size_t count, DataType type, Algorithm algorithm,
                          const CostConstants& constants) const;
+  // Collective over the bootstrap, between calls (engine_reweigh.cc): each rank measures its
+  // device's copy and reduce speeds on a stream of its own and the ranks exchange them; later
+  // plans split work by them (the plan cache is emptied). Speeds within 15 % of their mean are
+  // taken as equal, so that a probe's noise does not unbalance devices that are alike.
+  Status Reweigh(Deadline deadline);
   // An aggregation device's life (Executor::WaitServing); kInvalidArgument on a worker.
   Status ServeAggregation(uint64_t* served);
   void Abort(std::string_view why);

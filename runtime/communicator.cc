@@ -50,7 +50,14 @@ Status Communicator::Enqueue(collectives::EngineCall call) {
     g_group.calls.emplace_back(this, std::move(call));
     return Status::Ok();
   }
+  // Every rank makes the same calls in the same order: the N-th is the same call everywhere.
+  if (auto_reweigh_ && ++calls_ % static_cast<uint64_t>(config_->reweigh_calls) == 0) KZ_RETURN_IF_ERROR(Reweigh());
   return engine_->Launch(std::span(&call, 1));
+}
+
+Status Communicator::Reweigh() {
+  return engine_->Reweigh(Deadline::AfterSeconds(config_->timeout_s))
+      .WithContext(fmt::format("rank {}: re-measuring the devices", rank()));
 }
 
 Status Communicator::GroupStart() {

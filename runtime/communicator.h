@@ -192,6 +192,13 @@ class Communicator {
   // calls and tells the peers, so that ranks blocked on this one fail at once; returns promptly.
   // The communicator stays valid for Shrink and destruction (Abort's effect, with Shrink after).
   void Revoke();
+  // Collective, between calls: every rank measures its device's copy and reduce speeds (a short
+  // probe on a stream of its own) and the ranks exchange them; later calls split their work by
+  // the measured speeds (CallOptions::balance), as when another job came to share one device.
+  // Returns when every rank has called it (KIZUNA_TIMEOUT). The ranks of one process
+  // (CreateLocal) each call it from a thread of their own. KIZUNA_REWEIGH_CALLS=N does it before
+  // every N-th collective call of communicators made through a unique id (a process per rank).
+  Status Reweigh();
   // Fails queued and running operations with kAborted, releases held streams, tells the peers.
   // Returns promptly. The communicator is then unusable (destroy it).
   void Abort();
@@ -262,6 +269,10 @@ class Communicator {
   std::shared_ptr<bootstrap::Bootstrap> bootstrap_;  // Split's rendezvous
   std::unique_ptr<collectives::Engine> engine_;
   uint32_t splits_ = 0;  // splits made from this communicator (tags for their bootstraps)
+  // KIZUNA_REWEIGH_CALLS: collective calls launched so far, and whether it applies (ranks that
+  // met through a unique id, each a process of its own).
+  uint64_t calls_ = 0;
+  bool auto_reweigh_ = false;
   // kizuna-status reaches this communicator while held (runtime/job_status.h); dropped first.
   std::unique_ptr<status::Registration> status_;
 };

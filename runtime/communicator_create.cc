@@ -50,6 +50,10 @@ Result<std::unique_ptr<Communicator>> Communicator::Init(std::shared_ptr<bootstr
   eopts.version = options.version;
   eopts.direct_access = options.direct_access;
   eopts.force_host_staging = options.force_host_staging;
+  // Ranks that met through a unique id are processes of their own, each making its calls: one
+  // thread driving several ranks (CreateLocal) would wait in the first rank's measurement for the
+  // others it has not called yet.
+  c->auto_reweigh_ = c->config_->reweigh_calls > 0 && boot->kind() == "tcp";
   KZ_ASSIGN_OR_RETURN(c->engine_, collectives::Engine::Create(boot, device, eopts, std::move(same_process)));
   if (const bootstrap::UniqueId* job = boot->job()) {
     Communicator* self = c.get();

@@ -287,6 +287,13 @@ const std::vector<Entry>& Entries() {
     add({"KIZUNA_INA_LAYOUT", "path", "",
          "INA layout (kizuna-plan --layout): ranks after its workers are aggregation devices"},
         Text(&Config::ina_layout));
+    add({"KIZUNA_REWEIGH_CALLS", "N", "0", "re-measure the devices and re-weigh the work every N calls (0: never)"},
+        [](std::string_view v, Config& c) -> std::string {
+          auto x = ParseInt(v);
+          if (!x || *x < 0 || *x > (1 << 30)) return Expect("a non-negative integer");
+          c.reweigh_calls = static_cast<int>(*x);
+          return "";
+        });
     add({"KIZUNA_DETERMINISTIC", "0|1", "0", "same reduction order on every run"},
         Flag(&Config::deterministic));
     add({"KIZUNA_CHUNK_BYTES", "bytes (K/M/G suffix)", "cost model", "pipeline chunk size override"},

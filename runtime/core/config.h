@@ -100,6 +100,9 @@ struct Config {
   // devices, which are the ranks after its workers (collectives/ina/layout.h).
   std::string ina_layout;
   bool deterministic = false;
+  // Re-measure the devices and re-weigh the work before every N-th collective call
+  // (Communicator::Reweigh); 0: never.
+  int reweigh_calls = 0;
   std::optional<uint64_t> chunk_bytes;
 
   // RoCE.

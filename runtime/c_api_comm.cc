@@ -211,6 +211,12 @@ kzResult_t kzCommRevoke(kzComm_t comm, int flags) {
   return kzSuccess;
 }
 
+kzResult_t kzCommReweigh(kzComm_t comm) {
+  KZ_C_READY_COMM(comm);
+  if (kizuna::Status s = c->comm->Reweigh(); !s.ok()) return Report(s);
+  return kzSuccess;
+}
+
 kzResult_t kzCommDestroy(kzComm_t comm) {
   if (comm == nullptr) return kzSuccess;
   // The communicator goes with the last reference: here, or when a call running on another thread

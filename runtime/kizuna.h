@@ -164,6 +164,10 @@ kzResult_t kzCommRevoke(kzComm_t comm, int flags);
 kzResult_t kzCommShrink(kzComm_t comm, const int* exclude_ranks, int exclude_count, kzComm_t* newcomm,
                         const kzConfig_t* config, int flags);
 kzResult_t kzCommGetAsyncError(kzComm_t comm, kzResult_t* async_error);
+/* Collective, between calls: every rank measures its device's copy and reduce speeds and the ranks
+ * exchange them; later calls split their work by the measured speeds, as when another job has come
+ * to share one device (Communicator::Reweigh; KIZUNA_REWEIGH_CALLS does it every N calls). */
+kzResult_t kzCommReweigh(kzComm_t comm);
 /* ncclCommRegister / ncclCommDeregister: [buff, buff + size) stays the caller's while registered,
  * and the communicator's transfers from and into it go straight over any fabric (registered once
  * per connection) instead of through its staging memory. Host-accessible memory (host memory, the

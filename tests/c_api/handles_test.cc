@@ -64,6 +64,7 @@ void ExpectEveryCommCallRefused(kzComm_t comm, kzStream_t stream, float* buf, co
   EXPECT_TRUE(Refused(kzCommSplit(comm, 0, 0, &split), text)) << "kzCommSplit";
   EXPECT_TRUE(Refused(kzCommShrink(comm, nullptr, 0, &split, nullptr, KZ_SHRINK_ABORT), text)) << "kzCommShrink";
   EXPECT_TRUE(Refused(kzCommRevoke(comm, 0), text)) << "kzCommRevoke";
+  EXPECT_TRUE(Refused(kzCommReweigh(comm), text)) << "kzCommReweigh";
   EXPECT_TRUE(Refused(kzAllReduce(buf, buf, kCount, kzFloat32, kzSum, comm, stream), text)) << "kzAllReduce";
   EXPECT_TRUE(Refused(kzBroadcast(buf, buf, kCount, kzFloat32, 0, comm, stream), text)) << "kzBroadcast";
   EXPECT_TRUE(Refused(kzReduce(buf, buf, kCount, kzFloat32, kzSum, 0, comm, stream), text)) << "kzReduce";

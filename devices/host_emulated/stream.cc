@@ -381,12 +381,27 @@ class StreamCore {
   }
 
   // Runs `work`, then holds the operation until the device's throttled memory time for `bytes`
-  // has passed.
+  // has passed. The time is reserved on the device's timeline in slices of at most
+  // kThrottleSlice, the next one halfway through the current: streams that use one device at once
+  // (another job on the same accelerator) then take turns slice by slice, each at its share of the
+  // device, as a GPU shares itself between contexts, where one reservation per operation would
+  // hold a large operation back by at most one of the other's. Alone, the slices are back to back.
   template <typename Work>
   Status Throttled(size_t bytes, double bytes_per_s, Work&& work) {
     if (bytes_per_s <= 0) return work();
-    const Clock::time_point end = pacer_->Reserve(ToNanos(static_cast<double>(bytes) / bytes_per_s));
+    nanoseconds left = ToNanos(static_cast<double>(bytes) / bytes_per_s);
+    nanoseconds slice{0};
+    auto reserve = [&] {
+      slice = std::min(left, kThrottleSlice);
+      left -= slice;
+      return pacer_->Reserve(slice);
+    };
+    Clock::time_point end = reserve();
     Status status = work();
+    while (left.count() > 0) {
+      SleepUntil(end - slice / 2);
+      end = reserve();
+    }
     SleepUntil(end);
     return status;
   }

@@ -3,7 +3,7 @@
 //
 //   bazel-bin/examples/heterogeneous/heterogeneous [--ranks 8] [--slow 4] [--fast-gbps 8]
 //       [--slow-gbps 2] [--bytes 16M] [--iters 5] [--algos fused,pairwise,tree]
-//       [--colls allreduce,reducescatter,allgather]
+//       [--colls allreduce,reducescatter,allgather] [--busy-device K] [--reweigh]
 //
 // The first ranks run on emulated devices whose copies and reductions are throttled to
 // --fast-gbps, the last --slow ranks on devices throttled to --slow-gbps (one emulated backend,
@@ -11,11 +11,16 @@
 // named that serves it, with the work split by speed (CallOptions::balance, the default) and with
 // the even split, alternating which goes first; the median times are compared. What each
 // algorithm splits, and the figures: docs/PERFORMANCE.md ("Heterogeneous devices").
+// --busy-device K keeps device K's throttle busy with another stream's copies all along (another
+// job on that accelerator); --reweigh has the ranks re-measure their devices first
+// (Communicator::Reweigh), so that "by speed" follows what the devices do now.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -50,7 +55,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> algo_names = {"fused", "pairwise", "tree"}, colls = {"allreduce"};
   CLI::App app{"kizuna: collectives across fast and slow emulated devices, work split by speed vs even"};
   app.add_option("--ranks", ranks, "ranks (one device each)")->check(CLI::Range(2, 8));
-  app.add_option("--slow", slow, "how many of them are slow")->check(CLI::Range(1, 7));
+  app.add_option("--slow", slow, "how many of them are slow")->check(CLI::Range(0, 7));
   app.add_option("--fast-gbps", fast_gbps, "copy and reduce throughput of the fast devices, GB/s")
       ->check(CLI::PositiveNumber);
   app.add_option("--slow-gbps", slow_gbps, "copy and reduce throughput of the slow devices, GB/s")
@@ -59,6 +64,11 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed calls per variant")->check(CLI::Range(1, 1000));
   app.add_option("--algos", algo_names, "algorithms, comma-separated")->delimiter(',');
   app.add_option("--colls", colls, "allreduce, reducescatter, allgather, comma-separated")->delimiter(',');
+  int busy_device = -1;
+  bool reweigh = false;
+  app.add_option("--busy-device", busy_device, "another job keeps this device's throttle busy all along")
+      ->check(CLI::Range(0, 7));
+  app.add_flag("--reweigh", reweigh, "the ranks re-measure their devices first (Communicator::Reweigh)");
   CLI11_PARSE(app, argc, argv);
   if (slow >= ranks) return Fail(kizuna::InvalidArgument("--slow must be below --ranks"));
   uint64_t bytes = std::stoull(bytes_text);
@@ -107,6 +117,42 @@ int main(int argc, char** argv) {
     streams.push_back(std::move(*s));
   }
   const size_t block = count / static_cast<size_t>(ranks);
+  // Another job on one device: copies back to back on a stream of its own, which share the
+  // device's throttle with the ranks' work (as two jobs share one accelerator).
+  std::atomic<bool> busy{busy_device >= 0};
+  std::thread other([&] {
+    if (busy_device < 0) return;
+    kizuna::device::Device* d = devices[static_cast<size_t>(busy_device)];
+    auto a = d->Allocate(4 << 20), b = d->Allocate(4 << 20);
+    auto s = d->CreateStream();
+    if (!a.ok() || !b.ok() || !s.ok()) return;
+    while (busy.load()) {
+      for (int i = 0; i < 16; ++i)
+        if (!(*s)->Copy((*b)->data(), (*a)->data(), 4 << 20).ok()) return;
+      (void)(*s)->Synchronize();
+    }
+  });
+  struct StopOther {
+    std::atomic<bool>& busy;
+    std::thread& other;
+    ~StopOther() {
+      busy = false;
+      other.join();
+    }
+  } stop_other{busy, other};
+  if (reweigh) {
+    // Collective: each rank measures from a thread of its own.
+    std::vector<kizuna::Status> measured(static_cast<size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)
+      threads.emplace_back([&, r] { measured[static_cast<size_t>(r)] = comms[r]->Reweigh(); });
+    for (auto& t : threads) t.join();
+    for (const kizuna::Status& m : measured)
+      if (!m.ok()) return Fail(m);
+    std::printf("re-measured reduce GB/s:");
+    for (const auto& d : comms[0]->topology().ranks) std::printf(" %.2f", d.reduce_gbps);
+    std::printf("\n");
+  }
   // One call of `coll` on every rank, then a check of a sample of every rank's output.
   auto run = [&](const std::string& coll, Algorithm algo, bool balance) -> kizuna::Result<double> {
     CallOptions options;
@@ -148,8 +194,10 @@ int main(int argc, char** argv) {
     }
     return ms;
   };
-  std::printf("%d ranks (%d at %.2f GB/s copy and reduce, %d at %.2f GB/s), %s per rank (float32), median of %d\n",
-              ranks, ranks - slow, fast_gbps, slow, slow_gbps, bytes_text.c_str(), iters);
+  std::printf("%d ranks (%d at %.2f GB/s copy and reduce, %d at %.2f GB/s%s), %s per rank (float32), median of %d\n",
+              ranks, ranks - slow, fast_gbps, slow, slow_gbps,
+              busy_device >= 0 ? fmt::format("; device {} shared with another job", busy_device).c_str() : "",
+              bytes_text.c_str(), iters);
   std::printf("%-14s %-10s %12s %12s %8s\n", "collective", "algorithm", "by speed ms", "even ms", "gain");
   for (const std::string& coll : colls) {
     for (Algorithm algo : algos) {

@@ -398,6 +398,10 @@ class StreamCore {
     };
     Clock::time_point end = reserve();
     Status status = work();
+    // Work that ran past the first slice was the operation's time on the device too: an operation
+    // takes the longer of its work and its throttled time, as with one reservation for all of it.
+    if (const Clock::time_point now = Clock::now(); now > end)
+      left -= std::min(left, std::chrono::duration_cast<nanoseconds>(now - end));
     while (left.count() > 0) {
       SleepUntil(end - slice / 2);
       end = reserve();

@@ -70,6 +70,11 @@ void EvenOutNoise(std::vector<double>& speeds) {
 
 Status Engine::Reweigh(Deadline deadline) {
   if (aggregation_device_) return InvalidArgument("an aggregation device calls no collective, Reweigh included");
+  // The exchange is the bootstrap's, whose every rank must take part: an INA job's aggregation
+  // devices never call.
+  if (bootstrap_->size() != size_)
+    return NotSupported(fmt::format("Reweigh: this job's {} aggregation device(s) take part in no call",
+                                    bootstrap_->size() - size_));
   std::lock_guard lock(call_mu_);
   KZ_ASSIGN_OR_RETURN(const auto mine, MeasureDevice(*device_, deadline));
   std::vector<double> copy(static_cast<size_t>(size_)), reduce(static_cast<size_t>(size_));

@@ -195,7 +195,8 @@ class Communicator {
   // Collective, between calls: every rank measures its device's copy and reduce speeds (a short
   // probe on a stream of its own) and the ranks exchange them; later calls split their work by
   // the measured speeds (CallOptions::balance), as when another job came to share one device.
-  // Returns when every rank has called it (KIZUNA_TIMEOUT). The ranks of one process
+  // Returns when every rank has called it (KIZUNA_TIMEOUT); kNotSupported in a job with
+  // in-network aggregation devices (they make no calls). The ranks of one process
   // (CreateLocal) each call it from a thread of their own. KIZUNA_REWEIGH_CALLS=N does it before
   // every N-th collective call of communicators made through a unique id (a process per rank).
   Status Reweigh();

@@ -71,8 +71,10 @@ Result<const std::shared_ptr<const Plan>*> Engine::PlanFor(const EngineCall& cal
   if (sel.channels) popts.channels = *sel.channels;
   KZ_ASSIGN_OR_RETURN(Plan plan, BuildWithFallback(request, popts, sel));
   std::string levels = GetAlgorithm(plan.algorithm).Describe(request, shape_, rank_);
-  if (const std::string parts = DescribeFusedParts(request, shape_, plan.ranks[0].fused_bounds); !parts.empty())
-    levels += (levels.empty() ? "" : "; ") + parts;
+  if (const std::string split =
+          DescribeSplit(plan.algorithm, request, shape_, popts.balance, plan.ranks[0].fused_bounds);
+      !split.empty())
+    levels += (levels.empty() ? "" : "; ") + split;
   KZ_INFO(kLogColl, "rank {} plan: {} via {}, chunk {} elements, {} channel(s), {} steps, scratch {} elements{}{}",
           rank_, request.ToString(), AlgorithmName(plan.algorithm), plan.chunk_count, plan.channels,
           plan.ranks[0].step_count(), plan.ranks[0].scratch_count, levels.empty() ? "" : "; ", levels);

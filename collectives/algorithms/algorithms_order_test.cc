@@ -201,6 +201,11 @@ TEST(HeterogeneousTest, PairwiseGivesTheSlowReducerASmallerPart) {
   ASSERT_TRUE(even.ok());
   EXPECT_EQ(ReducedElements(even->ranks[2]), ReducedElements(even->ranks[0]));
   ExpectExactBothWays(Algorithm::kPairwise, SlowReducer(), 6000);
+  // The INFO plan line says so.
+  const std::string said = DescribeSplit(Algorithm::kPairwise, req, SlowReducer(), true, {});
+  EXPECT_NE(said.find("parts by each device's reduce speed: ranks 0-1 "), std::string::npos) << said;
+  EXPECT_NE(said.find(", rank 2 4.8% (5 GB/s), "), std::string::npos) << said;
+  EXPECT_EQ(DescribeSplit(Algorithm::kPairwise, req, SlowReducer(), false, {}), "");
 }
 
 TEST(HeterogeneousTest, TreesShareTheDataByTheirStreamingRates) {
@@ -256,6 +261,8 @@ TEST(HeterogeneousTest, TreesPutTheSlowRanksOnTheFirstTreesLeaves) {
     }
     EXPECT_LT(3 * slow, fast) << p << " ranks: the busiest slow rank reduces " << slow << ", fast " << fast;
     ExpectExactBothWays(Algorithm::kTree, shape, 8000, /*channels=*/2);
+    const std::string said = DescribeSplit(Algorithm::kTree, req, shape, true, {});
+    EXPECT_NE(said.find("on the first tree's leaves"), std::string::npos) << said;
   }
 }
 
@@ -303,10 +310,10 @@ TEST(HeterogeneousTest, FusedPartsFollowTheSpeeds) {
   EXPECT_NEAR(static_cast<double>(ar[1] - ar[0]), 1142.9, 1.0);
   EXPECT_EQ(ar.back(), 6000u);
   const CollectiveRequest ar_req{Collective::kAllReduce, 6, 6000, DataType::kFloat32, ReduceOp::kSum, 0, false};
-  const std::string said = DescribeFusedParts(ar_req, shape, ar);
+  const std::string said = DescribeSplit(Algorithm::kFused, ar_req, shape, true, ar);
   EXPECT_NE(said.find("parts by each device's reduce speed: ranks 0-1 "), std::string::npos) << said;
   EXPECT_NE(said.find(", rank 2 4.8% (5 GB/s), ranks 3-5 "), std::string::npos) << said;
-  EXPECT_EQ(DescribeFusedParts(ar_req, shape, {}), "");
+  EXPECT_EQ(DescribeSplit(Algorithm::kFused, ar_req, shape, true, {}), "");
   // ReduceScatter cuts its 6 blocks laid end to end.
   EXPECT_EQ(bounds(Collective::kReduceScatter, shape, true).back(), 36000u);
   EXPECT_TRUE(bounds(Collective::kAllReduce, shape, false).empty());

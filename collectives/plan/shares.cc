@@ -3,6 +3,9 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "collectives/plan/trees.h"
 
 namespace kizuna::collectives {
 
@@ -64,27 +67,77 @@ std::vector<uint64_t> FusedBounds(const CollectiveRequest& request, const CommTo
   return WeightedBounds(FusedWorkCount(request), w);
 }
 
-std::string DescribeFusedParts(const CollectiveRequest& request, const CommTopology& shape,
-                               const std::vector<uint64_t>& bounds) {
-  const auto n = static_cast<size_t>(request.nranks);
-  if (bounds.size() != n + 1 || shape.ranks.size() != n || bounds.back() == 0) return "";
-  const bool reduce = IsReduction(request.collective);
-  auto percent = [&](size_t r) { return 100.0 * static_cast<double>(bounds[r + 1] - bounds[r]) / bounds.back(); };
-  auto speed = [&](size_t r) { return reduce ? shape.ranks[r].reduce_gbps : shape.ranks[r].copy_gbps; };
-  std::string out = fmt::format("parts by each device's {} speed:", reduce ? "reduce" : "copy");
+std::string DescribeShares(std::string_view what, const std::vector<double>& shares,
+                           const std::vector<double>& speeds) {
+  const size_t n = shares.size();
+  if (n == 0 || speeds.size() != n) return "";
+  std::string out(what);
+  out += ":";
   for (size_t first = 0; first < n;) {
     size_t last = first;
-    while (last + 1 < n && speed(last + 1) == speed(first)) ++last;
+    while (last + 1 < n && speeds[last + 1] == speeds[first]) ++last;
     // Ranks of one speed have parts a remainder's element apart: their mean.
     double sum = 0;
-    for (size_t r = first; r <= last; ++r) sum += percent(r);
+    for (size_t r = first; r <= last; ++r) sum += 100.0 * shares[r];
     out += first == last
                ? fmt::format(" rank {} {:.1f}%", first, sum)
                : fmt::format(" ranks {}-{} {:.1f}% each", first, last, sum / static_cast<double>(last - first + 1));
-    out += fmt::format(" ({:g} GB/s){}", speed(first), last + 1 < n ? "," : "");
+    out += fmt::format(" ({:g} GB/s){}", speeds[first], last + 1 < n ? "," : "");
     first = last + 1;
   }
   return out;
+}
+
+std::string DescribeSplit(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
+                          bool balance, const std::vector<uint64_t>& fused_bounds) {
+  const auto n = static_cast<size_t>(request.nranks);
+  if (shape.ranks.size() != n || n < 2) return "";
+  const bool reduce = IsReduction(request.collective);
+  std::vector<double> reduce_speeds, copy_speeds;
+  for (const RankDesc& d : shape.ranks) {
+    reduce_speeds.push_back(d.reduce_gbps);
+    copy_speeds.push_back(d.copy_gbps);
+  }
+  auto unequal = [](const std::vector<double>& w) {
+    return !std::all_of(w.begin(), w.end(), [&](double x) { return x == w[0]; });
+  };
+  const bool all_reduce = request.collective == Collective::kAllReduce;
+  const std::vector<double> weights = ReduceWeights(shape, balance);
+  switch (algorithm) {
+    case Algorithm::kFused: {
+      if (fused_bounds.size() != n + 1 || fused_bounds.back() == 0) return "";
+      std::vector<double> shares;
+      for (size_t r = 0; r < n; ++r)
+        shares.push_back(static_cast<double>(fused_bounds[r + 1] - fused_bounds[r]) /
+                         static_cast<double>(fused_bounds.back()));
+      return DescribeShares(reduce ? "parts by each device's reduce speed" : "parts by each device's copy speed",
+                            shares, reduce ? reduce_speeds : copy_speeds);
+    }
+    case Algorithm::kPairwise:
+      if (!all_reduce || !unequal(weights)) return "";
+      return DescribeShares("parts by each device's reduce speed", Shares(weights), reduce_speeds);
+    case Algorithm::kRhd:
+      // Power-of-two counts: each rank ends with a block (a fold's even ranks hand theirs over).
+      if (!all_reduce || !unequal(weights) || (n & (n - 1)) != 0) return "";
+      return DescribeShares("blocks by each device's reduce speed", Shares(weights), reduce_speeds);
+    case Algorithm::kTree: {
+      if (!all_reduce) return "";
+      const std::vector<int> labels = AllReduceLabels(shape, balance);
+      const std::vector<double> trees =
+          Shares(TreeWeights(MakeTrees(request.nranks, -1, labels), shape, balance, request.collective));
+      if (trees[0] == trees[1]) return "";
+      std::vector<int> leaves;
+      bool placed = false;  // not the identity: the slower ranks moved onto the first tree's leaves
+      for (size_t r = 0; r < n; ++r) {
+        if (labels[r] % 2 == 1) leaves.push_back(static_cast<int>(r));
+        placed = placed || labels[r] != static_cast<int>(r);
+      }
+      return fmt::format(
+          "the trees carry {:.1f}% and {:.1f}% of the data, by their streaming rates{}", 100 * trees[0], 100 * trees[1],
+          placed ? fmt::format("; the slower ranks {} on the first tree's leaves", fmt::join(leaves, ", ")) : "");
+    }
+    default: return "";
+  }
 }
 
 }  // namespace kizuna::collectives

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "collectives/plan/plan.h"
@@ -32,10 +33,14 @@ std::vector<double> FusedWeights(const CollectiveRequest& request, const CommTop
 // RankPlan::fused_bounds from those weights over FusedWorkCount(request) elements: empty when the
 // weights are equal (the even split, FusedSlice).
 std::vector<uint64_t> FusedBounds(const CollectiveRequest& request, const CommTopology& shape, bool balance);
-// For the INFO log: "parts by each device's reduce speed: ranks 0-3 20.0% each (0.4 GB/s), ranks
-// 4-7 5.0% each (0.1 GB/s)" (ranks in a row of one speed together); "" for `bounds`
-// empty (the even split).
-std::string DescribeFusedParts(const CollectiveRequest& request, const CommTopology& shape,
-                               const std::vector<uint64_t>& bounds);
+// For the INFO log: `what`, then each rank's share (fractions of 1) and speed, ranks in a row of
+// one speed together: "parts by each device's reduce speed: ranks 0-3 20.0% each (0.4 GB/s),
+// ranks 4-7 5.0% each (0.1 GB/s)".
+std::string DescribeShares(std::string_view what, const std::vector<double>& shares, const std::vector<double>& speeds);
+// How a plan of `algorithm` splits the work by speed, for the INFO plan line: fused's parts
+// (`fused_bounds`, RankPlan::fused_bounds), pairwise's parts and rhd's blocks, the trees' shares
+// and placement; "" where the split is even.
+std::string DescribeSplit(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
+                          bool balance, const std::vector<uint64_t>& fused_bounds);
 
 }  // namespace kizuna::collectives

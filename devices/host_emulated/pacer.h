@@ -13,6 +13,7 @@
 // per-process timeline and says why (WARN: the segment, its size, the error).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -35,6 +36,39 @@ class DevicePacer {
   // Reserves the next `duration` of the device; returns when the reservation ends. Thread- and
   // process-safe.
   Deadline::Clock::time_point Reserve(std::chrono::nanoseconds duration);
+
+  // The longest piece of an operation's time reserved at once (Occupy): the granularity at which
+  // streams sharing a device take turns. Each piece wakes the stream's thread once.
+  static constexpr std::chrono::nanoseconds kSlice = std::chrono::milliseconds(4);
+
+  // One operation's `duration` on the device: runs `work` (the operation itself, returning its
+  // Status), then `sleep_until` the reserved time has passed. The time is reserved in slices of
+  // at most kSlice, the next one halfway through the current: streams that use one device at once
+  // (another job on the same accelerator) then take turns slice by slice, each at its share of the
+  // device, as a GPU shares itself between contexts, where one reservation per operation would
+  // hold a large operation back by at most one of the other's. Alone, the slices are back to back.
+  // Work that runs past the first slice counts as the operation's device time: alone, an
+  // operation takes the longer of its work and `duration`.
+  template <typename Work, typename SleepUntil>
+  auto Occupy(std::chrono::nanoseconds duration, Work&& work, SleepUntil&& sleep_until) {
+    using Clock = Deadline::Clock;
+    std::chrono::nanoseconds left = duration, slice{0};
+    auto reserve = [&] {
+      slice = std::min(left, kSlice);
+      left -= slice;
+      return Reserve(slice);
+    };
+    Clock::time_point end = reserve();
+    auto result = work();
+    if (const Clock::time_point now = Clock::now(); now > end)
+      left -= std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(now - end));
+    while (left.count() > 0) {
+      sleep_until(end - slice / 2);
+      end = reserve();
+    }
+    sleep_until(end);
+    return result;
+  }
 
   // The shared-memory name of the timeline ("" until the first Reserve, or when per-process).
   std::string segment_name() const;

@@ -381,33 +381,12 @@ class StreamCore {
   }
 
   // Runs `work`, then holds the operation until the device's throttled memory time for `bytes`
-  // has passed. The time is reserved on the device's timeline in slices of at most
-  // kThrottleSlice, the next one halfway through the current: streams that use one device at once
-  // (another job on the same accelerator) then take turns slice by slice, each at its share of the
-  // device, as a GPU shares itself between contexts, where one reservation per operation would
-  // hold a large operation back by at most one of the other's. Alone, the slices are back to back.
+  // has passed on the device's timeline (DevicePacer::Occupy: in turns with other streams).
   template <typename Work>
   Status Throttled(size_t bytes, double bytes_per_s, Work&& work) {
     if (bytes_per_s <= 0) return work();
-    nanoseconds left = ToNanos(static_cast<double>(bytes) / bytes_per_s);
-    nanoseconds slice{0};
-    auto reserve = [&] {
-      slice = std::min(left, kThrottleSlice);
-      left -= slice;
-      return pacer_->Reserve(slice);
-    };
-    Clock::time_point end = reserve();
-    Status status = work();
-    // Work that ran past the first slice was the operation's time on the device too: an operation
-    // takes the longer of its work and its throttled time, as with one reservation for all of it.
-    if (const Clock::time_point now = Clock::now(); now > end)
-      left -= std::min(left, std::chrono::duration_cast<nanoseconds>(now - end));
-    while (left.count() > 0) {
-      SleepUntil(end - slice / 2);
-      end = reserve();
-    }
-    SleepUntil(end);
-    return status;
+    return pacer_->Occupy(ToNanos(static_cast<double>(bytes) / bytes_per_s), std::forward<Work>(work),
+                          [this](Clock::time_point t) { SleepUntil(t); });
   }
 
   Status WaitFor(const std::shared_ptr<EventState>& event) {

@@ -39,10 +39,6 @@ inline constexpr nanoseconds kSpin = std::chrono::microseconds(5);
 inline constexpr nanoseconds kSleepThreshold = std::chrono::microseconds(50);
 // Longest modelled delay: keeps absurd throttle settings (1e-12 GB/s) from overflowing a clock.
 inline constexpr double kMaxDelaySeconds = 1e6;
-// The longest piece of a throttled operation's time reserved at once on its device's timeline
-// (stream.cc, Throttled): the granularity at which streams sharing a device take turns. Each
-// piece wakes the stream's thread once.
-inline constexpr nanoseconds kThrottleSlice = std::chrono::milliseconds(4);
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -289,6 +289,47 @@ TEST(HeterogeneousTest, HalvingDoublingSizesBlocksBySpeed) {
   ExpectExactBothWays(Algorithm::kRhd, SlowReducer(), 8000);
 }
 
+// Ring AllReduce: rank j reduces every part but part j and copies all but two, so the parts are
+// sized by RingWeights' count. One rank of 8 4x slower at copies and reductions: it and the rank
+// after it own half the data each, and the slow rank reduces half as much as a fast one. Four of
+// 8 slow: no split pays enough (RingWeights' threshold), so the plan is the even one.
+TEST(HeterogeneousTest, RingPartsSpareTheSlowRanks) {
+  auto shape_with = [](int slow) {
+    CommTopology shape = Full(8);
+    for (int r = 0; r < 8; ++r)
+      shape.ranks[static_cast<size_t>(r)].reduce_gbps = shape.ranks[static_cast<size_t>(r)].copy_gbps =
+          r < 8 - slow ? 20 : 5;
+    return shape;
+  };
+  const CollectiveRequest req{Collective::kAllReduce, 8, 8000, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  PlanOptions options;
+  options.chunk_count = 512;
+  const CommTopology one_slow = shape_with(1);
+  const std::vector<double> shares = Shares(RingWeights(one_slow, true));
+  EXPECT_NEAR(shares[7], 0.5, 0.02);
+  EXPECT_NEAR(shares[0], 0.5, 0.02);
+  auto plan = BuildPlan(Algorithm::kRing, req, one_slow, options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const double fast = static_cast<double>(ReducedElements(plan->ranks[3]));
+  const double slow = static_cast<double>(ReducedElements(plan->ranks[7]));
+  EXPECT_NEAR(slow / fast, 0.5, 0.05) << slow << " against " << fast;
+  const std::string said = DescribeSplit(Algorithm::kRing, req, one_slow, true, {});
+  EXPECT_NE(said.find("rank 7 50."), std::string::npos) << said;
+  options.balance = false;
+  auto even = BuildPlan(Algorithm::kRing, req, one_slow, options, -1);
+  ASSERT_TRUE(even.ok());
+  EXPECT_EQ(ReducedElements(even->ranks[3]), ReducedElements(even->ranks[7]));
+  options.balance = true;
+  auto four_slow = BuildPlan(Algorithm::kRing, req, shape_with(4), options, -1);
+  ASSERT_TRUE(four_slow.ok());
+  EXPECT_EQ(PlanToString(*four_slow), PlanToString(*even));
+  EXPECT_EQ(DescribeSplit(Algorithm::kRing, req, shape_with(4), true, {}), "");
+  // Exact results with empty parts, two channels, and 2 and 3 slow ranks.
+  ExpectExactBothWays(Algorithm::kRing, one_slow, 8000, /*channels=*/2);
+  ExpectExactBothWays(Algorithm::kRing, shape_with(2), 8000);
+  ExpectExactBothWays(Algorithm::kRing, shape_with(3), 777);
+}
+
 // fused: each rank's part in proportion to its speed (the reduce speed for reductions, the copy
 // speed for AllGather and Broadcast), shared by the ranks of one device; even where a speed is
 // unknown, the speeds are equal, or balance is off.

@@ -3,7 +3,10 @@
 //   AllReduce      reduce-scatter then allgather around the ring: the channel's slice is cut into
 //                  nranks parts; per round of chunks, nranks-1 steps "send part r-s, receive and
 //                  reduce part r-s-1", after which rank r holds part r+1 reduced, then nranks-1
-//                  steps passing the reduced parts on. 2(p-1) messages of n/p per rank.
+//                  steps passing the reduced parts on. 2(p-1) messages of n/p per rank. Rank r
+//                  reduces every part but part r and copies every part but two: devices of
+//                  unlike speed get parts sized so that the slow ranks and the ranks after them
+//                  own large ones (RingWeights, shares.h), where that pays; even parts otherwise.
 //   ReduceScatter  the same reduce-scatter on the input's nranks parts, shifted so that rank r
 //                  ends with part r; the running partial sums live in scratch slots.
 //   AllGather      the allgather half: rank r's input goes around the ring.
@@ -17,6 +20,7 @@
 // the reduced parts; Reduce gathers everything at the root. Cost: (p-1) messages per rank and
 // part per round instead of one, the owner's scratch for (p-1) chunks per slot, and a fully
 // connected shape (kNotSupported otherwise).
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -54,6 +58,7 @@ class Ring final : public AlgorithmImpl {
       KZ_RETURN_IF_ERROR(RequireFullyConnected(
           shape, kName, "deterministic mode sends every contribution straight to the rank that reduces it"));
     Builder b(request, options, rank, ChannelsFor(options, request.count));
+    const std::vector<double> weights = RingWeights(shape, options.balance);  // AllReduce's parts
     for (int c = 0; c < b.channels(); ++c) {
       const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
       if (b.p == 1) {
@@ -61,9 +66,7 @@ class Ring final : public AlgorithmImpl {
         continue;
       }
       switch (request.collective) {
-        case Collective::kAllReduce:
-          ordered ? OrderedAllReduce(b, c, R) : AllReduce(b, c, R);
-          break;
+        case Collective::kAllReduce: ordered ? OrderedAllReduce(b, c, R) : AllReduce(b, c, R, weights); break;
         case Collective::kReduceScatter:
           ordered ? OrderedReduceScatter(b, c, R) : ReduceScatter(b, c, R);
           break;
@@ -87,46 +90,80 @@ class Ring final : public AlgorithmImpl {
   static int Next(const Builder& b) { return Mod(b.rank + 1, b.p); }
   static int Prev(const Builder& b) { return Mod(b.rank - 1, b.p); }
 
-  // Part j of the channel's slice R of an AllReduce vector.
-  static Range Part(const Builder& b, Range R, int j) {
-    return SplitEven(R, static_cast<uint64_t>(b.p), static_cast<uint64_t>(j));
-  }
+  // The channel's slice R of an AllReduce vector cut into p parts, and each part into rounds of
+  // chunks: evenly, or (`weights`, RingWeights) sized so that the slow ranks do less. Uneven parts
+  // are each cut into the largest part's number of rounds, so that every round carries every part
+  // in proportion and each rank's work is spread evenly over the rounds.
+  struct Parts {
+    std::vector<Range> part;
+    uint64_t rounds = 0;
+    bool even = true;
+    uint64_t chunk = 0;
 
-  // Allgather half of AllReduce, chunk k of every part: rank r starts with part r+shift reduced
+    Parts(const Builder& b, Range R, const std::vector<double>* weights) : chunk(b.chunk) {
+      even = weights == nullptr ||
+             std::all_of(weights->begin(), weights->end(), [&](double w) { return w == (*weights)[0]; });
+      const std::vector<uint64_t> bounds = even ? std::vector<uint64_t>{} : WeightedBounds(R.count, *weights);
+      for (int j = 0; j < b.p; ++j)
+        part.push_back(even ? SplitEven(R, static_cast<uint64_t>(b.p), static_cast<uint64_t>(j))
+                            : Range{R.offset + bounds[j], bounds[j + 1] - bounds[j]});
+      for (const Range& x : part) rounds = std::max(rounds, PieceCount(x.count, chunk));
+    }
+    // Round k's piece of part j.
+    Range Piece(int j, uint64_t k) const {
+      return even ? algo::Piece(part[static_cast<size_t>(j)], chunk, k)
+                  : SplitEven(part[static_cast<size_t>(j)], rounds, k);
+    }
+  };
+
+  // Allgather half of AllReduce, round k of every part: rank r starts with part r+shift reduced
   // in its output.
-  static void AllGatherParts(Builder& b, int c, Range R, uint64_t k, int shift) {
+  static void AllGatherParts(Builder& b, int c, const Parts& parts, uint64_t k, int shift) {
     const int r = b.rank;
     for (int s = 0; s + 1 < b.p; ++s) {
-      const Range sp = Piece(Part(b, R, Mod(r + shift - s, b.p)), b.chunk, k);
-      const Range rp = Piece(Part(b, R, Mod(r + shift - s - 1, b.p)), b.chunk, k);
+      const Range sp = parts.Piece(Mod(r + shift - s, b.p), k);
+      const Range rp = parts.Piece(Mod(r + shift - s - 1, b.p), k);
       b.Send(c, Next(b), Builder::Out(sp));
       b.Recv(c, Prev(b), Builder::Out(rp));
     }
   }
 
-  static void AllReduce(Builder& b, int c, Range R) {
+  static void AllReduce(Builder& b, int c, Range R, const std::vector<double>& weights) {
+    const Parts parts(b, R, &weights);
+    // Even parts: each round of chunks reduce-scatters and then allgathers, every rank busy at
+    // every step. Uneven parts: a round's allgather waits for its reduce-scatter to reach the
+    // ring's far end, which the largest parts make long; all reduce-scatter rounds first lets
+    // them stream down the ring instead.
+    for (uint64_t k = 0; k < parts.rounds; ++k) {
+      ReduceScatterParts(b, c, parts, k);
+      if (parts.even) AllGatherParts(b, c, parts, k, 1);
+    }
+    if (!parts.even)
+      for (uint64_t k = 0; k < parts.rounds; ++k) AllGatherParts(b, c, parts, k, 1);
+  }
+
+  // Reduce-scatter half of AllReduce, round k of every part: at step s, part r-s leaves (the
+  // rank's own input at s = 0, its running sum after) and part r-s-1 arrives to be added to the
+  // rank's input in the output. Rank r ends with part r+1 reduced.
+  static void ReduceScatterParts(Builder& b, int c, const Parts& parts, uint64_t k) {
     const int r = b.rank;
-    const uint64_t rounds = PieceCount(Part(b, R, 0).count, b.chunk);  // part 0 is the largest
-    for (uint64_t k = 0; k < rounds; ++k) {
-      // Reduce-scatter: at step s, part r-s leaves (the rank's own input at s = 0, its running
-      // sum after) and part r-s-1 arrives to be added to the rank's input in the output.
-      for (int s = 0; s + 1 < b.p; ++s) {
-        const Range sp = Piece(Part(b, R, Mod(r - s, b.p)), b.chunk, k);
-        const Range rp = Piece(Part(b, R, Mod(r - s - 1, b.p)), b.chunk, k);
-        b.Send(c, Next(b), s == 0 ? b.In(sp) : Builder::Out(sp));
-        b.RecvReduce(c, Prev(b), b.In(rp), Builder::Out(rp));
-      }
-      AllGatherParts(b, c, R, k, 1);
+    for (int s = 0; s + 1 < b.p; ++s) {
+      const Range sp = parts.Piece(Mod(r - s, b.p), k);
+      const Range rp = parts.Piece(Mod(r - s - 1, b.p), k);
+      b.Send(c, Next(b), s == 0 ? b.In(sp) : Builder::Out(sp));
+      b.RecvReduce(c, Prev(b), b.In(rp), Builder::Out(rp));
     }
   }
 
   static void OrderedAllReduce(Builder& b, int c, Range R) {
+    // Part j's owner reduces all of it here: even parts.
+    const Parts even(b, R, nullptr);
     std::vector<OwnedPart> parts;
-    for (int j = 0; j < b.p; ++j) parts.push_back({j, Part(b, R, j), Builder::Out(Part(b, R, j))});
+    for (int j = 0; j < b.p; ++j) parts.push_back({j, even.part[j], Builder::Out(even.part[j])});
     DirectExchange x(b, c, std::move(parts));
     for (uint64_t k = 0; k < x.rounds(); ++k) {
       x.Reduce(k);
-      AllGatherParts(b, c, R, k, 0);
+      AllGatherParts(b, c, even, k, 0);
     }
   }
 

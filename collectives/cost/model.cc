@@ -225,10 +225,11 @@ void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t e
   Add(label, worst, s.chunks);
 }
 
-std::vector<Hop> Model::RingHops(bool reduce) const {
+std::vector<Hop> Model::RingHops(bool reduce, const std::vector<double>* scale) const {
   std::vector<Hop> hops;
   hops.reserve(static_cast<size_t>(p_));
-  for (int r = 0; r < p_; ++r) hops.push_back({r, (r + 1) % p_, reduce});
+  for (int r = 0; r < p_; ++r)
+    hops.push_back({r, (r + 1) % p_, reduce, scale != nullptr ? (*scale)[static_cast<size_t>(r)] : 1.0});
   return hops;
 }
 

@@ -34,14 +34,36 @@ void Model::DirectRounds(std::string_view label, uint64_t elems, const std::vect
   }
 }
 
-void Model::RingReduceScatter(uint64_t part_elems) {
+void Model::RingReduceScatter(uint64_t part_elems, const std::vector<double>* scale) {
   const Split s = SplitElems(part_elems);
-  Stage("reduce-scatter", RingHops(true), s.bytes, s.chunks * (p_ - 1), s.channels);
+  Stage("reduce-scatter", RingHops(true, scale), s.bytes, s.chunks * (p_ - 1), s.channels);
 }
 
-void Model::RingAllGather(uint64_t part_elems) {
+void Model::RingAllGather(uint64_t part_elems, const std::vector<double>* scale) {
   const Split s = SplitElems(part_elems);
-  Stage("allgather", RingHops(false), s.bytes, s.chunks * (p_ - 1), s.channels);
+  Stage("allgather", RingHops(false, scale), s.bytes, s.chunks * (p_ - 1), s.channels);
+}
+
+// AllReduce around the ring. Parts sized by speed (RingWeights): over the reduce-scatter the hop
+// r -> r+1 carries every part but part r+1 (rank r sends all but the one it ends with, rank r+1
+// reduces all but its own), over the allgather every part but part r+2; as factors on the even
+// parts' (p-1) of p, each phase's stages carry every hop's share of them. The reduce-scatter then
+// runs to its end before the allgather (ring.cc), as the two stages here.
+void Model::RingAllReduce() {
+  const uint64_t part = CeilDiv(req_.count, static_cast<uint64_t>(p_));
+  const std::vector<double> shares = Shares(RingWeights(shape_, opt_.balance));
+  if (std::all_of(shares.begin(), shares.end(), [&](double x) { return x == shares[0]; })) {
+    RingReduceScatter(part);
+    return RingAllGather(part);
+  }
+  const double even = static_cast<double>(p_ - 1) / static_cast<double>(p_);
+  std::vector<double> rs, ag;
+  for (int r = 0; r < p_; ++r) {
+    rs.push_back((1 - shares[static_cast<size_t>((r + 1) % p_)]) / even);
+    ag.push_back((1 - shares[static_cast<size_t>((r + 2) % p_)]) / even);
+  }
+  RingReduceScatter(part, &rs);
+  RingAllGather(part, &ag);
 }
 
 // Both trees (collectives/plan/trees.h: placed and shared as the plan does; half the data each
@@ -172,10 +194,7 @@ void Model::Body(Algorithm a) {
   switch (a) {
     case Algorithm::kRing:
       switch (req_.collective) {
-        case Collective::kAllReduce:
-          RingReduceScatter(CeilDiv(count, p));
-          RingAllGather(CeilDiv(count, p));
-          return;
+        case Collective::kAllReduce: return RingAllReduce();
         case Collective::kReduceScatter:
           return RingReduceScatter(count);
         case Collective::kAllGather:

@@ -172,6 +172,16 @@ TEST(CostModelTest, WeightedPlansArePredictedAsBuilt) {
                      Predict(a, r, HandShape(8), even, k).seconds)
         << AlgorithmName(a);
   }
+  // The ring's parts (RingWeights): one rank 4x slower at copies and reductions. Its part and the
+  // next rank's take the data; the slow rank then reduces half of it and copies the rest, and the
+  // ring is predicted to take (2 + 1 + 2) / (7/8 (2 + 1 + 2)) of the even split's transfer time.
+  CommTopology one_slow = HandShape(8);
+  for (RankDesc& d : one_slow.ranks) d.copy_gbps = 20, d.reduce_gbps = 20;
+  one_slow.ranks[7].copy_gbps = one_slow.ranks[7].reduce_gbps = 5;
+  const Prediction ring = Predict(Algorithm::kRing, r, one_slow, Options(1 << 16), k);
+  const Prediction ring_even = Predict(Algorithm::kRing, r, one_slow, even, k);
+  EXPECT_LT(ring.seconds, 0.8 * ring_even.seconds);
+  EXPECT_GT(ring.seconds, 0.6 * ring_even.seconds);
 }
 
 }  // namespace

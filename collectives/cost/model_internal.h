@@ -150,15 +150,17 @@ class Model {
   }
 
   // ---- Structures ----
-  std::vector<Hop> RingHops(bool reduce) const;
+  // `scale`: per rank r, a factor on the hop r -> r+1's bytes; null: 1 for every hop.
+  std::vector<Hop> RingHops(bool reduce, const std::vector<double>* scale = nullptr) const;
   std::vector<Hop> ChainHops(int first, bool reduce) const;
   // `part_scale`: per rank, a factor on the elements of its part (parts sized by speed); a hop
   // carries the receiver's part (`by_sender` false: the exchange that gathers each part at its
   // owner) or the sender's (true: the allgather that spreads each owner's part).
   void DirectRounds(std::string_view label, uint64_t elems, const std::vector<char>* owners = nullptr,
                     const std::vector<double>* part_scale = nullptr, bool by_sender = false);
-  void RingReduceScatter(uint64_t part_elems);
-  void RingAllGather(uint64_t part_elems);
+  void RingReduceScatter(uint64_t part_elems, const std::vector<double>* scale = nullptr);
+  void RingAllGather(uint64_t part_elems, const std::vector<double>* scale = nullptr);
+  void RingAllReduce();
   void TreeAllReduce();
   void Fused();
   void InaAllReduce();  // cost_model_ina.cc

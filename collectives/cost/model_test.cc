@@ -319,25 +319,30 @@ TEST(CostModelTest, SlowLinkSlowsTheRingByItsFactor) {
   EXPECT_EQ(Predict(Algorithm::kRing, r, unused, Options(), k).seconds, a.seconds);
 }
 
+// The ring split evenly (PlanOptions::balance off): a slow device slows it by its factor. Split
+// by speed (RingWeights), less.
 TEST(CostModelTest, SlowDeviceSlowsTheRingByItsFactor) {
   CostConstants k;
   k.message_overhead_us = 0;
   k.step_overhead_us = 0;
   const CollectiveRequest r = Request(Collective::kAllReduce, 8, 1 << 22);
+  PlanOptions even = Options();
+  even.balance = false;
   const CommTopology uniform = HandShape(8);
   CommTopology slow = uniform;
   slow.ranks[5].reduce_gbps = 40.0 / 4;
-  const Prediction a = Predict(Algorithm::kRing, r, uniform, Options(), k);
-  const Prediction b = Predict(Algorithm::kRing, r, slow, Options(), k);
+  const Prediction a = Predict(Algorithm::kRing, r, uniform, even, k);
+  const Prediction b = Predict(Algorithm::kRing, r, slow, even, k);
   EXPECT_NEAR(b.gamma_s / a.gamma_s, 4.0, 1e-12);
   EXPECT_EQ(b.beta_s, a.beta_s);
+  EXPECT_LT(Predict(Algorithm::kRing, r, slow, Options(), k).gamma_s, 0.75 * b.gamma_s);
   // A slow copy engine shows where copies happen: the staging copies of staged links.
   CommTopology staged = uniform;
   for (LinkDesc& l : staged.links) l.staged = true;
   CommTopology slow_copy = staged;
   slow_copy.ranks[2].copy_gbps = 20.0 / 4;
-  EXPECT_GT(Predict(Algorithm::kRing, r, slow_copy, Options(), k).beta_s,
-            1.5 * Predict(Algorithm::kRing, r, staged, Options(), k).beta_s);
+  EXPECT_GT(Predict(Algorithm::kRing, r, slow_copy, even, k).beta_s,
+            1.5 * Predict(Algorithm::kRing, r, staged, even, k).beta_s);
 }
 
 TEST(CostModelTest, HeterogeneityCanChangeTheCheapestAlgorithm) {

@@ -1,6 +1,8 @@
 #include "collectives/plan/shares.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -20,7 +22,9 @@ std::vector<uint64_t> WeightedBounds(uint64_t count, const std::vector<double>& 
     size[j] = std::min<uint64_t>(static_cast<uint64_t>(share), count - given);
     given += size[j];
   }
-  for (size_t j = 0; given < count; j = (j + 1) % parts, ++given) ++size[j];
+  // The remainder, an element each, to the first parts that have a weight.
+  for (size_t j = 0; given < count; j = (j + 1) % parts)
+    if (weights[j] > 0) ++size[j], ++given;
   std::vector<uint64_t> bounds(parts + 1, 0);
   for (size_t j = 0; j < parts; ++j) bounds[j + 1] = bounds[j] + size[j];
   return bounds;
@@ -33,6 +37,86 @@ std::vector<double> ReduceWeights(const CommTopology& shape, bool balance) {
     if (!(r.reduce_gbps > 0)) return w;
   for (size_t i = 0; i < w.size(); ++i) w[i] = shape.ranks[i].reduce_gbps;
   return w;
+}
+
+namespace {
+
+// The projection of y onto the simplex {s >= 0, sum s = 1}: s_i = max(0, y_i - t) for the t that
+// makes them sum to 1.
+std::vector<double> OntoSimplex(const std::vector<double>& y) {
+  std::vector<double> u(y);
+  std::sort(u.begin(), u.end(), std::greater<>());
+  double sum = 0, t = 0;
+  for (size_t i = 0; i < u.size(); ++i) {
+    sum += u[i];
+    const double ti = (sum - 1) / static_cast<double>(i + 1);
+    if (u[i] - ti > 0) t = ti;
+  }
+  std::vector<double> s;
+  for (double x : y) s.push_back(std::max(0.0, x - t));
+  return s;
+}
+
+}  // namespace
+
+std::vector<double> RingWeights(const CommTopology& shape, bool balance) {
+  constexpr double kRingMinGain = 1.15;
+  const auto p = static_cast<size_t>(shape.nranks);
+  const std::vector<double> even(p, 1.0);
+  if (!balance || shape.ranks.size() != p || p < 2) return even;
+  // Per rank, seconds per byte of its part's work: a reduction reads two operands (a), a copy
+  // one (b); a staging copy at each end of a message.
+  std::vector<double> a, b;
+  for (const RankDesc& d : shape.ranks) {
+    if (!(d.reduce_gbps > 0) || !(d.copy_gbps > 0)) return even;
+    a.push_back(2 / d.reduce_gbps);
+    b.push_back(1 / d.copy_gbps);
+  }
+  if (std::all_of(a.begin(), a.end(), [&](double x) { return x == a[0]; }) &&
+      std::all_of(b.begin(), b.end(), [&](double x) { return x == b[0]; }))
+    return even;
+  // With part j a fraction s_j of the data, rank r reduces every part but its own and sends every
+  // part but r+1 while reducing, then sends every part but r+2 and receives every part but r+1
+  // while gathering (ring.cc), each at its device's rate. Uneven parts run the reduce-scatter to
+  // its end before the allgather, so the ring takes the slowest rank's time in each:
+  //   max_r a_r (1 - s_r) + b_r (1 - s_{r+1})  +  max_r b_r ((1 - s_{r+1}) + (1 - s_{r+2})).
+  // Minimized over the simplex by projected subgradient steps (the gradient of each phase's
+  // slowest rank, shrinking steps), keeping the best point: the slow ranks and the ranks after
+  // them come to own large parts, which spares the slow ranks' reductions and copies.
+  auto time = [&](const std::vector<double>& s, size_t* rs_worst, size_t* ag_worst) {
+    double rs = -1, ag = -1;
+    for (size_t r = 0; r < p; ++r) {
+      const double one = 1 - s[(r + 1) % p], two = 1 - s[(r + 2) % p];
+      if (const double w = a[r] * (1 - s[r]) + b[r] * one; w > rs) rs = w, *rs_worst = r;
+      if (const double w = b[r] * (one + two); w > ag) ag = w, *ag_worst = r;
+    }
+    return rs + ag;
+  };
+  std::vector<double> s(p, 1.0 / static_cast<double>(p)), best = s;
+  size_t rw = 0, aw = 0;
+  const double even_time = time(s, &rw, &aw);
+  double best_time = even_time;
+  // Iterations: enough for a few percent at a few dozen ranks; bounded work at thousands.
+  const int iterations = static_cast<int>(std::clamp<size_t>(400000 / p, 200, 4000));
+  std::vector<double> g(p, 0.0);
+  for (int t = 0; t < iterations; ++t) {
+    std::fill(g.begin(), g.end(), 0.0);
+    g[rw] += a[rw];
+    g[(rw + 1) % p] += b[rw];
+    g[(aw + 1) % p] += b[aw];
+    g[(aw + 2) % p] += b[aw];
+    double norm = 0;
+    for (double x : g) norm += x * x;
+    const double step = 0.5 / static_cast<double>(p) / std::sqrt((t + 1.0) * norm);
+    for (size_t i = 0; i < p; ++i) s[i] += step * g[i];
+    s = OntoSimplex(s);
+    if (const double now = time(s, &rw, &aw); now < best_time) best_time = now, best = s;
+  }
+  // The count leaves out what uneven parts cost besides: the longer pipelines of the large parts
+  // and the reduce-scatter no longer overlapping the allgather. Measured (docs/PERFORMANCE.md,
+  // "Heterogeneous devices"), splits come within 5-10 % of the count's gain; one that promises
+  // less than kRingMinGain is not taken.
+  return best_time * kRingMinGain < even_time ? best : even;
 }
 
 std::vector<double> Shares(const std::vector<double>& weights) {
@@ -112,6 +196,11 @@ std::string DescribeSplit(Algorithm algorithm, const CollectiveRequest& request,
                          static_cast<double>(fused_bounds.back()));
       return DescribeShares(reduce ? "parts by each device's reduce speed" : "parts by each device's copy speed",
                             shares, reduce ? reduce_speeds : copy_speeds);
+    }
+    case Algorithm::kRing: {
+      const std::vector<double> ring = RingWeights(shape, balance);
+      if (!all_reduce || !unequal(ring)) return "";
+      return DescribeShares("parts sized so that the slow ranks reduce and copy least", Shares(ring), reduce_speeds);
     }
     case Algorithm::kPairwise:
       if (!all_reduce || !unequal(weights)) return "";

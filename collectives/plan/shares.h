@@ -15,14 +15,21 @@
 namespace kizuna::collectives {
 
 // The bounds of weights.size() contiguous parts of `count` elements in proportion to `weights`
-// (finite, > 0), weights.size() + 1 entries from 0 to count: part j gets floor(count * w_j / sum)
-// elements and the remainder goes one element each to the first parts, so equal weights give the
-// even split (the first count % parts parts one element longer).
+// (finite, >= 0, one at least > 0), weights.size() + 1 entries from 0 to count: part j gets
+// floor(count * w_j / sum) elements and the remainder goes one element each to the first parts of
+// nonzero weight, so equal weights give the even split (the first count % parts parts one element
+// longer) and a part of weight 0 is empty.
 std::vector<uint64_t> WeightedBounds(uint64_t count, const std::vector<double>& weights);
 
 // Per rank, its share of reduction work: its device's reduce speed with `balance` and every rank's
 // speed known, otherwise equal weights (pairwise's parts, rhd's blocks).
 std::vector<double> ReduceWeights(const CommTopology& shape, bool balance);
+// Ring AllReduce: the fraction of the data each rank's part holds. Rank r reduces every part but
+// its own and copies every part but the next two ranks' (ring.cc), so with `balance` and every
+// rank's speeds known the parts are sized for the slowest rank to finish soonest: a slow rank and
+// the two after it own large parts, fast ones may own none (weight 0). Equal weights where the
+// speeds are equal or unknown, or where sizing gains less than 3 % by that count.
+std::vector<double> RingWeights(const CommTopology& shape, bool balance);
 // The weights as fractions of their sum.
 std::vector<double> Shares(const std::vector<double>& weights);
 

@@ -38,7 +38,7 @@
 // hier:fused/ring and hier:fused/rd: the AllReduce whose host level runs over mapped memory
 // (CommTopology::host_direct). The plan holds the network level alone, on the parts' owners'
 // outputs; the executor sums each part over the host into its owner's output before it and copies
-// the parts from their owners after it (RankPlan::host_parts, HostPart). Up to kLeaderPartBytes
+// the parts from their owners after it (RankPlan::host_parts, HostPart). Up to kHostLeaderPartBytes
 // per part the parts are fewer than the ranks of the widest host (one part, owned by each host's
 // first rank, for a small message: the leader form), so that a small message crosses the network
 // once per host and not once per rail. hier:fused/ring also serves ReduceScatter and AllGather
@@ -56,10 +56,6 @@
 
 namespace kizuna::collectives::algo {
 namespace {
-
-// hier:fused: the least a part carries when there are fewer parts than rails. Below it, a message
-// per rail costs more than the bytes it moves between hosts.
-constexpr uint64_t kLeaderPartBytes = 64 << 10;
 
 class Hierarchical final : public AlgorithmImpl {
  public:
@@ -129,11 +125,9 @@ class Hierarchical final : public AlgorithmImpl {
     return Status::Ok();
   }
 
-  // hier:fused's part count (kLeaderPartBytes): every rank computes it alike.
+  // hier:fused's part count (HostFusedParts, plan.h).
   static uint32_t Parts(const CollectiveRequest& request, const Hosts& hosts) {
-    const uint64_t bytes = request.count * DataTypeSize(request.dtype);
-    return static_cast<uint32_t>(
-        std::clamp<uint64_t>(bytes / kLeaderPartBytes, 1, static_cast<uint64_t>(std::max(hosts.widest, 1))));
+    return HostFusedParts(request, hosts.widest);
   }
 
   // "host level: direct exchange among the 4 ranks of host 1 (ranks 4-7); network level: ring over
@@ -176,10 +170,21 @@ class Hierarchical final : public AlgorithmImpl {
                       AlgorithmName(id_)));
     const Hosts hosts(shape);
     Builder b(request, options, rank, ChannelsFor(options, request.count));
-    if (IsHostFused(id_)) return BuildFused(request, hosts, b);
+    const bool all_reduce = request.collective == Collective::kAllReduce;
+    if (IsHostFused(id_)) {
+      const HierarchicalShares shares =
+          all_reduce ? HierarchicalWeights(shape, hosts.ranks, static_cast<int>(Parts(request, hosts)), options.balance,
+                                           /*fused=*/true)
+                     : HierarchicalShares{};
+      return BuildFused(request, hosts, shares, b);
+    }
+    const HierarchicalShares shares =
+        all_reduce ? HierarchicalWeights(shape, hosts.ranks, hosts.widest, options.balance, /*fused=*/false)
+                   : HierarchicalShares{};
     for (int c = 0; c < b.channels(); ++c) {
       const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
       HierarchicalLevel level(b, hosts, c, R);
+      level.Weigh(shares);
       switch (request.collective) {
         case Collective::kAllReduce: level.AllReduce(id_ == Algorithm::kHierRd); break;
         case Collective::kReduceScatter: level.ReduceScatter(); break;
@@ -195,7 +200,8 @@ class Hierarchical final : public AlgorithmImpl {
 
  private:
   // hier:fused: the network level of each channel's parts; the host level is the executor's.
-  Result<RankPlan> BuildFused(const CollectiveRequest& request, const Hosts& hosts, Builder& b) const {
+  Result<RankPlan> BuildFused(const CollectiveRequest& request, const Hosts& hosts, const HierarchicalShares& shares,
+                              Builder& b) const {
     const uint32_t parts = Parts(request, hosts);
     b.plan.host_parts = parts;
     b.plan.host_channels = static_cast<uint32_t>(b.channels());
@@ -222,6 +228,7 @@ class Hierarchical final : public AlgorithmImpl {
     for (int c = 0; c < b.channels(); ++c) {
       const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
       HierarchicalLevel level(b, hosts, c, R, static_cast<int>(parts));
+      level.Weigh(shares);
       level.NetworkAllReduce(id_ == Algorithm::kHierFusedRd);
     }
     return std::move(b.plan);

@@ -30,15 +30,22 @@ class HierarchicalLevel {
         fused_(fused || parts > 0),
         host_base_(host_base) {}
 
+  // AllReduce split by speed (HierarchicalWeights, plan/shares.h): the parts (the rail form's
+  // host level; hier:fused's executor sums even parts) and each part's ring over the hosts.
+  void Weigh(const HierarchicalShares& shares) {
+    shares_ = &shares;
+    if (!shares.parts.empty() && !fused_) part_bounds_ = WeightedBounds(R_.count, shares.parts);
+  }
+
   // hier:fused: the parts this rank owns, already summed over its host in its output (the
   // executor's host level), AllReduced among their owners; avg divided here (BuildFused).
   void NetworkAllReduce(bool doubling) {
     const std::vector<int> mine = PartsOf(l_, P_);
     if (mine.empty()) return;
-    const uint64_t rounds = PieceCount(Part(0).count, b_.chunk);
+    const uint64_t rounds = PieceCount(Largest(), b_.chunk);
     uint64_t slot_base = 0, slot_size = 0;
     if (doubling) {
-      slot_size = std::min(b_.chunk, Part(0).count);
+      slot_size = std::min(b_.chunk, Largest());
       slot_base = b_.AllocScratch(kScratchSlots * slot_size);
     }
     for (uint64_t k = 0; k < rounds; ++k)
@@ -54,10 +61,10 @@ class HierarchicalLevel {
   }
 
   void AllReduce(bool doubling) {
-    const uint64_t rounds = PieceCount(Part(0).count, b_.chunk);  // part 0 is the largest
+    const uint64_t rounds = PieceCount(Largest(), b_.chunk);
     uint64_t slot_base = 0, slot_size = 0;
     if (doubling) {
-      slot_size = std::min(b_.chunk, Part(0).count);
+      slot_size = std::min(b_.chunk, Largest());
       slot_base = b_.AllocScratch(kScratchSlots * slot_size);
     }
     const std::vector<int> mine = PartsOf(l_, P_);
@@ -321,7 +328,16 @@ class HierarchicalLevel {
   }
 
  private:
-  Range Part(int j) const { return SplitEven(R_, static_cast<uint64_t>(M_), static_cast<uint64_t>(j)); }
+  Range Part(int j) const {
+    if (part_bounds_.empty()) return SplitEven(R_, static_cast<uint64_t>(M_), static_cast<uint64_t>(j));
+    const auto i = static_cast<size_t>(j);
+    return {R_.offset + part_bounds_[i], part_bounds_[i + 1] - part_bounds_[i]};
+  }
+  uint64_t Largest() const {
+    uint64_t most = 0;
+    for (int j = 0; j < M_; ++j) most = std::max(most, Part(j).count);
+    return most;
+  }
   int LocalOf(int r) const { return hosts_.local[static_cast<size_t>(r)]; }
   // The parts (of M_) that local rank l of a host of `size` ranks owns, ascending.
   std::vector<int> PartsOf(int l, int size) const {
@@ -367,8 +383,16 @@ class HierarchicalLevel {
 
   // Part j's piece pc, already summed over this host in the output (or, on a host of one rank,
   // still the input), AllReduced among the part's owners in a ring over the hosts.
+  // Split by speed (Weigh), host g's sub-part is its share of the piece.
   void RingAllReduce(int j, Range pc) {
-    auto sub = [&](int s) { return SplitEven(pc, static_cast<uint64_t>(H_), static_cast<uint64_t>(Mod(s, H_))); };
+    const bool weighed = shares_ != nullptr && !shares_->network.empty();
+    const std::vector<uint64_t> bounds =
+        weighed ? WeightedBounds(pc.count, shares_->network[static_cast<size_t>(j)]) : std::vector<uint64_t>{};
+    auto sub = [&](int s) {
+      if (!weighed) return SplitEven(pc, static_cast<uint64_t>(H_), static_cast<uint64_t>(Mod(s, H_)));
+      const auto i = static_cast<size_t>(Mod(s, H_));
+      return Range{pc.offset + bounds[i], bounds[i + 1] - bounds[i]};
+    };
     const int next = Member((g_ + 1) % H_, j), prev = Member((g_ - 1 + H_) % H_, j);
     const bool summed = fused_ || P_ > 1;
     for (int s = 0; s + 1 < H_; ++s) {
@@ -419,6 +443,8 @@ class HierarchicalLevel {
   const int g_, l_, P_, H_, M_;  // this rank's host, local index, host size; hosts; parts
   const bool fused_;             // hier:fused: the host level is the executor's
   const uint64_t host_base_;     // hier:fused ReduceScatter: its foreign blocks' sums in scratch
+  const HierarchicalShares* shares_ = nullptr;  // Weigh
+  std::vector<uint64_t> part_bounds_;           // Weigh: the parts' bounds in R_; empty: even
 };
 
 }  // namespace kizuna::collectives::algo

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "collectives/algorithms/algorithms_test_util.h"
+#include "collectives/plan/shares.h"
 
 namespace kizuna::collectives {
 namespace {
@@ -170,6 +171,76 @@ TEST(HierarchicalTest, FusedHostLevelMatchesReference) {
   b.shape->host_direct = true;
   b.p = 6;
   EXPECT_TRUE(RunExact(b));
+}
+
+// Elements rank r reduces (destination counts of its reduction steps).
+uint64_t Reduced(const RankPlan& plan) {
+  uint64_t n = 0;
+  for (const auto& ch : plan.channels)
+    for (const Step& s : ch)
+      if (s.kind == StepKind::kReduce || s.kind == StepKind::kRecvReduce) n += s.dst.count;
+  return n;
+}
+
+// AllReduce split by speed (HierarchicalWeights). Rails: local rank 1 of each of 2 hosts x 2 ranks
+// reduces 4x slower, so in the rail form part 1 (rail 1's) is a fifth of the data. Hosts: host 1's
+// devices are 4x slower, so in hier:fused each part's ring over the hosts leaves host 1 the
+// smaller share to reduce (the rail form keeps its rings even). Uneven hosts (1 + 3): host 0's one
+// rank owns all 3 parts, so host 0 counts as a third as fast per part and owns the larger share of
+// each ring (a ring member reduces every share but its own). Results exact in every case.
+TEST(HierarchicalTest, AllReduceSplitsBySpeed) {
+  auto speeds = [](CommTopology shape, auto slow) {
+    for (int r = 0; r < shape.nranks; ++r) {
+      RankDesc& d = shape.ranks[static_cast<size_t>(r)];
+      d.reduce_gbps = d.copy_gbps = slow(r) ? 5 : 20;
+    }
+    shape.host_direct = true;
+    return shape;
+  };
+  const CommTopology rails = speeds(Hosts({2, 2}), [](int r) { return r % 2 == 1; });
+  const CommTopology slow_host = speeds(Hosts({2, 2}), [](int r) { return r >= 2; });
+  const CommTopology uneven = speeds(Hosts({1, 3}), [](int) { return false; });
+  const CollectiveRequest req{Collective::kAllReduce, 4, 100000, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  PlanOptions options;
+  options.chunk_count = 1 << 20;
+  auto reduced = [&](Algorithm algo, const CommTopology& shape, int rank, bool balance) {
+    options.balance = balance;
+    auto plan = BuildPlan(algo, req, shape, options, -1);
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    return plan.ok() ? static_cast<double>(Reduced(plan->ranks[static_cast<size_t>(rank)])) : 0.0;
+  };
+  // Rails: rank 1 owns 20000 of 100000 elements (weights 20 and 5) against 50000 even.
+  EXPECT_NEAR(reduced(Algorithm::kHierRing, rails, 1, true) / reduced(Algorithm::kHierRing, rails, 1, false), 0.4,
+              0.02);
+  EXPECT_NEAR(reduced(Algorithm::kHierRing, rails, 0, true) / reduced(Algorithm::kHierRing, rails, 0, false), 1.6,
+              0.02);
+  // Slow host: in hier:fused its ranks reduce less between hosts, the fast host's more.
+  EXPECT_LT(reduced(Algorithm::kHierFusedRing, slow_host, 2, true),
+            0.8 * reduced(Algorithm::kHierFusedRing, slow_host, 2, false));
+  EXPECT_GT(reduced(Algorithm::kHierFusedRing, slow_host, 0, true),
+            1.1 * reduced(Algorithm::kHierFusedRing, slow_host, 0, false));
+  EXPECT_EQ(reduced(Algorithm::kHierRing, slow_host, 2, true), reduced(Algorithm::kHierRing, slow_host, 2, false));
+  const HierarchicalShares sh = HierarchicalWeights(slow_host, {{0, 1}, {2, 3}}, 2, true, /*fused=*/true);
+  EXPECT_TRUE(sh.parts.empty());
+  ASSERT_EQ(sh.network.size(), 2u);
+  // Uneven hosts of equal devices: host 0's rank owns 3 parts, so it reduces less between hosts.
+  const HierarchicalShares un = HierarchicalWeights(uneven, {{0}, {1, 2, 3}}, 3, true, /*fused=*/true);
+  ASSERT_EQ(un.network.size(), 3u);
+  EXPECT_GT(Shares(un.network[0])[0], Shares(un.network[0])[1]) << "host 0 owns the larger sub-part";
+  EXPECT_TRUE(HierarchicalWeights(Hosts({2, 2}), {{0, 1}, {2, 3}}, 2, true, true).network.empty()) << "no speeds known";
+  for (const CommTopology& shape : {rails, slow_host, uneven})
+    for (Algorithm algo : {Algorithm::kHierRing, Algorithm::kHierRd, Algorithm::kHierFusedRing})
+      for (bool balance : {true, false}) {
+        Case c;
+        c.algo = algo;
+        c.shape = shape;
+        c.p = shape.nranks;
+        c.count = 100007;
+        c.chunk = 997;
+        c.channels = 2;
+        c.balance = balance;
+        EXPECT_TRUE(RunExact(c)) << AlgorithmName(algo) << " balance " << balance;
+      }
 }
 
 TEST(HierarchicalTest, FusedNeedsHostGroupsAndCrossesHostsOncePerPart) {

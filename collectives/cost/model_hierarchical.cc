@@ -14,30 +14,12 @@
 #include <fmt/format.h>
 
 #include "collectives/cost/model_internal.h"
+#include "collectives/plan/shares.h"
 
 namespace kizuna::collectives::cost_internal {
-namespace {
-
-// The ranks of each host, hosts in the order of their lowest rank (hierarchical.cc's Hosts).
-std::vector<std::vector<int>> HostRanks(const CommTopology& shape) {
-  std::vector<std::string> ids;
-  std::vector<std::vector<int>> hosts;
-  for (int r = 0; r < shape.nranks; ++r) {
-    const std::string& id = shape.ranks[static_cast<size_t>(r)].host_id;
-    const auto h = static_cast<size_t>(std::find(ids.begin(), ids.end(), id) - ids.begin());
-    if (h == ids.size()) {
-      ids.push_back(id);
-      hosts.emplace_back();
-    }
-    hosts[h].push_back(r);
-  }
-  return hosts;
-}
-
-}  // namespace
 
 void Model::Hierarchical(Algorithm a) {
-  const std::vector<std::vector<int>> hosts = HostRanks(shape_);
+  const std::vector<std::vector<int>> hosts = shape_.hosts();
   const int H = static_cast<int>(hosts.size());
   if (H < 2) return Fail(fmt::format("{} needs ranks on two hosts or more", AlgorithmName(a)));
   size_t widest = 0, narrowest = hosts[0].size();
@@ -47,9 +29,7 @@ void Model::Hierarchical(Algorithm a) {
   }
   const bool fused = IsHostFused(a);
   // hierarchical.cc's part count: the widest host's ranks, or fewer for hier:fused's small parts.
-  const auto M = fused ? static_cast<int>(std::clamp<uint64_t>(req_.count * static_cast<uint64_t>(elem_) / (64 << 10),
-                                                               1, static_cast<uint64_t>(widest)))
-                       : static_cast<int>(widest);
+  const auto M = fused ? static_cast<int>(HostFusedParts(req_, static_cast<int>(widest))) : static_cast<int>(widest);
   const uint64_t count = req_.count, P = narrowest, p = static_cast<uint64_t>(p_);
   auto size = [&](int h) { return static_cast<int>(hosts[static_cast<size_t>(h)].size()); };
   auto rank = [&](int h, int l) { return hosts[static_cast<size_t>(h)][static_cast<size_t>(l)]; };
@@ -58,6 +38,20 @@ void Model::Hierarchical(Algorithm a) {
 
   // Rounds d = 1..M-1: every rank of a host sends `elems` elements to local rank + d. hier:fused
   // instead: the CPU's pass over mapped memory (`reduce`: an owner reads its parts of P inputs).
+  // Split by speed (HierarchicalWeights, AllReduce): the parts' shares, and per part its ring's.
+  const HierarchicalShares weights = req_.collective == Collective::kAllReduce
+                                         ? HierarchicalWeights(shape_, hosts, M, opt_.balance, fused)
+                                         : HierarchicalShares{};
+  std::vector<double> part_share(static_cast<size_t>(M), 1.0 / M);
+  if (!weights.parts.empty()) part_share = Shares(weights.parts);
+  // A host rank's parts' share of the data, over the even share the host level's messages assume
+  // (1 / P of it): the factor on its messages where the parts are sized by speed.
+  auto owned_scale = [&](int h, int l) {
+    if (weights.parts.empty()) return 1.0;
+    double share = 0;
+    for (int j = l; j < M; j += size(h)) share += part_share[static_cast<size_t>(j)];
+    return share * static_cast<double>(P);
+  };
   auto host_rounds = [&](std::string_view label, uint64_t elems, bool reduce) {
     if (fused) {
       const double part = static_cast<double>(CeilDiv(count, static_cast<uint64_t>(M))) * elem_;
@@ -80,8 +74,9 @@ void Model::Hierarchical(Algorithm a) {
         rendezvous = 3;
       }
       StageCost c;
+      // The executor's pass runs on the CPU, whatever the device's own pace (cpu_copy_).
       double copy = 0;
-      for (int r = 0; r < p_; ++r) copy = std::max(copy, copy_[static_cast<size_t>(r)]);
+      for (int r = 0; r < p_; ++r) copy = std::max(copy, cpu_copy_[static_cast<size_t>(r)]);
       c.alpha = rendezvous * k_.oneshot_us * 1e-6;
       c.gamma = copied * copy;
       return Add(reduce ? "host sum over mapped memory" : "host copy over mapped memory", c, 1);
@@ -91,15 +86,28 @@ void Model::Hierarchical(Algorithm a) {
       std::vector<Hop> hops;
       for (int h = 0; h < H; ++h)
         if (d < size(h))
-          for (int l = 0; l < size(h); ++l) hops.push_back({rank(h, l), rank(h, (l + d) % size(h)), reduce});
+          for (int l = 0; l < size(h); ++l) {
+            // The reduce-scatter sends the receiver's parts, the allgather the sender's.
+            const int to = (l + d) % size(h);
+            hops.push_back({rank(h, l), rank(h, to), reduce, owned_scale(h, reduce ? to : l)});
+          }
       if (!hops.empty()) Stage(label, hops, s.bytes, s.chunks, s.channels);
     }
   };
-  // Every part's owner to its owner on the host `step` further on.
-  auto part_hops = [&](int step, bool reduce) {
+  // Every part's owner to its owner on the host `step` further on. `skip` > 0: the ring over the
+  // hosts split by speed, where the hop from host h carries every sub-part but host h+skip's
+  // (reduce-scatter: 1, allgather: 2), over the even split's (H-1) of H.
+  auto part_hops = [&](int step, bool reduce, int skip = 0) {
     std::vector<Hop> hops;
     for (int j = 0; j < M; ++j)
-      for (int h = 0; h < H; ++h) hops.push_back({owner(h, j), owner(wrap(h + step), j), reduce});
+      for (int h = 0; h < H; ++h) {
+        double scale = part_share[static_cast<size_t>(j)] * M;
+        if (skip > 0 && !weights.network.empty()) {
+          const std::vector<double> sub = Shares(weights.network[static_cast<size_t>(j)]);
+          scale *= (1 - sub[static_cast<size_t>(wrap(h + skip))]) * H / (H - 1);
+        }
+        hops.push_back({owner(h, j), owner(wrap(h + step), j), reduce, scale});
+      }
     return hops;
   };
   // Every rank to the ranks of the host `e` further on whose blocks it owns (and back: `gather`).
@@ -119,8 +127,17 @@ void Model::Hierarchical(Algorithm a) {
       host_rounds("host reduce-scatter", CeilDiv(count, P), true);
       const Split s = SplitElems(part);
       if (a == Algorithm::kHierRing || a == Algorithm::kHierFusedRing) {
-        Stage("network reduce-scatter", part_hops(1, true), s.bytes / H, s.chunks * (H - 1), s.channels);
-        Stage("network allgather", part_hops(1, false), s.bytes / H, s.chunks * (H - 1), s.channels);
+        if (weights.network.empty()) {
+          Stage("network reduce-scatter", part_hops(1, true, 1), s.bytes / H, s.chunks * (H - 1), s.channels);
+          Stage("network allgather", part_hops(1, false, 2), s.bytes / H, s.chunks * (H - 1), s.channels);
+        } else {
+          // Uneven sub-parts load a host in one phase and its neighbour in the other, while the
+          // pieces' rings overlap both phases: one stage per step carrying both, each host at its
+          // busiest over the two.
+          std::vector<Hop> both = part_hops(1, true, 1);
+          for (const Hop& h : part_hops(1, false, 2)) both.push_back(h);
+          Stage("network ring", both, s.bytes / H, s.chunks * (H - 1), s.channels);
+        }
       } else {
         const int pp = 1 << FloorLog2(static_cast<uint64_t>(H)), rem = H - pp;
         auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };

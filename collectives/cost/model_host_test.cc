@@ -182,6 +182,26 @@ TEST(CostModelTest, WeightedPlansArePredictedAsBuilt) {
   const Prediction ring_even = Predict(Algorithm::kRing, r, one_slow, even, k);
   EXPECT_LT(ring.seconds, 0.8 * ring_even.seconds);
   EXPECT_GT(ring.seconds, 0.6 * ring_even.seconds);
+  // Hierarchical, 2 hosts x 2 ranks: rail 1 4x slower (the rail form's parts), host 1 4x slower
+  // (hier:fused's rings over the hosts). Staged links, as between hosts.
+  CommTopology two_hosts = HandShape(4);
+  two_hosts.host_direct = true;
+  for (LinkDesc& l : two_hosts.links) l.staged = true;
+  for (int q = 0; q < 4; ++q) {
+    RankDesc& d = two_hosts.ranks[static_cast<size_t>(q)];
+    d.host_id = q < 2 ? "h0" : "h1";
+    d.copy_gbps = d.reduce_gbps = 20;
+  }
+  CommTopology rails = two_hosts, slow_host = two_hosts;
+  for (int q : {1, 3})
+    rails.ranks[static_cast<size_t>(q)].copy_gbps = rails.ranks[static_cast<size_t>(q)].reduce_gbps = 5;
+  for (int q : {2, 3})
+    slow_host.ranks[static_cast<size_t>(q)].copy_gbps = slow_host.ranks[static_cast<size_t>(q)].reduce_gbps = 5;
+  const CollectiveRequest r4 = Request(Collective::kAllReduce, 4, 16 << 20);
+  for (const auto& [a, shape] :
+       {std::pair{Algorithm::kHierRing, rails}, std::pair{Algorithm::kHierFusedRing, slow_host}})
+    EXPECT_LT(Predict(a, r4, shape, Options(1 << 16), k).seconds, 0.95 * Predict(a, r4, shape, even, k).seconds)
+        << AlgorithmName(a);
 }
 
 }  // namespace

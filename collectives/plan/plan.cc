@@ -74,6 +74,12 @@ std::optional<Algorithm> ParseAlgorithm(std::string_view name) {
   return std::nullopt;
 }
 
+uint32_t HostFusedParts(const CollectiveRequest& request, int widest_host) {
+  const uint64_t bytes = request.count * DataTypeSize(request.dtype);
+  return static_cast<uint32_t>(
+      std::clamp<uint64_t>(bytes / kHostLeaderPartBytes, 1, static_cast<uint64_t>(std::max(widest_host, 1))));
+}
+
 std::pair<uint64_t, uint64_t> HostPart(uint64_t count, uint32_t channels, uint32_t parts, uint32_t c, uint32_t j) {
   // algorithms/common.h's SplitEven, twice: the plan's channels, then the parts of each.
   auto split = [](uint64_t offset, uint64_t n, uint64_t k, uint64_t i) -> std::pair<uint64_t, uint64_t> {

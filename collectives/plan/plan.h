@@ -235,6 +235,13 @@ struct RankPlan {
 // rank's block laid end to end (nranks x count) for ReduceScatter and AllGather.
 uint64_t FusedWorkCount(const CollectiveRequest& request);
 
+// hier:fused AllReduce's part count: one part per kHostLeaderPartBytes of the message, at least
+// one and at most the widest host's ranks (one part, owned by each host's first rank, for a small
+// message: it then crosses the network once per host and not once per rail). Every rank computes
+// it alike.
+inline constexpr uint64_t kHostLeaderPartBytes = 64 << 10;
+uint32_t HostFusedParts(const CollectiveRequest& request, int widest_host);
+
 // hier:fused's part j of channel c of `count` elements, cut into `channels` then `parts` even
 // ranges (the first ones one element longer where they do not divide): {offset, count}.
 std::pair<uint64_t, uint64_t> HostPart(uint64_t count, uint32_t channels, uint32_t parts, uint32_t c, uint32_t j);

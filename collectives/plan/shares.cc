@@ -60,18 +60,59 @@ std::vector<double> OntoSimplex(const std::vector<double>& y) {
 }  // namespace
 
 std::vector<double> RingWeights(const CommTopology& shape, bool balance) {
-  constexpr double kRingMinGain = 1.15;
   const auto p = static_cast<size_t>(shape.nranks);
-  const std::vector<double> even(p, 1.0);
-  if (!balance || shape.ranks.size() != p || p < 2) return even;
-  // Per rank, seconds per byte of its part's work: a reduction reads two operands (a), a copy
-  // one (b); a staging copy at each end of a message.
+  if (!balance || shape.ranks.size() != p || p < 2) return std::vector<double>(p, 1.0);
   std::vector<double> a, b;
-  for (const RankDesc& d : shape.ranks) {
-    if (!(d.reduce_gbps > 0) || !(d.copy_gbps > 0)) return even;
+  for (size_t r = 0; r < p; ++r) {
+    const RankDesc& d = shape.ranks[r];
+    if (!(d.reduce_gbps > 0) || !(d.copy_gbps > 0)) return std::vector<double>(p, 1.0);
     a.push_back(2 / d.reduce_gbps);
     b.push_back(1 / d.copy_gbps);
   }
+  return RingShares(a, b);
+}
+
+HierarchicalShares HierarchicalWeights(const CommTopology& shape, const std::vector<std::vector<int>>& hosts, int parts,
+                                       bool balance, bool fused) {
+  HierarchicalShares out;
+  const auto p = static_cast<size_t>(shape.nranks);
+  if (!balance || shape.ranks.size() != p || hosts.size() < 2 || parts < 1) return out;
+  for (const RankDesc& d : shape.ranks)
+    if (!(d.reduce_gbps > 0) || !(d.copy_gbps > 0)) return out;
+  auto owner = [&](size_t h, int j) { return hosts[h][static_cast<size_t>(j) % hosts[h].size()]; };
+  // Parts an owner on host h holds: j, j + P_h, ... below `parts`.
+  auto owned = [&](size_t h, int j) {
+    const int size = static_cast<int>(hosts[h].size()), first = j % size;
+    return static_cast<double>((parts - first + size - 1) / size);
+  };
+  std::vector<double> weights;
+  for (int j = 0; j < parts; ++j) {
+    double w = 0;
+    std::vector<double> a, b;
+    for (size_t h = 0; h < hosts.size(); ++h) {
+      const RankDesc& d = shape.ranks[static_cast<size_t>(owner(h, j))];
+      const double per_part = d.reduce_gbps / owned(h, j);
+      w = h == 0 ? per_part : std::min(w, per_part);
+      a.push_back(owned(h, j) * 2 / d.reduce_gbps);
+      b.push_back(owned(h, j) / d.copy_gbps);
+    }
+    weights.push_back(w);
+    out.network.push_back(RingShares(a, b));
+  }
+  if (!fused && !std::all_of(weights.begin(), weights.end(), [&](double x) { return x == weights[0]; }))
+    out.parts = std::move(weights);
+  if (!fused || std::all_of(out.network.begin(), out.network.end(), [](const std::vector<double>& w) {
+        return std::all_of(w.begin(), w.end(), [&](double x) { return x == w[0]; });
+      }))
+    out.network.clear();
+  return out;
+}
+
+std::vector<double> RingShares(const std::vector<double>& a, const std::vector<double>& b) {
+  constexpr double kRingMinGain = 1.15;
+  const size_t p = a.size();
+  const std::vector<double> even(p, 1.0);
+  if (p < 2 || b.size() != p) return even;
   if (std::all_of(a.begin(), a.end(), [&](double x) { return x == a[0]; }) &&
       std::all_of(b.begin(), b.end(), [&](double x) { return x == b[0]; }))
     return even;
@@ -224,6 +265,32 @@ std::string DescribeSplit(Algorithm algorithm, const CollectiveRequest& request,
       return fmt::format(
           "the trees carry {:.1f}% and {:.1f}% of the data, by their streaming rates{}", 100 * trees[0], 100 * trees[1],
           placed ? fmt::format("; the slower ranks {} on the first tree's leaves", fmt::join(leaves, ", ")) : "");
+    }
+    case Algorithm::kHierRing:
+    case Algorithm::kHierRd:
+    case Algorithm::kHierFusedRing:
+    case Algorithm::kHierFusedRd: {
+      if (!all_reduce) return "";
+      const std::vector<std::vector<int>> hosts = shape.hosts();
+      size_t widest = 0;
+      for (const auto& h : hosts) widest = std::max(widest, h.size());
+      const bool fused = IsHostFused(algorithm);
+      const int parts =
+          fused ? static_cast<int>(HostFusedParts(request, static_cast<int>(widest))) : static_cast<int>(widest);
+      const HierarchicalShares w = HierarchicalWeights(shape, hosts, parts, balance, fused);
+      auto percent = [](const std::vector<double>& weights) {
+        std::vector<std::string> out;
+        for (double x : Shares(weights)) out.push_back(fmt::format("{:.1f}%", 100 * x));
+        return fmt::format("{}", fmt::join(out, ", "));
+      };
+      if (!w.parts.empty())
+        return fmt::format("the host level's parts by their owners' slowest reduce speed: {}", percent(w.parts));
+      if (!w.network.empty() && algorithm == Algorithm::kHierFusedRing)
+        return fmt::format(
+            "each part's ring over the hosts split so that slower hosts reduce less: part 0's "
+            "hosts own {}",
+            percent(w.network[0]));
+      return "";
     }
     default: return "";
   }

@@ -28,8 +28,33 @@ std::vector<double> ReduceWeights(const CommTopology& shape, bool balance);
 // its own and copies every part but the next two ranks' (ring.cc), so with `balance` and every
 // rank's speeds known the parts are sized for the slowest rank to finish soonest: a slow rank and
 // the two after it own large parts, fast ones may own none (weight 0). Equal weights where the
-// speeds are equal or unknown, or where sizing gains less than 3 % by that count.
+// speeds are equal or unknown, or where sizing gains less than 15 % by that count (RingShares).
 std::vector<double> RingWeights(const CommTopology& shape, bool balance);
+// The same for any ring of n members (the hierarchical plans' rings over the hosts): a[i] member
+// i's seconds per GB reduced (two operands read), b[i] per GB it copies. The devices' work alone:
+// the links' speeds are left out (with them, a slow link made the parts uneven where the cost
+// model predicts the even ring faster). Equal weights where every member is alike.
+std::vector<double> RingShares(const std::vector<double>& a, const std::vector<double>& b);
+
+// The hierarchical AllReduce's split by speed (algorithms/hierarchical.cc): `parts` parts, part j
+// owned on host h (`hosts`: each host's ranks, hosts in the plan's order) by its local rank
+// j mod P_h, which shares its device among the parts it owns. With `balance` and every rank's
+// speeds known:
+//  - the rail form (`fused` false): `parts`, the host level's parts, each in proportion to the
+//    slowest of its owners' reduce speeds per part owned, since every owner reduces its parts over
+//    its host's inputs at once; empty where they are even;
+//  - hier:fused (`fused`): `network`, per part, its ring over the hosts' owners sized by
+//    RingShares (each owner's rates divided among the parts it owns): a host
+//    whose devices are slower, or fewer for the same parts, reduces less of each part between
+//    hosts; empty where even. The rail form keeps these rings even: its host level's steps run
+//    between each piece's ring and the next, and a split ring there measured slower than the even
+//    one (docs/PERFORMANCE.md, "Heterogeneous devices"); hier:fused's executor sums even parts.
+struct HierarchicalShares {
+  std::vector<double> parts;
+  std::vector<std::vector<double>> network;
+};
+HierarchicalShares HierarchicalWeights(const CommTopology& shape, const std::vector<std::vector<int>>& hosts, int parts,
+                                       bool balance, bool fused);
 // The weights as fractions of their sum.
 std::vector<double> Shares(const std::vector<double>& weights);
 

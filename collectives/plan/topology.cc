@@ -1,5 +1,6 @@
 #include "collectives/plan/topology.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -65,6 +66,21 @@ int CommTopology::host_count() const {
   std::set<std::string> hosts;
   for (const RankDesc& r : ranks) hosts.insert(r.host_id);
   return static_cast<int>(hosts.size());
+}
+
+std::vector<std::vector<int>> CommTopology::hosts() const {
+  std::vector<std::string> ids;
+  std::vector<std::vector<int>> out;
+  for (int r = 0; r < nranks && static_cast<size_t>(r) < ranks.size(); ++r) {
+    const std::string& id = ranks[static_cast<size_t>(r)].host_id;
+    const auto h = static_cast<size_t>(std::find(ids.begin(), ids.end(), id) - ids.begin());
+    if (h == ids.size()) {
+      ids.push_back(id);
+      out.emplace_back();
+    }
+    out[h].push_back(r);
+  }
+  return out;
 }
 
 CommTopology CommTopology::Uniform(int n, const RankDesc& rank, const LinkDesc& link) {

@@ -72,6 +72,9 @@ struct CommTopology {
   bool FullyConnected() const;
   // Number of distinct host ids.
   int host_count() const;
+  // The ranks of each host, ascending; hosts in the order of their lowest rank (the hierarchical
+  // plans' host numbering).
+  std::vector<std::vector<int>> hosts() const;
 
   // n ranks on one host, every pair linked with `link`, every device described by `rank`.
   static CommTopology Uniform(int n, const RankDesc& rank, const LinkDesc& link);

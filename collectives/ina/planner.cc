@@ -177,8 +177,9 @@ constexpr int64_t kPairSearchSteps = 200000;
 
 class LayoutBuilder {
  public:
-  explicit LayoutBuilder(const Problem& p)
+  LayoutBuilder(const Problem& p, const WorkerSpeeds& speeds)
       : p_(p),
+        speeds_(speeds),
         load_(static_cast<size_t>(p.workers), 0),
         unordered_(static_cast<size_t>(p.workers), 0),
         directed_(static_cast<size_t>(p.workers), 0) {
@@ -197,11 +198,16 @@ class LayoutBuilder {
     part.bandwidth = item.bandwidth(n);
     part.aggregators = item.aggregators;
     part.worker_ports = static_cast<int>(item.worker_ports);
-    // Degree-2 roles to the least-used workers (ties: lower index).
+    // Degree-2 roles (a chain's inner workers: they reduce) to the least-used workers; among
+    // those, the fastest (ties: lower index).
     const size_t twos = static_cast<size_t>(item.worker_ports - n);
     std::vector<int> order(static_cast<size_t>(n));
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return load_[a] < load_[b]; });
+    const WorkerSpeeds& speed = speeds_;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      if (load_[a] != load_[b]) return load_[a] < load_[b];
+      return !speed.empty() && speed[static_cast<size_t>(a)] > speed[static_cast<size_t>(b)];
+    });
     deg2_.assign(order.begin(), order.begin() + static_cast<long>(twos));
     deg1_.assign(order.begin() + static_cast<long>(twos), order.end());
     next2_ = next1_ = 0;
@@ -404,6 +410,7 @@ class LayoutBuilder {
   }
 
   const Problem& p_;
+  const WorkerSpeeds& speeds_;  // empty: all alike
   Layout layout_;
   std::vector<int> load_;
   std::vector<int> deg1_, deg2_;
@@ -432,6 +439,17 @@ Status CheckProblem(const Problem& p) {
   if (int64_t{p.workers} * p.worker_ports + int64_t{p.aggregators} * p.aggregator_ports > kMaxLayoutPorts)
     return InvalidArgument(fmt::format("{} x {} worker ports and {} x {} aggregation device ports: more than {} ports",
                                        p.workers, p.worker_ports, p.aggregators, p.aggregator_ports, kMaxLayoutPorts));
+  return Status::Ok();
+}
+
+Status CheckWorkerSpeeds(const Problem& p, const WorkerSpeeds& speeds) {
+  if (speeds.empty()) return Status::Ok();
+  if (speeds.size() != static_cast<size_t>(p.workers))
+    return InvalidArgument(
+        fmt::format("{} worker speeds for {} workers: give one per worker", speeds.size(), p.workers));
+  for (size_t i = 0; i < speeds.size(); ++i)
+    if (!(speeds[i] > 0) || !std::isfinite(speeds[i]))
+      return InvalidArgument(fmt::format("worker {}'s speed {}: expected a finite number above 0", i, speeds[i]));
   return Status::Ok();
 }
 
@@ -575,13 +593,14 @@ double UpperBound(const Problem& p) {
          static_cast<double>(TreeValue(p));
 }
 
-Result<Layout> BuildLayout(const Problem& p, const Selection& s) {
+Result<Layout> BuildLayout(const Problem& p, const Selection& s, const WorkerSpeeds& speeds) {
   KZ_RETURN_IF_ERROR(CheckProblem(p));
+  KZ_RETURN_IF_ERROR(CheckWorkerSpeeds(p, speeds));
   if (s.aggregators > p.aggregators || s.worker_ports > int64_t{p.workers} * p.worker_ports)
     return InvalidArgument(fmt::format("the selection uses {} aggregation devices and {} worker ports; {} and {} exist",
                                        s.aggregators, s.worker_ports, p.aggregators,
                                        int64_t{p.workers} * p.worker_ports));
-  LayoutBuilder b(p);
+  LayoutBuilder b(p, speeds);
   for (const Pick& pk : s.picks)
     for (int i = 0; i < pk.count; ++i) b.Add(pk.item);
   Layout layout = b.Finish();
@@ -589,8 +608,9 @@ Result<Layout> BuildLayout(const Problem& p, const Selection& s) {
   return layout;
 }
 
-Result<LayoutPlan> PlanLayout(const Problem& p, Solver solver) {
+Result<LayoutPlan> PlanLayout(const Problem& p, Solver solver, const WorkerSpeeds& speeds) {
   KZ_RETURN_IF_ERROR(CheckProblem(p));
+  KZ_RETURN_IF_ERROR(CheckWorkerSpeeds(p, speeds));
   LayoutPlan plan;
   plan.problem = p;
   const std::vector<Item> items = EnumerateItems(p);
@@ -614,7 +634,7 @@ Result<LayoutPlan> PlanLayout(const Problem& p, Solver solver) {
   if (raw.value == 0)
     return Internal(fmt::format("no sub-topology chosen for {} workers x {} ports", p.workers, p.worker_ports));
   plan.selection = Canonical(p, raw);
-  KZ_ASSIGN_OR_RETURN(plan.layout, BuildLayout(p, plan.selection));
+  KZ_ASSIGN_OR_RETURN(plan.layout, BuildLayout(p, plan.selection, speeds));
   plan.bandwidth = plan.layout.bandwidth();
   plan.ring = RingBandwidth(p);
   plan.baseline = BaselineOf(p);

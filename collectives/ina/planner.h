@@ -34,6 +34,14 @@ struct Problem {
   int aggregator_ports = 0;  // E, 3..kMaxPortsPerNode (a tree's device needs a parent and two children)
 };
 
+// Each worker's reduce speed (any unit; finite, > 0), or empty: all alike. Given to BuildLayout,
+// the layout's reducing roles (the inner workers of lines and chains, which add a child's sums to
+// their own) go to the fastest workers that port balance allows and the chain ends (which only
+// send and receive) to the slowest; the selection does not depend on them. kInvalidArgument
+// naming the worker for a bad speed, or a count other than N.
+using WorkerSpeeds = std::vector<double>;
+Status CheckWorkerSpeeds(const Problem& p, const WorkerSpeeds& speeds);
+
 // A part uses at least N worker ports, so a plan has at most D parts; 64 ports per worker keeps a
 // layout of 65536 workers within kMaxLayoutPorts.
 inline constexpr int kMaxPlannerPorts = 64;
@@ -137,10 +145,11 @@ double UpperBound(const Problem& p);
 double LpValue(const std::vector<Item>& items, double aggregators, double worker_ports);
 
 // The concrete layout of a selection: aggregation devices numbered 0.. in part order, every
-// worker's ports 0..D−1 used at most once, worker ports balanced (max − min <= 1 port). A ring
+// worker's ports 0..D−1 used at most once, worker ports balanced (max − min <= 1 port); among
+// workers of equal ports used, the fastest (`speeds`, WorkerSpeeds) take the reducing roles. A ring
 // visits the workers with a stride coprime to N, chosen so that it cables as few pairs of workers
 // as possible that earlier parts already cable (planner.cc, LayoutBuilder::AddRing).
-Result<Layout> BuildLayout(const Problem& p, const Selection& s);
+Result<Layout> BuildLayout(const Problem& p, const Selection& s, const WorkerSpeeds& speeds = {});
 
 // The planner's answer.
 struct LayoutPlan {
@@ -158,7 +167,7 @@ struct LayoutPlan {
 
 // Solves, canonicalizes, builds and validates; kInvalidArgument for a bad problem. Every valid
 // problem has a plan: a ring fits in N of the N·D worker ports.
-Result<LayoutPlan> PlanLayout(const Problem& p, Solver solver = Solver::kAuto);
+Result<LayoutPlan> PlanLayout(const Problem& p, Solver solver = Solver::kAuto, const WorkerSpeeds& speeds = {});
 
 // The table of NTT's 2024 talk on collectives (8 workers, 4 ports each, the same data time for every row) as
 // closed forms: the data time of an AllReduce of L bytes over D parallel channels, 2(N−1)/N·L/D

@@ -459,6 +459,33 @@ TEST(InaPlanner, RingsAvoidPairsOtherPartsCable) {
   }
 }
 
+// Worker speeds: among workers of equal ports used, the fastest take the reducing roles (a chain's
+// inner workers). 6 workers with 3 ports, 1 device with 4: a partial tree (4 chains, 2 of them two
+// workers long) and a line. Workers 0 and 1 slow: the partial tree's chain heads (which reduce
+// their child's sums) are the fast ones and the slow ones are its leaves; port balance then puts
+// the slow ones inside the line, whose 4 inner workers are the 4 with a port left.
+TEST(InaPlanner, FastWorkersTakeTheReducingRoles) {
+  auto children = [](const Part& part, int worker) {
+    int n = 0;
+    for (const TreeEdge& e : part.edges) n += !e.parent.aggregator() && e.parent.index == worker ? 1 : 0;
+    return n;
+  };
+  auto even = PlanLayout({6, 1, 3, 4});
+  auto by_speed = PlanLayout({6, 1, 3, 4}, Solver::kAuto, {1, 1, 4, 4, 4, 4});
+  ASSERT_TRUE(even.ok() && by_speed.ok());
+  ASSERT_EQ(by_speed->layout.parts[0].kind, PartKind::kPartialTree);
+  EXPECT_EQ(children(even->layout.parts[0], 0) + children(even->layout.parts[0], 1), 2) << "ties: lower index";
+  EXPECT_EQ(children(by_speed->layout.parts[0], 0) + children(by_speed->layout.parts[0], 1), 0);
+  EXPECT_TRUE(Validate(by_speed->layout).ok());
+  EXPECT_EQ(by_speed->selection.value, even->selection.value);
+  EXPECT_EQ(by_speed->selection.aggregators, even->selection.aggregators);
+  // Bad speeds are refused by name.
+  EXPECT_NE(PlanLayout({6, 1, 3, 4}, Solver::kAuto, {1, 2}).status().message().find("2 worker speeds for 6 workers"),
+            std::string::npos);
+  EXPECT_NE(PlanLayout({6, 1, 3, 4}, Solver::kAuto, {1, 1, 0, 1, 1, 1}).status().message().find("worker 2's speed 0"),
+            std::string::npos);
+}
+
 TEST(InaPlanner, BadProblemsAreRefusedByName) {
   EXPECT_NE(CheckProblem({1, 0, 8, 8}).message().find("1 workers: expected 2.."), std::string::npos);
   EXPECT_NE(CheckProblem({8, -1, 8, 8}).message().find("-1 aggregation devices"), std::string::npos);

@@ -24,10 +24,10 @@ namespace {
 namespace ina = collectives::ina;
 
 // The mode's own flags; --latency-us and --json are shared with the cost model's table.
-constexpr std::string_view kInaFlags[] = {"--workers", "--aggregators", "--worker-ports", "--agg-ports",
-                                          "--solver",  "--layout",      "--topology",     "--bandwidth-gbps",
-                                          "--shaping", "--sweep",       "--csv",          "--plot",
-                                          "--seed002"};
+constexpr std::string_view kInaFlags[] = {"--workers", "--aggregators",  "--worker-ports", "--agg-ports",
+                                          "--solver",  "--layout",       "--topology",     "--bandwidth-gbps",
+                                          "--shaping", "--sweep",        "--csv",          "--plot",
+                                          "--seed002", "--worker-speeds"};
 constexpr std::string_view kShared[] = {"--latency-us", "--json", "--help"};
 
 // The SWoPP 2024 talk's figures: N = 16, 32, 64 workers with D = 8 ports, devices with E = 8 and 16 ports.
@@ -75,6 +75,9 @@ Status CheckFlags(const InaOptions& o, bool sweep) {
   if (Status s = ina::CheckProblem({o.workers, o.aggregators, o.worker_ports, o.agg_ports}); !s.ok())
     return InvalidArgument(fmt::format("--workers {} --aggregators {} --worker-ports {} --agg-ports {}: {}", o.workers,
                                        o.aggregators, o.worker_ports, o.agg_ports, s.message()));
+  if (Status s = ina::CheckWorkerSpeeds({o.workers, o.aggregators, o.worker_ports, o.agg_ports}, o.worker_speeds);
+      !s.ok())
+    return InvalidArgument(fmt::format("--worker-speeds: {}", s.message()));
   return Status::Ok();
 }
 
@@ -101,7 +104,7 @@ int PrintPlan(const InaOptions& o, double latency_us, bool json) {
                 : o.solver == "closed-form" ? ina::Solver::kClosedForm
                                             : ina::Solver::kAuto;
   const auto start = std::chrono::steady_clock::now();
-  auto plan = ina::PlanLayout(p, solver);
+  auto plan = ina::PlanLayout(p, solver, o.worker_speeds);
   const double ms = Ms(std::chrono::steady_clock::now() - start);
   if (!plan.ok()) {
     fmt::print(stderr, "kizuna-plan: {}\n", plan.status().ToString());
@@ -392,6 +395,9 @@ void AddInaOptions(CLI::App& app, InaOptions& o) {
   app.add_option("--topology", o.topology, "INA: write the layout's direct-connect topology file to FILE");
   app.add_option("--bandwidth-gbps", o.bandwidth_gbps, "INA --topology: link bandwidth per direction (0: unknown)")
       ->capture_default_str();
+  app.add_option("--worker-speeds", o.worker_speeds,
+                 "INA: each worker's reduce speed, comma-separated (the fastest take the reducing roles)")
+      ->delimiter(',');
   app.add_flag("--shaping", o.shaping, "INA --topology: pace transfers to the links' bandwidth and latency");
   app.add_flag("--sweep", o.sweep, "INA: NTT SWoPP 2024's sweep over M (N=16,32,64, D=8, E=8,16) as CSV");
   app.add_option("--csv", o.csv, "INA --sweep: write the CSV to FILE (default: standard output)");

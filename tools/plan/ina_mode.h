@@ -14,8 +14,10 @@
 // message naming the flag.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
 
 namespace kizuna::plan_tool {
 
@@ -25,6 +27,7 @@ struct InaOptions {
   std::string layout, topology, csv, plot;
   double bandwidth_gbps = 0;
   bool shaping = false, sweep = false, seed002 = false;
+  std::vector<double> worker_speeds;  // ina::Problem::worker_speeds
 };
 
 // Registers the mode's flags on `app` (--latency-us and --json are the cost model's, shared).

@@ -133,6 +133,7 @@ expect_bad "--cost: cost constants: unknown constant 'nope'" --cost nope=1
 expect_bad "--root 9: expected 0..7" --coll broadcast --root 9
 expect_bad "--slow-rank 8" --slow-rank 8
 expect_bad "--dump needs --count" --dump
+expect_bad "--worker-speeds: 2 worker speeds for 6 workers" --workers 6 --aggregators 1 --worker-ports 3 --agg-ports 4 --worker-speeds 1,2
 expect_bad "--links 'torus'" --links torus
 expect_bad "--dtype 'float33'" --dtype float33
 expect_bad "The following argument was not expected: --bogus" --bogus   # CLI11's parse error

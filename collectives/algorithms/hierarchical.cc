@@ -204,6 +204,7 @@ class Hierarchical final : public AlgorithmImpl {
                               Builder& b) const {
     const uint32_t parts = Parts(request, hosts);
     b.plan.host_parts = parts;
+    for (double w : shares.parts) b.plan.host_part_weights.push_back(static_cast<uint64_t>(w));
     b.plan.host_channels = static_cast<uint32_t>(b.channels());
     if (request.collective == Collective::kBarrier) {
       // Each host's first rank, once its host has met (the executor's host level), meets the other

@@ -30,11 +30,12 @@ class HierarchicalLevel {
         fused_(fused || parts > 0),
         host_base_(host_base) {}
 
-  // AllReduce split by speed (HierarchicalWeights, plan/shares.h): the parts (the rail form's
-  // host level; hier:fused's executor sums even parts) and each part's ring over the hosts.
+  // AllReduce split by speed (HierarchicalWeights, plan/shares.h): the parts (hier:fused: as the
+  // executor's HostPart cuts them, from the same whole-number weights) and each part's ring over
+  // the hosts.
   void Weigh(const HierarchicalShares& shares) {
     shares_ = &shares;
-    if (!shares.parts.empty() && !fused_) part_bounds_ = WeightedBounds(R_.count, shares.parts);
+    if (!shares.parts.empty()) part_bounds_ = WeightedBounds(R_.count, shares.parts);
   }
 
   // hier:fused: the parts this rank owns, already summed over its host in its output (the

@@ -183,7 +183,8 @@ uint64_t Reduced(const RankPlan& plan) {
 }
 
 // AllReduce split by speed (HierarchicalWeights). Rails: local rank 1 of each of 2 hosts x 2 ranks
-// reduces 4x slower, so in the rail form part 1 (rail 1's) is a fifth of the data. Hosts: host 1's
+// reduces 4x slower, so part 1 (rail 1's) is a fifth of the data, in the rail form and in
+// hier:fused's host parts (RankPlan::host_part_weights). Hosts: host 1's
 // devices are 4x slower, so in hier:fused each part's ring over the hosts leaves host 1 the
 // smaller share to reduce (the rail form keeps its rings even). Uneven hosts (1 + 3): host 0's one
 // rank owns all 3 parts, so host 0 counts as a third as fast per part and owns the larger share of
@@ -214,6 +215,13 @@ TEST(HierarchicalTest, AllReduceSplitsBySpeed) {
               0.02);
   EXPECT_NEAR(reduced(Algorithm::kHierRing, rails, 0, true) / reduced(Algorithm::kHierRing, rails, 0, false), 1.6,
               0.02);
+  options.balance = true;
+  auto fused = BuildPlan(Algorithm::kHierFusedRing, req, rails, options, -1);
+  ASSERT_TRUE(fused.ok()) << fused.status().ToString();
+  EXPECT_EQ(fused->ranks[0].host_part_weights, (std::vector<uint64_t>{1 << 20, 1 << 18}));
+  EXPECT_EQ(HostPart(100000, 1, 2, 0, 1, fused->ranks[0].host_part_weights).second, 20000u);
+  EXPECT_NEAR(reduced(Algorithm::kHierFusedRing, rails, 1, true) / reduced(Algorithm::kHierFusedRing, rails, 1, false),
+              0.4, 0.02);
   // Slow host: in hier:fused its ranks reduce less between hosts, the fast host's more.
   EXPECT_LT(reduced(Algorithm::kHierFusedRing, slow_host, 2, true),
             0.8 * reduced(Algorithm::kHierFusedRing, slow_host, 2, false));

@@ -474,7 +474,7 @@ static Status HostLevel(const Plan& plan, std::span<const SimRankBuffers> buffer
     }
     for (uint32_t c = 0; c < rp.host_channels; ++c)
       for (uint32_t j = 0; j < rp.host_parts; ++j) {
-        const auto [offset, n] = HostPart(req.count, rp.host_channels, rp.host_parts, c, j);
+        const auto [offset, n] = HostPart(req.count, rp.host_channels, rp.host_parts, c, j, rp.host_part_weights);
         const int owner = host[j % P];
         if (n == 0 || (sum && j % P != l) || (!sum && owner == r)) continue;
         if (!sum) {

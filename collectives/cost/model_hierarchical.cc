@@ -58,8 +58,14 @@ void Model::Hierarchical(Algorithm a) {
       const double widest_host = static_cast<double>(widest);
       // Copied bytes (a byte read or written is half a copied byte) on the busiest rank: its parts
       // read from every local input and written, or every other part read and written.
-      const double owned = static_cast<double>(CeilDiv(static_cast<uint64_t>(M), P));
-      double copied = reduce ? owned * part * (widest_host + 1) / 2 : static_cast<double>(count) * elem_;
+      double owned = static_cast<double>(CeilDiv(static_cast<uint64_t>(M), P)) * part;
+      if (!weights.parts.empty()) {  // parts sized by speed: the rank whose parts hold the most
+        owned = 0;
+        for (int h = 0; h < H; ++h)
+          for (int l = 0; l < size(h); ++l)
+            owned = std::max(owned, owned_scale(h, l) / static_cast<double>(P) * static_cast<double>(count) * elem_);
+      }
+      double copied = reduce ? owned * (widest_host + 1) / 2 : static_cast<double>(count) * elem_;
       // Rendezvous: AllReduce three in all, half counted on each side of the network level;
       // ReduceScatter two (its blocks' sums, then the network level done); AllGather three.
       double rendezvous = 1.5;

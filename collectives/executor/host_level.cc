@@ -74,7 +74,7 @@ Status Executor::RunHostFused(Operation& op) {
   }
   for (uint32_t c = 0; c < rp.host_channels; ++c)
     for (uint32_t j = static_cast<uint32_t>(me); j < rp.host_parts; j += static_cast<uint32_t>(P)) {
-      const auto [offset, n] = HostPart(req.count, rp.host_channels, rp.host_parts, c, j);
+      const auto [offset, n] = HostPart(req.count, rp.host_channels, rp.host_parts, c, j, rp.host_part_weights);
       if (n == 0) continue;
       for (int q = 0; q < P; ++q)
         srcs[static_cast<size_t>(q)] =
@@ -100,7 +100,7 @@ Status Executor::RunHostFused(Operation& op) {
     for (uint32_t j = 0; j < rp.host_parts; ++j) {
       const int owner = static_cast<int>(j % static_cast<uint32_t>(P));
       if (owner == me) continue;
-      const auto [offset, n] = HostPart(req.count, rp.host_channels, rp.host_parts, c, j);
+      const auto [offset, n] = HostPart(req.count, rp.host_channels, rp.host_parts, c, j, rp.host_part_weights);
       if (n == 0) continue;
       HostCopy(out + offset * elem,
                static_cast<const uint8_t*>(buffers->outputs[static_cast<size_t>(owner)]) + offset * elem, n * elem);

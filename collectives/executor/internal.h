@@ -152,9 +152,11 @@ inline uint64_t MemberSignature(const Plan& plan) {
   h = Mix(h, static_cast<uint64_t>(plan.algorithm));
   h = Mix(h, plan.chunk_count);
   h = Mix(h, static_cast<uint64_t>(plan.channels));
-  // fused parts sized by speed: the same on every rank, or some rank's part overlaps another's.
+  // fused and hier:fused parts sized by speed: the same on every rank, or some rank's part overlaps
+  // another's.
   if (!plan.ranks.empty())
-    for (uint64_t b : plan.ranks[0].fused_bounds) h = Mix(h, b);
+    for (const std::vector<uint64_t>* v : {&plan.ranks[0].fused_bounds, &plan.ranks[0].host_part_weights})
+      for (uint64_t b : *v) h = Mix(h, b);
   return h;
 }
 

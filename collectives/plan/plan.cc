@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "collectives/plan/shares.h"
+
 namespace kizuna::collectives {
 namespace {
 
@@ -80,13 +82,18 @@ uint32_t HostFusedParts(const CollectiveRequest& request, int widest_host) {
       std::clamp<uint64_t>(bytes / kHostLeaderPartBytes, 1, static_cast<uint64_t>(std::max(widest_host, 1))));
 }
 
-std::pair<uint64_t, uint64_t> HostPart(uint64_t count, uint32_t channels, uint32_t parts, uint32_t c, uint32_t j) {
+std::pair<uint64_t, uint64_t> HostPart(uint64_t count, uint32_t channels, uint32_t parts, uint32_t c, uint32_t j,
+                                       const std::vector<uint64_t>& weights) {
   // algorithms/common.h's SplitEven, twice: the plan's channels, then the parts of each.
   auto split = [](uint64_t offset, uint64_t n, uint64_t k, uint64_t i) -> std::pair<uint64_t, uint64_t> {
     const uint64_t base = n / k, extra = n % k;
     return {offset + i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
   };
   const auto [o, n] = split(0, count, std::max<uint32_t>(channels, 1), c);
+  if (weights.size() == parts && parts > 0 && j < parts) {
+    const std::vector<uint64_t> bounds = WeightedBounds(n, std::vector<double>(weights.begin(), weights.end()));
+    return {o + bounds[j], bounds[j + 1] - bounds[j]};
+  }
   return split(o, n, std::max<uint32_t>(parts, 1), j);
 }
 
@@ -249,6 +256,13 @@ Status ValidateRankPlan(const CollectiveRequest& request, const RankPlan& plan, 
       }
     }
   }
+  if (const std::vector<uint64_t>& w = plan.host_part_weights; !w.empty()) {
+    if (w.size() != plan.host_parts || std::find(w.begin(), w.end(), uint64_t{0}) != w.end())
+      return Internal(
+          fmt::format("plan for {} rank {}: {} host part weight(s) ({}) for {} host part(s): expected one "
+                      "above 0 per part",
+                      request.ToString(), plan.rank, w.size(), fmt::join(w, ", "), plan.host_parts));
+  }
   if (const std::vector<uint64_t>& b = plan.fused_bounds; !b.empty()) {
     const uint64_t work = FusedWorkCount(request);
     const bool ordered = std::is_sorted(b.begin(), b.end());
@@ -292,6 +306,8 @@ std::string RankPlanToString(const RankPlan& plan) {
   for (const RankPlan::HostBlock& hb : plan.host_blocks)
     out += fmt::format("  host block {}: {} (local rank {})\n", hb.block, SliceString(hb.dst), hb.from);
   if (!plan.fused_bounds.empty()) out += fmt::format("  fused parts begin at {}\n", fmt::join(plan.fused_bounds, ", "));
+  if (!plan.host_part_weights.empty())
+    out += fmt::format("  host parts weighed {}\n", fmt::join(plan.host_part_weights, ", "));
   for (size_t c = 0; c < plan.channels.size(); ++c) print(plan.channels[c], fmt::format("c{}", c));
   print(plan.epilogue, "epilogue");
   return out;

@@ -209,6 +209,9 @@ struct RankPlan {
   // there by the host's other ranks after them. 0 for every other algorithm.
   uint32_t host_parts = 0;
   uint32_t host_channels = 0;
+  // hier:fused split by speed: part j's weight (HostPart cuts each channel's slice in proportion;
+  // integers, so that every rank cuts alike). Empty: even parts.
+  std::vector<uint64_t> host_part_weights;
   // hier:fused ReduceScatter and AllGather: the host level's blocks (block b: elements [b count,
   // (b + 1) count) of the input, ReduceScatter, or of the output, AllGather). ReduceScatter: before
   // the steps, block `block` of every local rank's input summed into `dst` (this rank's output, or
@@ -244,7 +247,10 @@ uint32_t HostFusedParts(const CollectiveRequest& request, int widest_host);
 
 // hier:fused's part j of channel c of `count` elements, cut into `channels` then `parts` even
 // ranges (the first ones one element longer where they do not divide): {offset, count}.
-std::pair<uint64_t, uint64_t> HostPart(uint64_t count, uint32_t channels, uint32_t parts, uint32_t c, uint32_t j);
+// With `weights` (RankPlan::host_part_weights), the parts of each channel's slice in proportion
+// to them (shares.h's WeightedBounds).
+std::pair<uint64_t, uint64_t> HostPart(uint64_t count, uint32_t channels, uint32_t parts, uint32_t c, uint32_t j,
+                                       const std::vector<uint64_t>& weights = {});
 
 // How to cut a request into steps; part of a plan cache key.
 struct PlanOptions {

@@ -99,7 +99,10 @@ HierarchicalShares HierarchicalWeights(const CommTopology& shape, const std::vec
     weights.push_back(w);
     out.network.push_back(RingShares(a, b));
   }
-  if (!fused && !std::all_of(weights.begin(), weights.end(), [&](double x) { return x == weights[0]; }))
+  // Whole numbers (RankPlan::host_part_weights), the fastest 2^20.
+  const double most = *std::max_element(weights.begin(), weights.end());
+  for (double& w : weights) w = std::max(1.0, std::round(w / most * (1 << 20)));
+  if (!std::all_of(weights.begin(), weights.end(), [&](double x) { return x == weights[0]; }))
     out.parts = std::move(weights);
   if (!fused || std::all_of(out.network.begin(), out.network.end(), [](const std::vector<double>& w) {
         return std::all_of(w.begin(), w.end(), [&](double x) { return x == w[0]; });

@@ -40,15 +40,16 @@ std::vector<double> RingShares(const std::vector<double>& a, const std::vector<d
 // owned on host h (`hosts`: each host's ranks, hosts in the plan's order) by its local rank
 // j mod P_h, which shares its device among the parts it owns. With `balance` and every rank's
 // speeds known:
-//  - the rail form (`fused` false): `parts`, the host level's parts, each in proportion to the
-//    slowest of its owners' reduce speeds per part owned, since every owner reduces its parts over
-//    its host's inputs at once; empty where they are even;
-//  - hier:fused (`fused`): `network`, per part, its ring over the hosts' owners sized by
-//    RingShares (each owner's rates divided among the parts it owns): a host
-//    whose devices are slower, or fewer for the same parts, reduces less of each part between
-//    hosts; empty where even. The rail form keeps these rings even: its host level's steps run
-//    between each piece's ring and the next, and a split ring there measured slower than the even
-//    one (docs/PERFORMANCE.md, "Heterogeneous devices"); hier:fused's executor sums even parts.
+//  - `parts`: each part in proportion to the slowest of its owners' reduce speeds per part owned
+//    (whole numbers, the fastest 2^20: RankPlan::host_part_weights), since the owners of every
+//    part reduce it at once, over their host's inputs (the rail form) and between hosts; empty
+//    where they are even;
+//  - `network` (hier:fused, `fused`): per part, its ring over the hosts' owners sized by
+//    RingShares (each owner's rates divided among the parts it owns): a host whose devices are
+//    slower, or fewer for the same parts, reduces less of each part between hosts; empty where
+//    even. The rail form keeps these rings even: its host level's steps run between each piece's
+//    ring and the next, and a split ring there measured slower than the even one
+//    (docs/PERFORMANCE.md, "Heterogeneous devices").
 struct HierarchicalShares {
   std::vector<double> parts;
   std::vector<std::vector<double>> network;

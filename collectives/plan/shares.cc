@@ -203,8 +203,10 @@ std::string DescribeShares(std::string_view what, const std::vector<double>& sha
   out += ":";
   for (size_t first = 0; first < n;) {
     size_t last = first;
-    while (last + 1 < n && speeds[last + 1] == speeds[first]) ++last;
-    // Ranks of one speed have parts a remainder's element apart: their mean.
+    // Ranks of one speed and share (as printed) together; their parts may be a remainder's element
+    // apart: their mean.
+    while (last + 1 < n && speeds[last + 1] == speeds[first] && std::abs(shares[last + 1] - shares[first]) < 5e-4)
+      ++last;
     double sum = 0;
     for (size_t r = first; r <= last; ++r) sum += 100.0 * shares[r];
     out += first == last

@@ -97,14 +97,14 @@ HierarchicalShares HierarchicalWeights(const CommTopology& shape, const std::vec
       b.push_back(owned(h, j) / d.copy_gbps);
     }
     weights.push_back(w);
-    out.network.push_back(RingShares(a, b));
+    if (fused) out.network.push_back(RingShares(a, b));
   }
   // Whole numbers (RankPlan::host_part_weights), the fastest 2^20.
   const double most = *std::max_element(weights.begin(), weights.end());
   for (double& w : weights) w = std::max(1.0, std::round(w / most * (1 << 20)));
   if (!std::all_of(weights.begin(), weights.end(), [&](double x) { return x == weights[0]; }))
     out.parts = std::move(weights);
-  if (!fused || std::all_of(out.network.begin(), out.network.end(), [](const std::vector<double>& w) {
+  if (std::all_of(out.network.begin(), out.network.end(), [](const std::vector<double>& w) {
         return std::all_of(w.begin(), w.end(), [&](double x) { return x == w[0]; });
       }))
     out.network.clear();
@@ -288,14 +288,14 @@ std::string DescribeSplit(Algorithm algorithm, const CollectiveRequest& request,
         for (double x : Shares(weights)) out.push_back(fmt::format("{:.1f}%", 100 * x));
         return fmt::format("{}", fmt::join(out, ", "));
       };
+      std::string out;
       if (!w.parts.empty())
-        return fmt::format("the host level's parts by their owners' slowest reduce speed: {}", percent(w.parts));
+        out = fmt::format("the host level's parts by their owners' slowest reduce speed: {}", percent(w.parts));
       if (!w.network.empty() && algorithm == Algorithm::kHierFusedRing)
-        return fmt::format(
-            "each part's ring over the hosts split so that slower hosts reduce less: part 0's "
-            "hosts own {}",
-            percent(w.network[0]));
-      return "";
+        out += fmt::format(
+            "{}each part's ring over the hosts split so that slower hosts reduce less: part 0's hosts own {}",
+            out.empty() ? "" : "; ", percent(w.network[0]));
+      return out;
     }
     default: return "";
   }

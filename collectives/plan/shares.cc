@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -56,6 +57,9 @@ std::vector<double> OntoSimplex(const std::vector<double>& y) {
   for (double x : y) s.push_back(std::max(0.0, x - t));
   return s;
 }
+
+// The parts RingShares returns for rates that are not all alike.
+std::vector<double> SolveRingShares(const std::vector<double>& a, const std::vector<double>& b);
 
 }  // namespace
 
@@ -112,13 +116,32 @@ HierarchicalShares HierarchicalWeights(const CommTopology& shape, const std::vec
 }
 
 std::vector<double> RingShares(const std::vector<double>& a, const std::vector<double>& b) {
-  constexpr double kRingMinGain = 1.15;
   const size_t p = a.size();
   const std::vector<double> even(p, 1.0);
   if (p < 2 || b.size() != p) return even;
   if (std::all_of(a.begin(), a.end(), [&](double x) { return x == a[0]; }) &&
       std::all_of(b.begin(), b.end(), [&](double x) { return x == b[0]; }))
     return even;
+  // Every rank's plan asks with the same rates (a simulation builds them all, one after another):
+  // the last answer is kept.
+  static std::mutex mu;
+  static std::vector<double> last_a, last_b, last_shares;
+  {
+    std::lock_guard lock(mu);
+    if (a == last_a && b == last_b) return last_shares;
+  }
+  std::vector<double> shares = SolveRingShares(a, b);
+  std::lock_guard lock(mu);
+  last_a = a, last_b = b, last_shares = shares;
+  return shares;
+}
+
+namespace {
+
+std::vector<double> SolveRingShares(const std::vector<double>& a, const std::vector<double>& b) {
+  constexpr double kRingMinGain = 1.15;
+  const size_t p = a.size();
+  const std::vector<double> even(p, 1.0);
   // With part j a fraction s_j of the data, rank r reduces every part but its own and sends every
   // part but r+1 while reducing, then sends every part but r+2 and receives every part but r+1
   // while gathering (ring.cc), each at its device's rate. Uneven parts run the reduce-scatter to
@@ -162,6 +185,8 @@ std::vector<double> RingShares(const std::vector<double>& a, const std::vector<d
   // less than kRingMinGain is not taken.
   return best_time * kRingMinGain < even_time ? best : even;
 }
+
+}  // namespace
 
 std::vector<double> Shares(const std::vector<double>& weights) {
   double sum = 0;

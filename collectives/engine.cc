@@ -65,6 +65,21 @@ Result<const std::shared_ptr<const Plan>*> Engine::PlanFor(const EngineCall& cal
     }
   }
   KZ_ASSIGN_OR_RETURN(Selection sel, Select(request, popts, call.algorithm, grouped));
+  // Devices of unlike speed: the split by speed costs something too (uneven chunks, longer
+  // pipelines), so where the model predicts the even split faster, for the same algorithm when it
+  // was forced, the even split runs.
+  if (popts.balance && !sel.tuned && UnlikeSpeeds(shape_)) {
+    PlanOptions even_opts = popts;
+    even_opts.balance = false;
+    KZ_ASSIGN_OR_RETURN(Selection even, Select(request, even_opts, call.algorithm, grouped));
+    const double by_speed = sel.candidate(sel.chosen).seconds(), evenly = even.candidate(even.chosen).seconds();
+    if (!even.tuned && (even.chosen == sel.chosen || !sel.forced) && evenly < by_speed) {
+      KZ_INFO(kLogTune, "{}: split evenly by {}, predicted {}, against {} by {} split by speed", request.ToString(),
+              AlgorithmName(even.chosen), FormatSeconds(evenly), FormatSeconds(by_speed), AlgorithmName(sel.chosen));
+      sel = std::move(even);
+      popts.balance = false;
+    }
+  }
   // A tuner plugin's plan options (at most the chunk the slots hold: TunerPlugin::Choose). More
   // channels than Prepare sized the slots for make it size them again.
   if (sel.chunk_count) popts.chunk_count = *sel.chunk_count;

@@ -188,6 +188,12 @@ std::vector<double> SolveRingShares(const std::vector<double>& a, const std::vec
 
 }  // namespace
 
+bool UnlikeSpeeds(const CommTopology& shape) {
+  return std::any_of(shape.ranks.begin(), shape.ranks.end(), [&](const RankDesc& d) {
+    return d.reduce_gbps != shape.ranks[0].reduce_gbps || d.copy_gbps != shape.ranks[0].copy_gbps;
+  });
+}
+
 std::vector<double> Shares(const std::vector<double>& weights) {
   double sum = 0;
   for (double w : weights) sum += w;

@@ -56,6 +56,8 @@ struct HierarchicalShares {
 };
 HierarchicalShares HierarchicalWeights(const CommTopology& shape, const std::vector<std::vector<int>>& hosts, int parts,
                                        bool balance, bool fused);
+// Whether some rank's device reports another reduce or copy speed than rank 0's.
+bool UnlikeSpeeds(const CommTopology& shape);
 // The weights as fractions of their sum.
 std::vector<double> Shares(const std::vector<double>& weights);
 

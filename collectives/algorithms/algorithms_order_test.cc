@@ -161,15 +161,6 @@ CommTopology SlowReducer() {
   return shape;
 }
 
-// Elements rank r reduces (destination counts of its reduction steps).
-uint64_t ReducedElements(const RankPlan& plan) {
-  uint64_t n = 0;
-  for (const auto& ch : plan.channels)
-    for (const Step& s : ch)
-      if (s.kind == StepKind::kReduce || s.kind == StepKind::kRecvReduce) n += s.dst.count;
-  return n;
-}
-
 // An AllReduce of `algo` on `shape` gives exact results with the work split by speed and evenly.
 void ExpectExactBothWays(Algorithm algo, const CommTopology& shape, uint64_t count, int channels = 1) {
   for (bool balance : {true, false}) {

@@ -46,6 +46,16 @@ inline CommTopology Full(int p) {
   return CommTopology::Uniform(p, rank, link);
 }
 
+// Elements a rank's plan reduces (destination counts of its reduction steps): where splits by
+// speed put the reduction work.
+inline uint64_t ReducedElements(const RankPlan& plan) {
+  uint64_t n = 0;
+  for (const auto& ch : plan.channels)
+    for (const Step& s : ch)
+      if (s.kind == StepKind::kReduce || s.kind == StepKind::kRecvReduce) n += s.dst.count;
+  return n;
+}
+
 inline bool IsUnsigned(DataType t) {
   return t == DataType::kUint8 || t == DataType::kUint32 || t == DataType::kUint64;
 }

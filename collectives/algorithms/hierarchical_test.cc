@@ -173,15 +173,6 @@ TEST(HierarchicalTest, FusedHostLevelMatchesReference) {
   EXPECT_TRUE(RunExact(b));
 }
 
-// Elements rank r reduces (destination counts of its reduction steps).
-uint64_t Reduced(const RankPlan& plan) {
-  uint64_t n = 0;
-  for (const auto& ch : plan.channels)
-    for (const Step& s : ch)
-      if (s.kind == StepKind::kReduce || s.kind == StepKind::kRecvReduce) n += s.dst.count;
-  return n;
-}
-
 // AllReduce split by speed (HierarchicalWeights). Rails: local rank 1 of each of 2 hosts x 2 ranks
 // reduces 4x slower, so part 1 (rail 1's) is a fifth of the data, in the rail form and in
 // hier:fused's host parts (RankPlan::host_part_weights). Hosts: host 1's
@@ -208,7 +199,7 @@ TEST(HierarchicalTest, AllReduceSplitsBySpeed) {
     options.balance = balance;
     auto plan = BuildPlan(algo, req, shape, options, -1);
     EXPECT_TRUE(plan.ok()) << plan.status().ToString();
-    return plan.ok() ? static_cast<double>(Reduced(plan->ranks[static_cast<size_t>(rank)])) : 0.0;
+    return plan.ok() ? static_cast<double>(ReducedElements(plan->ranks[static_cast<size_t>(rank)])) : 0.0;
   };
   // Rails: rank 1 owns 20000 of 100000 elements (weights 20 and 5) against 50000 even.
   EXPECT_NEAR(reduced(Algorithm::kHierRing, rails, 1, true) / reduced(Algorithm::kHierRing, rails, 1, false), 0.4,

@@ -14,23 +14,41 @@
 namespace kizuna::test {
 namespace {
 
+// `n` ranks of one process on one emulated backend whose devices copy and reduce at 40 GB/s times
+// `factors` (KIZUNA_EMU_SPEED_FACTORS; devices beyond the list at 40).
+struct UnlikeDevices {
+  Config config;
+  std::unique_ptr<device::Backend> backend;
+  std::vector<device::Device*> devices;
+  std::vector<std::unique_ptr<Communicator>> comms;
+
+  UnlikeDevices(int n, std::vector<double> factors) : config(WorldConfig(n)) {
+    config.emu_reduce_gbps = config.emu_copy_gbps = 40;
+    config.emu_speed_factors = std::move(factors);
+    auto b = host_emulated::CreateHostEmulatedBackend(config);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    if (!b.ok()) return;
+    backend = std::move(*b);
+    for (int r = 0; r < n; ++r) devices.push_back(backend->device(r));
+    CommOptions options;
+    options.config = &config;
+    options.staging_bytes = 2u << 20;
+    auto c = Communicator::CreateLocal(devices, options);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (c.ok()) comms = std::move(*c);
+  }
+  bool ok() const { return !comms.empty(); }
+};
+
 // Ranks on devices of different speeds in one communicator (one emulated backend, device 2's
 // throttles a quarter of the others': KIZUNA_EMU_SPEED_FACTORS): the shape reports each rank's
 // speed, and the algorithms that split work by speed (pairwise parts, the tree halves, fused
 // parts) still produce exact results, ReduceScatter and AllGather's fused parts included.
 TEST(Heterogeneous, DevicesOfUnlikeSpeedInOneCommunicator) {
-  Config config = WorldConfig(4);
-  config.emu_reduce_gbps = config.emu_copy_gbps = 40;
-  config.emu_speed_factors = {1, 1, 0.25};
-  auto backend = host_emulated::CreateHostEmulatedBackend(config);
-  ASSERT_TRUE(backend.ok());
-  std::vector<device::Device*> devices;
-  for (int r = 0; r < 4; ++r) devices.push_back((*backend)->device(r));
-  CommOptions options;
-  options.config = &config;
-  options.staging_bytes = 2u << 20;
-  auto comms = Communicator::CreateLocal(devices, options);
-  ASSERT_TRUE(comms.ok()) << comms.status().ToString();
+  UnlikeDevices w(4, {1, 1, 0.25});
+  ASSERT_TRUE(w.ok());
+  const std::vector<device::Device*>& devices = w.devices;
+  std::vector<std::unique_ptr<Communicator>>* comms = &w.comms;
   const collectives::CommTopology& shape = (*comms)[0]->topology();
   EXPECT_EQ(shape.ranks[0].reduce_gbps, 40);
   EXPECT_EQ(shape.ranks[2].reduce_gbps, 10);
@@ -100,18 +118,10 @@ TEST(Heterogeneous, DevicesOfUnlikeSpeedInOneCommunicator) {
 // the largest part, whose copies to the two slow ranks then take longer than the reductions it
 // spares them (the model: by speed slower at every size). The INFO line says so, results exact.
 TEST(Heterogeneous, TheEvenSplitRunsWhereThePredictionFavoursIt) {
-  Config config = WorldConfig(3);
-  config.emu_reduce_gbps = config.emu_copy_gbps = 40;
-  config.emu_speed_factors = {1, 0.25, 0.25};
-  auto backend = host_emulated::CreateHostEmulatedBackend(config);
-  ASSERT_TRUE(backend.ok());
-  std::vector<device::Device*> devices;
-  for (int r = 0; r < 3; ++r) devices.push_back((*backend)->device(r));
-  CommOptions options;
-  options.config = &config;
-  options.staging_bytes = 2u << 20;
-  auto comms = Communicator::CreateLocal(devices, options);
-  ASSERT_TRUE(comms.ok()) << comms.status().ToString();
+  UnlikeDevices w(3, {1, 0.25, 0.25});
+  ASSERT_TRUE(w.ok());
+  const std::vector<device::Device*>& devices = w.devices;
+  std::vector<std::unique_ptr<Communicator>>* comms = &w.comms;
   const size_t count = 1 << 18;
   std::vector<std::unique_ptr<device::Buffer>> buf;
   std::vector<std::unique_ptr<device::Stream>> streams;

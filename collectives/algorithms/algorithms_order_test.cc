@@ -194,7 +194,9 @@ TEST(HeterogeneousTest, PairwiseGivesTheSlowReducerASmallerPart) {
   ExpectExactBothWays(Algorithm::kPairwise, SlowReducer(), 6000);
   // The INFO plan line says so.
   const std::string said = DescribeSplit(Algorithm::kPairwise, req, SlowReducer(), true, {});
-  EXPECT_NE(said.find("parts by each device's reduce speed: ranks 0-1 "), std::string::npos) << said;
+  EXPECT_NE(said.find("parts sized so that every rank's reductions and copies take one time: ranks 0-1 "),
+            std::string::npos)
+      << said;
   EXPECT_NE(said.find(", rank 2 4.8% (5 GB/s), "), std::string::npos) << said;
   EXPECT_EQ(DescribeSplit(Algorithm::kPairwise, req, SlowReducer(), false, {}), "");
 }

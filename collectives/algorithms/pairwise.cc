@@ -110,7 +110,7 @@ class Pairwise final : public AlgorithmImpl {
   Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
                          int rank) const override {
     const CollectiveRequest& q = request;
-    const std::vector<double> weights = ReduceWeights(shape, options);
+    const std::vector<double> weights = PairwiseWeights(shape, options.balance);
     if (q.collective == Collective::kBarrier) {
       Builder b(q, options, rank, 1);
       for (int d = 1; d < q.nranks; ++d) {
@@ -170,9 +170,9 @@ class Pairwise final : public AlgorithmImpl {
         return;
       }
       case Collective::kAllReduce: {
-        // Part j is reduced by rank j (p inputs of it): with balance, in proportion to each
-        // rank's reduce speed, so a slow device reduces less (ReduceScatter's parts are the
-        // API's and cannot move).
+        // Part j is reduced by rank j (p inputs of it): with balance, sized so that every rank's
+        // reductions and copies take one time (PairwiseWeights), so a slow device does less
+        // (ReduceScatter's parts are the API's and cannot move).
         std::vector<OwnedPart> parts;
         for (int j = 0; j < p; ++j) {
           const Range part = SplitWeighted(R, weights, static_cast<size_t>(j));

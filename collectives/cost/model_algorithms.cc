@@ -22,6 +22,20 @@ void Model::DirectRounds(std::string_view label, uint64_t elems, const std::vect
   const Split s = SplitElems(elems);
   if (s.chunks == 0) return;
   std::vector<Hop> hops;
+  // Parts sized by speed: a round's busiest hop is not the next round's (the fast rank's large
+  // part goes to one slow rank, then to the next), and the rounds overlap (every step of a round
+  // has its own peer), so each rank takes the sum over the rounds: one stage of all of them.
+  const bool uneven = part_scale != nullptr && std::any_of(part_scale->begin(), part_scale->end(),
+                                                           [&](double x) { return x != (*part_scale)[0]; });
+  if (uneven) {
+    for (int j = 1; j < p_; ++j)
+      for (int r = 0; r < p_; ++r) {
+        const int to = (r + j) % p_;
+        if (owners != nullptr && !(*owners)[static_cast<size_t>(to)]) continue;
+        hops.push_back({r, to, false, (*part_scale)[static_cast<size_t>(by_sender ? r : to)]});
+      }
+    return Stage(label, hops, s.bytes, s.chunks, s.channels);
+  }
   for (int j = 1; j < p_ && !failed_; ++j) {
     hops.clear();
     for (int r = 0; r < p_; ++r) {
@@ -265,8 +279,8 @@ void Model::Body(Algorithm a) {
           DirectRounds("exchange", count);
           return Local("ordered reduce", LocalKind::kReduce, p_, count, -1);
         case Collective::kAllReduce: {
-          // Part j sized by rank j's reduce speed (pairwise.cc): p x its share of the even part.
-          std::vector<double> scale = Shares(ReduceWeights(shape_, opt_.balance));
+          // Part j sized by PairwiseWeights (pairwise.cc): p x its share of the even part.
+          std::vector<double> scale = Shares(PairwiseWeights(shape_, opt_.balance));
           for (double& x : scale) x *= p;
           std::vector<int> all(static_cast<size_t>(p_));
           for (int r = 0; r < p_; ++r) all[static_cast<size_t>(r)] = r;

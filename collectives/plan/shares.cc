@@ -40,6 +40,38 @@ std::vector<double> ReduceWeights(const CommTopology& shape, bool balance) {
   return w;
 }
 
+std::vector<double> PairwiseWeights(const CommTopology& shape, bool balance) {
+  const auto p = static_cast<size_t>(shape.nranks);
+  const std::vector<double> even(p, 1.0);
+  if (!balance || shape.ranks.size() != p || p < 2 || !UnlikeSpeeds(shape) ||
+      std::any_of(shape.ranks.begin(), shape.ranks.end(), [](const RankDesc& d) { return !(d.reduce_gbps > 0); }))
+    return even;
+  std::vector<double> floor(p), slope(p);
+  for (size_t r = 0; r < p; ++r) {
+    const RankDesc& d = shape.ranks[r];
+    bool staged = false;
+    for (size_t q = 0; q < p; ++q)
+      staged = staged || (q != r && shape.link(static_cast<int>(r), static_cast<int>(q)).staged);
+    const double beta = staged && d.copy_gbps > 0 ? 1 / d.copy_gbps : 0.0, rho = 1 / d.reduce_gbps;
+    floor[r] = 2 * beta;
+    slope[r] = (2.0 * static_cast<double>(p) - 4) * beta + static_cast<double>(p) * rho;
+  }
+  // The time T where sum_r max(0, (T - floor_r) / slope_r) = 1: bisection.
+  auto owned = [&](double t) {
+    double sum = 0;
+    for (size_t r = 0; r < p; ++r) sum += std::max(0.0, (t - floor[r]) / slope[r]);
+    return sum;
+  };
+  double lo = 0, hi = *std::max_element(floor.begin(), floor.end()) + *std::max_element(slope.begin(), slope.end());
+  for (int i = 0; i < 100; ++i) {
+    const double mid = (lo + hi) / 2;
+    (owned(mid) < 1 ? lo : hi) = mid;
+  }
+  std::vector<double> w;
+  for (size_t r = 0; r < p; ++r) w.push_back(std::max(0.0, (hi - floor[r]) / slope[r]));
+  return w;
+}
+
 namespace {
 
 // The projection of y onto the simplex {s >= 0, sum s = 1}: s_i = max(0, y_i - t) for the t that
@@ -279,9 +311,12 @@ std::string DescribeSplit(Algorithm algorithm, const CollectiveRequest& request,
       if (!all_reduce || !unequal(ring)) return "";
       return DescribeShares("parts sized so that the slow ranks reduce and copy least", Shares(ring), reduce_speeds);
     }
-    case Algorithm::kPairwise:
-      if (!all_reduce || !unequal(weights)) return "";
-      return DescribeShares("parts by each device's reduce speed", Shares(weights), reduce_speeds);
+    case Algorithm::kPairwise: {
+      const std::vector<double> parts = PairwiseWeights(shape, balance);
+      if (!all_reduce || !unequal(parts)) return "";
+      return DescribeShares("parts sized so that every rank's reductions and copies take one time", Shares(parts),
+                            reduce_speeds);
+    }
     case Algorithm::kRhd:
       // Power-of-two counts: each rank ends with a block (a fold's even ranks hand theirs over).
       if (!all_reduce || !unequal(weights) || (n & (n - 1)) != 0) return "";

@@ -24,6 +24,16 @@ std::vector<uint64_t> WeightedBounds(uint64_t count, const std::vector<double>& 
 // Per rank, its share of reduction work: its device's reduce speed with `balance` and every rank's
 // speed known, otherwise equal weights (pairwise's parts, rhd's blocks).
 std::vector<double> ReduceWeights(const CommTopology& shape, bool balance);
+// Pairwise AllReduce: each rank's weight for the part it owns. Rank r receives every rank's
+// contribution to its part, reduces the p inputs, and sends the result to every other rank; it
+// also sends its contributions to the other parts and receives their results. With s_r its part's
+// fraction, ρ_r its seconds per byte reduced and β_r per byte of a staging copy (its device's copy
+// speed where its links are staged, else 0), its time is 2β_r + s_r ((2p − 4)β_r + pρ_r), and
+// the parts are sized for every rank that owns one to take the same time (ranks whose copies alone
+// take longer own none). With no copy to count, that is the reduce speed. Equal weights where the
+// speeds are equal or unknown, or with `balance` off.
+std::vector<double> PairwiseWeights(const CommTopology& shape, bool balance);
+
 // Ring AllReduce: the fraction of the data each rank's part holds. Rank r reduces every part but
 // its own and copies every part but the next two ranks' (ring.cc), so with `balance` and every
 // rank's speeds known the parts are sized for the slowest rank to finish soonest: a slow rank and

@@ -113,19 +113,19 @@ TEST(Heterogeneous, DevicesOfUnlikeSpeedInOneCommunicator) {
   comms->clear();
 }
 
-// Where the model predicts the even split faster than the split by speed, the even one runs: 3
-// ranks, two of them on devices 4x slower. Pairwise's parts by reduce speed give the fast rank
-// the largest part, whose copies to the two slow ranks then take longer than the reductions it
-// spares them (the model: by speed slower at every size). The INFO line says so, results exact.
+// Where the model predicts the even split faster than the split by speed, the even one runs: 4
+// ranks, one of them on a device 4x slower, the double binary tree forced, 64 KiB: its split by
+// speed (the slow rank on the first tree's leaves, the trees' shares by their streaming rates) is
+// predicted slower than the even trees there. The INFO line says so, results exact.
 TEST(Heterogeneous, TheEvenSplitRunsWhereThePredictionFavoursIt) {
-  UnlikeDevices w(3, {1, 0.25, 0.25});
+  UnlikeDevices w(4, {1, 1, 1, 0.25});
   ASSERT_TRUE(w.ok());
   const std::vector<device::Device*>& devices = w.devices;
   std::vector<std::unique_ptr<Communicator>>* comms = &w.comms;
-  const size_t count = 1 << 18;
+  const size_t count = 1 << 14;
   std::vector<std::unique_ptr<device::Buffer>> buf;
   std::vector<std::unique_ptr<device::Stream>> streams;
-  for (int r = 0; r < 3; ++r) {
+  for (int r = 0; r < 4; ++r) {
     auto a = devices[r]->Allocate(count * 4);
     auto st = devices[r]->CreateStream();
     ASSERT_TRUE(a.ok() && st.ok());
@@ -135,18 +135,18 @@ TEST(Heterogeneous, TheEvenSplitRunsWhereThePredictionFavoursIt) {
   }
   kizuna::testing::LogCapture log(LogLevel::kInfo, kLogTune | kLogColl);
   CallOptions call;
-  call.algorithm = collectives::Algorithm::kPairwise;
-  for (int r = 0; r < 3; ++r)
+  call.algorithm = collectives::Algorithm::kTree;
+  for (int r = 0; r < 4; ++r)
     ASSERT_TRUE(
         (*comms)[r]
             ->AllReduce(buf[r]->data(), buf[r]->data(), count, DataType::kFloat32, ReduceOp::kSum, *streams[r], call)
             .ok());
-  for (int r = 0; r < 3; ++r) ASSERT_TRUE(streams[r]->Synchronize(Deadline::AfterSeconds(60)).ok());
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(streams[r]->Synchronize(Deadline::AfterSeconds(60)).ok());
   const std::string text = log.Text();
-  EXPECT_NE(text.find("split evenly by pairwise, predicted "), std::string::npos) << text;
-  EXPECT_EQ(text.find("parts by each device's reduce speed"), std::string::npos) << text;
-  for (int r = 0; r < 3; ++r)
-    for (size_t i = 0; i < count; i += 997) ASSERT_EQ(static_cast<float*>(buf[r]->data())[i], 6.0f) << "rank " << r;
+  EXPECT_NE(text.find("split evenly by tree, predicted "), std::string::npos) << text;
+  EXPECT_EQ(text.find("the trees carry"), std::string::npos) << text;
+  for (int r = 0; r < 4; ++r)
+    for (size_t i = 0; i < count; i += 997) ASSERT_EQ(static_cast<float*>(buf[r]->data())[i], 10.0f) << "rank " << r;
 }
 
 }  // namespace

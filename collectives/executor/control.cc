@@ -272,8 +272,19 @@ Status executor_internal::AbortNotice(int peer, const ControlMessage& m) {
 Status Executor::ExplainFailure(const Status& symptom, const ControlMessage& mine) {
   // The notice travels on the control connection, which closes right after it, and a peer's
   // header may not have been looked at (it was not expected yet): take whatever arrived, for a
-  // short while (a failing peer waits as long for its notices to go out).
-  const Deadline grace = Deadline::After(std::chrono::milliseconds(200));
+  // short while (a failing peer waits as long for its notices to go out). A peer this rank sends
+  // to but hears nothing from can tell it only through other ranks, which pass its notice on one
+  // by one (around a ring), while this rank's transfer to it breaks at once: then kBlameGrace (a
+  // 4-rank ring on a loaded machine named the closed connection after 200 ms instead of the
+  // mismatch its neighbour found). Not always: a rank that waits longer here holds up the ranks
+  // waiting on it past their own grace.
+  bool indirect = false;
+  for (int q = 0; q < transport_->nranks(); ++q) {
+    const Transport::Peer* p = transport_->peer(q);
+    indirect = indirect || (p != nullptr && p->send && !p->recv);
+  }
+  const Deadline grace =
+      Deadline::After(indirect ? std::chrono::milliseconds(kBlameGrace) : std::chrono::milliseconds(200));
   while (true) {
     for (const auto& [q, inbox] : control_->inbox) {
       for (const ControlMessage& m : inbox) {

@@ -36,8 +36,6 @@ void Model::Hierarchical(Algorithm a) {
   auto owner = [&](int h, int j) { return rank(h, j % size(h)); };
   auto wrap = [&](int h) { return ((h % H) + H) % H; };
 
-  // Rounds d = 1..M-1: every rank of a host sends `elems` elements to local rank + d. hier:fused
-  // instead: the CPU's pass over mapped memory (`reduce`: an owner reads its parts of P inputs).
   // Split by speed (HierarchicalWeights, AllReduce): the parts' shares, and per part its ring's.
   const HierarchicalShares weights = req_.collective == Collective::kAllReduce
                                          ? HierarchicalWeights(shape_, hosts, M, opt_.balance, fused)
@@ -52,6 +50,8 @@ void Model::Hierarchical(Algorithm a) {
     for (int j = l; j < M; j += size(h)) share += part_share[static_cast<size_t>(j)];
     return share * static_cast<double>(P);
   };
+  // Rounds d = 1..M-1: every rank of a host sends `elems` elements to local rank + d. hier:fused
+  // instead: the CPU's pass over mapped memory (`reduce`: an owner reads its parts of P inputs).
   auto host_rounds = [&](std::string_view label, uint64_t elems, bool reduce) {
     if (fused) {
       const double part = static_cast<double>(CeilDiv(count, static_cast<uint64_t>(M))) * elem_;

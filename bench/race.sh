@@ -405,19 +405,21 @@ tcp_floor() {
     wait "$probe_pid"
     grep '^RESULT' "$BUILD/logs/tcp_probe-$conns.log" >>"$RESULTS"
   done
-  # Receives that block in the kernel, then receives that poll (as the MPIs' progress loops do).
+  # Receives that block in the kernel, then receives that poll (as the MPIs' progress loops do), then
+  # polling with each direction on a connection of its own (as kizuna's tcp fabric has them).
   local poll name
-  for poll in "" --poll; do
+  for poll in "" --poll "--poll --one-way"; do
     name=tcp-exchange${poll:+-poll}
-    log "floor: 8 bytes each way between the namespaces, sent and received on one thread ${poll:+(polling)}"
+    [[ $poll == *one-way* ]] && name=tcp-exchange-one-way-poll
+    log "floor: 8 bytes each way between the namespaces, sent and received on one thread ${poll:+($poll)}"
     in_ns A "timeout 60 $BUILD/tcp_probe --listen 29519 --bytes 8 --exchanges 2000 $poll" \
-      >"$BUILD/logs/tcp_probe-8$poll.log" 2>&1 &
+      >"$BUILD/logs/tcp_probe-8${poll// /}.log" 2>&1 &
     probe_pid=$!
     in_ns B "timeout 60 $BUILD/tcp_probe --connect ${HOST_ADDR[0]} 29519 --bytes 8 --exchanges 2000 $poll" \
-      >>"$BUILD/logs/tcp_probe-8$poll.client.log" 2>&1 ||
-      fail floor "$name" 2 8 "tcp_probe (connecting end) failed: $(head -c 200 "$BUILD/logs/tcp_probe-8$poll.client.log")"
+      >>"$BUILD/logs/tcp_probe-8${poll// /}.client.log" 2>&1 ||
+      fail floor "$name" 2 8 "tcp_probe (connecting end) failed: $(head -c 200 "$BUILD/logs/tcp_probe-8${poll// /}.client.log")"
     wait "$probe_pid"
-    grep '^RESULT' "$BUILD/logs/tcp_probe-8$poll.log" >>"$RESULTS"
+    grep '^RESULT' "$BUILD/logs/tcp_probe-8${poll// /}.log" >>"$RESULTS"
   done
 }
 

@@ -219,6 +219,9 @@ if tcp_keys:
         if ("floor", "tcp-exchange-poll", 2, b) in res:
             polled = (f"; with receives that poll instead of blocking (--poll, as the MPIs' progress loops do), "
                       f"{time_us('floor', 'tcp-exchange-poll', 2, b):.3g} µs")
+        if ("floor", "tcp-exchange-one-way-poll", 2, b) in res:
+            polled += (f"; polling with each direction on a connection of its own (--one-way, as kizuna's tcp fabric "
+                       f"has them), {time_us('floor', 'tcp-exchange-one-way-poll', 2, b):.3g} µs")
         emit(f"Floor (bench/tcp_probe.c --exchanges): each end sending {size_name(b)} and receiving the other's on one "
              f"thread takes {time_us('floor', 'tcp-exchange', 2, b):.3g} µs per exchange (the median){polled}: what a "
              "2-rank AllReduce of that size over TCP cannot beat here.")
@@ -339,6 +342,9 @@ if cl_keys:
         polled = ""
         if ("floor", "tcp-exchange-poll", 2, b) in res:
             polled = f"; {time_us('floor', 'tcp-exchange-poll', 2, b):.3g} µs with receives that poll (--poll)"
+        if ("floor", "tcp-exchange-one-way-poll", 2, b) in res:
+            polled += (f"; {time_us('floor', 'tcp-exchange-one-way-poll', 2, b):.3g} µs polling with each direction "
+                       "on a connection of its own (--one-way, as kizuna's tcp fabric has them)")
         emit(f"Floor between two hosts (bench/tcp_probe.c --exchanges): {size_name(b)} each way, sent and received on "
              f"one thread, {time_us('floor', 'tcp-exchange', 2, b):.3g} µs with receives that block{polled}.")
         emit("")

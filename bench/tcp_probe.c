@@ -13,7 +13,9 @@
  * calls. The median exchange is reported as coll=tcp-exchange, its time_us what one AllReduce of
  * S bytes between these two ends cannot beat over TCP when it waits in the kernel. With --poll
  * the receives never block (MSG_DONTWAIT, retried at once), as the MPIs' progress loops poll:
- * coll=tcp-exchange-poll, the floor of a library that spins on its sockets.
+ * coll=tcp-exchange-poll, the floor of a library that spins on its sockets. With --one-way each
+ * direction has a connection of its own (as in kizuna's tcp fabric and NCCL's net API), so the
+ * receiver's acknowledgements travel as packets of their own instead of riding on its data.
  *
  *   tcp_probe --listen PORT --bytes S [--connections K]          (one end)
  *   tcp_probe --connect ADDR PORT --bytes S [--connections K]    (the other; retries for 10 s)
@@ -46,10 +48,11 @@ static char *sendbuf, *recvbuf;
 static int failed;
 static int exchanges; /* > 0: the small-message floor (--exchanges) */
 static int poll_recv; /* --poll: receives never block (MSG_DONTWAIT, retried), as the MPIs poll */
+static int one_way;   /* --one-way: each direction on a connection of its own (kizuna's tcp fabric, NCCL's net API) */
 
 /* Connection i carries bytes [lo, hi) of the buffers. */
-static size_t slice_lo(int i) { return bytes / (size_t)nconn * (size_t)i; }
-static size_t slice_hi(int i) { return i + 1 == nconn ? bytes : slice_lo(i + 1); }
+static size_t slice_lo(int i) { return one_way ? 0 : bytes / (size_t)nconn * (size_t)i; }
+static size_t slice_hi(int i) { return one_way || i + 1 == nconn ? bytes : slice_lo(i + 1); }
 
 static double now(void) {
   struct timespec t;
@@ -87,21 +90,26 @@ static int cmp_double(const void* a, const void* b) {
   return x < y ? -1 : x > y;
 }
 
-/* --exchanges: each end sends its S bytes, then receives the other's, n times; the median. */
+/* --exchanges: each end sends its S bytes, then receives the other's, n times; the median. With
+ * --one-way the listener sends on connection 0 and receives on 1, the other end the reverse: no
+ * acknowledgement rides on data going back. */
 static int run_exchanges(int listening) {
+  const int out = one_way && !listening, in = one_way && listening;
   double* t = malloc(sizeof(double) * (size_t)exchanges);
   if (t == NULL) return 1;
   for (int i = -100; i < exchanges; ++i) {
     const double t0 = now();
-    move_slice(0, 1);
-    move_slice(0, 0);
+    move_slice(out, 1);
+    move_slice(in, 0);
     if (failed) return 1;
     if (i >= 0) t[i] = now() - t0;
   }
   qsort(t, (size_t)exchanges, sizeof(double), cmp_double);
   if (listening)
     printf("RESULT lib=floor coll=%s n=2 bytes=%zu time_us=%.2f busbw=%.4f\n",
-           poll_recv ? "tcp-exchange-poll" : "tcp-exchange", bytes, t[exchanges / 2] * 1e6,
+           one_way ? (poll_recv ? "tcp-exchange-one-way-poll" : "tcp-exchange-one-way")
+                   : (poll_recv ? "tcp-exchange-poll" : "tcp-exchange"),
+           bytes, t[exchanges / 2] * 1e6,
            (double)bytes / t[exchanges / 2] / 1e9);
   free(t);
   return 0;
@@ -110,7 +118,7 @@ static int run_exchanges(int listening) {
 static int usage(void) {
   fprintf(stderr,
           "usage: tcp_probe --listen PORT --bytes S | --connect ADDR PORT --bytes S [--connections K] "
-          "[--rounds R] [--exchanges N [--poll]]\n");
+          "[--rounds R] [--exchanges N [--poll] [--one-way]]\n");
   return 2;
 }
 
@@ -133,6 +141,9 @@ int main(int argc, char** argv) {
       exchanges = atoi(argv[++i]);
     } else if (strcmp(argv[i], "--poll") == 0) {
       poll_recv = 1;
+    } else if (strcmp(argv[i], "--one-way") == 0) {
+      one_way = 1;
+      nconn = 2;
     } else if (strcmp(argv[i], "--connections") == 0 && i + 1 < argc) {
       nconn = atoi(argv[++i]);
     } else {
@@ -140,7 +151,7 @@ int main(int argc, char** argv) {
     }
   }
   if ((listening == (addr != NULL)) || port <= 0 || port > 65535 || bytes == 0 || nconn < 1 ||
-      nconn > MAX_CONNECTIONS || rounds < 2 || exchanges < 0 || (exchanges > 0 && nconn != 1))
+      nconn > MAX_CONNECTIONS || rounds < 2 || exchanges < 0 || (exchanges > 0 && nconn != 1 + one_way) || (one_way && exchanges == 0))
     return usage();
   sendbuf = malloc(bytes);
   recvbuf = malloc(bytes);
@@ -191,7 +202,7 @@ int main(int argc, char** argv) {
   }
   if (exchanges > 0) {
     const int rc = run_exchanges(listening);
-    close(fds[0]);
+    for (int i = 0; i < nconn; ++i) close(fds[i]);
     return rc;
   }
   double best = 1e30;

@@ -109,8 +109,7 @@ static int run_exchanges(int listening) {
     printf("RESULT lib=floor coll=%s n=2 bytes=%zu time_us=%.2f busbw=%.4f\n",
            one_way ? (poll_recv ? "tcp-exchange-one-way-poll" : "tcp-exchange-one-way")
                    : (poll_recv ? "tcp-exchange-poll" : "tcp-exchange"),
-           bytes, t[exchanges / 2] * 1e6,
-           (double)bytes / t[exchanges / 2] / 1e9);
+           bytes, t[exchanges / 2] * 1e6, (double)bytes / t[exchanges / 2] / 1e9);
   free(t);
   return 0;
 }
@@ -151,7 +150,8 @@ int main(int argc, char** argv) {
     }
   }
   if ((listening == (addr != NULL)) || port <= 0 || port > 65535 || bytes == 0 || nconn < 1 ||
-      nconn > MAX_CONNECTIONS || rounds < 2 || exchanges < 0 || (exchanges > 0 && nconn != 1 + one_way) || (one_way && exchanges == 0))
+      nconn > MAX_CONNECTIONS || rounds < 2 || exchanges < 0 || (exchanges > 0 && nconn != 1 + one_way) ||
+      (one_way && exchanges == 0))
     return usage();
   sendbuf = malloc(bytes);
   recvbuf = malloc(bytes);

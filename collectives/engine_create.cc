@@ -223,6 +223,7 @@ Status Engine::Builder::Connect(device::Device& device) {
   if (!layout_) {
     topts.rank_hosts = rank_hosts_;
     topts.nics = e_.config_->nics;
+    topts.machine_topology = e_.config_->machine_topology;
   }
   return ConnectFabrics(device, topts);
 }

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <span>
@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "collectives/transport/device_map.h"
 #include "collectives/transport/internal.h"
 #include "runtime/core/logging.h"
 #include "runtime/core/wire.h"
@@ -47,7 +48,10 @@ std::string SizeText(size_t n) {
 
 namespace {
 
+using transport_internal::DeviceMap;
 using transport_internal::NameList;
+using transport_internal::Offer;
+using transport_internal::Rails;
 using transport_internal::RankList;
 
 using fabric::FabricDeviceProperties;
@@ -78,13 +82,6 @@ struct Reach {
   std::vector<std::vector<bool>> serves;  // [fabric][peer]
 };
 
-struct Offer {
-  int fabric = -1;
-  int device = -1;
-  bool point_to_point = false;
-  int link_peer = -1;  // point-to-point: the rank it reaches; switched: its rail (-1: no rails)
-  Handle handle;
-};
 using Record = std::vector<Offer>;  // a rank's listens
 
 // Whether `in` starts with `magic` (consumed).
@@ -215,152 +212,6 @@ const Offer* OfferFor(const Record& record, int f, int me, int rail) {
   return nullptr;
 }
 
-
-// ---- Which fabric device serves which peer ----
-
-// Rails: a host with several NICs gives local rank i the i-th (KIZUNA_NICS' order, else by name)
-// of the switched devices nearest its accelerator, so that the ranks of rail i (local rank i of
-// every host) talk over NIC i on every host. A pair of ranks on two hosts with different local
-// indices i, j uses NIC min(i mod k, j mod k) at both ends (both compute the same), so that a
-// rail-optimised network, each NIC on a network of its own, still connects them.
-struct Rails {
-  std::vector<int> local;          // every rank's index among the ranks of its host; empty: no rails
-  std::vector<std::string> hosts;  // every rank's host id
-  std::vector<std::string> nics;   // KIZUNA_NICS
-};
-
-// The interface a device name ends in: "tcp;ofi_rxm:eth1" -> "eth1".
-std::string_view InterfaceOf(std::string_view name) {
-  const size_t colon = name.rfind(':');
-  return colon == std::string_view::npos ? name : name.substr(colon + 1);
-}
-// The provider part before it ("tcp;ofi_rxm").
-std::string_view ProviderOf(std::string_view name) {
-  const size_t colon = name.rfind(':');
-  return colon == std::string_view::npos ? std::string_view() : name.substr(0, colon);
-}
-
-class DeviceMap {
- public:
-  static Result<DeviceMap> Build(fabric::Fabric& fabric, const device::Device& device, int rank, const Rails& rails) {
-    DeviceMap m;
-    m.rank_ = rank;
-    m.rails_ = &rails;
-    for (int d = 0; d < fabric.device_count(); ++d) {
-      KZ_ASSIGN_OR_RETURN(FabricDeviceProperties p, fabric.properties(d));
-      m.props_.push_back(std::move(p));
-    }
-    // The switched device nearest the rank's accelerator: one that names it, then one on its NUMA
-    // node, then the first.
-    const device::DeviceProperties& dp = device.properties();
-    auto first_switched = [&](auto&& pred) {
-      for (size_t d = 0; d < m.props_.size(); ++d)
-        if (!m.props_[d].point_to_point && pred(m.props_[d])) return static_cast<int>(d);
-      return -1;
-    };
-    m.switched_ = first_switched([&](const FabricDeviceProperties& p) {
-      return !dp.uuid.empty() &&
-             std::find(p.near_device_uuids.begin(), p.near_device_uuids.end(), dp.uuid) != p.near_device_uuids.end();
-    });
-    if (m.switched_ < 0 && dp.numa_node >= 0)
-      m.switched_ = first_switched([&](const FabricDeviceProperties& p) { return p.numa_node == dp.numa_node; });
-    if (m.switched_ < 0) m.switched_ = first_switched([](const FabricDeviceProperties&) { return true; });
-    if (m.switched_ >= 0) KZ_RETURN_IF_ERROR(m.ChooseRails(fabric.name()));
-    return m;
-  }
-
-  // The NICs of the rails (rail_nics_), in rail order, from the switched device chosen above:
-  // KIZUNA_NICS' devices in its order, else every device of the same provider and locality with
-  // another interface (loopback left out), by interface name.
-  Status ChooseRails(const std::string& fabric) {
-    const FabricDeviceProperties& first = props_[static_cast<size_t>(switched_)];
-    rail_nics_ = {switched_};
-    if (rails_->local.empty()) return Status::Ok();
-    if (!rails_->nics.empty()) {
-      rail_nics_.clear();
-      for (const std::string& nic : rails_->nics) {
-        int found = -1;
-        for (size_t d = 0; d < props_.size() && found < 0; ++d)
-          if (!props_[d].point_to_point && (props_[d].name == nic || InterfaceOf(props_[d].name) == nic))
-            found = static_cast<int>(d);
-        if (found < 0) {
-          std::string names;
-          for (const FabricDeviceProperties& p : props_)
-            if (!p.point_to_point) names += (names.empty() ? "" : ", ") + p.name;
-          return InvalidArgument(
-              fmt::format("KIZUNA_NICS names {}, which {} does not have (its devices: {}); name "
-                          "those to use between hosts, or unset KIZUNA_NICS",
-                          nic, fabric, names.empty() ? "none" : names));
-        }
-        rail_nics_.push_back(found);
-      }
-      return Status::Ok();
-    }
-    std::vector<std::pair<std::string, int>> same;
-    for (size_t d = 0; d < props_.size(); ++d) {
-      const FabricDeviceProperties& p = props_[d];
-      if (p.point_to_point || ProviderOf(p.name) != ProviderOf(first.name) || InterfaceOf(p.name) == "lo" ||
-          p.numa_node != first.numa_node || p.near_device_uuids != first.near_device_uuids)
-        continue;
-      same.emplace_back(std::string(InterfaceOf(p.name)), static_cast<int>(d));
-    }
-    std::sort(same.begin(), same.end());
-    if (same.size() > 1) {
-      rail_nics_.clear();
-      for (const auto& [name, d] : same) rail_nics_.push_back(d);
-    }
-    return Status::Ok();
-  }
-
-  // The rail of the pair (this rank, peer), -1 without rails (see Rails).
-  int RailOf(int peer) const {
-    const auto k = static_cast<int>(rail_nics_.size());
-    if (k <= 1 || rails_->local.empty()) return -1;
-    const int i = rails_->local[static_cast<size_t>(rank_)] % k;
-    if (rails_->hosts[static_cast<size_t>(peer)] == rails_->hosts[static_cast<size_t>(rank_)]) return i;
-    return std::min(i, rails_->local[static_cast<size_t>(peer)] % k);
-  }
-  // The switched device for the pair: its rail's NIC.
-  int SwitchedFor(int peer) const {
-    const int rail = RailOf(peer);
-    return rail < 0 ? switched_ : rail_nics_[static_cast<size_t>(rail)];
-  }
-  // This rank's own rail NIC (for the log), and how many rails there are.
-  int RailNic() const { return SwitchedFor(rank_); }
-  int rail_count() const { return static_cast<int>(rail_nics_.size()); }
-
-  const FabricDeviceProperties& props(int d) const { return props_[static_cast<size_t>(d)]; }
-
-  // The device this rank listens on for `peer`: the first port linked to it, else the switched
-  // device; -1 when none reaches it.
-  int Serving(int peer) const {
-    for (size_t d = 0; d < props_.size(); ++d)
-      if (props_[d].point_to_point && props_[d].link_peer && props_[d].link_peer->rank == peer)
-        return static_cast<int>(d);
-    return switched_ < 0 ? -1 : SwitchedFor(peer);
-  }
-
-  // The device to connect from to `peer`'s offer: for a point-to-point listener, the port at the
-  // far end of exactly that link (with two links between a pair, each direction uses its own);
-  // for a switched one, this rank's switched device. -1 when there is none.
-  int ConnectingFor(int peer, const Offer& offer) const {
-    if (!offer.point_to_point) return switched_ < 0 ? -1 : SwitchedFor(peer);
-    for (size_t d = 0; d < props_.size(); ++d) {
-      const FabricDeviceProperties& p = props_[d];
-      if (p.point_to_point && p.link_peer && p.link_peer->rank == peer && p.link_peer->port == offer.device)
-        return static_cast<int>(d);
-    }
-    return -1;
-  }
-
- private:
-  std::vector<FabricDeviceProperties> props_;
-  int switched_ = -1;
-  int rank_ = 0;
-  const Rails* rails_ = nullptr;
-  std::vector<int> rail_nics_;  // the rails' devices, rail i on rail_nics_[i]; one: no rails
-};
-
 // ---- Transport::Create's phases ----
 //
 // Create runs them in order: check the arguments, map each fabric's devices, choose the fabric of
@@ -445,6 +296,7 @@ class Transport::Planner {
   const int n_;
   const int nfabrics_;
 
+  std::optional<transport_internal::MachinePlace> place_;  // before rails_, which points to it
   Rails rails_;                                      // before maps_, which point to it
   std::vector<DeviceMap> maps_;                      // per fabric
   std::vector<int> chosen_;                          // the fabric of the pair (rank, q); -1 for none
@@ -462,6 +314,11 @@ Status Transport::Planner::MapDevices(const device::Device& device, const Transp
     std::map<std::string, int> seen;
     for (const std::string& h : options.rank_hosts) rails_.local.push_back(seen[h]++);
     rails_.nics = options.nics;
+    // Which NIC is nearest the accelerator matters only where traffic leaves the host.
+    auto place = transport_internal::PlaceOf(device.properties(), options.machine_topology);
+    if (!place.ok()) return place.status().WithContext(where_);
+    place_ = std::move(place).value();
+    if (place_) rails_.place = &*place_;
   }
   for (int f = 0; f < nfabrics_; ++f) {
     auto map = DeviceMap::Build(*fabrics_[static_cast<size_t>(f)], device, rank_, rails_);
@@ -470,11 +327,16 @@ Status Transport::Planner::MapDevices(const device::Device& device, const Transp
           fmt::format("{}: the devices of {}", where_, fabric_names_[static_cast<size_t>(f)]));
     maps_.push_back(std::move(map).value());
     const DeviceMap& m = maps_.back();
+    const std::string why = m.why().empty() ? "" : "; " + m.why();
     if (m.rail_count() > 1 && m.RailNic() >= 0)
       KZ_INFO(kLogColl, "{}: local rank {} uses {} between hosts (rail {} of {} on {}{})", where_,
               rails_.local[static_cast<size_t>(rank_)], m.props(m.RailNic()).name,
               rails_.local[static_cast<size_t>(rank_)] % m.rail_count(), m.rail_count(),
-              fabric_names_[static_cast<size_t>(f)], rails_.nics.empty() ? "" : ", as KIZUNA_NICS says");
+              fabric_names_[static_cast<size_t>(f)], why);
+    else if (!rails_.local.empty() && m.RailNic() >= 0 && !why.empty())
+      KZ_INFO(kLogColl, "{}: local rank {} uses {} between hosts ({}{})", where_,
+              rails_.local[static_cast<size_t>(rank_)], m.props(m.RailNic()).name,
+              fabric_names_[static_cast<size_t>(f)], why);
   }
   return Status::Ok();
 }

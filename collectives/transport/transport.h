@@ -126,6 +126,9 @@ struct TransportOptions {
   // device of the nearest kind, by interface name).
   std::vector<std::string> rank_hosts = {};
   std::vector<std::string> nics = {};
+  // KIZUNA_MACHINE_TOPOLOGY: an hwloc XML file to read the machine's topology from, instead of
+  // this machine's (device_map.h, PlaceOf).
+  std::string machine_topology = {};
 };
 
 // How the staging buffer is registered on a comm.

@@ -171,6 +171,8 @@ class EmuBackend final : public device::Backend {
       p.faults_injected = config.emu_fail_stream_op.has_value();
       p.export_fd = true;
       p.numa_node = numa_node;
+      if (static_cast<size_t>(i) < config.emu_pci_bus_ids.size())
+        p.pci_bus_id = config.emu_pci_bus_ids[static_cast<size_t>(i)];
       devices_.push_back(std::make_unique<EmuDevice>(std::move(p), &config, memory_.get(), &streams_, host));
     }
   }

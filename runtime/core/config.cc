@@ -229,6 +229,9 @@ const std::vector<Entry>& Entries() {
         PositiveDouble(&Config::emu_copy_gbps, false));
     add({"KIZUNA_EMU_REDUCE_GBPS", "GB/s", "unthrottled", "emulated reduce bandwidth (bytes read)"},
         PositiveDouble(&Config::emu_reduce_gbps, false));
+    add({"KIZUNA_EMU_PCI_BUS_IDS", "comma list of PCI bus ids", "none",
+         "emulated device i's PCI bus id, for a machine topology file (KIZUNA_MACHINE_TOPOLOGY)"},
+        List(&Config::emu_pci_bus_ids, ','));
     add({"KIZUNA_EMU_SPEED_FACTORS", "comma list of factors", "1",
          "emulated device i's copy and reduce throttles times the i-th factor"},
         [](std::string_view v, Config& c) -> std::string {
@@ -277,9 +280,12 @@ const std::vector<Entry>& Entries() {
     add({"KIZUNA_FABRIC", "comma list (name or name:device)", "auto",
          "fabrics in preference order, e.g. ofi:shm,directconnect"},
         List(&Config::fabric, ','));
-    add({"KIZUNA_NICS", "comma list (interface or fabric device)", "nearest, then by local rank",
+    add({"KIZUNA_NICS", "comma list (interface or fabric device)", "nearest (machine topology), then by local rank",
          "the NIC each local rank uses between hosts, in local-rank order (rails)"},
         List(&Config::nics, ','));
+    add({"KIZUNA_MACHINE_TOPOLOGY", "path", "this machine (hwloc)",
+         "an hwloc XML file (lstopo --of xml) read as this machine's topology: the NIC nearest each accelerator"},
+        Text(&Config::machine_topology));
     add({"KIZUNA_TOPOLOGY", "path or spec", "", "direct-connect topology file, or full|ring[:N]|torus{1,2,3}d:shape"},
         Text(&Config::topology));
     add({"KIZUNA_ALGO", "name or coll:name;coll:name", "cost model", "algorithm override"},

@@ -58,6 +58,9 @@ struct Config {
   // Per device index, a factor on its copy and reduce throttles (devices beyond the list: 1):
   // devices of unlike speeds in one backend, e.g. 1,1,1,1,0.25,0.25,0.25,0.25.
   std::vector<double> emu_speed_factors;
+  // KIZUNA_EMU_PCI_BUS_IDS: emulated device i's PCI bus id, the i-th of the list (a place in a
+  // machine topology file; none by default).
+  std::vector<std::string> emu_pci_bus_ids;
   std::optional<double> emu_launch_us;
   std::optional<uint64_t> emu_fail_alloc;      // fail the k-th allocation (1-based)
   std::optional<uint64_t> emu_fail_stream_op;  // fail the k-th stream operation (1-based)
@@ -93,6 +96,9 @@ struct Config {
   // KIZUNA_NICS: the network devices (interface names such as eth1, or fabric device names) that
   // local ranks use between hosts, in local-rank order (rails); empty: by nearness, then by local rank.
   std::vector<std::string> nics;
+  // KIZUNA_MACHINE_TOPOLOGY: an hwloc XML file (lstopo --of xml) read as this machine's topology
+  // instead of detecting it: which NIC is nearest each accelerator (runtime/topology).
+  std::string machine_topology;
 
   // Collectives.
   std::string algo;

@@ -20,13 +20,17 @@ set -uo pipefail
 # "openmpi": mpirun.openmpi on host 0 starting every rank through an agent that enters the hosts'
 # namespaces, nothing set by hand: the unique id goes through Open MPI's PMIx store; "survive": the
 # collectives field lists modes of tests/collectives/survive.cc, "kill:R" or "stop:R", each a job of
-# AllReduces in which rank R is killed or frozen and the others shrink it away and go on)
+# AllReduces in which rank R is killed or frozen and the others shrink it away and go on) | what
+# each rank's log must say: patterns separated by ';', the i-th for local rank i (grep -E).
+# @TOPOLOGY@ in the environment is runtime/topology/testdata/two_nic_host.xml: the machine
+# topology gives each host's first accelerator eth1 and its second eth0 (against the names' order).
 CASES=(
   "2x2|2 2|-"
   "3-uneven|2 3 1|-"
   "3-uneven-hier|2 3 1|KIZUNA_ALGO=hier"
   "2x4-hier|4 4|KIZUNA_ALGO=hier"
   "2x2-rails|2 2|KIZUNA_ALGO=hier|2|allreduce alltoall"
+  "2x2-topology|2 2|KIZUNA_ALGO=hier KIZUNA_DEBUG_SUBSYS=INIT,COLL KIZUNA_MACHINE_TOPOLOGY=@TOPOLOGY@ KIZUNA_EMU_PCI_BUS_IDS=0000:04:00.0,0000:84:00.0|2|allreduce|env|local rank 0 uses eth1 between hosts .*machine topology's NIC for its accelerator 0000:04:00.0;local rank 1 uses eth0 between hosts .*machine topology's NIC for its accelerator 0000:84:00.0"
   "2x2-mpirun|2 2|-|1|allreduce broadcast alltoall|openmpi"
   "2x2-survive|2 2|-|1|kill:3 stop:1 kill:0|survive"
 )
@@ -53,6 +57,9 @@ netns="$(realpath "$2")"
 survive="$(realpath "$3")"
 shift 3
 only=("$@")
+# The machine topology of the 2x2-topology case: in the runfiles under Bazel, else beside the tree.
+topology_xml="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-}/runtime/topology/testdata/two_nic_host.xml"
+[[ -f $topology_xml ]] || topology_xml="$(cd "$(dirname "$0")/../.." && pwd)/runtime/topology/testdata/two_nic_host.xml"
 own_tmp=0
 if [[ -n "${TEST_TMPDIR:-}" ]]; then
   tmp=$TEST_TMPDIR
@@ -123,7 +130,7 @@ trap 'echo "cluster_test: stopped by a signal" >&2; exit 143' TERM INT HUP
 all_case_names() {
   local c coll name layout extra nics colls launcher
   for c in "${CASES[@]}"; do
-    IFS='|' read -r name layout extra nics colls launcher <<<"$c"
+    IFS='|' read -r name layout extra nics colls launcher expect <<<"$c"
     for coll in ${colls:-${COLLS[*]}}; do echo "$name.$coll"; done
     [[ ${nics:-1} -gt 1 ]] && echo "$name.rails"
   done
@@ -193,8 +200,8 @@ run_one() { # case_name prefix "ranks per host" extra_env coll port -> 0 ok, els
   local -a envs=("KIZUNA_TIMEOUT=$RANK_TIMEOUT_S" KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT
     "KIZUNA_UNIQUE_ID_FILE=$uid" "KIZUNA_ROOT=10.77.0.1:$port" "WORLD_SIZE=$n")
   # The case's extra environment: words of NAME=VALUE, after the defaults so that they win.
-  [[ $extra == - ]] || { read -ra extra_env <<<"$extra"; envs+=("${extra_env[@]}"); }
-  local -a pids=() same_of=()
+  [[ $extra == - ]] || { read -ra extra_env <<<"${extra//@TOPOLOGY@/$topology_xml}"; envs+=("${extra_env[@]}"); }
+  local -a pids=() same_of=() local_of=()
   local rank=0 l first
   for ((h = 0; h < nhosts; h++)); do
     first=$rank
@@ -202,6 +209,7 @@ run_one() { # case_name prefix "ranks per host" extra_env coll port -> 0 ok, els
       local same="" s
       for ((s = first; s < first + per_host[h]; s++)); do [[ $s -eq $rank ]] || same+="$s "; done
       same_of+=("$same")
+      local_of+=("$l")
       env "${envs[@]}" RANK=$rank LOCAL_RANK=$l LOCAL_WORLD_SIZE=${per_host[h]} \
         "$netns" exec "$pfx" "$h" -- timeout -k 5 "$RUN_TIMEOUT_S" "$bench" --coll "$coll" "${BENCH_ARGS[@]}" \
         >"$dir/rank$rank.log" 2>&1 &
@@ -235,6 +243,12 @@ run_one() { # case_name prefix "ranks per host" extra_env coll port -> 0 ok, els
   for ((rank = 0; rank < n; rank++)); do
     f=$(check_info "$dir/rank$rank.log" "$rank" "$n" "$nhosts" "${same_of[rank]}") || { echo "$f"; return 1; }
     [[ $rank -eq 0 ]] && fabrics=$f
+    if [[ -n $expect ]]; then
+      local -a want
+      IFS=';' read -ra want <<<"$expect"
+      grep -qE -- "${want[${local_of[rank]}]}" "$dir/rank$rank.log" ||
+        { echo "rank $rank's log does not say '${want[${local_of[rank]}]}'"; return 1; }
+    fi
   done
   # The hierarchical algorithms rank 0's rows ran, for the log.
   local hier
@@ -378,7 +392,7 @@ known_failure() { # CASE/COLL: prints the recorded reason, or fails
 
 index=0
 for c in "${CASES[@]}"; do
-  IFS='|' read -r name layout extra nics colls launcher <<<"$c"
+  IFS='|' read -r name layout extra nics colls launcher expect <<<"$c"
   nics=${nics:-1}
   launcher=${launcher:-env}
   index=$((index + 1))

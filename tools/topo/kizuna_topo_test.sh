@@ -41,4 +41,22 @@ out="$("$topo" --check "$tmp/syntax.json" 2>&1)"; [ $? -eq 1 ] || fail "a syntax
 grep -q "syntax.json:3:" <<<"$out" || fail "syntax error: no line number: $out"
 out="$("$topo" --check "$tmp/missing.json" 2>&1)"; [ $? -eq 1 ] || fail "a missing file accepted"
 out="$("$topo" 2>&1)"; [ $? -eq 2 ] || fail "no arguments accepted"
+
+# detect: the server shapes of runtime/topology/testdata, this machine, a file hwloc cannot read.
+servers="$(dirname "$2")"
+out="$("$topo" detect --xml "$servers/server_8x8.xml" --check --expect 4 --json "$tmp/server.json")" ||
+  fail "server_8x8: findings or failure: $out"
+grep -q "^cuda7 .* eth8 *same PCIe switch" <<<"$out" || fail "server_8x8: cuda7 not on eth8: $out"
+grep -q "PCIe switch 3 (upstream port 0000:a2:00.0)" <<<"$out" || fail "server_8x8: no tree: $out"
+grep -q '"nic_name": "eth8"' "$tmp/server.json" || fail "server_8x8: JSON without the assignment"
+out="$("$topo" detect --xml "$servers/server_8x8_split.xml" --check --expect 4)"; [ $? -eq 1 ] ||
+  fail "split server: findings not reported by the exit status"
+grep -q "^shared-nearest-nic: cuda6 and cuda7" <<<"$out" || fail "split server: no crowded NIC: $out"
+grep -q "^unexpected-switches: 5 PCIe switch(es) where 4 are expected" <<<"$out" || fail "split: no count: $out"
+out="$("$topo" detect --xml "$servers/remote_nic.xml" --check)"; [ $? -eq 1 ] || fail "remote NIC: no findings"
+grep -q "^nic-on-other-socket: eth1 is on socket 1" <<<"$out" || fail "remote NIC: not reported: $out"
+out="$("$topo" detect)" || fail "detect on this machine: $out"
+grep -q "this machine" <<<"$out" || fail "detect on this machine: no summary: $out"
+out="$("$topo" detect --xml "$tmp/bad.json" 2>&1)"; [ $? -eq 1 ] || fail "a file hwloc cannot read accepted"
+grep -q "hwloc cannot .*bad.json" <<<"$out" || fail "bad XML: unclear message: $out"
 echo "PASS"

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/algorithms/from_file.h"
 #include "collectives/cost/cost_file.h"
 #include "collectives/direct/same_host_group.h"
 #include "collectives/engine.h"
@@ -68,6 +69,8 @@ class Engine::Builder {
         deadline_(Deadline::AfterSeconds(e.config_->timeout_s)) {}
 
   Status LoadInaLayout();
+  // KIZUNA_PLAN_FILE: the plan files for this communicator's size, each checked in the simulator.
+  Status LoadPlanFiles();
   Status ExchangeHosts();
   // KIZUNA_COST_FILE: the constants and link costs of this communicator's size (costs_, cost_).
   Status LoadCosts();
@@ -102,6 +105,7 @@ class Engine::Builder {
   bool serial_host_work_ = false;  // ExecutorOptions::serial_host_work
   int tracing_ranks_ = 0;          // ranks with a trace file (ExchangeHosts)
   AppliedCosts costs_;             // KIZUNA_COST_FILE's for this size, or the defaults (Create)
+  std::shared_ptr<const PlanFiles> plan_files_;  // KIZUNA_PLAN_FILE's for this size (LoadPlanFiles)
   size_t p2p_staging_bytes_ = 0;  // what point-to-point's chunk is cut from (ExecutorOptions)
 };
 
@@ -119,6 +123,30 @@ Status Engine::Builder::LoadInaLayout() {
   e_.size_ = layout.workers;
   e_.aggregation_device_ = e_.rank_ >= layout.workers;
   layout_ = std::make_shared<const ina::Layout>(std::move(layout));
+  return Status::Ok();
+}
+
+Status Engine::Builder::LoadPlanFiles() {
+  const Config& config = *e_.config_;
+  if (config.plan_files.empty() || e_.aggregation_device_) return Status::Ok();
+  PlanFiles files;
+  for (const std::string& path : config.plan_files) {
+    Result<PlanFile> loaded = LoadPlanFile(path);
+    if (!loaded.ok()) return loaded.status().WithContext("KIZUNA_PLAN_FILE");
+    PlanFile f = std::move(loaded).value();
+    if (f.nranks != e_.size_) {
+      if (e_.rank_ == 0)
+        KZ_INFO(kLogTune, "KIZUNA_PLAN_FILE: {} ({}) is for {} ranks, not this communicator's {}", f.name, path,
+                f.nranks, e_.size_);
+      continue;
+    }
+    KZ_RETURN_IF_ERROR(CheckPlanFile(f).WithContext("KIZUNA_PLAN_FILE"));
+    if (e_.rank_ == 0)
+      KZ_INFO(kLogTune, "KIZUNA_PLAN_FILE: {} ({}): {} on {} ranks in {} units, checked", f.name, path,
+              CollectiveName(f.collective), f.nranks, f.units);
+    files.push_back(std::move(f));
+  }
+  if (!files.empty()) plan_files_ = std::make_shared<const PlanFiles>(std::move(files));
   return Status::Ok();
 }
 
@@ -399,6 +427,7 @@ Status Engine::Builder::AgreeOnShape(device::Device& device) {
   shape.host_direct = host_direct_;
   if (same_host_) shape.direct_inline_bytes = same_host_->one_shot_bytes();
   shape.ina = layout_;
+  shape.plan_files = plan_files_;
   KZ_RETURN_IF_ERROR(shape.Validate());
   // Ranks on this machine, counted by the kernel's boot id in their host ids (MachineOf): hosts
   // made of containers or network namespaces share one kernel's CPUs under different host names.
@@ -540,6 +569,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<bootstrap::Bootst
   e->device_ = &device;
   Builder b(*e, options, std::move(same_process));
   KZ_RETURN_IF_ERROR(b.LoadInaLayout());
+  KZ_RETURN_IF_ERROR(b.LoadPlanFiles());
   // KIZUNA_TUNER_PLUGIN: named explicitly, so a library that cannot be used fails creation (before
   // the ranks compare their plugins in ExchangeHosts). Aggregation devices choose nothing.
   if (!e->config_->tuner_plugin.empty() && !e->aggregation_device_) {

@@ -92,10 +92,11 @@ void AddAvgEpilogue(const CollectiveRequest& request, uint64_t chunk, RankPlan& 
 
 std::span<const AlgorithmImpl* const> AllAlgorithms() {
   static const std::array<const AlgorithmImpl*, kNumAlgorithms> table = {
-      &algo::RingAlgorithm(), &algo::TreeAlgorithm(),     &algo::RhdAlgorithm(),
-      &algo::RdAlgorithm(),   &algo::PairwiseAlgorithm(), &algo::P2pAlgorithm(),
-      &algo::FusedAlgorithm(), &algo::InaAlgorithm(),     &algo::HierRingAlgorithm(),
+      &algo::RingAlgorithm(),   &algo::TreeAlgorithm(),          &algo::RhdAlgorithm(),
+      &algo::RdAlgorithm(),     &algo::PairwiseAlgorithm(),      &algo::P2pAlgorithm(),
+      &algo::FusedAlgorithm(),  &algo::InaAlgorithm(),           &algo::HierRingAlgorithm(),
       &algo::HierRdAlgorithm(), &algo::HierFusedRingAlgorithm(), &algo::HierFusedRdAlgorithm(),
+      &algo::FileAlgorithm(),
   };
   return table;
 }

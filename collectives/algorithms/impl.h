@@ -24,6 +24,7 @@ const AlgorithmImpl& HierRingAlgorithm();  // hierarchical.cc
 const AlgorithmImpl& HierRdAlgorithm();    // hierarchical.cc
 const AlgorithmImpl& HierFusedRingAlgorithm();  // hierarchical.cc
 const AlgorithmImpl& HierFusedRdAlgorithm();    // hierarchical.cc
+const AlgorithmImpl& FileAlgorithm();           // from_file.cc
 
 // A part of the data that one rank reduces.
 struct OwnedPart {

@@ -309,6 +309,7 @@ void Model::Body(Algorithm a) {
     case Algorithm::kHierFusedRing:
     case Algorithm::kHierFusedRd:
       return Hierarchical(a);
+    case Algorithm::kFile: return FilePlan();
   }
 }
 
@@ -458,6 +459,7 @@ void Model::InaAllReduce() {
 // then the algorithm distributes the results.
 void Model::Deterministic(Algorithm a) {
   if (IsHierarchical(a)) return Fail(fmt::format("{} is not deterministic (it adds in host order)", AlgorithmName(a)));
+  if (a == Algorithm::kFile) return Fail("a plan file reduces in its own order, not rank order");
   const uint64_t count = req_.count;
   const auto p = static_cast<uint64_t>(p_);
   std::vector<char> owners(static_cast<size_t>(p_), 0);

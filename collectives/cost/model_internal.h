@@ -67,6 +67,7 @@ inline bool Serves(Algorithm a, Collective c) {
     case Algorithm::kHierRing:
       return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
              c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kAllToAll;
+    case Algorithm::kFile: return !IsPointToPoint(c) && c != Collective::kBarrier;
   }
   return false;
 }
@@ -175,6 +176,7 @@ class Model {
                        const std::vector<double>* block_shares = nullptr);
   void OrderedTreeAllReduce();
   void PointToPoint(bool send);
+  void FilePlan();  // model_file.cc
 
   void Body(Algorithm a);
   void Deterministic(Algorithm a);

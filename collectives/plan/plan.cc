@@ -14,9 +14,19 @@ namespace {
 
 constexpr std::array<std::string_view, kNumCollectives> kCollectiveNames = {
     "allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "send", "recv", "barrier"};
-constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {
-    "ring",  "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina", "hier:pairwise/ring", "hier:pairwise/rd",
-    "hier:fused/ring", "hier:fused/rd"};
+constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {"ring",
+                                                                          "tree",
+                                                                          "rhd",
+                                                                          "rd",
+                                                                          "pairwise",
+                                                                          "p2p",
+                                                                          "fused",
+                                                                          "ina",
+                                                                          "hier:pairwise/ring",
+                                                                          "hier:pairwise/rd",
+                                                                          "hier:fused/ring",
+                                                                          "hier:fused/rd",
+                                                                          "file"};
 
 std::string Lower(std::string_view s) {
   std::string out;

@@ -108,10 +108,13 @@ enum class Algorithm : uint8_t {
   // each rank copies the blocks it lacks from the local rank that holds them): RankPlan::host_blocks.
   kHierFusedRing = 10,
   kHierFusedRd = 11,
+  // from_file.cc: a schedule from a plan file (plan_file.h; KIZUNA_PLAN_FILE), the first of the
+  // communicator's files that serves the request.
+  kFile = 12,
 };
-inline constexpr int kNumAlgorithms = 12;
+inline constexpr int kNumAlgorithms = 13;
 // "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina", "hier:pairwise/ring", "hier:pairwise/rd",
-// "hier:fused/ring", "hier:fused/rd"
+// "hier:fused/ring", "hier:fused/rd", "file"
 std::string_view AlgorithmName(Algorithm a);
 std::optional<Algorithm> ParseAlgorithm(std::string_view name);
 // The hierarchical algorithms (two levels: hosts, then ranks of a host).

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/plan/plan_file.h"
 #include "runtime/core/status.h"
 
 namespace kizuna::collectives {
@@ -64,6 +65,10 @@ struct CommTopology {
   // With `ina`: the slowest connection between a worker and an aggregation device (the cost
   // model's aggregation cables); unreachable when none was measured. Not serialized either.
   LinkDesc ina_link;
+  // Plan files (plan_file.h, KIZUNA_PLAN_FILE) the communicator loaded and checked: the "file"
+  // algorithm runs the first that serves a request. Not serialized: every rank loads the same
+  // files (the executor's plan signatures catch ranks whose files differ).
+  std::shared_ptr<const PlanFiles> plan_files;
 
   const LinkDesc& link(int from, int to) const { return links[static_cast<size_t>(from * nranks + to)]; }
   LinkDesc& link(int from, int to) { return links[static_cast<size_t>(from * nranks + to)]; }

@@ -290,6 +290,9 @@ const std::vector<Entry>& Entries() {
         Text(&Config::topology));
     add({"KIZUNA_ALGO", "name or coll:name;coll:name", "cost model", "algorithm override"},
         Text(&Config::algo));
+    add({"KIZUNA_PLAN_FILE", "comma list of paths", "",
+         "plan files (custom schedules, docs/PLAN_FILES.md): checked at creation, run as the algorithm 'file'"},
+        List(&Config::plan_files, ','));
     add({"KIZUNA_INA_LAYOUT", "path", "",
          "INA layout (kizuna-plan --layout): ranks after its workers are aggregation devices"},
         Text(&Config::ina_layout));

@@ -102,6 +102,8 @@ struct Config {
 
   // Collectives.
   std::string algo;
+  // KIZUNA_PLAN_FILE: plan files (collectives/plan/plan_file.h) the "file" algorithm runs.
+  std::vector<std::string> plan_files;
   // In-network aggregation: the layout file (kizuna-plan --layout) naming the job's aggregation
   // devices, which are the ranks after its workers (collectives/ina/layout.h).
   std::string ina_layout;

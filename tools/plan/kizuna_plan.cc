@@ -28,23 +28,24 @@
 // Exit status: 0 success; 1 a plan could not be built (--dump) or the INA mode could not write a
 // file; 2 bad command line (CLI11's parse errors included), with a message naming the flag.
 
-#include <fmt/format.h>
-
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/algorithms/from_file.h"
 #include "collectives/cost/model.h"
-#include "collectives/plan/plan.h"
 #include "collectives/cost/selector.h"
+#include "collectives/plan/plan.h"
 #include "collectives/plan/topology.h"
 #include "runtime/core/dtype.h"
 #include "runtime/core/status.h"
@@ -525,13 +526,29 @@ int Dump(const Setup& s, const Options& o) {
     fmt::print(stderr, "kizuna-plan: {}\n", sel.status().ToString());
     return 1;
   }
-  fmt::print("# {}\n", collectives::SelectionToString(*sel));
-  fmt::print("# {}\n", collectives::ExplainPrediction(sel->chosen, r, s.shape, s.plan, s.constants));
+  if (o.json && o.rank != -1) {
+    fmt::print(stderr, "kizuna-plan: --dump --json prints every rank (a plan file); leave out --rank\n");
+    return 2;
+  }
+  if (!o.json) {
+    fmt::print("# {}\n", collectives::SelectionToString(*sel));
+    fmt::print("# {}\n", collectives::ExplainPrediction(sel->chosen, r, s.shape, s.plan, s.constants));
+  }
   auto plan = collectives::BuildPlan(sel->chosen, r, s.shape, s.plan, o.rank);
   if (!plan.ok()) {
     fmt::print(stderr, "kizuna-plan: building the {} plan: {}\n", collectives::AlgorithmName(sel->chosen),
                plan.status().ToString());
     return 1;
+  }
+  if (o.json) {
+    auto text = collectives::PlanToJson(*plan, fmt::format("{}-{}-{}", collectives::AlgorithmName(sel->chosen),
+                                                           collectives::CollectiveName(r.collective), r.nranks));
+    if (!text.ok()) {
+      fmt::print(stderr, "kizuna-plan: --dump --json: {}\n", text.status().message());
+      return 1;
+    }
+    std::fputs(text->c_str(), stdout);
+    return 0;
   }
   std::fputs(collectives::PlanToString(*plan).c_str(), stdout);
   return 0;
@@ -587,7 +604,13 @@ int Main(int argc, char** argv) {
   app.add_option("--algo", o.algo, "force an algorithm, as KIZUNA_ALGO: 'ring' or 'allreduce:ring;allgather:rhd'");
   app.add_option("--cost", o.cost, "override cost constants: 'unknown_link_gbps=12.5,...' (see --constants)");
   app.add_flag("--json", o.json, "print JSON instead of the table");
-  app.add_flag("--dump", o.dump, "print the plan of the chosen algorithm for --count elements");
+  app.add_flag("--dump", o.dump,
+               "print the plan of the chosen algorithm for --count elements (with --json: as a "
+               "plan file, docs/PLAN_FILES.md)");
+  std::vector<std::string> plan_files;
+  app.add_option("--plan-file", plan_files,
+                 "load and check a plan file (KIZUNA_PLAN_FILE): the algorithm 'file' "
+                 "(repeatable)");
   app.add_option("--count", o.count, "--dump: elements (plan.h's count)");
   app.add_option("--rank", o.rank, "--dump: only this rank's steps (-1: every rank)")->capture_default_str();
   app.add_flag("--constants", o.constants, "print the cost model's constants and exit");
@@ -609,6 +632,21 @@ int Main(int argc, char** argv) {
   if (o.constants) {
     PrintConstants(setup->constants);
     return 0;
+  }
+  if (!plan_files.empty()) {
+    collectives::PlanFiles files;
+    for (const std::string& path : plan_files) {
+      auto f = collectives::LoadPlanFile(path);
+      Status checked = f.ok() ? collectives::CheckPlanFile(*f) : f.status();
+      if (!checked.ok()) {
+        fmt::print(stderr, "kizuna-plan: {}\n", checked.message());
+        return 1;
+      }
+      fmt::print(stderr, "kizuna-plan: {} ({}): {} on {} ranks in {} units, checked\n", f->name, path,
+                 collectives::CollectiveName(f->collective), f->nranks, f->units);
+      files.push_back(std::move(f).value());
+    }
+    setup->shape.plan_files = std::make_shared<const collectives::PlanFiles>(std::move(files));
   }
   if (o.dump) return Dump(*setup, o);
   const std::vector<Row> rows = Sweep(*setup, o);

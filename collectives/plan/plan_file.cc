@@ -107,9 +107,11 @@ class Parser {
       seen[static_cast<size_t>(rank)] = true;
       RankPlan& rp = f.ranks[static_cast<size_t>(rank)];
       rp.rank = rank;
-      const json scratch = r.value("scratch", json(0));
-      if (!scratch.is_number_unsigned()) return Error(fmt::format("rank {}", rank), "\"scratch\" must be whole units");
-      rp.scratch_count = scratch.get<uint64_t>();
+      if (r.contains("scratch")) {
+        if (!r["scratch"].is_number_unsigned() || r["scratch"].get<uint64_t>() > (uint64_t{1} << 40))
+          return Error(fmt::format("rank {}", rank), "\"scratch\" must be whole units");
+        rp.scratch_count = r["scratch"].get<uint64_t>();
+      }
       if (!r.contains("channels") || !r["channels"].is_array() || r["channels"].empty() || r["channels"].size() > 64)
         return Error(fmt::format("rank {}", rank), "\"channels\" must be an array of 1 to 64 arrays of steps");
       for (size_t ch = 0; ch < r["channels"].size(); ++ch) {

@@ -66,10 +66,10 @@ Status PlanFileServes(const PlanFile& file, const CollectiveRequest& request);
 //
 // Pipelining: a unit is count / units elements, often more than a chunk. The plan then runs in P
 // passes (P the smallest divisor of count / units that brings the file's largest step within a
-// chunk), pass k doing the whole file on the k-th 1/P of every block of every buffer: a file's
-// steps move and reduce whole units element by element, so the passes are independent plans of
-// count / P elements each, laid one after another on each channel. kNotSupported when even one
-// element per unit leaves a step above a chunk.
+// chunk), pass k doing the whole file on the k-th 1/P of every block of every buffer, its units
+// laid out in it in order: a file's steps move and reduce whole units element by element, so the
+// passes are independent plans of count / P elements each, one after another on each channel. kNotSupported when even
+// one element per unit leaves a step above a chunk.
 Result<RankPlan> InstantiatePlanFile(const PlanFile& file, const CollectiveRequest& request, int rank,
                                      uint64_t chunk_count);
 // The passes InstantiatePlanFile cuts `request` into (0 when it cannot).

@@ -9,6 +9,8 @@
 //               [--chunk-bytes 512K --channels 1] [--algo NAME | --algo 'coll:name;coll:name']
 //               [--cost 'name=value,...'] [--json]
 //   kizuna-plan ... --dump --count N [--rank R]   the plan of the chosen (or --algo) algorithm
+//   kizuna-plan ... --dump --count N --json       the same as a plan file (docs/PLAN_FILES.md)
+//   kizuna-plan ... --plan-file F [--plan-file G]  load and check plan files: the algorithm 'file'
 //   kizuna-plan --constants                       the cost model's constants and where they come from
 //
 // Sizes follow nccl-tests: bytes are the larger buffer of one rank (allgather: the output,

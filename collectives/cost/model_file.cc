@@ -6,6 +6,7 @@
 #include <map>
 
 #include "collectives/cost/model_internal.h"
+#include "collectives/plan/plan_file.h"
 
 namespace kizuna::collectives::cost_internal {
 

@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "collectives/plan/plan_file.h"
 #include "runtime/core/status.h"
 
 namespace kizuna::collectives {
 namespace ina {
 struct Layout;  // collectives/ina/layout.h
 }
+struct PlanFile;  // collectives/plan/plan_file.h
 
 // One rank's device, as the cost model sees it.
 struct RankDesc {
@@ -68,7 +68,7 @@ struct CommTopology {
   // Plan files (plan_file.h, KIZUNA_PLAN_FILE) the communicator loaded and checked: the "file"
   // algorithm runs the first that serves a request. Not serialized: every rank loads the same
   // files (the executor's plan signatures catch ranks whose files differ).
-  std::shared_ptr<const PlanFiles> plan_files;
+  std::shared_ptr<const std::vector<PlanFile>> plan_files;
 
   const LinkDesc& link(int from, int to) const { return links[static_cast<size_t>(from * nranks + to)]; }
   LinkDesc& link(int from, int to) { return links[static_cast<size_t>(from * nranks + to)]; }

@@ -1,0 +1,234 @@
+// kizuna-sim: the engine's own plans run in simulated time on a modelled cluster (docs/SIMULATOR.md).
+//
+//   kizuna-sim --network switch --ranks 16 [--link-gbps 25 --latency-us 2]
+//   kizuna-sim --network rails --hosts 4 --per-host 8 --nics 8 [--intra-gbps 400 --pcie-gbps 50]
+//   kizuna-sim --network rail-only --hosts 4 --per-host 8 --nics 8
+//   kizuna-sim --network torus2d --dims 4x4          (torus3d --dims 4x4x4, ring or full --ranks 8)
+//   ... [--coll allreduce] [--algo all|ring,tree,...] [-b 8 -e 1G -f 8] [--dtype float32]
+//       [--chunk-bytes 512K --channels 1] [--copy-gbps X --reduce-gbps Y --launch-us Z] [--json FILE]
+//
+// For every size and algorithm that serves the collective: the simulated time, busbw (nccl-tests'
+// factors), the busiest link and how busy it was, and beside them the cost model's prediction and
+// choice over the same shape (each pair's link: its route's slowest link and summed latency).
+// Exit status: 0; 1 a plan could not run; 2 a bad command line, with a message naming the flag.
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/cost/model.h"
+#include "collectives/cost/selector.h"
+#include "tools/sim/network.h"
+#include "tools/sim/timed_run.h"
+
+namespace kizuna::sim {
+namespace {
+
+using collectives::Algorithm;
+using collectives::Collective;
+using collectives::CollectiveRequest;
+using collectives::CommTopology;
+
+Result<uint64_t> Size(const std::string& text, const char* flag) {
+  size_t used = 0;
+  uint64_t v = 0;
+  while (used < text.size() && text[used] >= '0' && text[used] <= '9' && v < (uint64_t{1} << 50))
+    v = v * 10 + static_cast<uint64_t>(text[used++] - '0');
+  const std::string suffix = text.substr(used);
+  int shift = -1;
+  if (suffix.empty()) shift = 0;
+  if (suffix == "K") shift = 10;
+  if (suffix == "M") shift = 20;
+  if (suffix == "G") shift = 30;
+  if (used == 0 || shift < 0 || v == 0)
+    return InvalidArgument(fmt::format("{} '{}': expected a size such as 8, 64K, 1M or 1G", flag, text));
+  return v << shift;
+}
+
+// The cost model's view of the network: host ids from the rails' hosts, each pair's link its
+// route's slowest link and summed latency, devices as the simulator has them.
+CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceModel& d) {
+  collectives::RankDesc rank;
+  rank.copy_gbps = d.copy_gbps;
+  rank.reduce_gbps = d.reduce_gbps;
+  rank.launch_us = d.launch_us;
+  CommTopology shape = CommTopology::Uniform(net.ranks(), rank, collectives::LinkDesc{});
+  const bool rails = spec.kind == "rails" || spec.kind == "rail-only";
+  for (int r = 0; r < net.ranks(); ++r)
+    shape.ranks[static_cast<size_t>(r)].host_id =
+        rails ? fmt::format("host{}", r / spec.per_host) : fmt::format("r{}", r);
+  for (int a = 0; a < net.ranks(); ++a)
+    for (int b = 0; b < net.ranks(); ++b) {
+      if (a == b || net.Route(a, b).empty()) continue;
+      collectives::LinkDesc& l = shape.link(a, b);
+      l.reachable = true;
+      l.latency_us = net.RouteLatency(a, b) * 1e6;
+      l.gbps = std::numeric_limits<double>::infinity();
+      for (int id : net.Route(a, b)) l.gbps = std::min(l.gbps, net.links()[static_cast<size_t>(id)].gbps);
+      l.staged = false;
+    }
+  return shape;
+}
+
+// nccl-tests' bus bandwidth factor.
+double BusFactor(Collective c, int p) {
+  const double n = p;
+  switch (c) {
+    case Collective::kAllReduce: return 2 * (n - 1) / n;
+    case Collective::kReduceScatter:
+    case Collective::kAllGather:
+    case Collective::kAllToAll: return (n - 1) / n;
+    default: return 1;
+  }
+}
+
+std::string Time(double s) {
+  if (s >= 1) return fmt::format("{:.3g} s", s);
+  if (s >= 1e-3) return fmt::format("{:.3g} ms", s * 1e3);
+  return fmt::format("{:.3g} us", s * 1e6);
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kizuna-sim: the engine's plans in simulated time on a modelled cluster", "kizuna-sim"};
+  NetworkSpec spec;
+  DeviceModel device;
+  std::string dims, coll = "allreduce", algos = "all", min_b = "8", max_b = "1G", dtype = "float32", chunk = "512K",
+                    json_path;
+  double factor = 8;
+  int channels = 1;
+  app.add_option("--network", spec.kind, "switch, full, rails, rail-only, torus2d, torus3d, ring")
+      ->capture_default_str();
+  app.add_option("--ranks", spec.ranks, "switch, full, ring: ranks")->capture_default_str();
+  app.add_option("--hosts", spec.hosts, "rails: hosts")->capture_default_str();
+  app.add_option("--per-host", spec.per_host, "rails: accelerators per host")->capture_default_str();
+  app.add_option("--nics", spec.nics, "rails: NICs per host")->capture_default_str();
+  app.add_option("--dims", dims, "torus: XxY or XxYxZ");
+  app.add_option("--link-gbps", spec.link_gbps, "network links, GB/s per direction")->capture_default_str();
+  app.add_option("--latency-us", spec.latency_us, "per network link")->capture_default_str();
+  app.add_option("--intra-gbps", spec.intra_gbps, "rails: accelerator to host switch, GB/s")->capture_default_str();
+  app.add_option("--pcie-gbps", spec.pcie_gbps, "rails: accelerator to NIC, GB/s")->capture_default_str();
+  app.add_option("--coll", coll, "allreduce, reducescatter, allgather, broadcast, reduce, alltoall")
+      ->capture_default_str();
+  app.add_option("--algo", algos, "all, or names separated by commas")->capture_default_str();
+  app.add_option("-b,--minbytes", min_b, "smallest size (nccl-tests' bytes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", max_b, "largest size")->capture_default_str();
+  app.add_option("-f,--stepfactor", factor, "size factor (> 1)")->capture_default_str();
+  app.add_option("--dtype", dtype, "element type")->capture_default_str();
+  app.add_option("--chunk-bytes", chunk, "the plans' largest step")->capture_default_str();
+  app.add_option("--channels", channels, "channels")->capture_default_str();
+  app.add_option("--copy-gbps", device.copy_gbps, "device copy speed (0: the cost model's default)");
+  app.add_option("--reduce-gbps", device.reduce_gbps, "device reduce speed, input bytes (0: default)");
+  app.add_option("--launch-us", device.launch_us, "device operation launch (0: default)");
+  app.add_option("--json", json_path, "also write every row as JSON to this file");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  auto fail = [](const Status& s, int code) {
+    fmt::print(stderr, "kizuna-sim: {}\n", s.message());
+    return code;
+  };
+  for (size_t at = 0; !dims.empty() && at <= dims.size();) {
+    const size_t x = std::min(dims.find('x', at), dims.size());
+    try {
+      spec.dims.push_back(std::stoi(dims.substr(at, x - at)));
+    } catch (...) {
+      return fail(InvalidArgument(fmt::format("--dims '{}': expected XxY or XxYxZ", dims)), 2);
+    }
+    at = x + 1;
+  }
+  const auto c = collectives::ParseCollective(coll);
+  const auto t = ParseDataType(dtype);
+  auto lo = Size(min_b, "--minbytes"), hi = Size(max_b, "--maxbytes"), ch = Size(chunk, "--chunk-bytes");
+  if (!c || collectives::IsPointToPoint(*c) || *c == Collective::kBarrier)
+    return fail(InvalidArgument(fmt::format("--coll '{}': a collective with data", coll)), 2);
+  if (!t) return fail(InvalidArgument(fmt::format("--dtype '{}': no such type", dtype)), 2);
+  for (const auto* r : {&lo, &hi, &ch})
+    if (!r->ok()) return fail(r->status(), 2);
+  if (factor <= 1 || channels < 1 || channels > 64) return fail(InvalidArgument("-f must be > 1, --channels 1-64"), 2);
+  auto net = Network::Build(spec);
+  if (!net.ok()) return fail(net.status(), 2);
+  std::vector<Algorithm> chosen;
+  for (size_t a = 0; a < collectives::kNumAlgorithms; ++a) {
+    const auto algo = static_cast<Algorithm>(a);
+    const std::string name(collectives::AlgorithmName(algo));
+    if (algos == "all" || ("," + algos + ",").find("," + name + ",") != std::string::npos) chosen.push_back(algo);
+  }
+  if (chosen.empty()) return fail(InvalidArgument(fmt::format("--algo '{}': no such algorithm", algos)), 2);
+  const collectives::CostConstants k;
+  const CommTopology shape = ShapeOf(*net, spec, device);
+  const int p = net->ranks();
+  const size_t es = DataTypeSize(*t);
+  fmt::print("# kizuna-sim: {} over {}\n", coll, net->description());
+  fmt::print("# {:>10} {:>10}  {:<18} {:>10} {:>8}  {:<28} {:>10}  {}\n", "bytes", "count", "algorithm", "time",
+             "busbw", "busiest link", "model", "model's choice");
+  nlohmann::json rows = nlohmann::json::array();
+  int status = 0;
+  for (double bytes = static_cast<double>(*lo); bytes <= static_cast<double>(*hi) * 1.0000001; bytes *= factor) {
+    CollectiveRequest req;
+    req.collective = *c;
+    req.nranks = p;
+    req.dtype = *t;
+    const uint64_t per_rank_blocks =
+        (*c == Collective::kReduceScatter || *c == Collective::kAllGather || *c == Collective::kAllToAll) ? p : 1;
+    req.count = std::max<uint64_t>(1, static_cast<uint64_t>(bytes) / es / per_rank_blocks);
+    collectives::PlanOptions options;
+    options.chunk_count = std::max<uint64_t>(1, *ch / es);
+    options.channels = channels;
+    auto sel = collectives::SelectAlgorithm(req, shape, options, k, collectives::AlgoOverrides{}, std::nullopt,
+                                            [](Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
+                                              return collectives::GetAlgorithm(a).Supports(r, s);
+                                            });
+    for (Algorithm a : chosen) {
+      auto plan = collectives::BuildPlan(a, req, shape, options, -1);
+      if (!plan.ok()) continue;  // not this algorithm's collective or shape
+      auto run = RunTimed(*plan, *net, device, k);
+      if (!run.ok()) {
+        if (run.status().message().find("outside their steps") != std::string::npos) continue;
+        fmt::print(stderr, "kizuna-sim: {} at {} bytes: {}\n", collectives::AlgorithmName(a), bytes,
+                   run.status().message());
+        status = 1;
+        continue;
+      }
+      double predicted = std::numeric_limits<double>::infinity();
+      if (sel.ok())
+        for (const collectives::Candidate& cand : sel->candidates)
+          if (cand.algorithm == a && cand.supported()) predicted = cand.seconds();
+      const double moved = static_cast<double>(req.count * per_rank_blocks * es);
+      const double busbw = moved / run->seconds / 1e9 * BusFactor(*c, p);
+      fmt::print("  {:>10} {:>10}  {:<18} {:>10} {:>8.3g}  {:<28} {:>10}  {}\n", static_cast<uint64_t>(moved),
+                 req.count, collectives::AlgorithmName(a), Time(run->seconds), busbw,
+                 fmt::format("{} {:.0f}%", run->bottleneck, run->bottleneck_busy * 100),
+                 predicted < std::numeric_limits<double>::infinity() ? Time(predicted) : "-",
+                 sel.ok() ? std::string(collectives::AlgorithmName(sel->chosen)) : "-");
+      rows.push_back({{"bytes", static_cast<uint64_t>(moved)},
+                      {"count", req.count},
+                      {"algorithm", collectives::AlgorithmName(a)},
+                      {"seconds", run->seconds},
+                      {"busbw_gbps", busbw},
+                      {"bottleneck", run->bottleneck},
+                      {"bottleneck_busy", run->bottleneck_busy},
+                      {"flows", run->flows},
+                      {"model_seconds", predicted < std::numeric_limits<double>::infinity() ? predicted : -1},
+                      {"model_choice", sel.ok() ? std::string(collectives::AlgorithmName(sel->chosen)) : ""}});
+    }
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << nlohmann::json({{"network", net->description()}, {"collective", coll}, {"rows", rows}}).dump(1) << "\n";
+    if (!out) return fail(InvalidArgument(fmt::format("--json: cannot write {}", json_path)), 1);
+  }
+  return status;
+}
+
+}  // namespace
+}  // namespace kizuna::sim
+
+int main(int argc, char** argv) { return kizuna::sim::Main(argc, argv); }

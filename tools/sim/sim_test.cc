@@ -1,0 +1,152 @@
+#include <cmath>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/cost/model.h"
+#include "tools/sim/network.h"
+#include "tools/sim/timed_run.h"
+
+namespace kizuna::sim {
+namespace {
+
+using collectives::Algorithm;
+using collectives::Collective;
+using collectives::CollectiveRequest;
+using collectives::CommTopology;
+
+// Devices and the executor too fast to matter: the network alone sets the time.
+DeviceModel Instant() {
+  DeviceModel d;
+  d.copy_gbps = d.reduce_gbps = 1e9;
+  d.launch_us = 1e-9;
+  d.message_us = d.step_us = 0;
+  return d;
+}
+
+CommTopology AllLinked(int p) {
+  collectives::LinkDesc l;
+  l.reachable = true;
+  return CommTopology::Uniform(p, collectives::RankDesc{}, l);
+}
+
+Result<TimedResult> Simulate(Algorithm a, Collective c, int p, uint64_t count, const Network& net,
+                             uint64_t chunk = 1u << 30, const CommTopology* shape = nullptr) {
+  CollectiveRequest req{c, p, count, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  collectives::PlanOptions options;
+  options.chunk_count = chunk;
+  const CommTopology all = AllLinked(p);
+  auto plan = collectives::BuildPlan(a, req, shape ? *shape : all, options, -1);
+  if (!plan.ok()) return plan.status();
+  return RunTimed(*plan, net, Instant(), collectives::CostConstants{});
+}
+
+TEST(Network, RoutesFollowTheShape) {
+  NetworkSpec s;
+  s.kind = "torus2d";
+  s.dims = {4, 4};
+  auto t = Network::Build(s);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->ranks(), 16);
+  EXPECT_EQ(t->Route(0, 1).size(), 1u);
+  EXPECT_EQ(t->Route(0, 3).size(), 1u);   // wraps around
+  EXPECT_EQ(t->Route(0, 10).size(), 4u);  // two hops along x, two along y
+  s.kind = "rails";
+  s.hosts = 2;
+  s.per_host = 4;
+  s.nics = 4;
+  auto r = Network::Build(s);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->Route(0, 1).size(), 2u);  // through the host switch
+  EXPECT_EQ(r->Route(0, 4).size(), 4u);  // accelerator, NIC, rail switch, NIC, accelerator
+  EXPECT_EQ(r->Route(0, 5).size(), 6u);  // another rail: through the spine
+  s.kind = "mesh";
+  EXPECT_FALSE(Network::Build(s).ok());
+}
+
+// Two ranks on a switch exchanging halves (ring AllReduce of 2): two rounds, each half the data
+// over two links each way at the link's rate, plus the route's latency.
+TEST(TimedRun, ATransferTakesItsBytesOverTheBandwidthPlusTheLatency) {
+  NetworkSpec s;
+  s.ranks = 2;
+  s.link_gbps = 10;
+  s.latency_us = 5;
+  auto net = Network::Build(s);
+  ASSERT_TRUE(net.ok());
+  const uint64_t count = 1u << 20;  // 4 MiB
+  auto r = Simulate(Algorithm::kRing, Collective::kAllReduce, 2, count, *net);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const double round = 2 * 5e-6 + (count * 4.0 / 2) / 10e9;
+  EXPECT_NEAR(r->seconds, 2 * round, 2 * round * 0.01);
+  EXPECT_NEAR(r->bottleneck_busy, (2 * count * 4.0 / 2 / 10e9) / r->seconds, 0.01);
+}
+
+// Four ranks all sending to one (a reduce to rank 0 by a direct exchange would do it; here the
+// AllToAll's round where three send to rank 0 at once): its link is shared, so a round takes the
+// bytes of all three over it.
+TEST(TimedRun, FlowsOnOneLinkShareIt) {
+  NetworkSpec s;
+  s.ranks = 4;
+  s.link_gbps = 10;
+  s.latency_us = 0;
+  auto net = Network::Build(s);
+  ASSERT_TRUE(net.ok());
+  auto a2a = Simulate(Algorithm::kPairwise, Collective::kAllToAll, 4, 1u << 18, *net);
+  ASSERT_TRUE(a2a.ok()) << a2a.status().ToString();
+  // Every rank sends 3 blocks of 1 MiB and receives 3: at least 3 MiB over each rank's links.
+  EXPECT_GE(a2a->seconds, 3 * (1u << 20) / 10e9 * 0.999);
+  EXPECT_GT(a2a->bottleneck_busy, 0.9);
+}
+
+// A rail-optimised cluster against the same hosts with one NIC each: the hierarchical AllReduce
+// sends each host's data through all its NICs at once in one, through one in the other.
+TEST(TimedRun, RailsCarryWhatOneNicCannot) {
+  NetworkSpec s;
+  s.kind = "rails";
+  s.hosts = 2;
+  s.per_host = 4;
+  s.link_gbps = 25;
+  s.nics = 4;
+  auto rails = Network::Build(s);
+  s.nics = 1;
+  auto one = Network::Build(s);
+  ASSERT_TRUE(rails.ok() && one.ok());
+  CommTopology shape = AllLinked(8);
+  for (int r = 0; r < 8; ++r) shape.ranks[static_cast<size_t>(r)].host_id = r < 4 ? "a" : "b";
+  const uint64_t count = 16u << 20;
+  auto fast = Simulate(Algorithm::kHierRing, Collective::kAllReduce, 8, count, *rails, 1u << 17, &shape);
+  auto slow = Simulate(Algorithm::kHierRing, Collective::kAllReduce, 8, count, *one, 1u << 17, &shape);
+  ASSERT_TRUE(fast.ok()) << fast.status().ToString();
+  ASSERT_TRUE(slow.ok()) << slow.status().ToString();
+  EXPECT_GT(slow->seconds, 2.5 * fast->seconds) << fast->seconds << " vs " << slow->seconds;
+  EXPECT_NE(slow->bottleneck.find("nic0"), std::string::npos) << slow->bottleneck;
+}
+
+// Every algorithm's plans for every collective it serves complete on a torus, where most pairs
+// are several hops apart.
+TEST(TimedRun, EveryAlgorithmCompletesOnATorus) {
+  NetworkSpec s;
+  s.kind = "torus2d";
+  s.dims = {3, 2};
+  auto net = Network::Build(s);
+  ASSERT_TRUE(net.ok());
+  int ran = 0;
+  for (int a = 0; a < collectives::kNumAlgorithms; ++a)
+    for (int c = 0; c < collectives::kNumCollectives; ++c) {
+      const auto coll = static_cast<Collective>(c);
+      if (collectives::IsPointToPoint(coll) || coll == Collective::kBarrier) continue;
+      auto r = Simulate(static_cast<Algorithm>(a), coll, 6, 1000, *net, 128);
+      if (!r.ok() && (r.status().code() == StatusCode::kNotSupported ||
+                      r.status().message().find("outside their steps") != std::string::npos))
+        continue;
+      ASSERT_TRUE(r.ok()) << collectives::AlgorithmName(static_cast<Algorithm>(a)) << " "
+                          << collectives::CollectiveName(coll) << ": " << r.status().ToString();
+      EXPECT_GT(r->seconds, 0);
+      ++ran;
+    }
+  EXPECT_GE(ran, 15);
+}
+
+}  // namespace
+}  // namespace kizuna::sim

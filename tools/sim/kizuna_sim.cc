@@ -65,12 +65,12 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
         rails ? fmt::format("host{}", r / spec.per_host) : fmt::format("r{}", r);
   for (int a = 0; a < net.ranks(); ++a)
     for (int b = 0; b < net.ranks(); ++b) {
-      if (a == b || net.Route(a, b).empty()) continue;
+      const auto [gbps, latency] = a == b ? std::pair(0.0, 0.0) : net.RouteSummary(a, b);
+      if (gbps <= 0) continue;
       collectives::LinkDesc& l = shape.link(a, b);
       l.reachable = true;
-      l.latency_us = net.RouteLatency(a, b) * 1e6;
-      l.gbps = std::numeric_limits<double>::infinity();
-      for (int id : net.Route(a, b)) l.gbps = std::min(l.gbps, net.links()[static_cast<size_t>(id)].gbps);
+      l.latency_us = latency * 1e6;
+      l.gbps = gbps;
       l.staged = false;
     }
   return shape;

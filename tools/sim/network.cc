@@ -1,5 +1,6 @@
 #include "tools/sim/network.h"
 
+#include <algorithm>
 #include <deque>
 
 #include <fmt/format.h>
@@ -9,12 +10,14 @@ namespace kizuna::sim {
 int Network::AddNode(std::string name) {
   node_names_.push_back(std::move(name));
   out_.emplace_back();
+  in_.emplace_back();
   return static_cast<int>(node_names_.size()) - 1;
 }
 
 void Network::Cable(int a, int b, double gbps, double latency_us) {
   for (auto [x, y] : {std::pair(a, b), std::pair(b, a)}) {
     out_[static_cast<size_t>(x)].push_back(static_cast<int>(links_.size()));
+    in_[static_cast<size_t>(y)].push_back(static_cast<int>(links_.size()));
     links_.push_back({x, y, gbps, latency_us,
                       fmt::format("{}->{}", node_names_[static_cast<size_t>(x)], node_names_[static_cast<size_t>(y)])});
   }
@@ -102,60 +105,73 @@ Result<Network> Network::Build(const NetworkSpec& s) {
     return InvalidArgument(fmt::format(
         "kizuna-sim: unknown network '{}' (switch, full, rails, rail-only, torus2d, torus3d, ring)", s.kind));
   }
-  n.ComputeRoutes();
   return n;
 }
 
-void Network::ComputeRoutes() {
-  const size_t nodes = node_names_.size(), p = rank_node_.size();
-  routes_.assign(p * p, {});
-  route_latency_.assign(p * p, 0);
-  // Distance of every node to each destination (hops, links followed forward), then from each
-  // source the links that bring it one hop closer; among several, the pair picks one.
-  std::vector<std::vector<int>> in(nodes);
-  for (size_t l = 0; l < links_.size(); ++l) in[static_cast<size_t>(links_[l].to)].push_back(static_cast<int>(l));
-  std::vector<int> dist(nodes);
-  for (size_t b = 0; b < p; ++b) {
-    std::fill(dist.begin(), dist.end(), -1);
-    std::deque<int> queue{rank_node_[b]};
-    dist[static_cast<size_t>(rank_node_[b])] = 0;
-    while (!queue.empty()) {
-      const int v = queue.front();
-      queue.pop_front();
-      for (int l : in[static_cast<size_t>(v)]) {
-        const int u = links_[static_cast<size_t>(l)].from;
-        if (dist[static_cast<size_t>(u)] < 0) {
-          dist[static_cast<size_t>(u)] = dist[static_cast<size_t>(v)] + 1;
-          queue.push_back(u);
-        }
+const std::vector<int>& Network::DistanceTo(int b) const {
+  auto [it, fresh] = distance_.try_emplace(b);
+  if (!fresh) return it->second;
+  std::vector<int>& dist = it->second;
+  dist.assign(node_names_.size(), -1);
+  std::deque<int> queue{rank_node_[static_cast<size_t>(b)]};
+  dist[static_cast<size_t>(queue.front())] = 0;
+  while (!queue.empty()) {
+    const int v = queue.front();
+    queue.pop_front();
+    for (int l : in_[static_cast<size_t>(v)]) {
+      const int u = links_[static_cast<size_t>(l)].from;
+      if (dist[static_cast<size_t>(u)] < 0) {
+        dist[static_cast<size_t>(u)] = dist[static_cast<size_t>(v)] + 1;
+        queue.push_back(u);
       }
-    }
-    for (size_t a = 0; a < p; ++a) {
-      if (a == b || dist[static_cast<size_t>(rank_node_[a])] < 0) continue;
-      std::vector<int>& route = routes_[a * p + b];
-      double latency = 0;
-      for (int v = rank_node_[a]; v != rank_node_[b];) {
-        std::vector<int> closer;
-        for (int l : out_[static_cast<size_t>(v)]) {
-          const int w = links_[static_cast<size_t>(l)].to;
-          if (dist[static_cast<size_t>(w)] == dist[static_cast<size_t>(v)] - 1) closer.push_back(l);
-        }
-        const int l = closer[(a + b) % closer.size()];
-        route.push_back(l);
-        latency += links_[static_cast<size_t>(l)].latency_us * 1e-6;
-        v = links_[static_cast<size_t>(l)].to;
-      }
-      route_latency_[a * p + b] = latency;
     }
   }
+  return dist;
 }
 
-const std::vector<int>& Network::Route(int a, int b) const {
-  return routes_[static_cast<size_t>(a) * rank_node_.size() + static_cast<size_t>(b)];
+// From a, the links that bring it one hop closer to b; among several, the pair picks one.
+template <typename Hop>
+bool Network::Walk(int a, int b, Hop&& hop) const {
+  const std::vector<int>& dist = DistanceTo(b);
+  const int target = rank_node_[static_cast<size_t>(b)];
+  if (a == b || dist[static_cast<size_t>(rank_node_[static_cast<size_t>(a)])] < 0) return false;
+  std::vector<int> closer;
+  for (int v = rank_node_[static_cast<size_t>(a)]; v != target;) {
+    closer.clear();
+    for (int l : out_[static_cast<size_t>(v)])
+      if (dist[static_cast<size_t>(links_[static_cast<size_t>(l)].to)] == dist[static_cast<size_t>(v)] - 1)
+        closer.push_back(l);
+    const int l = closer[static_cast<size_t>(a + b) % closer.size()];
+    hop(l);
+    v = links_[static_cast<size_t>(l)].to;
+  }
+  return true;
 }
 
-double Network::RouteLatency(int a, int b) const {
-  return route_latency_[static_cast<size_t>(a) * rank_node_.size() + static_cast<size_t>(b)];
+const Network::Path& Network::PathOf(int a, int b) const {
+  const uint64_t key = static_cast<uint64_t>(a) * rank_node_.size() + static_cast<uint64_t>(b);
+  auto [it, fresh] = paths_.try_emplace(key);
+  if (!fresh) return it->second;
+  Path& path = it->second;
+  Walk(a, b, [&](int l) {
+    path.links.push_back(l);
+    path.latency += links_[static_cast<size_t>(l)].latency_us * 1e-6;
+  });
+  return path;
 }
+
+std::pair<double, double> Network::RouteSummary(int a, int b) const {
+  double gbps = 0, latency = 0;
+  Walk(a, b, [&](int l) {
+    const Link& k = links_[static_cast<size_t>(l)];
+    gbps = gbps == 0 ? k.gbps : std::min(gbps, k.gbps);
+    latency += k.latency_us * 1e-6;
+  });
+  return {gbps, latency};
+}
+
+const std::vector<int>& Network::Route(int a, int b) const { return PathOf(a, b).links; }
+
+double Network::RouteLatency(int a, int b) const { return PathOf(a, b).latency; }
 
 }  // namespace kizuna::sim

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/status.h"
@@ -47,21 +49,34 @@ class Network {
   const std::string& description() const { return description_; }
   // The links from rank a's node to rank b's, a shortest path (fewest links); equal paths are
   // spread by the pair (a + b picks among the equally short first links).
+  // Computed on first use and kept (a plan uses few of the p^2 pairs); not thread-safe.
   const std::vector<int>& Route(int a, int b) const;
   // Sum of the route's latencies, seconds.
   double RouteLatency(int a, int b) const;
+  // The route's slowest link (GB/s; 0 when there is no route) and summed latency (seconds),
+  // without keeping the route: for the cost model's view of every pair.
+  std::pair<double, double> RouteSummary(int a, int b) const;
 
  private:
+  struct Path {
+    std::vector<int> links;
+    double latency = 0;
+  };
   int AddNode(std::string name);
   void Cable(int a, int b, double gbps, double latency_us);  // both directions
-  void ComputeRoutes();
+  const Path& PathOf(int a, int b) const;
+  // Calls hop(link) along a's route to b; false when there is none.
+  template <typename Hop>
+  bool Walk(int a, int b, Hop&& hop) const;
+  // Hops from every node to rank b's node, following links forward (-1: unreachable).
+  const std::vector<int>& DistanceTo(int b) const;
 
   std::vector<std::string> node_names_;
   std::vector<Link> links_;
-  std::vector<std::vector<int>> out_;  // node -> outgoing links
+  std::vector<std::vector<int>> out_, in_;  // node -> outgoing, incoming links
   std::vector<int> rank_node_;
-  std::vector<std::vector<int>> routes_;  // [a * ranks + b]
-  std::vector<double> route_latency_;
+  mutable std::unordered_map<uint64_t, Path> paths_;            // by a * ranks + b
+  mutable std::unordered_map<int, std::vector<int>> distance_;  // by destination rank
   std::string description_;
 };
 

@@ -109,7 +109,7 @@ class Runner {
     }
     TimedResult out;
     for (double f : finish_) out.seconds = std::max(out.seconds, f);
-    out.flows = flows_.size();
+    out.flows = flow_count_;
     for (size_t l = 0; l < link_bytes_.size(); ++l) {
       out.network_bytes += link_bytes_[l];
       const double busy = out.seconds > 0 ? link_bytes_[l] / (net_.links()[l].gbps * 1e9 * out.seconds) : 0;
@@ -221,13 +221,22 @@ class Runner {
       error_ = InvalidArgument(
           fmt::format("kizuna-sim: the network has no route from rank {} to rank {}", send.rank, recv.rank));
     f.bytes = f.remaining = static_cast<double>(At(send).count()) * esize_;
-    flows_.push_back(f);
+    size_t id = flows_.size();
+    if (free_flows_.empty()) {
+      flows_.push_back(f);
+    } else {
+      id = free_flows_.back();
+      free_flows_.pop_back();
+      flows_[id] = f;
+    }
+    ++flow_count_;
     // Both ends' executors handle the message, then the first byte crosses the route.
-    events_.push({now_ + 2 * message_ + step_ + net_.RouteLatency(send.rank, recv.rank), true, flows_.size() - 1, {}});
+    events_.push({now_ + 2 * message_ + step_ + net_.RouteLatency(send.rank, recv.rank), true, id, {}});
   }
 
   void Delivered(size_t id) {
-    const Flow& f = flows_[id];
+    const Flow f = flows_[id];
+    free_flows_.push_back(id);
     Done(f.send);
     if (At(f.recv).kind == StepKind::kRecvReduce) {
       events_.push({OnDevice(f.recv.rank, launch_ + 2 * f.bytes / reduce_), false, 0, f.recv});
@@ -325,6 +334,8 @@ class Runner {
   std::vector<double> device_free_, device_busy_, finish_;
   std::unordered_map<uint64_t, std::deque<StepRef>> sends_, recvs_;
   std::vector<Flow> flows_;
+  std::vector<size_t> free_flows_;  // delivered flows' slots, reused
+  uint64_t flow_count_ = 0;
   std::vector<size_t> active_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   std::vector<double> link_bytes_;

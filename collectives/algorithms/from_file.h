@@ -8,8 +8,8 @@
 namespace kizuna::collectives {
 
 // Runs every rank of `file` in the simulator (simulate.h) on random float32 inputs, at one and
-// at three elements per unit, in one pass and cut into two, out of place (and in place where the
-// file says it runs so), and compares every rank's output with the reference (reference.h).
+// at four elements per unit, whole and cut into passes, in each placement the file is for, and
+// compares every rank's output with the reference (reference.h).
 // kInvalidArgument naming the file and the rank, channel and step of a deadlock or a mismatched
 // transfer, or the rank and element of a wrong result.
 Status CheckPlanFile(const PlanFile& file);

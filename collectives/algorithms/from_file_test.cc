@@ -4,6 +4,7 @@
 #include "collectives/algorithms/from_file.h"
 
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -24,8 +25,8 @@ void ExpectSameSteps(const PlanFile& f, const Plan& plan, uint64_t chunk) {
   }
 }
 
-PlanFile Dumped(Algorithm a, Collective c, int n, uint64_t count) {
-  CollectiveRequest req{c, n, count, DataType::kFloat32, ReduceOp::kSum, 0, false};
+PlanFile Dumped(Algorithm a, Collective c, int n, uint64_t count, bool in_place = false) {
+  CollectiveRequest req{c, n, count, DataType::kFloat32, ReduceOp::kSum, 0, in_place};
   PlanOptions options;
   options.chunk_count = 3;  // several chunks per part: the dumps hold pipelined plans
   auto plan = BuildPlan(a, req, Full(n), options, -1);
@@ -59,6 +60,22 @@ TEST(PlanFileCheck, EveryAlgorithmsOwnPlansPassAsFiles) {
       const Status s = CheckPlanFile(f);
       EXPECT_TRUE(s.ok()) << s.ToString();
     }
+}
+
+// Plans built for in-place buffers, dumped (their files say "placement": "in"), pass the check:
+// AllGather's input inside its output, ReduceScatter's output inside its input, a Reduce whose
+// non-roots keep their buffers.
+TEST(PlanFileCheck, InPlacePlansPassInPlace) {
+  for (auto [a, c] :
+       {std::pair(Algorithm::kRing, Collective::kAllGather), std::pair(Algorithm::kRing, Collective::kReduceScatter),
+        std::pair(Algorithm::kRing, Collective::kAllReduce), std::pair(Algorithm::kTree, Collective::kReduce)}) {
+    SCOPED_TRACE(fmt::format("{} {}", AlgorithmName(a), CollectiveName(c)));
+    const PlanFile f = Dumped(a, c, 4, 8, /*in_place=*/true);
+    ASSERT_TRUE(f.in_place);
+    ASSERT_FALSE(f.out_of_place);
+    const Status s = CheckPlanFile(f);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
 }
 
 // The two-rank exchange of plan_file_test.cc, with one change each.

@@ -86,7 +86,13 @@ class Parser {
         j["units"].get<uint64_t>() > (uint64_t{1} << 40))
       return Error("", "\"units\" must be a positive whole number (the parts a rank's count is cut into)");
     f.units = j["units"].get<uint64_t>();
-    f.in_place = j.value("in_place", false);
+    const std::string placement = j.value("placement", std::string("out"));
+    if (placement != "out" && placement != "in" && placement != "both")
+      return Error("", fmt::format("\"placement\" must be \"out\", \"in\" or \"both\" (found \"{}\")", placement));
+    f.out_of_place = placement != "in";
+    f.in_place = placement != "out";
+    if (f.in_place && f.collective == Collective::kAllToAll)
+      return Error("", "an alltoall plan cannot be in place (plan.h)");
     f.name = j.value("name", std::string());
     if (f.name.empty()) {
       std::string base = f.source.substr(f.source.find_last_of('/') + 1);
@@ -212,7 +218,9 @@ Status PlanFileServes(const PlanFile& file, const CollectiveRequest& request) {
     return no(fmt::format("it is for {} ranks, the communicator has {}", file.nranks, request.nranks));
   if (request.count == 0 || request.count % file.units != 0)
     return no(fmt::format("its {} units do not divide the count {}", file.units, request.count));
-  if (request.in_place && !file.in_place) return no("it does not say it runs in place (\"in_place\": true)");
+  if (request.in_place && !file.in_place)
+    return no("it is not for in-place buffers (\"placement\": \"in\" or \"both\")");
+  if (!request.in_place && !file.out_of_place) return no("it is for in-place buffers only (\"placement\": \"in\")");
   return Status::Ok();
 }
 
@@ -346,7 +354,7 @@ Result<std::string> PlanToJson(const Plan& plan, std::string_view name) {
             {"collective", CollectiveName(plan.request.collective)},
             {"nranks", plan.request.nranks},
             {"units", plan.request.count},
-            {"in_place", plan.request.in_place},
+            {"placement", plan.request.in_place ? "in" : "out"},
             {"ranks", ranks}};
   // One step per line: readable, and diffs stay small.
   std::string out = "{\n";

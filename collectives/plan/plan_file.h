@@ -13,7 +13,7 @@
 //     "collective": "allreduce",
 //     "nranks": 4,
 //     "units": 4,
-//     "in_place": false,            (optional: the plan is also right in place)
+//     "placement": "both",          (optional: "out" (the default), "in" or "both")
 //     "ranks": [
 //       {"rank": 0, "scratch": 0, "channels": [[
 //         {"step": "send", "peer": 1, "src": "in[0+2]"},
@@ -48,7 +48,9 @@ struct PlanFile {
   Collective collective = Collective::kAllReduce;
   int nranks = 0;
   uint64_t units = 1;
-  bool in_place = false;
+  // The buffers the plan is written for (plan.h's table): separate ("out"), in place ("in"),
+  // or either ("both"). A dump says what it was built for.
+  bool out_of_place = true, in_place = false;
   // Steps as plan.h has them, slices in units.
   std::vector<RankPlan> ranks;  // nranks entries, rank r at index r; scratch_count in units
 };
@@ -59,7 +61,7 @@ Result<PlanFile> ParsePlanFile(std::string_view text, std::string_view source);
 Result<PlanFile> LoadPlanFile(const std::string& path);
 
 // ok, or kNotSupported naming why the file does not serve `request` (another collective or
-// number of ranks, a count that `units` does not divide, in place where the file does not say so).
+// number of ranks, a count that `units` does not divide, a placement the file is not for).
 Status PlanFileServes(const PlanFile& file, const CollectiveRequest& request);
 // Rank `rank`'s steps for `request`, slices in elements, no step above `chunk_count` elements
 // (the executor's staging slots hold one chunk); call after PlanFileServes said ok.

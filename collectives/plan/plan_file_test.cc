@@ -78,7 +78,11 @@ TEST(PlanFile, ServesOnlyItsCollectiveRanksAndCounts) {
   EXPECT_NE(PlanFileServes(*f, AllReduce(7)).message().find("2 units do not divide the count 7"), std::string::npos);
   CollectiveRequest in_place = AllReduce(8);
   in_place.in_place = true;
-  EXPECT_EQ(PlanFileServes(*f, in_place).code(), StatusCode::kNotSupported);
+  EXPECT_NE(PlanFileServes(*f, in_place).message().find("not for in-place buffers"), std::string::npos);
+  auto only_in = ParsePlanFile(Replace(kTwoRanks, "\"units\": 2,", "\"units\": 2, \"placement\": \"in\","), "in.json");
+  ASSERT_TRUE(only_in.ok()) << only_in.status().ToString();
+  EXPECT_TRUE(PlanFileServes(*only_in, in_place).ok());
+  EXPECT_NE(PlanFileServes(*only_in, AllReduce(8)).message().find("for in-place buffers only"), std::string::npos);
 }
 
 // Every malformed file is named with what is wrong and where.
@@ -90,6 +94,8 @@ TEST(PlanFile, BadFilesNameTheRankChannelAndStep) {
       {Replace(good, "kizuna-plan 1", "kizuna-plan 9"), "pair.json: \"format\" must be \"kizuna-plan 1\""},
       {Replace(good, "\"allreduce\"", "\"send\""), "\"collective\" must name a collective with data"},
       {Replace(good, "\"units\": 2", "\"units\": 0"), "\"units\" must be a positive whole number"},
+      {Replace(good, "\"units\": 2,", "\"units\": 2, \"placement\": \"inside\","),
+       "\"placement\" must be \"out\", \"in\" or \"both\" (found \"inside\")"},
       {Replace(good, "\"nranks\": 2", "\"nranks\": 3"), "\"ranks\" must be an array of 3 ranks"},
       {Replace(good, "{\"rank\": 1,", "{\"rank\": 0,"), "rank 0: listed twice"},
       {Replace(good, "\"peer\": 1, \"src\": \"in[1+1]\"", "\"peer\": 5, \"src\": \"in[1+1]\""),

@@ -57,7 +57,7 @@ def ring_all_gather(ring, pos, own, base, size):
 
 def write(name, nranks, units, ranks):
     doc = {"format": "kizuna-plan 1", "name": name, "collective": "allreduce", "nranks": nranks, "units": units,
-           "in_place": True, "ranks": [{"rank": r, "scratch": 0, "channels": [ranks[r]]} for r in range(nranks)]}
+           "placement": "both", "ranks": [{"rank": r, "scratch": 0, "channels": [ranks[r]]} for r in range(nranks)]}
     with open(name + ".json", "w") as f:
         f.write(json.dumps(doc, indent=1) + "\n")
 

@@ -70,14 +70,16 @@ def ddp():
     for backend in ("kizuna", "gloo"):
         start = time.monotonic()
         p = torchrun(2, "ddp.py", backend)
-        if backend == "gloo" and p.returncode != 0:
-            # The reference is Gloo's, not kizuna's: a Gloo run that crashed (both ranks aborted
-            # once in 20-odd fresh runs here) is run again, and the first failure is shown.
-            print(f"note: the Gloo reference run failed (exit {p.returncode}), running it again; its stderr tail: "
-                  f"{p.stderr[-1500:]}", flush=True)
-            p = torchrun(2, "ddp.py", backend)
-        seconds = time.monotonic() - start
         params = re.findall(r"PARAMS (\d+) ([0-9a-f]+)", p.stdout)
+        if backend == "gloo" and (p.returncode != 0 or len(params) != 2):
+            # The reference is Gloo's, not kizuna's: a Gloo run that crashed (both ranks aborted
+            # once in 20-odd fresh runs here) or ended without its ranks' results (exit 0, no
+            # PARAMS lines: once on 2026-11-29) is run again, and the first failure is shown.
+            print(f"note: the Gloo reference run failed (exit {p.returncode}, {len(params)} PARAMS lines), running "
+                  f"it again; its stdout tail: {p.stdout[-500:]}; stderr tail: {p.stderr[-1500:]}", flush=True)
+            p = torchrun(2, "ddp.py", backend)
+            params = re.findall(r"PARAMS (\d+) ([0-9a-f]+)", p.stdout)
+        seconds = time.monotonic() - start
         losses = [json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("LOSSES ")]
         if p.returncode != 0 or len(params) != 2 or not losses:
             # The workers' own errors, not only the launcher's summary at the end.

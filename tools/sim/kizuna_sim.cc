@@ -5,7 +5,8 @@
 //   kizuna-sim --network rail-only --hosts 4 --per-host 8 --nics 8
 //   kizuna-sim --network torus2d --dims 4x4          (torus3d --dims 4x4x4, ring or full --ranks 8)
 //   ... [--coll allreduce] [--algo all|ring,tree,...] [-b 8 -e 1G -f 8] [--dtype float32]
-//       [--chunk-bytes 512K --channels 1] [--copy-gbps X --reduce-gbps Y --launch-us Z] [--json FILE]
+//       [--chunk-bytes 512K --channels N] [--copy-gbps X --reduce-gbps Y --launch-us Z]
+//       [--window 4] [--sharing fair|fifo] [--json FILE]
 //
 // For every size and algorithm that serves the collective: the simulated time, busbw (nccl-tests'
 // factors), the busiest link and how busy it was, and beside them the cost model's prediction and
@@ -101,7 +102,7 @@ int Main(int argc, char** argv) {
   std::string dims, coll = "allreduce", algos = "all", min_b = "8", max_b = "1G", dtype = "float32", chunk = "512K",
                     json_path;
   double factor = 8;
-  int channels = 1;
+  int channels = 0;
   app.add_option("--network", spec.kind, "switch, full, rails, rail-only, torus2d, torus3d, ring")
       ->capture_default_str();
   app.add_option("--ranks", spec.ranks, "switch, full, ring: ranks")->capture_default_str();
@@ -121,10 +122,16 @@ int Main(int argc, char** argv) {
   app.add_option("-f,--stepfactor", factor, "size factor (> 1)")->capture_default_str();
   app.add_option("--dtype", dtype, "element type")->capture_default_str();
   app.add_option("--chunk-bytes", chunk, "the plans' largest step")->capture_default_str();
-  app.add_option("--channels", channels, "channels")->capture_default_str();
+  app.add_option("--channels", channels, "channels (0: the engine's, two from 256 KiB)")->capture_default_str();
   app.add_option("--copy-gbps", device.copy_gbps, "device copy speed (0: the cost model's default)");
   app.add_option("--reduce-gbps", device.reduce_gbps, "device reduce speed, input bytes (0: default)");
   app.add_option("--launch-us", device.launch_us, "device operation launch (0: default)");
+  app.add_option("--window", device.window, "started steps per channel (the executor's)")->capture_default_str();
+  std::string sharing = "fair";
+  app.add_option("--sharing", sharing,
+                 "how flows share a link: fair (max-min) or fifo (in turn, as the "
+                 "direct-connect fabric's shaper)")
+      ->capture_default_str();
   app.add_option("--json", json_path, "also write every row as JSON to this file");
   try {
     app.parse(argc, argv);
@@ -135,6 +142,9 @@ int Main(int argc, char** argv) {
     fmt::print(stderr, "kizuna-sim: {}\n", s.message());
     return code;
   };
+  if (sharing != "fair" && sharing != "fifo")
+    return fail(InvalidArgument(fmt::format("--sharing '{}': fair or fifo", sharing)), 2);
+  device.fifo = sharing == "fifo";
   for (size_t at = 0; !dims.empty() && at <= dims.size();) {
     const size_t x = std::min(dims.find('x', at), dims.size());
     try {
@@ -152,7 +162,7 @@ int Main(int argc, char** argv) {
   if (!t) return fail(InvalidArgument(fmt::format("--dtype '{}': no such type", dtype)), 2);
   for (const auto* r : {&lo, &hi, &ch})
     if (!r->ok()) return fail(r->status(), 2);
-  if (factor <= 1 || channels < 1 || channels > 64) return fail(InvalidArgument("-f must be > 1, --channels 1-64"), 2);
+  if (factor <= 1 || channels < 0 || channels > 64) return fail(InvalidArgument("-f must be > 1, --channels 0-64"), 2);
   auto net = Network::Build(spec);
   if (!net.ok()) return fail(net.status(), 2);
   std::vector<Algorithm> chosen;
@@ -181,7 +191,8 @@ int Main(int argc, char** argv) {
     req.count = std::max<uint64_t>(1, static_cast<uint64_t>(bytes) / es / per_rank_blocks);
     collectives::PlanOptions options;
     options.chunk_count = std::max<uint64_t>(1, *ch / es);
-    options.channels = channels;
+    // The engine asks for two channels for a collective of 256 KiB or more (engine.cc).
+    options.channels = channels > 0 ? channels : (bytes >= 256 << 10 ? 2 : 1);
     auto sel = collectives::SelectAlgorithm(req, shape, options, k, collectives::AlgoOverrides{}, std::nullopt,
                                             [](Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
                                               return collectives::GetAlgorithm(a).Supports(r, s);

@@ -99,6 +99,34 @@ TEST(TimedRun, FlowsOnOneLinkShareIt) {
   EXPECT_GT(a2a->bottleneck_busy, 0.9);
 }
 
+// FIFO links carry one flow at a time, in the order the sends started. Recursive doubling on two
+// channels over a full mesh: fair sharing ends both channels' transfers of a round together, a
+// FIFO cable ends the first channel's first, which goes on to the next round on another cable
+// while the second still uses this one; the rounds overlap.
+TEST(TimedRun, FifoLinksLetChannelsRunAhead) {
+  NetworkSpec s;
+  s.kind = "full";
+  s.ranks = 4;
+  s.link_gbps = 1;
+  s.latency_us = 0;
+  auto net = Network::Build(s);
+  ASSERT_TRUE(net.ok());
+  CollectiveRequest req{Collective::kAllReduce, 4, 1u << 18, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  collectives::PlanOptions options;
+  options.chunk_count = 1u << 17;
+  options.channels = 2;
+  auto plan = collectives::BuildPlan(Algorithm::kRd, req, AllLinked(4), options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  DeviceModel fifo = Instant();
+  fifo.fifo = true;
+  auto fair = RunTimed(*plan, *net, Instant(), collectives::CostConstants{});
+  auto turn = RunTimed(*plan, *net, fifo, collectives::CostConstants{});
+  ASSERT_TRUE(fair.ok() && turn.ok());
+  const double round = (1u << 20) / 1e9;  // 1 MiB each way per round, two rounds
+  EXPECT_NEAR(fair->seconds, 2 * round, 2 * round * 0.01);
+  EXPECT_NEAR(turn->seconds, 1.5 * round, 1.5 * round * 0.01);
+}
+
 // A rail-optimised cluster against the same hosts with one NIC each: the hierarchical AllReduce
 // sends each host's data through all its NICs at once in one, through one in the other.
 TEST(TimedRun, RailsCarryWhatOneNicCannot) {

@@ -36,6 +36,7 @@ class Runner {
     message_ = (d.message_us >= 0 ? d.message_us : k.message_overhead_us) * 1e-6;
     step_ = (d.step_us >= 0 ? d.step_us : k.step_overhead_us) * 1e-6;
     window_ = static_cast<size_t>(std::max(2, d.window));
+    fifo_ = d.fifo;
   }
 
   Result<TimedResult> Go() {
@@ -138,6 +139,7 @@ class Runner {
     StepRef send, recv;
     const std::vector<int>* links = nullptr;
     double bytes = 0, remaining = 0, rate = 0;
+    uint64_t seq = 0;  // its send's start order (FIFO links)
   };
   struct Event {
     double t;
@@ -149,6 +151,9 @@ class Runner {
 
   const Step& At(const StepRef& s) const {
     return plan_.ranks[static_cast<size_t>(s.rank)].channels[static_cast<size_t>(s.channel)][s.step];
+  }
+  uint64_t StepKey(const StepRef& s) const {
+    return (static_cast<uint64_t>(s.rank) * 4096 + static_cast<uint64_t>(s.channel)) * (uint64_t{1} << 32) + s.step;
   }
   uint64_t Key(int from, int to, int channel) const {
     return (static_cast<uint64_t>(from) * static_cast<uint64_t>(p_) + static_cast<uint64_t>(to)) * 4096 +
@@ -200,6 +205,7 @@ class Runner {
         continue;
       }
       const bool send = s.kind == StepKind::kSend;
+      if (send) send_order_[StepKey(ref)] = ++sends_started_;  // a port sends in this order (FIFO)
       const uint64_t key = send ? Key(r, s.peer, c) : Key(s.peer, r, c);
       std::deque<StepRef>& partners = send ? recvs_[key] : sends_[key];
       if (partners.empty()) {
@@ -221,6 +227,9 @@ class Runner {
       error_ = InvalidArgument(
           fmt::format("kizuna-sim: the network has no route from rank {} to rank {}", send.rank, recv.rank));
     f.bytes = f.remaining = static_cast<double>(At(send).count()) * esize_;
+    const auto order = send_order_.find(StepKey(send));
+    f.seq = order->second;
+    send_order_.erase(order);
     size_t id = flows_.size();
     if (free_flows_.empty()) {
       flows_.push_back(f);
@@ -268,8 +277,31 @@ class Runner {
     }
   }
 
+  // FIFO links: a flow moves, at its route's slowest link, only while it is the oldest active
+  // flow on every link of its route.
+  void FifoRates() {
+    const auto& links = net_.links();
+    std::vector<size_t> order = active_;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return flows_[a].seq < flows_[b].seq; });
+    std::vector<int> taken;
+    for (size_t id : order) {
+      Flow& f = flows_[id];
+      bool head = true;
+      double rate = kInf;
+      for (int l : *f.links) {
+        head = head && unfrozen_on_[static_cast<size_t>(l)] == 0;
+        rate = std::min(rate, links[static_cast<size_t>(l)].gbps * 1e9);
+      }
+      for (int l : *f.links)
+        if (unfrozen_on_[static_cast<size_t>(l)]++ == 0) taken.push_back(l);
+      f.rate = head ? (rate == kInf ? 1e30 : rate) : 0;
+    }
+    for (int l : taken) unfrozen_on_[static_cast<size_t>(l)] = 0;
+  }
+
   // Max-min fair rates over the active flows (progressive filling).
   void Rates() {
+    if (fifo_) return FifoRates();
     const auto& links = net_.links();
     std::vector<int> used;
     for (size_t id : active_) {
@@ -329,13 +361,15 @@ class Runner {
   const double esize_;
   double copy_ = 0, reduce_ = 0, launch_ = 0, message_ = 0, step_ = 0;
   size_t window_ = 4;
+  bool fifo_ = false;
   std::vector<std::vector<Chan>> chans_;
   std::vector<size_t> left_;  // per rank: steps not done
   std::vector<double> device_free_, device_busy_, finish_;
   std::unordered_map<uint64_t, std::deque<StepRef>> sends_, recvs_;
   std::vector<Flow> flows_;
   std::vector<size_t> free_flows_;  // delivered flows' slots, reused
-  uint64_t flow_count_ = 0;
+  uint64_t flow_count_ = 0, sends_started_ = 0;
+  std::unordered_map<uint64_t, uint64_t> send_order_;  // started sends not yet matched: their order
   std::vector<size_t> active_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   std::vector<double> link_bytes_;

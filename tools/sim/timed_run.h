@@ -20,6 +20,10 @@ struct DeviceModel {
   // The executor's own work per message (CostConstants::message_overhead_us) and per step.
   double message_us = -1, step_us = -1;  // < 0: the cost model's constants
   int window = 4;                        // started steps per channel (the executor's default)
+  // How flows share a link: fairly (max-min, as TCP's flows do), or one after another in the
+  // order they started (a port that sends its transfers in turn, as the direct-connect fabric's
+  // link shaper paces them).
+  bool fifo = false;
 };
 
 struct TimedResult {

@@ -6,7 +6,7 @@
 //   kizuna-sim --network torus2d --dims 4x4          (torus3d --dims 4x4x4, ring or full --ranks 8)
 //   ... [--coll allreduce] [--algo all|ring,tree,...] [-b 8 -e 1G -f 8] [--dtype float32]
 //       [--chunk-bytes 512K --channels N] [--copy-gbps X --reduce-gbps Y --launch-us Z]
-//       [--window 4] [--sharing fair|fifo] [--json FILE]
+//       [--window 4] [--sharing fair|fifo] [--json FILE] [--plot FILE.svg]
 //
 // For every size and algorithm that serves the collective: the simulated time, busbw (nccl-tests'
 // factors), the busiest link and how busy it was, and beside them the cost model's prediction and
@@ -25,6 +25,7 @@
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/cost/model.h"
 #include "collectives/cost/selector.h"
+#include "tools/bench/plot.h"
 #include "tools/sim/network.h"
 #include "tools/sim/timed_run.h"
 
@@ -133,6 +134,9 @@ int Main(int argc, char** argv) {
                  "direct-connect fabric's shaper)")
       ->capture_default_str();
   app.add_option("--json", json_path, "also write every row as JSON to this file");
+  std::string plot_path;
+  app.add_option("--plot", plot_path,
+                 "draw simulated busbw (solid) and the model's (dashed) against size into this SVG");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -180,6 +184,7 @@ int Main(int argc, char** argv) {
   fmt::print("# {:>10} {:>10}  {:<18} {:>10} {:>8}  {:<28} {:>10}  {}\n", "bytes", "count", "algorithm", "time",
              "busbw", "busiest link", "model", "model's choice");
   nlohmann::json rows = nlohmann::json::array();
+  std::vector<bench::Row> plotted;  // kizuna-bench's plot: the simulation as the measurement
   int status = 0;
   for (double bytes = static_cast<double>(*lo); bytes <= static_cast<double>(*hi) * 1.0000001; bytes *= factor) {
     CollectiveRequest req;
@@ -219,6 +224,13 @@ int Main(int argc, char** argv) {
                  fmt::format("{} {:.0f}%", run->bottleneck, run->bottleneck_busy * 100),
                  predicted < std::numeric_limits<double>::infinity() ? Time(predicted) : "-",
                  sel.ok() ? std::string(collectives::AlgorithmName(sel->chosen)) : "-");
+      bench::Row row;
+      row.size_bytes = static_cast<uint64_t>(moved);
+      row.count = req.count;
+      row.algo = row.requested = std::string(collectives::AlgorithmName(a));
+      if (predicted < std::numeric_limits<double>::infinity()) row.predicted_s = predicted;
+      row.out_of_place = bench::Measure(row.size_bytes, run->seconds, BusFactor(*c, p), std::nullopt);
+      plotted.push_back(std::move(row));
       rows.push_back({{"bytes", static_cast<uint64_t>(moved)},
                       {"count", req.count},
                       {"algorithm", collectives::AlgorithmName(a)},
@@ -235,6 +247,11 @@ int Main(int argc, char** argv) {
     std::ofstream out(json_path);
     out << nlohmann::json({{"network", net->description()}, {"collective", coll}, {"rows", rows}}).dump(1) << "\n";
     if (!out) return fail(InvalidArgument(fmt::format("--json: cannot write {}", json_path)), 1);
+  }
+  if (!plot_path.empty()) {
+    std::ofstream out(plot_path);
+    out << bench::PlotSvg(plotted, BusFactor(*c, p), fmt::format("kizuna-sim: {} over {}", coll, net->description()));
+    if (!out) return fail(InvalidArgument(fmt::format("--plot: cannot write {}", plot_path)), 1);
   }
   return status;
 }

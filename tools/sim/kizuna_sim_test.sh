@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# kizuna-sim end to end: a sweep's table, its JSON and plot, the torus where the model's choice and
+# the simulation part, and bad flags (a message naming the flag, exit status 2).
+set -uo pipefail
+sim="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fail() { echo "FAIL: $*"; exit 1; }
+
+out="$("$sim" --network switch --ranks 8 -b 1K -e 1M -f 32 --json "$tmp/s.json" --plot "$tmp/s.svg")" ||
+  fail "switch sweep: exit $?: $out"
+echo "$out"
+grep -q "^# kizuna-sim: allreduce over 8 ranks on one switch" <<<"$out" || fail "no header"
+grep -Eq "^ +1048576 +262144 +ring " <<<"$out" || fail "no 1 MiB ring row"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['rows']) >= 10, d; \
+assert all(r['seconds'] > 0 for r in d['rows'])" "$tmp/s.json" || fail "bad JSON"
+grep -q "<svg" "$tmp/s.svg" || fail "no plot"
+
+# An 8 x 8 torus at 128 MiB: the ring, whose flows share no cable, beats pairwise, whose multi-hop
+# flows meet, although the model (no contention) prefers pairwise.
+out="$("$sim" --network torus2d --dims 8x8 -b 128M -e 128M --algo ring,pairwise)" || fail "torus: exit $?: $out"
+echo "$out"
+ring=$(awk '$3 == "ring" {print $4 * ($5 == "ms" ? 1 : 1000)}' <<<"$out")
+pairwise=$(awk '$3 == "pairwise" {print $4 * ($5 == "ms" ? 1 : 1000)}' <<<"$out")
+awk -v r="$ring" -v p="$pairwise" 'BEGIN { exit !(r > 0 && p > 1.5 * r) }' || fail "torus: ring $ring ms, pairwise $pairwise ms"
+grep -Eq "pairwise +[0-9.]+ ms .* pairwise$" <<<"$out" || fail "torus: the model no longer picks pairwise: $out"
+
+# Bad flags.
+out="$("$sim" --network mesh 2>&1)"; [ $? -eq 2 ] || fail "an unknown network accepted"
+grep -q "unknown network 'mesh'" <<<"$out" || fail "unknown network: unclear message: $out"
+out="$("$sim" --network torus2d --dims 4 2>&1)"; [ $? -eq 2 ] || fail "a 1-dimension torus2d accepted"
+grep -q "torus2d needs 2 dimensions" <<<"$out" || fail "torus dims: unclear message: $out"
+out="$("$sim" --sharing lossy 2>&1)"; [ $? -eq 2 ] || fail "--sharing lossy accepted"
+out="$("$sim" -b 1X 2>&1)"; [ $? -eq 2 ] || fail "-b 1X accepted"
+grep -q -- "--minbytes '1X'" <<<"$out" || fail "-b: unclear message: $out"
+echo "PASS"

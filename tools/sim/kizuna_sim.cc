@@ -65,8 +65,8 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
   for (int r = 0; r < net.ranks(); ++r)
     shape.ranks[static_cast<size_t>(r)].host_id =
         rails ? fmt::format("host{}", r / spec.per_host) : fmt::format("r{}", r);
-  for (int a = 0; a < net.ranks(); ++a)
-    for (int b = 0; b < net.ranks(); ++b) {
+  for (int b = 0; b < net.ranks(); ++b) {
+    for (int a = 0; a < net.ranks(); ++a) {
       const auto [gbps, latency] = a == b ? std::pair(0.0, 0.0) : net.RouteSummary(a, b);
       if (gbps <= 0) continue;
       collectives::LinkDesc& l = shape.link(a, b);
@@ -75,6 +75,7 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
       l.gbps = gbps;
       l.staged = false;
     }
+  }
   return shape;
 }
 

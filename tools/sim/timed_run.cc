@@ -1,7 +1,6 @@
 #include "tools/sim/timed_run.h"
 
 #include <algorithm>
-#include <deque>
 #include <limits>
 #include <queue>
 #include <unordered_map>
@@ -206,14 +205,19 @@ class Runner {
       }
       const bool send = s.kind == StepKind::kSend;
       if (send) send_order_[StepKey(ref)] = ++sends_started_;  // a port sends in this order (FIFO)
-      const uint64_t key = send ? Key(r, s.peer, c) : Key(s.peer, r, c);
-      std::deque<StepRef>& partners = send ? recvs_[key] : sends_[key];
-      if (partners.empty()) {
-        (send ? sends_[key] : recvs_[key]).push_back(ref);
+      // Only one side of a (from, to, channel) waits at a time: a step meets the other side's
+      // oldest waiting step, or waits itself.
+      Waiting& w = waiting_[send ? Key(r, s.peer, c) : Key(s.peer, r, c)];
+      if (w.head == w.queue.size() || w.sends == send) {
+        w.sends = send;
+        w.queue.push_back(ref);
         continue;
       }
-      const StepRef other = partners.front();
-      partners.pop_front();
+      const StepRef other = w.queue[w.head++];
+      if (w.head == w.queue.size()) {
+        w.queue.clear();
+        w.head = 0;
+      }
       Pair(send ? ref : other, send ? other : ref);
     }
   }
@@ -365,7 +369,12 @@ class Runner {
   std::vector<std::vector<Chan>> chans_;
   std::vector<size_t> left_;  // per rank: steps not done
   std::vector<double> device_free_, device_busy_, finish_;
-  std::unordered_map<uint64_t, std::deque<StepRef>> sends_, recvs_;
+  struct Waiting {
+    std::vector<StepRef> queue;  // from head on: started, unmatched steps of one side
+    size_t head = 0;
+    bool sends = false;  // which side waits
+  };
+  std::unordered_map<uint64_t, Waiting> waiting_;  // by (from, to, channel)
   std::vector<Flow> flows_;
   std::vector<size_t> free_flows_;  // delivered flows' slots, reused
   uint64_t flow_count_ = 0, sends_started_ = 0;

@@ -55,4 +55,25 @@ grep -q 'link 0: "b" must be node:port' <<<"$out" || fail "bad file: unclear mes
 "$netns" down --name "$pfx" || fail "down"
 left=$(ip netns list 2>/dev/null | grep -c "^$pfx-" || true)
 [[ $left -eq 0 ]] || fail "$left namespaces left after down"
+
+# --shape: a ring of 2 whose cables carry 0.1 Gb/s; 4 MB takes at least 0.3 s (0.32 at the rate).
+"$topo" --generate ring 2 --bandwidth-gbps 0.1 >"$tmp/ring.json" || fail "kizuna-topo ring"
+out=$("$netns" up --name "$pfx" --cables "$tmp/ring.json" --shape --env-file "$tmp/env2" 2>&1) || fail "up --shape: $out"
+source "$tmp/env2"
+sink='import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind((sys.argv[1],29701)); s.listen(1); s.settimeout(20); c,_=s.accept(); t=None; n=0
+while True:
+    b=c.recv(1<<16)
+    if not b: break
+    t=t or time.monotonic(); n+=len(b)
+print(n, time.monotonic()-t)'
+source_='import socket,sys; s=socket.create_connection((sys.argv[1],29701),timeout=5); s.sendall(bytes(4000000)); s.close()'
+peer=$KZNS_HOST_0_PORT_0_PEER
+"$netns" exec "$pfx" 1 -- python3 -c "$sink" "$peer" >"$tmp/sink.out" &
+sleep 0.3
+"$netns" exec "$pfx" 0 -- python3 -c "$source_" "$peer" || fail "--shape: the send failed"
+wait
+read -r bytes seconds <"$tmp/sink.out"
+echo "shaped cable: $bytes bytes in $seconds s"
+[[ $bytes -eq 4000000 ]] || fail "--shape: $bytes bytes arrived"
+awk -v s="$seconds" 'BEGIN { exit !(s >= 0.25) }' || fail "--shape: 4 MB in $seconds s over a 0.1 Gb/s cable"
 echo "PASS"

@@ -25,6 +25,16 @@ DeviceModel Instant() {
   return d;
 }
 
+// `ranks` on a network of one `kind` (switch, full, ring), every link alike.
+Result<Network> Uniform(const std::string& kind, int ranks, double gbps, double latency_us) {
+  NetworkSpec s;
+  s.kind = kind;
+  s.ranks = ranks;
+  s.link_gbps = gbps;
+  s.latency_us = latency_us;
+  return Network::Build(s);
+}
+
 CommTopology AllLinked(int p) {
   collectives::LinkDesc l;
   l.reachable = true;
@@ -68,11 +78,7 @@ TEST(Network, RoutesFollowTheShape) {
 // Two ranks on a switch exchanging halves (ring AllReduce of 2): two rounds, each half the data
 // over two links each way at the link's rate, plus the route's latency.
 TEST(TimedRun, ATransferTakesItsBytesOverTheBandwidthPlusTheLatency) {
-  NetworkSpec s;
-  s.ranks = 2;
-  s.link_gbps = 10;
-  s.latency_us = 5;
-  auto net = Network::Build(s);
+  auto net = Uniform("switch", 2, 10, 5);
   ASSERT_TRUE(net.ok());
   const uint64_t count = 1u << 20;  // 4 MiB
   auto r = Simulate(Algorithm::kRing, Collective::kAllReduce, 2, count, *net);
@@ -82,15 +88,10 @@ TEST(TimedRun, ATransferTakesItsBytesOverTheBandwidthPlusTheLatency) {
   EXPECT_NEAR(r->bottleneck_busy, (2 * count * 4.0 / 2 / 10e9) / r->seconds, 0.01);
 }
 
-// Four ranks all sending to one (a reduce to rank 0 by a direct exchange would do it; here the
-// AllToAll's round where three send to rank 0 at once): its link is shared, so a round takes the
-// bytes of all three over it.
+// Four ranks on a switch exchanging blocks (pairwise AllToAll): whatever the rounds, each rank's
+// one link carries its three outgoing blocks, so the run takes at least their bytes over it.
 TEST(TimedRun, FlowsOnOneLinkShareIt) {
-  NetworkSpec s;
-  s.ranks = 4;
-  s.link_gbps = 10;
-  s.latency_us = 0;
-  auto net = Network::Build(s);
+  auto net = Uniform("switch", 4, 10, 0);
   ASSERT_TRUE(net.ok());
   auto a2a = Simulate(Algorithm::kPairwise, Collective::kAllToAll, 4, 1u << 18, *net);
   ASSERT_TRUE(a2a.ok()) << a2a.status().ToString();
@@ -104,12 +105,7 @@ TEST(TimedRun, FlowsOnOneLinkShareIt) {
 // FIFO cable ends the first channel's first, which goes on to the next round on another cable
 // while the second still uses this one; the rounds overlap.
 TEST(TimedRun, FifoLinksLetChannelsRunAhead) {
-  NetworkSpec s;
-  s.kind = "full";
-  s.ranks = 4;
-  s.link_gbps = 1;
-  s.latency_us = 0;
-  auto net = Network::Build(s);
+  auto net = Uniform("full", 4, 1, 0);
   ASSERT_TRUE(net.ok());
   CollectiveRequest req{Collective::kAllReduce, 4, 1u << 18, DataType::kFloat32, ReduceOp::kSum, 0, false};
   collectives::PlanOptions options;

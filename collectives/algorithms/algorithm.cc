@@ -27,6 +27,19 @@ constexpr int kMaxChannels = 256;
 // far too small for the message): it would hold hundreds of millions of steps.
 constexpr uint64_t kMaxChunks = uint64_t{1} << 24;
 
+// The checks that depend on the rank built (-1: none), for a request and shape already checked.
+Status CheckRank(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape, int rank) {
+  const int aggregators = algorithm == Algorithm::kIna ? AggregatorCount(shape) : 0;
+  if (rank >= request.nranks + aggregators)
+    return InvalidArgument(aggregators > 0 ? fmt::format("rank {} is not below nranks {} + {} aggregation devices",
+                                                         rank, request.nranks, aggregators)
+                                           : fmt::format("rank {} is not below nranks {}", rank, request.nranks));
+  if ((request.collective == Collective::kSend || request.collective == Collective::kRecv) && rank == request.root)
+    return InvalidArgument(fmt::format("rank {} cannot {} itself", rank,
+                                       request.collective == Collective::kSend ? "send to" : "receive from"));
+  return Status::Ok();
+}
+
 Status ValidateRequest(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                        const PlanOptions& options, int rank) {
   if (static_cast<int>(algorithm) >= kNumAlgorithms)
@@ -38,11 +51,7 @@ Status ValidateRequest(Algorithm algorithm, const CollectiveRequest& request, co
     return InvalidArgument(
         fmt::format("the request has {} ranks, the communicator shape {}", request.nranks, shape.nranks));
   KZ_RETURN_IF_ERROR(shape.Validate());
-  const int aggregators = algorithm == Algorithm::kIna ? AggregatorCount(shape) : 0;
-  if (rank >= request.nranks + aggregators)
-    return InvalidArgument(aggregators > 0 ? fmt::format("rank {} is not below nranks {} + {} aggregation devices",
-                                                         rank, request.nranks, aggregators)
-                                           : fmt::format("rank {} is not below nranks {}", rank, request.nranks));
+  KZ_RETURN_IF_ERROR(CheckRank(algorithm, request, shape, rank));
   if (!IsValid(request.dtype))
     return InvalidArgument(fmt::format("data type {} does not exist", static_cast<int>(request.dtype)));
   if (IsReduction(request.collective) && !IsValid(request.op))
@@ -52,9 +61,6 @@ Status ValidateRequest(Algorithm algorithm, const CollectiveRequest& request, co
         "{} {} is not a rank of {}",
         request.collective == Collective::kSend || request.collective == Collective::kRecv ? "peer" : "root",
         request.root, request.nranks));
-  if ((request.collective == Collective::kSend || request.collective == Collective::kRecv) && rank == request.root)
-    return InvalidArgument(fmt::format("rank {} cannot {} itself", rank,
-                                       request.collective == Collective::kSend ? "send to" : "receive from"));
   const uint64_t per_rank_limit = kMaxBufferBytes / DataTypeSize(request.dtype) / static_cast<uint64_t>(request.nranks);
   if (request.count > per_rank_limit)
     return InvalidArgument(fmt::format("count {} is too large ({} elements of {} at most for {} ranks)", request.count,
@@ -113,8 +119,20 @@ const AlgorithmImpl& GetAlgorithm(Algorithm a) {
 
 Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                        const PlanOptions& options, int rank) {
-  KZ_RETURN_IF_ERROR(ValidateRequest(algorithm, request, shape, options, rank)
-                         .WithContext(fmt::format("{} plan for {}", AlgorithmName(algorithm), request.ToString())));
+  std::vector<int> ranks;
+  if (rank >= 0) ranks.push_back(rank);
+  return BuildPlan(algorithm, request, shape, options, ranks, rank < 0);
+}
+
+Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
+                       const PlanOptions& options, std::span<const int> ranks, bool every_rank) {
+  const std::string context = fmt::format("{} plan for {}", AlgorithmName(algorithm), request.ToString());
+  KZ_RETURN_IF_ERROR(
+      ValidateRequest(algorithm, request, shape, options, ranks.empty() ? -1 : ranks[0]).WithContext(context));
+  for (int rank : ranks) {
+    if (rank < 0) return InvalidArgument(fmt::format("rank {} is negative", rank)).WithContext(context);
+    KZ_RETURN_IF_ERROR(CheckRank(algorithm, request, shape, rank).WithContext(context));
+  }
   const AlgorithmImpl& impl = GetAlgorithm(algorithm);
   KZ_RETURN_IF_ERROR(impl.Supports(request, shape).WithContext(request.ToString()));
   const bool avg = IsReduction(request.collective) && request.op == ReduceOp::kAvg;
@@ -124,7 +142,10 @@ Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, co
   plan.chunk_count = options.chunk_count;
   plan.channels = options.channels;
   plan.aggregators = algorithm == Algorithm::kIna ? AggregatorCount(shape) : 0;
-  for (int r = rank < 0 ? 0 : rank; r < (rank < 0 ? plan.world() : rank + 1); ++r) {
+  std::vector<int> all;
+  if (every_rank)
+    for (int r = 0; r < plan.world(); ++r) all.push_back(r);
+  for (int r : every_rank ? std::span<const int>(all) : ranks) {
     Result<RankPlan> built = impl.Build(request, shape, options, r);
     if (!built.ok()) return built.status().WithContext(request.ToString());
     RankPlan rp = std::move(built).value();

@@ -55,5 +55,10 @@ const AlgorithmImpl& GetAlgorithm(Algorithm a);
 // kInternal (an algorithm bug).
 Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
                        const PlanOptions& options, int rank);
+// The same for the ranks listed (Plan::ranks in that order), or every rank when `every_rank`; the
+// request and shape are checked once, which is what makes a few ranks of a large communicator
+// cheap (the simulator builds one host's plans of thousands of ranks).
+Result<Plan> BuildPlan(Algorithm algorithm, const CollectiveRequest& request, const CommTopology& shape,
+                       const PlanOptions& options, std::span<const int> ranks, bool every_rank = false);
 
 }  // namespace kizuna::collectives

@@ -174,8 +174,10 @@ class Pairwise final : public AlgorithmImpl {
         // reductions and copies take one time (PairwiseWeights), so a slow device does less
         // (ReduceScatter's parts are the API's and cannot move).
         std::vector<OwnedPart> parts;
+        const std::vector<uint64_t> bounds = WeightedBounds(R.count, weights);  // SplitWeighted's, cut once
         for (int j = 0; j < p; ++j) {
-          const Range part = SplitWeighted(R, weights, static_cast<size_t>(j));
+          const Range part{R.offset + bounds[static_cast<size_t>(j)],
+                           bounds[static_cast<size_t>(j) + 1] - bounds[static_cast<size_t>(j)]};
           parts.push_back({j, part, Builder::Out(part)});
         }
         DirectExchange x(b, c, std::move(parts));

@@ -15,7 +15,9 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -65,8 +67,12 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
   for (int r = 0; r < net.ranks(); ++r)
     shape.ranks[static_cast<size_t>(r)].host_id =
         rails ? fmt::format("host{}", r / spec.per_host) : fmt::format("r{}", r);
-  for (int b = 0; b < net.ranks(); ++b) {
-    for (int a = 0; a < net.ranks(); ++a) {
+  // Where the network has a symmetry, block 0's rows stand for every block's: the link from
+  // g(a) to b is the link from a to g^-1(b).
+  const RankGroup* g = net.Symmetries().empty() ? nullptr : &net.Symmetries().front();
+  const int computed = g ? g->unit() : net.ranks();
+  for (int a = 0; a < computed; ++a) {
+    for (int b = 0; b < net.ranks(); ++b) {
       const auto [gbps, latency] = a == b ? std::pair(0.0, 0.0) : net.RouteSummary(a, b);
       if (gbps <= 0) continue;
       collectives::LinkDesc& l = shape.link(a, b);
@@ -75,6 +81,10 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
       l.gbps = gbps;
       l.staged = false;
     }
+  }
+  for (int a = computed; a < net.ranks(); ++a) {
+    const int back = g->Inverse(g->ElementTo(a / g->unit())), a0 = a % g->unit();
+    for (int b = 0; b < net.ranks(); ++b) shape.link(a, b) = shape.link(a0, g->Apply(back, b));
   }
   return shape;
 }
@@ -134,6 +144,11 @@ int Main(int argc, char** argv) {
                  "how flows share a link: fair (max-min) or fifo (in turn, as the "
                  "direct-connect fabric's shaper)")
       ->capture_default_str();
+  std::string symmetry = "auto";
+  app.add_option("--symmetry", symmetry,
+                 "auto: simulate one host (or rank) for all where the network and the plan look alike from each; "
+                 "off: every rank")
+      ->capture_default_str();
   app.add_option("--json", json_path, "also write every row as JSON to this file");
   std::string plot_path;
   app.add_option("--plot", plot_path,
@@ -150,6 +165,8 @@ int Main(int argc, char** argv) {
   if (sharing != "fair" && sharing != "fifo")
     return fail(InvalidArgument(fmt::format("--sharing '{}': fair or fifo", sharing)), 2);
   device.fifo = sharing == "fifo";
+  if (symmetry != "auto" && symmetry != "off")
+    return fail(InvalidArgument(fmt::format("--symmetry '{}': auto or off", symmetry)), 2);
   for (size_t at = 0; !dims.empty() && at <= dims.size();) {
     const size_t x = std::min(dims.find('x', at), dims.size());
     try {
@@ -187,6 +204,7 @@ int Main(int argc, char** argv) {
   nlohmann::json rows = nlohmann::json::array();
   std::vector<bench::Row> plotted;  // kizuna-bench's plot: the simulation as the measurement
   int status = 0;
+  std::map<std::string, std::string> symmetric;  // algorithm -> the symmetry its runs used
   for (double bytes = static_cast<double>(*lo); bytes <= static_cast<double>(*hi) * 1.0000001; bytes *= factor) {
     CollectiveRequest req;
     req.collective = *c;
@@ -204,9 +222,10 @@ int Main(int argc, char** argv) {
                                               return collectives::GetAlgorithm(a).Supports(r, s);
                                             });
     for (Algorithm a : chosen) {
-      auto plan = collectives::BuildPlan(a, req, shape, options, -1);
-      if (!plan.ok()) continue;  // not this algorithm's collective or shape
-      auto run = RunTimed(*plan, *net, device, k);
+      if (!collectives::GetAlgorithm(a).Supports(req, shape).ok()) continue;  // not its collective or shape
+      std::string how;
+      auto run = RunAlgorithm(a, req, shape, options, *net, device, k, symmetry == "auto", &how);
+      if (!how.empty()) symmetric[std::string(collectives::AlgorithmName(a))] = how;
       if (!run.ok()) {
         if (run.status().message().find("outside their steps") != std::string::npos) continue;
         fmt::print(stderr, "kizuna-sim: {} at {} bytes: {}\n", collectives::AlgorithmName(a), bytes,
@@ -240,10 +259,13 @@ int Main(int argc, char** argv) {
                       {"bottleneck", run->bottleneck},
                       {"bottleneck_busy", run->bottleneck_busy},
                       {"flows", run->flows},
+                      {"simulated_flows", run->simulated_flows},
+                      {"symmetry", how},
                       {"model_seconds", predicted < std::numeric_limits<double>::infinity() ? predicted : -1},
                       {"model_choice", sel.ok() ? std::string(collectives::AlgorithmName(sel->chosen)) : ""}});
     }
   }
+  for (const auto& [name, how] : symmetric) fmt::print("# {}: one block simulated for all, {}\n", name, how);
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << nlohmann::json({{"network", net->description()}, {"collective", coll}, {"rows", rows}}).dump(1) << "\n";

@@ -45,6 +45,12 @@ Result<Network> Network::Build(const NetworkSpec& s) {
       n.description_ =
           fmt::format("a ring of {} ranks, {} GB/s and {} us per cable", s.ranks, s.link_gbps, s.latency_us);
     }
+    std::vector<int> block(n.node_names_.size(), -1);  // each rank its own block; the switch fixed
+    for (int r = 0; r < s.ranks; ++r) block[static_cast<size_t>(r)] = r;
+    n.SetBlocks(block);
+    n.symmetries_.emplace_back(RankGroup::Op::kAdd, 1, std::vector<int>{s.ranks});
+    if (s.kind != "ring" && (s.ranks & (s.ranks - 1)) == 0)
+      n.symmetries_.emplace_back(RankGroup::Op::kXor, 1, std::vector<int>{s.ranks});
   } else if (s.kind == "rails" || s.kind == "rail-only") {
     if (s.hosts < 1 || s.per_host < 1 || s.nics < 1 || s.nics > s.per_host || s.hosts * s.per_host < 2)
       return InvalidArgument("kizuna-sim: rails need --hosts, --per-host and --nics (1 to per-host), 2 ranks or more");
@@ -71,6 +77,16 @@ Result<Network> Network::Build(const NetworkSpec& s) {
       for (int j = 0; j < s.nics; ++j)
         n.Cable(rail_sw[static_cast<size_t>(j)], spine, s.link_gbps * s.hosts, s.latency_us);
     }
+    // Every host's nodes (its accelerators, switch and NICs) a block; rail switches and spine fixed.
+    std::vector<int> block(n.node_names_.size(), -1);
+    for (size_t v = 0; v < block.size(); ++v) {
+      const std::string& name = n.node_names_[v];
+      if (name[0] == 'h') block[v] = std::stoi(name.substr(1, name.find('.') - 1));
+    }
+    n.SetBlocks(block);
+    n.symmetries_.emplace_back(RankGroup::Op::kAdd, s.per_host, std::vector<int>{s.hosts});
+    if (s.hosts > 1 && (s.hosts & (s.hosts - 1)) == 0)
+      n.symmetries_.emplace_back(RankGroup::Op::kXor, s.per_host, std::vector<int>{s.hosts});
     n.description_ = fmt::format(
         "{} hosts of {} accelerators ({} GB/s to the host switch, {} GB/s PCIe), {} NIC(s) each at {} GB/s, "
         "{} {} us per network link",
@@ -101,11 +117,66 @@ Result<Network> Network::Build(const NetworkSpec& s) {
     for (int d : s.dims) shape += (shape.empty() ? "" : "x") + std::to_string(d);
     n.description_ =
         fmt::format("a {} torus of {} ranks, {} GB/s and {} us per cable", shape, ranks, s.link_gbps, s.latency_us);
+    std::vector<int> block(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) block[static_cast<size_t>(r)] = r;
+    n.SetBlocks(block);
+    n.symmetries_.emplace_back(RankGroup::Op::kAdd, 1, s.dims);
   } else {
     return InvalidArgument(fmt::format(
         "kizuna-sim: unknown network '{}' (switch, full, rails, rail-only, torus2d, torus3d, ring)", s.kind));
   }
   return n;
+}
+
+void Network::SetBlocks(const std::vector<int>& node_block) {
+  node_block_ = node_block;
+  node_local_.assign(node_block.size(), 0);
+  for (size_t v = 0; v < node_block.size(); ++v) {
+    const int b = node_block[v];
+    if (b < 0) continue;
+    if (block_nodes_.size() <= static_cast<size_t>(b)) block_nodes_.resize(static_cast<size_t>(b) + 1);
+    node_local_[v] = static_cast<int>(block_nodes_[static_cast<size_t>(b)].size());
+    block_nodes_[static_cast<size_t>(b)].push_back(static_cast<int>(v));
+  }
+  for (size_t l = 0; l < links_.size(); ++l)
+    link_at_[static_cast<uint64_t>(links_[l].from) * node_names_.size() + static_cast<uint64_t>(links_[l].to)] =
+        static_cast<int>(l);
+}
+
+int Network::NodeImage(const RankGroup& g, int e, int v) const {
+  const int b = node_block_[static_cast<size_t>(v)];
+  if (b < 0) return v;
+  return block_nodes_[static_cast<size_t>(g.ApplyBlock(e, b))]
+                     [static_cast<size_t>(node_local_[static_cast<size_t>(v)])];
+}
+
+int Network::LinkImage(const RankGroup& g, int e, int l) const {
+  const Link& k = links_[static_cast<size_t>(l)];
+  const uint64_t key = static_cast<uint64_t>(NodeImage(g, e, k.from)) * node_names_.size() +
+                       static_cast<uint64_t>(NodeImage(g, e, k.to));
+  return link_at_.at(key);
+}
+
+Network::Orbits Network::LinkOrbits(const RankGroup& g) const {
+  // Union-find over the generators' images: an orbit is a component.
+  std::vector<int> parent(links_.size());
+  for (size_t l = 0; l < parent.size(); ++l) parent[l] = static_cast<int>(l);
+  auto find = [&](int x) {
+    while (parent[static_cast<size_t>(x)] != x)
+      x = parent[static_cast<size_t>(x)] = parent[static_cast<size_t>(parent[static_cast<size_t>(x)])];
+    return x;
+  };
+  for (int e : g.Generators())
+    for (size_t l = 0; l < links_.size(); ++l) {
+      const int a = find(static_cast<int>(l)), b = find(LinkImage(g, e, static_cast<int>(l)));
+      if (a != b) parent[static_cast<size_t>(std::max(a, b))] = std::min(a, b);
+    }
+  Orbits o;
+  o.canon.resize(links_.size());
+  o.size.assign(links_.size(), 0);
+  for (size_t l = 0; l < links_.size(); ++l) ++o.size[static_cast<size_t>(o.canon[l] = find(static_cast<int>(l)))];
+  for (size_t l = 0; l < links_.size(); ++l) o.size[l] = o.size[static_cast<size_t>(o.canon[l])];
+  return o;
 }
 
 const std::vector<int>& Network::DistanceTo(int b) const {

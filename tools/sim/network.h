@@ -10,6 +10,9 @@
 //   full, torus2d, torus3d, ring
 //               direct connect: rank to rank cables, no switch; traffic between ranks that share
 //               no cable is forwarded by the ranks in between along shortest paths
+//   direct      (Network::Direct, network_direct.cc) any direct-connect network given cable by
+//               cable, with aggregation devices as ranks after the workers: an optical circuit
+//               switch's port map, such as an INA layout's (LayoutCables)
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,11 @@
 #include <vector>
 
 #include "runtime/core/status.h"
+#include "tools/sim/symmetry.h"
+
+namespace kizuna::collectives::ina {
+struct Layout;  // collectives/ina/layout.h
+}
 
 namespace kizuna::sim {
 
@@ -40,9 +48,42 @@ struct Link {
   std::string name;  // "r3->sw", "h0.nic1->rail1", ...
 };
 
+// A direct-connect network cable by cable (Network::Direct). Its ranks are the workers 0..W-1,
+// then the devices W..W+D-1 (an INA plan's aggregation devices, Plan::aggregators), named w<i>
+// and a<j> as in the direct-connect topology file. A port's transmit and receive sides are
+// separate: a duplex cable joins two ports both ways, a simplex circuit one port's transmit side
+// to another's receive side (an optical circuit switch can do either; layout.h).
+struct DirectCable {
+  int a = 0, b = 0;              // ranks
+  int a_port = -1, b_port = -1;  // its ports (names; a port side carries one cable); -1: not given
+  bool one_way = false;          // a simplex circuit from a to b
+  double gbps = 0;               // per direction; 0: DirectSpec::link_gbps
+  double latency_us = -1;        // < 0: DirectSpec::latency_us
+};
+struct DirectSpec {
+  std::string name = "direct";
+  int workers = 0, devices = 0;
+  double link_gbps = 25, latency_us = 2;
+  std::vector<DirectCable> cables;
+  // Parallel cables from one node to another (same direction) as one link of their summed
+  // bandwidth and their largest latency. A route takes one link per pair, so without bundling a
+  // pair's flows all take one of its cables; bundled, they share all of them, as the flows of a
+  // transport that stripes a pair's channels over its ports would.
+  bool bundle = false;
+};
+// The cables of an INA layout, exactly the links of its topology file (ina::TopologyJson, which
+// the engine hands the direct-connect fabric): a tree's edge a duplex cable between the two
+// ports, a ring's hop a simplex circuit from one worker's port to the next one's; every cable at
+// `gbps` and `latency_us`. kInvalidArgument for a layout that does not validate.
+Result<DirectSpec> LayoutCables(const collectives::ina::Layout& layout, double gbps, double latency_us);
+
 class Network {
  public:
   static Result<Network> Build(const NetworkSpec& spec);
+  // A direct-connect network from its cables (network_direct.cc). kInvalidArgument naming the
+  // cable: a rank out of range, a cable from a node to itself, a port side used twice, a
+  // bandwidth not positive or a latency negative.
+  static Result<Network> Direct(const DirectSpec& spec);
 
   int ranks() const { return static_cast<int>(rank_node_.size()); }
   const std::vector<Link>& links() const { return links_; }
@@ -57,6 +98,20 @@ class Network {
   // without keeping the route: for the cost model's view of every pair.
   std::pair<double, double> RouteSummary(int a, int b) const;
 
+  // The relabellings of blocks of ranks that map this network onto itself, node for node and link
+  // for link: a rails cluster's hosts shifted (and XORed when their number is a power of two), a
+  // torus's ranks shifted along its dimensions, the ranks of a switch or a full mesh shifted or
+  // XORed, a ring's rotated. Simulating one block then stands for all (symmetry.h).
+  const std::vector<RankGroup>& Symmetries() const { return symmetries_; }
+  // Node v, link l moved by element e of one of Symmetries().
+  int NodeImage(const RankGroup& g, int e, int v) const;
+  int LinkImage(const RankGroup& g, int e, int l) const;
+  // Each link's orbit under g: its smallest member (`canon`) and how many links it has (`size`).
+  struct Orbits {
+    std::vector<int> canon, size;
+  };
+  Orbits LinkOrbits(const RankGroup& g) const;
+
  private:
   struct Path {
     std::vector<int> links;
@@ -64,6 +119,9 @@ class Network {
   };
   int AddNode(std::string name);
   void Cable(int a, int b, double gbps, double latency_us);  // both directions
+
+  // One direction only (Direct's links: a simplex circuit, or a bundle).
+  void OneWay(int from, int to, double gbps, double latency_us, std::string name);
   const Path& PathOf(int a, int b) const;
   // Calls hop(link) along a's route to b; false when there is none.
   template <typename Hop>
@@ -75,6 +133,13 @@ class Network {
   std::vector<Link> links_;
   std::vector<std::vector<int>> out_, in_;  // node -> outgoing, incoming links
   std::vector<int> rank_node_;
+  // Symmetry: each node's block (-1: a node no relabelling moves, such as a rail switch) and its
+  // index among its block's nodes; each block's nodes; links by (from, to).
+  void SetBlocks(const std::vector<int>& node_block);
+  std::vector<int> node_block_, node_local_;
+  std::vector<std::vector<int>> block_nodes_;
+  std::unordered_map<uint64_t, int> link_at_;
+  std::vector<RankGroup> symmetries_;
   mutable std::unordered_map<uint64_t, Path> paths_;            // by a * ranks + b
   mutable std::unordered_map<int, std::vector<int>> distance_;  // by destination rank
   std::string description_;

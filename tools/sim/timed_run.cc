@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <limits>
 #include <queue>
+#include <tuple>
 #include <unordered_map>
 
 #include <fmt/format.h>
+
+#include "collectives/algorithms/algorithm.h"
+#include "tools/sim/flows.h"
 
 namespace kizuna::sim {
 namespace {
@@ -27,8 +31,15 @@ struct StepRef {
 
 class Runner {
  public:
-  Runner(const Plan& plan, const Network& net, const DeviceModel& d, const collectives::CostConstants& k)
-      : plan_(plan), net_(net), p_(plan.request.nranks), esize_(static_cast<double>(DataTypeSize(plan.request.dtype))) {
+  Runner(const Plan& plan, const Network& net, const DeviceModel& d, const collectives::CostConstants& k,
+         const RankGroup* group)
+      : plan_(plan),
+        net_(net),
+        group_(group),
+        p_(plan.world()),  // the workers, then an INA plan's aggregation devices
+        s_(group ? group->unit() : p_),
+        esize_(static_cast<double>(DataTypeSize(plan.request.dtype))),
+        table_(net, d.fifo) {
     copy_ = (d.copy_gbps > 0 ? d.copy_gbps : k.unknown_copy_gbps) * 1e9;
     reduce_ = (d.reduce_gbps > 0 ? d.reduce_gbps : k.unknown_reduce_gbps) * 1e9;
     launch_ = (d.launch_us > 0 ? d.launch_us : k.unknown_launch_us) * 1e-6;
@@ -39,87 +50,85 @@ class Runner {
   }
 
   Result<TimedResult> Go() {
-    if (plan_.aggregators > 0 || collectives::IsHostFused(plan_.algorithm) ||
-        plan_.algorithm == collectives::Algorithm::kFused)
+    if (collectives::IsHostFused(plan_.algorithm) || plan_.algorithm == collectives::Algorithm::kFused)
       return InvalidArgument(fmt::format("kizuna-sim: {} plans do work outside their steps; the simulator runs steps",
                                          collectives::AlgorithmName(plan_.algorithm)));
-    if (plan_.ranks.size() != static_cast<size_t>(p_) || net_.ranks() != p_)
-      return InvalidArgument(
-          fmt::format("kizuna-sim: a plan of {} ranks on a network of {}", plan_.ranks.size(), net_.ranks()));
-    chans_.resize(static_cast<size_t>(p_));
-    left_.assign(static_cast<size_t>(p_), 0);
-    device_free_.assign(static_cast<size_t>(p_), 0);
-    device_busy_.assign(static_cast<size_t>(p_), 0);
-    dirty_flag_.assign(static_cast<size_t>(p_), false);
-    for (int r = 0; r < p_; ++r) MarkDirty(r);
-    left_cap_.assign(net_.links().size(), 0);
-    unfrozen_on_.assign(net_.links().size(), 0);
-    finish_.assign(static_cast<size_t>(p_), -1);
-    link_bytes_.assign(net_.links().size(), 0);
-    for (int r = 0; r < p_; ++r) {
+    if (plan_.ranks.size() != static_cast<size_t>(s_) || net_.ranks() != p_ || (group_ && group_->ranks() != p_))
+      return InvalidArgument(fmt::format("kizuna-sim: a plan of {} ranks ({} simulated) on a network of {}", p_,
+                                         plan_.ranks.size(), net_.ranks()));
+    if (group_ && fifo_) return InvalidArgument("kizuna-sim: a symmetric run needs fair sharing");
+    if (group_) {
+      orbits_ = net_.LinkOrbits(*group_);
+    } else {
+      orbits_.canon.resize(net_.links().size());
+      for (size_t l = 0; l < orbits_.canon.size(); ++l) orbits_.canon[l] = static_cast<int>(l);
+      orbits_.size.assign(net_.links().size(), 1);
+    }
+    chans_.resize(static_cast<size_t>(s_));
+    left_.assign(static_cast<size_t>(s_), 0);
+    device_free_.assign(static_cast<size_t>(s_), 0);
+    device_busy_.assign(static_cast<size_t>(s_), 0);
+    dirty_flag_.assign(static_cast<size_t>(s_), false);
+    for (int r = 0; r < s_; ++r) MarkDirty(r);
+    finish_.assign(static_cast<size_t>(s_), -1);
+    for (int r = 0; r < s_; ++r) {
       chans_[static_cast<size_t>(r)].resize(plan_.ranks[static_cast<size_t>(r)].channels.size());
       for (const auto& ch : plan_.ranks[static_cast<size_t>(r)].channels) left_[static_cast<size_t>(r)] += ch.size();
     }
-    for (int r = 0; r < p_; ++r)
+    for (int r = 0; r < s_; ++r)
       if (left_[static_cast<size_t>(r)] == 0) {
         ++left_[static_cast<size_t>(r)];
         Done({r, 0, 0});  // a rank without steps: only its epilogue
       }
     StartAll();
-    Rates();
-    while (finished_ < p_) {
+    while (finished_ < s_) {
       if (!error_.ok()) return error_;
-      double t_flow = kInf;
-      for (size_t f : active_) {
-        const Flow& fl = flows_[f];
-        if (fl.rate > 0) t_flow = std::min(t_flow, now_ + fl.remaining / fl.rate);
-      }
-      const double t_event = events_.empty() ? kInf : events_.top().t;
-      const double t = std::min(t_flow, t_event);
+      const double t = std::min(table_.NextEnd(), events_.empty() ? kInf : events_.top().t);
       if (t == kInf) return Stuck();
-      AdvanceFlows(t - now_);
-      now_ = t;
-      bool changed = false;
-      for (size_t i = 0; i < active_.size();) {
-        Flow& fl = flows_[active_[i]];
-        // Flows ending within a nanosecond of each other end together (a symmetric round's
-        // flows would otherwise each cost a pass of the fair-share computation).
-        if (fl.remaining <= fl.rate * 1e-9 + fl.bytes * 1e-12) {
-          const size_t id = active_[i];
-          active_[i] = active_.back();
-          active_.pop_back();
-          Delivered(id);
-          changed = true;
-        } else {
-          ++i;
-        }
-      }
+      now_ = std::max(now_, t);
+      std::vector<size_t> ended = table_.TakeEnded(now_);
+      // A rank's device takes the reductions of flows that end together in its channels' and
+      // steps' order, not in the order the flows happen to be listed: otherwise the ranks of other
+      // hosts, listed in between, would change which reduction one rank does first.
+      std::sort(ended.begin(), ended.end(), [&](size_t x, size_t y) {
+        const Flow& a = flows_[x];
+        const Flow& b = flows_[y];
+        return std::tie(a.recv.channel, a.recv.step, a.send.channel, a.send.step, a.recv.rank, a.send.rank) <
+               std::tie(b.recv.channel, b.recv.step, b.send.channel, b.send.step, b.recv.rank, b.send.rank);
+      });
+      for (size_t id : ended) Delivered(flows_[id]);
       while (!events_.empty() && events_.top().t <= now_) {
         const Event e = events_.top();
         events_.pop();
         if (e.activate) {
-          active_.push_back(e.flow);
-          changed = true;
+          Flow& f = starting_[e.flow];
+          const size_t id = table_.Add(now_, f.bytes, f.load, f.seq);
+          if (flows_.size() <= id) flows_.resize(id + 1);
+          flows_[id] = f;
+          free_starting_.push_back(e.flow);
         } else {
           Done(e.ref);
         }
       }
       StartAll();
-      if (changed) Rates();
+      table_.Share(now_);
     }
     TimedResult out;
     for (double f : finish_) out.seconds = std::max(out.seconds, f);
-    out.flows = flow_count_;
-    for (size_t l = 0; l < link_bytes_.size(); ++l) {
-      out.network_bytes += link_bytes_[l];
-      const double busy = out.seconds > 0 ? link_bytes_[l] / (net_.links()[l].gbps * 1e9 * out.seconds) : 0;
+    out.simulated_flows = flow_count_;
+    out.flows = flow_count_ * static_cast<uint64_t>(group_ ? group_->order() : 1);
+    const std::vector<double>& link_bytes = table_.link_bytes();
+    for (size_t l = 0; l < link_bytes.size(); ++l) {
+      // A symmetric run counts on each orbit's first link what each of its links carries.
+      out.network_bytes += link_bytes[l] * orbits_.size[l];
+      const double busy = out.seconds > 0 ? link_bytes[l] / (net_.links()[l].gbps * 1e9 * out.seconds) : 0;
       if (busy > out.bottleneck_busy) {
         out.bottleneck_busy = busy;
         out.bottleneck = net_.links()[l].name;
       }
     }
     // A device busier than every link is what limits (copies and reductions, one after another).
-    for (int r = 0; r < p_; ++r) {
+    for (int r = 0; r < s_; ++r) {
       const double busy = out.seconds > 0 ? device_busy_[static_cast<size_t>(r)] / out.seconds : 0;
       if (busy > out.bottleneck_busy) {
         out.bottleneck_busy = busy;
@@ -134,10 +143,10 @@ class Runner {
     size_t next = 0;
     std::vector<uint32_t> inflight;
   };
-  struct Flow {
+  struct Flow {  // a matched transfer; the table moves its bytes
     StepRef send, recv;
-    const std::vector<int>* links = nullptr;
-    double bytes = 0, remaining = 0, rate = 0;
+    const FlowTable::Load* load = nullptr;  // Load(sender, receiver)
+    double bytes = 0;
     uint64_t seq = 0;  // its send's start order (FIFO links)
   };
   struct Event {
@@ -157,6 +166,32 @@ class Runner {
   uint64_t Key(int from, int to, int channel) const {
     return (static_cast<uint64_t>(from) * static_cast<uint64_t>(p_) + static_cast<uint64_t>(to)) * 4096 +
            static_cast<uint64_t>(channel);
+  }
+  // The key of a send from r to q as q's receive sees it: in a symmetric run, q's steps are those
+  // of its block-0 counterpart, which receives from r moved back by the same element.
+  uint64_t SendKey(int r, int q, int channel) const {
+    if (!group_) return Key(r, q, channel);
+    const int e = group_->Inverse(group_->ElementTo(q / group_->unit()));
+    return Key(group_->Apply(e, r), q % group_->unit(), channel);
+  }
+  // The flows per link that a flow from a to b stands for: 1 on each link of its route, or, in a
+  // symmetric run, order / orbit size on the first link of each orbit the route crosses (the
+  // moved copies of the flow cross each link of the orbit that often, on average and, since the
+  // copies are spread evenly by the group, exactly).
+  const std::vector<std::pair<int, double>>& Load(int a, int b) {
+    auto [it, fresh] =
+        load_.try_emplace(static_cast<uint64_t>(a) * static_cast<uint64_t>(p_) + static_cast<uint64_t>(b));
+    if (!fresh) return it->second;
+    const double order = group_ ? group_->order() : 1;
+    for (int l : net_.Route(a, b)) {
+      const int c = orbits_.canon[static_cast<size_t>(l)];
+      const double w = order / orbits_.size[static_cast<size_t>(c)];
+      bool merged = false;
+      for (auto& [k, v] : it->second)
+        if (k == c) v += w, merged = true;
+      if (!merged) it->second.emplace_back(c, w);
+    }
+    return it->second;
   }
   // Device work on rank r from now on, after what it already does; returns when it ends.
   double OnDevice(int r, double seconds) {
@@ -207,7 +242,7 @@ class Runner {
       if (send) send_order_[StepKey(ref)] = ++sends_started_;  // a port sends in this order (FIFO)
       // Only one side of a (from, to, channel) waits at a time: a step meets the other side's
       // oldest waiting step, or waits itself.
-      Waiting& w = waiting_[send ? Key(r, s.peer, c) : Key(s.peer, r, c)];
+      Waiting& w = waiting_[send ? SendKey(r, s.peer, c) : Key(s.peer, r, c)];
       if (w.head == w.queue.size() || w.sends == send) {
         w.sends = send;
         w.queue.push_back(ref);
@@ -226,30 +261,29 @@ class Runner {
     Flow f;
     f.send = send;
     f.recv = recv;
-    f.links = &net_.Route(send.rank, recv.rank);
-    if (f.links->empty() && error_.ok())
-      error_ = InvalidArgument(
-          fmt::format("kizuna-sim: the network has no route from rank {} to rank {}", send.rank, recv.rank));
-    f.bytes = f.remaining = static_cast<double>(At(send).count()) * esize_;
+    const int to = At(send).peer;  // recv.rank, or its block-0 counterpart in a symmetric run
+    f.load = &Load(send.rank, to);
+    if (net_.Route(send.rank, to).empty() && error_.ok())
+      error_ =
+          InvalidArgument(fmt::format("kizuna-sim: the network has no route from rank {} to rank {}", send.rank, to));
+    f.bytes = static_cast<double>(At(send).count()) * esize_;
     const auto order = send_order_.find(StepKey(send));
     f.seq = order->second;
     send_order_.erase(order);
-    size_t id = flows_.size();
-    if (free_flows_.empty()) {
-      flows_.push_back(f);
+    size_t id = starting_.size();
+    if (free_starting_.empty()) {
+      starting_.push_back(f);
     } else {
-      id = free_flows_.back();
-      free_flows_.pop_back();
-      flows_[id] = f;
+      id = free_starting_.back();
+      free_starting_.pop_back();
+      starting_[id] = f;
     }
     ++flow_count_;
     // Both ends' executors handle the message, then the first byte crosses the route.
-    events_.push({now_ + 2 * message_ + step_ + net_.RouteLatency(send.rank, recv.rank), true, id, {}});
+    events_.push({now_ + 2 * message_ + step_ + net_.RouteLatency(send.rank, to), true, id, {}});
   }
 
-  void Delivered(size_t id) {
-    const Flow f = flows_[id];
-    free_flows_.push_back(id);
+  void Delivered(const Flow& f) {
     Done(f.send);
     if (At(f.recv).kind == StepKind::kRecvReduce) {
       events_.push({OnDevice(f.recv.rank, launch_ + 2 * f.bytes / reduce_), false, 0, f.recv});
@@ -271,83 +305,6 @@ class Runner {
     ++finished_;
   }
 
-  void AdvanceFlows(double dt) {
-    if (dt <= 0) return;
-    for (size_t id : active_) {
-      Flow& f = flows_[id];
-      const double moved = std::min(f.remaining, f.rate * dt);
-      f.remaining -= moved;
-      for (int l : *f.links) link_bytes_[static_cast<size_t>(l)] += moved;
-    }
-  }
-
-  // FIFO links: a flow moves, at its route's slowest link, only while it is the oldest active
-  // flow on every link of its route.
-  void FifoRates() {
-    const auto& links = net_.links();
-    std::vector<size_t> order = active_;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return flows_[a].seq < flows_[b].seq; });
-    std::vector<int> taken;
-    for (size_t id : order) {
-      Flow& f = flows_[id];
-      bool head = true;
-      double rate = kInf;
-      for (int l : *f.links) {
-        head = head && unfrozen_on_[static_cast<size_t>(l)] == 0;
-        rate = std::min(rate, links[static_cast<size_t>(l)].gbps * 1e9);
-      }
-      for (int l : *f.links)
-        if (unfrozen_on_[static_cast<size_t>(l)]++ == 0) taken.push_back(l);
-      f.rate = head ? (rate == kInf ? 1e30 : rate) : 0;
-    }
-    for (int l : taken) unfrozen_on_[static_cast<size_t>(l)] = 0;
-  }
-
-  // Max-min fair rates over the active flows (progressive filling).
-  void Rates() {
-    if (fifo_) return FifoRates();
-    const auto& links = net_.links();
-    std::vector<int> used;
-    for (size_t id : active_) {
-      flows_[id].rate = 0;
-      for (int l : *flows_[id].links) {
-        const auto li = static_cast<size_t>(l);
-        if (unfrozen_on_[li]++ == 0) {
-          left_cap_[li] = links[li].gbps * 1e9;
-          used.push_back(l);
-        }
-      }
-    }
-    std::vector<size_t> unfrozen = active_;
-    while (!unfrozen.empty()) {
-      double inc = kInf;
-      for (int l : used)
-        if (unfrozen_on_[static_cast<size_t>(l)] > 0)
-          inc = std::min(inc, left_cap_[static_cast<size_t>(l)] / unfrozen_on_[static_cast<size_t>(l)]);
-      if (inc == kInf) {  // flows crossing no link: instant
-        for (size_t id : unfrozen) flows_[id].rate = 1e30;
-        break;
-      }
-      for (size_t id : unfrozen) {
-        flows_[id].rate += inc;
-        for (int l : *flows_[id].links) left_cap_[static_cast<size_t>(l)] -= inc;
-      }
-      std::vector<size_t> still;
-      for (size_t id : unfrozen) {
-        bool saturated = false;
-        for (int l : *flows_[id].links)
-          saturated = saturated || left_cap_[static_cast<size_t>(l)] <= links[static_cast<size_t>(l)].gbps * 1e9 * 1e-9;
-        if (!saturated) {
-          still.push_back(id);
-          continue;
-        }
-        for (int l : *flows_[id].links) --unfrozen_on_[static_cast<size_t>(l)];
-      }
-      unfrozen.swap(still);
-    }
-    for (int l : used) unfrozen_on_[static_cast<size_t>(l)] = 0;
-  }
-
   Status Stuck() const {
     for (int r = 0; r < p_; ++r)
       for (size_t c = 0; c < chans_[static_cast<size_t>(r)].size(); ++c) {
@@ -361,7 +318,8 @@ class Runner {
 
   const Plan& plan_;
   const Network& net_;
-  const int p_;
+  const RankGroup* group_;  // a symmetric run's, or null
+  const int p_, s_;         // ranks, simulated ranks
   const double esize_;
   double copy_ = 0, reduce_ = 0, launch_ = 0, message_ = 0, step_ = 0;
   size_t window_ = 4;
@@ -375,17 +333,17 @@ class Runner {
     bool sends = false;  // which side waits
   };
   std::unordered_map<uint64_t, Waiting> waiting_;  // by (from, to, channel)
-  std::vector<Flow> flows_;
-  std::vector<size_t> free_flows_;  // delivered flows' slots, reused
+  FlowTable table_;
+  std::vector<Flow> flows_;     // by the table's flow id
+  std::vector<Flow> starting_;  // matched, not yet on the wire (Event::flow)
+  std::vector<size_t> free_starting_;
   uint64_t flow_count_ = 0, sends_started_ = 0;
   std::unordered_map<uint64_t, uint64_t> send_order_;  // started sends not yet matched: their order
-  std::vector<size_t> active_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
-  std::vector<double> link_bytes_;
   std::vector<int> dirty_;  // ranks to look at for steps that may start
   std::vector<bool> dirty_flag_;
-  std::vector<double> left_cap_;  // Rates: per link, capacity not yet shared out
-  std::vector<int> unfrozen_on_;  // Rates: per link, flows still growing
+  Network::Orbits orbits_;  // each link's orbit (a run without symmetry: each its own)
+  std::unordered_map<uint64_t, std::vector<std::pair<int, double>>> load_;  // Load's, by pair
   double now_ = 0;
   int finished_ = 0;
   Status error_;
@@ -395,7 +353,35 @@ class Runner {
 
 Result<TimedResult> RunTimed(const collectives::Plan& plan, const Network& net, const DeviceModel& device,
                              const collectives::CostConstants& k) {
-  return Runner(plan, net, device, k).Go();
+  return Runner(plan, net, device, k, nullptr).Go();
+}
+
+Result<TimedResult> RunTimedSymmetric(const collectives::Plan& block0, const RankGroup& group, const Network& net,
+                                      const DeviceModel& device, const collectives::CostConstants& k) {
+  return Runner(block0, net, device, k, &group).Go();
+}
+
+Result<TimedResult> RunAlgorithm(collectives::Algorithm a, const collectives::CollectiveRequest& request,
+                                 const collectives::CommTopology& shape, const collectives::PlanOptions& options,
+                                 const Network& net, const DeviceModel& device, const collectives::CostConstants& k,
+                                 bool symmetry, std::string* how) {
+  how->clear();
+  if (symmetry && !device.fifo) {
+    for (const RankGroup& g : net.Symmetries()) {
+      const std::vector<int> ranks = CheckedRanks(g);
+      auto built = collectives::BuildPlan(a, request, shape, options, ranks);
+      if (!built.ok()) return built.status();
+      std::unordered_map<int, size_t> at;
+      for (size_t i = 0; i < ranks.size(); ++i) at[ranks[i]] = i;
+      if (!PlanIsInvariant(g, [&](int r) -> const collectives::RankPlan& { return built->ranks[at.at(r)]; })) continue;
+      built->ranks.resize(static_cast<size_t>(g.unit()));  // block 0's, listed first
+      *how = g.Describe();
+      return RunTimedSymmetric(*built, g, net, device, k);
+    }
+  }
+  auto plan = collectives::BuildPlan(a, request, shape, options, -1);
+  if (!plan.ok()) return plan.status();
+  return RunTimed(*plan, net, device, k);
 }
 
 }  // namespace kizuna::sim

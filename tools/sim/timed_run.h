@@ -28,15 +28,35 @@ struct DeviceModel {
 
 struct TimedResult {
   double seconds = 0;
-  uint64_t flows = 0;
+  uint64_t flows = 0;            // transfers, over every rank
+  uint64_t simulated_flows = 0;  // those simulated (a symmetric run: block 0's)
   std::string bottleneck;      // the link busiest over the run, or a rank's device where one was busier
   double bottleneck_busy = 0;  // its bytes / (bandwidth x the run's time), or busy time / the run's, 0..1
   double network_bytes = 0;    // bytes over all links (a byte counts once per link it crosses)
 };
 
-// Runs `plan` (every rank; no host level, no aggregation devices) on `net`. kInvalidArgument for
-// a plan the network cannot carry (a pair with no route) or that never completes.
+// Runs `plan` (every rank, an INA plan's aggregation devices too: Plan::world(), the network's
+// ranks; no host level) on `net`. kInvalidArgument for a plan the network cannot carry (a pair
+// with no route) or that never completes.
 Result<TimedResult> RunTimed(const collectives::Plan& plan, const Network& net, const DeviceModel& device,
                              const collectives::CostConstants& k);
+
+// The same, simulating block 0 of `group` alone (ranks 0..unit-1: plan.ranks holds just those,
+// plan.request.nranks all of them) where the network and the plan are mapped onto themselves by
+// the group (Network::Symmetries, PlanIsInvariant). Every other block does what block 0 does at the
+// same times, so its flows are block 0's moved by the group, each along the moved route of its
+// original; a link carries the flows of every block whose moved routes cross it. Sharing must be
+// fair: a FIFO link would serve the copies of a flow in turn, and the blocks would differ.
+Result<TimedResult> RunTimedSymmetric(const collectives::Plan& block0, const RankGroup& group, const Network& net,
+                                      const DeviceModel& device, const collectives::CostConstants& k);
+
+// Algorithm a's plan for `request` on `shape`, run: with `symmetry`, block 0 alone under the first
+// of the network's symmetries that the plan commutes with (*how then describes it; fair sharing
+// only), otherwise, or where none does, every rank (*how empty). kNotSupported passed through
+// from the algorithm.
+Result<TimedResult> RunAlgorithm(collectives::Algorithm a, const collectives::CollectiveRequest& request,
+                                 const collectives::CommTopology& shape, const collectives::PlanOptions& options,
+                                 const Network& net, const DeviceModel& device, const collectives::CostConstants& k,
+                                 bool symmetry, std::string* how);
 
 }  // namespace kizuna::sim

@@ -23,6 +23,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <oneapi/tbb/enumerable_thread_specific.h>
+#include <oneapi/tbb/parallel_for.h>
 
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/cost/model.h"
@@ -205,65 +207,104 @@ int Main(int argc, char** argv) {
   std::vector<bench::Row> plotted;  // kizuna-bench's plot: the simulation as the measurement
   int status = 0;
   std::map<std::string, std::string> symmetric;  // algorithm -> the symmetry its runs used
-  for (double bytes = static_cast<double>(*lo); bytes <= static_cast<double>(*hi) * 1.0000001; bytes *= factor) {
+  // Every size's request and the model's choice, then every (size, algorithm) run, in parallel:
+  // each worker thread with its own copy of the network (its routes are cached as they are asked
+  // for); then the rows, printed in order.
+  struct Case {
     CollectiveRequest req;
-    req.collective = *c;
-    req.nranks = p;
-    req.dtype = *t;
-    const uint64_t per_rank_blocks =
-        (*c == Collective::kReduceScatter || *c == Collective::kAllGather || *c == Collective::kAllToAll) ? p : 1;
-    req.count = std::max<uint64_t>(1, static_cast<uint64_t>(bytes) / es / per_rank_blocks);
     collectives::PlanOptions options;
-    options.chunk_count = std::max<uint64_t>(1, *ch / es);
+    double bytes = 0;
+    uint64_t per_rank_blocks = 1;
+    Result<collectives::Selection> sel = InvalidArgument("not selected");
+  };
+  std::vector<Case> cases;
+  for (double bytes = static_cast<double>(*lo); bytes <= static_cast<double>(*hi) * 1.0000001; bytes *= factor) {
+    Case cs;
+    cs.bytes = bytes;
+    cs.req.collective = *c;
+    cs.req.nranks = p;
+    cs.req.dtype = *t;
+    cs.per_rank_blocks =
+        (*c == Collective::kReduceScatter || *c == Collective::kAllGather || *c == Collective::kAllToAll) ? p : 1;
+    cs.req.count = std::max<uint64_t>(1, static_cast<uint64_t>(bytes) / es / cs.per_rank_blocks);
+    cs.options.chunk_count = std::max<uint64_t>(1, *ch / es);
     // The engine asks for two channels for a collective of 256 KiB or more (engine.cc).
-    options.channels = channels > 0 ? channels : (bytes >= 256 << 10 ? 2 : 1);
-    auto sel = collectives::SelectAlgorithm(req, shape, options, k, collectives::AlgoOverrides{}, std::nullopt,
+    cs.options.channels = channels > 0 ? channels : (bytes >= 256 << 10 ? 2 : 1);
+    cases.push_back(std::move(cs));
+  }
+  struct Outcome {
+    Result<TimedResult> run = InvalidArgument("not run");
+    std::string how;
+    bool skipped = true;
+  };
+  std::vector<std::pair<size_t, Algorithm>> runs;
+  for (size_t i = 0; i < cases.size(); ++i)
+    for (Algorithm a : chosen)
+      if (collectives::GetAlgorithm(a).Supports(cases[i].req, shape).ok()) runs.emplace_back(i, a);
+  std::vector<Outcome> outcomes(runs.size());
+  tbb::enumerable_thread_specific<Network> nets(*net);
+  tbb::parallel_for(size_t{0}, cases.size() + runs.size(), [&](size_t i) {
+    if (i < cases.size()) {
+      Case& cs = cases[i];
+      cs.sel = collectives::SelectAlgorithm(cs.req, shape, cs.options, k, collectives::AlgoOverrides{}, std::nullopt,
                                             [](Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
                                               return collectives::GetAlgorithm(a).Supports(r, s);
                                             });
-    for (Algorithm a : chosen) {
-      if (!collectives::GetAlgorithm(a).Supports(req, shape).ok()) continue;  // not its collective or shape
-      std::string how;
-      auto run = RunAlgorithm(a, req, shape, options, *net, device, k, symmetry == "auto", &how);
-      if (!how.empty()) symmetric[std::string(collectives::AlgorithmName(a))] = how;
-      if (!run.ok()) {
-        if (run.status().message().find("outside their steps") != std::string::npos) continue;
-        fmt::print(stderr, "kizuna-sim: {} at {} bytes: {}\n", collectives::AlgorithmName(a), bytes,
-                   run.status().message());
-        status = 1;
-        continue;
-      }
-      double predicted = std::numeric_limits<double>::infinity();
-      if (sel.ok())
-        for (const collectives::Candidate& cand : sel->candidates)
-          if (cand.algorithm == a && cand.supported()) predicted = cand.seconds();
-      const double moved = static_cast<double>(req.count * per_rank_blocks * es);
-      const double busbw = moved / run->seconds / 1e9 * BusFactor(*c, p);
-      fmt::print("  {:>10} {:>10}  {:<18} {:>10} {:>8.3g}  {:<28} {:>10}  {}\n", static_cast<uint64_t>(moved),
-                 req.count, collectives::AlgorithmName(a), Time(run->seconds), busbw,
-                 fmt::format("{} {:.0f}%", run->bottleneck, run->bottleneck_busy * 100),
-                 predicted < std::numeric_limits<double>::infinity() ? Time(predicted) : "-",
-                 sel.ok() ? std::string(collectives::AlgorithmName(sel->chosen)) : "-");
-      bench::Row row;
-      row.size_bytes = static_cast<uint64_t>(moved);
-      row.count = req.count;
-      row.algo = row.requested = std::string(collectives::AlgorithmName(a));
-      if (predicted < std::numeric_limits<double>::infinity()) row.predicted_s = predicted;
-      row.out_of_place = bench::Measure(row.size_bytes, run->seconds, BusFactor(*c, p), std::nullopt);
-      plotted.push_back(std::move(row));
-      rows.push_back({{"bytes", static_cast<uint64_t>(moved)},
-                      {"count", req.count},
-                      {"algorithm", collectives::AlgorithmName(a)},
-                      {"seconds", run->seconds},
-                      {"busbw_gbps", busbw},
-                      {"bottleneck", run->bottleneck},
-                      {"bottleneck_busy", run->bottleneck_busy},
-                      {"flows", run->flows},
-                      {"simulated_flows", run->simulated_flows},
-                      {"symmetry", how},
-                      {"model_seconds", predicted < std::numeric_limits<double>::infinity() ? predicted : -1},
-                      {"model_choice", sel.ok() ? std::string(collectives::AlgorithmName(sel->chosen)) : ""}});
+      return;
     }
+    const auto [at, a] = runs[i - cases.size()];
+    Outcome& o = outcomes[i - cases.size()];
+    o.run =
+        RunAlgorithm(a, cases[at].req, shape, cases[at].options, nets.local(), device, k, symmetry == "auto", &o.how);
+    o.skipped = !o.run.ok() && o.run.status().message().find("outside their steps") != std::string::npos;
+  });
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto [at, a] = runs[r];
+    const Case& cs = cases[at];
+    const auto& req = cs.req;
+    const auto& sel = cs.sel;
+    const Outcome& o = outcomes[r];
+    const auto& run = o.run;
+    const std::string& how = o.how;
+    if (o.skipped) continue;
+    if (!how.empty()) symmetric[std::string(collectives::AlgorithmName(a))] = how;
+    if (!run.ok()) {
+      fmt::print(stderr, "kizuna-sim: {} at {} bytes: {}\n", collectives::AlgorithmName(a), cs.bytes,
+                 run.status().message());
+      status = 1;
+      continue;
+    }
+    const uint64_t per_rank_blocks = cs.per_rank_blocks;
+    double predicted = std::numeric_limits<double>::infinity();
+    if (sel.ok())
+      for (const collectives::Candidate& cand : sel->candidates)
+        if (cand.algorithm == a && cand.supported()) predicted = cand.seconds();
+    const double moved = static_cast<double>(req.count * per_rank_blocks * es);
+    const double busbw = moved / run->seconds / 1e9 * BusFactor(*c, p);
+    fmt::print("  {:>10} {:>10}  {:<18} {:>10} {:>8.3g}  {:<28} {:>10}  {}\n", static_cast<uint64_t>(moved), req.count,
+               collectives::AlgorithmName(a), Time(run->seconds), busbw,
+               fmt::format("{} {:.0f}%", run->bottleneck, run->bottleneck_busy * 100),
+               predicted < std::numeric_limits<double>::infinity() ? Time(predicted) : "-",
+               sel.ok() ? std::string(collectives::AlgorithmName(sel->chosen)) : "-");
+    bench::Row row;
+    row.size_bytes = static_cast<uint64_t>(moved);
+    row.count = req.count;
+    row.algo = row.requested = std::string(collectives::AlgorithmName(a));
+    if (predicted < std::numeric_limits<double>::infinity()) row.predicted_s = predicted;
+    row.out_of_place = bench::Measure(row.size_bytes, run->seconds, BusFactor(*c, p), std::nullopt);
+    plotted.push_back(std::move(row));
+    rows.push_back({{"bytes", static_cast<uint64_t>(moved)},
+                    {"count", req.count},
+                    {"algorithm", collectives::AlgorithmName(a)},
+                    {"seconds", run->seconds},
+                    {"busbw_gbps", busbw},
+                    {"bottleneck", run->bottleneck},
+                    {"bottleneck_busy", run->bottleneck_busy},
+                    {"flows", run->flows},
+                    {"simulated_flows", run->simulated_flows},
+                    {"symmetry", how},
+                    {"model_seconds", predicted < std::numeric_limits<double>::infinity() ? predicted : -1},
+                    {"model_choice", sel.ok() ? std::string(collectives::AlgorithmName(sel->chosen)) : ""}});
   }
   for (const auto& [name, how] : symmetric) fmt::print("# {}: one block simulated for all, {}\n", name, how);
   if (!json_path.empty()) {

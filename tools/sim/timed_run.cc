@@ -68,11 +68,10 @@ class Runner {
     left_.assign(static_cast<size_t>(s_), 0);
     device_free_.assign(static_cast<size_t>(s_), 0);
     device_busy_.assign(static_cast<size_t>(s_), 0);
-    dirty_flag_.assign(static_cast<size_t>(s_), false);
-    for (int r = 0; r < s_; ++r) MarkDirty(r);
     finish_.assign(static_cast<size_t>(s_), -1);
     for (int r = 0; r < s_; ++r) {
       chans_[static_cast<size_t>(r)].resize(plan_.ranks[static_cast<size_t>(r)].channels.size());
+      for (size_t c = 0; c < chans_[static_cast<size_t>(r)].size(); ++c) MarkDirty(r, static_cast<int>(c));
       for (const auto& ch : plan_.ranks[static_cast<size_t>(r)].channels) left_[static_cast<size_t>(r)] += ch.size();
     }
     for (int r = 0; r < s_; ++r)
@@ -140,6 +139,7 @@ class Runner {
 
  private:
   struct Chan {
+    bool dirty = false;  // listed in dirty_
     size_t next = 0;
     std::vector<uint32_t> inflight;
   };
@@ -208,19 +208,21 @@ class Runner {
     }
   }
 
-  // Starts what may start on the ranks whose steps completed since the last look.
+  // Starts what may start on the channels whose steps completed since the last look (a channel's
+  // next step waits only for its own window and its own earlier steps).
   void StartAll() {
-    std::vector<int> ranks;
-    ranks.swap(dirty_);
-    for (int r : ranks) {
-      dirty_flag_[static_cast<size_t>(r)] = false;
-      for (size_t c = 0; c < chans_[static_cast<size_t>(r)].size(); ++c) Start(r, static_cast<int>(c));
+    std::vector<std::pair<int, int>> chans;
+    chans.swap(dirty_);
+    for (auto [r, c] : chans) {
+      chans_[static_cast<size_t>(r)][static_cast<size_t>(c)].dirty = false;
+      Start(r, c);
     }
   }
-  void MarkDirty(int r) {
-    if (dirty_flag_[static_cast<size_t>(r)]) return;
-    dirty_flag_[static_cast<size_t>(r)] = true;
-    dirty_.push_back(r);
+  void MarkDirty(int r, int c) {
+    auto& chans = chans_[static_cast<size_t>(r)];
+    if (static_cast<size_t>(c) >= chans.size() || chans[static_cast<size_t>(c)].dirty) return;
+    chans[static_cast<size_t>(c)].dirty = true;
+    dirty_.emplace_back(r, c);
   }
 
   void Start(int r, int c) {
@@ -239,7 +241,7 @@ class Runner {
         continue;
       }
       const bool send = s.kind == StepKind::kSend;
-      if (send) send_order_[StepKey(ref)] = ++sends_started_;  // a port sends in this order (FIFO)
+      if (send && fifo_) send_order_[StepKey(ref)] = ++sends_started_;  // a FIFO port sends in this order
       // Only one side of a (from, to, channel) waits at a time: a step meets the other side's
       // oldest waiting step, or waits itself.
       Waiting& w = waiting_[send ? SendKey(r, s.peer, c) : Key(s.peer, r, c)];
@@ -267,9 +269,11 @@ class Runner {
       error_ =
           InvalidArgument(fmt::format("kizuna-sim: the network has no route from rank {} to rank {}", send.rank, to));
     f.bytes = static_cast<double>(At(send).count()) * esize_;
-    const auto order = send_order_.find(StepKey(send));
-    f.seq = order->second;
-    send_order_.erase(order);
+    if (fifo_) {
+      const auto order = send_order_.find(StepKey(send));
+      f.seq = order->second;
+      send_order_.erase(order);
+    }
     size_t id = starting_.size();
     if (free_starting_.empty()) {
       starting_.push_back(f);
@@ -293,7 +297,7 @@ class Runner {
   }
 
   void Done(const StepRef& ref) {
-    MarkDirty(ref.rank);
+    MarkDirty(ref.rank, ref.channel);
     auto& chans = chans_[static_cast<size_t>(ref.rank)];
     if (static_cast<size_t>(ref.channel) < chans.size())
       std::erase(chans[static_cast<size_t>(ref.channel)].inflight, ref.step);
@@ -340,8 +344,7 @@ class Runner {
   uint64_t flow_count_ = 0, sends_started_ = 0;
   std::unordered_map<uint64_t, uint64_t> send_order_;  // started sends not yet matched: their order
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
-  std::vector<int> dirty_;  // ranks to look at for steps that may start
-  std::vector<bool> dirty_flag_;
+  std::vector<std::pair<int, int>> dirty_;  // (rank, channel)s to look at for steps that may start
   Network::Orbits orbits_;  // each link's orbit (a run without symmetry: each its own)
   std::unordered_map<uint64_t, std::vector<std::pair<int, double>>> load_;  // Load's, by pair
   double now_ = 0;

@@ -29,6 +29,7 @@
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/cost/model.h"
 #include "collectives/cost/selector.h"
+#include "fabric/directconnect/topology.h"
 #include "tools/bench/plot.h"
 #include "tools/sim/network.h"
 #include "tools/sim/timed_run.h"
@@ -117,13 +118,19 @@ int Main(int argc, char** argv) {
                     json_path;
   double factor = 8;
   int channels = 0;
-  app.add_option("--network", spec.kind, "switch, full, rails, rail-only, torus2d, torus3d, ring")
+  app.add_option("--network", spec.kind, "switch, full, rails, rail-only, torus2d, torus3d, ring, direct")
       ->capture_default_str();
   app.add_option("--ranks", spec.ranks, "switch, full, ring: ranks")->capture_default_str();
   app.add_option("--hosts", spec.hosts, "rails: hosts")->capture_default_str();
   app.add_option("--per-host", spec.per_host, "rails: accelerators per host")->capture_default_str();
   app.add_option("--nics", spec.nics, "rails: NICs per host")->capture_default_str();
   app.add_option("--dims", dims, "torus: XxY or XxYxZ");
+  std::string topology_path;
+  bool bundle = false;
+  app.add_option("--topology", topology_path,
+                 "direct: a direct-connect topology file (kizuna-topo --generate's, an OCS port map); its "
+                 "links' bandwidths and latencies where it gives them, --link-gbps and --latency-us otherwise");
+  app.add_flag("--bundle", bundle, "direct: parallel cables between two ranks as one link of their sum");
   app.add_option("--link-gbps", spec.link_gbps, "network links, GB/s per direction")->capture_default_str();
   app.add_option("--latency-us", spec.latency_us, "per network link")->capture_default_str();
   app.add_option("--intra-gbps", spec.intra_gbps, "rails: accelerator to host switch, GB/s")->capture_default_str();
@@ -188,6 +195,23 @@ int Main(int argc, char** argv) {
     if (!r->ok()) return fail(r->status(), 2);
   if (factor <= 1 || channels < 0 || channels > 64) return fail(InvalidArgument("-f must be > 1, --channels 0-64"), 2);
   auto net = Network::Build(spec);
+  if (spec.kind == "direct") {
+    if (topology_path.empty()) return fail(InvalidArgument("--network direct needs --topology FILE"), 2);
+    auto topology = fabric::directconnect::LoadTopology(topology_path, "--topology");
+    if (!topology.ok()) return fail(topology.status(), 2);
+    auto cables = TopologyCables(*topology, spec.link_gbps, spec.latency_us);
+    if (!cables.ok()) return fail(cables.status(), 2);
+    if (cables->devices > 0)
+      return fail(InvalidArgument(fmt::format(
+                      "--topology {}: {} aggregation devices; the simulator runs them in INA plans built from a "
+                      "layout (tools/sim/published_tables_test.cc), not from a topology file",
+                      topology_path, cables->devices)),
+                  2);
+    cables->bundle = bundle;
+    net = Network::Direct(*cables);
+  } else if (!topology_path.empty()) {
+    return fail(InvalidArgument("--topology goes with --network direct"), 2);
+  }
   if (!net.ok()) return fail(net.status(), 2);
   std::vector<Algorithm> chosen;
   for (size_t a = 0; a < collectives::kNumAlgorithms; ++a) {

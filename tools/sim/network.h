@@ -27,6 +27,9 @@
 namespace kizuna::collectives::ina {
 struct Layout;  // collectives/ina/layout.h
 }
+namespace kizuna::fabric::directconnect {
+class Topology;  // fabric/directconnect/topology.h
+}
 
 namespace kizuna::sim {
 
@@ -76,6 +79,12 @@ struct DirectSpec {
 // ports, a ring's hop a simplex circuit from one worker's port to the next one's; every cable at
 // `gbps` and `latency_us`. kInvalidArgument for a layout that does not validate.
 Result<DirectSpec> LayoutCables(const collectives::ina::Layout& layout, double gbps, double latency_us);
+// The cables of a direct-connect topology file (fabric/directconnect/topology.h: `kizuna-topo
+// --generate`'s rings, tori and OCS port maps, or a hand-written one), each link a duplex cable
+// between its two ports, at the link's bandwidth (the file's Gb/s as GB/s) and latency where the
+// file gives them and at `gbps` (GB/s) and `latency_us` where it does not; workers by rank, then
+// the aggregation devices.
+Result<DirectSpec> TopologyCables(const fabric::directconnect::Topology& topology, double gbps, double latency_us);
 
 class Network {
  public:

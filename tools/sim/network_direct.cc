@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "collectives/ina/layout.h"
+#include "fabric/directconnect/topology.h"
 #include "tools/sim/network.h"
 
 namespace kizuna::sim {
@@ -126,6 +127,31 @@ Result<DirectSpec> LayoutCables(const collectives::ina::Layout& layout, double g
     // A tree's (or a line's) duplex cables, reduced over going up and broadcast over coming down.
     for (const ina::TreeEdge& e : part.edges)
       s.cables.push_back({rank(e.child), rank(e.parent), e.child_port, e.parent_port, false});
+  }
+  return s;
+}
+
+Result<DirectSpec> TopologyCables(const fabric::directconnect::Topology& topology, double gbps, double latency_us) {
+  namespace dc = fabric::directconnect;
+  DirectSpec s;
+  s.name = topology.name.empty() ? "direct" : topology.name;
+  s.workers = topology.worker_count();
+  s.link_gbps = gbps;
+  s.latency_us = latency_us;
+  std::vector<int> rank(topology.nodes.size(), -1);
+  for (size_t i = 0; i < topology.nodes.size(); ++i) {
+    const dc::TopologyNode& node = topology.nodes[i];
+    rank[i] = node.kind == dc::NodeKind::kWorker ? node.rank : s.workers + s.devices++;
+  }
+  for (const dc::TopologyLink& l : topology.links) {
+    DirectCable c;
+    c.a = rank[static_cast<size_t>(l.a.node)];
+    c.b = rank[static_cast<size_t>(l.b.node)];
+    c.a_port = l.a.port;
+    c.b_port = l.b.port;
+    c.gbps = l.bandwidth_gbps / 8;  // the file's gigabits per second (the fabric's shaper), here bytes
+    c.latency_us = l.latency_us > 0 ? l.latency_us : -1;
+    s.cables.push_back(c);
   }
   return s;
 }

@@ -24,6 +24,36 @@ pairwise=$(awk '$3 == "pairwise" {print $4 * ($5 == "ms" ? 1 : 1000)}' <<<"$out"
 awk -v r="$ring" -v p="$pairwise" 'BEGIN { exit !(r > 0 && p > 1.5 * r) }' || fail "torus: ring $ring ms, pairwise $pairwise ms"
 grep -Eq "pairwise +[0-9.]+ ms .* pairwise$" <<<"$out" || fail "torus: the model no longer picks pairwise: $out"
 
+# Rails of 16 hosts: the ring and pairwise simulate one host for all and say so; the same
+# figures as every rank simulated.
+one="$("$sim" --network rails --hosts 16 --per-host 4 --nics 4 -b 4M -e 4M --algo ring,pairwise)" || fail "rails"
+all="$("$sim" --network rails --hosts 16 --per-host 4 --nics 4 -b 4M -e 4M --algo ring,pairwise --symmetry off)" ||
+  fail "rails, --symmetry off"
+echo "$one"
+grep -q "^# ring: one block simulated for all, 16 blocks of 4 rank(s)" <<<"$one" || fail "no symmetry line: $one"
+grep -q "one block simulated" <<<"$all" && fail "--symmetry off still simulated one block: $all"
+[ "$(grep '^  ' <<<"$one")" = "$(grep '^  ' <<<"$all")" ] || fail "one block and every rank differ: $one $all"
+
+# A direct-connect topology file: a ring of 4 cables at 8 Gb/s (1 GB/s), 10 us; 4 MiB of ring
+# AllReduce sends 2 x 3/4 x 4 MiB over each cable one way: 6.3 ms at least.
+cat >"$tmp/ring4.json" <<'JSON'
+{"name": "ring4", "nodes": [{"name": "w0", "rank": 0, "ports": 2}, {"name": "w1", "rank": 1, "ports": 2},
+  {"name": "w2", "rank": 2, "ports": 2}, {"name": "w3", "rank": 3, "ports": 2}],
+ "links": [{"a": "w0:0", "b": "w1:1", "bandwidth_gbps": 8, "latency_us": 10},
+           {"a": "w1:0", "b": "w2:1", "bandwidth_gbps": 8, "latency_us": 10},
+           {"a": "w2:0", "b": "w3:1", "bandwidth_gbps": 8, "latency_us": 10},
+           {"a": "w3:0", "b": "w0:1", "bandwidth_gbps": 8, "latency_us": 10}]}
+JSON
+out="$("$sim" --network direct --topology "$tmp/ring4.json" -b 4M -e 4M --algo ring,pairwise)" ||
+  fail "direct: exit $?: $out"
+echo "$out"
+grep -q "^# kizuna-sim: allreduce over ring4: 4 workers" <<<"$out" || fail "direct: no header: $out"
+ring=$(awk '$3 == "ring" {print $4 * ($5 == "ms" ? 1 : 1000)}' <<<"$out")
+awk -v r="$ring" 'BEGIN { exit !(r > 6.2 && r < 7.5) }' || fail "direct: ring $ring ms"
+out="$("$sim" --network direct 2>&1)"; [ $? -eq 2 ] || fail "direct without --topology accepted"
+grep -q -- "needs --topology" <<<"$out" || fail "direct: unclear message: $out"
+out="$("$sim" --network direct --topology "$tmp/none.json" 2>&1)"; [ $? -eq 2 ] || fail "a missing file accepted"
+
 # Bad flags.
 out="$("$sim" --network mesh 2>&1)"; [ $? -eq 2 ] || fail "an unknown network accepted"
 grep -q "unknown network 'mesh'" <<<"$out" || fail "unknown network: unclear message: $out"

@@ -3,6 +3,7 @@
 //   kizuna-sim --network switch --ranks 16 [--link-gbps 25 --latency-us 2]
 //   kizuna-sim --network rails --hosts 4 --per-host 8 --nics 8 [--intra-gbps 400 --pcie-gbps 50]
 //   kizuna-sim --network rail-only --hosts 4 --per-host 8 --nics 8
+//   kizuna-sim --network fat-tree --hosts 32 --per-host 8 --nics 8 --leaf-hosts 4 --oversubscription 2
 //   kizuna-sim --network torus2d --dims 4x4          (torus3d --dims 4x4x4, ring or full --ranks 8)
 //   ... [--coll allreduce] [--algo all|ring,tree,...] [-b 8 -e 1G -f 8] [--dtype float32]
 //       [--chunk-bytes 512K --channels N] [--copy-gbps X --reduce-gbps Y --launch-us Z]
@@ -66,7 +67,7 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
   rank.reduce_gbps = d.reduce_gbps;
   rank.launch_us = d.launch_us;
   CommTopology shape = CommTopology::Uniform(net.ranks(), rank, collectives::LinkDesc{});
-  const bool rails = spec.kind == "rails" || spec.kind == "rail-only";
+  const bool rails = spec.kind == "rails" || spec.kind == "rail-only" || spec.kind == "fat-tree";
   for (int r = 0; r < net.ranks(); ++r)
     shape.ranks[static_cast<size_t>(r)].host_id =
         rails ? fmt::format("host{}", r / spec.per_host) : fmt::format("r{}", r);
@@ -118,12 +119,17 @@ int Main(int argc, char** argv) {
                     json_path;
   double factor = 8;
   int channels = 0;
-  app.add_option("--network", spec.kind, "switch, full, rails, rail-only, torus2d, torus3d, ring, direct")
+  app.add_option("--network", spec.kind, "switch, full, rails, rail-only, fat-tree, torus2d, torus3d, ring, direct")
       ->capture_default_str();
   app.add_option("--ranks", spec.ranks, "switch, full, ring: ranks")->capture_default_str();
   app.add_option("--hosts", spec.hosts, "rails: hosts")->capture_default_str();
   app.add_option("--per-host", spec.per_host, "rails: accelerators per host")->capture_default_str();
-  app.add_option("--nics", spec.nics, "rails: NICs per host")->capture_default_str();
+  app.add_option("--nics", spec.nics, "rails, fat-tree: NICs per host")->capture_default_str();
+  app.add_option("--leaf-hosts", spec.leaf_hosts, "fat-tree: hosts per leaf switch")->capture_default_str();
+  app.add_option("--spines", spec.spines, "fat-tree: spine switches (0: one per NIC of a host)")->capture_default_str();
+  app.add_option("--oversubscription", spec.oversubscription,
+                 "fat-tree: a leaf's host-facing bandwidth over its uplinks' (1: none)")
+      ->capture_default_str();
   app.add_option("--dims", dims, "torus: XxY or XxYxZ");
   std::string topology_path;
   bool bundle = false;

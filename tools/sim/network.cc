@@ -92,6 +92,55 @@ Result<Network> Network::Build(const NetworkSpec& s) {
         "{} {} us per network link",
         s.hosts, s.per_host, s.intra_gbps, s.pcie_gbps, s.nics, s.link_gbps,
         s.kind == "rails" ? "rail switches joined by a spine," : "rail switches, no spine,", s.latency_us);
+  } else if (s.kind == "fat-tree") {
+    const int spines = s.spines > 0 ? s.spines : s.nics;
+    if (s.hosts < 1 || s.per_host < 1 || s.nics < 1 || s.nics > s.per_host || s.hosts * s.per_host < 2 ||
+        s.leaf_hosts < 1 || s.hosts % s.leaf_hosts != 0 || spines < 1 || !(s.oversubscription >= 1))
+      return InvalidArgument(
+          "kizuna-sim: a fat tree needs --hosts, --per-host, --nics (1 to per-host), --leaf-hosts dividing --hosts, "
+          "--spines >= 1 and --oversubscription >= 1");
+    const int ranks = s.hosts * s.per_host, leaves = s.hosts / s.leaf_hosts;
+    for (int r = 0; r < ranks; ++r)
+      n.rank_node_.push_back(n.AddNode(fmt::format("h{}.a{}", r / s.per_host, r % s.per_host)));
+    std::vector<int> block(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) block[static_cast<size_t>(r)] = r / s.per_host / s.leaf_hosts;
+    std::vector<int> spine;
+    for (int j = 0; j < spines; ++j) {
+      spine.push_back(n.AddNode(fmt::format("spine{}", j)));
+      block.push_back(-1);
+    }
+    // Each leaf's uplinks together carry its hosts' NIC bandwidth over the oversubscription.
+    const double uplink = s.link_gbps * s.nics * s.leaf_hosts / s.oversubscription / spines;
+    for (int leaf = 0; leaf < leaves; ++leaf) {
+      const int sw = n.AddNode(fmt::format("leaf{}", leaf));
+      block.push_back(leaf);
+      for (int j = 0; j < spines; ++j) n.Cable(sw, spine[static_cast<size_t>(j)], uplink, s.latency_us);
+      for (int h = leaf * s.leaf_hosts; h < (leaf + 1) * s.leaf_hosts; ++h) {
+        const int hsw = n.AddNode(fmt::format("h{}.sw", h));
+        block.push_back(leaf);
+        std::vector<int> nic;
+        for (int j = 0; j < s.nics; ++j) {
+          nic.push_back(n.AddNode(fmt::format("h{}.nic{}", h, j)));
+          block.push_back(leaf);
+          n.Cable(nic.back(), sw, s.link_gbps, s.latency_us);
+        }
+        for (int i = 0; i < s.per_host; ++i) {
+          const int a = h * s.per_host + i;
+          if (s.per_host > 1) n.Cable(a, hsw, s.intra_gbps, s.intra_latency_us);
+          n.Cable(a, nic[static_cast<size_t>(i % s.nics)], s.pcie_gbps, s.intra_latency_us);
+        }
+      }
+    }
+    // Whole leaves shifted map the tree onto itself (a leaf's hosts in order, the spines fixed).
+    n.SetBlocks(block);
+    n.symmetries_.emplace_back(RankGroup::Op::kAdd, s.per_host * s.leaf_hosts, std::vector<int>{leaves});
+    if (leaves > 1 && (leaves & (leaves - 1)) == 0)
+      n.symmetries_.emplace_back(RankGroup::Op::kXor, s.per_host * s.leaf_hosts, std::vector<int>{leaves});
+    n.description_ = fmt::format(
+        "{} hosts of {} accelerators ({} GB/s to the host switch, {} GB/s PCIe), {} NIC(s) each at {} GB/s, {} hosts "
+        "a leaf, {} leaves on {} spines at {}:1 ({} GB/s a leaf's uplink), {} us per network link",
+        s.hosts, s.per_host, s.intra_gbps, s.pcie_gbps, s.nics, s.link_gbps, s.leaf_hosts, leaves, spines,
+        s.oversubscription, uplink, s.latency_us);
   } else if (s.kind == "torus2d" || s.kind == "torus3d") {
     const size_t want = s.kind == "torus2d" ? 2 : 3;
     if (s.dims.size() != want) return InvalidArgument(fmt::format("kizuna-sim: {} needs {} dimensions", s.kind, want));
@@ -123,7 +172,8 @@ Result<Network> Network::Build(const NetworkSpec& s) {
     n.symmetries_.emplace_back(RankGroup::Op::kAdd, 1, s.dims);
   } else {
     return InvalidArgument(fmt::format(
-        "kizuna-sim: unknown network '{}' (switch, full, rails, rail-only, torus2d, torus3d, ring)", s.kind));
+        "kizuna-sim: unknown network '{}' (switch, full, rails, rail-only, fat-tree, torus2d, torus3d, ring, direct)",
+        s.kind));
   }
   return n;
 }

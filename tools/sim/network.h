@@ -7,6 +7,9 @@
 //               host (accelerator i uses NIC i mod k, over PCIe), NIC j of every host on rail
 //               switch j, the rail switches joined by a spine without oversubscription
 //   rail-only   the same without the spine: traffic between rails crosses a host's switch first
+//   fat-tree    hosts as in rails, all k NICs of a host on one leaf switch with the NICs of the
+//               leaf's other hosts, every leaf cabled to every spine; the uplinks carry the leaf's
+//               host-facing bandwidth divided by the oversubscription
 //   full, torus2d, torus3d, ring
 //               direct connect: rank to rank cables, no switch; traffic between ranks that share
 //               no cable is forwarded by the ranks in between along shortest paths
@@ -36,7 +39,10 @@ namespace kizuna::sim {
 struct NetworkSpec {
   std::string kind = "switch";
   int ranks = 8;                          // switch, full, ring; the others derive it
-  int hosts = 1, per_host = 8, nics = 1;  // rails, rail-only
+  int hosts = 1, per_host = 8, nics = 1;  // rails, rail-only, fat-tree
+  int leaf_hosts = 4;                     // fat-tree: hosts on a leaf switch
+  int spines = 0;                         // fat-tree: spine switches (0: as many as NICs per host)
+  double oversubscription = 1;            // fat-tree: a leaf's host-facing bandwidth / its uplinks'
   std::vector<int> dims;                  // torus2d (2), torus3d (3)
   double link_gbps = 25;                  // network links (GB/s per direction)
   double latency_us = 2;                  // per network link

@@ -128,6 +128,37 @@ TEST(Symmetry, OneHostStandsForEveryHost) {
   }
 }
 
+// A fat tree of 4 leaves of 2 hosts: whole leaves shifted map it onto itself, and one leaf stands
+// for all. Oversubscribed 4:1, the leaves' uplinks limit pairwise, whose every rank sends to every
+// other leaf, more than the hierarchical ring, whose hosts' rings cross a leaf's uplink only
+// between neighbouring hosts.
+TEST(Symmetry, FatTreeLeavesStandForEachOther) {
+  NetworkSpec s;
+  s.kind = "fat-tree";
+  s.hosts = 8;
+  s.per_host = 4;
+  s.nics = 4;
+  s.leaf_hosts = 2;
+  auto open = Network::Build(s);
+  s.oversubscription = 4;
+  auto thin = Network::Build(s);
+  ASSERT_TRUE(open.ok() && thin.ok()) << open.status().ToString();
+  ASSERT_FALSE(thin->Symmetries().empty());
+  EXPECT_EQ(thin->Symmetries().front().unit(), 8);
+  const Pair pairwise_open = RunBoth(Algorithm::kPairwise, Collective::kAllReduce, *open, 4, 1u << 22);
+  const Pair pairwise_thin = RunBoth(Algorithm::kPairwise, Collective::kAllReduce, *thin, 4, 1u << 22);
+  const Pair hier_open = RunBoth(Algorithm::kHierRing, Collective::kAllReduce, *open, 4, 1u << 22);
+  const Pair hier_thin = RunBoth(Algorithm::kHierRing, Collective::kAllReduce, *thin, 4, 1u << 22);
+  for (const Pair* r : {&pairwise_open, &pairwise_thin, &hier_open, &hier_thin}) {
+    EXPECT_FALSE(r->how.empty());
+    EXPECT_NEAR(r->block0.seconds, r->whole.seconds, r->whole.seconds * 1e-6);
+  }
+  EXPECT_GT(pairwise_thin.whole.seconds, 1.8 * pairwise_open.whole.seconds);
+  EXPECT_NE(pairwise_thin.whole.bottleneck.find("spine"), std::string::npos) << pairwise_thin.whole.bottleneck;
+  EXPECT_GT(pairwise_thin.whole.seconds / pairwise_open.whole.seconds,
+            1.2 * hier_thin.whole.seconds / hier_open.whole.seconds);
+}
+
 // Where the ranks differ by more than their place, every rank is simulated: the double binary
 // tree gives each host its own position, and a count smaller than the ranks leaves some empty.
 TEST(Symmetry, PlansThatDifferByHostRunWhole) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -102,7 +103,7 @@ inline Status RequireLink(const CommTopology& shape, int from, int to, std::stri
 
 // kNotSupported unless every rank reaches every other.
 inline Status RequireFullyConnected(const CommTopology& shape, std::string_view algorithm, std::string_view why) {
-  for (int a = 0; a < shape.nranks; ++a)
+  for (int a = 0; a < shape.link_rows(); ++a)  // a periodic shape's other rows repeat these
     for (int b = 0; b < shape.nranks; ++b) KZ_RETURN_IF_ERROR(RequireLink(shape, a, b, algorithm, why));
   return Status::Ok();
 }
@@ -246,15 +247,11 @@ struct Hosts {
   int widest = 0;                       // the most ranks on one host: the rail form's part count
 
   explicit Hosts(const CommTopology& shape) : host(static_cast<size_t>(shape.nranks)), local(host.size()) {
-    std::vector<std::string> ids;
+    std::unordered_map<std::string_view, size_t> ids;  // a host's index by its id (thousands of hosts)
     for (int r = 0; r < shape.nranks; ++r) {
-      const std::string& id = shape.ranks[static_cast<size_t>(r)].host_id;
-      const auto it = std::find(ids.begin(), ids.end(), id);
-      const auto h = static_cast<size_t>(it - ids.begin());
-      if (it == ids.end()) {
-        ids.push_back(id);
-        ranks.emplace_back();
-      }
+      const auto [it, fresh] = ids.try_emplace(shape.ranks[static_cast<size_t>(r)].host_id, ranks.size());
+      const size_t h = it->second;
+      if (fresh) ranks.emplace_back();
       host[static_cast<size_t>(r)] = static_cast<int>(h);
       local[static_cast<size_t>(r)] = static_cast<int>(ranks[h].size());
       ranks[h].push_back(r);

@@ -19,7 +19,7 @@ bool Model::Resolve() {
     return false;
   }
   if (shape_.nranks != p_ || shape_.ranks.size() != static_cast<size_t>(p_) ||
-      shape_.links.size() != static_cast<size_t>(p_) * static_cast<size_t>(p_)) {
+      shape_.links.size() != static_cast<size_t>(shape_.link_rows()) * static_cast<size_t>(p_)) {
     Fail(fmt::format("the shape describes {} ranks ({} rank and {} link entries), the request {}", shape_.nranks,
                      shape_.ranks.size(), shape_.links.size(), p_));
     return false;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -56,7 +58,7 @@ bool Good(double v) { return std::isfinite(v) && v >= 0; }
 }  // namespace
 
 bool CommTopology::FullyConnected() const {
-  for (int a = 0; a < nranks; ++a)
+  for (int a = 0; a < link_rows(); ++a)
     for (int b = 0; b < nranks; ++b)
       if (a != b && !link(a, b).reachable) return false;
   return true;
@@ -69,16 +71,12 @@ int CommTopology::host_count() const {
 }
 
 std::vector<std::vector<int>> CommTopology::hosts() const {
-  std::vector<std::string> ids;
+  std::unordered_map<std::string_view, size_t> ids;  // a host's index by its id (thousands of hosts)
   std::vector<std::vector<int>> out;
   for (int r = 0; r < nranks && static_cast<size_t>(r) < ranks.size(); ++r) {
-    const std::string& id = ranks[static_cast<size_t>(r)].host_id;
-    const auto h = static_cast<size_t>(std::find(ids.begin(), ids.end(), id) - ids.begin());
-    if (h == ids.size()) {
-      ids.push_back(id);
-      out.emplace_back();
-    }
-    out[h].push_back(r);
+    const auto [it, fresh] = ids.try_emplace(ranks[static_cast<size_t>(r)].host_id, out.size());
+    if (fresh) out.emplace_back();
+    out[it->second].push_back(r);
   }
   return out;
 }
@@ -93,11 +91,24 @@ CommTopology CommTopology::Uniform(int n, const RankDesc& rank, const LinkDesc& 
   return s;
 }
 
+CommTopology CommTopology::Uniform(int n, int period, const RankDesc& rank, const LinkDesc& link) {
+  CommTopology s;
+  s.nranks = n;
+  s.link_period = period;
+  s.ranks.assign(static_cast<size_t>(n), rank);
+  for (int i = 0; i < n; ++i) s.ranks[static_cast<size_t>(i)].device = fmt::format("{}{}", rank.device, i);
+  s.links.assign(static_cast<size_t>(s.link_rows()) * static_cast<size_t>(n), link);
+  for (int i = 0; i < s.link_rows(); ++i) s.link(i, i) = LinkDesc{};
+  return s;
+}
+
 Status CommTopology::Validate() const {
   if (nranks < 1 || nranks > kMaxShapeRanks) return InvalidArgument(fmt::format("shape: {} ranks", nranks));
   if (ranks.size() != static_cast<size_t>(nranks))
     return InvalidArgument(fmt::format("shape: {} rank entries for {} ranks", ranks.size(), nranks));
-  if (links.size() != static_cast<size_t>(nranks) * static_cast<size_t>(nranks))
+  if (link_period < 0 || (link_period > 0 && nranks % link_period != 0))
+    return InvalidArgument(fmt::format("shape: a link period of {} for {} ranks", link_period, nranks));
+  if (links.size() != static_cast<size_t>(link_rows()) * static_cast<size_t>(nranks))
     return InvalidArgument(fmt::format("shape: {} link entries for {} ranks", links.size(), nranks));
   for (int i = 0; i < nranks; ++i) {
     const RankDesc& r = ranks[static_cast<size_t>(i)];
@@ -106,7 +117,7 @@ Status CommTopology::Validate() const {
     if (r.host_cpus < 0)
       return InvalidArgument(fmt::format("shape: rank {} ({}) has {} CPUs", i, r.device, r.host_cpus));
   }
-  for (int a = 0; a < nranks; ++a)
+  for (int a = 0; a < link_rows(); ++a)
     for (int b = 0; b < nranks; ++b) {
       const LinkDesc& l = link(a, b);
       if (!Good(l.latency_us) || !Good(l.gbps))
@@ -120,7 +131,8 @@ std::vector<uint8_t> CommTopology::Serialize() const {
   wire::PutU32(out, kShapeMagic);
   wire::PutU32(out, static_cast<uint32_t>(nranks));
   for (const RankDesc& r : ranks) PutRank(out, r);
-  for (const LinkDesc& l : links) PutLink(out, l);
+  for (int a = 0; a < nranks; ++a)
+    for (int b = 0; b < nranks; ++b) PutLink(out, link(a, b));
   wire::PutU8(out, direct ? 1 : 0);
   wire::PutU64(out, direct_inline_bytes);
   return out;

@@ -41,7 +41,12 @@ struct LinkDesc {
 struct CommTopology {
   int nranks = 1;
   std::vector<RankDesc> ranks;  // nranks entries
-  std::vector<LinkDesc> links;  // nranks * nranks entries, [from * nranks + to]; the diagonal unused
+  std::vector<LinkDesc> links;  // link_rows() * nranks entries, [from * nranks + to]; the diagonal unused
+  // 0: `links` holds every pair. P > 0 (P divides nranks): the shape repeats every P ranks, the link
+  // from a to b being the link from a - kP to b - kP (k = a / P, modulo nranks), and `links` holds
+  // the first P rows: a cluster of identical hosts of P ranks (kizuna-sim's thousands of ranks),
+  // whose pairs would not fit. Writing a link of a periodic shape writes every copy of it.
+  int link_period = 0;
   // Every rank can address every other rank's buffers directly in its device operations (the
   // ranks live in one process, on one device or on devices whose memory the others reach): the
   // single-host direct algorithms (fused) apply.
@@ -70,8 +75,10 @@ struct CommTopology {
   // files (the executor's plan signatures catch ranks whose files differ).
   std::shared_ptr<const std::vector<PlanFile>> plan_files;
 
-  const LinkDesc& link(int from, int to) const { return links[static_cast<size_t>(from * nranks + to)]; }
-  LinkDesc& link(int from, int to) { return links[static_cast<size_t>(from * nranks + to)]; }
+  const LinkDesc& link(int from, int to) const { return links[LinkIndex(from, to)]; }
+  LinkDesc& link(int from, int to) { return links[LinkIndex(from, to)]; }
+  // Rows of `links`: nranks, or link_period; every rank's links are those of one of these rows.
+  int link_rows() const { return link_period > 0 ? link_period : nranks; }
   bool Reachable(int from, int to) const { return from != to && link(from, to).reachable; }
   // True when every ordered pair of distinct ranks is reachable.
   bool FullyConnected() const;
@@ -83,13 +90,24 @@ struct CommTopology {
 
   // n ranks on one host, every pair linked with `link`, every device described by `rank`.
   static CommTopology Uniform(int n, const RankDesc& rank, const LinkDesc& link);
-  // kInvalidArgument when the vectors do not have nranks / nranks^2 entries or a value is
-  // negative or not finite.
+  // The same repeating every `period` ranks (link_period; `period` divides n).
+  static CommTopology Uniform(int n, int period, const RankDesc& rank, const LinkDesc& link);
+  // kInvalidArgument when the vectors do not have nranks / link_rows() * nranks entries, the
+  // period does not divide nranks, or a value is negative or not finite.
   Status Validate() const;
 
-  // A stable serialization (for tests and tools that compare or store shapes).
+  // A stable serialization (for tests and tools that compare or store shapes); a periodic shape's
+  // every pair is written, and read back as an ordinary shape.
   std::vector<uint8_t> Serialize() const;
   static Result<CommTopology> Deserialize(const std::vector<uint8_t>& bytes);
+
+ private:
+  size_t LinkIndex(int from, int to) const {
+    if (link_period <= 0) return static_cast<size_t>(from) * static_cast<size_t>(nranks) + static_cast<size_t>(to);
+    const int row = from % link_period;  // b - (a - row), modulo nranks
+    const int col = ((to - from + row) % nranks + nranks) % nranks;
+    return static_cast<size_t>(row) * static_cast<size_t>(nranks) + static_cast<size_t>(col);
+  }
 };
 
 // How the ranks agree on a shape at creation: each allgathers its row (its device, its links to

@@ -43,6 +43,34 @@ TEST(Shape, SerializeRoundTrips) {
   EXPECT_EQ(back->direct_inline_bytes, 16u << 10);
 }
 
+// A shape that repeats every 2 ranks keeps 2 rows: the link from a to b is the link from a - 2k
+// to b - 2k (modulo the ranks), and it reads, validates and serializes as the full shape would.
+TEST(Shape, PeriodicShapesKeepOnePeriodOfRows) {
+  CommTopology periodic = CommTopology::Uniform(6, 2, Rank("a", 2), Link(25, true));
+  EXPECT_EQ(periodic.links.size(), 12u);
+  EXPECT_EQ(periodic.link_rows(), 2);
+  periodic.link(0, 1) = Link(400, false);  // within a pair of ranks: fast
+  periodic.link(1, 0) = Link(400, false);
+  periodic.link(1, 4) = Link(5, true);  // and so 3 -> 0 and 5 -> 2
+  CommTopology full = CommTopology::Uniform(6, Rank("a", 2), Link(25, true));
+  for (int a = 0; a < 6; a += 2) {
+    full.link(a, a + 1) = full.link(a + 1, a) = Link(400, false);
+    full.link(a + 1, (a + 4) % 6) = Link(5, true);
+  }
+  for (int a = 0; a < 6; ++a)
+    for (int b = 0; b < 6; ++b) {
+      EXPECT_EQ(periodic.link(a, b).gbps, full.link(a, b).gbps) << a << "->" << b;
+      EXPECT_EQ(periodic.link(a, b).reachable, full.link(a, b).reachable) << a << "->" << b;
+    }
+  EXPECT_TRUE(periodic.Validate().ok());
+  EXPECT_TRUE(periodic.FullyConnected());
+  EXPECT_EQ(periodic.Serialize(), full.Serialize());
+  periodic.link(1, 0).reachable = false;
+  EXPECT_FALSE(periodic.FullyConnected());  // 3 -> 2 and 5 -> 4 as well
+  periodic.link_period = 4;                 // 4 does not divide 6
+  EXPECT_NE(periodic.Validate().message().find("link period of 4 for 6 ranks"), std::string::npos);
+}
+
 TEST(Shape, DeserializeRefusesTruncatedAndTrailingBytes) {
   const std::vector<uint8_t> bytes = CommTopology::Uniform(2, Rank("a", 2), Link(25, true)).Serialize();
   for (size_t cut : {size_t{0}, size_t{5}, bytes.size() / 2, bytes.size() - 1}) {

@@ -66,14 +66,19 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
   rank.copy_gbps = d.copy_gbps;
   rank.reduce_gbps = d.reduce_gbps;
   rank.launch_us = d.launch_us;
-  CommTopology shape = CommTopology::Uniform(net.ranks(), rank, collectives::LinkDesc{});
+  // Where the network has a symmetry, block 0's rows stand for every block's: the link from
+  // g(a) to b is the link from a to g^-1(b). Blocks shifted along one dimension are what a
+  // periodic shape says (CommTopology::link_period: the first block's rows alone are kept); for
+  // the others (a torus's shifts, XOR) every row is written from the first block's.
+  const RankGroup* g = net.Symmetries().empty() ? nullptr : &net.Symmetries().front();
+  const bool periodic = g && g->op() == RankGroup::Op::kAdd && g->blocks() == g->order() && g->ranks() == net.ranks() &&
+                        g->Generators() == std::vector<int>{1};
+  CommTopology shape = periodic ? CommTopology::Uniform(net.ranks(), g->unit(), rank, collectives::LinkDesc{})
+                                : CommTopology::Uniform(net.ranks(), rank, collectives::LinkDesc{});
   const bool rails = spec.kind == "rails" || spec.kind == "rail-only" || spec.kind == "fat-tree";
   for (int r = 0; r < net.ranks(); ++r)
     shape.ranks[static_cast<size_t>(r)].host_id =
         rails ? fmt::format("host{}", r / spec.per_host) : fmt::format("r{}", r);
-  // Where the network has a symmetry, block 0's rows stand for every block's: the link from
-  // g(a) to b is the link from a to g^-1(b).
-  const RankGroup* g = net.Symmetries().empty() ? nullptr : &net.Symmetries().front();
   const int computed = g ? g->unit() : net.ranks();
   for (int a = 0; a < computed; ++a) {
     for (int b = 0; b < net.ranks(); ++b) {
@@ -86,7 +91,7 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
       l.staged = false;
     }
   }
-  for (int a = computed; a < net.ranks(); ++a) {
+  for (int a = periodic ? net.ranks() : computed; a < net.ranks(); ++a) {
     const int back = g->Inverse(g->ElementTo(a / g->unit())), a0 = a % g->unit();
     for (int b = 0; b < net.ranks(); ++b) shape.link(a, b) = shape.link(a0, g->Apply(back, b));
   }
@@ -164,6 +169,17 @@ int Main(int argc, char** argv) {
                  "auto: simulate one host (or rank) for all where the network and the plan look alike from each; "
                  "off: every rank")
       ->capture_default_str();
+  std::string model = "auto";
+  app.add_option(
+         "--model", model,
+         "the cost model's prediction beside each row: on, off, or auto (on up to 4,096 ranks: its pairwise and "
+         "tree terms visit every pair of ranks)")
+      ->capture_default_str();
+  int max_whole = 4096;
+  app.add_option("--max-whole-ranks", max_whole,
+                 "above this many ranks, an algorithm whose plan differs by host is left out (one by one it would "
+                 "take hours) rather than simulated rank by rank")
+      ->capture_default_str();
   app.add_option("--json", json_path, "also write every row as JSON to this file");
   std::string plot_path;
   app.add_option("--plot", plot_path,
@@ -182,6 +198,8 @@ int Main(int argc, char** argv) {
   device.fifo = sharing == "fifo";
   if (symmetry != "auto" && symmetry != "off")
     return fail(InvalidArgument(fmt::format("--symmetry '{}': auto or off", symmetry)), 2);
+  if (model != "auto" && model != "on" && model != "off")
+    return fail(InvalidArgument(fmt::format("--model '{}': on, off or auto", model)), 2);
   for (size_t at = 0; !dims.empty() && at <= dims.size();) {
     const size_t x = std::min(dims.find('x', at), dims.size());
     try {
@@ -237,6 +255,7 @@ int Main(int argc, char** argv) {
   std::vector<bench::Row> plotted;  // kizuna-bench's plot: the simulation as the measurement
   int status = 0;
   std::map<std::string, std::string> symmetric;  // algorithm -> the symmetry its runs used
+  std::map<std::string, std::pair<std::string, std::string>> left_out;  // algorithm -> why, at which sizes
   // Every size's request and the model's choice, then every (size, algorithm) run, in parallel:
   // each worker thread with its own copy of the network (its routes are cached as they are asked
   // for); then the rows, printed in order.
@@ -266,7 +285,10 @@ int Main(int argc, char** argv) {
     Result<TimedResult> run = InvalidArgument("not run");
     std::string how;
     bool skipped = true;
+    bool left_out = false;  // too many ranks to simulate one by one
   };
+  const bool predict = model == "on" || (model == "auto" && p <= 4096);
+  if (!predict) fmt::print("# the cost model's prediction left out (--model): {} ranks\n", p);
   std::vector<std::pair<size_t, Algorithm>> runs;
   for (size_t i = 0; i < cases.size(); ++i)
     for (Algorithm a : chosen)
@@ -275,6 +297,7 @@ int Main(int argc, char** argv) {
   tbb::enumerable_thread_specific<Network> nets(*net);
   tbb::parallel_for(size_t{0}, cases.size() + runs.size(), [&](size_t i) {
     if (i < cases.size()) {
+      if (!predict) return;
       Case& cs = cases[i];
       cs.sel = collectives::SelectAlgorithm(cs.req, shape, cs.options, k, collectives::AlgoOverrides{}, std::nullopt,
                                             [](Algorithm a, const CollectiveRequest& r, const CommTopology& s) {
@@ -284,9 +307,10 @@ int Main(int argc, char** argv) {
     }
     const auto [at, a] = runs[i - cases.size()];
     Outcome& o = outcomes[i - cases.size()];
-    o.run =
-        RunAlgorithm(a, cases[at].req, shape, cases[at].options, nets.local(), device, k, symmetry == "auto", &o.how);
+    o.run = RunAlgorithm(a, cases[at].req, shape, cases[at].options, nets.local(), device, k, symmetry == "auto",
+                         &o.how, max_whole);
     o.skipped = !o.run.ok() && o.run.status().message().find("outside their steps") != std::string::npos;
+    o.left_out = !o.run.ok() && o.run.status().code() == StatusCode::kNotSupported;
   });
   for (size_t r = 0; r < runs.size(); ++r) {
     const auto [at, a] = runs[r];
@@ -297,6 +321,12 @@ int Main(int argc, char** argv) {
     const auto& run = o.run;
     const std::string& how = o.how;
     if (o.skipped) continue;
+    if (o.left_out) {
+      auto& [why, sizes] = left_out[std::string(collectives::AlgorithmName(a))];
+      why = std::string(o.run.status().message());
+      sizes += fmt::format("{}{}", sizes.empty() ? "" : ", ", static_cast<uint64_t>(cs.bytes));
+      continue;
+    }
     if (!how.empty()) symmetric[std::string(collectives::AlgorithmName(a))] = how;
     if (!run.ok()) {
       fmt::print(stderr, "kizuna-sim: {} at {} bytes: {}\n", collectives::AlgorithmName(a), cs.bytes,
@@ -337,6 +367,7 @@ int Main(int argc, char** argv) {
                     {"model_choice", sel.ok() ? std::string(collectives::AlgorithmName(sel->chosen)) : ""}});
   }
   for (const auto& [name, how] : symmetric) fmt::print("# {}: one block simulated for all, {}\n", name, how);
+  for (const auto& [name, why] : left_out) fmt::print("# {}: left out at {} bytes: {}\n", name, why.second, why.first);
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << nlohmann::json({{"network", net->description()}, {"collective", coll}, {"rows", rows}}).dump(1) << "\n";

@@ -34,6 +34,15 @@ grep -q "^# ring: one block simulated for all, 16 blocks of 4 rank(s)" <<<"$one"
 grep -q "one block simulated" <<<"$all" && fail "--symmetry off still simulated one block: $all"
 [ "$(grep '^  ' <<<"$one")" = "$(grep '^  ' <<<"$all")" ] || fail "one block and every rank differ: $one $all"
 
+# Above --max-whole-ranks, a plan that differs by host (the tree) is left out, and says why;
+# --model off drops the prediction.
+out="$("$sim" --network rails --hosts 8 --per-host 4 --nics 4 -b 1M -e 1M --algo ring,tree --max-whole-ranks 16 \
+  --model off)" || fail "max-whole-ranks: exit $?: $out"
+echo "$out"
+grep -q "^# tree: left out at 1048576 bytes: its plan does not look alike from every host" <<<"$out" ||
+  fail "the tree not left out: $out"
+grep -Eq "^ +1048576 +262144 +ring .* - +-$" <<<"$out" || fail "--model off: $out"
+
 # A direct-connect topology file: a ring of 4 cables at 8 Gb/s (1 GB/s), 10 us; 4 MiB of ring
 # AllReduce sends 2 x 3/4 x 4 MiB over each cable one way: 6.3 ms at least.
 cat >"$tmp/ring4.json" <<'JSON'

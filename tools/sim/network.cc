@@ -169,6 +169,7 @@ Result<Network> Network::Build(const NetworkSpec& s) {
     std::vector<int> block(static_cast<size_t>(ranks));
     for (int r = 0; r < ranks; ++r) block[static_cast<size_t>(r)] = r;
     n.SetBlocks(block);
+    n.torus_dims_ = s.dims;
     n.symmetries_.emplace_back(RankGroup::Op::kAdd, 1, s.dims);
   } else {
     return InvalidArgument(fmt::format(
@@ -229,18 +230,18 @@ Network::Orbits Network::LinkOrbits(const RankGroup& g) const {
   return o;
 }
 
-const std::vector<int>& Network::DistanceTo(int b) const {
-  auto [it, fresh] = distance_.try_emplace(b);
+const std::vector<int>& Network::DistanceFrom(int a) const {
+  auto [it, fresh] = distance_.try_emplace(a);
   if (!fresh) return it->second;
   std::vector<int>& dist = it->second;
   dist.assign(node_names_.size(), -1);
-  std::deque<int> queue{rank_node_[static_cast<size_t>(b)]};
+  std::deque<int> queue{rank_node_[static_cast<size_t>(a)]};
   dist[static_cast<size_t>(queue.front())] = 0;
   while (!queue.empty()) {
     const int v = queue.front();
     queue.pop_front();
-    for (int l : in_[static_cast<size_t>(v)]) {
-      const int u = links_[static_cast<size_t>(l)].from;
+    for (int l : out_[static_cast<size_t>(v)]) {
+      const int u = links_[static_cast<size_t>(l)].to;
       if (dist[static_cast<size_t>(u)] < 0) {
         dist[static_cast<size_t>(u)] = dist[static_cast<size_t>(v)] + 1;
         queue.push_back(u);
@@ -250,22 +251,44 @@ const std::vector<int>& Network::DistanceTo(int b) const {
   return dist;
 }
 
-// From a, the links that bring it one hop closer to b; among several, the pair picks one.
-template <typename Hop>
-bool Network::Walk(int a, int b, Hop&& hop) const {
-  const std::vector<int>& dist = DistanceTo(b);
-  const int target = rank_node_[static_cast<size_t>(b)];
-  if (a == b || dist[static_cast<size_t>(rank_node_[static_cast<size_t>(a)])] < 0) return false;
-  std::vector<int> closer;
-  for (int v = rank_node_[static_cast<size_t>(a)]; v != target;) {
-    closer.clear();
-    for (int l : out_[static_cast<size_t>(v)])
-      if (dist[static_cast<size_t>(links_[static_cast<size_t>(l)].to)] == dist[static_cast<size_t>(v)] - 1)
-        closer.push_back(l);
-    const int l = closer[static_cast<size_t>(a + b) % closer.size()];
-    hop(l);
-    v = links_[static_cast<size_t>(l)].to;
+// A torus routes dimension by dimension (x, then y, then z), each the short way round (a pair
+// exactly half way round picks its way by a + b): the dimension-order routing of direct-connect
+// tori, one path per pair whatever the ties. Other networks: back from b, the links that come
+// from a node one hop nearer a; among several, the pair picks one. Distances are kept per
+// source: a symmetric run's sources are one host's ranks, whatever the destinations.
+bool Network::Links(int a, int b, std::vector<int>* out) const {
+  out->clear();
+  if (a == b) return false;
+  if (!torus_dims_.empty()) {
+    int at = a, stride = 1;
+    for (int len : torus_dims_) {
+      const int from = (at / stride) % len, to = (b / stride) % len;
+      const int ahead = ((to - from) % len + len) % len, behind = len - ahead;
+      const int step = ahead < behind || (ahead == behind && (a + b) % 2 == 0) ? 1 : len - 1;
+      for (int c = from; c != to; c = (c + step) % len) {
+        const int next = at + (((c + step) % len) - c) * stride;
+        out->push_back(link_at_.at(static_cast<uint64_t>(rank_node_[static_cast<size_t>(at)]) * node_names_.size() +
+                                   static_cast<uint64_t>(rank_node_[static_cast<size_t>(next)])));
+        at = next;
+      }
+      stride *= len;
+    }
+    return true;
   }
+  const std::vector<int>& dist = DistanceFrom(a);
+  const int source = rank_node_[static_cast<size_t>(a)];
+  if (dist[static_cast<size_t>(rank_node_[static_cast<size_t>(b)])] < 0) return false;
+  std::vector<int> nearer;
+  for (int v = rank_node_[static_cast<size_t>(b)]; v != source;) {
+    nearer.clear();
+    for (int l : in_[static_cast<size_t>(v)])
+      if (dist[static_cast<size_t>(links_[static_cast<size_t>(l)].from)] == dist[static_cast<size_t>(v)] - 1)
+        nearer.push_back(l);
+    const int l = nearer[static_cast<size_t>(a + b) % nearer.size()];
+    out->push_back(l);
+    v = links_[static_cast<size_t>(l)].from;
+  }
+  std::reverse(out->begin(), out->end());
   return true;
 }
 
@@ -274,20 +297,20 @@ const Network::Path& Network::PathOf(int a, int b) const {
   auto [it, fresh] = paths_.try_emplace(key);
   if (!fresh) return it->second;
   Path& path = it->second;
-  Walk(a, b, [&](int l) {
-    path.links.push_back(l);
-    path.latency += links_[static_cast<size_t>(l)].latency_us * 1e-6;
-  });
+  Links(a, b, &path.links);
+  for (int l : path.links) path.latency += links_[static_cast<size_t>(l)].latency_us * 1e-6;
   return path;
 }
 
 std::pair<double, double> Network::RouteSummary(int a, int b) const {
+  std::vector<int> links;
   double gbps = 0, latency = 0;
-  Walk(a, b, [&](int l) {
+  Links(a, b, &links);
+  for (int l : links) {
     const Link& k = links_[static_cast<size_t>(l)];
     gbps = gbps == 0 ? k.gbps : std::min(gbps, k.gbps);
     latency += k.latency_us * 1e-6;
-  });
+  }
   return {gbps, latency};
 }
 

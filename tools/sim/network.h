@@ -103,8 +103,8 @@ class Network {
   int ranks() const { return static_cast<int>(rank_node_.size()); }
   const std::vector<Link>& links() const { return links_; }
   const std::string& description() const { return description_; }
-  // The links from rank a's node to rank b's, a shortest path (fewest links); equal paths are
-  // spread by the pair (a + b picks among the equally short first links).
+  // The links from rank a's node to rank b's, a shortest path (fewest links): on a torus
+  // dimension by dimension, elsewhere equal paths spread by the pair (a + b picks among them).
   // Computed on first use and kept (a plan uses few of the p^2 pairs); not thread-safe.
   const std::vector<int>& Route(int a, int b) const;
   // Sum of the route's latencies, seconds.
@@ -138,11 +138,10 @@ class Network {
   // One direction only (Direct's links: a simplex circuit, or a bundle).
   void OneWay(int from, int to, double gbps, double latency_us, std::string name);
   const Path& PathOf(int a, int b) const;
-  // Calls hop(link) along a's route to b; false when there is none.
-  template <typename Hop>
-  bool Walk(int a, int b, Hop&& hop) const;
-  // Hops from every node to rank b's node, following links forward (-1: unreachable).
-  const std::vector<int>& DistanceTo(int b) const;
+  // a's route to b, in order; false when there is none.
+  bool Links(int a, int b, std::vector<int>* out) const;
+  // Hops from rank a's node to every node, following links forward (-1: unreachable).
+  const std::vector<int>& DistanceFrom(int a) const;
 
   std::vector<std::string> node_names_;
   std::vector<Link> links_;
@@ -155,8 +154,9 @@ class Network {
   std::vector<std::vector<int>> block_nodes_;
   std::unordered_map<uint64_t, int> link_at_;
   std::vector<RankGroup> symmetries_;
+  std::vector<int> torus_dims_;                                 // a torus's: routes go dimension by dimension
   mutable std::unordered_map<uint64_t, Path> paths_;            // by a * ranks + b
-  mutable std::unordered_map<int, std::vector<int>> distance_;  // by destination rank
+  mutable std::unordered_map<int, std::vector<int>> distance_;  // by source rank
   std::string description_;
 };
 

@@ -367,7 +367,7 @@ Result<TimedResult> RunTimedSymmetric(const collectives::Plan& block0, const Ran
 Result<TimedResult> RunAlgorithm(collectives::Algorithm a, const collectives::CollectiveRequest& request,
                                  const collectives::CommTopology& shape, const collectives::PlanOptions& options,
                                  const Network& net, const DeviceModel& device, const collectives::CostConstants& k,
-                                 bool symmetry, std::string* how) {
+                                 bool symmetry, std::string* how, int max_whole_ranks) {
   how->clear();
   if (symmetry && !device.fifo) {
     for (const RankGroup& g : net.Symmetries()) {
@@ -382,6 +382,11 @@ Result<TimedResult> RunAlgorithm(collectives::Algorithm a, const collectives::Co
       return RunTimedSymmetric(*built, g, net, device, k);
     }
   }
+  if (net.ranks() > max_whole_ranks)
+    return NotSupported(
+        fmt::format("its plan does not look alike from every host, and {} ranks one by one are more than "
+                    "{} (--max-whole-ranks)",
+                    net.ranks(), max_whole_ranks));
   auto plan = collectives::BuildPlan(a, request, shape, options, -1);
   if (!plan.ok()) return plan.status();
   return RunTimed(*plan, net, device, k);

@@ -52,11 +52,12 @@ Result<TimedResult> RunTimedSymmetric(const collectives::Plan& block0, const Ran
 
 // Algorithm a's plan for `request` on `shape`, run: with `symmetry`, block 0 alone under the first
 // of the network's symmetries that the plan commutes with (*how then describes it; fair sharing
-// only), otherwise, or where none does, every rank (*how empty). kNotSupported passed through
-// from the algorithm.
+// only), otherwise, or where none does, every rank (*how empty) unless the network has more than
+// `max_whole_ranks` (kNotSupported saying so: a plan that differs by host on thousands of ranks
+// would be simulated one by one). kNotSupported passed through from the algorithm too.
 Result<TimedResult> RunAlgorithm(collectives::Algorithm a, const collectives::CollectiveRequest& request,
                                  const collectives::CommTopology& shape, const collectives::PlanOptions& options,
                                  const Network& net, const DeviceModel& device, const collectives::CostConstants& k,
-                                 bool symmetry, std::string* how);
+                                 bool symmetry, std::string* how, int max_whole_ranks = 1 << 30);
 
 }  // namespace kizuna::sim

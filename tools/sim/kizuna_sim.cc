@@ -159,6 +159,14 @@ int Main(int argc, char** argv) {
   app.add_option("--reduce-gbps", device.reduce_gbps, "device reduce speed, input bytes (0: default)");
   app.add_option("--launch-us", device.launch_us, "device operation launch (0: default)");
   app.add_option("--window", device.window, "started steps per channel (the executor's)")->capture_default_str();
+  app.add_flag("--staged", device.staged,
+               "transfers copied into and out of the fabric's buffers on the devices (emulated devices)");
+  app.add_option("--host-cpus", device.host_cpus,
+                 "CPUs a host's devices share for their copies and reductions (emulated devices; 0: each its own)")
+      ->capture_default_str();
+  app.add_option("--ranks-per-host", device.ranks_per_host,
+                 "with --host-cpus: ranks of a host (0: rails' and fat trees' --per-host, otherwise every rank)")
+      ->capture_default_str();
   std::string sharing = "fair";
   app.add_option("--sharing", sharing,
                  "how flows share a link: fair (max-min) or fifo (in turn, as the "
@@ -196,6 +204,8 @@ int Main(int argc, char** argv) {
   if (sharing != "fair" && sharing != "fifo")
     return fail(InvalidArgument(fmt::format("--sharing '{}': fair or fifo", sharing)), 2);
   device.fifo = sharing == "fifo";
+  if (device.host_cpus < 0 || device.ranks_per_host < 0)
+    return fail(InvalidArgument("--host-cpus and --ranks-per-host must not be negative"), 2);
   if (symmetry != "auto" && symmetry != "off")
     return fail(InvalidArgument(fmt::format("--symmetry '{}': auto or off", symmetry)), 2);
   if (model != "auto" && model != "on" && model != "off")
@@ -237,6 +247,9 @@ int Main(int argc, char** argv) {
     return fail(InvalidArgument("--topology goes with --network direct"), 2);
   }
   if (!net.ok()) return fail(net.status(), 2);
+  if (device.host_cpus > 0 && device.ranks_per_host == 0)
+    device.ranks_per_host =
+        spec.kind == "rails" || spec.kind == "rail-only" || spec.kind == "fat-tree" ? spec.per_host : net->ranks();
   std::vector<Algorithm> chosen;
   for (size_t a = 0; a < collectives::kNumAlgorithms; ++a) {
     const auto algo = static_cast<Algorithm>(a);

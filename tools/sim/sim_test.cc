@@ -147,6 +147,42 @@ TEST(TimedRun, RailsCarryWhatOneNicCannot) {
   EXPECT_NE(slow->bottleneck.find("nic0"), std::string::npos) << slow->bottleneck;
 }
 
+// Staged transfers copy on both devices; devices that share a host's CPUs take turns on them.
+// Pairwise AllReduce of 4 ranks on a switch so fast that the devices alone set the time.
+TEST(TimedRun, StagingCopiesAndSharedCpusCostDeviceTime) {
+  auto net = Uniform("switch", 4, 1e6, 0);
+  ASSERT_TRUE(net.ok());
+  CollectiveRequest req{Collective::kAllReduce, 4, 1u << 22, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  collectives::PlanOptions options;
+  options.chunk_count = 1u << 20;
+  auto plan = collectives::BuildPlan(Algorithm::kPairwise, req, AllLinked(4), options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  DeviceModel d;
+  d.copy_gbps = d.reduce_gbps = 1;  // 1 ns a byte
+  d.launch_us = 1e-9;
+  d.message_us = d.step_us = 0;
+  auto run = [&](const DeviceModel& m) {
+    auto r = RunTimed(*plan, *net, m, collectives::CostConstants{});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->seconds : 0.0;
+  };
+  const double plain = run(d);
+  d.staged = true;
+  const double staged = run(d);
+  // Each rank copies in the 3 parts it sends and the 3 results it returns, and copies out the 3
+  // results it receives (4 MiB each, 4.2 ms): 9 copies on its device, 12 on the longest chain
+  // (a receiver's reduction waits for a copy queued behind the sender's own).
+  const double copy = 4.0 * (1u << 20) / 1e9;
+  EXPECT_GE(staged - plain, 9 * copy * 0.999) << plain << " " << staged;
+  EXPECT_LE(staged - plain, 12 * copy * 1.001) << plain << " " << staged;
+  d.host_cpus = 1;
+  d.ranks_per_host = 4;
+  const double one_cpu = run(d);
+  d.host_cpus = 4;
+  EXPECT_NEAR(run(d), staged, staged * 1e-9);  // a CPU each: as if unshared
+  EXPECT_GT(one_cpu, 3 * staged);              // four devices' work on one CPU
+}
+
 // Every algorithm's plans for every collective it serves complete on a torus, where most pairs
 // are several hops apart.
 TEST(TimedRun, EveryAlgorithmCompletesOnATorus) {

@@ -47,6 +47,9 @@ class Runner {
     step_ = (d.step_us >= 0 ? d.step_us : k.step_overhead_us) * 1e-6;
     window_ = static_cast<size_t>(std::max(2, d.window));
     fifo_ = d.fifo;
+    staged_ = d.staged;
+    cpus_ = d.host_cpus;
+    per_host_ = d.ranks_per_host > 0 ? d.ranks_per_host : 1;
   }
 
   Result<TimedResult> Go() {
@@ -68,6 +71,11 @@ class Runner {
     left_.assign(static_cast<size_t>(s_), 0);
     device_free_.assign(static_cast<size_t>(s_), 0);
     device_busy_.assign(static_cast<size_t>(s_), 0);
+    if (cpus_ > 0) {
+      if (group_ && group_->unit() % per_host_ != 0)
+        return InvalidArgument("kizuna-sim: a symmetric run's blocks must hold whole hosts when hosts share CPUs");
+      cpu_free_.assign(static_cast<size_t>((s_ + per_host_ - 1) / per_host_ * cpus_), 0);
+    }
     finish_.assign(static_cast<size_t>(s_), -1);
     for (int r = 0; r < s_; ++r) {
       chans_[static_cast<size_t>(r)].resize(plan_.ranks[static_cast<size_t>(r)].channels.size());
@@ -196,7 +204,20 @@ class Runner {
   // Device work on rank r from now on, after what it already does; returns when it ends.
   double OnDevice(int r, double seconds) {
     double& free = device_free_[static_cast<size_t>(r)];
-    free = std::max(free, now_) + seconds;
+    double start = std::max(free, now_);
+    // Where the host's devices share its CPUs: the CPU free by `start` that freed last (work is
+    // booked ahead, and a CPU's gap before it cannot be used again), else the one that frees first.
+    double* cpu = nullptr;
+    if (cpus_ > 0) {
+      const size_t host = static_cast<size_t>(r / per_host_ * cpus_);
+      for (size_t i = host; i < host + static_cast<size_t>(cpus_); ++i) {
+        const double f = cpu_free_[i];
+        if (!cpu || (f <= start ? *cpu > start || f > *cpu : *cpu > start && f < *cpu)) cpu = &cpu_free_[i];
+      }
+      start = std::max(start, *cpu);
+    }
+    free = start + seconds;
+    if (cpu) *cpu = free;
     device_busy_[static_cast<size_t>(r)] += seconds;
     return free;
   }
@@ -284,13 +305,17 @@ class Runner {
     }
     ++flow_count_;
     // Both ends' executors handle the message, then the first byte crosses the route.
-    events_.push({now_ + 2 * message_ + step_ + net_.RouteLatency(send.rank, to), true, id, {}});
+    // A staged message is first copied into the fabric's buffer on the sender's device.
+    const double ready = staged_ ? OnDevice(send.rank, launch_ + f.bytes / copy_) : now_;
+    events_.push({ready + 2 * message_ + step_ + net_.RouteLatency(send.rank, to), true, id, {}});
   }
 
   void Delivered(const Flow& f) {
     Done(f.send);
     if (At(f.recv).kind == StepKind::kRecvReduce) {
       events_.push({OnDevice(f.recv.rank, launch_ + 2 * f.bytes / reduce_), false, 0, f.recv});
+    } else if (staged_) {  // copied out of the fabric's buffer
+      events_.push({OnDevice(f.recv.rank, launch_ + f.bytes / copy_), false, 0, f.recv});
     } else {
       Done(f.recv);
     }
@@ -327,7 +352,9 @@ class Runner {
   const double esize_;
   double copy_ = 0, reduce_ = 0, launch_ = 0, message_ = 0, step_ = 0;
   size_t window_ = 4;
-  bool fifo_ = false;
+  bool fifo_ = false, staged_ = false;
+  int cpus_ = 0, per_host_ = 1;
+  std::vector<double> cpu_free_;  // per host and CPU: when it is free
   std::vector<std::vector<Chan>> chans_;
   std::vector<size_t> left_;  // per rank: steps not done
   std::vector<double> device_free_, device_busy_, finish_;
@@ -371,6 +398,7 @@ Result<TimedResult> RunAlgorithm(collectives::Algorithm a, const collectives::Co
   how->clear();
   if (symmetry && !device.fifo) {
     for (const RankGroup& g : net.Symmetries()) {
+      if (device.host_cpus > 0 && g.unit() % std::max(1, device.ranks_per_host) != 0) continue;
       const std::vector<int> ranks = CheckedRanks(g);
       auto built = collectives::BuildPlan(a, request, shape, options, ranks);
       if (!built.ok()) return built.status();

@@ -24,6 +24,14 @@ struct DeviceModel {
   // order they started (a port that sends its transfers in turn, as the direct-connect fabric's
   // link shaper paces them).
   bool fifo = false;
+  // Staged transfers (LinkDesc::staged: emulated devices, host-staged fabrics): the sender's
+  // device copies a message into the fabric's buffer before it leaves and the receiver's copies
+  // it out after it arrives (a reduction reads it where it lands), at the device's copy speed.
+  bool staged = false;
+  // The CPUs of a host that its ranks' devices share (devices that compute on the host, as the
+  // emulated ones do): every copy and reduction of the host's ranks takes one of `host_cpus`,
+  // hosts of `ranks_per_host` consecutive ranks. 0: each rank's device its own.
+  int host_cpus = 0, ranks_per_host = 0;
 };
 
 struct TimedResult {

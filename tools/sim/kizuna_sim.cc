@@ -116,6 +116,37 @@ std::string Time(double s) {
   return fmt::format("{:.3g} us", s * 1e6);
 }
 
+// The steps' spans as a merged trace (kizuna-trace merge's output: one file, every rank, one
+// clock), microseconds from the collective's start, the operation on each rank's timeline 0.
+Status WriteTrace(const std::string& path, const TimedResult& run, const std::string& op) {
+  nlohmann::json events = nlohmann::json::array();
+  for (size_t r = 0; r < run.finish.size(); ++r) {
+    events.push_back(
+        {{"name", "process_name"}, {"ph", "M"}, {"pid", r}, {"args", {{"name", fmt::format("rank {}", r)}}}});
+    events.push_back({{"name", op},
+                      {"cat", "collective"},
+                      {"ph", "X"},
+                      {"ts", 0},
+                      {"dur", run.finish[r] * 1e6},
+                      {"pid", r},
+                      {"tid", 0},
+                      {"args", {{"seq", 1}}}});
+  }
+  for (const TracedSpan& s : run.trace)
+    events.push_back({{"name", s.name},
+                      {"cat", s.cat},
+                      {"ph", "X"},
+                      {"ts", s.start * 1e6},
+                      {"dur", (s.end - s.start) * 1e6},
+                      {"pid", s.rank},
+                      {"tid", 1 + s.channel},
+                      {"args", {{"seq", 1}}}});
+  std::ofstream out(path);
+  out << nlohmann::json({{"traceEvents", std::move(events)}, {"displayTimeUnit", "ns"}}).dump() << "\n";
+  if (!out) return InvalidArgument(fmt::format("--trace: cannot write {}", path));
+  return Status::Ok();
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"kizuna-sim: the engine's plans in simulated time on a modelled cluster", "kizuna-sim"};
   NetworkSpec spec;
@@ -192,6 +223,10 @@ int Main(int argc, char** argv) {
   std::string plot_path;
   app.add_option("--plot", plot_path,
                  "draw simulated busbw (solid) and the model's (dashed) against size into this SVG");
+  std::string trace_path;
+  app.add_option("--trace", trace_path,
+                 "write each simulated rank's steps to this Chrome trace, named as KIZUNA_TRACE_FILE's (one size "
+                 "and one algorithm; kizuna-trace svg draws it)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -306,6 +341,9 @@ int Main(int argc, char** argv) {
   for (size_t i = 0; i < cases.size(); ++i)
     for (Algorithm a : chosen)
       if (collectives::GetAlgorithm(a).Supports(cases[i].req, shape).ok()) runs.emplace_back(i, a);
+  device.trace = !trace_path.empty();
+  if (device.trace && runs.size() != 1)
+    return fail(InvalidArgument(fmt::format("--trace: {} runs (sizes x algorithms); trace one", runs.size())), 2);
   std::vector<Outcome> outcomes(runs.size());
   tbb::enumerable_thread_specific<Network> nets(*net);
   tbb::parallel_for(size_t{0}, cases.size() + runs.size(), [&](size_t i) {
@@ -366,6 +404,11 @@ int Main(int argc, char** argv) {
     if (predicted < std::numeric_limits<double>::infinity()) row.predicted_s = predicted;
     row.out_of_place = bench::Measure(row.size_bytes, run->seconds, BusFactor(*c, p), std::nullopt);
     plotted.push_back(std::move(row));
+    if (device.trace) {
+      const Status written =
+          WriteTrace(trace_path, *run, fmt::format("{} ({})", req.ToString(), collectives::AlgorithmName(a)));
+      if (!written.ok()) return fail(written, 1);
+    }
     rows.push_back({{"bytes", static_cast<uint64_t>(moved)},
                     {"count", req.count},
                     {"algorithm", collectives::AlgorithmName(a)},

@@ -59,6 +59,28 @@ echo "$out"
 grep -q "^# kizuna-sim: allreduce over ring4: 4 workers" <<<"$out" || fail "direct: no header: $out"
 ring=$(awk '$3 == "ring" {print $4 * ($5 == "ms" ? 1 : 1000)}' <<<"$out")
 awk -v r="$ring" 'BEGIN { exit !(r > 6.2 && r < 7.5) }' || fail "direct: ring $ring ms"
+# --trace: every rank's steps on one clock, named as the executor's trace names them; the ring's
+# sends go to the next rank, and no step ends after its rank's collective.
+"$sim" --network direct --topology "$tmp/ring4.json" -b 4M -e 4M --algo ring --trace "$tmp/trace.json" >/dev/null ||
+  fail "--trace: exit $?"
+python3 - "$tmp/trace.json" "$ring" <<'PY' || fail "--trace: wrong trace"
+import json, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+ops = {e["pid"]: e for e in events if e["cat"] == "collective"}
+assert sorted(ops) == [0, 1, 2, 3], ops
+assert abs(max(e["dur"] for e in ops.values()) / 1e3 - float(sys.argv[2])) < 0.05 * float(sys.argv[2])
+steps = [e for e in events if e["cat"] != "collective"]
+assert {e["cat"] for e in steps} >= {"send", "recv", "reduce"}, {e["cat"] for e in steps}
+for e in steps:
+    assert e["tid"] >= 1 and e["dur"] >= 0, e
+    assert e["ts"] + e["dur"] <= ops[e["pid"]]["dur"] + 1e-6, e
+    if e["cat"] == "send":
+        assert e["name"] == f"send to {(e['pid'] + 1) % 4}", e
+print(len(steps), "steps traced")
+PY
+out="$("$sim" --network direct --topology "$tmp/ring4.json" -b 1M -e 4M --trace "$tmp/t.json" 2>&1)"
+[ $? -eq 2 ] || fail "--trace over several runs accepted"
+grep -q -- "--trace: .* runs" <<<"$out" || fail "--trace: unclear message: $out"
 out="$("$sim" --network direct 2>&1)"; [ $? -eq 2 ] || fail "direct without --topology accepted"
 grep -q -- "needs --topology" <<<"$out" || fail "direct: unclear message: $out"
 out="$("$sim" --network direct --topology "$tmp/none.json" 2>&1)"; [ $? -eq 2 ] || fail "a missing file accepted"

@@ -50,6 +50,7 @@ class Runner {
     staged_ = d.staged;
     cpus_ = d.host_cpus;
     per_host_ = d.ranks_per_host > 0 ? d.ranks_per_host : 1;
+    trace_ = d.trace;
   }
 
   Result<TimedResult> Go() {
@@ -122,6 +123,8 @@ class Runner {
     }
     TimedResult out;
     for (double f : finish_) out.seconds = std::max(out.seconds, f);
+    out.finish = finish_;
+    out.trace = std::move(spans_);
     out.simulated_flows = flow_count_;
     out.flows = flow_count_ * static_cast<uint64_t>(group_ ? group_->order() : 1);
     const std::vector<double>& link_bytes = table_.link_bytes();
@@ -257,6 +260,7 @@ class Runner {
       const StepRef ref{r, c, static_cast<uint32_t>(ch.next)};
       ch.inflight.push_back(ref.step);
       ++ch.next;
+      if (trace_) started_[StepKey(ref)] = now_;
       if (!IsTransfer(s)) {
         events_.push({OnDevice(r, LocalSeconds(s)), false, 0, ref});
         continue;
@@ -311,6 +315,7 @@ class Runner {
   }
 
   void Delivered(const Flow& f) {
+    if (trace_) arrived_[StepKey(f.recv)] = now_;
     Done(f.send);
     if (At(f.recv).kind == StepKind::kRecvReduce) {
       events_.push({OnDevice(f.recv.rank, launch_ + 2 * f.bytes / reduce_), false, 0, f.recv});
@@ -322,6 +327,7 @@ class Runner {
   }
 
   void Done(const StepRef& ref) {
+    if (trace_) Trace(ref);
     MarkDirty(ref.rank, ref.channel);
     auto& chans = chans_[static_cast<size_t>(ref.rank)];
     if (static_cast<size_t>(ref.channel) < chans.size())
@@ -332,6 +338,35 @@ class Runner {
     for (const Step& s : plan_.ranks[static_cast<size_t>(ref.rank)].epilogue) end = OnDevice(ref.rank, LocalSeconds(s));
     finish_[static_cast<size_t>(ref.rank)] = std::max(end, device_free_[static_cast<size_t>(ref.rank)]);
     ++finished_;
+  }
+
+  // The spans of a step that ends now (executor/trace.cc names them alike).
+  void Trace(const StepRef& ref) {
+    const auto& chans = plan_.ranks[static_cast<size_t>(ref.rank)].channels;
+    if (static_cast<size_t>(ref.channel) >= chans.size() || ref.step >= chans[static_cast<size_t>(ref.channel)].size())
+      return;  // a rank without steps
+    const Step& s = At(ref);
+    const auto started = started_.find(StepKey(ref));
+    const double from = started->second;
+    started_.erase(started);
+    auto span = [&](std::string name, std::string_view cat, double a, double b) {
+      spans_.push_back(TracedSpan{ref.rank, ref.channel, std::move(name), cat, a, b});
+    };
+    switch (s.kind) {
+      case StepKind::kSend: span(fmt::format("send to {}", s.peer), "send", from, now_); break;
+      case StepKind::kRecv:
+      case StepKind::kRecvReduce: {
+        const auto arrived = arrived_.find(StepKey(ref));
+        const double at = arrived->second;
+        arrived_.erase(arrived);
+        span(fmt::format("recv from {}", s.peer), "recv", from, at);
+        const bool reduce = s.kind == StepKind::kRecvReduce;
+        if (now_ > at) span(reduce ? "reduce" : "copy", reduce ? "reduce" : "copy", at, now_);
+        break;
+      }
+      case StepKind::kReduce: span("reduce", "reduce", from, now_); break;
+      default: span("copy", "copy", from, now_); break;
+    }
   }
 
   Status Stuck() const {
@@ -352,7 +387,9 @@ class Runner {
   const double esize_;
   double copy_ = 0, reduce_ = 0, launch_ = 0, message_ = 0, step_ = 0;
   size_t window_ = 4;
-  bool fifo_ = false, staged_ = false;
+  bool fifo_ = false, staged_ = false, trace_ = false;
+  std::unordered_map<uint64_t, double> started_, arrived_;  // trace_: by StepKey
+  std::vector<TracedSpan> spans_;
   int cpus_ = 0, per_host_ = 1;
   std::vector<double> cpu_free_;  // per host and CPU: when it is free
   std::vector<std::vector<Chan>> chans_;

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "collectives/cost/model.h"
 #include "collectives/plan/plan.h"
@@ -32,6 +34,18 @@ struct DeviceModel {
   // emulated ones do): every copy and reduction of the host's ranks takes one of `host_cpus`,
   // hosts of `ranks_per_host` consecutive ranks. 0: each rank's device its own.
   int host_cpus = 0, ranks_per_host = 0;
+  // Record each step's span in TimedResult::trace (kizuna-sim --trace).
+  bool trace = false;
+};
+
+// A step's span in simulated time, named as the executor's trace names it (executor/trace.h):
+// "send to 3" and "recv from 1" from the step's start to the message's arrival, "reduce" or
+// "copy" for the work on what arrived and for local steps.
+struct TracedSpan {
+  int rank = 0, channel = 0;
+  std::string name;
+  std::string_view cat;  // send, recv, reduce, copy
+  double start = 0, end = 0;
 };
 
 struct TimedResult {
@@ -41,6 +55,8 @@ struct TimedResult {
   std::string bottleneck;      // the link busiest over the run, or a rank's device where one was busier
   double bottleneck_busy = 0;  // its bytes / (bandwidth x the run's time), or busy time / the run's, 0..1
   double network_bytes = 0;    // bytes over all links (a byte counts once per link it crosses)
+  std::vector<double> finish;  // per simulated rank: when it is done
+  std::vector<TracedSpan> trace;  // DeviceModel::trace: every simulated rank's steps, as they end
 };
 
 // Runs `plan` (every rank, an INA plan's aggregation devices too: Plan::world(), the network's

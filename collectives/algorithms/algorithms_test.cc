@@ -226,6 +226,31 @@ TEST(AlgorithmsTest, AvgAddsAScaleEpilogueOnTheRanksThatComputeResults) {
   EXPECT_TRUE(plain->ranks[0].epilogue.empty());
 }
 
+// Pairwise's channels start their rounds at different distances: on a mesh with a link per pair,
+// a rank's channels then send over different links at a time rather than queueing on one.
+TEST(AlgorithmsTest, PairwiseChannelsTalkToDifferentPeersAtATime) {
+  for (Collective coll : {Collective::kAllReduce, Collective::kAllGather, Collective::kAllToAll}) {
+    const int p = 8;
+    PlanOptions options;
+    options.channels = 2;
+    const CollectiveRequest req{coll, p, 4096, DataType::kFloat32, ReduceOp::kSum, 0, false};
+    Result<Plan> plan = BuildPlan(Algorithm::kPairwise, req, Full(p), options, -1);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (int r = 0; r < p; ++r) {
+      std::vector<int> first;  // each channel's first peer it sends to
+      for (const auto& steps : plan->ranks[static_cast<size_t>(r)].channels)
+        for (const Step& s : steps)
+          if (s.kind == StepKind::kSend) {
+            first.push_back(s.peer);
+            break;
+          }
+      ASSERT_EQ(first.size(), 2u);
+      EXPECT_EQ(first[0], (r + 1) % p) << CollectiveName(coll);
+      EXPECT_EQ(first[1], (r + 1 + (p - 1) / 2) % p) << CollectiveName(coll);
+    }
+  }
+}
+
 // ---- Send / Recv -----------------------------------------------------------------------------
 
 // A Send plan and the matching Recv plan are one Plan's worth of steps each (a Plan holds one

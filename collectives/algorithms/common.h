@@ -78,6 +78,15 @@ inline Range Piece(Range r, uint64_t chunk, uint64_t k) {
 }
 
 inline int Mod(int64_t a, int p) { return static_cast<int>(((a % p) + p) % p); }
+
+// The distance (1..p-1) of round i of a pairwise exchange (rank r sends to r+d, receives from r-d)
+// on channel c of `channels`. Each channel starts its rounds at its own offset, so that a rank's
+// channels talk to different peers at a time: where every pair has its own link (a direct-connect
+// mesh), they use different links instead of queueing on one. Every rank's round i on a channel
+// has one distance, so sends and receives still meet.
+inline int PairwiseDistance(int i, int p, int channel, int channels) {
+  return 1 + static_cast<int>((static_cast<int64_t>(i) + static_cast<int64_t>(channel) * (p - 1) / channels) % (p - 1));
+}
 inline int FloorPow2(int p) {
   int q = 1;
   while (q <= p / 2) q *= 2;

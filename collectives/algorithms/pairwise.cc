@@ -1,6 +1,7 @@
 // Pairwise direct exchange: every rank talks to every other one, in nranks-1 rounds where rank r
 // sends to r+k and receives from r-k (so every rank sends and receives once per round and no
-// link carries two messages at once).
+// link carries two messages at once); each channel starts its rounds at its own k
+// (PairwiseDistance), so that a rank's channels use different links at a time.
 //
 //   AllToAll       copy the own block, then block (r+k) to r+k and block (r-k) from r-k
 //   AllGather      copy the own part, then the input to r+k and part (r-k) from r-k
@@ -46,7 +47,8 @@ void DirectExchange::Reduce(uint64_t k) {
   };
   Range own;  // chunk k of this rank's part, relative to the part
   if (mine >= 0) own = Piece({0, parts_[static_cast<size_t>(mine)].contribution.count}, b_.chunk, k);
-  for (int d = 1; d < p; ++d) {
+  for (int i = 0; i + 1 < p; ++i) {
+    const int d = PairwiseDistance(i, p, channel_, b_.channels());
     const int to = Mod(r + d, p), from = Mod(r - d, p);
     if (const int j = part_of_[static_cast<size_t>(to)]; j >= 0) {
       const Range whole = parts_[static_cast<size_t>(j)].contribution;
@@ -68,7 +70,8 @@ void DirectExchange::Reduce(uint64_t k) {
 void DirectExchange::AllGather(uint64_t k) {
   const int r = b_.rank, p = b_.p;
   const int mine = part_of_[static_cast<size_t>(r)];
-  for (int d = 1; d < p; ++d) {
+  for (int i = 0; i + 1 < p; ++i) {
+    const int d = PairwiseDistance(i, p, channel_, b_.channels());
     const int to = Mod(r + d, p), from = Mod(r - d, p);
     if (mine >= 0) {
       const OwnedPart& part = parts_[static_cast<size_t>(mine)];
@@ -139,7 +142,8 @@ class Pairwise final : public AlgorithmImpl {
           const Range rel = Piece({0, R.count}, b.chunk, k);
           b.Copy(c, Builder::Sub(b.In(seg(r)), rel), Builder::Sub(Builder::Out(seg(r)), rel));
         }
-        for (int d = 1; d < p; ++d) {
+        for (int i = 0; i + 1 < p; ++i) {
+          const int d = PairwiseDistance(i, p, c, b.channels());
           const int to = Mod(r + d, p), from = Mod(r - d, p);
           for (uint64_t k = 0; k < pieces; ++k) {
             const Range rel = Piece({0, R.count}, b.chunk, k);
@@ -153,7 +157,8 @@ class Pairwise final : public AlgorithmImpl {
           const Range rel = Piece({0, R.count}, b.chunk, k);
           b.Copy(c, Builder::Sub(b.In(R), rel), Builder::Sub(Builder::Out(seg(r)), rel));
         }
-        for (int d = 1; d < p; ++d) {
+        for (int i = 0; i + 1 < p; ++i) {
+          const int d = PairwiseDistance(i, p, c, b.channels());
           const int to = Mod(r + d, p), from = Mod(r - d, p);
           for (uint64_t k = 0; k < pieces; ++k) {
             const Range rel = Piece({0, R.count}, b.chunk, k);

@@ -7,7 +7,9 @@
 //   kizuna-sim --network torus2d --dims 4x4          (torus3d --dims 4x4x4, ring or full --ranks 8)
 //   ... [--coll allreduce] [--algo all|ring,tree,...] [-b 8 -e 1G -f 8] [--dtype float32]
 //       [--chunk-bytes 512K --channels N] [--copy-gbps X --reduce-gbps Y --launch-us Z]
-//       [--window 4] [--sharing fair|fifo] [--json FILE] [--plot FILE.svg]
+//       [--staged] [--host-cpus C [--ranks-per-host P] [--message-cpu-us M]]
+//       [--window 4] [--sharing fair|fifo] [--json FILE] [--plot FILE.svg] [--trace FILE.json]
+//   kizuna-sim --network direct --topology FILE [--bundle]   (a direct-connect topology file)
 //
 // For every size and algorithm that serves the collective: the simulated time, busbw (nccl-tests'
 // factors), the busiest link and how busy it was, and beside them the cost model's prediction and
@@ -190,6 +192,10 @@ int Main(int argc, char** argv) {
   app.add_option("--reduce-gbps", device.reduce_gbps, "device reduce speed, input bytes (0: default)");
   app.add_option("--launch-us", device.launch_us, "device operation launch (0: default)");
   app.add_option("--window", device.window, "started steps per channel (the executor's)")->capture_default_str();
+  app.add_option("--message-cpu-us", device.message_cpu_us,
+                 "with --host-cpus: the executors' CPU time per message at each end, on the host's CPUs, the "
+                 "sender's copy of it at --copy-gbps besides unless --staged (emulated devices)")
+      ->capture_default_str();
   app.add_flag("--staged", device.staged,
                "transfers copied into and out of the fabric's buffers on the devices (emulated devices)");
   app.add_option("--host-cpus", device.host_cpus,
@@ -241,6 +247,9 @@ int Main(int argc, char** argv) {
   device.fifo = sharing == "fifo";
   if (device.host_cpus < 0 || device.ranks_per_host < 0)
     return fail(InvalidArgument("--host-cpus and --ranks-per-host must not be negative"), 2);
+  if (device.message_cpu_us < 0) return fail(InvalidArgument("--message-cpu-us must not be negative"), 2);
+  if (device.message_cpu_us > 0 && device.host_cpus == 0)
+    return fail(InvalidArgument("--message-cpu-us needs --host-cpus (the CPUs the messages' handling takes)"), 2);
   if (symmetry != "auto" && symmetry != "off")
     return fail(InvalidArgument(fmt::format("--symmetry '{}': auto or off", symmetry)), 2);
   if (model != "auto" && model != "on" && model != "off")

@@ -183,6 +183,38 @@ TEST(TimedRun, StagingCopiesAndSharedCpusCostDeviceTime) {
   EXPECT_GT(one_cpu, 3 * staged);              // four devices' work on one CPU
 }
 
+// The executors' CPU time per message (message_cpu_us) on the host's CPUs: nothing without
+// shared CPUs; on 2 CPUs shared by 8 ranks the messages queue for them, more so the more a
+// message copies.
+TEST(TimedRun, MessagesTakeTheSharedCpus) {
+  auto net = Uniform("full", 8, 1e6, 0);
+  ASSERT_TRUE(net.ok());
+  CollectiveRequest req{Collective::kAllReduce, 8, 1u << 18, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  collectives::PlanOptions options;
+  options.chunk_count = 1u << 17;
+  auto plan = collectives::BuildPlan(Algorithm::kPairwise, req, AllLinked(8), options, -1);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto run = [&](int cpus, double message_cpu_us, double copy_gbps) {
+    DeviceModel d = Instant();
+    d.host_cpus = cpus;
+    d.ranks_per_host = 8;
+    d.message_cpu_us = message_cpu_us;
+    if (copy_gbps > 0) d.copy_gbps = copy_gbps;
+    auto r = RunTimed(*plan, *net, d, collectives::CostConstants{});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->seconds : 0.0;
+  };
+  const double free = run(0, 0, 0);
+  EXPECT_EQ(run(0, 100, 0), free);  // no shared CPUs: no CPU work
+  // 8 ranks x 14 messages, each 100 us at both ends: 22.4 ms of CPU on 2 CPUs, 11.2 ms at least.
+  const double busy = run(2, 100, 0);
+  EXPECT_GE(busy, 11.2e-3 * 0.999) << busy;
+  EXPECT_LT(run(8, 100, 0), busy);  // a CPU each: less queueing
+  // The senders' copies too: 8 x 14 messages of 128 KiB at 1 GB/s, 14.7 ms of CPU, 7.3 ms more
+  // on 2 CPUs.
+  EXPECT_NEAR(run(2, 100, 1), busy + 7.34e-3, 0.05e-3) << busy;
+}
+
 // Every algorithm's plans for every collective it serves complete on a torus, where most pairs
 // are several hops apart.
 TEST(TimedRun, EveryAlgorithmCompletesOnATorus) {

@@ -51,6 +51,7 @@ class Runner {
     cpus_ = d.host_cpus;
     per_host_ = d.ranks_per_host > 0 ? d.ranks_per_host : 1;
     trace_ = d.trace;
+    message_cpu_ = d.message_cpu_us * 1e-6;
   }
 
   Result<TimedResult> Go() {
@@ -208,21 +209,33 @@ class Runner {
   double OnDevice(int r, double seconds) {
     double& free = device_free_[static_cast<size_t>(r)];
     double start = std::max(free, now_);
-    // Where the host's devices share its CPUs: the CPU free by `start` that freed last (work is
-    // booked ahead, and a CPU's gap before it cannot be used again), else the one that frees first.
-    double* cpu = nullptr;
-    if (cpus_ > 0) {
-      const size_t host = static_cast<size_t>(r / per_host_ * cpus_);
-      for (size_t i = host; i < host + static_cast<size_t>(cpus_); ++i) {
-        const double f = cpu_free_[i];
-        if (!cpu || (f <= start ? *cpu > start || f > *cpu : *cpu > start && f < *cpu)) cpu = &cpu_free_[i];
-      }
-      start = std::max(start, *cpu);
-    }
+    double* cpu = Cpu(r, start);
+    if (cpu) start = std::max(start, *cpu);
     free = start + seconds;
     if (cpu) *cpu = free;
     device_busy_[static_cast<size_t>(r)] += seconds;
     return free;
+  }
+  // Where the host's devices share its CPUs, the one that work from `start` on takes: the CPU
+  // free by `start` that freed last (work is booked ahead, and a CPU's gap before it cannot be
+  // used again), else the one that frees first. Null where each device has its own.
+  double* Cpu(int r, double start) {
+    if (cpus_ <= 0) return nullptr;
+    double* cpu = nullptr;
+    const size_t host = static_cast<size_t>(r / per_host_ * cpus_);
+    for (size_t i = host; i < host + static_cast<size_t>(cpus_); ++i) {
+      const double f = cpu_free_[i];
+      if (!cpu || (f <= start ? *cpu > start || f > *cpu : *cpu > start && f < *cpu)) cpu = &cpu_free_[i];
+    }
+    return cpu;
+  }
+  // The executor's handling of one message of `bytes` to copy on rank r's host CPUs, from now on
+  // (message_cpu_us); returns when it ends.
+  double OnCpu(int r, double bytes = 0) {
+    double* cpu = Cpu(r, now_);
+    if (!cpu || message_cpu_ <= 0) return now_;
+    *cpu = std::max(*cpu, now_) + message_cpu_ + bytes / copy_;
+    return *cpu;
   }
   double LocalSeconds(const Step& s) const {
     const double bytes = static_cast<double>(s.count()) * esize_;
@@ -308,9 +321,12 @@ class Runner {
       starting_[id] = f;
     }
     ++flow_count_;
-    // Both ends' executors handle the message, then the first byte crosses the route.
-    // A staged message is first copied into the fabric's buffer on the sender's device.
-    const double ready = staged_ ? OnDevice(send.rank, launch_ + f.bytes / copy_) : now_;
+    // Both ends' executors handle the message, then the first byte crosses the route. A staged
+    // message is first copied into the fabric's buffer on the sender's device; where hosts' CPUs
+    // are shared (message_cpu_us), the handling takes them, the sender's with its copy on the
+    // direct path.
+    double ready = staged_ ? OnDevice(send.rank, launch_ + f.bytes / copy_) : now_;
+    ready = std::max({ready, OnCpu(send.rank, staged_ ? 0 : f.bytes), OnCpu(recv.rank)});
     events_.push({ready + 2 * message_ + step_ + net_.RouteLatency(send.rank, to), true, id, {}});
   }
 
@@ -388,6 +404,7 @@ class Runner {
   double copy_ = 0, reduce_ = 0, launch_ = 0, message_ = 0, step_ = 0;
   size_t window_ = 4;
   bool fifo_ = false, staged_ = false, trace_ = false;
+  double message_cpu_ = 0;
   std::unordered_map<uint64_t, double> started_, arrived_;  // trace_: by StepKey
   std::vector<TracedSpan> spans_;
   int cpus_ = 0, per_host_ = 1;

@@ -34,6 +34,12 @@ struct DeviceModel {
   // emulated ones do): every copy and reduction of the host's ranks takes one of `host_cpus`,
   // hosts of `ranks_per_host` consecutive ranks. 0: each rank's device its own.
   int host_cpus = 0, ranks_per_host = 0;
+  // With host_cpus: the executors' CPU time per message, taken on the hosts' CPUs, where the
+  // devices' work and the other ranks' messages queue with it: this much at each end, and at the
+  // sender the message's copy at the device's copy speed unless `staged` (a host-memory fabric's
+  // direct path: the sender's thread copies into the receiver's buffer). 0: none (message_us
+  // alone, a delay that takes no CPU).
+  double message_cpu_us = 0;
   // Record each step's span in TimedResult::trace (kizuna-sim --trace).
   bool trace = false;
 };

@@ -274,7 +274,8 @@ inline const std::vector<std::pair<Algorithm, Collective>>& SupportedPairs() {
   static const std::vector<std::pair<Algorithm, Collective>> pairs = {
       {Algorithm::kRing, Collective::kAllReduce},      {Algorithm::kRing, Collective::kReduceScatter},
       {Algorithm::kRing, Collective::kAllGather},      {Algorithm::kRing, Collective::kBroadcast},
-      {Algorithm::kRing, Collective::kReduce},         {Algorithm::kTree, Collective::kAllReduce},
+      {Algorithm::kRing, Collective::kReduce},         {Algorithm::kRing, Collective::kBarrier},
+      {Algorithm::kTree, Collective::kAllReduce},
       {Algorithm::kTree, Collective::kBroadcast},      {Algorithm::kTree, Collective::kReduce},
       {Algorithm::kRhd, Collective::kAllReduce},       {Algorithm::kRhd, Collective::kReduceScatter},
       {Algorithm::kRhd, Collective::kAllGather},       {Algorithm::kRd, Collective::kAllReduce},

@@ -231,9 +231,21 @@ class Builder {
     if (srcs.size() == 1) return Copy(c, srcs[0], dst);  // the avg of one rank's contribution
     steps(c).push_back(Step::ReduceAverage(std::move(srcs), dst));
   }
-  // Zero-element messages: how barriers synchronize.
+  // Zero-element messages: how barriers synchronize where each rank hears from every other directly.
   void SendToken(int c, int peer) { steps(c).push_back(Step::Send(peer, {BufferKind::kInput, 0, 0})); }
   void RecvToken(int c, int peer) { steps(c).push_back(Step::Recv(peer, {BufferKind::kOutput, 0, 0})); }
+  // A barrier's rounds, (to, from) each, where ranks hear from others through a chain: round k's
+  // token leaves only after round k-1's arrived. One scratch element a round carries it (round k's
+  // send reads what round k-1's receive wrote), because that overlap is what keeps the executor's
+  // window from starting every round at once: zero-element steps touch no memory, so nothing
+  // would order them, and a rank could leave having heard from a few ranks only.
+  void ChainedTokens(int c, const std::vector<std::pair<int, int>>& rounds) {
+    const uint64_t base = AllocScratch(rounds.size() + 1);
+    for (size_t k = 0; k < rounds.size(); ++k) {
+      Send(c, rounds[k].first, Scratch(base + k, 1));
+      Recv(c, rounds[k].second, Scratch(base + k + 1, 1));
+    }
+  }
 
   // Copies src to dst (equal counts) in chunks.
   void CopyChunked(int c, Slice src, Slice dst) {

@@ -211,11 +211,12 @@ class Hierarchical final : public AlgorithmImpl {
       // hosts' first ranks: dissemination, a token to the host 2^k further on per round; the
       // host's other ranks wait for it at the host level's second meeting.
       const int g = hosts.host[static_cast<size_t>(b.rank)], H = hosts.count();
-      if (hosts.local[static_cast<size_t>(b.rank)] == 0)
-        for (int k = 0; k < CeilLog2(H); ++k) {
-          b.SendToken(0, hosts.Rank(Mod(g + (1 << k), H), 0));
-          b.RecvToken(0, hosts.Rank(Mod(g - (1 << k), H), 0));
-        }
+      if (hosts.local[static_cast<size_t>(b.rank)] == 0) {
+        std::vector<std::pair<int, int>> rounds;
+        for (int k = 0; k < CeilLog2(H); ++k)
+          rounds.emplace_back(hosts.Rank(Mod(g + (1 << k), H), 0), hosts.Rank(Mod(g - (1 << k), H), 0));
+        b.ChainedTokens(0, rounds);
+      }
       return std::move(b.plan);
     }
     if (request.collective == Collective::kReduceScatter || request.collective == Collective::kAllGather)

@@ -9,8 +9,9 @@
 // transfer of chunk k+1.
 //
 //   AllReduce  as above.
-//   Barrier    dissemination: ceil(log2 p) rounds of zero-element messages to rank+2^k and from
-//              rank-2^k; after round k every rank has heard, transitively, from 2^(k+1) ranks.
+//   Barrier    dissemination: ceil(log2 p) rounds of one-element tokens to rank+2^k and from
+//              rank-2^k, each round's after the last one's arrived (Builder::ChainedTokens); after
+//              round k every rank has heard, transitively, from 2^(k+1) ranks.
 //
 // Deterministic mode (AllReduce): every rank sends its contribution to each of p parts straight
 // to the part's owner, which reduces all of them in rank order (DirectExchange), then the owners
@@ -50,10 +51,9 @@ class Rd final : public AlgorithmImpl {
     const int p = request.nranks;
     if (request.collective == Collective::kBarrier) {
       Builder b(request, options, rank, 1);
-      for (int k = 0; k < CeilLog2(p); ++k) {
-        b.SendToken(0, Mod(rank + (1 << k), p));
-        b.RecvToken(0, Mod(rank - (1 << k), p));
-      }
+      std::vector<std::pair<int, int>> rounds;
+      for (int k = 0; k < CeilLog2(p); ++k) rounds.emplace_back(Mod(rank + (1 << k), p), Mod(rank - (1 << k), p));
+      b.ChainedTokens(0, rounds);
       return std::move(b.plan);
     }
     const bool ordered = options.deterministic && p > 1;

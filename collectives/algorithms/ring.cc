@@ -13,6 +13,9 @@
 //   Broadcast      a pipelined chain from the root: root, root+1, ..., root-1, chunk by chunk.
 //   Reduce         a pipelined chain ending at the root: root+1 sends, every next rank adds its
 //                  input (in scratch slots) and passes on, the root adds into its output.
+//   Barrier        nranks-1 rounds of a one-element token to rank+1, each after the last one
+//                  arrived from rank-1 (Builder::ChainedTokens): the last has passed every rank.
+//                  For shapes with no other way round (a ring of cables); others do it in log p.
 //
 // Deterministic mode (reductions): the ring's reduction order depends on the rank, so instead
 // every rank sends its contribution to each part straight to the part's owner, which reduces all
@@ -42,6 +45,7 @@ class Ring final : public AlgorithmImpl {
       case Collective::kAllGather:
       case Collective::kBroadcast:
       case Collective::kReduce:
+      case Collective::kBarrier:
         break;
       default:
         return NotImplemented(id(), request);
@@ -57,6 +61,12 @@ class Ring final : public AlgorithmImpl {
     if (ordered)
       KZ_RETURN_IF_ERROR(RequireFullyConnected(
           shape, kName, "deterministic mode sends every contribution straight to the rank that reduces it"));
+    if (request.collective == Collective::kBarrier) {
+      Builder b(request, options, rank, 1);
+      b.ChainedTokens(0, std::vector<std::pair<int, int>>(static_cast<size_t>(b.p - 1),
+                                                          {Mod(rank + 1, b.p), Mod(rank - 1, b.p)}));
+      return std::move(b.plan);
+    }
     Builder b(request, options, rank, ChannelsFor(options, request.count));
     const std::vector<double> weights = RingWeights(shape, options.balance);  // AllReduce's parts
     for (int c = 0; c < b.channels(); ++c) {

@@ -221,6 +221,12 @@ void Model::Body(Algorithm a) {
           const Split s = SplitElems(count);
           return Pipeline("chain reduce", ChainHops(req_.root + 1, true), s, p_ - 1);
         }
+        case Collective::kBarrier: {  // p - 1 rounds of a token to the next rank
+          std::vector<Hop> hops;
+          for (int r = 0; r < p_; ++r) hops.push_back({r, (r + 1) % p_, false});
+          for (int k = 1; k < p_ && !failed_; ++k) Stage("token round", hops, 0, 1, 1);
+          return;
+        }
         default:
           return;
       }

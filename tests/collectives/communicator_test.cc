@@ -215,6 +215,32 @@ TEST(Communicator, ConnectionsFollowThePeersThePlansUse) {
   }
 }
 
+// A Barrier returns on no rank before every rank has called it, however many of its steps the
+// executor's window starts at once: rank 7 calls 300 ms after the others. Each algorithm that
+// serves Barrier on 8 ranks, forced by KIZUNA_ALGO.
+TEST(Communicator, BarrierWaitsForTheLastRank) {
+  for (const char* algo : {"barrier:rd", "barrier:pairwise", "barrier:ring"}) {
+    Config config = WorldConfig(8);
+    config.algo = algo;
+    World w(8, config);
+    KZ_ASSERT_WORLD(w);
+    std::vector<double> returned(8, 0);
+    const auto start = Clock::now();
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 8; ++r)
+      ranks.emplace_back([&, r] {
+        if (r == 7) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        const Status called = w.comm(r).Barrier(w.stream(r));
+        const Status synced = w.stream(r).Synchronize(Deadline::AfterSeconds(30));
+        EXPECT_TRUE(called.ok() && synced.ok()) << algo << " rank " << r << ": " << called.ToString() << " "
+                                                << synced.ToString();
+        returned[static_cast<size_t>(r)] = std::chrono::duration<double>(Clock::now() - start).count();
+      });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 8; ++r) EXPECT_GE(returned[static_cast<size_t>(r)], 0.29) << algo << " rank " << r;
+  }
+}
+
 TEST(Communicator, AbortReleasesWaitingStreamsPromptly) {
   Config config = WorldConfig(2);
   config.timeout_s = 60;

@@ -66,7 +66,7 @@ Result<Topology> GenerateFullPerHost(const FabricContext& context) {
     for (int i = 0; i < local; ++i) {
       const int r = ranks[static_cast<size_t>(i)];
       t.nodes[static_cast<size_t>(r)] =
-          TopologyNode{fmt::format("w{}", r), NodeKind::kWorker, r, std::max(local - 1, 1), 0};
+          TopologyNode{fmt::format("w{}", r), NodeKind::kWorker, r, std::max(local - 1, 1), 0, {}};
     }
     // Port of the i-th local rank towards the k-th: the others in rank order, skipping itself.
     auto port_to = [](int from, int to) { return to < from ? to : to - 1; };
@@ -174,9 +174,18 @@ DirectConnectFabric::DirectConnectFabric(const Config* config, FabricContext con
       if (peer_rank < 0)
         if (auto it = this->context().node_ranks.find(other.name); it != this->context().node_ranks.end())
           peer_rank = it->second;
-      p.link_peer = LinkPeer{other.name, peer_rank, peer.port};
       bandwidth = link->bandwidth_gbps;
       latency = link->latency_us;
+      const auto& hosts = this->context().rank_hosts;
+      if (peer_rank >= 0 && static_cast<size_t>(peer_rank) < hosts.size() &&
+          hosts[static_cast<size_t>(peer_rank)] != this->context().host_id) {
+        // A cable to another host is a network link: the tcp fabric carries it over the port's
+        // interface (fabric/tcp/README.md, "Cables"). Here the port stays unconnected.
+        KZ_INFO(kLogFabric, "directconnect: {}'s cable goes to rank {} on host {}: left to a network fabric", p.name,
+                peer_rank, hosts[static_cast<size_t>(peer_rank)]);
+      } else {
+        p.link_peer = LinkPeer{other.name, peer_rank, peer.port};
+      }
     }
     p.speed_gbps = bandwidth;
     p.latency_us = latency;

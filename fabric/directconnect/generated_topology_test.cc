@@ -122,10 +122,12 @@ TEST(GeneratedTopology, FullOnOneKnownHostIsTheFullTopology) {
   EXPECT_EQ(PeerRanks(**known), PeerRanks(**unknown));
   EXPECT_EQ(static_cast<DirectConnectFabric*>(known->get())->topology().Fingerprint(),
             static_cast<DirectConnectFabric*>(unknown->get())->topology().Fingerprint());
-  // An explicit size ignores the hosts.
+  // An explicit size ignores the hosts in its shape, and its cables to another host are a
+  // network fabric's to carry (fabric/tcp, "Cables"): here those ports stay unconnected.
   auto sized = CreateWith("full:4", OnHosts(0, {"A", "A", "B", "B"}));
   ASSERT_TRUE(sized.ok()) << sized.status().ToString();
-  EXPECT_EQ(PeerRanks(**sized), (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(PeerRanks(**sized), (std::vector<int>{1, -1, -1}));
+  EXPECT_EQ((*sized)->device_count(), 3);
 }
 
 TEST(GeneratedTopology, HostsThatDoNotMatchTheWorldAreRefused) {

@@ -133,7 +133,7 @@ struct Defaults {
 Status ParseNode(const Json& j, size_t index, int line, std::string_view source, Topology& topo) {
   const std::string what = fmt::format("nodes[{}]", index);
   if (!j.is_object()) return EntryError(source, line, fmt::format("{} must be an object, not {}", what, Compact(j)));
-  if (Status s = CheckKeys(j, {"name", "kind", "rank", "ports"}, what); !s.ok())
+  if (Status s = CheckKeys(j, {"name", "kind", "rank", "ports", "interfaces"}, what); !s.ok())
     return EntryError(source, line, s.message());
   TopologyNode node;
   node.line = line;
@@ -162,6 +162,19 @@ Status ParseNode(const Json& j, size_t index, int line, std::string_view source,
     auto r = GetInteger(*rank, fmt::format("{}: rank", label), 0, kMaxTopologyNodes - 1);
     if (!r.ok()) return EntryError(source, line, r.status().message());
     node.rank = static_cast<int>(*r);
+  }
+  if (auto interfaces = j.find("interfaces"); interfaces != j.end()) {
+    if (!interfaces->is_array() || interfaces->size() != static_cast<size_t>(node.ports))
+      return EntryError(source, line,
+                        fmt::format("{}: \"interfaces\" must list one interface name per port ({})", label,
+                                    node.ports));
+    for (const Json& i : *interfaces) {
+      // An interface name as the kernel takes it: 1-15 characters, no '/', ':' or blank.
+      if (!i.is_string() || i.get<std::string>().empty() || i.get<std::string>().size() > 15 ||
+          i.get<std::string>().find_first_of("/: \t") != std::string::npos)
+        return EntryError(source, line, fmt::format("{}: {} is not an interface name", label, Compact(i)));
+      node.interfaces.push_back(i.get<std::string>());
+    }
   }
   topo.nodes.push_back(std::move(node));
   return Status::Ok();
@@ -512,6 +525,11 @@ Result<Topology> LoadTopology(const std::string& path, std::string_view what) {
   return ParseTopology(text, path);
 }
 
+std::string TopologyNode::InterfaceOf(int port) const {
+  return static_cast<size_t>(port) < interfaces.size() ? interfaces[static_cast<size_t>(port)]
+                                                       : fmt::format("p{}", port);
+}
+
 std::string TopologyToJson(const Topology& t) {
   using Ordered = nlohmann::ordered_json;
   auto dump = [](const Ordered& j) { return j.dump(-1, ' ', false, Ordered::error_handler_t::replace); };
@@ -526,6 +544,7 @@ std::string TopologyToJson(const Topology& t) {
     j["kind"] = std::string(NodeKindName(n.kind));
     if (n.kind == NodeKind::kWorker) j["rank"] = n.rank;
     j["ports"] = n.ports;
+    if (!n.interfaces.empty()) j["interfaces"] = n.interfaces;
     out += "    " + dump(j) + (i + 1 < t.nodes.size() ? ",\n" : "\n");
   }
   out += "  ],\n  \"links\": [\n";

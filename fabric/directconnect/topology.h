@@ -8,7 +8,7 @@
 //     "shaping": false,
 //     "defaults": {"bandwidth_gbps": 100, "latency_us": 1.5},
 //     "nodes": [
-//       {"name": "w0", "kind": "worker", "rank": 0, "ports": 2},
+//       {"name": "w0", "kind": "worker", "rank": 0, "ports": 2, "interfaces": ["p0", "p1"]},
 //       {"name": "a0", "kind": "aggregator", "ports": 8}
 //     ],
 //     "links": [
@@ -41,6 +41,11 @@ struct TopologyNode {
   int rank = -1;  // workers: 0 .. worker_count-1; aggregators: -1
   int ports = 0;
   int line = 0;   // where the node is described (0: generated)
+  // Where the node is a host of its own and its cables are network links: the interface of each
+  // port (the tcp fabric sends over it). Empty: "p<port>", as tools/netns names a cable's ends.
+  std::vector<std::string> interfaces;
+
+  std::string InterfaceOf(int port) const;
 };
 
 struct PortRef {

@@ -23,7 +23,8 @@ Status CheckLinkParams(LinkParams link) {
 }
 
 void AddWorkers(Topology& t, int n, int ports) {
-  for (int i = 0; i < n; ++i) t.nodes.push_back(TopologyNode{fmt::format("w{}", i), NodeKind::kWorker, i, ports, 0});
+  for (int i = 0; i < n; ++i)
+    t.nodes.push_back(TopologyNode{fmt::format("w{}", i), NodeKind::kWorker, i, ports, 0, {}});
 }
 
 void AddLink(Topology& t, PortRef a, PortRef b, LinkParams link) {
@@ -113,7 +114,7 @@ Result<Topology> GenerateOcs(const OcsSpec& spec, LinkParams link) {
   t.name = fmt::format("ocs-{}w-{}a", spec.workers, spec.aggregators);
   AddWorkers(t, spec.workers, spec.worker_ports);
   for (int i = 0; i < spec.aggregators; ++i)
-    t.nodes.push_back(TopologyNode{fmt::format("a{}", i), NodeKind::kAggregator, -1, spec.aggregator_ports, 0});
+    t.nodes.push_back(TopologyNode{fmt::format("a{}", i), NodeKind::kAggregator, -1, spec.aggregator_ports, 0, {}});
   for (const auto& [a, b] : spec.pairs) {
     PortRef ends[2];
     const std::string* names[2] = {&a, &b};

@@ -258,6 +258,11 @@ Result<std::shared_ptr<PendingConnect>> PendingConnect::Start(const DeviceAddres
   for (int s = 0; s < streams; ++s) {
     KZ_ASSIGN_OR_RETURN(UniqueFd fd, NewSocket(w.family));
     KZ_RETURN_IF_ERROR(NoDelay(fd.get()));
+    // A cable's port sends from its own address: its interface is the only way to the other end.
+    if (device.properties.point_to_point &&
+        ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&device.address), LengthOf(device.address)) != 0)
+      return FromErrno(errno,
+                       fmt::format("tcp: bind to {} ({})", DescribeAddress(device.address), device.properties.name));
     if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&p->peer_), LengthOf(p->peer_)) != 0 &&
         errno != EINPROGRESS) {
       if (errno == ECONNREFUSED)

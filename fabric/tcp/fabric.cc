@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "fabric/registry.h"
+#include "fabric/tcp/cables.h"
 #include "runtime/core/logging.h"
 
 namespace kizuna::fabric::tcp {
@@ -134,29 +135,11 @@ Result<std::unique_ptr<Fabric>> TcpFabric::CreateWith(const Config& config, cons
                                                       const std::vector<Interface>& all, int streams) {
   if (streams < 1 || streams > kMaxStreams)
     return InvalidArgument(fmt::format("tcp: {} sockets per connection (1 to {})", streams, kMaxStreams));
-  const std::vector<std::string> wanted = InterfacesFromConfig(config.fabric);
-  std::vector<std::string> missing;
-  const std::vector<Interface> chosen = SelectInterfaces(all, wanted, &missing);
   std::string offered;
   for (const Interface& i : all)
     if (offered.find(i.name) == std::string::npos) offered += (offered.empty() ? "" : ", ") + i.name;
-  if (!missing.empty())
-    KZ_WARN(kLogFabric,
-            "tcp: KIZUNA_FABRIC names interface(s) this host does not have with a usable address: {} "
-            "(it has: {})",
-            fmt::join(missing, ", "), offered.empty() ? "none" : offered);
-  // Interfaces named and none of them here: the user's setting is wrong, not the host unfit (a
-  // list may name interfaces of several kinds of host; then the ones a host has are used).
-  if (chosen.empty() && !wanted.empty())
-    return InvalidArgument(fmt::format(
-        "tcp: KIZUNA_FABRIC names interface(s) {}, which this host does not have with a usable address (it has: "
-        "{}); name one it has (tcp:<interface>), or just 'tcp' to let kizuna choose",
-        fmt::join(wanted, ", "), offered.empty() ? "none" : offered));
-  if (chosen.empty())
-    return Unavailable(fmt::format("tcp: no network interface with an address (interfaces up: {})",
-                                   offered.empty() ? "none" : offered));
   std::vector<DeviceAddress> devices;
-  for (const Interface& i : chosen) {
+  auto add = [&](const Interface& i) -> FabricDeviceProperties& {
     DeviceAddress d;
     d.address = i.address;
     if (d.address.ss_family == AF_INET) {
@@ -173,9 +156,78 @@ Result<std::unique_ptr<Fabric>> TcpFabric::CreateWith(const Config& config, cons
     p.max_message_bytes = kMaxMessageBytes;
     p.cheap_registration = true;  // TcpRegistration keeps the pointer (memory.cc)
     Describe(i.name, &p);
-    KZ_INFO(kLogFabric, "tcp: device {}: {} ({}), {} Gb/s, {} socket(s) per connection", p.index, p.name,
-            DescribeAddress(d.address), p.speed_gbps > 0 ? fmt::format("{:.1f}", p.speed_gbps) : "unknown", streams);
     devices.push_back(std::move(d));
+    return devices.back().properties;
+  };
+  auto log = [&](const DeviceAddress& d) {
+    const FabricDeviceProperties& p = d.properties;
+    KZ_INFO(kLogFabric, "tcp: device {}: {} ({}){}, {} Gb/s, {} socket(s) per connection", p.index, p.name,
+            DescribeAddress(d.address),
+            p.link_peer
+                ? fmt::format(", cabled to {}:{} (rank {})", p.link_peer->node, p.link_peer->port, p.link_peer->rank)
+                : "",
+            p.speed_gbps > 0 ? fmt::format("{:.1f}", p.speed_gbps) : "unknown", streams);
+  };
+
+  // Cables to other hosts first: a port's interface reaches only its cable's other end.
+  KZ_ASSIGN_OR_RETURN(const std::vector<CablePort> cables, CablePorts(config, context));
+  std::vector<std::string> cabled;
+  for (const CablePort& c : cables) {
+    const Interface* itf = nullptr;  // its IPv4 address, else a routable IPv6 one
+    for (const Interface& i : all) {
+      if (i.name != c.interface) continue;
+      if (i.address.ss_family == AF_INET) {
+        itf = &i;
+        break;
+      }
+      if (itf == nullptr && !IsLinkLocal(i.address)) itf = &i;
+    }
+    if (itf == nullptr)
+      return InvalidArgument(fmt::format(
+          "tcp: topology {} cables {}'s port {} to {} (rank {}) on another host, but this host has no interface "
+          "'{}' with an address (it has: {}); name the ports' interfaces in the node's \"interfaces\"",
+          c.topology, c.node, c.port, c.peer.node, c.peer.rank, c.interface, offered.empty() ? "none" : offered));
+    FabricDeviceProperties& p = add(*itf);
+    p.name = fmt::format("{}:port{}:{}", c.node, c.port, c.interface);
+    p.point_to_point = true;
+    p.link_peer = c.peer;
+    if (c.bandwidth_gbps > 0) p.speed_gbps = c.bandwidth_gbps;
+    p.latency_us = c.latency_us;
+    cabled.push_back(c.interface);
+    log(devices.back());
+  }
+
+  const std::vector<std::string> wanted = InterfacesFromConfig(config.fabric);
+  // With cables, they are the rank's network; a switched interface only where KIZUNA_FABRIC names it.
+  if (!cables.empty() && wanted.empty()) {
+    KZ_INFO(kLogFabric,
+            "tcp: {} cable(s) of topology {} to other hosts; no switched device (KIZUNA_FABRIC=tcp:<interface> "
+            "adds one)",
+            cables.size(), cables.front().topology);
+    return std::unique_ptr<Fabric>(new TcpFabric(&config, context, std::move(devices), streams));
+  }
+  std::vector<std::string> missing;
+  std::vector<Interface> chosen = SelectInterfaces(all, wanted, &missing);
+  std::erase_if(chosen,
+                [&](const Interface& i) { return std::find(cabled.begin(), cabled.end(), i.name) != cabled.end(); });
+  if (!missing.empty())
+    KZ_WARN(kLogFabric,
+            "tcp: KIZUNA_FABRIC names interface(s) this host does not have with a usable address: {} "
+            "(it has: {})",
+            fmt::join(missing, ", "), offered.empty() ? "none" : offered);
+  // Interfaces named and none of them here: the user's setting is wrong, not the host unfit (a
+  // list may name interfaces of several kinds of host; then the ones a host has are used).
+  if (chosen.empty() && devices.empty() && !wanted.empty())
+    return InvalidArgument(fmt::format(
+        "tcp: KIZUNA_FABRIC names interface(s) {}, which this host does not have with a usable address (it has: "
+        "{}); name one it has (tcp:<interface>), or just 'tcp' to let kizuna choose",
+        fmt::join(wanted, ", "), offered.empty() ? "none" : offered));
+  if (chosen.empty() && devices.empty())
+    return Unavailable(fmt::format("tcp: no network interface with an address (interfaces up: {})",
+                                   offered.empty() ? "none" : offered));
+  for (const Interface& i : chosen) {
+    add(i);
+    log(devices.back());
   }
   return std::unique_ptr<Fabric>(new TcpFabric(&config, context, std::move(devices), streams));
 }

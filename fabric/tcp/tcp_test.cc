@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -103,6 +104,65 @@ TEST(Tcp, NamedInterfacesThatDoNotExistAreAnError) {
   EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << f.status().ToString();
   for (const char* part : {"eth9, ib7", "it has: eth0, lo", "name one it has"})
     EXPECT_NE(f.status().message().find(part), std::string::npos) << part << " missing: " << f.status().ToString();
+}
+
+// Cables to other hosts (KIZUNA_TOPOLOGY; README.md, "Cables"): the rank's cabled ports become
+// point-to-point devices on their interfaces, each naming the other end and the other end's device;
+// nothing else is a device unless KIZUNA_FABRIC names it; a port whose interface is missing is an
+// error naming it; a topology whose cables stay inside one host leaves the fabric as it was.
+TEST(Tcp, CablesToOtherHostsArePointToPointDevices) {
+  const std::string file = ::testing::TempDir() + "/ring4.json";
+  {
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"({"name": "ring-4", "nodes": [
+      {"name": "w0", "rank": 0, "ports": 2}, {"name": "w1", "rank": 1, "ports": 2, "interfaces": ["enp1", "enp2"]},
+      {"name": "w2", "rank": 2, "ports": 2}, {"name": "w3", "rank": 3, "ports": 2}],
+     "links": [{"a": "w0:0", "b": "w1:1", "bandwidth_gbps": 10}, {"a": "w1:0", "b": "w2:1"},
+               {"a": "w2:0", "b": "w3:1"}, {"a": "w3:0", "b": "w0:1"}]})",
+               f);
+    std::fclose(f);
+  }
+  Config config;
+  config.topology = file;
+  FabricContext ctx;
+  ctx.rank = 1;
+  ctx.world_size = 4;
+  ctx.rank_hosts = {"A", "B", "C", "D"};
+  ctx.host_id = "B";
+  const std::vector<Interface> all = {V4("eth0", "10.0.0.2"), V4("enp1", "10.78.0.5"), V4("enp2", "10.78.0.2")};
+  auto f = TcpFabric::CreateWith(config, ctx, all, 1);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_EQ((*f)->device_count(), 2);
+  const FabricDeviceProperties to2 = *(*f)->properties(0);
+  EXPECT_EQ(to2.name, "w1:port0:enp1");
+  EXPECT_TRUE(to2.point_to_point);
+  ASSERT_TRUE(to2.link_peer.has_value());
+  EXPECT_EQ(to2.link_peer->rank, 2);
+  EXPECT_EQ(to2.link_peer->port, 1);  // w2's port 1 is its second cabled port
+  const FabricDeviceProperties to0 = *(*f)->properties(1);
+  EXPECT_EQ(to0.name, "w1:port1:enp2");
+  EXPECT_EQ(to0.link_peer->rank, 0);
+  EXPECT_EQ(to0.link_peer->port, 0);
+  EXPECT_EQ(to0.speed_gbps, 10);  // the file's bandwidth
+  // A switched interface too, where KIZUNA_FABRIC names it.
+  config.fabric = {"tcp:eth0"};
+  auto with = TcpFabric::CreateWith(config, ctx, all, 1);
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  ASSERT_EQ((*with)->device_count(), 3);
+  EXPECT_FALSE((*with)->properties(2)->point_to_point);
+  config.fabric = {};
+  // A port's interface that this host lacks.
+  auto missing = TcpFabric::CreateWith(config, ctx, {V4("eth0", "10.0.0.2"), V4("enp1", "10.78.0.5")}, 1);
+  ASSERT_FALSE(missing.ok());
+  for (const char* part : {"w1's port 1", "'enp2'", "it has: eth0, enp1"})
+    EXPECT_NE(missing.status().message().find(part), std::string::npos) << part << ": " << missing.status().ToString();
+  // Every rank on one host: the cables are shared memory's (directconnect), not this fabric's.
+  ctx.rank_hosts = {"B", "B", "B", "B"};
+  auto local = TcpFabric::CreateWith(config, ctx, all, 1);
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  EXPECT_EQ((*local)->device_count(), 3);
+  EXPECT_FALSE((*local)->properties(0)->point_to_point);
 }
 
 TEST(Tcp, HandlesRoundTripAndBadOnesAreRefused) {

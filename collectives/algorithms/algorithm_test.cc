@@ -65,8 +65,7 @@ TEST(SupportsTest, InPlaceAllToAllAndBarrierOnTree) {
                "tree does not implement barrier");
   // The ring's barrier needs the ring's links only (a ring of cables has no others).
   CommTopology ring = Full(4);
-  ring.link(0, 2).reachable = ring.link(2, 0).reachable = ring.link(1, 3).reachable = ring.link(3, 1).reachable =
-      false;
+  ring.link(0, 2).reachable = ring.link(2, 0).reachable = ring.link(1, 3).reachable = ring.link(3, 1).reachable = false;
   EXPECT_TRUE(BuildStatus(Algorithm::kRing, barrier, ring).ok());
   ExpectStatus(BuildStatus(Algorithm::kRd, barrier, ring), StatusCode::kNotSupported, "cannot reach");
 }

@@ -25,13 +25,19 @@ void ExpectStatus(const Status& s, StatusCode code, const std::string& part) {
   EXPECT_NE(s.message().find(part), std::string::npos) << "'" << part << "' not in: " << s.ToString();
 }
 
-TEST(SupportsTest, RingNeedsEveryNextLink) {
+TEST(SupportsTest, RingNeedsACycleThroughEveryRank) {
+  // Without 3 -> 4 the ring goes round another way (RingOrder).
   CommTopology shape = Full(6);
   shape.link(3, 4).reachable = false;
   const CollectiveRequest req{Collective::kAllReduce, 6, 100, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  EXPECT_TRUE(GetAlgorithm(Algorithm::kRing).Supports(req, shape).ok());
+  // Rank 4 linked to rank 3 alone, both ways: no cycle; the error names rank order's missing link.
+  for (int r = 0; r < 6; ++r)
+    if (r != 3 && r != 4) shape.link(r, 4).reachable = shape.link(4, r).reachable = false;
+  shape.link(3, 4).reachable = true;
   ExpectStatus(GetAlgorithm(Algorithm::kRing).Supports(req, shape), StatusCode::kNotSupported,
-               "rank 3 cannot reach rank 4");
-  ExpectStatus(BuildStatus(Algorithm::kRing, req, shape), StatusCode::kNotSupported, "rank 3 cannot reach rank 4");
+               "rank 4 cannot reach rank 5");
+  ExpectStatus(BuildStatus(Algorithm::kRing, req, shape), StatusCode::kNotSupported, "rank 4 cannot reach rank 5");
   // The reverse direction is not needed by the ring.
   shape = Full(6);
   shape.link(4, 3).reachable = false;

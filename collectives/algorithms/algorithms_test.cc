@@ -226,6 +226,45 @@ TEST(AlgorithmsTest, AvgAddsAScaleEpilogueOnTheRanksThatComputeResults) {
   EXPECT_TRUE(plain->ranks[0].epilogue.empty());
 }
 
+// The ring on shapes without the link r -> r+1 goes round a cycle over the links they have: on a
+// 2 x 2 and a 3 x 2 torus of cables (rank = x + X y, neighbours along each dimension only) every
+// collective the ring serves matches the reference, each rank sending to one neighbour only.
+TEST(AlgorithmsTest, RingGoesRoundATorusOfCables) {
+  for (const auto& [X, Y] : {std::pair{2, 2}, std::pair{3, 2}}) {
+    const int p = X * Y;
+    CommTopology torus = Full(p);
+    for (int a = 0; a < p; ++a)
+      for (int b = 0; b < p; ++b) {
+        const int ax = a % X, ay = a / X, bx = b % X, by = b / X;
+        const bool along_x = ay == by && (bx == (ax + 1) % X || ax == (bx + 1) % X);
+        const bool along_y = ax == bx && (by == (ay + 1) % Y || ay == (by + 1) % Y);
+        if (a != b) torus.link(a, b).reachable = along_x || along_y;
+      }
+    for (Collective coll : {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
+                            Collective::kBroadcast, Collective::kReduce}) {
+      Case c;
+      c.coll = coll;
+      c.algo = Algorithm::kRing;
+      c.p = p;
+      c.count = 1000;
+      c.chunk = 64;
+      c.channels = 2;
+      c.root = p - 1;
+      c.shape = torus;
+      EXPECT_TRUE(RunExact(c));
+      Result<Plan> plan = BuildPlan(Algorithm::kRing, c.Request(), torus, {}, -1);
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      for (int r = 0; r < p; ++r)
+        for (const auto& steps : plan->ranks[static_cast<size_t>(r)].channels)
+          for (const Step& st : steps) {
+            if (st.kind == StepKind::kSend) {
+              EXPECT_TRUE(torus.Reachable(r, st.peer)) << r << " -> " << st.peer;
+            }
+          }
+    }
+  }
+}
+
 // Pairwise's channels start their rounds at different distances: on a mesh with a link per pair,
 // a rank's channels then send over different links at a time rather than queueing on one.
 TEST(AlgorithmsTest, PairwiseChannelsTalkToDifferentPeersAtATime) {

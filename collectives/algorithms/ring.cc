@@ -1,4 +1,7 @@
-// Ring: every rank sends only to rank+1 and receives only from rank-1.
+// Ring: every rank sends only to rank+1 and receives only from rank-1. Where the shape lacks a
+// link r -> r+1, the ring goes round in the order of a cycle over the links it has (RingOrder,
+// plan/rings.h: a torus of cables, hosts cabled out of rank order), and "rank r+1" below is the
+// next rank in that order; parts are then even (RingWeights assumes rank order).
 //
 //   AllReduce      reduce-scatter then allgather around the ring: the channel's slice is cut into
 //                  nranks parts; per round of chunks, nranks-1 steps "send part r-s, receive and
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "collectives/algorithms/impl.h"
+#include "collectives/plan/rings.h"
 
 namespace kizuna::collectives::algo {
 namespace {
@@ -50,8 +54,10 @@ class Ring final : public AlgorithmImpl {
       default:
         return NotImplemented(id(), request);
     }
-    for (int r = 0; r < shape.nranks; ++r)
-      KZ_RETURN_IF_ERROR(RequireLink(shape, r, (r + 1) % shape.nranks, kName, "each rank sends to the next one"));
+    if (!RingOrder(shape).empty()) return Status::Ok();
+    for (int r = 0; r < shape.nranks; ++r)  // names the first missing link of rank order
+      KZ_RETURN_IF_ERROR(RequireLink(shape, r, (r + 1) % shape.nranks, kName,
+                                     "each rank sends to the next one, and no other cycle through every rank exists"));
     return Status::Ok();
   }
 
@@ -61,10 +67,11 @@ class Ring final : public AlgorithmImpl {
     if (ordered)
       KZ_RETURN_IF_ERROR(RequireFullyConnected(
           shape, kName, "deterministic mode sends every contribution straight to the rank that reduces it"));
+    const RingView ring(shape, rank);
+    if (ring.order.empty()) return NotSupported(fmt::format("{}: no cycle through every rank", kName));
     if (request.collective == Collective::kBarrier) {
       Builder b(request, options, rank, 1);
-      b.ChainedTokens(0, std::vector<std::pair<int, int>>(static_cast<size_t>(b.p - 1),
-                                                          {Mod(rank + 1, b.p), Mod(rank - 1, b.p)}));
+      b.ChainedTokens(0, std::vector<std::pair<int, int>>(static_cast<size_t>(b.p - 1), {ring.Next(), ring.Prev()}));
       return std::move(b.plan);
     }
     Builder b(request, options, rank, ChannelsFor(options, request.count));
@@ -76,19 +83,13 @@ class Ring final : public AlgorithmImpl {
         continue;
       }
       switch (request.collective) {
-        case Collective::kAllReduce: ordered ? OrderedAllReduce(b, c, R) : AllReduce(b, c, R, weights); break;
-        case Collective::kReduceScatter:
-          ordered ? OrderedReduceScatter(b, c, R) : ReduceScatter(b, c, R);
+        case Collective::kAllReduce:
+          ordered ? OrderedAllReduce(b, ring, c, R) : AllReduce(b, ring, c, R, weights);
           break;
-        case Collective::kAllGather:
-          AllGather(b, c, R);
-          break;
-        case Collective::kBroadcast:
-          Broadcast(b, c, R);
-          break;
-        case Collective::kReduce:
-          ordered ? OrderedReduce(b, c, R) : Reduce(b, c, R);
-          break;
+        case Collective::kReduceScatter: ordered ? OrderedReduceScatter(b, c, R) : ReduceScatter(b, ring, c, R); break;
+        case Collective::kAllGather: AllGather(b, ring, c, R); break;
+        case Collective::kBroadcast: Broadcast(b, ring, c, R); break;
+        case Collective::kReduce: ordered ? OrderedReduce(b, c, R) : Reduce(b, ring, c, R); break;
         default:
           break;  // Supports admitted nothing else
       }
@@ -97,8 +98,21 @@ class Ring final : public AlgorithmImpl {
   }
 
  private:
-  static int Next(const Builder& b) { return Mod(b.rank + 1, b.p); }
-  static int Prev(const Builder& b) { return Mod(b.rank - 1, b.p); }
+  // The ring's order (RingOrder) seen from one rank: its place, and the ranks at other places.
+  struct RingView {
+    std::vector<int> order;
+    int p = 0, me = 0;  // ranks, this rank's place
+    RingView(const CommTopology& shape, int rank) : order(RingOrder(shape)), p(shape.nranks) {
+      for (int i = 0; i < static_cast<int>(order.size()); ++i)
+        if (order[static_cast<size_t>(i)] == rank) me = i;
+    }
+    int At(int place) const { return order[static_cast<size_t>(Mod(place, p))]; }  // the rank there
+    int PlaceOf(int rank) const {
+      return static_cast<int>(std::find(order.begin(), order.end(), rank) - order.begin());
+    }
+    int Next() const { return At(me + 1); }
+    int Prev() const { return At(me - 1); }
+  };
 
   // The channel's slice R of an AllReduce vector cut into p parts, and each part into rounds of
   // chunks: evenly, or (`weights`, RingWeights) sized so that the slow ranks do less. Uneven parts
@@ -128,44 +142,45 @@ class Ring final : public AlgorithmImpl {
 
   // Allgather half of AllReduce, round k of every part: rank r starts with part r+shift reduced
   // in its output.
-  static void AllGatherParts(Builder& b, int c, const Parts& parts, uint64_t k, int shift) {
-    const int r = b.rank;
+  static void AllGatherParts(Builder& b, const RingView& ring, int c, const Parts& parts, uint64_t k, int shift) {
+    const int r = ring.me;
     for (int s = 0; s + 1 < b.p; ++s) {
       const Range sp = parts.Piece(Mod(r + shift - s, b.p), k);
       const Range rp = parts.Piece(Mod(r + shift - s - 1, b.p), k);
-      b.Send(c, Next(b), Builder::Out(sp));
-      b.Recv(c, Prev(b), Builder::Out(rp));
+      b.Send(c, ring.Next(), Builder::Out(sp));
+      b.Recv(c, ring.Prev(), Builder::Out(rp));
     }
   }
 
-  static void AllReduce(Builder& b, int c, Range R, const std::vector<double>& weights) {
-    const Parts parts(b, R, &weights);
+  static void AllReduce(Builder& b, const RingView& ring, int c, Range R, const std::vector<double>& weights) {
+    const Parts parts(b, R, IsRankOrder(ring.order) ? &weights : nullptr);
     // Even parts: each round of chunks reduce-scatters and then allgathers, every rank busy at
     // every step. Uneven parts: a round's allgather waits for its reduce-scatter to reach the
     // ring's far end, which the largest parts make long; all reduce-scatter rounds first lets
     // them stream down the ring instead.
     for (uint64_t k = 0; k < parts.rounds; ++k) {
-      ReduceScatterParts(b, c, parts, k);
-      if (parts.even) AllGatherParts(b, c, parts, k, 1);
+      ReduceScatterParts(b, ring, c, parts, k);
+      if (parts.even) AllGatherParts(b, ring, c, parts, k, 1);
     }
     if (!parts.even)
-      for (uint64_t k = 0; k < parts.rounds; ++k) AllGatherParts(b, c, parts, k, 1);
+      for (uint64_t k = 0; k < parts.rounds; ++k) AllGatherParts(b, ring, c, parts, k, 1);
   }
 
   // Reduce-scatter half of AllReduce, round k of every part: at step s, part r-s leaves (the
   // rank's own input at s = 0, its running sum after) and part r-s-1 arrives to be added to the
   // rank's input in the output. Rank r ends with part r+1 reduced.
-  static void ReduceScatterParts(Builder& b, int c, const Parts& parts, uint64_t k) {
-    const int r = b.rank;
+  static void ReduceScatterParts(Builder& b, const RingView& ring, int c, const Parts& parts, uint64_t k) {
+    const int r = ring.me;
     for (int s = 0; s + 1 < b.p; ++s) {
       const Range sp = parts.Piece(Mod(r - s, b.p), k);
       const Range rp = parts.Piece(Mod(r - s - 1, b.p), k);
-      b.Send(c, Next(b), s == 0 ? b.In(sp) : Builder::Out(sp));
-      b.RecvReduce(c, Prev(b), b.In(rp), Builder::Out(rp));
+      b.Send(c, ring.Next(), s == 0 ? b.In(sp) : Builder::Out(sp));
+      b.RecvReduce(c, ring.Prev(), b.In(rp), Builder::Out(rp));
     }
   }
 
-  static void OrderedAllReduce(Builder& b, int c, Range R) {
+  // Deterministic mode needs every link, so the ring is in rank order: part j is rank j's.
+  static void OrderedAllReduce(Builder& b, const RingView& ring, int c, Range R) {
     // Part j's owner reduces all of it here: even parts.
     const Parts even(b, R, nullptr);
     std::vector<OwnedPart> parts;
@@ -173,12 +188,13 @@ class Ring final : public AlgorithmImpl {
     DirectExchange x(b, c, std::move(parts));
     for (uint64_t k = 0; k < x.rounds(); ++k) {
       x.Reduce(k);
-      AllGatherParts(b, c, even, k, 0);
+      AllGatherParts(b, ring, c, even, k, 0);
     }
   }
 
-  static void ReduceScatter(Builder& b, int c, Range R) {
-    const int r = b.rank, p = b.p;
+  // Rank r's output is block r (the API's layout): the block of the rank s places back in the ring.
+  static void ReduceScatter(Builder& b, const RingView& ring, int c, Range R) {
+    const int r = ring.me, p = b.p;
     const uint64_t n = b.req.count;
     auto seg = [&](int j) { return Range{static_cast<uint64_t>(j) * n + R.offset, R.count}; };
     const uint64_t rounds = PieceCount(R.count, b.chunk);
@@ -193,10 +209,10 @@ class Ring final : public AlgorithmImpl {
       const Range rel = Piece({0, R.count}, b.chunk, k);
       for (int s = 0; s + 1 < p; ++s) {
         const uint64_t g = k * per_round + static_cast<uint64_t>(s);
-        const Slice src = s == 0 ? Builder::Sub(b.In(seg(Mod(r - 1, p))), rel) : acc(g - 1, rel.count);
+        const Slice src = s == 0 ? Builder::Sub(b.In(seg(ring.At(r - 1))), rel) : acc(g - 1, rel.count);
         const Slice dst = s + 2 == p ? Builder::Sub(Builder::Out(R), rel) : acc(g, rel.count);
-        b.Send(c, Next(b), src);
-        b.RecvReduce(c, Prev(b), Builder::Sub(b.In(seg(Mod(r - s - 2, p))), rel), dst);
+        b.Send(c, ring.Next(), src);
+        b.RecvReduce(c, ring.Prev(), Builder::Sub(b.In(seg(ring.At(r - s - 2))), rel), dst);
       }
     }
   }
@@ -210,34 +226,35 @@ class Ring final : public AlgorithmImpl {
     for (uint64_t k = 0; k < x.rounds(); ++k) x.Reduce(k);
   }
 
-  static void AllGather(Builder& b, int c, Range R) {
-    const int r = b.rank, p = b.p;
+  static void AllGather(Builder& b, const RingView& ring, int c, Range R) {
+    const int r = ring.me, p = b.p;
     const uint64_t n = b.req.count;
     auto seg = [&](int j) { return Range{static_cast<uint64_t>(j) * n + R.offset, R.count}; };
     for (uint64_t k = 0; k < PieceCount(R.count, b.chunk); ++k) {
       const Range rel = Piece({0, R.count}, b.chunk, k);
-      b.Copy(c, Builder::Sub(b.In(R), rel), Builder::Sub(Builder::Out(seg(r)), rel));
+      b.Copy(c, Builder::Sub(b.In(R), rel), Builder::Sub(Builder::Out(seg(b.rank)), rel));
       for (int s = 0; s + 1 < p; ++s) {
-        b.Send(c, Next(b), s == 0 ? Builder::Sub(b.In(R), rel) : Builder::Sub(Builder::Out(seg(Mod(r - s, p))), rel));
-        b.Recv(c, Prev(b), Builder::Sub(Builder::Out(seg(Mod(r - s - 1, p))), rel));
+        b.Send(c, ring.Next(),
+               s == 0 ? Builder::Sub(b.In(R), rel) : Builder::Sub(Builder::Out(seg(ring.At(r - s))), rel));
+        b.Recv(c, ring.Prev(), Builder::Sub(Builder::Out(seg(ring.At(r - s - 1))), rel));
       }
     }
   }
 
   // Chain position i: the root is 0; chunk k crosses the link into position i in phase k+i-1.
-  static void Broadcast(Builder& b, int c, Range R) {
-    const int i = Mod(b.rank - b.req.root, b.p);
+  static void Broadcast(Builder& b, const RingView& ring, int c, Range R) {
+    const int i = Mod(ring.me - ring.PlaceOf(b.req.root), b.p);
     for (uint64_t k = 0; k < PieceCount(R.count, b.chunk); ++k) {
       const Range pc = Piece(R, b.chunk, k);
       if (i == 0) b.Copy(c, b.In(pc), Builder::Out(pc));
-      if (i > 0) b.Recv(c, Prev(b), Builder::Out(pc));
-      if (i + 1 < b.p) b.Send(c, Next(b), i == 0 ? b.In(pc) : Builder::Out(pc));
+      if (i > 0) b.Recv(c, ring.Prev(), Builder::Out(pc));
+      if (i + 1 < b.p) b.Send(c, ring.Next(), i == 0 ? b.In(pc) : Builder::Out(pc));
     }
   }
 
   // Chain position i: root+1 is 0, the root is p-1.
-  static void Reduce(Builder& b, int c, Range R) {
-    const int i = Mod(b.rank - b.req.root - 1, b.p);
+  static void Reduce(Builder& b, const RingView& ring, int c, Range R) {
+    const int i = Mod(ring.me - ring.PlaceOf(b.req.root) - 1, b.p);
     const uint64_t pieces = PieceCount(R.count, b.chunk);
     const bool middle = i > 0 && i + 1 < b.p;
     const uint64_t slots = middle ? std::min(kScratchSlots, pieces) : 0;
@@ -246,13 +263,13 @@ class Ring final : public AlgorithmImpl {
     for (uint64_t k = 0; k < pieces; ++k) {
       const Range pc = Piece(R, b.chunk, k);
       if (i == 0) {
-        b.Send(c, Next(b), b.In(pc));
+        b.Send(c, ring.Next(), b.In(pc));
       } else if (middle) {
         const Slice acc = Builder::Scratch(base + (k % slots) * slot_size, pc.count);
-        b.RecvReduce(c, Prev(b), b.In(pc), acc);
-        b.Send(c, Next(b), acc);
+        b.RecvReduce(c, ring.Prev(), b.In(pc), acc);
+        b.Send(c, ring.Next(), acc);
       } else {
-        b.RecvReduce(c, Prev(b), b.In(pc), Builder::Out(pc));
+        b.RecvReduce(c, ring.Prev(), b.In(pc), Builder::Out(pc));
       }
     }
   }

@@ -225,19 +225,40 @@ void Model::Local(std::string_view label, LocalKind kind, int inputs, uint64_t e
   Add(label, worst, s.chunks);
 }
 
+const std::vector<int>& Model::Ring() const {
+  if (ring_.empty()) ring_ = RingOrder(shape_);
+  return ring_;
+}
+
+// The ring's hops in its order (RingOrder: rank order where the shape allows).
 std::vector<Hop> Model::RingHops(bool reduce, const std::vector<double>* scale) const {
+  const std::vector<int>& order = Ring();
+  if (order.empty()) return RankOrderHops(reduce, scale);  // no cycle: the missing link fails the stage
   std::vector<Hop> hops;
   hops.reserve(static_cast<size_t>(p_));
+  for (int i = 0; i < p_; ++i) {
+    const int r = order[static_cast<size_t>(i)];
+    hops.push_back({r, order[static_cast<size_t>((i + 1) % p_)], reduce,
+                    scale != nullptr ? (*scale)[static_cast<size_t>(r)] : 1.0});
+  }
+  return hops;
+}
+
+std::vector<Hop> Model::RankOrderHops(bool reduce, const std::vector<double>* scale) const {
+  std::vector<Hop> hops;
   for (int r = 0; r < p_; ++r)
     hops.push_back({r, (r + 1) % p_, reduce, scale != nullptr ? (*scale)[static_cast<size_t>(r)] : 1.0});
   return hops;
 }
 
-// The p-1 hops of a chain along the ring: from the root onwards (broadcast), or from root+1
-// onwards ending at the root (reduce).
-std::vector<Hop> Model::ChainHops(int first, bool reduce) const {
+std::vector<Hop> Model::ChainHops(int root, bool reduce) const {
+  std::vector<int> order = Ring();
+  if (order.empty())
+    for (int r = 0; r < p_; ++r) order.push_back(r);
+  const int at = static_cast<int>(std::find(order.begin(), order.end(), root) - order.begin()) + (reduce ? 1 : 0);
   std::vector<Hop> hops;
-  for (int i = 0; i + 1 < p_; ++i) hops.push_back({(first + i) % p_, (first + i + 1) % p_, reduce});
+  for (int i = 0; i + 1 < p_; ++i)
+    hops.push_back({order[static_cast<size_t>((at + i) % p_)], order[static_cast<size_t>((at + i + 1) % p_)], reduce});
   return hops;
 }
 

@@ -65,7 +65,9 @@ void Model::RingAllGather(uint64_t part_elems, const std::vector<double>* scale)
 // runs to its end before the allgather (ring.cc), as the two stages here.
 void Model::RingAllReduce() {
   const uint64_t part = CeilDiv(req_.count, static_cast<uint64_t>(p_));
-  const std::vector<double> shares = Shares(RingWeights(shape_, opt_.balance));
+  // A ring out of rank order has even parts (ring.cc).
+  const std::vector<double> shares =
+      Shares(IsRankOrder(Ring()) ? RingWeights(shape_, opt_.balance) : std::vector<double>(p_, 1.0));
   if (std::all_of(shares.begin(), shares.end(), [&](double x) { return x == shares[0]; })) {
     RingReduceScatter(part);
     return RingAllGather(part);
@@ -219,7 +221,7 @@ void Model::Body(Algorithm a) {
         }
         case Collective::kReduce: {
           const Split s = SplitElems(count);
-          return Pipeline("chain reduce", ChainHops(req_.root + 1, true), s, p_ - 1);
+          return Pipeline("chain reduce", ChainHops(req_.root, true), s, p_ - 1);
         }
         case Collective::kBarrier: {  // p - 1 rounds of a token to the next rank
           std::vector<Hop> hops;

@@ -17,6 +17,7 @@
 #include "collectives/cost/model.h"
 #include "collectives/cost/model_host.h"
 #include "collectives/plan/plan.h"
+#include "collectives/plan/rings.h"
 #include "collectives/plan/topology.h"
 
 namespace kizuna::collectives::cost_internal {
@@ -151,9 +152,14 @@ class Model {
   }
 
   // ---- Structures ----
-  // `scale`: per rank r, a factor on the hop r -> r+1's bytes; null: 1 for every hop.
+  // The ring's order (RingOrder), found once; empty where the shape has no cycle.
+  const std::vector<int>& Ring() const;
+  // `scale`: per rank r, a factor on the hop from r to the next rank's bytes; null: 1 for every hop.
   std::vector<Hop> RingHops(bool reduce, const std::vector<double>* scale = nullptr) const;
-  std::vector<Hop> ChainHops(int first, bool reduce) const;
+  std::vector<Hop> RankOrderHops(bool reduce, const std::vector<double>* scale) const;
+  // The p-1 hops of a chain along the ring: from the root on (broadcast), or from the rank after
+  // it on, ending at the root (reduce).
+  std::vector<Hop> ChainHops(int root, bool reduce) const;
   // `part_scale`: per rank, a factor on the elements of its part (parts sized by speed); a hop
   // carries the receiver's part (`by_sender` false: the exchange that gathers each part at its
   // owner) or the sender's (true: the allgather that spreads each owner's part).
@@ -183,6 +189,7 @@ class Model {
 
   const CollectiveRequest& req_;
   const CommTopology& shape_;
+  mutable std::vector<int> ring_;  // Ring()'s
   const PlanOptions& opt_;
   const CostConstants& k_;
   const int p_;

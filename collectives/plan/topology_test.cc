@@ -1,6 +1,11 @@
 #include "collectives/plan/topology.h"
 
+#include <utility>
+#include <vector>
+
 #include <gtest/gtest.h>
+
+#include "collectives/plan/rings.h"
 
 namespace kizuna::collectives {
 namespace {
@@ -129,6 +134,34 @@ TEST(Shape, MalformedRankRowNamesTheRank) {
   bytes = EncodeRankRow(Rank("a", 2), row);
   bytes.push_back(0);
   EXPECT_FALSE(DecodeRankRow(bytes, 0, shape).ok());
+}
+
+}  // namespace
+}  // namespace kizuna::collectives
+
+namespace kizuna::collectives {
+namespace {
+
+// A shape whose only links are the given pairs, both ways.
+CommTopology Linked(int n, const std::vector<std::pair<int, int>>& pairs) {
+  CommTopology t = CommTopology::Uniform(n, RankDesc{"host", "emu:"}, LinkDesc{});
+  for (auto [a, b] : pairs) t.link(a, b).reachable = t.link(b, a).reachable = true;
+  return t;
+}
+
+TEST(RingOrderTest, RankOrderWhereItGoesRoundElseACycleOverTheLinks) {
+  EXPECT_EQ(RingOrder(CommTopology::Uniform(4, RankDesc{"host", "emu:"}, LinkDesc{true})),
+            (std::vector<int>{0, 1, 2, 3}));
+  // A 2 x 2 torus: 1 and 2 are diagonal.
+  EXPECT_EQ(RingOrder(Linked(4, {{0, 1}, {2, 3}, {0, 2}, {1, 3}})), (std::vector<int>{0, 1, 3, 2}));
+  // Hosts cabled in a ring out of rank order.
+  const CommTopology shuffled = Linked(5, {{0, 3}, {3, 1}, {1, 4}, {4, 2}, {2, 0}});
+  const std::vector<int> order = RingOrder(shuffled);
+  ASSERT_EQ(order.size(), 5u);
+  for (size_t i = 0; i < order.size(); ++i) EXPECT_TRUE(shuffled.Reachable(order[i], order[(i + 1) % 5]));
+  EXPECT_FALSE(IsRankOrder(order));
+  // A line has no cycle.
+  EXPECT_TRUE(RingOrder(Linked(3, {{0, 1}, {1, 2}})).empty());
 }
 
 }  // namespace

@@ -2,9 +2,10 @@
 # Cables between hosts: namespace hosts wired port to port (tools/netns, --cables: a veth pair per
 # cable, no switch), with a management network for the bootstrap only, one rank per host. The tcp
 # fabric's devices are then the ranks' cabled ports (fabric/tcp/README.md, "Cables"), and nothing
-# else carries data (KIZUNA_FABRIC=tcp). On a ring of 4 hosts every collective the ring serves must
-# give checked results; every rank's log must name its two cables; the cables must have carried
-# the data, and the management network next to nothing.
+# else carries data (KIZUNA_FABRIC=tcp). On a ring of 4 hosts and on a 2 x 2 torus (where ranks 1
+# and 2 share no cable, and the ring goes 0, 1, 3, 2) every collective the ring serves must give
+# checked results; every rank's log must name its cables; the cables must have carried the data,
+# and the management network next to nothing.
 #
 #   cables_test.sh KIZUNA_BENCH KIZUNA_NETNS KIZUNA_TOPO
 #
@@ -25,57 +26,65 @@ case $? in
 esac
 
 n=4
-pfx="kzcab$$"
-trap '"$netns" down --name "$pfx" >/dev/null 2>&1' EXIT
-"$topo" --generate ring "$n" >"$tmp/ring.json" || fail "kizuna-topo --generate ring $n"
-out=$("$netns" up --name "$pfx" --cables "$tmp/ring.json" --mgmt 2>&1) || fail "kizuna-netns up: $out"
+pfx=""
+trap '[[ -z $pfx ]] || "$netns" down --name "$pfx" >/dev/null 2>&1' EXIT
 
 # Bytes an interface of host h has sent (tx) or received (rx).
 bytes() { "$netns" exec "$pfx" "$1" -- cat "/sys/class/net/$2/statistics/$3_bytes"; }
-declare -A before
-for ((h = 0; h < n; h++)); do
-  for itf in p0 p1 eth0; do before[$h.$itf]=$(bytes "$h" "$itf" tx) || fail "host $h has no $itf"; done
-  before[$h.p1.rx]=$(bytes "$h" p1 rx)
-done
 
-port=$((20000 + $$ % 20000))
-for coll in allreduce reducescatter allgather broadcast reduce; do
-  rm -f "$tmp/unique_id"
-  pids=()
-  for ((r = 0; r < n; r++)); do
-    env KIZUNA_TIMEOUT=60 KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT,FABRIC KIZUNA_FABRIC=tcp \
-      "KIZUNA_TOPOLOGY=$tmp/ring.json" "KIZUNA_UNIQUE_ID_FILE=$tmp/unique_id" "KIZUNA_ROOT=10.77.0.1:$port" \
-      WORLD_SIZE=$n RANK=$r LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-      "$netns" exec "$pfx" "$r" -- timeout -k 5 120 "$bench" --coll "$coll" -b 8 -e 4M -f 64 -n 2 -w 1 -c 1 \
-      >"$tmp/$coll.$r.log" 2>&1 &
-    pids+=($!)
+# One layout: KIND SHAPE PORTS, e.g. "ring 4 2".
+run_layout() {
+  local kind=$1 shape=$2 ports=$3 name="$1-$2"
+  pfx="kzcab$$-$kind"
+  "$topo" --generate "$kind" "$shape" >"$tmp/$name.json" || fail "kizuna-topo --generate $kind $shape"
+  local out
+  out=$("$netns" up --name "$pfx" --cables "$tmp/$name.json" --mgmt 2>&1) || fail "kizuna-netns up: $out"
+  declare -A before
+  local h k r
+  for ((h = 0; h < n; h++)); do
+    for ((k = 0; k < ports; k++)); do before[$h.p$k]=$(bytes "$h" "p$k" tx) || fail "$name: host $h has no p$k"; done
+    before[$h.eth0]=$(bytes "$h" eth0 tx)
   done
-  for ((r = 0; r < n; r++)); do
-    wait "${pids[r]}" || fail "$coll: rank $r exited with $?: $(grep . "$tmp/$coll.$r.log" | tail -n 3)"
+  local port=$((20000 + $$ % 20000)) coll pids
+  for coll in allreduce reducescatter allgather broadcast reduce; do
+    rm -f "$tmp/unique_id"
+    pids=()
+    for ((r = 0; r < n; r++)); do
+      env KIZUNA_TIMEOUT=60 KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT,FABRIC KIZUNA_FABRIC=tcp \
+        "KIZUNA_TOPOLOGY=$tmp/$name.json" "KIZUNA_UNIQUE_ID_FILE=$tmp/unique_id" "KIZUNA_ROOT=10.77.0.1:$port" \
+        WORLD_SIZE=$n RANK=$r LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+        "$netns" exec "$pfx" "$r" -- timeout -k 5 120 "$bench" --coll "$coll" -b 8 -e 4M -f 64 -n 2 -w 1 -c 1 \
+        >"$tmp/$name.$coll.$r.log" 2>&1 &
+      pids+=($!)
+    done
+    for ((r = 0; r < n; r++)); do
+      wait "${pids[r]}" || fail "$name $coll: rank $r exited with $?: $(grep . "$tmp/$name.$coll.$r.log" | tail -n 3)"
+    done
+    grep -q '^# Out of bounds values : 0 OK' "$tmp/$name.$coll.0.log" ||
+      fail "$name $coll: rank 0's results: $(grep '^# Out of bounds' "$tmp/$name.$coll.0.log")"
+    echo "$name $coll: results checked"
   done
-  grep -q '^# Out of bounds values : 0 OK' "$tmp/$coll.0.log" ||
-    fail "$coll: rank 0's results: $(grep '^# Out of bounds' "$tmp/$coll.0.log")"
-  echo "$coll: 4 hosts on a ring of cables, results checked"
-done
+  # Every port is a device cabled to a neighbour, named in the log.
+  for ((r = 0; r < n; r++)); do
+    local devices
+    devices=$(grep -c "tcp: device [0-9]*: w$r:port[0-9]*:p[0-9]* .*cabled to w[0-9]*:[0-9]* (rank [0-9]*)" \
+      "$tmp/$name.allreduce.$r.log")
+    [[ $devices -eq $ports ]] || fail "$name: rank $r names $devices cabled devices, not $ports"
+  done
+  # The cables carried the data (4 MiB AllReduce alone sends 6 MiB a rank), the management network
+  # only the bootstrap's messages.
+  for ((h = 0; h < n; h++)); do
+    local cabled=0 mgmt
+    for ((k = 0; k < ports; k++)); do cabled=$((cabled + $(bytes "$h" "p$k" tx) - before[$h.p$k])); done
+    mgmt=$(($(bytes "$h" eth0 tx) - before[$h.eth0]))
+    echo "$name host $h: its cables sent $cabled B, its management interface $mgmt B"
+    [[ $cabled -gt 4000000 ]] || fail "$name: host $h's cables carried $cabled bytes"
+    [[ $mgmt -lt 2000000 ]] || fail "$name: host $h's management interface sent $mgmt bytes"
+  done
+  "$netns" down --name "$pfx" >/dev/null 2>&1
+  pfx=""
+}
 
-# Rank r's ports: port 0 to the next host's port 1, port 1 to the previous host's port 0.
-for ((r = 0; r < n; r++)); do
-  log="$tmp/allreduce.$r.log"
-  next=$(((r + 1) % n)) prev=$(((r + n - 1) % n))
-  grep -q "tcp: device 0: w$r:port0:p0 .*cabled to w$next:1 (rank $next)" "$log" ||
-    fail "rank $r: no INFO line for its cable to rank $next: $(grep 'tcp: device' "$log")"
-  grep -q "tcp: device 1: w$r:port1:p1 .*cabled to w$prev:0 (rank $prev)" "$log" ||
-    fail "rank $r: no INFO line for its cable to rank $prev: $(grep 'tcp: device' "$log")"
-done
-
-# Every cable carried the data: the ring sends to the next host, over port 0, and receives from
-# the previous one, over port 1 (4 MiB AllReduce alone is 6 MiB a rank); the management network
-# only the bootstrap's messages.
-for ((h = 0; h < n; h++)); do
-  out0=$(($(bytes "$h" p0 tx) - before[$h.p0])) in1=$(($(bytes "$h" p1 rx) - before[$h.p1.rx]))
-  mgmt=$(($(bytes "$h" eth0 tx) - before[$h.eth0]))
-  echo "host $h: p0 sent $out0 B, p1 received $in1 B, eth0 sent $mgmt B"
-  [[ $out0 -gt 4000000 && $in1 -gt 4000000 ]] || fail "host $h: its cables carried too little"
-  [[ $mgmt -lt 2000000 ]] || fail "host $h's management interface sent $mgmt bytes"
-done
+run_layout ring 4 2
+run_layout torus2d 2x2 4
 echo PASS

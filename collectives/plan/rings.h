@@ -1,0 +1,26 @@
+// The order the ring algorithms pass data in: rank order where every rank reaches the next one,
+// else a cycle through every rank over the links the shape has, as on a torus of cables (2 x 2:
+// 0 -> 1 -> 3 -> 2 -> 0) or on hosts cabled in a ring out of rank order. The ring's plans and the
+// cost model's ring hops both follow it.
+#pragma once
+
+#include <vector>
+
+#include "collectives/plan/topology.h"
+
+namespace kizuna::collectives {
+
+// At most this many steps of the search for a cycle: an unlucky shape fails fast rather than
+// searching exponentially long.
+inline constexpr int kRingSearchSteps = 1 << 20;
+
+// order[i]: the rank at place i of the ring (order[0] == 0); rank order when r -> r+1 is
+// reachable for every r, else the first cycle through every rank over reachable links that a
+// depth-first search from rank 0 finds, taking first the neighbours with the fewest unvisited
+// neighbours of their own (Warnsdorff), then the lower rank; empty where it finds none.
+std::vector<int> RingOrder(const CommTopology& shape);
+
+// Whether `order` is rank order.
+bool IsRankOrder(const std::vector<int>& order);
+
+}  // namespace kizuna::collectives

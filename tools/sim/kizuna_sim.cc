@@ -62,8 +62,9 @@ Result<uint64_t> Size(const std::string& text, const char* flag) {
 }
 
 // The cost model's view of the network: host ids from the rails' hosts, each pair's link its
-// route's slowest link and summed latency, devices as the simulator has them.
-CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceModel& d) {
+// route's slowest link and summed latency (`cabled`: only pairs one link apart, as the engine
+// sees a network of cables it does not forward over), devices as the simulator has them.
+CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceModel& d, bool cabled) {
   collectives::RankDesc rank;
   rank.copy_gbps = d.copy_gbps;
   rank.reduce_gbps = d.reduce_gbps;
@@ -85,7 +86,7 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
   for (int a = 0; a < computed; ++a) {
     for (int b = 0; b < net.ranks(); ++b) {
       const auto [gbps, latency] = a == b ? std::pair(0.0, 0.0) : net.RouteSummary(a, b);
-      if (gbps <= 0) continue;
+      if (gbps <= 0 || (cabled && net.Route(a, b).size() != 1)) continue;
       collectives::LinkDesc& l = shape.link(a, b);
       l.reachable = true;
       l.latency_us = latency * 1e6;
@@ -214,6 +215,12 @@ int Main(int argc, char** argv) {
                  "auto: simulate one host (or rank) for all where the network and the plan look alike from each; "
                  "off: every rank")
       ->capture_default_str();
+  std::string reach = "routed";
+  app.add_option("--reach", reach,
+                 "which pairs the plans may pair: routed (every pair with a route; traffic crosses the ranks "
+                 "between) or cabled (pairs one link apart: the engine over cables between hosts, which it does "
+                 "not forward over)")
+      ->capture_default_str();
   std::string model = "auto";
   app.add_option(
          "--model", model,
@@ -252,6 +259,8 @@ int Main(int argc, char** argv) {
     return fail(InvalidArgument("--message-cpu-us needs --host-cpus (the CPUs the messages' handling takes)"), 2);
   if (symmetry != "auto" && symmetry != "off")
     return fail(InvalidArgument(fmt::format("--symmetry '{}': auto or off", symmetry)), 2);
+  if (reach != "routed" && reach != "cabled")
+    return fail(InvalidArgument(fmt::format("--reach '{}': routed or cabled", reach)), 2);
   if (model != "auto" && model != "on" && model != "off")
     return fail(InvalidArgument(fmt::format("--model '{}': on, off or auto", model)), 2);
   for (size_t at = 0; !dims.empty() && at <= dims.size();) {
@@ -302,7 +311,7 @@ int Main(int argc, char** argv) {
   }
   if (chosen.empty()) return fail(InvalidArgument(fmt::format("--algo '{}': no such algorithm", algos)), 2);
   const collectives::CostConstants k;
-  const CommTopology shape = ShapeOf(*net, spec, device);
+  const CommTopology shape = ShapeOf(*net, spec, device, reach == "cabled");
   const int p = net->ranks();
   const size_t es = DataTypeSize(*t);
   fmt::print("# kizuna-sim: {} over {}\n", coll, net->description());

@@ -147,15 +147,20 @@ TEST(TimedRun, RailsCarryWhatOneNicCannot) {
   EXPECT_NE(slow->bottleneck.find("nic0"), std::string::npos) << slow->bottleneck;
 }
 
+// Every rank's plan of a pairwise AllReduce of `count` floats in chunks of `chunk`.
+Result<collectives::Plan> PairwiseAllReduce(int p, uint64_t count, uint64_t chunk) {
+  CollectiveRequest req{Collective::kAllReduce, p, count, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  collectives::PlanOptions options;
+  options.chunk_count = chunk;
+  return collectives::BuildPlan(Algorithm::kPairwise, req, AllLinked(p), options, -1);
+}
+
 // Staged transfers copy on both devices; devices that share a host's CPUs take turns on them.
 // Pairwise AllReduce of 4 ranks on a switch so fast that the devices alone set the time.
 TEST(TimedRun, StagingCopiesAndSharedCpusCostDeviceTime) {
   auto net = Uniform("switch", 4, 1e6, 0);
   ASSERT_TRUE(net.ok());
-  CollectiveRequest req{Collective::kAllReduce, 4, 1u << 22, DataType::kFloat32, ReduceOp::kSum, 0, false};
-  collectives::PlanOptions options;
-  options.chunk_count = 1u << 20;
-  auto plan = collectives::BuildPlan(Algorithm::kPairwise, req, AllLinked(4), options, -1);
+  auto plan = PairwiseAllReduce(4, 1u << 22, 1u << 20);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   DeviceModel d;
   d.copy_gbps = d.reduce_gbps = 1;  // 1 ns a byte
@@ -189,10 +194,7 @@ TEST(TimedRun, StagingCopiesAndSharedCpusCostDeviceTime) {
 TEST(TimedRun, MessagesTakeTheSharedCpus) {
   auto net = Uniform("full", 8, 1e6, 0);
   ASSERT_TRUE(net.ok());
-  CollectiveRequest req{Collective::kAllReduce, 8, 1u << 18, DataType::kFloat32, ReduceOp::kSum, 0, false};
-  collectives::PlanOptions options;
-  options.chunk_count = 1u << 17;
-  auto plan = collectives::BuildPlan(Algorithm::kPairwise, req, AllLinked(8), options, -1);
+  auto plan = PairwiseAllReduce(8, 1u << 18, 1u << 17);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   auto run = [&](int cpus, double message_cpu_us, double copy_gbps) {
     DeviceModel d = Instant();

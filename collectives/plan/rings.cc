@@ -28,9 +28,9 @@ std::vector<int> RingOrder(const CommTopology& shape) {
     for (int q : next[static_cast<size_t>(r)]) n += used[static_cast<size_t>(q)] ? 0 : 1;
     return n;
   };
-  // The path so far, and at each depth the candidates still to try (best last).
+  // The path so far, and at each depth the neighbours not tried yet (best last).
   std::vector<int> path = {0};
-  std::vector<std::vector<int>> todo(1);
+  std::vector<std::vector<int>> untried(1);
   used[0] = 1;
   auto candidates = [&](int r) {
     std::vector<int> c;
@@ -42,23 +42,23 @@ std::vector<int> RingOrder(const CommTopology& shape) {
     });
     return c;
   };
-  todo[0] = candidates(0);
+  untried[0] = candidates(0);
   for (int steps = 0; !path.empty() && steps < kRingSearchSteps; ++steps) {
     if (static_cast<int>(path.size()) == p) {
       if (shape.Reachable(path.back(), 0)) return path;
-      todo.back().clear();  // a path through everyone that does not close: back off
+      untried.back().clear();  // a path through everyone that does not close: back off
     }
-    if (todo.back().empty()) {
+    if (untried.back().empty()) {
       used[static_cast<size_t>(path.back())] = 0;
       path.pop_back();
-      todo.pop_back();
+      untried.pop_back();
       continue;
     }
-    const int q = todo.back().back();
-    todo.back().pop_back();
+    const int q = untried.back().back();
+    untried.back().pop_back();
     used[static_cast<size_t>(q)] = 1;
     path.push_back(q);
-    todo.push_back(candidates(q));
+    untried.push_back(candidates(q));
   }
   return {};
 }

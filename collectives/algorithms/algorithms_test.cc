@@ -10,21 +10,23 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "collectives/algorithms/algorithm.h"
-#include "collectives/plan/plan.h"
-#include "collectives/algorithms/reference.h"
-#include "collectives/plan/topology.h"
-#include "collectives/algorithms/simulate.h"
-#include "runtime/core/half.h"
-
 #include "collectives/algorithms/algorithms_test_util.h"
+#include "collectives/algorithms/reference.h"
+#include "collectives/algorithms/simulate.h"
+#include "collectives/plan/plan.h"
+#include "collectives/plan/rings.h"
+#include "collectives/plan/topology.h"
+#include "runtime/core/half.h"
 
 namespace kizuna::collectives {
 namespace {
@@ -263,6 +265,90 @@ TEST(AlgorithmsTest, RingGoesRoundATorusOfCables) {
           }
     }
   }
+}
+
+// A torus of cables: rank x + X (y + Y z), linked to its neighbours along each dimension only.
+CommTopology TorusOfCables(const std::vector<int>& dims) {
+  int p = 1;
+  for (int d : dims) p *= d;
+  CommTopology torus = Full(p);
+  for (int a = 0; a < p; ++a)
+    for (int b = 0; b < p; ++b) {
+      if (a == b) continue;
+      int differ = 0, apart = 0, stride = 1;
+      for (int d : dims) {
+        const int ca = (a / stride) % d, cb = (b / stride) % d;
+        if (ca != cb) {
+          ++differ;
+          apart = (cb - ca + d) % d;
+          apart = std::min(apart, d - apart);
+        }
+        stride *= d;
+      }
+      torus.link(a, b).reachable = differ == 1 && apart == 1;
+    }
+  return torus;
+}
+
+// The torus algorithm on tori of cables of one to three dimensions (a ring out of rank order as
+// well): the reference's results, sends to neighbours only, and with two channels asked for, 2k
+// channels whose first sends leave over 2k different ports wherever the lines are longer than 2.
+TEST(AlgorithmsTest, TorusGoesAlongEveryDimensionBothWays) {
+  CommTopology ring = Full(5);  // cabled 0-2-4-1-3-0
+  for (int a = 0; a < 5; ++a)
+    for (int b = 0; b < 5; ++b) ring.link(a, b).reachable = a != b && ((b - a + 5) % 5 == 2 || (a - b + 5) % 5 == 2);
+  std::vector<std::pair<std::vector<int>, CommTopology>> shapes = {{{5}, ring}};
+  for (const std::vector<int>& dims :
+       std::vector<std::vector<int>>{{2, 2}, {2, 4}, {3, 3}, {4, 3}, {2, 2, 2}, {3, 3, 2}})
+    shapes.emplace_back(dims, TorusOfCables(dims));
+  for (const auto& [dims, shape] : shapes) {
+    const Torus t = FindTorus(shape);
+    EXPECT_EQ(t.dims, dims);
+    const int p = shape.nranks;
+    for (bool in_place : {false, true})
+      for (int channels : {1, 2}) {
+        Case c;
+        c.algo = Algorithm::kTorus;
+        c.p = p;
+        c.count = 1000;
+        c.chunk = 16;
+        c.channels = channels;
+        c.in_place = in_place;
+        c.dtype = DataType::kInt32;
+        c.shape = shape;
+        EXPECT_TRUE(RunExact(c)) << fmt::format("{}", fmt::join(dims, "x"));
+      }
+    PlanOptions options;
+    options.channels = 2;
+    options.chunk_count = 64;
+    const CollectiveRequest req{Collective::kAllReduce, p, 4096, DataType::kFloat32, ReduceOp::kSum, 0, false};
+    Result<Plan> plan = BuildPlan(Algorithm::kTorus, req, shape, options, -1);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (int r = 0; r < p; ++r) {
+      EXPECT_EQ(plan->ranks[static_cast<size_t>(r)].channels.size(), 2 * dims.size());
+      std::set<int> first;
+      for (const auto& steps : plan->ranks[static_cast<size_t>(r)].channels) {
+        ASSERT_FALSE(steps.empty());
+        for (const Step& st : steps) EXPECT_TRUE(st.peer < 0 || shape.Reachable(r, st.peer)) << r << " -> " << st.peer;
+        for (const Step& st : steps)
+          if (st.kind == StepKind::kSend) {
+            first.insert(st.peer);
+            break;
+          }
+      }
+      const bool long_lines = std::all_of(dims.begin(), dims.end(), [](int d) { return d > 2; });
+      if (long_lines) {
+        EXPECT_EQ(first.size(), 2 * dims.size()) << "rank " << r;
+      }
+    }
+  }
+  // No torus and no ring: not supported, saying why.
+  CommTopology line = Full(3);
+  line.link(0, 2).reachable = line.link(2, 0).reachable = false;
+  const CollectiveRequest req{Collective::kAllReduce, 3, 10, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  const Status s = GetAlgorithm(Algorithm::kTorus).Supports(req, line);
+  EXPECT_EQ(s.code(), StatusCode::kNotSupported);
+  EXPECT_NE(s.message().find("no torus"), std::string::npos) << s.message();
 }
 
 // Pairwise's channels start their rounds at different distances: on a mesh with a link per pair,

@@ -25,6 +25,7 @@ const AlgorithmImpl& HierRdAlgorithm();    // hierarchical.cc
 const AlgorithmImpl& HierFusedRingAlgorithm();  // hierarchical.cc
 const AlgorithmImpl& HierFusedRdAlgorithm();    // hierarchical.cc
 const AlgorithmImpl& FileAlgorithm();           // from_file.cc
+const AlgorithmImpl& TorusAlgorithm();          // torus.cc
 
 // A part of the data that one rank reduces.
 struct OwnedPart {

@@ -1,14 +1,16 @@
 #include "collectives/cost/model.h"
 
-#include "collectives/cost/model_internal.h"
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cmath>
-#include <optional>
-#include <string>
-#include <vector>
+#include "collectives/cost/model_internal.h"
 
 namespace kizuna::collectives {
 namespace cost_internal {
@@ -89,6 +91,7 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double stage_bytes, int chan
   StageCost c;
   double latency = 0;
   const double message = (k_.message_overhead_us + k_.step_overhead_us) * 1e-6;
+  std::map<std::pair<int, int>, double> link_wire;  // per_link_: each link's wire time
   auto touch = [&](int r) {
     if (!touched_mark_[static_cast<size_t>(r)]) {
       touched_mark_[static_cast<size_t>(r)] = 1;
@@ -116,8 +119,12 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double stage_bytes, int chan
     cpu_[to] += message;
     if (data) {
       const double wire = bytes * WirePerByte(l);
-      wout_[from] += wire;
-      win_[to] += wire;
+      if (per_link_) {
+        link_wire[{h.from, h.to}] += wire;
+      } else {
+        wout_[from] += wire;
+        win_[to] += wire;
+      }
       // Memory traffic of each channel's message: read at the sender, written at the receiver,
       // each staging copy a read and a write, a reduction two reads and a write.
       const double traffic = bytes * static_cast<double>(channels);
@@ -135,6 +142,10 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double stage_bytes, int chan
         stage_cpu_[to] += bytes * cpu_staging_[to];
       }
     }
+  }
+  for (const auto& [link, wire] : link_wire) {
+    wout_[static_cast<size_t>(link.first)] = std::max(wout_[static_cast<size_t>(link.first)], wire);
+    win_[static_cast<size_t>(link.second)] = std::max(win_[static_cast<size_t>(link.second)], wire);
   }
   // The critical rank: the largest per-rank time, the lowest rank on a tie.
   int worst = -1;

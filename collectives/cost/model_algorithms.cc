@@ -82,6 +82,55 @@ void Model::RingAllReduce() {
   RingAllGather(part, &ag);
 }
 
+// torus.cc: per channel, reduce-scatters along the dimensions in the channel's order, then
+// allgathers back. Stage i of every channel at once: channel c's line along its i-th dimension, in
+// its direction, each hop a cable of its own (per_link_). Channels whose lines differ in length
+// take different step counts: the stage takes the most, each hop carrying its channel's bytes
+// spread over them.
+// Only where some pair has no link: a shape in which every rank reaches every other may be a
+// switched network, whose links share each rank's NIC, and nothing in it tells cables from a switch
+// (the torus would be costed as if each link had a wire of its own). KIZUNA_ALGO=torus still runs it.
+void Model::TorusAllReduce() {
+  if (p_ > 1 && shape_.FullyConnected())
+    return Fail("every rank reaches every other: the links may be one NIC's, not cables of their own");
+  const Torus t = FindTorus(shape_);
+  const int k = static_cast<int>(t.dims.size());
+  if (k == 0) return Fail("the links contain no torus and no cycle through every rank");
+  const uint64_t channels =
+      std::min<uint64_t>(opt_.channels >= 2 ? 2 * static_cast<uint64_t>(k) : 1, std::max<uint64_t>(req_.count, 1));
+  const uint64_t per_channel = CeilDiv(req_.count, channels);
+  per_link_ = true;
+  for (int phase = 0; phase < 2 && !failed_; ++phase) {
+    const bool reduce = phase == 0;
+    for (int s = 0; s < k && !failed_; ++s) {
+      const int i = reduce ? s : k - 1 - s;  // the allgathers retrace the dimensions
+      std::vector<double> steps(channels), bytes(channels);
+      std::vector<int> dim(channels);
+      double most = 0, largest = 0;
+      for (uint64_t c = 0; c < channels; ++c) {
+        uint64_t held = per_channel;
+        for (int j = 0; j < i; ++j) held = CeilDiv(held, static_cast<uint64_t>(t.dims[(c / 2 + j) % k]));
+        dim[c] = static_cast<int>((c / 2 + static_cast<uint64_t>(i)) % static_cast<uint64_t>(k));
+        const uint64_t d = static_cast<uint64_t>(t.dims[static_cast<size_t>(dim[c])]);
+        const uint64_t part = CeilDiv(held, d);
+        const double chunks = static_cast<double>(CeilDiv(part, opt_.chunk_count));
+        steps[c] = chunks * static_cast<double>(d - 1);
+        bytes[c] = static_cast<double>(part) * elem_ / std::max(chunks, 1.0);
+        most = std::max(most, steps[c]);
+        largest = std::max(largest, bytes[c]);
+      }
+      if (most == 0) continue;
+      std::vector<Hop> hops;
+      for (uint64_t c = 0; c < channels; ++c)
+        for (int place = 0; place < p_; ++place)
+          hops.push_back({t.rank(place), t.rank(t.Move(place, dim[c], c % 2 == 0 ? 1 : -1)), reduce,
+                          steps[c] * bytes[c] / (most * largest)});
+      Stage(reduce ? "line reduce-scatter" : "line allgather", hops, largest, most, 1);
+    }
+  }
+  per_link_ = false;
+}
+
 // Both trees (collectives/plan/trees.h: placed and shared as the plan does; half the data each
 // when the speeds are equal or unknown), reduce up and broadcast down pipelined. Filling the
 // pipeline takes d stages going up (every upward edge of both trees busy) and d - 1 coming down;
@@ -318,6 +367,7 @@ void Model::Body(Algorithm a) {
     case Algorithm::kHierFusedRd:
       return Hierarchical(a);
     case Algorithm::kFile: return FilePlan();
+    case Algorithm::kTorus: return TorusAllReduce();
   }
 }
 

@@ -69,6 +69,7 @@ inline bool Serves(Algorithm a, Collective c) {
       return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
              c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kAllToAll;
     case Algorithm::kFile: return !IsPointToPoint(c) && c != Collective::kBarrier;
+    case Algorithm::kTorus: return c == Collective::kAllReduce;
   }
   return false;
 }
@@ -168,6 +169,7 @@ class Model {
   void RingReduceScatter(uint64_t part_elems, const std::vector<double>* scale = nullptr);
   void RingAllGather(uint64_t part_elems, const std::vector<double>* scale = nullptr);
   void RingAllReduce();
+  void TorusAllReduce();
   void TreeAllReduce();
   void Fused();
   void InaAllReduce();  // cost_model_ina.cc
@@ -218,6 +220,10 @@ class Model {
   std::vector<std::pair<std::string, double>> phases_;
   bool failed_ = false;
   std::string note_;
+  // Each link is a cable of its own (the torus's ports): a rank's sends over different links go
+  // side by side, each at its link's speed, instead of sharing one wire. Set by the algorithms
+  // whose hops are laid out port by port.
+  bool per_link_ = false;
 };
 
 }  // namespace kizuna::collectives::cost_internal

@@ -212,7 +212,8 @@ std::vector<std::pair<Algorithm, Collective>> ServedPairs() {
 }
 
 TEST(CostModelTest, ServesWhatTheAlgorithmsServe) {
-  // algorithm.h: ring 5, tree 3, rhd 3, rd 2, pairwise 5, p2p 2, fused 6.
+  // algorithm.h: ring 5, tree 3, rhd 3, rd 2, pairwise 5, p2p 2, fused 6 (torus only where some pair
+  // has no link).
   EXPECT_EQ(ServedPairs().size(), 26u);
   CollectiveRequest r = Request(Collective::kAllToAll, 4, 8);
   const Prediction p = Predict(Algorithm::kTree, r, HandShape(4), Options(), CostConstants{});

@@ -26,7 +26,8 @@ constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {"ring"
                                                                           "hier:pairwise/rd",
                                                                           "hier:fused/ring",
                                                                           "hier:fused/rd",
-                                                                          "file"};
+                                                                          "file",
+                                                                          "torus"};
 
 std::string Lower(std::string_view s) {
   std::string out;

@@ -111,10 +111,13 @@ enum class Algorithm : uint8_t {
   // from_file.cc: a schedule from a plan file (plan_file.h; KIZUNA_PLAN_FILE), the first of the
   // communicator's files that serves the request.
   kFile = 12,
+  // torus.cc: AllReduce along each dimension of a torus the links contain (plan/rings.h's
+  // FindTorus; a ring is a torus of one dimension), both directions of every line at once.
+  kTorus = 13,
 };
-inline constexpr int kNumAlgorithms = 13;
+inline constexpr int kNumAlgorithms = 14;
 // "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina", "hier:pairwise/ring", "hier:pairwise/rd",
-// "hier:fused/ring", "hier:fused/rd", "file"
+// "hier:fused/ring", "hier:fused/rd", "file", "torus"
 std::string_view AlgorithmName(Algorithm a);
 std::optional<Algorithm> ParseAlgorithm(std::string_view name);
 // The hierarchical algorithms (two levels: hosts, then ranks of a host).

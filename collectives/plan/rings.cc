@@ -63,4 +63,74 @@ std::vector<int> RingOrder(const CommTopology& shape) {
   return {};
 }
 
+int Torus::Coordinate(int place, int dim) const {
+  int stride = 1;
+  for (int d = 0; d < dim; ++d) stride *= dims[static_cast<size_t>(d)];
+  return (place / stride) % dims[static_cast<size_t>(dim)];
+}
+
+int Torus::Move(int place, int dim, int step) const {
+  int stride = 1;
+  for (int d = 0; d < dim; ++d) stride *= dims[static_cast<size_t>(d)];
+  const int size = dims[static_cast<size_t>(dim)];
+  const int coord = (place / stride) % size;
+  const int to = ((coord + step) % size + size) % size;
+  return place + (to - coord) * stride;
+}
+
+namespace {
+
+// The factorizations of p into `k` factors >= 2, the most even first (smallest largest factor,
+// then the first factor smallest).
+void Factorizations(int p, int k, std::vector<int>& prefix, std::vector<std::vector<int>>& out) {
+  if (k == 1) {
+    if (p >= 2) {
+      prefix.push_back(p);
+      out.push_back(prefix);
+      prefix.pop_back();
+    }
+    return;
+  }
+  for (int f = 2; f <= p / 2; ++f) {
+    if (p % f != 0) continue;
+    prefix.push_back(f);
+    Factorizations(p / f, k - 1, prefix, out);
+    prefix.pop_back();
+  }
+}
+
+bool HasTorusLinks(const CommTopology& shape, const Torus& t) {
+  const int p = shape.nranks;
+  for (int place = 0; place < p; ++place)
+    for (int d = 0; d < static_cast<int>(t.dims.size()); ++d)
+      for (int step : {1, -1})
+        if (!shape.Reachable(t.rank(place), t.rank(t.Move(place, d, step)))) return false;
+  return true;
+}
+
+}  // namespace
+
+Torus FindTorus(const CommTopology& shape) {
+  const int p = shape.nranks;
+  Torus t;
+  if (p < 2) return t;
+  for (int k = 3; k >= 2; --k) {
+    std::vector<std::vector<int>> candidates;
+    std::vector<int> prefix;
+    Factorizations(p, k, prefix, candidates);
+    std::stable_sort(candidates.begin(), candidates.end(), [](const std::vector<int>& a, const std::vector<int>& b) {
+      return *std::max_element(a.begin(), a.end()) < *std::max_element(b.begin(), b.end());
+    });
+    for (const std::vector<int>& dims : candidates) {
+      t.dims = dims;
+      t.order.resize(static_cast<size_t>(p));
+      for (int r = 0; r < p; ++r) t.order[static_cast<size_t>(r)] = r;
+      if (HasTorusLinks(shape, t)) return t;
+    }
+  }
+  t.order = RingOrder(shape);
+  t.dims = t.order.empty() ? std::vector<int>{} : std::vector<int>{p};
+  return t;
+}
+
 }  // namespace kizuna::collectives

@@ -23,4 +23,23 @@ std::vector<int> RingOrder(const CommTopology& shape);
 // Whether `order` is rank order.
 bool IsRankOrder(const std::vector<int>& order);
 
+// A torus the shape's links contain: dims[0] x dims[1] (x dims[2]) places, place
+// x + dims[0] * (y + dims[1] * z) held by rank order[place], every place linked both ways to the
+// places one step away in each dimension (wrapping). The torus algorithm's lines.
+struct Torus {
+  std::vector<int> dims;   // each >= 2; empty: none
+  std::vector<int> order;  // place -> rank
+
+  int rank(int place) const { return order[static_cast<size_t>(place)]; }
+  // The place one holding `place` holds after moving `step` places along dimension `dim`.
+  int Move(int place, int dim, int step) const;
+  // This place's coordinate along `dim`.
+  int Coordinate(int place, int dim) const;
+};
+
+// The torus of most dimensions (3, then 2, each factor >= 2; the most even factors first) whose
+// links the shape has in rank order, as kizuna-topo's generators number a torus's workers; else
+// the ring (RingOrder) as a torus of one dimension; dims empty where there is neither.
+Torus FindTorus(const CommTopology& shape);
+
 }  // namespace kizuna::collectives

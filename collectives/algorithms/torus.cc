@@ -1,0 +1,133 @@
+// Torus: AllReduce along the dimensions of a torus the links contain (FindTorus, plan/rings.h: a
+// 2D or 3D torus in rank order, else the ring as a torus of one dimension), every port busy.
+//
+//   AllReduce  each channel's slice is reduce-scattered along the lines of one dimension (the
+//              ranks that differ only in that coordinate: a ring of d ranks), which leaves each
+//              rank 1/d of the slice reduced over its line; that part is reduce-scattered along
+//              the next dimension, and so on, until each rank holds 1/p of the slice reduced over
+//              every rank; then allgathers retrace the dimensions in reverse. On a line of d
+//              ranks a stage is the ring's: d-1 steps "send part m-s, receive and reduce part
+//              m-s-1" (reduce-scatter) or "send part m+1-s, receive part m-s" (allgather).
+//
+// Channels: with two or more asked for, 2k for a torus of k dimensions. Channel c goes round its
+// lines in direction +1 (c even) or -1 (c odd) and takes the dimensions in order from dimension
+// (c / 2) mod k: at any time the channels send over different ports (+x, -x, +y, -y, ...), so
+// every cable of the torus carries data both ways at once. A ring of cables (one dimension) is
+// the ring both ways round; the ring algorithm sends one way.
+//
+// Per rank and channel of n elements over a torus d_1 x ... x d_k, the reduce-scatters move
+// n (1 - 1/p) elements, as the ring does, but over k·2 ports instead of one, in sum(d_i - 1)
+// steps instead of p - 1 (the allgathers the same again).
+//
+// Deterministic mode runs the ring's ordered plan (ring.cc), which needs every pair linked.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "collectives/algorithms/impl.h"
+#include "collectives/plan/rings.h"
+
+namespace kizuna::collectives::algo {
+namespace {
+
+constexpr std::string_view kName = "torus";
+
+// One rank's line along one dimension, in the channel's direction: line[j] is the rank at
+// place j of the ring, this rank at place `me`.
+struct Line {
+  std::vector<int> ranks;
+  int me = 0;
+  int d() const { return static_cast<int>(ranks.size()); }
+  int Next() const { return ranks[static_cast<size_t>(Mod(me + 1, d()))]; }
+  int Prev() const { return ranks[static_cast<size_t>(Mod(me - 1, d()))]; }
+};
+
+Line LineOf(const Torus& t, int place, int dim, int direction) {
+  Line line;
+  const int d = t.dims[static_cast<size_t>(dim)];
+  const int coord = t.Coordinate(place, dim);
+  const int origin = t.Move(place, dim, -coord);
+  for (int j = 0; j < d; ++j) line.ranks.push_back(t.rank(t.Move(origin, dim, direction * j)));
+  line.me = Mod(direction * coord, d);
+  return line;
+}
+
+class TorusImpl final : public AlgorithmImpl {
+ public:
+  Algorithm id() const override { return Algorithm::kTorus; }
+
+  Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
+    if (request.collective != Collective::kAllReduce) return NotImplemented(id(), request);
+    if (shape.nranks == 1 || !FindTorus(shape).dims.empty()) return Status::Ok();
+    return NotSupported(fmt::format("{}: the links contain no torus and no cycle through every rank", kName));
+  }
+
+  Result<RankPlan> Build(const CollectiveRequest& request, const CommTopology& shape, const PlanOptions& options,
+                         int rank) const override {
+    // The lines reduce in an order of their own: deterministic mode takes the ring's plan, which
+    // brings every contribution to its part's owner and reduces them in rank order.
+    if (options.deterministic) return RingAlgorithm().Build(request, shape, options, rank);
+    const Torus t = FindTorus(shape);
+    const int k = static_cast<int>(t.dims.size());
+    const int want = options.channels >= 2 ? 2 * std::max(k, 1) : 1;
+    Builder b(request, options, rank, ChannelsFor(PlanOptions{1, want}, request.count));
+    if (b.p == 1) {
+      b.CopyChunked(0, b.In({0, request.count}), Builder::Out({0, request.count}));
+      return std::move(b.plan);
+    }
+    if (k == 0) return NotSupported(fmt::format("{}: no torus", kName));
+    const int place = static_cast<int>(std::find(t.order.begin(), t.order.end(), rank) - t.order.begin());
+    for (int c = 0; c < b.channels(); ++c) {
+      const Range R = SplitEven({0, request.count}, static_cast<uint64_t>(b.channels()), static_cast<uint64_t>(c));
+      const int direction = c % 2 == 0 ? 1 : -1;
+      std::vector<Line> lines;
+      std::vector<Range> held = {R};  // held[i]: the range stage i works on
+      for (int i = 0; i < k; ++i) {
+        lines.push_back(LineOf(t, place, (c / 2 + i) % k, direction));
+        const Line& line = lines.back();
+        ReduceScatter(b, c, line, held.back(), i == 0);
+        held.push_back(
+            SplitEven(held.back(), static_cast<uint64_t>(line.d()), static_cast<uint64_t>(Mod(line.me + 1, line.d()))));
+      }
+      for (int i = k - 1; i >= 0; --i) AllGather(b, c, lines[static_cast<size_t>(i)], held[static_cast<size_t>(i)]);
+    }
+    return std::move(b.plan);
+  }
+
+ private:
+  // The ring's reduce-scatter of Q among the line, chunk round by chunk round: the rank at place m
+  // ends with part m+1 reduced over the line in its output. The first stage adds the input; later
+  // ones add what the earlier stages left in the output.
+  static void ReduceScatter(Builder& b, int c, const Line& line, Range Q, bool first) {
+    const int d = line.d(), m = line.me;
+    auto part = [&](int j) { return SplitEven(Q, static_cast<uint64_t>(d), static_cast<uint64_t>(Mod(j, d))); };
+    const uint64_t rounds = PieceCount(part(0).count, b.chunk);
+    for (uint64_t r = 0; r < rounds; ++r)
+      for (int s = 0; s + 1 < d; ++s) {
+        const Range sp = Piece(part(m - s), b.chunk, r), rp = Piece(part(m - s - 1), b.chunk, r);
+        b.Send(c, line.Next(), first && s == 0 ? b.In(sp) : Builder::Out(sp));
+        b.RecvReduce(c, line.Prev(), first ? b.In(rp) : Builder::Out(rp), Builder::Out(rp));
+      }
+  }
+
+  // The ring's allgather of Q's parts among the line: the rank at place m starts with part m+1.
+  static void AllGather(Builder& b, int c, const Line& line, Range Q) {
+    const int d = line.d(), m = line.me;
+    auto part = [&](int j) { return SplitEven(Q, static_cast<uint64_t>(d), static_cast<uint64_t>(Mod(j, d))); };
+    const uint64_t rounds = PieceCount(part(0).count, b.chunk);
+    for (uint64_t r = 0; r < rounds; ++r)
+      for (int s = 0; s + 1 < d; ++s) {
+        b.Send(c, line.Next(), Builder::Out(Piece(part(m + 1 - s), b.chunk, r)));
+        b.Recv(c, line.Prev(), Builder::Out(Piece(part(m - s), b.chunk, r)));
+      }
+  }
+};
+
+}  // namespace
+
+const AlgorithmImpl& TorusAlgorithm() {
+  static const TorusImpl impl;
+  return impl;
+}
+
+}  // namespace kizuna::collectives::algo

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -43,6 +45,32 @@ std::vector<int> CrossHostPorts(const Topology& t, int node, const FabricContext
   return out;
 }
 
+// The node's cross-host ports grouped by the rank at their other end, in order of each group's first
+// port: the node's tcp devices.
+std::vector<std::vector<int>> Bundles(const Topology& t, int node, const FabricContext& context) {
+  std::vector<std::vector<int>> out;
+  std::vector<int> to;
+  for (int port : CrossHostPorts(t, node, context)) {
+    const int rank = RankOf(t, t.PeerOf(PortRef{node, port})->node, context);
+    const auto at = std::find(to.begin(), to.end(), rank);
+    if (at == to.end()) {
+      to.push_back(rank);
+      out.push_back({port});
+    } else {
+      out[static_cast<size_t>(at - to.begin())].push_back(port);
+    }
+  }
+  return out;
+}
+
+// Where `port` is in `bundles`: {bundle, place in it}.
+std::pair<int, int> PlaceOf(const std::vector<std::vector<int>>& bundles, int port) {
+  for (size_t b = 0; b < bundles.size(); ++b)
+    for (size_t i = 0; i < bundles[b].size(); ++i)
+      if (bundles[b][i] == port) return {static_cast<int>(b), static_cast<int>(i)};
+  return {-1, -1};
+}
+
 // The topology the setting names where it describes cables this fabric may carry: a file, or a
 // generator with its shape ("torus2d:2x2", "ring:6"). Shapeless generators ("full", "ring") span
 // the world's ranks of one host, which directconnect serves alone.
@@ -69,17 +97,20 @@ Result<std::vector<CablePort>> CablePorts(const Config& config, const FabricCont
   const Topology& t = *topology;
   const int me = context.node.empty() ? t.WorkerForRank(context.rank) : t.FindNode(context.node);
   if (me < 0) return out;
+  const std::vector<std::vector<int>> mine = Bundles(t, me, context);
   for (int port : CrossHostPorts(t, me, context)) {
     const PortRef peer = *t.PeerOf(PortRef{me, port});
-    const std::vector<int> theirs = CrossHostPorts(t, peer.node, context);
-    const auto at = std::find(theirs.begin(), theirs.end(), peer.port);
+    const auto [bundle, cable] = PlaceOf(mine, port);
+    const auto [peer_bundle, peer_cable] = PlaceOf(Bundles(t, peer.node, context), peer.port);
     const auto* link = t.LinkAt(PortRef{me, port});
     CablePort c;
     c.node = t.nodes[static_cast<size_t>(me)].name;
     c.port = port;
     c.interface = t.nodes[static_cast<size_t>(me)].InterfaceOf(port);
-    c.peer = LinkPeer{t.nodes[static_cast<size_t>(peer.node)].name, RankOf(t, peer.node, context),
-                      static_cast<int>(at - theirs.begin())};
+    c.peer = LinkPeer{t.nodes[static_cast<size_t>(peer.node)].name, RankOf(t, peer.node, context), peer_bundle};
+    c.bundle = bundle;
+    c.cable = cable;
+    c.peer_cable = peer_cable;
     c.bandwidth_gbps = link->bandwidth_gbps;
     c.latency_us = link->latency_us;
     c.topology = t.Describe();

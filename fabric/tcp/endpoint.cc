@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -52,6 +55,29 @@ std::string LocalAndPeer(int fd, const char* arrow) {
   return fmt::format("{}{}{}", DescribeAddress(local), arrow, DescribeAddress(peer));
 }
 
+// A connection's label: its first stream's ends, and those of the first stream on every other pair
+// of addresses (a bundle's further cables).
+std::string StreamsLabel(const std::vector<UniqueFd>& fds, const char* arrow) {
+  std::string label;
+  std::vector<std::pair<std::string, std::string>> seen;
+  for (const UniqueFd& fd : fds) {
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &ll);
+    ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &pl);
+    auto host = [](sockaddr_storage a) {
+      if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
+      if (a.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
+      return DescribeAddress(a);
+    };
+    const std::pair<std::string, std::string> ends{host(local), host(peer)};
+    if (std::find(seen.begin(), seen.end(), ends) != seen.end()) continue;
+    seen.push_back(ends);
+    label += (label.empty() ? "" : ", ") + LocalAndPeer(fd.get(), arrow);
+  }
+  return label;
+}
+
 Status PollFor(std::vector<pollfd>& fds, Deadline deadline) {
   const auto limit = std::min<std::chrono::nanoseconds>(deadline.Remaining(), kMaxBlock);
   if (limit.count() <= 0) return Status::Ok();
@@ -64,19 +90,30 @@ Status PollFor(std::vector<pollfd>& fds, Deadline deadline) {
 
 // ---- Handles ----
 
-Handle EncodeHandle(const WireHandle& h) {
+Handle EncodeHandle(const WireHandle& h, const std::vector<WireCable>& more) {
   Handle out;
-  out.size = sizeof h;
+  out.size = static_cast<uint32_t>(sizeof h + more.size() * sizeof(WireCable));
   std::memcpy(out.data.data(), &h, sizeof h);
+  for (size_t i = 0; i < more.size(); ++i)
+    std::memcpy(out.data.data() + sizeof h + i * sizeof(WireCable), &more[i], sizeof(WireCable));
   return out;
 }
 
-Result<WireHandle> DecodeHandle(const Handle& handle) {
+Result<WireHandle> DecodeHandle(const Handle& handle, std::vector<WireCable>* more) {
   WireHandle h;
-  if (handle.size != sizeof h)
+  if (handle.size < sizeof h || handle.size > Handle::kMax || (handle.size - sizeof h) % sizeof(WireCable) != 0)
     return InvalidArgument(
-        fmt::format("tcp: a handle of {} bytes is not a tcp handle ({} bytes)", handle.size, sizeof h));
+        fmt::format("tcp: a handle of {} bytes is not a tcp handle ({} bytes, and {} per further "
+                    "cable of a bundle)",
+                    handle.size, sizeof h, sizeof(WireCable)));
   std::memcpy(&h, handle.data.data(), sizeof h);
+  if (more != nullptr) {
+    more->resize((handle.size - sizeof h) / sizeof(WireCable));
+    for (size_t i = 0; i < more->size(); ++i)
+      std::memcpy(&(*more)[i], handle.data.data() + sizeof h + i * sizeof(WireCable), sizeof(WireCable));
+    for (const WireCable& c : *more)
+      if (c.port == 0) return InvalidArgument("tcp: the handle names port 0 for a cable of its bundle");
+  }
   if (h.magic != kHandleMagic) return InvalidArgument("tcp: the handle is not a handle of the tcp fabric");
   if (h.byte_order != kByteOrderMark) return InvalidArgument("tcp: the handle comes from a host of another byte order");
   if (h.version != kProtocolVersion)
@@ -86,6 +123,13 @@ Result<WireHandle> DecodeHandle(const Handle& handle) {
     return InvalidArgument(fmt::format("tcp: the handle names address family {}", h.family));
   if (h.port == 0) return InvalidArgument("tcp: the handle names port 0");
   return h;
+}
+
+sockaddr_storage AddressOf(const WireHandle& h, const WireCable& c) {
+  WireHandle w = h;
+  w.port = c.port;
+  w.address = c.address;
+  return AddressOf(w);
 }
 
 sockaddr_storage AddressOf(const WireHandle& h) {
@@ -123,28 +167,44 @@ std::string DescribeAddress(const sockaddr_storage& a) {
 
 Result<std::unique_ptr<TcpListenComm>> TcpListenComm::Create(const DeviceAddress& device, Hub& hub) {
   const int family = device.address.ss_family;
-  KZ_ASSIGN_OR_RETURN(UniqueFd fd, NewSocket(family));
-  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&device.address), LengthOf(device.address)) != 0)
-    return FromErrno(errno, fmt::format("tcp: bind to {}", DescribeAddress(device.address)));
-  if (::listen(fd.get(), 128) != 0) return FromErrno(errno, "tcp: listen");
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0)
-    return FromErrno(errno, "tcp: getsockname");
   WireHandle w;
   w.family = static_cast<uint16_t>(family);
-  if (family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&bound);
-    w.port = ntohs(in->sin_port);
-    std::memcpy(w.address.data(), &in->sin_addr, 4);
-  } else {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&bound);
-    w.port = ntohs(in6->sin6_port);
-    std::memcpy(w.address.data(), &in6->sin6_addr, 16);
+  std::vector<WireCable> more;
+  std::vector<UniqueFd> fds;
+  std::string where;
+  for (int i = 0; i < device.cables(); ++i) {  // a socket on each cable of a bundle
+    const sockaddr_storage& address = i == 0 ? device.address : device.more[static_cast<size_t>(i - 1)];
+    KZ_ASSIGN_OR_RETURN(UniqueFd fd, NewSocket(family));
+    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&address), LengthOf(address)) != 0)
+      return FromErrno(errno, fmt::format("tcp: bind to {}", DescribeAddress(address)));
+    if (::listen(fd.get(), 128) != 0) return FromErrno(errno, "tcp: listen");
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0)
+      return FromErrno(errno, "tcp: getsockname");
+    WireCable c;
+    if (family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&bound);
+      c.port = ntohs(in->sin_port);
+      std::memcpy(c.address.data(), &in->sin_addr, 4);
+    } else {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&bound);
+      c.port = ntohs(in6->sin6_port);
+      std::memcpy(c.address.data(), &in6->sin6_addr, 16);
+    }
+    if (i == 0) {
+      w.port = c.port;
+      w.address = c.address;
+    } else {
+      more.push_back(c);
+    }
+    where += (where.empty() ? "" : ", ") + DescribeAddress(bound);
+    fds.push_back(std::move(fd));
   }
   KZ_RETURN_IF_ERROR(RandomBytes(w.secret.data(), w.secret.size()));
-  KZ_INFO(kLogFabric, "tcp: listening on {} ({})", DescribeAddress(bound), device.properties.name);
-  return std::unique_ptr<TcpListenComm>(new TcpListenComm(device.properties, EncodeHandle(w), w, std::move(fd), hub));
+  KZ_INFO(kLogFabric, "tcp: listening on {} ({})", where, device.properties.name);
+  return std::unique_ptr<TcpListenComm>(
+      new TcpListenComm(device.properties, EncodeHandle(w, more), w, std::move(fds), hub));
 }
 
 void TcpListenComm::ReadHellos() {
@@ -205,16 +265,17 @@ void TcpListenComm::ReadHellos() {
 
 Result<std::unique_ptr<RecvComm>> TcpListenComm::DoAccept() {
   std::lock_guard<std::mutex> lock(mu_);
-  while (true) {
-    UniqueFd fd(::accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (!fd.valid()) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED) break;
-      return FromErrno(errno, fmt::format("tcp: accept on {}", properties().name));
+  for (const UniqueFd& listening : fds_)
+    while (true) {
+      UniqueFd fd(::accept4(listening.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (!fd.valid()) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED) break;
+        return FromErrno(errno, fmt::format("tcp: accept on {}", properties().name));
+      }
+      KZ_RETURN_IF_ERROR(NoDelay(fd.get()));
+      incoming_.push_back(Incoming{std::move(fd), Hello{}, 0, Clock::now()});
     }
-    KZ_RETURN_IF_ERROR(NoDelay(fd.get()));
-    incoming_.push_back(Incoming{std::move(fd), Hello{}, 0, Clock::now()});
-  }
   ReadHellos();
   for (auto it = gathering_.begin(); it != gathering_.end(); ++it) {
     std::vector<UniqueFd>& group = it->second;
@@ -230,7 +291,7 @@ Result<std::unique_ptr<RecvComm>> TcpListenComm::DoAccept() {
             fmt::format("tcp: {}: the connecting side went away during the handshake", properties().name));
     }
     const std::string label =
-        fmt::format("tcp:{} {} ({} streams)", properties().name, LocalAndPeer(fds[0].get(), "<-"), fds.size());
+        fmt::format("tcp:{} {} ({} streams)", properties().name, StreamsLabel(fds, "<-"), fds.size());
     return std::unique_ptr<RecvComm>(new TcpRecvComm(label, properties(), std::move(fds), hub_));
   }
   return std::unique_ptr<RecvComm>();
@@ -240,7 +301,7 @@ Status TcpListenComm::DoWaitAcceptable(Deadline deadline) {
   std::vector<pollfd> fds;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fds.push_back(pollfd{fd_.get(), POLLIN, 0});
+    for (const UniqueFd& listening : fds_) fds.push_back(pollfd{listening.get(), POLLIN, 0});
     for (const Incoming& in : incoming_) fds.push_back(pollfd{in.fd.get(), POLLIN, 0});
   }
   return PollFor(fds, deadline);
@@ -250,25 +311,34 @@ Status TcpListenComm::DoWaitAcceptable(Deadline deadline) {
 
 Result<std::shared_ptr<PendingConnect>> PendingConnect::Start(const DeviceAddress& device, const Handle& handle,
                                                               int streams, Hub& hub) {
-  KZ_ASSIGN_OR_RETURN(WireHandle w, DecodeHandle(handle));
+  std::vector<WireCable> more;
+  KZ_ASSIGN_OR_RETURN(WireHandle w, DecodeHandle(handle, &more));
+  if (static_cast<int>(more.size()) + 1 != device.cables())
+    return InvalidArgument(
+        fmt::format("tcp: {} bundles {} cable(s) to its peer, whose handle lists {} (do both ends "
+                    "load the same topology?)",
+                    device.properties.name, device.cables(), more.size() + 1));
   std::shared_ptr<PendingConnect> p(new PendingConnect(device, hub));
   p->wire_ = w;
-  p->peer_ = AddressOf(w);
   KZ_RETURN_IF_ERROR(RandomBytes(&p->nonce_, sizeof p->nonce_));
   for (int s = 0; s < streams; ++s) {
+    // Stream s on cable s mod cables, from this end's address to the peer's end of that cable.
+    const int cable = s % device.cables();
+    const sockaddr_storage& local = cable == 0 ? device.address : device.more[static_cast<size_t>(cable - 1)];
+    const int theirs = device.at_peer.empty() ? 0 : device.at_peer[static_cast<size_t>(cable)];
+    p->peers_.push_back(theirs == 0 ? AddressOf(w) : AddressOf(w, more[static_cast<size_t>(theirs - 1)]));
+    const sockaddr_storage& peer = p->peers_.back();
     KZ_ASSIGN_OR_RETURN(UniqueFd fd, NewSocket(w.family));
     KZ_RETURN_IF_ERROR(NoDelay(fd.get()));
     // A cable's port sends from its own address: its interface is the only way to the other end.
     if (device.properties.point_to_point &&
-        ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&device.address), LengthOf(device.address)) != 0)
-      return FromErrno(errno,
-                       fmt::format("tcp: bind to {} ({})", DescribeAddress(device.address), device.properties.name));
-    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&p->peer_), LengthOf(p->peer_)) != 0 &&
-        errno != EINPROGRESS) {
+        ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&local), LengthOf(local)) != 0)
+      return FromErrno(errno, fmt::format("tcp: bind to {} ({})", DescribeAddress(local), device.properties.name));
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&peer), LengthOf(peer)) != 0 && errno != EINPROGRESS) {
       if (errno == ECONNREFUSED)
         return RemoteError(
-            fmt::format("tcp: connecting to {}: connection refused (the listener is gone)", DescribeAddress(p->peer_)));
-      return FromErrno(errno, fmt::format("tcp: connect to {}", DescribeAddress(p->peer_)));
+            fmt::format("tcp: connecting to {}: connection refused (the listener is gone)", DescribeAddress(peer)));
+      return FromErrno(errno, fmt::format("tcp: connect to {}", DescribeAddress(peer)));
     }
     StreamState st;
     st.fd = std::move(fd);
@@ -285,9 +355,10 @@ Status PendingConnect::Advance(StreamState& s, int index) {
     socklen_t len = sizeof err;
     if (::getsockopt(s.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
     if (err == ECONNREFUSED)
-      return RemoteError(
-          fmt::format("tcp: connecting to {}: connection refused (the listener is gone)", DescribeAddress(peer_)));
-    if (err != 0) return FromErrno(err, fmt::format("tcp: connect to {}", DescribeAddress(peer_)));
+      return RemoteError(fmt::format("tcp: connecting to {}: connection refused (the listener is gone)",
+                                     DescribeAddress(peers_[static_cast<size_t>(index)])));
+    if (err != 0)
+      return FromErrno(err, fmt::format("tcp: connect to {}", DescribeAddress(peers_[static_cast<size_t>(index)])));
     Hello h;
     h.secret = wire_.secret;
     h.nonce = nonce_;
@@ -295,7 +366,8 @@ Status PendingConnect::Advance(StreamState& s, int index) {
     h.streams = static_cast<uint16_t>(streams_.size());
     const ssize_t k = ::send(s.fd.get(), &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k != static_cast<ssize_t>(sizeof h))
-      return RemoteError(fmt::format("tcp: {}: the listener went away during the handshake", DescribeAddress(peer_)));
+      return RemoteError(fmt::format("tcp: {}: the listener went away during the handshake",
+                                     DescribeAddress(peers_[static_cast<size_t>(index)])));
     s.phase = Phase::kHelloSent;
   }
   if (s.phase == Phase::kHelloSent) {
@@ -311,12 +383,12 @@ Status PendingConnect::Advance(StreamState& s, int index) {
       return RemoteError(
           fmt::format("tcp: {} closed the connection during the handshake (a handle of a listener "
                       "that was closed, or one whose secret did not match)",
-                      DescribeAddress(peer_)));
+                      DescribeAddress(peers_[static_cast<size_t>(index)])));
     }
     if (s.welcome.magic != kWelcomeMagic || s.welcome.nonce != nonce_ ||
         s.welcome.stream != static_cast<uint32_t>(index))
-      return RemoteError(
-          fmt::format("tcp: {} answered the hello with something that is not its welcome", DescribeAddress(peer_)));
+      return RemoteError(fmt::format("tcp: {} answered the hello with something that is not its welcome",
+                                     DescribeAddress(peers_[static_cast<size_t>(index)])));
     s.phase = Phase::kWelcomed;
   }
   return Status::Ok();
@@ -332,7 +404,7 @@ Result<std::unique_ptr<SendComm>> PendingConnect::Poll() {
   std::vector<UniqueFd> fds;
   for (StreamState& s : streams_) fds.push_back(std::move(s.fd));
   const std::string label =
-      fmt::format("tcp:{} {} ({} streams)", device_.properties.name, LocalAndPeer(fds[0].get(), "->"), fds.size());
+      fmt::format("tcp:{} {} ({} streams)", device_.properties.name, StreamsLabel(fds, "->"), fds.size());
   return std::unique_ptr<SendComm>(new TcpSendComm(label, device_.properties, std::move(fds), hub_));
 }
 

@@ -1,12 +1,12 @@
 // Handles, listening, connecting and accepting for the tcp fabric (README.md, "Connections").
 //
 // A handle (44 bytes) carries the listener's address and port, a 128-bit random secret and the
-// protocol version. Connect opens `streams` sockets to it, non-blocking, and sends a hello on each
-// (the secret, a random 64-bit connection nonce, the stream's index); Accept reads hellos without
-// blocking, checks the secret in constant time, gathers a connection's streams by nonce, and
-// answers each with a welcome once all have arrived. The connecting side has its SendComm once
-// every welcome is in. A hello that fails the checks is logged and its socket closed: nothing it
-// carried reaches a comm.
+// protocol version; a bundle's (parallel cables to one peer, DeviceAddress::more) adds the port and
+// address of each further cable's listening socket, 18 bytes each. Connect opens `streams` sockets to it, non-blocking,
+// and sends a hello on each (the secret, a random 64-bit connection nonce, the stream's index); Accept reads hellos
+// without blocking, checks the secret in constant time, gathers a connection's streams by nonce, and answers each with
+// a welcome once all have arrived. The connecting side has its SendComm once every welcome is in. A hello that fails
+// the checks is logged and its socket closed: nothing it carried reaches a comm.
 #pragma once
 
 #include <poll.h>
@@ -50,6 +50,15 @@ struct WireHandle {
 };
 static_assert(sizeof(WireHandle) == 44);
 
+// A further cable's listening socket in a bundle's handle, after the WireHandle.
+struct WireCable {
+  uint16_t port = 0;                  // host byte order
+  std::array<uint8_t, 16> address{};  // network byte order; IPv4 in the first 4 bytes
+};
+static_assert(sizeof(WireCable) == 18);
+// Cables in one bundle, at most: what a handle holds.
+inline constexpr int kMaxBundle = 1 + static_cast<int>((kHandleMaxBytes - sizeof(WireHandle)) / sizeof(WireCable));
+
 struct Hello {
   uint32_t magic = kHelloMagic;
   uint16_t version = kProtocolVersion;
@@ -69,17 +78,26 @@ struct Welcome {
 };
 static_assert(sizeof(Welcome) == 16);
 
-Handle EncodeHandle(const WireHandle& h);
+Handle EncodeHandle(const WireHandle& h, const std::vector<WireCable>& more = {});
 // kInvalidArgument naming what is wrong: size, magic, version, byte order, address family, port.
-Result<WireHandle> DecodeHandle(const Handle& handle);
+// `more`, when given, receives a bundle's further cables.
+Result<WireHandle> DecodeHandle(const Handle& handle, std::vector<WireCable>* more = nullptr);
 // "10.0.0.1:4242", "[fd00::1]:4242".
 std::string DescribeAddress(const sockaddr_storage& a);
 sockaddr_storage AddressOf(const WireHandle& h);
+sockaddr_storage AddressOf(const WireHandle& h, const WireCable& c);
 
 // A device as the endpoint needs it: its properties and the address its sockets bind to.
 struct DeviceAddress {
   FabricDeviceProperties properties;
   sockaddr_storage address{};  // port 0
+  // A bundle: further cables to the same peer, each with the address of its own interface. A
+  // connection's streams go round the cables (stream s on cable s mod cables, `address` being
+  // cable 0), each to the peer's end of its cable: the peer's cable at_peer[i] (the order of the
+  // peer's handle) is this side's cable i. A listener listens on every cable.
+  std::vector<sockaddr_storage> more;
+  std::vector<int> at_peer;  // empty: a single cable (or none)
+  int cables() const { return 1 + static_cast<int>(more.size()); }
 };
 
 class TcpListenComm : public ListenComm {
@@ -97,14 +115,14 @@ class TcpListenComm : public ListenComm {
     size_t got = 0;
     std::chrono::steady_clock::time_point since;
   };
-  TcpListenComm(FabricDeviceProperties properties, Handle handle, WireHandle wire, UniqueFd fd, Hub& hub)
-      : ListenComm(std::move(properties), handle), wire_(wire), fd_(std::move(fd)), hub_(hub) {}
+  TcpListenComm(FabricDeviceProperties properties, Handle handle, WireHandle wire, std::vector<UniqueFd> fds, Hub& hub)
+      : ListenComm(std::move(properties), handle), wire_(wire), fds_(std::move(fds)), hub_(hub) {}
   // Reads what the pending sockets sent; a complete, valid hello joins its connection's streams.
   void ReadHellos();
 
   std::mutex mu_;
   WireHandle wire_;
-  UniqueFd fd_;
+  std::vector<UniqueFd> fds_;  // listening: one socket per cable of the device
   Hub& hub_;
   std::vector<Incoming> incoming_;                       // accepted, hello not complete
   std::map<uint64_t, std::vector<UniqueFd>> gathering_;  // by nonce: the streams so far (by index)
@@ -136,7 +154,7 @@ class PendingConnect {
   DeviceAddress device_;
   Hub& hub_;
   WireHandle wire_;
-  sockaddr_storage peer_{};
+  std::vector<sockaddr_storage> peers_;  // per stream: the peer's end of the stream's cable
   uint64_t nonce_ = 0;
   std::vector<StreamState> streams_;
 };

@@ -161,17 +161,32 @@ Result<std::unique_ptr<Fabric>> TcpFabric::CreateWith(const Config& config, cons
   };
   auto log = [&](const DeviceAddress& d) {
     const FabricDeviceProperties& p = d.properties;
-    KZ_INFO(kLogFabric, "tcp: device {}: {} ({}){}, {} Gb/s, {} socket(s) per connection", p.index, p.name,
-            DescribeAddress(d.address),
+    std::string where = DescribeAddress(d.address);
+    for (const sockaddr_storage& a : d.more) where += ", " + DescribeAddress(a);
+    KZ_INFO(kLogFabric, "tcp: device {}: {} ({}){}, {} Gb/s, {} socket(s) per connection", p.index, p.name, where,
             p.link_peer
                 ? fmt::format(", cabled to {}:{} (rank {})", p.link_peer->node, p.link_peer->port, p.link_peer->rank)
                 : "",
-            p.speed_gbps > 0 ? fmt::format("{:.1f}", p.speed_gbps) : "unknown", streams);
+            p.speed_gbps > 0 ? fmt::format("{:.1f}", p.speed_gbps) : "unknown",
+            std::min(kMaxStreams, streams * d.cables()));
   };
 
-  // Cables to other hosts first: a port's interface reaches only its cable's other end.
+  // Cables to other hosts first: a port's interface reaches only its cable's other end. Parallel
+  // cables to one rank are one device, a bundle, whose connections' streams go round them.
   KZ_ASSIGN_OR_RETURN(const std::vector<CablePort> cables, CablePorts(config, context));
   std::vector<std::string> cabled;
+  const size_t first_cable = devices.size();
+  std::vector<std::vector<const CablePort*>> bundles;
+  for (const CablePort& c : cables) {
+    if (static_cast<size_t>(c.bundle) >= bundles.size()) bundles.resize(static_cast<size_t>(c.bundle) + 1);
+    bundles[static_cast<size_t>(c.bundle)].push_back(&c);
+  }
+  for (const std::vector<const CablePort*>& bundle : bundles) {
+    if (static_cast<int>(bundle.size()) > kMaxBundle)
+      return InvalidArgument(fmt::format("tcp: topology {} has {} cables between {} and {}; a bundle takes at most {}",
+                                         bundle[0]->topology, bundle.size(), bundle[0]->node, bundle[0]->peer.node,
+                                         kMaxBundle));
+  }
   for (const CablePort& c : cables) {
     const Interface* itf = nullptr;  // its IPv4 address, else a routable IPv6 one
     for (const Interface& i : all) {
@@ -187,14 +202,38 @@ Result<std::unique_ptr<Fabric>> TcpFabric::CreateWith(const Config& config, cons
           "tcp: topology {} cables {}'s port {} to {} (rank {}) on another host, but this host has no interface "
           "'{}' with an address (it has: {}); name the ports' interfaces in the node's \"interfaces\"",
           c.topology, c.node, c.port, c.peer.node, c.peer.rank, c.interface, offered.empty() ? "none" : offered));
+    cabled.push_back(c.interface);
+    if (c.cable > 0) {  // a further cable of the bundle: its address, and its speed added
+      DeviceAddress& d = devices[first_cable + static_cast<size_t>(c.bundle)];
+      sockaddr_storage a = itf->address;
+      if (a.ss_family != d.address.ss_family)
+        return InvalidArgument(
+            fmt::format("tcp: topology {} bundles {}'s ports {} and {}, whose interfaces {} and {} "
+                        "have addresses of different families",
+                        c.topology, c.node, bundles[static_cast<size_t>(c.bundle)][0]->port, c.port,
+                        bundles[static_cast<size_t>(c.bundle)][0]->interface, c.interface));
+      if (a.ss_family == AF_INET) {
+        reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
+      } else {
+        reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
+      }
+      d.more.push_back(a);
+      d.at_peer.push_back(c.peer_cable);
+      d.properties.name += fmt::format("+port{}:{}", c.port, c.interface);
+      if (c.bandwidth_gbps > 0 && d.properties.speed_gbps > 0) d.properties.speed_gbps += c.bandwidth_gbps;
+      continue;
+    }
     FabricDeviceProperties& p = add(*itf);
     p.name = fmt::format("{}:port{}:{}", c.node, c.port, c.interface);
     p.point_to_point = true;
     p.link_peer = c.peer;
     if (c.bandwidth_gbps > 0) p.speed_gbps = c.bandwidth_gbps;
     p.latency_us = c.latency_us;
-    cabled.push_back(c.interface);
-    log(devices.back());
+    devices.back().at_peer.push_back(c.peer_cable);
+  }
+  for (size_t d = first_cable; d < devices.size(); ++d) {
+    if (devices[d].cables() == 1) devices[d].at_peer.clear();
+    log(devices[d]);
   }
 
   const std::vector<std::string> wanted = InterfacesFromConfig(config.fabric);
@@ -244,7 +283,9 @@ Result<std::unique_ptr<SendComm>> TcpFabric::DoConnect(int dev, const Handle& ha
       return InvalidArgument(fmt::format("tcp: device {} ({}) has no address of the handle's family ({})", dev,
                                          devices_[static_cast<size_t>(dev)].name,
                                          w.family == AF_INET ? "IPv4" : "IPv6"));
-    return PendingConnect::Start(addresses_[static_cast<size_t>(dev)], handle, streams_, hub_);
+    // A bundle's connection: as many streams on each of its cables as one cable's has.
+    const DeviceAddress& d = addresses_[static_cast<size_t>(dev)];
+    return PendingConnect::Start(d, handle, std::min(kMaxStreams, streams_ * d.cables()), hub_);
   });
 }
 

@@ -13,9 +13,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "fabric/tcp/endpoint.h"
@@ -165,6 +168,81 @@ TEST(Tcp, CablesToOtherHostsArePointToPointDevices) {
   EXPECT_FALSE((*local)->properties(0)->point_to_point);
 }
 
+// Parallel cables between two ranks (here crossed: w0's port 0 to w1's port 1 and the other way)
+// are one device, a bundle: its speed their sum, its connections' streams on each cable in turn,
+// from a cable's own address to the far end of that cable; 8 MiB arrive intact.
+TEST(Tcp, ParallelCablesAreOneBundle) {
+  const std::string file = ::testing::TempDir() + "/bundle.json";
+  {
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(
+        R"({"name": "pair", "nodes": [{"name": "w0", "rank": 0, "ports": 2}, {"name": "w1", "rank": 1, "ports": 2}],
+     "links": [{"a": "w0:0", "b": "w1:1", "bandwidth_gbps": 10}, {"a": "w0:1", "b": "w1:0", "bandwidth_gbps": 10}]})",
+        f);
+    std::fclose(f);
+  }
+  Config config;
+  config.topology = file;
+  std::unique_ptr<Fabric> fabrics[2];
+  const char* addresses[2][2] = {{"127.0.1.1", "127.0.1.2"}, {"127.0.2.1", "127.0.2.2"}};
+  for (int r = 0; r < 2; ++r) {
+    FabricContext ctx;
+    ctx.rank = r;
+    ctx.world_size = 2;
+    ctx.rank_hosts = {"A", "B"};
+    ctx.host_id = ctx.rank_hosts[static_cast<size_t>(r)];
+    auto f = TcpFabric::CreateWith(config, ctx, {V4("p0", addresses[r][0]), V4("p1", addresses[r][1])}, 2);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    fabrics[r] = std::move(f).value();
+    ASSERT_EQ(fabrics[r]->device_count(), 1);
+    const FabricDeviceProperties p = *fabrics[r]->properties(0);
+    EXPECT_EQ(p.name, fmt::format("w{}:port0:p0+port1:p1", r));
+    EXPECT_TRUE(p.point_to_point);
+    EXPECT_EQ(p.speed_gbps, 20);
+    ASSERT_TRUE(p.link_peer.has_value());
+    EXPECT_EQ(p.link_peer->rank, 1 - r);
+    EXPECT_EQ(p.link_peer->port, 0);
+  }
+  auto listen = fabrics[0]->Listen(0);
+  ASSERT_TRUE(listen.ok()) << listen.status().ToString();
+  std::unique_ptr<SendComm> send;
+  std::unique_ptr<RecvComm> recv;
+  for (const Deadline d = Deadline::AfterSeconds(10); (send == nullptr || recv == nullptr) && !d.Expired();) {
+    if (send == nullptr) {
+      auto s = fabrics[1]->Connect(0, (*listen)->handle());
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      send = std::move(s).value();
+    }
+    if (recv == nullptr) {
+      auto r = (*listen)->Accept();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      recv = std::move(r).value();
+    }
+  }
+  ASSERT_NE(send, nullptr);
+  ASSERT_NE(recv, nullptr);
+  // w1's port 0 (127.0.2.1) is cabled to w0's port 1 (127.0.1.2), its port 1 to w0's port 0.
+  const std::string& label = send->label();
+  EXPECT_NE(label.find("4 streams"), std::string::npos) << label;
+  EXPECT_NE(label.find("127.0.2.1:"), std::string::npos) << label;
+  EXPECT_NE(label.find("->127.0.1.2:"), std::string::npos) << label;
+  EXPECT_NE(label.find("127.0.2.2:"), std::string::npos) << label;
+  EXPECT_NE(label.find("->127.0.1.1:"), std::string::npos) << label;
+  const size_t size = 8u << 20;
+  std::vector<uint8_t> out(size), in(size);
+  for (size_t i = 0; i < size; ++i) out[i] = static_cast<uint8_t>(i * 13 + i / 4099);
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * sreg, send->Register(MemoryDescriptor::Host(out.data(), out.size())));
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * rreg, recv->Register(MemoryDescriptor::Host(in.data(), in.size())));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * r, recv->Recv(in.data(), in.size(), 1, rreg));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * s, send->Send(out.data(), size, 1, sreg));
+  std::thread t([&] { KZ_EXPECT_OK(send->Wait(s, Deadline::AfterSeconds(10)).status()); });
+  KZ_ASSERT_OK_AND_ASSIGN(size_t got, recv->Wait(r, Deadline::AfterSeconds(10)));
+  t.join();
+  EXPECT_EQ(got, size);
+  EXPECT_TRUE(in == out);
+}
+
 TEST(Tcp, HandlesRoundTripAndBadOnesAreRefused) {
   WireHandle w;
   w.family = AF_INET;
@@ -190,6 +268,19 @@ TEST(Tcp, HandlesRoundTripAndBadOnesAreRefused) {
   Handle short_one = h;
   short_one.size -= 1;
   EXPECT_EQ(DecodeHandle(short_one).status().code(), StatusCode::kInvalidArgument);
+  // A bundle's handle: a further cable's port and address after it.
+  WireCable c;
+  c.port = 4343;
+  c.address = {127, 0, 0, 2};
+  const Handle two = EncodeHandle(w, {c});
+  EXPECT_EQ(two.size, sizeof(WireHandle) + sizeof(WireCable));
+  std::vector<WireCable> more;
+  auto back2 = DecodeHandle(two, &more);
+  ASSERT_TRUE(back2.ok()) << back2.status().ToString();
+  ASSERT_EQ(more.size(), 1u);
+  EXPECT_EQ(DescribeAddress(AddressOf(*back2, more[0])), "127.0.0.2:4343");
+  c.port = 0;
+  EXPECT_EQ(DecodeHandle(EncodeHandle(w, {c}), &more).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Tcp, FramesOutsideTheirMessageAreRefused) {

@@ -161,24 +161,31 @@ CollectiveRequest RequestFor(Collective collective, int nranks, size_t count, Da
 
 std::string Engine::FabricOf(int q) const { return transport_ ? std::string(transport_->FabricOf(q)) : std::string(); }
 
-PlanOptions Engine::ChoiceOptions(DataType type) const {
+PlanOptions Engine::ChoiceOptions(const CollectiveRequest& request) const {
   PlanOptions popts;
-  const size_t elem = std::max<size_t>(1, DataTypeSize(type));
-  popts.chunk_count = std::max<uint64_t>(1, executor_->slot_bytes_for(1, config_->chunk_bytes.value_or(0)) / elem);
+  const size_t elem = std::max<size_t>(1, DataTypeSize(request.dtype));
+  // The channels a call of it alone asks for (Prepare): a large one's algorithm may use them (the
+  // torus goes both ways round its lines only with two).
+  const size_t bytes = std::max(request.input_count(), request.output_count()) * elem;
+  popts.channels = bytes >= kTwoChannelBytes ? 2 : 1;
+  popts.chunk_count =
+      std::max<uint64_t>(1, executor_->slot_bytes_for(popts.channels, config_->chunk_bytes.value_or(0)) / elem);
   popts.deterministic = config_->deterministic;
   return popts;
 }
 
 Result<std::string> Engine::ExplainChoice(Collective collective, size_t count, DataType type, bool balance) const {
-  PlanOptions popts = ChoiceOptions(type);
+  const CollectiveRequest request = RequestFor(collective, size_, count, type);
+  PlanOptions popts = ChoiceOptions(request);
   popts.balance = balance;
-  KZ_ASSIGN_OR_RETURN(Selection sel, Select(RequestFor(collective, size_, count, type), popts, std::nullopt, false));
+  KZ_ASSIGN_OR_RETURN(Selection sel, Select(request, popts, std::nullopt, false));
   return SelectionToString(sel);
 }
 
 Prediction Engine::PredictWith(Collective collective, size_t count, DataType type, Algorithm algorithm,
                                const CostConstants& constants) const {
-  return Predict(algorithm, RequestFor(collective, size_, count, type), shape_, ChoiceOptions(type), constants);
+  const CollectiveRequest request = RequestFor(collective, size_, count, type);
+  return Predict(algorithm, request, shape_, ChoiceOptions(request), constants);
 }
 
 // ---------------------------------------------------------------------------------------------

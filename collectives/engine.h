@@ -164,8 +164,9 @@ class Engine {
   // named an algorithm; `grouped`: fused is not a candidate.
   Result<Selection> Select(const CollectiveRequest& request, const PlanOptions& options,
                            std::optional<Algorithm> per_call, bool grouped) const;
-  // The plan options of ExplainChoice and PredictWith (a call's chunk, the configuration's mode).
-  PlanOptions ChoiceOptions(DataType type) const;
+  // The plan options of ExplainChoice and PredictWith: those of a call of `request` alone (its
+  // channels and chunk, the configuration's mode).
+  PlanOptions ChoiceOptions(const CollectiveRequest& request) const;
   // Builds the selection's choice, falling back to the next supported candidate by predicted time
   // when building answers kNotSupported (what only building can tell: a deterministic plan on
   // links that are not all there, a point-to-point peer out of reach).

@@ -3,9 +3,10 @@
 # cable, no switch), with a management network for the bootstrap only, one rank per host. The tcp
 # fabric's devices are then the ranks' cabled ports (fabric/tcp/README.md, "Cables"), and nothing
 # else carries data (KIZUNA_FABRIC=tcp). On a ring of 4 hosts and on a 2 x 2 torus (where ranks 1
-# and 2 share no cable, and the ring goes 0, 1, 3, 2) every collective the ring serves must give
-# checked results; every rank's log must name its cables; the cables must have carried the data,
-# and the management network next to nothing.
+# and 2 share no cable, and the ring goes 0, 1, 3, 2; neighbours share two cables, one device each
+# pair, a bundle) every collective the ring serves must give checked results; a large AllReduce must
+# go along the torus's lines (the torus algorithm, both directions at once); every rank's log must
+# name its cables; every cable must have carried data, and the management network next to nothing.
 #
 #   cables_test.sh KIZUNA_BENCH KIZUNA_NETNS KIZUNA_TOPO
 #
@@ -32,9 +33,9 @@ trap '[[ -z $pfx ]] || "$netns" down --name "$pfx" >/dev/null 2>&1' EXIT
 # Bytes an interface of host h has sent (tx) or received (rx).
 bytes() { "$netns" exec "$pfx" "$1" -- cat "/sys/class/net/$2/statistics/$3_bytes"; }
 
-# One layout: KIND SHAPE PORTS, e.g. "ring 4 2".
+# One layout: KIND SHAPE PORTS NEIGHBOURS, e.g. "ring 4 2 2".
 run_layout() {
-  local kind=$1 shape=$2 ports=$3 name="$1-$2"
+  local kind=$1 shape=$2 ports=$3 neighbours=$4 name="$1-$2"
   pfx="kzcab$$-$kind"
   "$topo" --generate "$kind" "$shape" >"$tmp/$name.json" || fail "kizuna-topo --generate $kind $shape"
   local out
@@ -50,7 +51,7 @@ run_layout() {
     rm -f "$tmp/unique_id"
     pids=()
     for ((r = 0; r < n; r++)); do
-      env KIZUNA_TIMEOUT=60 KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT,FABRIC KIZUNA_FABRIC=tcp \
+      env KIZUNA_TIMEOUT=60 KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT,FABRIC,COLL KIZUNA_FABRIC=tcp \
         "KIZUNA_TOPOLOGY=$tmp/$name.json" "KIZUNA_UNIQUE_ID_FILE=$tmp/unique_id" "KIZUNA_ROOT=10.77.0.1:$port" \
         WORLD_SIZE=$n RANK=$r LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
         "$netns" exec "$pfx" "$r" -- timeout -k 5 120 "$bench" --coll "$coll" -b 8 -e 4M -f 64 -n 2 -w 1 -c 1 \
@@ -64,18 +65,27 @@ run_layout() {
       fail "$name $coll: rank 0's results: $(grep '^# Out of bounds' "$tmp/$name.$coll.0.log")"
     echo "$name $coll: results checked"
   done
-  # Every port is a device cabled to a neighbour, named in the log.
+  # Every neighbour is a device (its cables bundled) named in the log, and the large AllReduce goes
+  # along the torus's lines.
   for ((r = 0; r < n; r++)); do
-    local devices
-    devices=$(grep -c "tcp: device [0-9]*: w$r:port[0-9]*:p[0-9]* .*cabled to w[0-9]*:[0-9]* (rank [0-9]*)" \
+    local devices cables
+    devices=$(grep -c "tcp: device [0-9]*: w$r:port[0-9]*:p[0-9]*\(+port[0-9]*:p[0-9]*\)* .*cabled to w[0-9]*:[0-9]* (rank [0-9]*)" \
       "$tmp/$name.allreduce.$r.log")
-    [[ $devices -eq $ports ]] || fail "$name: rank $r names $devices cabled devices, not $ports"
+    [[ $devices -eq $neighbours ]] || fail "$name: rank $r names $devices cabled devices, not $neighbours"
+    cables=$(grep "tcp: device [0-9]*: w$r:" "$tmp/$name.allreduce.$r.log" | grep -o ":p[0-9]*[+ ]" | sort -u | wc -l)
+    [[ $cables -eq $ports ]] || fail "$name: rank $r's devices name $cables ports, not $ports"
+    grep -q "plan: allreduce count=524288 float32 sum nranks=4 via torus" "$tmp/$name.allreduce.$r.log" ||
+      fail "$name: rank $r's 2 MiB AllReduce did not go along the torus's lines: $(grep 'count=524288' "$tmp/$name.allreduce.$r.log")"
   done
-  # The cables carried the data (4 MiB AllReduce alone sends 6 MiB a rank), the management network
-  # only the bootstrap's messages.
+  # The cables carried the data (a 2 MiB AllReduce alone sends 3 MiB a rank), every cable its share,
+  # the management network only the bootstrap's messages.
   for ((h = 0; h < n; h++)); do
-    local cabled=0 mgmt
-    for ((k = 0; k < ports; k++)); do cabled=$((cabled + $(bytes "$h" "p$k" tx) - before[$h.p$k])); done
+    local cabled=0 mgmt sent
+    for ((k = 0; k < ports; k++)); do
+      sent=$(($(bytes "$h" "p$k" tx) - before[$h.p$k]))
+      [[ $sent -gt 1000000 ]] || fail "$name: host $h's cable p$k carried $sent bytes"
+      cabled=$((cabled + sent))
+    done
     mgmt=$(($(bytes "$h" eth0 tx) - before[$h.eth0]))
     echo "$name host $h: its cables sent $cabled B, its management interface $mgmt B"
     [[ $cabled -gt 4000000 ]] || fail "$name: host $h's cables carried $cabled bytes"
@@ -85,6 +95,6 @@ run_layout() {
   pfx=""
 }
 
-run_layout ring 4 2
-run_layout torus2d 2x2 4
+run_layout ring 4 2 2
+run_layout torus2d 2x2 4 2
 echo PASS

@@ -79,6 +79,8 @@ bool Model::Resolve() {
   cpu_.assign(n, 0);
   wout_.assign(n, 0);
   win_.assign(n, 0);
+  pout_.assign(n, 0);
+  pin_.assign(n, 0);
   stage_.assign(n, 0);
   red_.assign(n, 0);
   stage_cpu_.assign(n, 0);
@@ -122,8 +124,8 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double stage_bytes, int chan
       if (per_link_) {
         link_wire[{h.from, h.to}] += wire;
       } else {
-        wout_[from] += wire;
-        win_[to] += wire;
+        (l.paced ? pout_ : wout_)[from] += wire;
+        (l.paced ? pin_ : win_)[to] += wire;
       }
       // Memory traffic of each channel's message: read at the sender, written at the receiver,
       // each staging copy a read and a write, a reduction two reads and a write.
@@ -144,15 +146,22 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double stage_bytes, int chan
     }
   }
   for (const auto& [link, wire] : link_wire) {
-    wout_[static_cast<size_t>(link.first)] = std::max(wout_[static_cast<size_t>(link.first)], wire);
-    win_[static_cast<size_t>(link.second)] = std::max(win_[static_cast<size_t>(link.second)], wire);
+    const bool paced = shape_.link(link.first, link.second).paced;
+    double& out = (paced ? pout_ : wout_)[static_cast<size_t>(link.first)];
+    double& in = (paced ? pin_ : win_)[static_cast<size_t>(link.second)];
+    out = std::max(out, wire);
+    in = std::max(in, wire);
   }
+  // A rank's wire time: its paced cables' own, or its other links' stretched by the CPUs' turns.
+  auto wire_of = [&](size_t i, double slow) {
+    return std::max(std::max(pout_[i], pin_[i]), slow * std::max(wout_[i], win_[i]));
+  };
   // The critical rank: the largest per-rank time, the lowest rank on a tie.
   int worst = -1;
   double worst_time = -1;
   for (int r : touched_) {
     const auto i = static_cast<size_t>(r);
-    const double t = cpu_[i] + std::max(wout_[i], win_[i]) + stage_[i] + red_[i];
+    const double t = cpu_[i] + wire_of(i, 1) + stage_[i] + red_[i];
     if (t > worst_time || (t == worst_time && r < worst)) {
       worst = r;
       worst_time = t;
@@ -164,13 +173,13 @@ StageCost Model::Cost(const std::vector<Hop>& hops, double stage_bytes, int chan
     // Ranks beyond the CPUs stretch the CPUs' work; a device's own pace (a throttle) is a floor.
     const double ch = static_cast<double>(channels), slow = host.slowdown;
     c.alpha = latency + host.wake_s + ch * slow * cpu_[i];
-    c.beta = ch * (slow * std::max(wout_[i], win_[i]) + std::max(stage_[i], slow * stage_cpu_[i]));
+    c.beta = ch * (wire_of(i, slow) + std::max(stage_[i], slow * stage_cpu_[i]));
     c.gamma = ch * std::max(red_[i], slow * red_cpu_[i]);
     c.beta += std::max(0.0, host.memory_s - c.beta - c.gamma);
   }
   for (int r : touched_) {
     const auto i = static_cast<size_t>(r);
-    cpu_[i] = wout_[i] = win_[i] = stage_[i] = red_[i] = stage_cpu_[i] = red_cpu_[i] = 0;
+    cpu_[i] = wout_[i] = win_[i] = pout_[i] = pin_[i] = stage_[i] = red_[i] = stage_cpu_[i] = red_cpu_[i] = 0;
     touched_mark_[i] = 0;
   }
   touched_.clear();

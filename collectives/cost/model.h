@@ -13,15 +13,18 @@
 //   cpu_r      = (message_overhead + step_overhead) per message it sends or receives: the
 //                executor is one thread per communicator, so channels' messages serialize on it;
 //   wire_out_r = Σ b / link bandwidth over the hops it sends (wire_in_r: receives); a rank's
-//                concurrent transfers share its bandwidth (a NIC, or the host's memory);
+//                concurrent transfers share its bandwidth (a NIC, or the host's memory), except
+//                in the torus's plans, where each link is a cable of its own (the largest link's
+//                sum counts);
 //   staging_r  = Σ b / staging copy speed for every message it packs or unpacks through a
 //                staging buffer (LinkDesc::staged: one copy at each end);
 //   reduce_r   = Σ 2·b / reduce speed for every message it reduces into its data (2 inputs);
 //   launches   = one device operation per staging copy and per reduction (RankDesc::launch_us).
 // Ranks that share a host share its CPUs and, for devices that compute on the host, its memory
 // (cost_model_host.h): a stage with more of a host's ranks than it has CPUs takes that many times
-// longer per rank plus a wake-up per thread beyond the CPUs, and never less than the host's memory
-// traffic over the host's memory bandwidth.
+// longer per rank (but for the wire time of cables at their own pace, LinkDesc::paced, which the
+// CPUs' turns do not stretch: the larger of that and the stretched rest) plus a wake-up per thread
+// beyond the CPUs, and never less than the host's memory traffic over the host's memory bandwidth.
 // The α, β and γ terms are reported apart (Prediction): α = latency + launches + cpu, β = wire +
 // staging + local copies (bytes moved), γ = reductions and the avg epilogue (arithmetic).
 //

@@ -47,6 +47,14 @@ TEST(CostModelTest, OversubscribedHostByHand) {
   CommTopology two_kernels = one_kernel;
   two_kernels.ranks[2].host_id = two_kernels.ranks[3].host_id = "ns1:c0ffee00";
   EXPECT_NEAR(Predict(Algorithm::kRing, r, two_kernels, Options(), k).seconds, 23.472e-6, 1e-12);
+  // Cables at their own pace (LinkDesc::paced: namespace hosts wired by shaped cables): the CPUs'
+  // turns stretch the CPU and reduce terms, not the wire's.
+  CommTopology cabled = one_kernel;
+  for (LinkDesc& l : cabled.links) l.paced = true;
+  const Prediction paced = Predict(Algorithm::kRing, r, cabled, Options(), k);
+  EXPECT_NEAR(paced.alpha_s, ring.alpha_s, 1e-15);
+  EXPECT_NEAR(paced.beta_s, 6 * (4096 / 10e9), 1e-15);
+  EXPECT_NEAR(paced.gamma_s, ring.gamma_s, 1e-15);
   // Devices that compute on the host: a plan step also needs the device's stream thread, so 4
   // ranks on 4 CPUs run 8 threads: 4 wake-ups per ring stage, none for the fused pass (the
   // calling threads alone). The memory and cache terms are kept out of the way here.

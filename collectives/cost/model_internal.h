@@ -213,6 +213,7 @@ class Model {
   double StepLaunch(size_t rank) const { return on_caller_ ? 0.0 : launch_[rank]; }
   // Per-stage scratch, reset after each stage.
   std::vector<double> cpu_, wout_, win_, stage_, red_, stage_cpu_, red_cpu_;
+  std::vector<double> pout_, pin_;  // wire time on paced links (LinkDesc::paced), which slowdown leaves
   std::vector<char> touched_mark_;
   std::vector<int> touched_;
 

@@ -37,7 +37,7 @@ void GetRank(wire::Reader& in, RankDesc& r) {
 }
 
 void PutLink(wire::Bytes& out, const LinkDesc& l) {
-  wire::PutU8(out, static_cast<uint8_t>((l.reachable ? 1 : 0) | (l.staged ? 2 : 0)));
+  wire::PutU8(out, static_cast<uint8_t>((l.reachable ? 1 : 0) | (l.staged ? 2 : 0) | (l.paced ? 4 : 0)));
   wire::PutF64(out, l.latency_us);
   wire::PutF64(out, l.gbps);
 }
@@ -46,6 +46,7 @@ void GetLink(wire::Reader& in, LinkDesc& l) {
   const uint8_t flags = in.U8();
   l.reachable = (flags & 1) != 0;
   l.staged = (flags & 2) != 0;
+  l.paced = (flags & 4) != 0;
   l.latency_us = in.F64();
   l.gbps = in.F64();
 }

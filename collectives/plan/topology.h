@@ -36,6 +36,10 @@ struct LinkDesc {
   double latency_us = 0;    // one-way latency of a small message; 0: unknown
   double gbps = 0;          // bandwidth per direction, GB/s (bytes); 0: unknown
   bool staged = true;       // bytes go through staging buffers on both ends (an extra device copy each)
+  // `gbps` is the pace of a cable of the pair's own (a port cabled to a rank on another host, at
+  // the rate its topology gives), which ranks taking turns on their host's CPUs do not stretch;
+  // false: the speed of a NIC or a copy, whose bytes the CPUs move (the cost model stretches it).
+  bool paced = false;
 };
 
 struct CommTopology {

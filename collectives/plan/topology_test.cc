@@ -35,6 +35,7 @@ TEST(Shape, SerializeRoundTrips) {
   CommTopology s = CommTopology::Uniform(3, Rank("a", 2), Link(25, true));
   s.ranks[2] = Rank("b", 16);
   s.link(0, 2) = Link(12.5, false);
+  s.link(1, 2).paced = true;
   s.direct = true;
   s.direct_inline_bytes = 16 << 10;
   Result<CommTopology> back = CommTopology::Deserialize(s.Serialize());
@@ -44,6 +45,8 @@ TEST(Shape, SerializeRoundTrips) {
   EXPECT_EQ(back->ranks[2].host_cpus, 16);
   EXPECT_FALSE(back->link(0, 2).staged);
   EXPECT_EQ(back->link(0, 2).gbps, 12.5);
+  EXPECT_TRUE(back->link(1, 2).paced);
+  EXPECT_FALSE(back->link(0, 2).paced);
   EXPECT_TRUE(back->direct);
   EXPECT_EQ(back->direct_inline_bytes, 16u << 10);
 }

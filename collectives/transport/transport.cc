@@ -456,7 +456,11 @@ Status Transport::Planner::Route() {
     // FabricDeviceProperties::speed_gbps is in gigabits per second (as NICs are rated);
     // LinkDesc::gbps is in gigabytes per second (as the cost model counts bytes): divide by 8.
     const FabricDeviceProperties& via = map.props(dev);
-    t_.link_row_[static_cast<size_t>(q)] = LinkDesc{true, via.latency_us, via.speed_gbps / 8.0, true};
+    // A cable to another host at a known rate: the wire's own pace (LinkDesc::paced).
+    const bool other_host =
+        !rails_.hosts.empty() && rails_.hosts[static_cast<size_t>(q)] != rails_.hosts[static_cast<size_t>(rank_)];
+    t_.link_row_[static_cast<size_t>(q)] = LinkDesc{true, via.latency_us, via.speed_gbps / 8.0, true,
+                                                    via.point_to_point && via.speed_gbps > 0 && other_host};
     t_.network_ = t_.network_ || !via.point_to_point;
     reachable_.push_back(q);
     served_[static_cast<size_t>(f)].push_back(q);

@@ -291,8 +291,9 @@ CommTopology TorusOfCables(const std::vector<int>& dims) {
 }
 
 // The torus algorithm on tori of cables of one to three dimensions (a ring out of rank order as
-// well): the reference's results, sends to neighbours only, and with two channels asked for, 2k
-// channels whose first sends leave over 2k different ports wherever the lines are longer than 2.
+// well): the reference's results for AllReduce and AllToAll (which forwards through the ranks in
+// between), sends to neighbours only, and with two channels asked for, 2k AllReduce channels whose
+// first sends leave over 2k different ports wherever the lines are longer than 2.
 TEST(AlgorithmsTest, TorusGoesAlongEveryDimensionBothWays) {
   CommTopology ring = Full(5);  // cabled 0-2-4-1-3-0
   for (int a = 0; a < 5; ++a)
@@ -317,6 +318,17 @@ TEST(AlgorithmsTest, TorusGoesAlongEveryDimensionBothWays) {
         c.dtype = DataType::kInt32;
         c.shape = shape;
         EXPECT_TRUE(RunExact(c)) << fmt::format("{}", fmt::join(dims, "x"));
+        if (in_place) continue;
+        c.coll = Collective::kAllToAll;
+        c.count = 37;
+        c.chunk = 8;
+        EXPECT_TRUE(RunExact(c)) << fmt::format("alltoall {}", fmt::join(dims, "x"));
+        Result<Plan> a2a = BuildPlan(Algorithm::kTorus, c.Request(), shape, {}, -1);
+        ASSERT_TRUE(a2a.ok()) << a2a.status().ToString();
+        for (int r = 0; r < p; ++r)
+          for (const auto& steps : a2a->ranks[static_cast<size_t>(r)].channels)
+            for (const Step& st : steps)
+              EXPECT_TRUE(st.peer < 0 || shape.Reachable(r, st.peer)) << r << " -> " << st.peer;
       }
     PlanOptions options;
     options.channels = 2;

@@ -300,6 +300,7 @@ inline const std::vector<std::pair<Algorithm, Collective>>& SupportedPairs() {
       {Algorithm::kFused, Collective::kReduce},
       {Algorithm::kFused, Collective::kBarrier},
       {Algorithm::kTorus, Collective::kAllReduce},
+      {Algorithm::kTorus, Collective::kAllToAll},
   };
   return pairs;
 }

@@ -20,7 +20,19 @@
 // steps instead of p - 1 (the allgathers the same again).
 //
 // Deterministic mode runs the ring's ordered plan (ring.cc), which needs every pair linked.
+//
+//   AllToAll   store and forward, dimension by dimension: in phase i every block moves along
+//              dimension i to its destination's coordinate, the shorter way round its line, one
+//              cable a substep; a block bound further is kept in the forwarding rank's scratch
+//              until its next hop. So ranks that share no cable exchange through the ranks in
+//              between, along a shortest path (dimension order). Every rank computes where every
+//              block is, so sender and receiver list a substep's transfers alike. One channel:
+//              a block may arrive one way and leave the other, and a channel's steps are ordered
+//              only among themselves. Each substep pairs a send with a receive, every rank alike
+//              (the torus looks the same from every place), which is what completes with a window
+//              of 2 (common.h).
 #include <algorithm>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -57,7 +69,10 @@ class TorusImpl final : public AlgorithmImpl {
   Algorithm id() const override { return Algorithm::kTorus; }
 
   Status Supports(const CollectiveRequest& request, const CommTopology& shape) const override {
-    if (request.collective != Collective::kAllReduce) return NotImplemented(id(), request);
+    if (request.collective != Collective::kAllReduce && request.collective != Collective::kAllToAll)
+      return NotImplemented(id(), request);
+    if (request.collective == Collective::kAllToAll && request.in_place)
+      return NotSupported(fmt::format("{}: alltoall in place is not supported", kName));
     if (shape.nranks == 1 || !FindTorus(shape).dims.empty()) return Status::Ok();
     return NotSupported(fmt::format("{}: the links contain no torus and no cycle through every rank", kName));
   }
@@ -66,8 +81,15 @@ class TorusImpl final : public AlgorithmImpl {
                          int rank) const override {
     // The lines reduce in an order of their own: deterministic mode takes the ring's plan, which
     // brings every contribution to its part's owner and reduces them in rank order.
-    if (options.deterministic) return RingAlgorithm().Build(request, shape, options, rank);
+    if (options.deterministic && request.collective == Collective::kAllReduce)
+      return RingAlgorithm().Build(request, shape, options, rank);
     const Torus t = FindTorus(shape);
+    if (request.collective == Collective::kAllToAll) {
+      Builder b(request, options, rank, 1);
+      if (b.p > 1 && t.dims.empty()) return NotSupported(fmt::format("{}: no torus", kName));
+      AllToAll(b, t);
+      return std::move(b.plan);
+    }
     const int k = static_cast<int>(t.dims.size());
     const int want = options.channels >= 2 ? 2 * std::max(k, 1) : 1;
     Builder b(request, options, rank, ChannelsFor(PlanOptions{1, want}, request.count));
@@ -108,6 +130,79 @@ class TorusImpl final : public AlgorithmImpl {
         b.Send(c, line.Next(), first && s == 0 ? b.In(sp) : Builder::Out(sp));
         b.RecvReduce(c, line.Prev(), first ? b.In(rp) : Builder::Out(rp), Builder::Out(rp));
       }
+  }
+
+  // Where the blocks of an AllToAll are, per phase (the header comment): block (P, D) carries
+  // place P's input for place D. At the start of phase i, place q holds the blocks whose source
+  // agrees with q in coordinates i.. and whose destination agrees with q in coordinates ..i-1,
+  // but for its own (D = q), in (P, D) order.
+  static std::vector<std::pair<int, int>> Held(const Torus& t, int q, int i) {
+    const int p = static_cast<int>(t.order.size()), k = static_cast<int>(t.dims.size());
+    auto agree = [&](int a, int from, int to) {
+      for (int j = from; j < to; ++j)
+        if (t.Coordinate(a, j) != t.Coordinate(q, j)) return false;
+      return true;
+    };
+    std::vector<std::pair<int, int>> held;
+    for (int P = 0; P < p; ++P)
+      if (agree(P, i, k))
+        for (int D = 0; D < p; ++D)
+          if (D != q && agree(D, 0, i)) held.emplace_back(P, D);
+    return held;
+  }
+
+  // Hops a block at place q takes along dimension i towards D: positive the +1 way, negative the
+  // -1 way (the shorter; +1 on a tie), 0 where it is there.
+  static int Hops(const Torus& t, int q, int D, int i) {
+    const int d = t.dims[static_cast<size_t>(i)];
+    const int ahead = Mod(t.Coordinate(D, i) - t.Coordinate(q, i), d);
+    return ahead <= d / 2 ? ahead : ahead - d;
+  }
+
+  static void AllToAll(Builder& b, const Torus& t) {
+    const uint64_t n = b.req.count;
+    const int me = b.p == 1 ? 0 : static_cast<int>(std::find(t.order.begin(), t.order.end(), b.rank) - t.order.begin());
+    auto rank_of = [&](int place) { return b.p == 1 ? 0 : t.rank(place); };
+    auto block = [&](int rank) { return Range{static_cast<uint64_t>(rank) * n, n}; };
+    b.CopyChunked(0, b.In(block(b.rank)), Builder::Out(block(b.rank)));
+    if (b.p == 1 || n == 0) return;
+    std::map<std::pair<int, int>, Slice> at;  // where this rank keeps each block it holds
+    for (int D = 0; D < b.p; ++D)
+      if (D != me) at[{me, D}] = b.In(block(rank_of(D)));
+    const uint64_t pieces = PieceCount(n, b.chunk);
+    for (int i = 0; i < static_cast<int>(t.dims.size()); ++i) {
+      const int d = t.dims[static_cast<size_t>(i)];
+      for (int s = 1; s <= d / 2; ++s)
+        for (int direction : {1, -1}) {
+          // Substep s: the blocks that left place o = me - (s-1) steps back at the phase's start
+          // and go at least s hops this way pass from this rank on; those of o - 1 arrive.
+          auto moving = [&](int o) {
+            std::vector<std::pair<int, int>> out;
+            for (const auto& [P, D] : Held(t, o, i)) {
+              const int h = Hops(t, o, D, i);
+              if (h * direction >= s) out.emplace_back(P, D);
+            }
+            return out;
+          };
+          const std::vector<std::pair<int, int>> sent = moving(t.Move(me, i, -direction * (s - 1)));
+          const std::vector<std::pair<int, int>> got = moving(t.Move(me, i, -direction * s));
+          const int next = rank_of(t.Move(me, i, direction)), prev = rank_of(t.Move(me, i, -direction));
+          std::vector<Slice> into;
+          for (const auto& [P, D] : got) {
+            const Slice dst = D == me ? Builder::Out(block(rank_of(P))) : Builder::Scratch(b.AllocScratch(n), n);
+            into.push_back(dst);
+          }
+          for (size_t j = 0; j < std::max(sent.size(), got.size()); ++j)
+            for (uint64_t k = 0; k < pieces; ++k) {
+              const Range piece = Piece({0, n}, b.chunk, k);
+              if (j < sent.size()) b.Send(0, next, Builder::Sub(at.at(sent[j]), piece));
+              if (j < got.size()) b.Recv(0, prev, Builder::Sub(into[j], piece));
+            }
+          for (const auto& [P, D] : sent) at.erase({P, D});
+          for (size_t j = 0; j < got.size(); ++j)
+            if (got[j].second != me) at[got[j]] = into[j];
+        }
+    }
   }
 
   // The ring's allgather of Q's parts among the line: the rank at place m starts with part m+1.

@@ -131,6 +131,40 @@ void Model::TorusAllReduce() {
   per_link_ = false;
 }
 
+// torus.cc's AllToAll: phase i moves every block along dimension i, one cable a substep. At the
+// start of phase i a place holds A = d_0 ... d_{i-1} sources' blocks for each of the d_i
+// coordinates of dimension i times B = d_{i+1} ... destinations; in substep s those going s or
+// more hops one way cross a cable that way, every place at once, one transfer per chunk of a
+// block (one channel).
+void Model::TorusAllToAll() {
+  if (p_ > 1 && shape_.FullyConnected())
+    return Fail("every rank reaches every other: the links may be one NIC's, not cables of their own");
+  const Torus t = FindTorus(shape_);
+  const int k = static_cast<int>(t.dims.size());
+  if (k == 0) return Fail("the links contain no torus and no cycle through every rank");
+  const uint64_t pieces = CeilDiv(req_.count, opt_.chunk_count);
+  const double piece = static_cast<double>(std::min(req_.count, opt_.chunk_count)) * elem_;
+  per_link_ = true;
+  double before = 1;
+  for (int i = 0; i < k && !failed_; ++i) {
+    const int d = t.dims[static_cast<size_t>(i)];
+    double after = 1;
+    for (int j = i + 1; j < k; ++j) after *= t.dims[static_cast<size_t>(j)];
+    for (int s = 1; s <= d / 2 && !failed_; ++s)
+      for (int direction : {1, -1}) {
+        const int ways = direction > 0 ? d / 2 - s + 1 : std::max(0, d - s - d / 2);  // coordinates that far
+        const double blocks = before * after * ways;
+        if (blocks == 0) continue;
+        std::vector<Hop> hops;
+        for (int place = 0; place < p_; ++place)
+          hops.push_back({t.rank(place), t.rank(t.Move(place, i, direction)), false});
+        Stage("forward along a line", hops, piece, blocks * static_cast<double>(pieces), 1);
+      }
+    before *= d;
+  }
+  per_link_ = false;
+}
+
 // Both trees (collectives/plan/trees.h: placed and shared as the plan does; half the data each
 // when the speeds are equal or unknown), reduce up and broadcast down pipelined. Filling the
 // pipeline takes d stages going up (every upward edge of both trees busy) and d - 1 coming down;
@@ -367,7 +401,7 @@ void Model::Body(Algorithm a) {
     case Algorithm::kHierFusedRd:
       return Hierarchical(a);
     case Algorithm::kFile: return FilePlan();
-    case Algorithm::kTorus: return TorusAllReduce();
+    case Algorithm::kTorus: return req_.collective == Collective::kAllToAll ? TorusAllToAll() : TorusAllReduce();
   }
 }
 

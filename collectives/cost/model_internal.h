@@ -69,7 +69,7 @@ inline bool Serves(Algorithm a, Collective c) {
       return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kAllGather ||
              c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kAllToAll;
     case Algorithm::kFile: return !IsPointToPoint(c) && c != Collective::kBarrier;
-    case Algorithm::kTorus: return c == Collective::kAllReduce;
+    case Algorithm::kTorus: return c == Collective::kAllReduce || c == Collective::kAllToAll;
   }
   return false;
 }
@@ -170,6 +170,7 @@ class Model {
   void RingAllGather(uint64_t part_elems, const std::vector<double>* scale = nullptr);
   void RingAllReduce();
   void TorusAllReduce();
+  void TorusAllToAll();
   void TreeAllReduce();
   void Fused();
   void InaAllReduce();  // cost_model_ina.cc

@@ -4,7 +4,8 @@
 # fabric's devices are then the ranks' cabled ports (fabric/tcp/README.md, "Cables"), and nothing
 # else carries data (KIZUNA_FABRIC=tcp). On a ring of 4 hosts and on a 2 x 2 torus (where ranks 1
 # and 2 share no cable, and the ring goes 0, 1, 3, 2; neighbours share two cables, one device each
-# pair, a bundle) every collective the ring serves must give checked results; a large AllReduce must
+# pair, a bundle) every collective the ring serves, and AllToAll (forwarded by the ranks in between,
+# the torus algorithm), must give checked results; a large AllReduce must
 # go along the torus's lines (the torus algorithm, both directions at once); every rank's log must
 # name its cables; every cable must have carried data, and the management network next to nothing.
 #
@@ -47,7 +48,7 @@ run_layout() {
     before[$h.eth0]=$(bytes "$h" eth0 tx)
   done
   local port=$((20000 + $$ % 20000)) coll pids
-  for coll in allreduce reducescatter allgather broadcast reduce; do
+  for coll in allreduce reducescatter allgather broadcast reduce alltoall; do
     rm -f "$tmp/unique_id"
     pids=()
     for ((r = 0; r < n; r++)); do

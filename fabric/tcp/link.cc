@@ -1,10 +1,14 @@
 #include "fabric/tcp/link.h"
 
+#include <linux/sockios.h>
+#include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -102,6 +106,36 @@ void Link::Close() {
     s.out.clear();
   }
   Break(RemoteError(fmt::format("{}: the connection was closed", label_)));
+}
+
+void Link::CloseGracefully(std::chrono::milliseconds within) {
+  if (!broken_.ok()) return Close();
+  const auto until = std::chrono::steady_clock::now() + within;
+  std::vector<bool> open(streams_.size(), false);
+  for (size_t i = 0; i < streams_.size(); ++i)
+    open[i] = streams_[i].fd.valid() && ::shutdown(streams_[i].fd.get(), SHUT_WR) == 0;
+  uint8_t drop[4096];
+  while (std::chrono::steady_clock::now() < until) {
+    std::vector<pollfd> fds;
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      if (!open[i]) continue;
+      const int fd = streams_[i].fd.get();
+      // Read what arrived (and see the peer's FIN), so that closing sends no reset.
+      while (true) {
+        const ssize_t k = ::recv(fd, drop, sizeof drop, MSG_DONTWAIT);
+        if (k > 0) continue;
+        if (k < 0 && errno == EINTR) continue;
+        if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) open[i] = false;  // the peer closed, or it broke
+        break;
+      }
+      int unacknowledged = 0;
+      if (open[i] && ::ioctl(fd, SIOCOUTQ, &unacknowledged) == 0 && unacknowledged == 0) open[i] = false;
+      if (open[i]) fds.push_back(pollfd{fd, POLLIN, 0});
+    }
+    if (fds.empty()) break;
+    ::poll(fds.data(), fds.size(), 1);
+  }
+  Close();
 }
 
 bool Link::Write(Stream& s, FrameSink& sink) {

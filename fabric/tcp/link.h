@@ -13,6 +13,7 @@
 
 #include <poll.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -99,6 +100,14 @@ class Link {
   void AppendPollFds(std::vector<pollfd>& fds) const;
   // Ends the connection: what is queued is abandoned; the peer sees the sockets close.
   void Close();
+  // Ends a connection that still works without losing what its sockets hold: a send is done once
+  // its bytes are in the kernel's buffer, and closing a socket whose peer has sent something not
+  // yet read resets the connection, which throws away what the buffer had not sent (over a slow
+  // cable, the last chunks of an operation the peer still waits for). So each stream is shut for
+  // writing (its bytes then a FIN go out), what arrives is read and dropped, and the sockets close
+  // once the peer has every byte (nothing unacknowledged), the peer has closed its end, or
+  // `within` has passed; then Close.
+  void CloseGracefully(std::chrono::milliseconds within);
 
  private:
   struct OutItem {

@@ -75,7 +75,7 @@ TcpSendComm::TcpSendComm(std::string label, FabricDeviceProperties properties, s
 
 TcpSendComm::~TcpSendComm() {
   hub_.Remove(this);  // waits for another thread's wait that may be progressing this comm
-  link_.Close();
+  link_.CloseGracefully(kCloseLinger);
 }
 
 Result<std::unique_ptr<Registration>> TcpSendComm::DoRegister(const MemoryDescriptor& memory) {
@@ -247,7 +247,7 @@ TcpRecvComm::TcpRecvComm(std::string label, FabricDeviceProperties properties, s
 
 TcpRecvComm::~TcpRecvComm() {
   hub_.Remove(this);
-  link_.Close();
+  link_.CloseGracefully(kCloseLinger);
 }
 
 Result<std::unique_ptr<Registration>> TcpRecvComm::DoRegister(const MemoryDescriptor& memory) {

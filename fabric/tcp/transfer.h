@@ -39,6 +39,9 @@ inline constexpr uint64_t kStripeBytes = 256 << 10;
 inline constexpr int kMaxRequests = 256;
 // The longest one wait blocks before it looks again (the caller's deadline may be sooner).
 inline constexpr auto kMaxBlock = std::chrono::milliseconds(100);
+// The longest a comm going away waits for its sockets' bytes to reach the peer (Link::CloseGracefully):
+// a full socket buffer of several MB takes about a second over a 0.1 Gb/s cable.
+inline constexpr auto kCloseLinger = std::chrono::seconds(2);
 // A wait polls the sockets without blocking for this long before it sleeps in poll(): a message
 // already on its way arrives meanwhile, where a sleep and a wake-up would cost 5-60 us on the
 // build machines (README.md, measurements). Where the host's ranks outnumber its CPUs

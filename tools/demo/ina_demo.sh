@@ -95,9 +95,9 @@ for M in 0 1 2 6; do
     status=1
     continue
   fi
-  line=$(echo "$out" | grep -m1 ' bench ina ' || true)
+  line=$(echo "$out" | grep -m1 -E '(^| )bench ina ' || true)
   [[ -n "$line" ]] || { echo "$out" | tail; echo "ina_demo: M=$M printed no result" >&2; status=1; continue; }
-  read -r _ _ _ bytes secs model <<<"$line"
+  read -r bytes secs model <<<"${line#*bench ina }"
   [[ -z "$ring_time" ]] && ring_time=$secs
   awk -v M="$M" -v parts="$parts" -v pred="$pred" -v b="$bytes" -v t="$secs" -v m="$model" -v r="$ring_time" \
     -v u="$used" 'BEGIN { printf "%-3s %-40s %9.3f %9.3f %9.3f %9.2f %11.2f %9s\n", M, parts, pred, r / t, b / t / 1e9, t * 1e3, m * 1e3, u }'

@@ -73,7 +73,7 @@ bool Link::Progress(FrameSink& sink) {
     Stream& s = streams_[i];
     if (!s.out.empty()) moved |= Write(s, sink);
     if (!broken_.ok()) break;
-    if (i == 0 || read_all_) moved |= read_ahead_ ? ReadAhead(s, sink) : Read(s, sink);
+    if (Reads(i)) moved |= read_ahead_ ? ReadAhead(s, sink) : Read(s, sink);
   }
   // What the frames just read queued (a message that waited for its post, a truncation notice)
   // leaves now: its owner may not progress this link again.
@@ -92,7 +92,7 @@ void Link::AppendPollFds(std::vector<pollfd>& fds) const {
   if (!broken_.ok()) return;
   for (size_t i = 0; i < streams_.size(); ++i) {
     const Stream& s = streams_[i];
-    short events = (i == 0 || read_all_) ? POLLIN : 0;
+    short events = Reads(i) ? POLLIN : 0;
     if (!s.out.empty()) events |= POLLOUT;
     if (events != 0 && s.fd.valid()) fds.push_back(pollfd{s.fd.get(), events, 0});
   }
@@ -197,7 +197,7 @@ bool Link::Read(Stream& s, FrameSink& sink) {
                            : ::recv(s.fd.get(), drop_.data(), std::min(left, drop_.size()), MSG_DONTWAIT);
     }
     if (k <= 0) {
-      const RecvEnd end = OnRecvEnd(k);
+      const RecvEnd end = OnRecvEnd(s, k);
       if (end == RecvEnd::kRetry) continue;
       return end == RecvEnd::kLater ? moved : true;
     }
@@ -236,10 +236,22 @@ bool Link::Read(Stream& s, FrameSink& sink) {
   return moved;
 }
 
-Link::RecvEnd Link::OnRecvEnd(ssize_t k) {
+bool Link::Reads(size_t i) const {
+  const Stream& s = streams_[i];
+  return !s.eof && (i == 0 || read_all_ || streams_[0].eof);
+}
+
+Link::RecvEnd Link::OnRecvEnd(Stream& s, ssize_t k) {
   if (k == 0) {
-    Break(RemoteError(fmt::format("{}: the peer closed the connection", label_)));
-    return RecvEnd::kBroken;
+    // The peer closed this socket after everything it sent on it. Its other sockets may still
+    // hold the rest of a message cut over them: they are read to their ends before the
+    // connection counts as closed.
+    s.eof = true;
+    if (std::all_of(streams_.begin(), streams_.end(), [](const Stream& x) { return x.eof || !x.fd.valid(); })) {
+      Break(RemoteError(fmt::format("{}: the peer closed the connection", label_)));
+      return RecvEnd::kBroken;
+    }
+    return RecvEnd::kLater;
   }
   if (errno == EINTR) return RecvEnd::kRetry;
   if (Transient(errno)) return RecvEnd::kLater;
@@ -256,7 +268,7 @@ bool Link::ReadAhead(Stream& s, FrameSink& sink) {
     const ssize_t k = ::recv(s.fd.get(), ahead_.data() + have, kReadAheadBytes, MSG_DONTWAIT);
     ahead_.resize(have + static_cast<size_t>(std::max<ssize_t>(k, 0)));
     if (k <= 0) {
-      const RecvEnd end = OnRecvEnd(k);
+      const RecvEnd end = OnRecvEnd(s, k);
       if (end == RecvEnd::kRetry) continue;
       return end == RecvEnd::kLater ? moved : true;
     }

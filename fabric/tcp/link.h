@@ -135,7 +135,10 @@ class Link {
   // What a recv that returned k <= 0 means (errno as it left it): try again (EINTR), nothing to
   // read now, or the link broke (Break called with the reason).
   enum class RecvEnd { kRetry, kLater, kBroken };
-  RecvEnd OnRecvEnd(ssize_t k);
+  RecvEnd OnRecvEnd(Stream& s, ssize_t k);
+  // Whether stream i is read: stream 0, and the others while large messages arrive or once stream
+  // 0 has reached its end (the rest of a message may follow there); never one at its end.
+  bool Reads(size_t i) const;
 
   std::vector<Stream> streams_;
   std::string label_;

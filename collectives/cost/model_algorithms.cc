@@ -1,6 +1,7 @@
 // The cost model's stages per algorithm (cost_model.h): each algorithm's structure as the
 // stages its plan takes (algorithms/), costed by Model::Cost (cost_model.cc).
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,19 @@ void Model::RingAllReduce() {
   RingAllGather(part, &ag);
 }
 
+std::optional<Torus> Model::CabledTorus() {
+  if (p_ > 1 && shape_.FullyConnected()) {
+    Fail("every rank reaches every other: the links may be one NIC's, not cables of their own");
+    return std::nullopt;
+  }
+  Torus t = FindTorus(shape_);
+  if (t.dims.empty()) {
+    Fail("the links contain no torus and no cycle through every rank");
+    return std::nullopt;
+  }
+  return t;
+}
+
 // torus.cc: per channel, reduce-scatters along the dimensions in the channel's order, then
 // allgathers back. Stage i of every channel at once: channel c's line along its i-th dimension, in
 // its direction, each hop a cable of its own (per_link_). Channels whose lines differ in length
@@ -91,11 +105,10 @@ void Model::RingAllReduce() {
 // switched network, whose links share each rank's NIC, and nothing in it tells cables from a switch
 // (the torus would be costed as if each link had a wire of its own). KIZUNA_ALGO=torus still runs it.
 void Model::TorusAllReduce() {
-  if (p_ > 1 && shape_.FullyConnected())
-    return Fail("every rank reaches every other: the links may be one NIC's, not cables of their own");
-  const Torus t = FindTorus(shape_);
+  const std::optional<Torus> cabled = CabledTorus();
+  if (!cabled) return;
+  const Torus& t = *cabled;
   const int k = static_cast<int>(t.dims.size());
-  if (k == 0) return Fail("the links contain no torus and no cycle through every rank");
   const uint64_t channels =
       std::min<uint64_t>(opt_.channels >= 2 ? 2 * static_cast<uint64_t>(k) : 1, std::max<uint64_t>(req_.count, 1));
   const uint64_t per_channel = CeilDiv(req_.count, channels);
@@ -137,11 +150,10 @@ void Model::TorusAllReduce() {
 // more hops one way cross a cable that way, every place at once, one transfer per chunk of a
 // block (one channel).
 void Model::TorusAllToAll() {
-  if (p_ > 1 && shape_.FullyConnected())
-    return Fail("every rank reaches every other: the links may be one NIC's, not cables of their own");
-  const Torus t = FindTorus(shape_);
+  const std::optional<Torus> cabled = CabledTorus();
+  if (!cabled) return;
+  const Torus& t = *cabled;
   const int k = static_cast<int>(t.dims.size());
-  if (k == 0) return Fail("the links contain no torus and no cycle through every rank");
   const uint64_t pieces = CeilDiv(req_.count, opt_.chunk_count);
   const double piece = static_cast<double>(std::min(req_.count, opt_.chunk_count)) * elem_;
   per_link_ = true;

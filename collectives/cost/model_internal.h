@@ -169,6 +169,9 @@ class Model {
   void RingReduceScatter(uint64_t part_elems, const std::vector<double>* scale = nullptr);
   void RingAllGather(uint64_t part_elems, const std::vector<double>* scale = nullptr);
   void RingAllReduce();
+  // The torus the shape's cables form (FindTorus), or nullopt after Fail: none, or a fully
+  // connected shape, whose links may share a NIC (the torus is costed link by link).
+  std::optional<Torus> CabledTorus();
   void TorusAllReduce();
   void TorusAllToAll();
   void TreeAllReduce();

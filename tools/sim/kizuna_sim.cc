@@ -10,6 +10,7 @@
 //       [--staged] [--host-cpus C [--ranks-per-host P] [--message-cpu-us M]]
 //       [--window 4] [--sharing fair|fifo] [--json FILE] [--plot FILE.svg] [--trace FILE.json]
 //   kizuna-sim --network direct --topology FILE [--bundle]   (a direct-connect topology file)
+//   kizuna-sim --network direct --layout FILE --algo ina,ring (an INA layout: kizuna-plan --layout's)
 //
 // For every size and algorithm that serves the collective: the simulated time, busbw (nccl-tests'
 // factors), the busiest link and how busy it was, and beside them the cost model's prediction and
@@ -19,6 +20,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,6 +34,7 @@
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/cost/model.h"
 #include "collectives/cost/selector.h"
+#include "collectives/ina/layout.h"
 #include "fabric/directconnect/topology.h"
 #include "tools/bench/plot.h"
 #include "tools/sim/network.h"
@@ -98,6 +101,33 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
     const int back = g->Inverse(g->ElementTo(a / g->unit())), a0 = a % g->unit();
     for (int b = 0; b < net.ranks(); ++b) shape.link(a, b) = shape.link(a0, g->Apply(back, b));
   }
+  return shape;
+}
+
+// The workers' shape over an INA layout's cables, as the engine agrees on it over the direct-connect
+// fabric the layout's topology file sets up (engine_create.cc): workers reach the workers one
+// cable joins them to, and the cables to the aggregation devices are the INA link.
+CommTopology LayoutShape(const Network& net, const collectives::ina::Layout& layout, const DeviceModel& d) {
+  collectives::RankDesc rank;
+  rank.copy_gbps = d.copy_gbps;
+  rank.reduce_gbps = d.reduce_gbps;
+  rank.launch_us = d.launch_us;
+  CommTopology shape = CommTopology::Uniform(layout.workers, rank, collectives::LinkDesc{});
+  for (int a = 0; a < layout.workers; ++a) shape.ranks[static_cast<size_t>(a)].host_id = fmt::format("r{}", a);
+  auto cable = [&](int a, int b) {
+    const auto [gbps, latency] = net.RouteSummary(a, b);
+    return collectives::LinkDesc{true, latency * 1e6, gbps, false, true};
+  };
+  for (int a = 0; a < layout.workers; ++a)
+    for (int b = 0; b < layout.workers; ++b)
+      if (a != b && net.Route(a, b).size() == 1) shape.link(a, b) = cable(a, b);
+  shape.ina = std::make_shared<const collectives::ina::Layout>(layout);
+  for (int a = 0; a < layout.workers && !shape.ina_link.reachable; ++a)
+    for (int v = layout.workers; v < net.ranks(); ++v)
+      if (net.Route(a, v).size() == 1) {
+        shape.ina_link = cable(a, v);
+        break;
+      }
   return shape;
 }
 
@@ -175,6 +205,11 @@ int Main(int argc, char** argv) {
   app.add_option("--topology", topology_path,
                  "direct: a direct-connect topology file (kizuna-topo --generate's, an OCS port map); its "
                  "links' bandwidths and latencies where it gives them, --link-gbps and --latency-us otherwise");
+  std::string layout_path;
+  app.add_option("--layout", layout_path,
+                 "direct: an INA layout file (kizuna-plan --layout's) instead of --topology: its workers, "
+                 "aggregation devices and cables at --link-gbps and --latency-us, the ina algorithm among the "
+                 "others");
   app.add_flag("--bundle", bundle, "direct: parallel cables between two ranks as one link of their sum");
   app.add_option("--link-gbps", spec.link_gbps, "network links, GB/s per direction")->capture_default_str();
   app.add_option("--latency-us", spec.latency_us, "per network link")->capture_default_str();
@@ -282,8 +317,22 @@ int Main(int argc, char** argv) {
     if (!r->ok()) return fail(r->status(), 2);
   if (factor <= 1 || channels < 0 || channels > 64) return fail(InvalidArgument("-f must be > 1, --channels 0-64"), 2);
   auto net = Network::Build(spec);
-  if (spec.kind == "direct") {
-    if (topology_path.empty()) return fail(InvalidArgument("--network direct needs --topology FILE"), 2);
+  std::optional<collectives::ina::Layout> layout;
+  if (!layout_path.empty()) {
+    // The engine's executor window on an INA job's workers (engine_create.cc, kInaWindow).
+    if (app.count("--window") == 0) device.window = 16;
+    if (spec.kind != "direct") return fail(InvalidArgument("--layout goes with --network direct"), 2);
+    if (!topology_path.empty()) return fail(InvalidArgument("--layout and --topology: give one"), 2);
+    auto loaded = collectives::ina::LoadLayoutFile(layout_path);
+    if (!loaded.ok()) return fail(loaded.status().WithContext("--layout"), 2);
+    auto cables = LayoutCables(*loaded, spec.link_gbps, spec.latency_us);
+    if (!cables.ok()) return fail(cables.status(), 2);
+    cables->bundle = bundle;
+    layout = std::move(*loaded);
+    net = Network::Direct(*cables);
+  } else if (spec.kind == "direct") {
+    if (topology_path.empty())
+      return fail(InvalidArgument("--network direct needs --topology FILE or --layout FILE"), 2);
     auto topology = fabric::directconnect::LoadTopology(topology_path, "--topology");
     if (!topology.ok()) return fail(topology.status(), 2);
     auto cables = TopologyCables(*topology, spec.link_gbps, spec.latency_us);
@@ -291,7 +340,7 @@ int Main(int argc, char** argv) {
     if (cables->devices > 0)
       return fail(InvalidArgument(fmt::format(
                       "--topology {}: {} aggregation devices; the simulator runs them in INA plans built from a "
-                      "layout (tools/sim/published_tables_test.cc), not from a topology file",
+                      "layout: give the layout's file (--layout) instead",
                       topology_path, cables->devices)),
                   2);
     cables->bundle = bundle;
@@ -311,8 +360,9 @@ int Main(int argc, char** argv) {
   }
   if (chosen.empty()) return fail(InvalidArgument(fmt::format("--algo '{}': no such algorithm", algos)), 2);
   const collectives::CostConstants k;
-  const CommTopology shape = ShapeOf(*net, spec, device, reach == "cabled");
-  const int p = net->ranks();
+  const CommTopology shape =
+      layout ? LayoutShape(*net, *layout, device) : ShapeOf(*net, spec, device, reach == "cabled");
+  const int p = shape.nranks;
   const size_t es = DataTypeSize(*t);
   fmt::print("# kizuna-sim: {} over {}\n", coll, net->description());
   fmt::print("# {:>10} {:>10}  {:<18} {:>10} {:>8}  {:<28} {:>10}  {}\n", "bytes", "count", "algorithm", "time",
@@ -376,8 +426,16 @@ int Main(int argc, char** argv) {
     }
     const auto [at, a] = runs[i - cases.size()];
     Outcome& o = outcomes[i - cases.size()];
-    o.run = RunAlgorithm(a, cases[at].req, shape, cases[at].options, nets.local(), device, k, symmetry == "auto",
-                         &o.how, max_whole);
+    collectives::PlanOptions options = cases[at].options;
+    if (a == Algorithm::kIna && layout) {
+      // The engine's INA chunk: its 8 MiB of staging over the plan's channels (one per part) times
+      // the window, at most the chunk asked for, in multiples of 64 bytes (executor.cc,
+      // slot_bytes_for).
+      const uint64_t slots = layout->parts.size() * static_cast<uint64_t>(std::max(1, device.window));
+      options.chunk_count = std::max<uint64_t>(1, std::min<uint64_t>(*ch, (uint64_t{8} << 20) / slots / 64 * 64) / es);
+    }
+    o.run =
+        RunAlgorithm(a, cases[at].req, shape, options, nets.local(), device, k, symmetry == "auto", &o.how, max_whole);
     o.skipped = !o.run.ok() && o.run.status().message().find("outside their steps") != std::string::npos;
     o.left_out = !o.run.ok() && o.run.status().code() == StatusCode::kNotSupported;
   });

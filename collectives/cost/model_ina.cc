@@ -58,6 +58,16 @@ Result<std::vector<InaStage>> InaStages(const CollectiveRequest& request, const 
   if (options.deterministic) return NotSupported("aggregation devices do not reduce in rank order");
   const double message = (k.message_overhead_us + k.step_overhead_us) * 1e-6;
   const std::vector<ina::PartRange> shares = ina::SplitCount(L, request.count, 1);
+  // The plan runs a channel per part, and the executor sizes its staging slots over the channels a
+  // plan really has (engine.cc, Prepare): where the call asked for fewer channels than there are
+  // parts, each chunk shrinks by that ratio (in 64-byte multiples, as the slots are).
+  uint64_t chunk_count = options.chunk_count;
+  const uint64_t asked = static_cast<uint64_t>(std::max(options.channels, 1));
+  if (L.parts.size() > asked) {
+    const uint64_t elem = std::max<uint64_t>(1, static_cast<uint64_t>(r.elem));
+    const uint64_t bytes = chunk_count * elem * asked / L.parts.size() / 64 * 64;
+    chunk_count = std::max<uint64_t>(1, bytes / elem);
+  }
   // One stage's terms, apart: what the cables take (latency, wire) and what the host does.
   struct Terms {
     double latency = 0, host = 0, wire = 0, staging = 0, reduce = 0;
@@ -84,15 +94,15 @@ Result<std::vector<InaStage>> InaStages(const CollectiveRequest& request, const 
     if (part.kind == ina::PartKind::kRing) {
       const uint64_t n = static_cast<uint64_t>(std::max(request.nranks, 2));
       const uint64_t piece = CeilDiv(count, n);
-      const uint64_t chunks = CeilDiv(piece, options.chunk_count);
+      const uint64_t chunks = CeilDiv(piece, chunk_count);
       const double bytes = static_cast<double>(piece) * r.elem / static_cast<double>(chunks);
       ps.label = fmt::format("ina part {} ring", i);
       ps.steady = stage(bytes, 2, 0.5);  // one message out, one in; half the stages reduce
       ps.steadies = static_cast<double>(2 * (n - 1) * chunks);
     } else {
       const auto [height, q] = TreeShape(part);
-      const uint64_t chunks = CeilDiv(count, options.chunk_count);
-      const double max_bytes = static_cast<double>(std::min<uint64_t>(count, options.chunk_count)) * r.elem;
+      const uint64_t chunks = CeilDiv(count, chunk_count);
+      const double max_bytes = static_cast<double>(std::min<uint64_t>(count, chunk_count)) * r.elem;
       const double bytes = static_cast<double>(count) * r.elem / static_cast<double>(chunks);
       ps.label = fmt::format("ina part {} {}", i, ina::PartKindName(part.kind));
       ps.fill = stage(max_bytes, 2.0 * (q + 1), q);

@@ -178,12 +178,10 @@ int Main(int argc, char** argv) {
     if (Status s = (*stream)->Synchronize(); !s.ok()) return fail(s);
     if (Status s = comm.AsyncError(); !s.ok()) return fail(s);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
-    collectives::CollectiveRequest req{collectives::Collective::kAllReduce, comm.size(), count, DataType::kFloat32,
-                                       ReduceOp::kSum, 0, false};
-    collectives::PlanOptions po;
-    po.chunk_count = (512u << 10) / 4;
-    const double predicted =
-        collectives::PredictSeconds(*algo, req, comm.topology(), po, collectives::CostConstants{});
+    // The communicator's own prediction: its chunks and channels, as the call above ran.
+    const double predicted = comm.PredictWith(collectives::Collective::kAllReduce, count, DataType::kFloat32, *algo,
+                                              collectives::CostConstants{})
+                                 .seconds;
     if (comm.rank() == 0) std::printf("bench %s %llu %.6g %.6g\n", algo_name.c_str(),
                                       static_cast<unsigned long long>(count * 4), seconds, predicted);
     return 0;

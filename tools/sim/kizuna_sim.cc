@@ -395,6 +395,14 @@ int Main(int argc, char** argv) {
     cs.options.chunk_count = std::max<uint64_t>(1, *ch / es);
     // The engine asks for two channels for a collective of 256 KiB or more (engine.cc).
     cs.options.channels = channels > 0 ? channels : (bytes >= 256 << 10 ? 2 : 1);
+    // An INA job's staging (8 MiB) over the channels asked times the window: the chunk the engine
+    // predicts with (engine.cc, ChoiceOptions); the ina algorithm's runs cut it per part below.
+    if (layout) {
+      const uint64_t slots =
+          static_cast<uint64_t>(cs.options.channels) * static_cast<uint64_t>(std::max(1, device.window));
+      cs.options.chunk_count =
+          std::max<uint64_t>(1, std::min<uint64_t>(*ch, (uint64_t{8} << 20) / slots / 64 * 64) / es);
+    }
     cases.push_back(std::move(cs));
   }
   struct Outcome {

@@ -4,8 +4,10 @@
 # fabric's devices are then the ranks' cabled ports (fabric/tcp/README.md, "Cables"), and nothing
 # else carries data (KIZUNA_FABRIC=tcp). On a ring of 4 hosts and on a 2 x 2 torus (where ranks 1
 # and 2 share no cable, and the ring goes 0, 1, 3, 2; neighbours share two cables, one device each
-# pair, a bundle) every collective the ring serves, and AllToAll (forwarded by the ranks in between,
-# the torus algorithm), must give checked results; a large AllReduce must
+# pair, a bundle), a ring of 6 and a 2 x 4 torus, every collective the ring serves, and AllToAll
+# (forwarded by the ranks in between, the torus algorithm), must give checked results; so must
+# Send/Recv to the next rank on the rings, which the tori refuse by name where the pair shares no
+# cable (point-to-point is not forwarded); a large AllReduce must
 # go along the torus's lines (the torus algorithm, both directions at once); every rank's log must
 # name its cables; every cable must have carried data, and the management network next to nothing.
 #
@@ -27,16 +29,15 @@ case $? in
   *) fail "kizuna-netns check failed" ;;
 esac
 
-n=4
 pfx=""
 trap '[[ -z $pfx ]] || "$netns" down --name "$pfx" >/dev/null 2>&1' EXIT
 
 # Bytes an interface of host h has sent (tx) or received (rx).
 bytes() { "$netns" exec "$pfx" "$1" -- cat "/sys/class/net/$2/statistics/$3_bytes"; }
 
-# One layout: KIND SHAPE PORTS NEIGHBOURS, e.g. "ring 4 2 2".
+# One layout: KIND SHAPE RANKS PORTS NEIGHBOURS, e.g. "ring 4 4 2 2".
 run_layout() {
-  local kind=$1 shape=$2 ports=$3 neighbours=$4 name="$1-$2"
+  local kind=$1 shape=$2 n=$3 ports=$4 neighbours=$5 name="$1-$2"
   pfx="kzcab$$-$kind"
   "$topo" --generate "$kind" "$shape" >"$tmp/$name.json" || fail "kizuna-topo --generate $kind $shape"
   local out
@@ -48,7 +49,7 @@ run_layout() {
     before[$h.eth0]=$(bytes "$h" eth0 tx)
   done
   local port=$((20000 + $$ % 20000)) coll pids
-  for coll in allreduce reducescatter allgather broadcast reduce alltoall; do
+  for coll in allreduce reducescatter allgather broadcast reduce alltoall sendrecv; do
     rm -f "$tmp/unique_id"
     pids=()
     for ((r = 0; r < n; r++)); do
@@ -59,6 +60,20 @@ run_layout() {
         >"$tmp/$name.$coll.$r.log" 2>&1 &
       pids+=($!)
     done
+    if [[ $coll == sendrecv && $kind == torus2d ]]; then
+      # Each rank sends to the next, and on a torus some of them share no cable: point-to-point is
+      # not forwarded, so those pairs must fail at once, naming the pair, never hang.
+      local refused=0
+      for ((r = 0; r < n; r++)); do
+        wait "${pids[r]}" && continue
+        grep -q "p2p: rank [0-9]* cannot reach rank [0-9]*" "$tmp/$name.$coll.$r.log" ||
+          fail "$name $coll: rank $r failed without naming the pair: $(grep . "$tmp/$name.$coll.$r.log" | tail -n 3)"
+        refused=$((refused + 1))
+      done
+      [[ $refused -gt 0 ]] || fail "$name $coll: every rank reached the next one"
+      echo "$name $coll: $refused ranks refused (pairs that share no cable)"
+      continue
+    fi
     for ((r = 0; r < n; r++)); do
       wait "${pids[r]}" || fail "$name $coll: rank $r exited with $?: $(grep . "$tmp/$name.$coll.$r.log" | tail -n 3)"
     done
@@ -75,7 +90,7 @@ run_layout() {
     [[ $devices -eq $neighbours ]] || fail "$name: rank $r names $devices cabled devices, not $neighbours"
     cables=$(grep "tcp: device [0-9]*: w$r:" "$tmp/$name.allreduce.$r.log" | grep -o ":p[0-9]*[+ ]" | sort -u | wc -l)
     [[ $cables -eq $ports ]] || fail "$name: rank $r's devices name $cables ports, not $ports"
-    grep -q "plan: allreduce count=524288 float32 sum nranks=4 via torus" "$tmp/$name.allreduce.$r.log" ||
+    grep -q "plan: allreduce count=524288 float32 sum nranks=$n via torus" "$tmp/$name.allreduce.$r.log" ||
       fail "$name: rank $r's 2 MiB AllReduce did not go along the torus's lines: $(grep 'count=524288' "$tmp/$name.allreduce.$r.log")"
   done
   # The cables carried the data (a 2 MiB AllReduce alone sends 3 MiB a rank), every cable its share,
@@ -96,6 +111,8 @@ run_layout() {
   pfx=""
 }
 
-run_layout ring 4 2 2
-run_layout torus2d 2x2 4 2
+run_layout ring 4 4 2 2
+run_layout torus2d 2x2 4 4 2
+run_layout ring 6 6 2 2
+run_layout torus2d 2x4 8 4 3
 echo PASS

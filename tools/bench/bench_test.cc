@@ -224,6 +224,7 @@ TEST(Report, RowFormatsAsNcclTests) {
   t.Add(row);
   EXPECT_EQ(t.failed_measurements, 1u);
   EXPECT_NE(Footer(t).find("FAILED"), std::string::npos);
+  EXPECT_NE(Footer(Totals{}, /*stopped=*/true).find("0 FAILED (the run stopped at an error)"), std::string::npos);
   EXPECT_EQ(FormatMicros(123.456e-6), "  123.5");
   EXPECT_EQ(FormatMicros(12345.6e-6), "  12346");
   EXPECT_EQ(CsvRow(row), "1024,256,float,sum,-1,ring,auto,12.5,20,0.0512,0.0768,0,200,0.00512,0.00768,3\n");

@@ -513,7 +513,7 @@ int Main(int argc, char** argv) {
 
   int rc = run.ok() && bench.totals().failed_measurements == 0 ? 0 : 1;
   if (w.leader()) {
-    std::fputs(Footer(bench.totals()).c_str(), stdout);
+    std::fputs(Footer(bench.totals(), !run.ok()).c_str(), stdout);
     std::fflush(stdout);
     std::string csv_text = CsvHeader();
     for (const Row& row : bench.rows()) csv_text += CsvRow(row);

@@ -74,9 +74,12 @@ void Totals::Add(const Row& row) {
   }
 }
 
-std::string Footer(const Totals& totals) {
+std::string Footer(const Totals& totals, bool stopped) {
   return fmt::format("# Out of bounds values : {} {}\n# Avg bus bandwidth    : {:g}\n#\n", totals.failed_measurements,
-                     totals.failed_measurements ? "FAILED" : "OK", totals.avg_busbw());
+                     stopped                      ? "FAILED (the run stopped at an error)"
+                     : totals.failed_measurements ? "FAILED"
+                                                  : "OK",
+                     totals.avg_busbw());
 }
 
 std::string CsvHeader() {

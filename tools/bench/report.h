@@ -66,7 +66,8 @@ struct Totals {
   void Add(const Row& row);
   double avg_busbw() const { return measurements ? busbw_sum / static_cast<double>(measurements) : 0; }
 };
-std::string Footer(const Totals& totals);
+// `stopped`: the run ended at an error before every size was measured, which fails it too.
+std::string Footer(const Totals& totals, bool stopped = false);
 
 // The CSV file: a header line, then one line per row (empty cells where the table says N/A).
 std::string CsvHeader();

@@ -154,7 +154,7 @@ TEST(PlanFileCheck, ATransferWithoutItsMatchIsNamed) {
 
 // The example plans of examples/plans (make_plans.py), in place too.
 TEST(PlanFileCheck, TheExamplePlansPass) {
-  for (const char* name : {"torus2d_4x2", "ocs_pairs_8"}) {
+  for (const char* name : {"torus2d_4x2", "ocs_pairs_8", "hamilton_2x4"}) {
     auto f = LoadPlanFile(std::string("examples/plans/") + name + ".json");
     ASSERT_TRUE(f.ok()) << f.status().ToString();
     EXPECT_TRUE(f->in_place);

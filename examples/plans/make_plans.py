@@ -8,6 +8,10 @@ committed. Each is an AllReduce schedule in kizuna's plan file format:
   ocs_pairs_8.json   8 ranks whose optical circuit switch pairs rank i with i xor 1, then i xor 2,
                      then i xor 4: reduce-scatter by halving over the three circuit sets, then
                      all-gather by doubling back over them
+  hamilton_2x4.json  8 ranks on a 2 x 4 torus (rank = y * 2 + x) whose x neighbours share two
+                     cables: ring AllReduces both ways round two cycles through every rank that
+                     share no cable (0 1 3 2 4 5 7 6 and 0 2 3 5 4 6 7 1), a quarter of the vector
+                     each, so that every port carries the same bytes each way
   ring_stream_8.json 8 ranks on a bidirectional ring, aggregation as data streams through it (the
                      second row of NTT's 2024 talk on collectives): the vector in 8 pieces, one
                      channel each; piece j's two halves of the ring reduce towards the cable
@@ -149,6 +153,20 @@ def torus(nx, ny):
     write(f"torus2d_{nx}x{ny}", nx * ny, units, ranks)
 
 
+def hamilton_rings(name, cycles):
+    """Ring AllReduces round each cycle, both ways: channel 2i goes round cycles[i], channel 2i + 1
+    the other way, each on its own n units of the vector."""
+    n = len(cycles[0])
+    orders = [order for cycle in cycles for order in (cycle, cycle[::-1])]
+    ranks = [[] for _ in range(n)]
+    for c, ring in enumerate(orders):
+        for r in range(n):
+            pos = ring.index(r)
+            rs, own = ring_reduce_scatter(ring, pos, n, c * n, 1, "in")
+            ranks[r].append(rs + ring_all_gather(ring, pos, own, c * n, 1))
+    write_channels(name, n, len(orders) * n, ranks, [0] * n)
+
+
 def ocs_pairs(n):
     units = n
     ranks = []
@@ -180,5 +198,6 @@ def ocs_pairs(n):
 
 
 torus(4, 2)
+hamilton_rings("hamilton_2x4", [[0, 1, 3, 2, 4, 5, 7, 6], [0, 2, 3, 5, 4, 6, 7, 1]])
 ocs_pairs(8)
 ring_stream(8, 4)

@@ -78,6 +78,18 @@ TEST(PlanFiles, TheExamplePlansRunThroughTheExecutor) {
   }
 }
 
+// Rings both ways round two cycles that share no cable (a 2 x 4 torus's): four channels of 8
+// units each, 32 in all; out of place, in passes, and in place.
+TEST(PlanFiles, TheTwoCyclePlanRunsThroughTheExecutor) {
+  World w(kRanks, PlanConfig({"examples/plans/hamilton_2x4.json"}));
+  ASSERT_TRUE(w.status().ok()) << w.status().ToString();
+  CallOptions call;
+  call.algorithm = collectives::Algorithm::kFile;
+  AllReduceChecked(w, 32 * 5, call, false);
+  AllReduceChecked(w, 32 * 75000, call, false);
+  AllReduceChecked(w, 32 * 250, call, true);
+}
+
 // Through KIZUNA_ALGO, as any algorithm; a count the file's units do not divide falls back to the
 // model's choice and still gives the sum.
 TEST(PlanFiles, KizunaAlgoNamesTheFileAndOtherCountsFallBack) {

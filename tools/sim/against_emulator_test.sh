@@ -2,14 +2,15 @@
 # kizuna-sim against the emulator, both reading one direct-connect topology file: 8 and 16 emulated
 # devices on a full mesh of shaped cables (0.5 Gb/s, 20 us: the fabric paces each port's transfers
 # in turn, hence --sharing fifo), AllReduce of 4 MiB, every algorithm: the simulated time must be
-# no more than 15 % above the measured median, and no more than 25 % below it (pairwise: no lower
+# no more than 15 % above the measured median, and no more than 35 % below it (pairwise: no lower
 # bound). The emulated devices and every rank's executor share this machine's CPUs, so the
 # simulation shares them too (--host-cpus), each message taking 10 us of CPU at each end and the
 # sender's copy of it at 1 GB/s: fitted on 8 ranks of one 2-core VM, where every cell but pairwise
 # came within 15 % (docs/SIMULATOR.md, "Against the emulator"). Those are that machine's speeds: on
-# a 2-core VM of the same kind with a slower memory the same build ran the emulator 0-16 % slower
-# (rhd at 16 ranks 10-16 % in the runs seen), and pairwise, bound by the machine's memory, 20-52 %
-# slower and varying from run to run (16 ranks: 71-83 ms there, 108-157 ms here). Where the
+# a 2-core VM of the same kind with a slower memory the same build ran the emulator 0-23 % slower
+# (rhd at 16 ranks 10-23 % in the runs seen, ring, tree and rd up to 10 %), and pairwise, bound by
+# the machine's memory, 20-52 % slower and varying from run to run (16 ranks: 71-83 ms there,
+# 108-157 ms here). The lower bound catches a model gone wrong, not that machine's speed. Where the
 # simulation is slower than the emulator, the machine cannot explain it: that bound stays at 15 %.
 set -uo pipefail
 topo="$1" bench="$2" sim="$3"
@@ -35,7 +36,7 @@ emu = json.load(open(sys.argv[1]))["rows"][0]["out_of_place"]["time_us"] * 1e-6
 sim = json.load(open(sys.argv[2]))["rows"][0]["seconds"]
 error = (sim - emu) / emu
 print(f"{sys.argv[3]} ranks, {sys.argv[4]}: emulated {emu * 1e3:.1f} ms, simulated {sim * 1e3:.1f} ms ({error:+.0%})")
-low = -1.0 if sys.argv[4] == "pairwise" else -0.25
+low = -1.0 if sys.argv[4] == "pairwise" else -0.35
 sys.exit(0 if low <= error <= 0.15 else 1)
 PY
     done

@@ -383,6 +383,12 @@ int Main(int argc, char** argv) {
     Result<collectives::Selection> sel = InvalidArgument("not selected");
   };
   std::vector<Case> cases;
+  // An INA job's chunk over `channels` channels: its 8 MiB of staging over the channels times the
+  // window, at most the chunk asked for, in multiples of 64 bytes (executor.cc, slot_bytes_for).
+  auto ina_chunk = [&](uint64_t channels) {
+    const uint64_t slots = std::max<uint64_t>(1, channels) * static_cast<uint64_t>(std::max(1, device.window));
+    return std::max<uint64_t>(1, std::min<uint64_t>(*ch, (uint64_t{8} << 20) / slots / 64 * 64) / es);
+  };
   for (double bytes = static_cast<double>(*lo); bytes <= static_cast<double>(*hi) * 1.0000001; bytes *= factor) {
     Case cs;
     cs.bytes = bytes;
@@ -395,14 +401,9 @@ int Main(int argc, char** argv) {
     cs.options.chunk_count = std::max<uint64_t>(1, *ch / es);
     // The engine asks for two channels for a collective of 256 KiB or more (engine.cc).
     cs.options.channels = channels > 0 ? channels : (bytes >= 256 << 10 ? 2 : 1);
-    // An INA job's staging (8 MiB) over the channels asked times the window: the chunk the engine
-    // predicts with (engine.cc, ChoiceOptions); the ina algorithm's runs cut it per part below.
-    if (layout) {
-      const uint64_t slots =
-          static_cast<uint64_t>(cs.options.channels) * static_cast<uint64_t>(std::max(1, device.window));
-      cs.options.chunk_count =
-          std::max<uint64_t>(1, std::min<uint64_t>(*ch, (uint64_t{8} << 20) / slots / 64 * 64) / es);
-    }
+    // The chunk the engine predicts with (engine.cc, ChoiceOptions); the ina algorithm's runs cut
+    // it per part below.
+    if (layout) cs.options.chunk_count = ina_chunk(static_cast<uint64_t>(cs.options.channels));
     cases.push_back(std::move(cs));
   }
   struct Outcome {
@@ -435,13 +436,7 @@ int Main(int argc, char** argv) {
     const auto [at, a] = runs[i - cases.size()];
     Outcome& o = outcomes[i - cases.size()];
     collectives::PlanOptions options = cases[at].options;
-    if (a == Algorithm::kIna && layout) {
-      // The engine's INA chunk: its 8 MiB of staging over the plan's channels (one per part) times
-      // the window, at most the chunk asked for, in multiples of 64 bytes (executor.cc,
-      // slot_bytes_for).
-      const uint64_t slots = layout->parts.size() * static_cast<uint64_t>(std::max(1, device.window));
-      options.chunk_count = std::max<uint64_t>(1, std::min<uint64_t>(*ch, (uint64_t{8} << 20) / slots / 64 * 64) / es);
-    }
+    if (a == Algorithm::kIna && layout) options.chunk_count = ina_chunk(layout->parts.size());  // a channel per part
     o.run =
         RunAlgorithm(a, cases[at].req, shape, options, nets.local(), device, k, symmetry == "auto", &o.how, max_whole);
     o.skipped = !o.run.ok() && o.run.status().message().find("outside their steps") != std::string::npos;

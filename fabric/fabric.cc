@@ -360,6 +360,21 @@ Result<std::unique_ptr<SendComm>> Fabric::Connect(int dev, const Handle& handle,
   }
 }
 
+Result<Handle> Fabric::Forward(std::span<const Hop> hops, const Handle& target) const {
+  if (hops.empty()) return InvalidArgument(fmt::format("{}: forwarding through no rank", name_));
+  for (const Hop& h : hops)
+    if (h.via.size == 0 || h.via.size > Handle::kMax || h.out_device < 0)
+      return InvalidArgument(
+          fmt::format("{}: a forwarding hop with a handle of {} bytes and device {}", name_, h.via.size, h.out_device));
+  if (target.size == 0 || target.size > Handle::kMax)
+    return InvalidArgument(fmt::format("{}: forwarding to a handle of {} bytes", name_, target.size));
+  return DoForward(hops, target);
+}
+
+Result<Handle> Fabric::DoForward(std::span<const Hop>, const Handle&) const {
+  return NotSupported(fmt::format("{}: does not forward between ranks that share no link", name_));
+}
+
 Status Fabric::DoWaitConnectable(int, const Handle&, Deadline deadline, int attempt) {
   // Nothing to block on in general (a full accept backlog has no fd to poll): back off, 50 us
   // doubling to 10 ms, so a slow listener costs no CPU.

@@ -469,6 +469,19 @@ class Fabric {
   // Connect until connected or the deadline (kTimeout); waits between attempts.
   Result<std::unique_ptr<SendComm>> Connect(int dev, const Handle& handle, Deadline deadline);
 
+  // Forwarding (optional; fabric/tcp has it): a handle for Connect whose connection reaches the
+  // listener of `target` through ranks in between, each relaying its bytes as they come (ranks on
+  // hosts that share no cable). `hops[0]` is the rank the connecting device's link goes to; each
+  // hop names its listen handle for the rank before it (where the relayed connection arrives) and
+  // its device toward the rank after it. The relaying ranks need do nothing but accept on those
+  // listen comms, as they do for their own peers. kNotSupported where the fabric does not forward
+  // (the default); kInvalidArgument when the path does not fit in a handle, naming its length.
+  struct Hop {
+    Handle via;           // the relaying rank's listen handle for the rank before it
+    int out_device = -1;  // the relaying rank's device toward the rank after it
+  };
+  Result<Handle> Forward(std::span<const Hop> hops, const Handle& target) const;
+
  protected:
   Fabric(std::string name, const Config* config, FabricContext context)
       : name_(std::move(name)), config_(config), context_(std::move(context)) {}
@@ -478,6 +491,7 @@ class Fabric {
   // Waits before the next connection attempt; the default sleeps with a growing backoff
   // (at most 10 ms, never past the deadline). Backends with a pollable handshake override it.
   virtual Status DoWaitConnectable(int dev, const Handle& handle, Deadline deadline, int attempt);
+  virtual Result<Handle> DoForward(std::span<const Hop> hops, const Handle& target) const;
 
   std::vector<FabricDeviceProperties> devices_;  // set by the backend's constructor
   int default_rank_ = kRankNative;               // set by the backend's constructor

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "fabric/tcp/relay.h"
 #include "runtime/core/logging.h"
 #include "runtime/core/random.h"
 
@@ -22,24 +23,6 @@ namespace kizuna::fabric::tcp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-socklen_t LengthOf(const sockaddr_storage& a) {
-  return a.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-}
-
-Result<UniqueFd> NewSocket(int family) {
-  UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return FromErrno(errno, "tcp: socket");
-  return fd;
-}
-
-// Small messages leave at once: no Nagle delay behind a frame that is not acknowledged yet.
-Status NoDelay(int fd) {
-  const int one = 1;
-  if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
-    return FromErrno(errno, "tcp: setsockopt(TCP_NODELAY)");
-  return Status::Ok();
-}
 
 // A receiving end's sockets send only posts (and the kernel's acknowledgements): small frames a
 // sender waits for before it writes a large message. At interactive priority they leave before
@@ -101,6 +84,24 @@ Status PollFor(std::vector<pollfd>& fds, Deadline deadline) {
 }
 
 }  // namespace
+
+socklen_t LengthOf(const sockaddr_storage& a) {
+  return a.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+
+Result<UniqueFd> NewSocket(int family) {
+  UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return FromErrno(errno, "tcp: socket");
+  return fd;
+}
+
+// Small messages leave at once: no Nagle delay behind a frame that is not acknowledged yet.
+Status NoDelay(int fd) {
+  const int one = 1;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
+    return FromErrno(errno, "tcp: setsockopt(TCP_NODELAY)");
+  return Status::Ok();
+}
 
 // ---- Handles ----
 
@@ -179,7 +180,7 @@ std::string DescribeAddress(const sockaddr_storage& a) {
 
 // ---- Listening and accepting ----
 
-Result<std::unique_ptr<TcpListenComm>> TcpListenComm::Create(const DeviceAddress& device, Hub& hub) {
+Result<std::unique_ptr<TcpListenComm>> TcpListenComm::Create(const DeviceAddress& device, Hub& hub, Relays* relays) {
   const int family = device.address.ss_family;
   WireHandle w;
   w.family = static_cast<uint16_t>(family);
@@ -218,7 +219,7 @@ Result<std::unique_ptr<TcpListenComm>> TcpListenComm::Create(const DeviceAddress
   KZ_RETURN_IF_ERROR(RandomBytes(w.secret.data(), w.secret.size()));
   KZ_INFO(kLogFabric, "tcp: listening on {} ({})", where, device.properties.name);
   return std::unique_ptr<TcpListenComm>(
-      new TcpListenComm(device.properties, EncodeHandle(w, more), w, std::move(fds), hub));
+      new TcpListenComm(device.properties, EncodeHandle(w, more), w, std::move(fds), hub, relays));
 }
 
 void TcpListenComm::ReadHellos() {
@@ -244,7 +245,15 @@ void TcpListenComm::ReadHellos() {
       drop = true;
       why = "sent no complete hello within the time allowed";
     }
-    if (!drop && in.got == sizeof in.hello) {
+    if (!drop && in.got == sizeof in.hello && in.hello.magic == kRelayMagic) {
+      why = ReadRelay(in);
+      if (why.empty() && now - in.since > kHelloTimeout) why = "sent no complete relay hello within the time allowed";
+      if (why == "relayed") {
+        incoming_.erase(incoming_.begin() + static_cast<ptrdiff_t>(i));
+        continue;
+      }
+      drop = !why.empty();
+    } else if (!drop && in.got == sizeof in.hello) {
       const Hello& h = in.hello;
       if (h.magic != kHelloMagic || h.byte_order != kByteOrderMark || h.version != kProtocolVersion) {
         drop = true;
@@ -277,6 +286,33 @@ void TcpListenComm::ReadHellos() {
   }
 }
 
+std::string TcpListenComm::ReadRelay(Incoming& in) {
+  RelayHello r;
+  std::memcpy(static_cast<void*>(&r), static_cast<const void*>(&in.hello), sizeof r);
+  if (r.byte_order != kByteOrderMark || r.version != kProtocolVersion)
+    return "sent a relay hello of another protocol version";
+  if (!SameSecret(r.secret, wire_.secret)) return "asked to be relayed without the handle's secret";
+  if (relays_ == nullptr) return "asked to be relayed, which this listener does not do";
+  if (r.onward_size == 0 || r.onward_size > Handle::kMax)
+    return fmt::format("asked to be relayed to a handle of {} bytes", r.onward_size);
+  in.onward.size = r.onward_size;
+  while (in.onward_got < in.onward.size) {
+    const ssize_t k =
+        ::recv(in.fd.get(), in.onward.data.data() + in.onward_got, in.onward.size - in.onward_got, MSG_DONTWAIT);
+    if (k > 0) {
+      in.onward_got += static_cast<size_t>(k);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return "";
+    return k == 0 ? "closed before its relay hello was complete" : std::strerror(errno);
+  }
+  const std::string where = fmt::format("{}", LocalAndPeer(in.fd.get(), "<-"));
+  if (Status s = relays_->Start(std::move(in.fd), r.out_device, in.onward, where); !s.ok())
+    return fmt::format("asked to be relayed, which failed: {}", s.message());
+  return "relayed";
+}
+
 Result<std::unique_ptr<RecvComm>> TcpListenComm::DoAccept() {
   std::lock_guard<std::mutex> lock(mu_);
   for (const UniqueFd& listening : fds_)
@@ -289,7 +325,7 @@ Result<std::unique_ptr<RecvComm>> TcpListenComm::DoAccept() {
       }
       KZ_RETURN_IF_ERROR(NoDelay(fd.get()));
       PostsFirst(fd.get());
-      incoming_.push_back(Incoming{std::move(fd), Hello{}, 0, Clock::now()});
+      incoming_.push_back(Incoming{std::move(fd), Hello{}, 0, Clock::now(), Handle{}, 0});
     }
   ReadHellos();
   for (auto it = gathering_.begin(); it != gathering_.end(); ++it) {
@@ -326,6 +362,22 @@ Status TcpListenComm::DoWaitAcceptable(Deadline deadline) {
 
 Result<std::shared_ptr<PendingConnect>> PendingConnect::Start(const DeviceAddress& device, const Handle& handle,
                                                               int streams, Hub& hub) {
+  if (IsForward(handle)) {
+    // Through relays (relay.h): every stream to the first relay, over the cable its handle names
+    // first; each starts with the relay hello, then the target's hello.
+    KZ_ASSIGN_OR_RETURN(Forwarding f, DecodeForward(handle));
+    std::shared_ptr<PendingConnect> p(new PendingConnect(device, hub));
+    p->wire_ = f.target;
+    p->prefix_ = RelayPrefix(f);
+    KZ_RETURN_IF_ERROR(RandomBytes(&p->nonce_, sizeof p->nonce_));
+    const sockaddr_storage& local = CableToFirst(device);
+    for (int s = 0; s < streams; ++s) {
+      p->peers_.push_back(f.first.address);
+      KZ_ASSIGN_OR_RETURN(UniqueFd fd, p->Open(local, s));
+      p->streams_.push_back(StreamState{std::move(fd), Phase::kConnecting, Welcome{}, 0});
+    }
+    return p;
+  }
   std::vector<WireCable> more;
   KZ_ASSIGN_OR_RETURN(WireHandle w, DecodeHandle(handle, &more));
   if (static_cast<int>(more.size()) + 1 != device.cables())
@@ -342,24 +394,27 @@ Result<std::shared_ptr<PendingConnect>> PendingConnect::Start(const DeviceAddres
     const sockaddr_storage& local = cable == 0 ? device.address : device.more[static_cast<size_t>(cable - 1)];
     const int theirs = device.at_peer.empty() ? 0 : device.at_peer[static_cast<size_t>(cable)];
     p->peers_.push_back(theirs == 0 ? AddressOf(w) : AddressOf(w, more[static_cast<size_t>(theirs - 1)]));
-    const sockaddr_storage& peer = p->peers_.back();
-    KZ_ASSIGN_OR_RETURN(UniqueFd fd, NewSocket(w.family));
-    KZ_RETURN_IF_ERROR(NoDelay(fd.get()));
-    // A cable's port sends from its own address: its interface is the only way to the other end.
-    if (device.properties.point_to_point &&
-        ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&local), LengthOf(local)) != 0)
-      return FromErrno(errno, fmt::format("tcp: bind to {} ({})", DescribeAddress(local), device.properties.name));
-    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&peer), LengthOf(peer)) != 0 && errno != EINPROGRESS) {
-      if (errno == ECONNREFUSED)
-        return RemoteError(
-            fmt::format("tcp: connecting to {}: connection refused (the listener is gone)", DescribeAddress(peer)));
-      return FromErrno(errno, fmt::format("tcp: connect to {}", DescribeAddress(peer)));
-    }
-    StreamState st;
-    st.fd = std::move(fd);
-    p->streams_.push_back(std::move(st));
+    KZ_ASSIGN_OR_RETURN(UniqueFd fd, p->Open(local, s));
+    p->streams_.push_back(StreamState{std::move(fd), Phase::kConnecting, Welcome{}, 0});
   }
   return p;
+}
+
+Result<UniqueFd> PendingConnect::Open(const sockaddr_storage& local, int stream) {
+  const sockaddr_storage& peer = peers_[static_cast<size_t>(stream)];
+  KZ_ASSIGN_OR_RETURN(UniqueFd fd, NewSocket(peer.ss_family));
+  KZ_RETURN_IF_ERROR(NoDelay(fd.get()));
+  // A cable's port sends from its own address: its interface is the only way to the other end.
+  if (device_.properties.point_to_point &&
+      ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&local), LengthOf(local)) != 0)
+    return FromErrno(errno, fmt::format("tcp: bind to {} ({})", DescribeAddress(local), device_.properties.name));
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&peer), LengthOf(peer)) != 0 && errno != EINPROGRESS) {
+    if (errno == ECONNREFUSED)
+      return RemoteError(
+          fmt::format("tcp: connecting to {}: connection refused (the listener is gone)", DescribeAddress(peer)));
+    return FromErrno(errno, fmt::format("tcp: connect to {}", DescribeAddress(peer)));
+  }
+  return fd;
 }
 
 Status PendingConnect::Advance(StreamState& s, int index) {
@@ -379,8 +434,12 @@ Status PendingConnect::Advance(StreamState& s, int index) {
     h.nonce = nonce_;
     h.stream = static_cast<uint16_t>(index);
     h.streams = static_cast<uint16_t>(streams_.size());
-    const ssize_t k = ::send(s.fd.get(), &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k != static_cast<ssize_t>(sizeof h))
+    // Through relays, the relay hello first (a fresh socket's buffer takes both at once).
+    std::vector<uint8_t> out = prefix_;
+    out.resize(prefix_.size() + sizeof h);
+    std::memcpy(out.data() + prefix_.size(), &h, sizeof h);
+    const ssize_t k = ::send(s.fd.get(), out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k != static_cast<ssize_t>(out.size()))
       return RemoteError(fmt::format("tcp: {}: the listener went away during the handshake",
                                      DescribeAddress(peers_[static_cast<size_t>(index)])));
     s.phase = Phase::kHelloSent;

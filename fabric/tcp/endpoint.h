@@ -78,6 +78,13 @@ struct Welcome {
 };
 static_assert(sizeof(Welcome) == 16);
 
+// The size of `a` for bind and connect.
+socklen_t LengthOf(const sockaddr_storage& a);
+// A non-blocking stream socket of `family`.
+Result<UniqueFd> NewSocket(int family);
+// TCP_NODELAY: small messages leave at once.
+Status NoDelay(int fd);
+
 Handle EncodeHandle(const WireHandle& h, const std::vector<WireCable>& more = {});
 // kInvalidArgument naming what is wrong: size, magic, version, byte order, address family, port.
 // `more`, when given, receives a bundle's further cables.
@@ -100,9 +107,12 @@ struct DeviceAddress {
   int cables() const { return 1 + static_cast<int>(more.size()); }
 };
 
+class Relays;  // relay.h
+
 class TcpListenComm : public ListenComm {
  public:
-  static Result<std::unique_ptr<TcpListenComm>> Create(const DeviceAddress& device, Hub& hub);
+  // `relays` takes the connections that arrive with a relay hello (relay.h); null: none are taken.
+  static Result<std::unique_ptr<TcpListenComm>> Create(const DeviceAddress& device, Hub& hub, Relays* relays);
 
  protected:
   Result<std::unique_ptr<RecvComm>> DoAccept() override;
@@ -114,16 +124,24 @@ class TcpListenComm : public ListenComm {
     Hello hello;
     size_t got = 0;
     std::chrono::steady_clock::time_point since;
+    Handle onward;  // a relay hello's onward handle (relay.h), onward.size bytes of it read
+    size_t onward_got = 0;
   };
-  TcpListenComm(FabricDeviceProperties properties, Handle handle, WireHandle wire, std::vector<UniqueFd> fds, Hub& hub)
-      : ListenComm(std::move(properties), handle), wire_(wire), fds_(std::move(fds)), hub_(hub) {}
-  // Reads what the pending sockets sent; a complete, valid hello joins its connection's streams.
+  TcpListenComm(FabricDeviceProperties properties, Handle handle, WireHandle wire, std::vector<UniqueFd> fds, Hub& hub,
+                Relays* relays)
+      : ListenComm(std::move(properties), handle), wire_(wire), fds_(std::move(fds)), hub_(hub), relays_(relays) {}
+  // Reads what the pending sockets sent; a complete, valid hello joins its connection's streams, a
+  // complete, valid relay hello goes to relays_.
   void ReadHellos();
+  // Reads a relay hello's onward handle; "" while it is coming, else why the socket is dropped,
+  // or "relayed" once relays_ took it.
+  std::string ReadRelay(Incoming& in);
 
   std::mutex mu_;
   WireHandle wire_;
   std::vector<UniqueFd> fds_;  // listening: one socket per cable of the device
   Hub& hub_;
+  Relays* relays_;
   std::vector<Incoming> incoming_;                       // accepted, hello not complete
   std::map<uint64_t, std::vector<UniqueFd>> gathering_;  // by nonce: the streams so far (by index)
 };
@@ -149,6 +167,8 @@ class PendingConnect {
     size_t got = 0;
   };
   PendingConnect(const DeviceAddress& device, Hub& hub) : device_(device), hub_(hub) {}
+  // Stream `stream`'s socket, from `local` (on a cable) to peers_[stream], connecting.
+  Result<UniqueFd> Open(const sockaddr_storage& local, int stream);
   Status Advance(StreamState& s, int index);
 
   DeviceAddress device_;
@@ -156,6 +176,7 @@ class PendingConnect {
   WireHandle wire_;
   std::vector<sockaddr_storage> peers_;  // per stream: the peer's end of the stream's cable
   uint64_t nonce_ = 0;
+  std::vector<uint8_t> prefix_;  // sent before each hello: a relay hello (relay.h), or nothing
   std::vector<StreamState> streams_;
 };
 

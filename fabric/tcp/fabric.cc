@@ -121,6 +121,7 @@ TcpFabric::TcpFabric(const Config* config, FabricContext context, std::vector<De
     : Fabric(std::string(kFabricName), config, std::move(context)), addresses_(std::move(devices)), streams_(streams) {
   for (const DeviceAddress& d : addresses_) devices_.push_back(d.properties);
   default_rank_ = kRankSockets;
+  relays_ = std::make_unique<Relays>(addresses_);
 }
 
 TcpFabric::~TcpFabric() { pending_.Clear(); }
@@ -272,21 +273,33 @@ Result<std::unique_ptr<Fabric>> TcpFabric::CreateWith(const Config& config, cons
 }
 
 Result<std::unique_ptr<ListenComm>> TcpFabric::DoListen(int dev) {
-  KZ_ASSIGN_OR_RETURN(auto l, TcpListenComm::Create(addresses_[static_cast<size_t>(dev)], hub_));
+  KZ_ASSIGN_OR_RETURN(auto l, TcpListenComm::Create(addresses_[static_cast<size_t>(dev)], hub_, relays_.get()));
   return std::unique_ptr<ListenComm>(std::move(l));
 }
 
 Result<std::unique_ptr<SendComm>> TcpFabric::DoConnect(int dev, const Handle& handle) {
   return pending_.Step(dev, handle, [&]() -> Result<std::shared_ptr<PendingConnect>> {
-    KZ_ASSIGN_OR_RETURN(WireHandle w, DecodeHandle(handle));
+    WireHandle w;
+    if (IsForward(handle)) {
+      KZ_ASSIGN_OR_RETURN(Forwarding f, DecodeForward(handle));
+      w = f.target;
+    } else {
+      KZ_ASSIGN_OR_RETURN(w, DecodeHandle(handle));
+    }
     if (w.family != addresses_[static_cast<size_t>(dev)].address.ss_family)
       return InvalidArgument(fmt::format("tcp: device {} ({}) has no address of the handle's family ({})", dev,
                                          devices_[static_cast<size_t>(dev)].name,
                                          w.family == AF_INET ? "IPv4" : "IPv6"));
     // A bundle's connection: as many streams on each of its cables as one cable's has.
     const DeviceAddress& d = addresses_[static_cast<size_t>(dev)];
-    return PendingConnect::Start(d, handle, std::min(kMaxStreams, streams_ * d.cables()), hub_);
+    // A forwarded one keeps to one cable (relay.h).
+    return PendingConnect::Start(d, handle, IsForward(handle) ? streams_ : std::min(kMaxStreams, streams_ * d.cables()),
+                                 hub_);
   });
+}
+
+Result<Handle> TcpFabric::DoForward(std::span<const Hop> hops, const Handle& target) const {
+  return EncodeForward(hops, target);
 }
 
 Status TcpFabric::DoWaitConnectable(int dev, const Handle& handle, Deadline deadline, int attempt) {

@@ -17,6 +17,7 @@
 #include "fabric/fabric.h"
 #include "fabric/pending_connects.h"
 #include "fabric/tcp/endpoint.h"
+#include "fabric/tcp/relay.h"
 #include "fabric/tcp/transfer.h"
 #include "runtime/core/config.h"
 #include "runtime/core/status.h"
@@ -51,11 +52,14 @@ class TcpFabric : public Fabric {
   ~TcpFabric() override;
 
   int streams() const { return streams_; }
+  // What this rank relays for others (relay.h).
+  const Relays& relays() const { return *relays_; }
 
  protected:
   Result<std::unique_ptr<ListenComm>> DoListen(int dev) override;
   Result<std::unique_ptr<SendComm>> DoConnect(int dev, const Handle& handle) override;
   Status DoWaitConnectable(int dev, const Handle& handle, Deadline deadline, int attempt) override;
+  Result<Handle> DoForward(std::span<const Hop> hops, const Handle& target) const override;
 
  private:
   TcpFabric(const Config* config, FabricContext context, std::vector<DeviceAddress> devices, int streams);
@@ -64,6 +68,8 @@ class TcpFabric : public Fabric {
   const int streams_;
   Hub hub_;
   PendingConnects<PendingConnect> pending_;
+  // Relayed sockets close before the fabric's other state goes (declared last: destroyed first).
+  std::unique_ptr<Relays> relays_;
 };
 
 }  // namespace kizuna::fabric::tcp

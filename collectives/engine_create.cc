@@ -247,6 +247,8 @@ Status Engine::Builder::Connect(device::Device& device) {
   // INA job connects its ranks at creation (its pairs are the layout's cables); other jobs connect
   // a pair when an operation first needs it.
   topts.connect_at_creation = layout_ != nullptr;
+  // An INA job's aggregation devices serve their workers and relay nothing.
+  topts.forward = layout_ == nullptr;
   // Rails: local rank i of every host between hosts over NIC i (transport.h).
   if (!layout_) {
     topts.rank_hosts = rank_hosts_;

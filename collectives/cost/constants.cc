@@ -16,7 +16,7 @@
 namespace kizuna::collectives {
 namespace {
 
-constexpr std::array<CostConstantInfo, 15> kConstantTable = {{
+constexpr std::array<CostConstantInfo, 16> kConstantTable = {{
     {"unknown_link_latency_us", "us", 1.1,
      "directconnect's 8-byte one-way latency, 1.12-1.16 us median (kizuna-p2p), its software path included",
      &CostConstants::unknown_link_latency_us},
@@ -49,6 +49,10 @@ constexpr std::array<CostConstantInfo, 15> kConstantTable = {{
     {"handoff_wake_us", "us", 8.0,
      "as oversubscribed_wake_us until measured apart: a stage's hand-offs to the executor's and streams' threads",
      &CostConstants::handoff_wake_us},
+    {"relay_us", "us", 80.0,
+     "Send/Recv between 4 namespace hosts on a 2 x 2 torus of cables, 2 CPUs: 504-555 us where the pair is "
+     "forwarded, 391-475 us between neighbours (docs/PERFORMANCE.md)",
+     &CostConstants::relay_us},
     {"host_memory_gbps", "GB/s", 50.0,
      "a host's emulated devices together: the race ceiling's fused pass 45 GB/s, its copy 52-113 GB/s (RACE.md)",
      &CostConstants::host_memory_gbps},

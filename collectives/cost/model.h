@@ -94,6 +94,9 @@ struct CostConstants {
   // The same for the threads a plan stage hands its work to beyond the ranks' own (the executor's,
   // a device stream's), which wait behind the ranks' spinning windows (docs/OPERABILITY.md, tuning).
   double handoff_wake_us;
+  // Per rank in between on a forwarded pair's path (LinkDesc::hops): its fabric's relay thread
+  // wakes and passes the bytes on.
+  double relay_us;
   // Memory traffic (bytes read + written) per second of all ranks of one host whose devices
   // compute on the host (RankDesc::host_compute: emulated devices), together.
   double host_memory_gbps;

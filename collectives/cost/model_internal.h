@@ -109,10 +109,15 @@ class Model {
  private:
   // ---- Inputs, resolved ----
   bool Resolve();
+  // A forwarded pair's (LinkDesc::hops): each cable's, and each relay's.
   double Latency(const LinkDesc& l) const {
-    return (Known(l.latency_us) ? l.latency_us : k_.unknown_link_latency_us) * 1e-6;
+    const int hops = std::max(l.hops, 1);
+    return ((Known(l.latency_us) ? l.latency_us : k_.unknown_link_latency_us) * hops + (hops - 1) * k_.relay_us) * 1e-6;
   }
-  double WirePerByte(const LinkDesc& l) const { return 1.0 / ((Known(l.gbps) ? l.gbps : k_.unknown_link_gbps) * 1e9); }
+  // A forwarded pair's bytes load each cable of its path (LinkDesc::hops).
+  double WirePerByte(const LinkDesc& l) const {
+    return static_cast<double>(std::max(l.hops, 1)) / ((Known(l.gbps) ? l.gbps : k_.unknown_link_gbps) * 1e9);
+  }
 
   Split SplitElems(uint64_t elems) const {
     if (elems == 0) return {};

@@ -541,7 +541,7 @@ std::vector<std::pair<std::string, double>> ParseDump(const std::string& text) {
 TEST(CostModelTest, ConstantsTableGivesTheDefaults) {
   const CostConstants defaults;
   const std::span<const CostConstantInfo> table = CostConstantTable();
-  EXPECT_EQ(table.size(), 15u);
+  EXPECT_EQ(table.size(), 16u);
   for (const CostConstantInfo& c : table) {
     EXPECT_EQ(defaults.*c.field, c.value) << c.name << ": the default is not the table's value";
     EXPECT_TRUE(std::isfinite(c.value) && c.value >= 0) << c.name;

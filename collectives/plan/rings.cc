@@ -15,13 +15,13 @@ std::vector<int> RingOrder(const CommTopology& shape) {
   std::vector<int> order(static_cast<size_t>(std::max(p, 0)));
   for (int r = 0; r < p; ++r) order[static_cast<size_t>(r)] = r;
   bool in_order = true;
-  for (int r = 0; r < p && in_order && p > 1; ++r) in_order = shape.Reachable(r, (r + 1) % p);
+  for (int r = 0; r < p && in_order && p > 1; ++r) in_order = shape.Adjacent(r, (r + 1) % p);
   if (in_order) return order;
   // Each rank's reachable neighbours.
   std::vector<std::vector<int>> next(static_cast<size_t>(p));
   for (int a = 0; a < p; ++a)
     for (int b = 0; b < p; ++b)
-      if (shape.Reachable(a, b)) next[static_cast<size_t>(a)].push_back(b);
+      if (shape.Adjacent(a, b)) next[static_cast<size_t>(a)].push_back(b);
   std::vector<char> used(static_cast<size_t>(p), 0);
   auto free_neighbours = [&](int r) {
     int n = 0;
@@ -45,7 +45,7 @@ std::vector<int> RingOrder(const CommTopology& shape) {
   untried[0] = candidates(0);
   for (int steps = 0; !path.empty() && steps < kRingSearchSteps; ++steps) {
     if (static_cast<int>(path.size()) == p) {
-      if (shape.Reachable(path.back(), 0)) return path;
+      if (shape.Adjacent(path.back(), 0)) return path;
       untried.back().clear();  // a path through everyone that does not close: back off
     }
     if (untried.back().empty()) {
@@ -104,7 +104,7 @@ bool HasTorusLinks(const CommTopology& shape, const Torus& t) {
   for (int place = 0; place < p; ++place)
     for (int d = 0; d < static_cast<int>(t.dims.size()); ++d)
       for (int step : {1, -1})
-        if (!shape.Reachable(t.rank(place), t.rank(t.Move(place, d, step)))) return false;
+        if (!shape.Adjacent(t.rank(place), t.rank(t.Move(place, d, step)))) return false;
   return true;
 }
 

@@ -37,7 +37,10 @@ void GetRank(wire::Reader& in, RankDesc& r) {
 }
 
 void PutLink(wire::Bytes& out, const LinkDesc& l) {
-  wire::PutU8(out, static_cast<uint8_t>((l.reachable ? 1 : 0) | (l.staged ? 2 : 0) | (l.paced ? 4 : 0)));
+  // Bits 3-7: hops - 1 (a path of up to 32 cables).
+  const int hops = std::clamp(l.hops, 1, 32);
+  wire::PutU8(out,
+              static_cast<uint8_t>((l.reachable ? 1 : 0) | (l.staged ? 2 : 0) | (l.paced ? 4 : 0) | ((hops - 1) << 3)));
   wire::PutF64(out, l.latency_us);
   wire::PutF64(out, l.gbps);
 }
@@ -47,6 +50,7 @@ void GetLink(wire::Reader& in, LinkDesc& l) {
   l.reachable = (flags & 1) != 0;
   l.staged = (flags & 2) != 0;
   l.paced = (flags & 4) != 0;
+  l.hops = 1 + (flags >> 3);
   l.latency_us = in.F64();
   l.gbps = in.F64();
 }
@@ -61,7 +65,7 @@ bool Good(double v) { return std::isfinite(v) && v >= 0; }
 bool CommTopology::FullyConnected() const {
   for (int a = 0; a < link_rows(); ++a)
     for (int b = 0; b < nranks; ++b)
-      if (a != b && !link(a, b).reachable) return false;
+      if (a != b && !Adjacent(a, b)) return false;
   return true;
 }
 

@@ -40,6 +40,12 @@ struct LinkDesc {
   // the rate its topology gives), which ranks taking turns on their host's CPUs do not stretch;
   // false: the speed of a NIC or a copy, whose bytes the CPUs move (the cost model stretches it).
   bool paced = false;
+  // Cables the pair's bytes cross: more than 1 where the ranks in between forward them (hosts
+  // that share no cable; fabric::Fabric::Forward). `latency_us` and `gbps` are then the first
+  // cable's; the cost model charges latency and wire `hops` times (the bytes load that many
+  // cables) and a relay per rank in between, and the shape's structure (rings, tori) is made of
+  // pairs one cable apart.
+  int hops = 1;
 };
 
 struct CommTopology {
@@ -84,7 +90,9 @@ struct CommTopology {
   // Rows of `links`: nranks, or link_period; every rank's links are those of one of these rows.
   int link_rows() const { return link_period > 0 ? link_period : nranks; }
   bool Reachable(int from, int to) const { return from != to && link(from, to).reachable; }
-  // True when every ordered pair of distinct ranks is reachable.
+  // Reachable over a link of the pair's own, not forwarded by ranks in between (LinkDesc::hops).
+  bool Adjacent(int from, int to) const { return Reachable(from, to) && link(from, to).hops <= 1; }
+  // True when every ordered pair of distinct ranks is adjacent (no pair forwarded).
   bool FullyConnected() const;
   // Number of distinct host ids.
   int host_count() const;

@@ -279,6 +279,10 @@ class Transport::Planner {
   // switched device.
   Status Route();
 
+  // Forwarding (transport.h): routes for the peers no fabric serves directly, through the ranks in
+  // between, where a fabric links the whole path and forwards.
+  Status Forward();
+
   // Which fabric serves which peers, over which devices: "directconnect: rank 1 (device w0:port0);
   // ofi: ranks 2, 3 (device tcp;ofi_rxm:lo)"; empty without peers.
   std::string Groups() const;
@@ -300,7 +304,9 @@ class Transport::Planner {
   Rails rails_;                                      // before maps_, which point to it
   std::vector<DeviceMap> maps_;                      // per fabric
   std::vector<int> chosen_;                          // the fabric of the pair (rank, q); -1 for none
+  std::vector<Reach> reach_;                         // every rank's round 1
   std::vector<Record> records_;                      // every rank's listens
+  std::vector<std::string> forwarded_;               // "rank 3 (via 1)", per forwarded peer
   std::vector<int> reachable_;                       // peers some fabric serves
   std::vector<int> unreachable_;                     // peers no fabric serves
   std::vector<std::vector<int>> served_;             // per fabric: the peers it serves
@@ -352,7 +358,7 @@ Status Transport::Planner::ChooseFabrics() {
   auto reach_gathered = bootstrap_.AllGather(SerializeReach(mine_reach, n_), deadline_);
   if (!reach_gathered.ok())
     return reach_gathered.status().WithContext(fmt::format("{}: exchanging which peers each fabric reaches", where_));
-  std::vector<Reach> reach;
+  std::vector<Reach>& reach = reach_;
   for (int q = 0; q < n_; ++q) {
     auto r = ParseReach((*reach_gathered)[static_cast<size_t>(q)], n_, q);
     if (!r.ok()) return r.status().WithContext(where_);
@@ -471,6 +477,107 @@ Status Transport::Planner::Route() {
   return Status::Ok();
 }
 
+namespace {
+
+// The point-to-point listen of `record` linked to rank `peer` on fabric `f`; nullptr for none.
+const Offer* LinkedOffer(const Record& record, int f, int peer) {
+  for (const Offer& o : record)
+    if (o.fabric == f && o.point_to_point && o.link_peer == peer) return &o;
+  return nullptr;
+}
+
+// A shortest path from `from` to `to` over `adjacent` (each rank's neighbours, in rank order), both
+// ends included; empty when there is none. Where several neighbours are equally close to `to`,
+// the pair's ranks pick one ((from + to) mod their number), so that pairs spread over equal paths
+// and every rank computes the same path for a pair.
+std::vector<int> ShortestPath(const std::vector<std::vector<int>>& adjacent, int from, int to) {
+  const size_t n = adjacent.size();
+  std::vector<int> dist(n, -1);
+  std::vector<int> queue = {to};
+  dist[static_cast<size_t>(to)] = 0;
+  for (size_t head = 0; head < queue.size(); ++head)
+    for (int w : adjacent[static_cast<size_t>(queue[head])])
+      if (dist[static_cast<size_t>(w)] < 0) {
+        dist[static_cast<size_t>(w)] = dist[static_cast<size_t>(queue[head])] + 1;
+        queue.push_back(w);
+      }
+  if (dist[static_cast<size_t>(from)] < 0) return {};
+  std::vector<int> path = {from};
+  std::vector<int> closer;
+  while (path.back() != to) {
+    const int at = path.back();
+    closer.clear();
+    for (int w : adjacent[static_cast<size_t>(at)])
+      if (dist[static_cast<size_t>(w)] == dist[static_cast<size_t>(at)] - 1) closer.push_back(w);
+    path.push_back(closer[static_cast<size_t>(from + to) % closer.size()]);
+  }
+  return path;
+}
+
+}  // namespace
+
+Status Transport::Planner::Forward() {
+  if (unreachable_.empty()) return Status::Ok();
+  // Per fabric, each rank's neighbours: the pairs whose fabric it is, over point-to-point links.
+  auto pair_fabric = [&](int a, int b) {
+    for (int f = 0; f < nfabrics_; ++f)
+      if (reach_[static_cast<size_t>(a)].serves[static_cast<size_t>(f)][static_cast<size_t>(b)] &&
+          reach_[static_cast<size_t>(b)].serves[static_cast<size_t>(f)][static_cast<size_t>(a)])
+        return f;
+    return -1;
+  };
+  std::vector<std::vector<std::vector<int>>> adjacent(static_cast<size_t>(nfabrics_),
+                                                      std::vector<std::vector<int>>(static_cast<size_t>(n_)));
+  for (int a = 0; a < n_; ++a)
+    for (int b = 0; b < n_; ++b)
+      if (const int f = a == b ? -1 : pair_fabric(a, b);
+          f >= 0 && LinkedOffer(records_[static_cast<size_t>(b)], f, a) != nullptr)
+        adjacent[static_cast<size_t>(f)][static_cast<size_t>(a)].push_back(b);
+  std::vector<int> still;
+  for (int q : unreachable_) {
+    bool routed = false;
+    std::string why;
+    for (int f = 0; f < nfabrics_ && !routed; ++f) {
+      const std::vector<int> there = ShortestPath(adjacent[static_cast<size_t>(f)], rank_, q);
+      const std::vector<int> back = ShortestPath(adjacent[static_cast<size_t>(f)], q, rank_);
+      if (there.size() < 3 || back.size() < 3) continue;
+      std::vector<fabric::Fabric::Hop> hops;
+      for (size_t i = 1; i + 1 < there.size(); ++i) {
+        const Record& relay = records_[static_cast<size_t>(there[i])];
+        hops.push_back({LinkedOffer(relay, f, there[i - 1])->handle, LinkedOffer(relay, f, there[i + 1])->device});
+      }
+      const Offer* target = LinkedOffer(records_[static_cast<size_t>(q)], f, there[there.size() - 2]);
+      fabric::Fabric& fab = *fabrics_[static_cast<size_t>(f)];
+      auto handle = fab.Forward(hops, target->handle);
+      if (!handle.ok()) {
+        why = handle.status().message();
+        continue;
+      }
+      // Out over the link to the first rank of the path, as a connection to it would go; in on the
+      // listen where the last rank of the path back connects.
+      const Transport::Route& first = t_.routes_[static_cast<size_t>(there[1])];
+      const Transport::Route& last = t_.routes_[static_cast<size_t>(back[back.size() - 2])];
+      Transport::Route& route = t_.routes_[static_cast<size_t>(q)];
+      route = Transport::Route{f, first.connect_dev, last.listen, static_cast<int>(t_.offers_.size())};
+      t_.offers_.push_back(*handle);
+      LinkDesc link = t_.link_row_[static_cast<size_t>(there[1])];
+      link.hops = static_cast<int>(there.size()) - 1;
+      t_.link_row_[static_cast<size_t>(q)] = link;
+      std::string via;
+      for (size_t i = 1; i + 1 < there.size(); ++i) via += fmt::format("{}{}", i > 1 ? ", " : "", there[i]);
+      forwarded_.push_back(fmt::format("rank {} (via {})", q, via));
+      reachable_.push_back(q);
+      routed = true;
+    }
+    if (routed) continue;
+    still.push_back(q);
+    if (!why.empty()) KZ_INFO(kLogColl, "{}: rank {} is not forwarded to: {}", where_, q, why);
+  }
+  unreachable_ = std::move(still);
+  std::sort(reachable_.begin(), reachable_.end());
+  return Status::Ok();
+}
+
 std::string Transport::Planner::Groups() const {
   std::string groups;
   for (int f = 0; f < nfabrics_; ++f) {
@@ -481,6 +588,7 @@ std::string Transport::Planner::Groups() const {
     groups += fmt::format("{}{}: {} ({} {})", groups.empty() ? "" : "; ", fabric_names_[static_cast<size_t>(f)],
                           RankList(served_[static_cast<size_t>(f)]), names.size() == 1 ? "device" : "devices", devices);
   }
+  if (!forwarded_.empty()) groups += fmt::format("; forwarded: {}", NameList(forwarded_));
   return groups;
 }
 
@@ -529,6 +637,7 @@ Result<std::unique_ptr<Transport>> Transport::Create(std::span<fabric::Fabric* c
   KZ_RETURN_IF_ERROR(planner.ChooseFabrics());
   KZ_RETURN_IF_ERROR(planner.ExchangeListens());
   KZ_RETURN_IF_ERROR(planner.Route());
+  if (options.forward) KZ_RETURN_IF_ERROR(planner.Forward());
 
   TransportOptions staging_options = options;
   if (t->network_) staging_options.staging_bytes = std::max(options.staging_bytes, options.network_staging_bytes);

@@ -28,6 +28,13 @@
 // serves is unreachable (LinkDesc::reachable false in the row this rank contributes to the shape).
 // The row and the description come from the fabric devices, not from connections.
 //
+// Forwarding: a pair no fabric serves, on hosts that share no cable, is served through the ranks
+// in between where one fabric links each pair along a shortest path and forwards
+// (TransportOptions::forward, Fabric::Forward): the connection goes to the first rank of the path
+// and is relayed by each rank in turn (their fabric does it, while their listen comms accept).
+// Among shortest paths, each pair takes one by its ranks, so that pairs spread over equal paths.
+// Its LinkDesc counts the cables (hops); description() lists it as "forwarded: rank 3 (via 1)".
+//
 // Which fabric device serves which peer follows the fabric's properties, never its name: a
 // switched device (FabricDeviceProperties::point_to_point false) reaches every peer — the device
 // nearest the rank's accelerator (near_device_uuids, then numa_node) is used, device 0 when none
@@ -121,6 +128,10 @@ struct TransportOptions {
   // Connect every reachable pair in Create, both ways, and return after a bootstrap barrier
   // (every rank has its connections then), instead of on first use.
   bool connect_at_creation = false;
+  // A pair no fabric serves directly connects through the ranks in between (transport.cc,
+  // "Forwarding"), where one fabric links every pair of the path and forwards (Fabric::Forward:
+  // tcp's cables between hosts). false: such pairs stay unreachable.
+  bool forward = true;
   // Rails (transport.cc, "Rails"): every rank's host id, indexed by rank (empty: one host, no
   // rails), and the NICs to use between hosts in local-rank order (KIZUNA_NICS; empty: every
   // device of the nearest kind, by interface name).

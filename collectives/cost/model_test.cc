@@ -421,6 +421,23 @@ TEST(CostModelTest, SendCountsTheSlowestPeer) {
   EXPECT_NEAR(slow - uniform, 4.0 * (1 << 20) * (1 / 1e9 - 1 / 10e9), 1e-12);
 }
 
+// A pair forwarded by ranks in between (LinkDesc::hops): each cable's latency and a relay per rank in
+// between, and its bytes on the wire once per cable.
+TEST(CostModelTest, AForwardedPairCountsItsCablesAndRelays) {
+  const CostConstants k;
+  CommTopology shape = HandShape(4);
+  CollectiveRequest send = Request(Collective::kSend, 4, 1 << 20);
+  send.root = 0;
+  const double direct = PredictSeconds(Algorithm::kP2p, send, shape, Options(), k);
+  shape.link(2, 0).hops = 3;
+  const double forwarded = PredictSeconds(Algorithm::kP2p, send, shape, Options(), k);
+  EXPECT_NEAR(forwarded - direct, 2 * (1e-6 + k.relay_us * 1e-6) + 2 * 4.0 * (1 << 20) / 10e9, 1e-12);
+  // The shape's structure keeps to cables: a forwarded pair is reachable, not adjacent.
+  EXPECT_TRUE(shape.Reachable(2, 0));
+  EXPECT_FALSE(shape.Adjacent(2, 0));
+  EXPECT_FALSE(shape.FullyConnected());
+}
+
 TEST(CostModelTest, MalformedInputsGiveInfinityNotACrash) {
   const CostConstants k;
   const CommTopology shape = HandShape(4);

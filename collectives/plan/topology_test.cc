@@ -36,6 +36,7 @@ TEST(Shape, SerializeRoundTrips) {
   s.ranks[2] = Rank("b", 16);
   s.link(0, 2) = Link(12.5, false);
   s.link(1, 2).paced = true;
+  s.link(2, 0).hops = 3;
   s.direct = true;
   s.direct_inline_bytes = 16 << 10;
   Result<CommTopology> back = CommTopology::Deserialize(s.Serialize());
@@ -47,6 +48,8 @@ TEST(Shape, SerializeRoundTrips) {
   EXPECT_EQ(back->link(0, 2).gbps, 12.5);
   EXPECT_TRUE(back->link(1, 2).paced);
   EXPECT_FALSE(back->link(0, 2).paced);
+  EXPECT_EQ(back->link(2, 0).hops, 3);
+  EXPECT_EQ(back->link(0, 2).hops, 1);
   EXPECT_TRUE(back->direct);
   EXPECT_EQ(back->direct_inline_bytes, 16u << 10);
 }

@@ -95,6 +95,12 @@ CommTopology ShapeOf(const Network& net, const NetworkSpec& spec, const DeviceMo
       l.latency_us = latency * 1e6;
       l.gbps = gbps;
       l.staged = false;
+      // Cables between hosts: a route of several cables is a pair the engine forwards through the
+      // ranks in between (LinkDesc::hops; the latency is then counted per cable).
+      if (const int hops = static_cast<int>(net.Route(a, b).size()); spec.kind == "direct" && hops > 1) {
+        l.hops = hops;
+        l.latency_us /= hops;
+      }
     }
   }
   for (int a = periodic ? net.ranks() : computed; a < net.ranks(); ++a) {
@@ -253,8 +259,7 @@ int Main(int argc, char** argv) {
   std::string reach = "routed";
   app.add_option("--reach", reach,
                  "which pairs the plans may pair: routed (every pair with a route; traffic crosses the ranks "
-                 "between) or cabled (pairs one link apart: the engine over cables between hosts, which it does "
-                 "not forward over)")
+                 "between, as the engine forwards over cables between hosts) or cabled (pairs one link apart)")
       ->capture_default_str();
   std::string model = "auto";
   app.add_option(

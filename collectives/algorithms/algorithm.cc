@@ -102,7 +102,7 @@ std::span<const AlgorithmImpl* const> AllAlgorithms() {
       &algo::RdAlgorithm(),     &algo::PairwiseAlgorithm(),      &algo::P2pAlgorithm(),
       &algo::FusedAlgorithm(),  &algo::InaAlgorithm(),           &algo::HierRingAlgorithm(),
       &algo::HierRdAlgorithm(), &algo::HierFusedRingAlgorithm(), &algo::HierFusedRdAlgorithm(),
-      &algo::FileAlgorithm(),   &algo::TorusAlgorithm(),
+      &algo::FileAlgorithm(),   &algo::TorusAlgorithm(),         &algo::CyclesAlgorithm(),
   };
   return table;
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <optional>
 #include <random>
 #include <set>
@@ -361,6 +362,74 @@ TEST(AlgorithmsTest, TorusGoesAlongEveryDimensionBothWays) {
   const Status s = GetAlgorithm(Algorithm::kTorus).Supports(req, line);
   EXPECT_EQ(s.code(), StatusCode::kNotSupported);
   EXPECT_NE(s.message().find("no torus"), std::string::npos) << s.message();
+}
+
+// The cycles algorithm on tori of cables whose dimensions of 2 bundle two cables per pair (twice the
+// speed, as kizuna-topo cables them): two cycles through every rank that use no cable twice, the
+// reference's AllReduce, sends to neighbours only; not supported where the cables hold no two.
+TEST(AlgorithmsTest, CyclesGoRoundTwoCyclesThatShareNoCable) {
+  for (const std::vector<int>& dims : std::vector<std::vector<int>>{{2, 4}, {4, 4}, {3, 3}, {4, 2}, {3, 4}}) {
+    CommTopology shape = TorusOfCables(dims);
+    const int p = shape.nranks;
+    for (int a = 0; a < p; ++a)
+      for (int b = 0; b < p; ++b) {
+        LinkDesc& l = shape.link(a, b);
+        if (!l.reachable) continue;
+        // Neighbours along a dimension of 2 are so both ways round: two cables.
+        int stride = 1, cables = 1;
+        for (int d : dims) {
+          if ((a / stride) % d != (b / stride) % d && d == 2) cables = 2;
+          stride *= d;
+        }
+        l.gbps = cables;
+      }
+    const std::vector<std::vector<int>> cycles = DisjointCycles(shape);
+    ASSERT_EQ(cycles.size(), 2u) << fmt::format("{}", fmt::join(dims, "x"));
+    std::map<std::pair<int, int>, int> used;
+    for (const std::vector<int>& cycle : cycles) {
+      ASSERT_EQ(static_cast<int>(cycle.size()), p);
+      EXPECT_EQ(std::set<int>(cycle.begin(), cycle.end()).size(), static_cast<size_t>(p)) << "every rank once";
+      for (int i = 0; i < p; ++i) {
+        const int a = cycle[static_cast<size_t>(i)], b = cycle[static_cast<size_t>((i + 1) % p)];
+        ASSERT_TRUE(shape.Reachable(a, b)) << a << " - " << b;
+        ++used[{std::min(a, b), std::max(a, b)}];
+      }
+    }
+    for (const auto& [pair, n] : used)
+      EXPECT_LE(n, static_cast<int>(shape.link(pair.first, pair.second).gbps))
+          << pair.first << " - " << pair.second << " in " << fmt::format("{}", fmt::join(dims, "x"));
+    for (bool in_place : {false, true})
+      for (int channels : {1, 2}) {
+        Case c;
+        c.algo = Algorithm::kCycles;
+        c.p = p;
+        c.count = 1000;
+        c.chunk = 16;
+        c.channels = channels;
+        c.in_place = in_place;
+        c.dtype = DataType::kInt32;
+        c.shape = shape;
+        EXPECT_TRUE(RunExact(c)) << fmt::format("{}", fmt::join(dims, "x"));
+      }
+    PlanOptions options;
+    options.channels = 2;
+    options.chunk_count = 64;
+    const CollectiveRequest req{Collective::kAllReduce, p, 4096, DataType::kFloat32, ReduceOp::kSum, 0, false};
+    Result<Plan> plan = BuildPlan(Algorithm::kCycles, req, shape, options, -1);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (int r = 0; r < p; ++r) {
+      EXPECT_EQ(plan->ranks[static_cast<size_t>(r)].channels.size(), 4u);
+      for (const auto& steps : plan->ranks[static_cast<size_t>(r)].channels)
+        for (const Step& st : steps) EXPECT_TRUE(st.peer < 0 || shape.Reachable(r, st.peer)) << r << " -> " << st.peer;
+    }
+  }
+  // A ring of cables, and a 2 x 2 torus whose links are all bundles alike: one cycle only.
+  const CollectiveRequest req{Collective::kAllReduce, 4, 10, DataType::kFloat32, ReduceOp::kSum, 0, false};
+  for (const CommTopology& shape : {TorusOfCables({4}), TorusOfCables({2, 2})}) {
+    const Status s = GetAlgorithm(Algorithm::kCycles).Supports(req, shape);
+    EXPECT_EQ(s.code(), StatusCode::kNotSupported);
+    EXPECT_NE(s.message().find("no two cycles"), std::string::npos) << s.message();
+  }
 }
 
 // Pairwise's channels start their rounds at different distances: on a mesh with a link per pair,

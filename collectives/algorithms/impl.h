@@ -26,6 +26,24 @@ const AlgorithmImpl& HierFusedRingAlgorithm();  // hierarchical.cc
 const AlgorithmImpl& HierFusedRdAlgorithm();    // hierarchical.cc
 const AlgorithmImpl& FileAlgorithm();           // from_file.cc
 const AlgorithmImpl& TorusAlgorithm();          // torus.cc
+const AlgorithmImpl& CyclesAlgorithm();         // cycles.cc
+
+// A ring of ranks one way round (torus.cc's lines, cycles.cc's cycles): ranks[j] at place j of
+// the ring, this rank at place `me`.
+struct Line {
+  std::vector<int> ranks;
+  int me = 0;
+  int d() const { return static_cast<int>(ranks.size()); }
+  int Next() const { return ranks[static_cast<size_t>(Mod(me + 1, d()))]; }
+  int Prev() const { return ranks[static_cast<size_t>(Mod(me - 1, d()))]; }
+};
+// The ring's reduce-scatter of Q among `line` on channel c, chunk round by chunk round: the rank
+// at place m ends with part m+1 reduced over the line in its output. `first`: add the input (a
+// later stage adds what the earlier ones left in the output). torus.cc.
+void LineReduceScatter(Builder& b, int c, const Line& line, Range Q, bool first);
+// The ring's allgather of Q's parts among `line` on channel c: the rank at place m starts with
+// part m+1. torus.cc.
+void LineAllGather(Builder& b, int c, const Line& line, Range Q);
 
 // A part of the data that one rank reduces.
 struct OwnedPart {

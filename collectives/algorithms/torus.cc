@@ -44,16 +44,6 @@ namespace {
 
 constexpr std::string_view kName = "torus";
 
-// One rank's line along one dimension, in the channel's direction: line[j] is the rank at
-// place j of the ring, this rank at place `me`.
-struct Line {
-  std::vector<int> ranks;
-  int me = 0;
-  int d() const { return static_cast<int>(ranks.size()); }
-  int Next() const { return ranks[static_cast<size_t>(Mod(me + 1, d()))]; }
-  int Prev() const { return ranks[static_cast<size_t>(Mod(me - 1, d()))]; }
-};
-
 Line LineOf(const Torus& t, int place, int dim, int direction) {
   Line line;
   const int d = t.dims[static_cast<size_t>(dim)];
@@ -107,31 +97,16 @@ class TorusImpl final : public AlgorithmImpl {
       for (int i = 0; i < k; ++i) {
         lines.push_back(LineOf(t, place, (c / 2 + i) % k, direction));
         const Line& line = lines.back();
-        ReduceScatter(b, c, line, held.back(), i == 0);
+        LineReduceScatter(b, c, line, held.back(), i == 0);
         held.push_back(
             SplitEven(held.back(), static_cast<uint64_t>(line.d()), static_cast<uint64_t>(Mod(line.me + 1, line.d()))));
       }
-      for (int i = k - 1; i >= 0; --i) AllGather(b, c, lines[static_cast<size_t>(i)], held[static_cast<size_t>(i)]);
+      for (int i = k - 1; i >= 0; --i) LineAllGather(b, c, lines[static_cast<size_t>(i)], held[static_cast<size_t>(i)]);
     }
     return std::move(b.plan);
   }
 
  private:
-  // The ring's reduce-scatter of Q among the line, chunk round by chunk round: the rank at place m
-  // ends with part m+1 reduced over the line in its output. The first stage adds the input; later
-  // ones add what the earlier stages left in the output.
-  static void ReduceScatter(Builder& b, int c, const Line& line, Range Q, bool first) {
-    const int d = line.d(), m = line.me;
-    auto part = [&](int j) { return SplitEven(Q, static_cast<uint64_t>(d), static_cast<uint64_t>(Mod(j, d))); };
-    const uint64_t rounds = PieceCount(part(0).count, b.chunk);
-    for (uint64_t r = 0; r < rounds; ++r)
-      for (int s = 0; s + 1 < d; ++s) {
-        const Range sp = Piece(part(m - s), b.chunk, r), rp = Piece(part(m - s - 1), b.chunk, r);
-        b.Send(c, line.Next(), first && s == 0 ? b.In(sp) : Builder::Out(sp));
-        b.RecvReduce(c, line.Prev(), first ? b.In(rp) : Builder::Out(rp), Builder::Out(rp));
-      }
-  }
-
   // Where the blocks of an AllToAll are, per phase (the header comment): block (P, D) carries
   // place P's input for place D. At the start of phase i, place q holds the blocks whose source
   // agrees with q in coordinates i.. and whose destination agrees with q in coordinates ..i-1,
@@ -204,22 +179,36 @@ class TorusImpl final : public AlgorithmImpl {
         }
     }
   }
-
-  // The ring's allgather of Q's parts among the line: the rank at place m starts with part m+1.
-  static void AllGather(Builder& b, int c, const Line& line, Range Q) {
-    const int d = line.d(), m = line.me;
-    auto part = [&](int j) { return SplitEven(Q, static_cast<uint64_t>(d), static_cast<uint64_t>(Mod(j, d))); };
-    const uint64_t rounds = PieceCount(part(0).count, b.chunk);
-    for (uint64_t r = 0; r < rounds; ++r)
-      for (int s = 0; s + 1 < d; ++s) {
-        b.Send(c, line.Next(), Builder::Out(Piece(part(m + 1 - s), b.chunk, r)));
-        b.Recv(c, line.Prev(), Builder::Out(Piece(part(m - s), b.chunk, r)));
-      }
-  }
 };
 
 }  // namespace
 
+// The ring's reduce-scatter of Q among the line, chunk round by chunk round: the rank at place m
+// ends with part m+1 reduced over the line in its output. The first stage adds the input; later
+// ones add what the earlier stages left in the output.
+void LineReduceScatter(Builder& b, int c, const Line& line, Range Q, bool first) {
+  const int d = line.d(), m = line.me;
+  auto part = [&](int j) { return SplitEven(Q, static_cast<uint64_t>(d), static_cast<uint64_t>(Mod(j, d))); };
+  const uint64_t rounds = PieceCount(part(0).count, b.chunk);
+  for (uint64_t r = 0; r < rounds; ++r)
+    for (int s = 0; s + 1 < d; ++s) {
+      const Range sp = Piece(part(m - s), b.chunk, r), rp = Piece(part(m - s - 1), b.chunk, r);
+      b.Send(c, line.Next(), first && s == 0 ? b.In(sp) : Builder::Out(sp));
+      b.RecvReduce(c, line.Prev(), first ? b.In(rp) : Builder::Out(rp), Builder::Out(rp));
+    }
+}
+
+// The ring's allgather of Q's parts among the line: the rank at place m starts with part m+1.
+void LineAllGather(Builder& b, int c, const Line& line, Range Q) {
+  const int d = line.d(), m = line.me;
+  auto part = [&](int j) { return SplitEven(Q, static_cast<uint64_t>(d), static_cast<uint64_t>(Mod(j, d))); };
+  const uint64_t rounds = PieceCount(part(0).count, b.chunk);
+  for (uint64_t r = 0; r < rounds; ++r)
+    for (int s = 0; s + 1 < d; ++s) {
+      b.Send(c, line.Next(), Builder::Out(Piece(part(m + 1 - s), b.chunk, r)));
+      b.Recv(c, line.Prev(), Builder::Out(Piece(part(m - s), b.chunk, r)));
+    }
+}
 const AlgorithmImpl& TorusAlgorithm() {
   static const TorusImpl impl;
   return impl;

@@ -144,6 +144,34 @@ void Model::TorusAllReduce() {
   per_link_ = false;
 }
 
+// cycles.cc: every channel a ring round its cycle, its way, all at once; each hop a cable of its own
+// (per_link_), two cycles sharing a bundle's link adding up on it. As the torus, only where some
+// pair has no link.
+void Model::CyclesAllReduce() {
+  if (p_ > 1 && shape_.FullyConnected())
+    return Fail("every rank reaches every other: the links may be one NIC's, not cables of their own");
+  const std::vector<std::vector<int>> cycles = DisjointCycles(shape_);
+  if (cycles.size() != 2) return Fail("the links hold no two cycles through every rank that share no cable");
+  const uint64_t channels = std::min<uint64_t>(opt_.channels >= 2 ? 4 : 1, std::max<uint64_t>(req_.count, 1));
+  // Each channel's ring: parts of its slice, a chunk of a part a step.
+  const uint64_t part = CeilDiv(CeilDiv(req_.count, channels), static_cast<uint64_t>(p_));
+  const double chunks = static_cast<double>(std::max<uint64_t>(CeilDiv(part, opt_.chunk_count), 1));
+  const double bytes = static_cast<double>(part) * elem_ / chunks;
+  std::vector<Hop> hops;
+  for (uint64_t c = 0; c < channels; ++c) {
+    const std::vector<int>& cycle = cycles[c / 2];
+    for (int i = 0; i < p_; ++i) {
+      const int next = ((i + (c % 2 == 0 ? 1 : -1)) % p_ + p_) % p_;
+      hops.push_back({cycle[static_cast<size_t>(i)], cycle[static_cast<size_t>(next)], true, 1.0});
+    }
+  }
+  per_link_ = true;
+  Stage("cycle reduce-scatter", hops, bytes, chunks * (p_ - 1), 1);
+  for (Hop& h : hops) h.reduce = false;
+  Stage("cycle allgather", hops, bytes, chunks * (p_ - 1), 1);
+  per_link_ = false;
+}
+
 // torus.cc's AllToAll: phase i moves every block along dimension i, one cable a substep. At the
 // start of phase i a place holds A = d_0 ... d_{i-1} sources' blocks for each of the d_i
 // coordinates of dimension i times B = d_{i+1} ... destinations; in substep s those going s or
@@ -414,6 +442,7 @@ void Model::Body(Algorithm a) {
       return Hierarchical(a);
     case Algorithm::kFile: return FilePlan();
     case Algorithm::kTorus: return req_.collective == Collective::kAllToAll ? TorusAllToAll() : TorusAllReduce();
+    case Algorithm::kCycles: return CyclesAllReduce();
   }
 }
 

@@ -70,6 +70,7 @@ inline bool Serves(Algorithm a, Collective c) {
              c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kAllToAll;
     case Algorithm::kFile: return !IsPointToPoint(c) && c != Collective::kBarrier;
     case Algorithm::kTorus: return c == Collective::kAllReduce || c == Collective::kAllToAll;
+    case Algorithm::kCycles: return c == Collective::kAllReduce;
   }
   return false;
 }
@@ -178,6 +179,7 @@ class Model {
   // connected shape, whose links may share a NIC (the torus is costed link by link).
   std::optional<Torus> CabledTorus();
   void TorusAllReduce();
+  void CyclesAllReduce();
   void TorusAllToAll();
   void TreeAllReduce();
   void Fused();

@@ -50,6 +50,7 @@ Status AlgorithmLikeSupports(Algorithm a, const CollectiveRequest& r, const Comm
       {Collective::kAllReduce, Collective::kBarrier},
       {},  // file: only with a plan file loaded
       {Collective::kAllReduce, Collective::kAllToAll},
+      {Collective::kAllReduce},
   };
   if (IsHierarchical(a) && s.host_count() < 2) return NotSupported("hierarchical plans need two hosts");
   if (IsHostFused(a) && !s.host_direct) return NotSupported("hier:fused needs the host groups");

@@ -27,7 +27,8 @@ constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {"ring"
                                                                           "hier:fused/ring",
                                                                           "hier:fused/rd",
                                                                           "file",
-                                                                          "torus"};
+                                                                          "torus",
+                                                                          "cycles"};
 
 std::string Lower(std::string_view s) {
   std::string out;

@@ -114,10 +114,13 @@ enum class Algorithm : uint8_t {
   // torus.cc: AllReduce along each dimension of a torus the links contain (plan/rings.h's
   // FindTorus; a ring is a torus of one dimension), both directions of every line at once.
   kTorus = 13,
+  // cycles.cc: AllReduce as rings both ways round two cycles through every rank that share no
+  // cable (plan/rings.h's DisjointCycles: a 2D torus's), every port busy throughout.
+  kCycles = 14,
 };
-inline constexpr int kNumAlgorithms = 14;
+inline constexpr int kNumAlgorithms = 15;
 // "ring", "tree", "rhd", "rd", "pairwise", "p2p", "fused", "ina", "hier:pairwise/ring", "hier:pairwise/rd",
-// "hier:fused/ring", "hier:fused/rd", "file", "torus"
+// "hier:fused/ring", "hier:fused/rd", "file", "torus", "cycles"
 std::string_view AlgorithmName(Algorithm a);
 std::optional<Algorithm> ParseAlgorithm(std::string_view name);
 // The hierarchical algorithms (two levels: hosts, then ranks of a host).

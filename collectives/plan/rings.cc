@@ -1,6 +1,7 @@
 #include "collectives/plan/rings.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kizuna::collectives {
 
@@ -131,6 +132,116 @@ Torus FindTorus(const CommTopology& shape) {
   t.order = RingOrder(shape);
   t.dims = t.order.empty() ? std::vector<int>{} : std::vector<int>{p};
   return t;
+}
+
+namespace {
+
+// DisjointCycles' search: cycles through every rank from rank 0, each taking one of the cables
+// (cap) of the links it uses; a complete set ends the search.
+class CycleSearch {
+ public:
+  CycleSearch(const CommTopology& shape, int want) : p_(shape.nranks), want_(want) {
+    cap_.assign(static_cast<size_t>(p_) * static_cast<size_t>(p_), 0);
+    double slowest = 0;
+    bool unknown = false;
+    for (int a = 0; a < p_; ++a)
+      for (int b = 0; b < p_; ++b)
+        if (shape.Adjacent(a, b) && shape.Adjacent(b, a)) {
+          const double g = std::min(shape.link(a, b).gbps, shape.link(b, a).gbps);
+          unknown = unknown || g <= 0;
+          if (g > 0 && (slowest == 0 || g < slowest)) slowest = g;
+        }
+    for (int a = 0; a < p_; ++a)
+      for (int b = 0; b < p_; ++b)
+        if (shape.Adjacent(a, b) && shape.Adjacent(b, a)) {
+          const double g = std::min(shape.link(a, b).gbps, shape.link(b, a).gbps);
+          Cap(a, b) = unknown ? 1 : std::max(1, static_cast<int>(std::lround(g / slowest)));
+        }
+  }
+
+  std::vector<std::vector<int>> Run() {
+    if (p_ < 3 || want_ < 1) return {};
+    Start();
+    Extend();
+    return found_;
+  }
+
+ private:
+  int& Cap(int a, int b) { return cap_[static_cast<size_t>(a) * static_cast<size_t>(p_) + static_cast<size_t>(b)]; }
+  void Start() {
+    path_ = {0};
+    used_.assign(static_cast<size_t>(p_), 0);
+    used_[0] = 1;
+  }
+  // The cycle's cables taken (-1) or given back (+1).
+  void Take(const std::vector<int>& cycle, int delta) {
+    for (size_t i = 0; i < cycle.size(); ++i) {
+      const int a = cycle[i], b = cycle[(i + 1) % cycle.size()];
+      Cap(a, b) += delta;
+      Cap(b, a) += delta;
+    }
+  }
+  int FreeNeighbours(int r) {
+    int n = 0;
+    for (int q = 0; q < p_; ++q) n += !used_[static_cast<size_t>(q)] && Cap(r, q) > 0;
+    return n;
+  }
+  // True once `want_` cycles are found (or the steps run out: then false all the way up).
+  bool Extend() {
+    if (++steps_ > kRingSearchSteps) return false;
+    const int at = path_.back();
+    if (static_cast<int>(path_.size()) == p_) {
+      if (Cap(at, 0) <= 0) return false;
+      found_.push_back(path_);
+      Take(path_, -1);
+      if (static_cast<int>(found_.size()) == want_) return true;
+      const std::vector<int> path = path_;
+      const std::vector<char> used = used_;
+      Start();
+      if (Extend()) return true;
+      path_ = path;
+      used_ = used;
+      Take(path_, +1);
+      found_.pop_back();
+      return false;
+    }
+    std::vector<int> next;
+    for (int q = 0; q < p_; ++q)
+      if (!used_[static_cast<size_t>(q)] && Cap(at, q) > 0) next.push_back(q);
+    // Warnsdorff, as RingOrder: the neighbours with the fewest free neighbours first, then the lower.
+    std::vector<int> free(next.size());
+    for (size_t i = 0; i < next.size(); ++i) free[i] = FreeNeighbours(next[i]);
+    std::vector<size_t> idx(next.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return free[x] < free[y]; });
+    for (size_t i : idx) {
+      const int q = next[i];
+      used_[static_cast<size_t>(q)] = 1;
+      path_.push_back(q);
+      if (Extend()) return true;
+      path_.pop_back();
+      used_[static_cast<size_t>(q)] = 0;
+      if (steps_ > kRingSearchSteps) return false;
+    }
+    return false;
+  }
+
+  const int p_;
+  const int want_;
+  std::vector<int> cap_;  // [a * p + b]: cables of the link a - b not taken yet
+  std::vector<int> path_;
+  std::vector<char> used_;
+  std::vector<std::vector<int>> found_;
+  long steps_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::vector<int>> DisjointCycles(const CommTopology& shape, int want) {
+  // The search keeps a table of every pair: a shape beyond a few thousand ranks is not cables.
+  if (shape.nranks > 4096) return {};
+  CycleSearch search(shape, want);
+  return search.Run();
 }
 
 }  // namespace kizuna::collectives

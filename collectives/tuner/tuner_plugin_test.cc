@@ -265,7 +265,7 @@ INSTANTIATE_TEST_SUITE_P(
         AnswerCase{"error_code", Refusal::kError,
                    "get_coll_info returned KZ_TUNER_ERR_INTERNAL (8): the test_tuner plugin failed on purpose"},
         AnswerCase{"unknown_code", Refusal::kError, "get_coll_info returned unknown result code (77)"},
-        AnswerCase{"bad_index", Refusal::kBadIndex, "candidate 14 is out of range (there are 14: 0 to 13)"},
+        AnswerCase{"bad_index", Refusal::kBadIndex, "candidate 15 is out of range (there are 15: 0 to 14)"},
         AnswerCase{"negative_index", Refusal::kBadIndex, "candidate -1 is out of range"},
         AnswerCase{"unknown_name", Refusal::kUnknownName, "algorithm 'warp_drive' is not a candidate's name"},
         AnswerCase{"unsupported", Refusal::kUnsupported, "pairwise cannot serve the call: pairwise is not served"},

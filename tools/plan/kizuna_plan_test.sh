@@ -14,7 +14,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 out="$("$plan" --coll allreduce --ranks 8 2>&1)" || fail "default sweep: exit $?: $out"
 echo "$out"
 # (an ina column where the engine has the INA algorithm)
-grep -Eq '^ +bytes +count +ring +tree +rhd +rd +pairwise +p2p +fused( +ina)? +hier:pairwise/ring +hier:pairwise/rd +hier:fused/ring +hier:fused/rd +file +torus +choice +by$' <<<"$out" ||
+grep -Eq '^ +bytes +count +ring +tree +rhd +rd +pairwise +p2p +fused( +ina)? +hier:pairwise/ring +hier:pairwise/rd +hier:fused/ring +hier:fused/rd +file +torus +cycles +choice +by$' <<<"$out" ||
   fail "no header row"
 grep -q 'fused: fused needs ranks that address each other' <<<"$out" || fail "fused not explained as unsupported"
 

@@ -291,6 +291,20 @@ CommTopology TorusOfCables(const std::vector<int>& dims) {
   return torus;
 }
 
+// An exact AllReduce case of `algo` on `shape` (int32, 1000 elements in chunks of 16).
+Case ShapeCase(Algorithm algo, const CommTopology& shape, bool in_place, int channels) {
+  Case c;
+  c.algo = algo;
+  c.p = shape.nranks;
+  c.count = 1000;
+  c.chunk = 16;
+  c.channels = channels;
+  c.in_place = in_place;
+  c.dtype = DataType::kInt32;
+  c.shape = shape;
+  return c;
+}
+
 // The torus algorithm on tori of cables of one to three dimensions (a ring out of rank order as
 // well): the reference's results for AllReduce and AllToAll (which forwards through the ranks in
 // between), sends to neighbours only, and with two channels asked for, 2k AllReduce channels whose
@@ -309,15 +323,7 @@ TEST(AlgorithmsTest, TorusGoesAlongEveryDimensionBothWays) {
     const int p = shape.nranks;
     for (bool in_place : {false, true})
       for (int channels : {1, 2}) {
-        Case c;
-        c.algo = Algorithm::kTorus;
-        c.p = p;
-        c.count = 1000;
-        c.chunk = 16;
-        c.channels = channels;
-        c.in_place = in_place;
-        c.dtype = DataType::kInt32;
-        c.shape = shape;
+        Case c = ShapeCase(Algorithm::kTorus, shape, in_place, channels);
         EXPECT_TRUE(RunExact(c)) << fmt::format("{}", fmt::join(dims, "x"));
         if (in_place) continue;
         c.coll = Collective::kAllToAll;
@@ -399,18 +405,9 @@ TEST(AlgorithmsTest, CyclesGoRoundTwoCyclesThatShareNoCable) {
       EXPECT_LE(n, static_cast<int>(shape.link(pair.first, pair.second).gbps))
           << pair.first << " - " << pair.second << " in " << fmt::format("{}", fmt::join(dims, "x"));
     for (bool in_place : {false, true})
-      for (int channels : {1, 2}) {
-        Case c;
-        c.algo = Algorithm::kCycles;
-        c.p = p;
-        c.count = 1000;
-        c.chunk = 16;
-        c.channels = channels;
-        c.in_place = in_place;
-        c.dtype = DataType::kInt32;
-        c.shape = shape;
-        EXPECT_TRUE(RunExact(c)) << fmt::format("{}", fmt::join(dims, "x"));
-      }
+      for (int channels : {1, 2})
+        EXPECT_TRUE(RunExact(ShapeCase(Algorithm::kCycles, shape, in_place, channels)))
+            << fmt::format("{}", fmt::join(dims, "x"));
     PlanOptions options;
     options.channels = 2;
     options.chunk_count = 64;

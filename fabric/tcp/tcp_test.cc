@@ -311,6 +311,26 @@ struct Pair {
   std::unique_ptr<RecvComm> recv;
 };
 
+// Connects `from` (its device 0) to `p.listen` by `handle` while the listener accepts, until both
+// ends have their comm (each step's failure reported).
+void ConnectAndAccept(Fabric& from, const Handle& handle, Pair& p) {
+  const Deadline d = Soon();
+  while ((p.send == nullptr || p.recv == nullptr) && !d.Expired()) {
+    if (p.send == nullptr) {
+      auto s = from.Connect(0, handle);
+      EXPECT_TRUE(s.ok()) << s.status().ToString();
+      if (!s.ok()) return;
+      p.send = std::move(s).value();
+    }
+    if (p.recv == nullptr) {
+      auto r = p.listen->Accept();
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) return;
+      p.recv = std::move(r).value();
+    }
+  }
+}
+
 class TcpPair : public ::testing::Test {
  protected:
   void Make(int streams) {
@@ -333,21 +353,7 @@ class TcpPair : public ::testing::Test {
     EXPECT_TRUE(l.ok()) << l.status().ToString();
     if (!l.ok()) return p;
     p.listen = std::move(l).value();
-    const Deadline d = Soon();
-    while ((p.send == nullptr || p.recv == nullptr) && !d.Expired()) {
-      if (p.send == nullptr) {
-        auto s = fabrics_[1]->Connect(0, p.listen->handle());
-        EXPECT_TRUE(s.ok()) << s.status().ToString();
-        if (!s.ok()) return p;
-        p.send = std::move(s).value();
-      }
-      if (p.recv == nullptr) {
-        auto r = p.listen->Accept();
-        EXPECT_TRUE(r.ok()) << r.status().ToString();
-        if (!r.ok()) return p;
-        p.recv = std::move(r).value();
-      }
-    }
+    ConnectAndAccept(*fabrics_[1], p.listen->handle(), p);
     return p;
   }
 
@@ -603,21 +609,7 @@ class TcpRelay : public ::testing::Test {
     auto forward = fabrics_[2]->Forward(hops, p.listen->handle());
     EXPECT_TRUE(forward.ok()) << forward.status().ToString();
     if (!forward.ok()) return p;
-    const Deadline d = Soon();
-    while ((p.send == nullptr || p.recv == nullptr) && !d.Expired()) {
-      if (p.send == nullptr) {
-        auto s = fabrics_[2]->Connect(0, *forward);
-        EXPECT_TRUE(s.ok()) << s.status().ToString();
-        if (!s.ok()) return p;
-        p.send = std::move(s).value();
-      }
-      if (p.recv == nullptr) {
-        auto r = p.listen->Accept();
-        EXPECT_TRUE(r.ok()) << r.status().ToString();
-        if (!r.ok()) return p;
-        p.recv = std::move(r).value();
-      }
-    }
+    ConnectAndAccept(*fabrics_[2], *forward, p);
     return p;
   }
   // Messages from 1 byte to 8 MiB go over `p` intact.

@@ -8,7 +8,8 @@
 # (forwarded by the ranks in between, the torus algorithm), must give checked results; so must
 # Send/Recv to the next rank, which on the tori crosses ranks in between where the pair shares no
 # cable (the transport's forwarding, the tcp fabric's relays: those ranks' logs name what they
-# relayed), and, on the tori, a pairwise AllReduce (every pair, up to three cables apart); a large
+# relayed), and, on the tori, a pairwise AllReduce (every pair, up to three cables apart) and on the
+# 2 x 4 the cycles algorithm's (rings round two cycles that share no cable); a large
 # AllReduce must go along the torus's lines (the torus algorithm, both directions at once); every
 # rank's log must name its cables; every cable must have carried data, and the management network
 # next to nothing.
@@ -42,6 +43,10 @@ run_layout() {
   local kind=$1 shape=$2 n=$3 ports=$4 neighbours=$5 name="$1-$2"
   pfx="kzcab$$-$kind"
   "$topo" --generate "$kind" "$shape" >"$tmp/$name.json" || fail "kizuna-topo --generate $kind $shape"
+  # The same cables with their speed given (not shaped): a bundle of two is then twice as fast as
+  # one cable, which is how the engine sees that two cycles may each take one of its cables.
+  "$topo" --generate "$kind" "$shape" --bandwidth-gbps 10 >"$tmp/$name.speeds.json" ||
+    fail "kizuna-topo --generate $kind $shape --bandwidth-gbps 10"
   local out
   out=$("$netns" up --name "$pfx" --cables "$tmp/$name.json" --mgmt 2>&1) || fail "kizuna-netns up: $out"
   declare -A before
@@ -53,17 +58,20 @@ run_layout() {
   local port=$((20000 + $$ % 20000)) coll pids
   local colls="allreduce reducescatter allgather broadcast reduce alltoall sendrecv" algo
   [[ $kind == torus2d ]] && colls+=" pairwise"
+  [[ $name == torus2d-2x4 ]] && colls+=" cycles"
   for coll in $colls; do
     rm -f "$tmp/unique_id"
     pids=()
     algo=""
-    [[ $coll == pairwise ]] && algo=pairwise
+    [[ $coll == pairwise || $coll == cycles ]] && algo=$coll
+    local file="$tmp/$name.json"
+    [[ $coll == cycles ]] && file="$tmp/$name.speeds.json"
     for ((r = 0; r < n; r++)); do
       env KIZUNA_TIMEOUT=60 KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT,FABRIC,COLL KIZUNA_FABRIC=tcp \
         ${algo:+KIZUNA_ALGO=$algo} \
-        "KIZUNA_TOPOLOGY=$tmp/$name.json" "KIZUNA_UNIQUE_ID_FILE=$tmp/unique_id" "KIZUNA_ROOT=10.77.0.1:$port" \
+        "KIZUNA_TOPOLOGY=$file" "KIZUNA_UNIQUE_ID_FILE=$tmp/unique_id" "KIZUNA_ROOT=10.77.0.1:$port" \
         WORLD_SIZE=$n RANK=$r LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-        "$netns" exec "$pfx" "$r" -- timeout -k 5 120 "$bench" --coll "${coll/pairwise/allreduce}" -b 8 -e 4M -f 64 \
+        "$netns" exec "$pfx" "$r" -- timeout -k 5 120 "$bench" --coll "$(sed 's/^pairwise$\|^cycles$/allreduce/' <<<"$coll")" -b 8 -e 4M -f 64 \
         -n 2 -w 1 -c 1 \
         >"$tmp/$name.$coll.$r.log" 2>&1 &
       pids+=($!)
@@ -84,6 +92,10 @@ run_layout() {
         "$tmp/$name.$coll.0.log" || fail "$name $coll: the AllReduce did not run pairwise"; }
       echo "$name $coll: results checked, $relayed sockets relayed by the ranks in between"
       continue
+    fi
+    if [[ $coll == cycles ]]; then
+      grep -q "plan: allreduce count=524288 float32 sum nranks=$n via cycles" "$tmp/$name.$coll.0.log" ||
+        fail "$name $coll: the AllReduce did not go round the two cycles"
     fi
     echo "$name $coll: results checked"
   done

@@ -518,7 +518,8 @@ std::vector<int> ShortestPath(const std::vector<std::vector<int>>& adjacent, int
 
 Status Transport::Planner::Forward() {
   if (unreachable_.empty()) return Status::Ok();
-  // Per fabric, each rank's neighbours: the pairs whose fabric it is, over point-to-point links.
+  // Per fabric, each rank's neighbours: the pairs whose fabric it is, over point-to-point links
+  // (each end listening for the other, so that every hop of a path has its handle and device).
   auto pair_fabric = [&](int a, int b) {
     for (int f = 0; f < nfabrics_; ++f)
       if (reach_[static_cast<size_t>(a)].serves[static_cast<size_t>(f)][static_cast<size_t>(b)] &&
@@ -531,7 +532,8 @@ Status Transport::Planner::Forward() {
   for (int a = 0; a < n_; ++a)
     for (int b = 0; b < n_; ++b)
       if (const int f = a == b ? -1 : pair_fabric(a, b);
-          f >= 0 && LinkedOffer(records_[static_cast<size_t>(b)], f, a) != nullptr)
+          f >= 0 && LinkedOffer(records_[static_cast<size_t>(b)], f, a) != nullptr &&
+          LinkedOffer(records_[static_cast<size_t>(a)], f, b) != nullptr)
         adjacent[static_cast<size_t>(f)][static_cast<size_t>(a)].push_back(b);
   std::vector<int> still;
   for (int q : unreachable_) {

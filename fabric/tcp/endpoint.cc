@@ -456,8 +456,9 @@ Status PendingConnect::Advance(StreamState& s, int index) {
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::Ok();
       return RemoteError(
           fmt::format("tcp: {} closed the connection during the handshake (a handle of a listener "
-                      "that was closed, or one whose secret did not match)",
-                      DescribeAddress(peers_[static_cast<size_t>(index)])));
+                      "that was closed, or one whose secret did not match{})",
+                      DescribeAddress(peers_[static_cast<size_t>(index)]),
+                      prefix_.empty() ? "" : "; or a relaying rank that could not go on: its log says why"));
     }
     if (s.welcome.magic != kWelcomeMagic || s.welcome.nonce != nonce_ ||
         s.welcome.stream != static_cast<uint32_t>(index))

@@ -151,11 +151,13 @@ class CycleSearch {
           unknown = unknown || g <= 0;
           if (g > 0 && (slowest == 0 || g < slowest)) slowest = g;
         }
+    near_.resize(static_cast<size_t>(p_));
     for (int a = 0; a < p_; ++a)
       for (int b = 0; b < p_; ++b)
         if (shape.Adjacent(a, b) && shape.Adjacent(b, a)) {
           const double g = std::min(shape.link(a, b).gbps, shape.link(b, a).gbps);
           Cap(a, b) = unknown ? 1 : std::max(1, static_cast<int>(std::lround(g / slowest)));
+          near_[static_cast<size_t>(a)].push_back(b);
         }
   }
 
@@ -183,7 +185,7 @@ class CycleSearch {
   }
   int FreeNeighbours(int r) {
     int n = 0;
-    for (int q = 0; q < p_; ++q) n += !used_[static_cast<size_t>(q)] && Cap(r, q) > 0;
+    for (int q : near_[static_cast<size_t>(r)]) n += !used_[static_cast<size_t>(q)] && Cap(r, q) > 0;
     return n;
   }
   // True once `want_` cycles are found (or the steps run out: then false all the way up).
@@ -206,7 +208,7 @@ class CycleSearch {
       return false;
     }
     std::vector<int> next;
-    for (int q = 0; q < p_; ++q)
+    for (int q : near_[static_cast<size_t>(at)])
       if (!used_[static_cast<size_t>(q)] && Cap(at, q) > 0) next.push_back(q);
     // Warnsdorff, as RingOrder: the neighbours with the fewest free neighbours first, then the lower.
     std::vector<int> free(next.size());
@@ -228,7 +230,8 @@ class CycleSearch {
 
   const int p_;
   const int want_;
-  std::vector<int> cap_;  // [a * p + b]: cables of the link a - b not taken yet
+  std::vector<int> cap_;                // [a * p + b]: cables of the link a - b not taken yet
+  std::vector<std::vector<int>> near_;  // each rank's neighbours over links, in rank order
   std::vector<int> path_;
   std::vector<char> used_;
   std::vector<std::vector<int>> found_;
@@ -238,8 +241,9 @@ class CycleSearch {
 }  // namespace
 
 std::vector<std::vector<int>> DisjointCycles(const CommTopology& shape, int want) {
-  // The search keeps a table of every pair: a shape beyond a few thousand ranks is not cables.
-  if (shape.nranks > 4096) return {};
+  // The search keeps a table of every pair: a shape beyond a few thousand ranks is not cables; nor
+  // is one where every rank reaches every other (a switch's, or a mesh's: the ring serves it).
+  if (shape.nranks > 4096 || shape.FullyConnected()) return {};
   CycleSearch search(shape, want);
   return search.Run();
 }

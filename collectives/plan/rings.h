@@ -48,7 +48,8 @@ Torus FindTorus(const CommTopology& shape);
 // slowest link's, rounded (1 where some link's speed is unknown). Both ends of a link must reach
 // each other; forwarded pairs (LinkDesc::hops) are no links. A depth-first search as RingOrder's,
 // which backs off from a first cycle that leaves no room for the next; at most kRingSearchSteps
-// steps in all. Empty where it finds fewer than `want` (always for fewer than 3 ranks).
+// steps in all. Empty where it finds fewer than `want` (always for fewer than 3 ranks, and where
+// every rank reaches every other directly: a switch's links, or a full mesh's).
 std::vector<std::vector<int>> DisjointCycles(const CommTopology& shape, int want = 2);
 
 }  // namespace kizuna::collectives

@@ -149,6 +149,9 @@ struct FabricDeviceProperties {
   // with a handle from exactly that node and port. Switched devices (false) reach every peer.
   bool point_to_point = false;
   std::optional<LinkPeer> link_peer;
+  // A point-to-point device's parallel cables to its link peer, bundled into this one device (a
+  // 2 x 2 torus cables each pair of neighbours twice): how many rings may each take one of them.
+  int cables = 1;
 };
 
 // What a fabric needs to know about the rank creating it.

@@ -389,6 +389,13 @@ TEST(AlgorithmsTest, CyclesGoRoundTwoCyclesThatShareNoCable) {
         }
         l.gbps = cables;
       }
+    // Speeds unknown, the cables counted (FabricDeviceProperties::cables): the same two cycles.
+    CommTopology counted = shape;
+    for (LinkDesc& l : counted.links) {
+      l.cables = static_cast<int>(l.gbps);
+      l.gbps = 0;
+    }
+    EXPECT_EQ(DisjointCycles(counted), DisjointCycles(shape)) << fmt::format("{}", fmt::join(dims, "x"));
     const std::vector<std::vector<int>> cycles = DisjointCycles(shape);
     ASSERT_EQ(cycles.size(), 2u) << fmt::format("{}", fmt::join(dims, "x"));
     std::map<std::pair<int, int>, int> used;

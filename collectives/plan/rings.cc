@@ -143,20 +143,22 @@ class CycleSearch {
   CycleSearch(const CommTopology& shape, int want) : p_(shape.nranks), want_(want) {
     cap_.assign(static_cast<size_t>(p_) * static_cast<size_t>(p_), 0);
     double slowest = 0;
-    bool unknown = false;
+    bool unknown = false, counted = false;
     for (int a = 0; a < p_; ++a)
       for (int b = 0; b < p_; ++b)
         if (shape.Adjacent(a, b) && shape.Adjacent(b, a)) {
           const double g = std::min(shape.link(a, b).gbps, shape.link(b, a).gbps);
           unknown = unknown || g <= 0;
           if (g > 0 && (slowest == 0 || g < slowest)) slowest = g;
+          counted = counted || shape.link(a, b).cables > 1;
         }
     near_.resize(static_cast<size_t>(p_));
     for (int a = 0; a < p_; ++a)
       for (int b = 0; b < p_; ++b)
         if (shape.Adjacent(a, b) && shape.Adjacent(b, a)) {
           const double g = std::min(shape.link(a, b).gbps, shape.link(b, a).gbps);
-          Cap(a, b) = unknown ? 1 : std::max(1, static_cast<int>(std::lround(g / slowest)));
+          const int by_speed = unknown ? 1 : std::max(1, static_cast<int>(std::lround(g / slowest)));
+          Cap(a, b) = counted ? std::max(1, std::min(shape.link(a, b).cables, shape.link(b, a).cables)) : by_speed;
           near_[static_cast<size_t>(a)].push_back(b);
         }
   }

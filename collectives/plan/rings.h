@@ -44,12 +44,13 @@ Torus FindTorus(const CommTopology& shape);
 
 // Up to `want` cycles through every rank over the shape's links that share no cable, for rings
 // that keep every port busy (the cycles algorithm): on a 2 x 4 torus, such as 0 1 3 2 4 5 7 6 and
-// 0 2 3 5 4 6 7 1. A link serves as many cycles as it bundles cables: its speed over the
-// slowest link's, rounded (1 where some link's speed is unknown). Both ends of a link must reach
-// each other; forwarded pairs (LinkDesc::hops) are no links. A depth-first search as RingOrder's,
-// which backs off from a first cycle that leaves no room for the next; at most kRingSearchSteps
-// steps in all. Empty where it finds fewer than `want` (always for fewer than 3 ranks, and where
-// every rank reaches every other directly: a switch's links, or a full mesh's).
+// 0 2 3 5 4 6 7 1. A link serves as many cycles as it bundles cables: LinkDesc::cables where the
+// shape counts them, else its speed over the slowest link's, rounded (1 where some link's speed is
+// unknown). Both ends of a link must reach each other; forwarded pairs (LinkDesc::hops) are no
+// links. A depth-first search as RingOrder's, which backs off from a first cycle that leaves no
+// room for the next; at most kRingSearchSteps steps in all. Empty where it finds fewer than `want`
+// (always for fewer than 3 ranks, and where every rank reaches every other directly: a switch's
+// links, or a full mesh's).
 std::vector<std::vector<int>> DisjointCycles(const CommTopology& shape, int want = 2);
 
 }  // namespace kizuna::collectives

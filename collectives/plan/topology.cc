@@ -43,6 +43,7 @@ void PutLink(wire::Bytes& out, const LinkDesc& l) {
               static_cast<uint8_t>((l.reachable ? 1 : 0) | (l.staged ? 2 : 0) | (l.paced ? 4 : 0) | ((hops - 1) << 3)));
   wire::PutF64(out, l.latency_us);
   wire::PutF64(out, l.gbps);
+  wire::PutU8(out, static_cast<uint8_t>(std::clamp(l.cables, 1, 255)));
 }
 
 void GetLink(wire::Reader& in, LinkDesc& l) {
@@ -53,6 +54,7 @@ void GetLink(wire::Reader& in, LinkDesc& l) {
   l.hops = 1 + (flags >> 3);
   l.latency_us = in.F64();
   l.gbps = in.F64();
+  l.cables = std::max<int>(in.U8(), 1);
 }
 
 constexpr uint32_t kShapeMagic = 0x6b7a5348;  // "kzSH"

@@ -46,6 +46,9 @@ struct LinkDesc {
   // cables) and a relay per rank in between, and the shape's structure (rings, tori) is made of
   // pairs one cable apart.
   int hops = 1;
+  // Parallel cables the link bundles (FabricDeviceProperties::cables): rings that may each take
+  // one of them (DisjointCycles). 1 for anything but a bundle.
+  int cables = 1;
 };
 
 struct CommTopology {

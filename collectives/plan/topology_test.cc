@@ -37,6 +37,7 @@ TEST(Shape, SerializeRoundTrips) {
   s.link(0, 2) = Link(12.5, false);
   s.link(1, 2).paced = true;
   s.link(2, 0).hops = 3;
+  s.link(0, 1).cables = 2;
   s.direct = true;
   s.direct_inline_bytes = 16 << 10;
   Result<CommTopology> back = CommTopology::Deserialize(s.Serialize());
@@ -50,6 +51,8 @@ TEST(Shape, SerializeRoundTrips) {
   EXPECT_FALSE(back->link(0, 2).paced);
   EXPECT_EQ(back->link(2, 0).hops, 3);
   EXPECT_EQ(back->link(0, 2).hops, 1);
+  EXPECT_EQ(back->link(0, 1).cables, 2);
+  EXPECT_EQ(back->link(1, 0).cables, 1);
   EXPECT_TRUE(back->direct);
   EXPECT_EQ(back->direct_inline_bytes, 16u << 10);
 }

@@ -467,6 +467,7 @@ Status Transport::Planner::Route() {
         !rails_.hosts.empty() && rails_.hosts[static_cast<size_t>(q)] != rails_.hosts[static_cast<size_t>(rank_)];
     t_.link_row_[static_cast<size_t>(q)] = LinkDesc{true, via.latency_us, via.speed_gbps / 8.0, true,
                                                     via.point_to_point && via.speed_gbps > 0 && other_host};
+    t_.link_row_[static_cast<size_t>(q)].cables = via.point_to_point ? std::max(via.cables, 1) : 1;
     t_.network_ = t_.network_ || !via.point_to_point;
     reachable_.push_back(q);
     served_[static_cast<size_t>(f)].push_back(q);
@@ -564,6 +565,7 @@ Status Transport::Planner::Forward() {
       t_.offers_.push_back(*handle);
       LinkDesc link = t_.link_row_[static_cast<size_t>(there[1])];
       link.hops = static_cast<int>(there.size()) - 1;
+      link.cables = 1;
       t_.link_row_[static_cast<size_t>(q)] = link;
       std::string via;
       for (size_t i = 1; i + 1 < there.size(); ++i) via += fmt::format("{}{}", i > 1 ? ", " : "", there[i]);

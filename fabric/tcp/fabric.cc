@@ -221,6 +221,7 @@ Result<std::unique_ptr<Fabric>> TcpFabric::CreateWith(const Config& config, cons
       d.more.push_back(a);
       d.at_peer.push_back(c.peer_cable);
       d.properties.name += fmt::format("+port{}:{}", c.port, c.interface);
+      ++d.properties.cables;
       if (c.bandwidth_gbps > 0 && d.properties.speed_gbps > 0) d.properties.speed_gbps += c.bandwidth_gbps;
       continue;
     }

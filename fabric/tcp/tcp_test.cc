@@ -202,6 +202,7 @@ TEST(Tcp, ParallelCablesAreOneBundle) {
     EXPECT_EQ(p.name, fmt::format("w{}:port0:p0+port1:p1", r));
     EXPECT_TRUE(p.point_to_point);
     EXPECT_EQ(p.speed_gbps, 20);
+    EXPECT_EQ(p.cables, 2);
     ASSERT_TRUE(p.link_peer.has_value());
     EXPECT_EQ(p.link_peer->rank, 1 - r);
     EXPECT_EQ(p.link_peer->port, 0);

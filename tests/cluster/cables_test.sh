@@ -43,10 +43,6 @@ run_layout() {
   local kind=$1 shape=$2 n=$3 ports=$4 neighbours=$5 name="$1-$2"
   pfx="kzcab$$-$kind"
   "$topo" --generate "$kind" "$shape" >"$tmp/$name.json" || fail "kizuna-topo --generate $kind $shape"
-  # The same cables with their speed given (not shaped): a bundle of two is then twice as fast as
-  # one cable, which is how the engine sees that two cycles may each take one of its cables.
-  "$topo" --generate "$kind" "$shape" --bandwidth-gbps 10 >"$tmp/$name.speeds.json" ||
-    fail "kizuna-topo --generate $kind $shape --bandwidth-gbps 10"
   local out
   out=$("$netns" up --name "$pfx" --cables "$tmp/$name.json" --mgmt 2>&1) || fail "kizuna-netns up: $out"
   declare -A before
@@ -64,12 +60,10 @@ run_layout() {
     pids=()
     algo=""
     [[ $coll == pairwise || $coll == cycles ]] && algo=$coll
-    local file="$tmp/$name.json"
-    [[ $coll == cycles ]] && file="$tmp/$name.speeds.json"
     for ((r = 0; r < n; r++)); do
       env KIZUNA_TIMEOUT=60 KIZUNA_DEBUG=INFO KIZUNA_DEBUG_SUBSYS=INIT,FABRIC,COLL KIZUNA_FABRIC=tcp \
         ${algo:+KIZUNA_ALGO=$algo} \
-        "KIZUNA_TOPOLOGY=$file" "KIZUNA_UNIQUE_ID_FILE=$tmp/unique_id" "KIZUNA_ROOT=10.77.0.1:$port" \
+        "KIZUNA_TOPOLOGY=$tmp/$name.json" "KIZUNA_UNIQUE_ID_FILE=$tmp/unique_id" "KIZUNA_ROOT=10.77.0.1:$port" \
         WORLD_SIZE=$n RANK=$r LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
         "$netns" exec "$pfx" "$r" -- timeout -k 5 120 "$bench" --coll "$(sed 's/^pairwise$\|^cycles$/allreduce/' <<<"$coll")" -b 8 -e 4M -f 64 \
         -n 2 -w 1 -c 1 \

@@ -18,8 +18,9 @@ namespace {
 
 // Output items gathered into one sendmsg: small frames queued together leave in one system call.
 constexpr int kMaxIov = 64;
-// Frames without payload read per system call on the sender's side (posts).
-constexpr size_t kReadAheadBytes = 64 * sizeof(Frame);
+// What one read takes from a socket between payloads: whole frames of posts, or a small message's
+// header and payload, in one system call.
+constexpr size_t kReadBytes = 4096;
 // Payload nobody takes is read into a buffer of this size, piece by piece, and dropped.
 constexpr size_t kDropBytes = 64 << 10;
 
@@ -45,8 +46,7 @@ Status CheckFrame(const Frame& f, uint64_t max_message) {
   return InvalidArgument(fmt::format("a frame of unknown type {}", static_cast<int>(f.type)));
 }
 
-Link::Link(std::vector<UniqueFd> fds, std::string label, bool read_ahead)
-    : label_(std::move(label)), read_ahead_(read_ahead) {
+Link::Link(std::vector<UniqueFd> fds, std::string label) : label_(std::move(label)) {
   streams_.resize(fds.size());
   for (size_t i = 0; i < fds.size(); ++i) streams_[i].fd = std::move(fds[i]);
 }
@@ -73,7 +73,7 @@ bool Link::Progress(FrameSink& sink) {
     Stream& s = streams_[i];
     if (!s.out.empty()) moved |= Write(s, sink);
     if (!broken_.ok()) break;
-    if (Reads(i)) moved |= read_ahead_ ? ReadAhead(s, sink) : Read(s, sink);
+    if (Reads(i)) moved |= Read(s, sink);
   }
   // What the frames just read queued (a message that waited for its post, a truncation notice)
   // leaves now: its owner may not progress this link again.
@@ -185,27 +185,11 @@ bool Link::Write(Stream& s, FrameSink& sink) {
 
 bool Link::Read(Stream& s, FrameSink& sink) {
   bool moved = false;
-  while (broken_.ok()) {
-    ssize_t k;
-    if (s.in == In::kHeader) {
-      k = ::recv(s.fd.get(), reinterpret_cast<uint8_t*>(&s.frame) + s.header_got, sizeof(Frame) - s.header_got,
-                 MSG_DONTWAIT);
-    } else {
-      const size_t left = s.frame.length - s.payload_got;
-      if (s.dst == nullptr && drop_.empty()) drop_.resize(kDropBytes);
-      k = s.dst != nullptr ? ::recv(s.fd.get(), s.dst + s.payload_got, left, MSG_DONTWAIT)
-                           : ::recv(s.fd.get(), drop_.data(), std::min(left, drop_.size()), MSG_DONTWAIT);
-    }
-    if (k <= 0) {
-      const RecvEnd end = OnRecvEnd(s, k);
-      if (end == RecvEnd::kRetry) continue;
-      return end == RecvEnd::kLater ? moved : true;
-    }
-    moved = true;
-    if (s.in == In::kHeader) {
-      s.header_got += static_cast<size_t>(k);
-      if (s.header_got < sizeof(Frame)) continue;
-      s.header_got = 0;
+  for (bool drained = false; broken_.ok();) {
+    // The frames the buffer holds whole, and the start of a payload that follows its header.
+    while (s.in == In::kHeader && s.in_end - s.in_at >= sizeof(Frame) && broken_.ok()) {
+      std::memcpy(&s.frame, s.in_buf.data() + s.in_at, sizeof(Frame));
+      s.in_at += sizeof(Frame);
       if (Status c = CheckFrame(s.frame, kMaxMessageBytes); !c.ok()) {
         Break(RemoteError(fmt::format("{}: protocol error: {}", label_, c.message())));
         return true;
@@ -220,18 +204,53 @@ bool Link::Read(Stream& s, FrameSink& sink) {
         return true;
       }
       s.dst = *dst;
-      s.payload_got = 0;
-      if (s.frame.length == 0) {
-        if (Status c = sink.OnDataDone(s.frame); !c.ok()) Break(c);
-        continue;
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(s.frame.length, s.in_end - s.in_at));
+      if (s.dst != nullptr && take > 0) std::memcpy(s.dst, s.in_buf.data() + s.in_at, take);
+      s.in_at += take;
+      s.payload_got = take;
+      if (s.payload_got < s.frame.length) {
+        s.in = In::kPayload;  // the rest goes straight into its place
+      } else if (Status c = sink.OnDataDone(s.frame); !c.ok()) {
+        Break(c);
       }
-      s.in = In::kPayload;
-    } else {
-      s.payload_got += static_cast<size_t>(k);
-      if (s.payload_got < s.frame.length) continue;
-      s.in = In::kHeader;
-      if (Status c = sink.OnDataDone(s.frame); !c.ok()) Break(c);
     }
+    if (!broken_.ok() || drained) break;
+    // Then the socket: a payload's rest into its place, else as much as the buffer takes.
+    uint8_t* to;
+    size_t want;
+    if (s.in == In::kPayload) {
+      const size_t left = s.frame.length - s.payload_got;
+      if (s.dst == nullptr && drop_.empty()) drop_.resize(kDropBytes);
+      to = s.dst != nullptr ? s.dst + s.payload_got : drop_.data();
+      want = s.dst != nullptr ? left : std::min(left, drop_.size());
+    } else {
+      if (s.in_buf.empty()) s.in_buf.resize(kReadBytes);
+      // A partial header moves to the front.
+      std::memmove(s.in_buf.data(), s.in_buf.data() + s.in_at, s.in_end - s.in_at);
+      s.in_end -= s.in_at;
+      s.in_at = 0;
+      to = s.in_buf.data() + s.in_end;
+      want = s.in_buf.size() - s.in_end;
+    }
+    const ssize_t k = ::recv(s.fd.get(), to, want, MSG_DONTWAIT);
+    if (k <= 0) {
+      const RecvEnd end = OnRecvEnd(s, k);
+      if (end == RecvEnd::kRetry) continue;
+      return end == RecvEnd::kLater ? moved : true;
+    }
+    moved = true;
+    if (s.in == In::kPayload) {
+      s.payload_got += static_cast<size_t>(k);
+      if (s.payload_got == s.frame.length) {
+        s.in = In::kHeader;
+        if (Status c = sink.OnDataDone(s.frame); !c.ok()) Break(c);
+      }
+    } else {
+      s.in_end += static_cast<size_t>(k);
+    }
+    // Between payloads, a short read ends the look after the frames it brought. A payload is read
+    // until the socket has no more: reading opens the window, and more of it comes at once.
+    drained = s.in == In::kHeader && static_cast<size_t>(k) < want;
   }
   return moved;
 }
@@ -258,39 +277,6 @@ Link::RecvEnd Link::OnRecvEnd(Stream& s, ssize_t k) {
   Break(errno == ECONNRESET ? RemoteError(fmt::format("{}: the connection was reset by the peer", label_))
                             : FromErrno(errno, fmt::format("{}: recv", label_)));
   return RecvEnd::kBroken;
-}
-
-bool Link::ReadAhead(Stream& s, FrameSink& sink) {
-  bool moved = false;
-  while (broken_.ok()) {
-    const size_t have = ahead_.size();
-    ahead_.resize(have + kReadAheadBytes);
-    const ssize_t k = ::recv(s.fd.get(), ahead_.data() + have, kReadAheadBytes, MSG_DONTWAIT);
-    ahead_.resize(have + static_cast<size_t>(std::max<ssize_t>(k, 0)));
-    if (k <= 0) {
-      const RecvEnd end = OnRecvEnd(s, k);
-      if (end == RecvEnd::kRetry) continue;
-      return end == RecvEnd::kLater ? moved : true;
-    }
-    moved = true;
-    size_t at = 0;
-    while (ahead_.size() - at >= sizeof(Frame) && broken_.ok()) {
-      Frame f;
-      std::memcpy(&f, ahead_.data() + at, sizeof f);
-      at += sizeof f;
-      Status c = CheckFrame(f, kMaxMessageBytes);
-      if (c.ok() && f.type == FrameType::kData)
-        c = InvalidArgument("a data frame on the connection's return direction");
-      if (!c.ok()) {
-        Break(RemoteError(fmt::format("{}: protocol error: {}", label_, c.message())));
-        return true;
-      }
-      if (Status st = sink.OnControl(f); !st.ok()) Break(st);
-    }
-    ahead_.erase(ahead_.begin(), ahead_.begin() + static_cast<ptrdiff_t>(at));
-    if (static_cast<size_t>(k) < kReadAheadBytes) return moved;  // the socket is drained
-  }
-  return moved;
 }
 
 }  // namespace kizuna::fabric::tcp

@@ -6,9 +6,11 @@
 // Every socket is non-blocking with TCP_NODELAY; a Link reads and writes as far as the sockets
 // take without waiting, and the comm that owns it calls Progress from its posts, tests and waits.
 //
-// Reading never stages payload: a frame's 40-byte header is read on its own, then its payload
-// straight into the place the FrameSink names (the posted receive's buffer). Only frames without
-// payload (posts, on the sender's side) are read ahead in bulk.
+// Reading takes up to 4 KiB per system call between payloads: whole frames (a batch of posts, a
+// small message's header and payload) come in one call, and a read that returns less than it
+// asked for ends the look at that socket without a further call. A payload's bytes that came with
+// its header are copied to the place the FrameSink names (the posted receive's buffer); the rest
+// of a larger payload is read straight into that place.
 #pragma once
 
 #include <poll.h>
@@ -71,8 +73,8 @@ class FrameSink {
 class Link {
  public:
   // `fds`: the connected sockets, stream 0 first (made non-blocking with TCP_NODELAY by the
-  // endpoint). `read_ahead`: this side receives frames without payload only (the sender's side).
-  Link(std::vector<UniqueFd> fds, std::string label, bool read_ahead);
+  // endpoint).
+  Link(std::vector<UniqueFd> fds, std::string label);
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
@@ -121,8 +123,9 @@ class Link {
     UniqueFd fd;
     std::deque<OutItem> out;
     In in = In::kHeader;
+    std::vector<uint8_t> in_buf;  // bytes read and not yet taken: [in_at, in_end)
+    size_t in_at = 0, in_end = 0;
     Frame frame;             // the frame being read
-    size_t header_got = 0;   // bytes of `frame` read so far
     uint8_t* dst = nullptr;  // where the payload goes; nullptr: dropped
     size_t payload_got = 0;
     bool eof = false;
@@ -130,8 +133,6 @@ class Link {
 
   bool Read(Stream& s, FrameSink& sink);
   bool Write(Stream& s, FrameSink& sink);
-  // Bulk read of payload-free frames (read_ahead_).
-  bool ReadAhead(Stream& s, FrameSink& sink);
   // What a recv that returned k <= 0 means (errno as it left it): try again (EINTR), nothing to
   // read now, or the link broke (Break called with the reason).
   enum class RecvEnd { kRetry, kLater, kBroken };
@@ -143,9 +144,7 @@ class Link {
   std::vector<Stream> streams_;
   std::string label_;
   Status broken_;
-  const bool read_ahead_;
   bool read_all_ = false;
-  std::vector<uint8_t> ahead_;  // read_ahead_: bytes read and not yet parsed
   std::vector<uint8_t> drop_;   // payload of frames nobody takes
 };
 

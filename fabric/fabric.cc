@@ -360,6 +360,21 @@ Result<std::unique_ptr<SendComm>> Fabric::Connect(int dev, const Handle& handle,
   }
 }
 
+Result<std::unique_ptr<SendComm>> Fabric::ConnectBack(int dev, const Handle& handle, RecvComm& from) {
+  KZ_RETURN_IF_ERROR(CheckDevice(dev));
+  if (handle.size == 0 || handle.size > Handle::kMax)
+    return InvalidArgument(fmt::format("{}: connect with a handle of {} bytes", name_, handle.size));
+  auto r = DoConnectBack(dev, handle, from);
+  if (r.ok() && *r != nullptr) KZ_INFO(kLogFabric, "connected {}", (*r)->label());
+  return r;
+}
+
+bool Fabric::ConnectsBack(int dev) const { return CheckDevice(dev).ok() && DoConnectsBack(dev); }
+
+Result<std::unique_ptr<SendComm>> Fabric::DoConnectBack(int, const Handle&, RecvComm& from) {
+  return NotSupported(fmt::format("{}: {} carries one direction only", name_, from.label()));
+}
+
 Result<Handle> Fabric::Forward(std::span<const Hop> hops, const Handle& target) const {
   if (hops.empty()) return InvalidArgument(fmt::format("{}: forwarding through no rank", name_));
   for (const Hop& h : hops)

@@ -485,6 +485,17 @@ class Fabric {
   };
   Result<Handle> Forward(std::span<const Hop> hops, const Handle& target) const;
 
+  // Both directions on one connection (optional; fabric/tcp has it over switched networks): like
+  // Connect, to the peer whose connection `from` is (the listener of `handle`, on the peer's
+  // side), but over that same connection, which then carries this side's messages too. The peer
+  // sees nothing new: its listen comm's Accept yields the RecvComm, as for any connection. Its
+  // small messages then share their packets with the other direction's, where a connection per
+  // direction sends each acknowledgement as a packet of its own. kNotSupported where the fabric
+  // or that connection does not do it (the caller connects as usual); ConnectsBack says so before
+  // there is a connection.
+  Result<std::unique_ptr<SendComm>> ConnectBack(int dev, const Handle& handle, RecvComm& from);
+  bool ConnectsBack(int dev) const;
+
  protected:
   Fabric(std::string name, const Config* config, FabricContext context)
       : name_(std::move(name)), config_(config), context_(std::move(context)) {}
@@ -495,6 +506,8 @@ class Fabric {
   // (at most 10 ms, never past the deadline). Backends with a pollable handshake override it.
   virtual Status DoWaitConnectable(int dev, const Handle& handle, Deadline deadline, int attempt);
   virtual Result<Handle> DoForward(std::span<const Hop> hops, const Handle& target) const;
+  virtual Result<std::unique_ptr<SendComm>> DoConnectBack(int dev, const Handle& handle, RecvComm& from);
+  virtual bool DoConnectsBack(int /*dev*/) const { return false; }
 
   std::vector<FabricDeviceProperties> devices_;  // set by the backend's constructor
   int default_rank_ = kRankNative;               // set by the backend's constructor

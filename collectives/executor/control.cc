@@ -53,7 +53,9 @@ Status Executor::Run::Connect(Deadline deadline) {
     const size_t missing = no_connection_to_.size() + no_connection_from_.size();
     no_connection_to_.clear();
     for (int q : send_to_) {
-      KZ_ASSIGN_OR_RETURN(bool connected, tr_.Connect(q));
+      // A peer this rank also receives from connects to it now too: one connection may serve both.
+      const bool peer_connects = recv_from_.count(q) != 0;
+      KZ_ASSIGN_OR_RETURN(bool connected, tr_.Connect(q, peer_connects));
       if (!connected) no_connection_to_.push_back(q);
     }
     auto missing_from = [&] {

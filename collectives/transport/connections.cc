@@ -50,8 +50,12 @@ Transport::Transport() = default;
 Transport::~Transport() {
   const std::vector<int> connected = connected_peers();
   if (nranks_ > 1)
-    KZ_INFO(kLogColl, "{}: connected {} of {} peer(s){}", where_, connected.size(), nranks_ - 1,
-            connected.empty() ? std::string() : fmt::format(" ({})", RankList(connected)));
+    KZ_INFO(kLogColl, "{}: connected {} of {} peer(s){}{}", where_, connected.size(), nranks_ - 1,
+            connected.empty() ? std::string() : fmt::format(" ({})", RankList(connected)),
+            connected_back_ == 0
+                ? std::string()
+                : fmt::format("; sent to {} of them over the connection the peer made (both ways on one)",
+                              connected_back_));
   // Comms first: their registrations (and any mapping of the staging fd a fabric keeps) must go
   // before the memory they describe.
   arrivals_.clear();
@@ -125,23 +129,51 @@ Status Transport::RegisterBuffers(Peer& p, bool send) {
   return Status::Ok();
 }
 
-Result<bool> Transport::Connect(int q) {
+Result<bool> Transport::Connect(int q, bool peer_connects) {
   if (!reachable(q))
     return InvalidArgument(fmt::format("{}: no fabric reaches rank {}{}", where_, q,
                                        q == rank_ ? " (this rank itself)" : ""));
-  if (peers_[static_cast<size_t>(q)] != nullptr && peers_[static_cast<size_t>(q)]->send != nullptr) return true;
+  const auto at = static_cast<size_t>(q);
+  Peer* existing = peers_[at].get();
+  if (existing != nullptr && existing->send != nullptr) return true;
   if (closed_) return Aborted(fmt::format("{}: closed after a failure; no connection to rank {}", where_, q));
-  const Route& route = routes_[static_cast<size_t>(q)];
+  const Route& route = routes_[at];
   fabric::Fabric& fab = *fabrics_[static_cast<size_t>(route.fabric)];
-  auto send = fab.Connect(route.connect_dev, offers_[static_cast<size_t>(route.offer)]);
-  if (!send.ok()) {
+  const fabric::Handle& handle = offers_[static_cast<size_t>(route.offer)];
+  auto failed = [&](const Status& s) {
     auto props = fab.properties(route.connect_dev);
-    return send.status().WithContext(
+    return s.WithContext(
         fmt::format("{}: connecting to rank {} from {} {}", where_, q, fab.name(), props.ok() ? props->name : "?"));
+  };
+  std::unique_ptr<fabric::SendComm> comm;
+  if (existing != nullptr && existing->recv != nullptr && !one_way_[at]) {
+    // Over the peer's connection (Fabric::ConnectBack).
+    auto back = fab.ConnectBack(route.connect_dev, handle, *existing->recv);
+    if (back.ok() && *back == nullptr) return false;
+    if (back.ok()) {
+      comm = std::move(back).value();
+      ++connected_back_;
+    } else if (back.status().code() == StatusCode::kNotSupported) {
+      one_way_[at] = true;
+    } else {
+      return failed(back.status());
+    }
+  } else if (peer_connects && q < rank_ && !one_way_[at] && fab.ConnectsBack(route.connect_dev)) {
+    // The lower rank connects; this one sends over that connection once it is here (Poll).
+    const auto now = Clock::now();
+    if (awaiting_since_[at] == Clock::time_point()) awaiting_since_[at] = now;
+    if (now - awaiting_since_[at] < kAwaitPeer) return false;
+    KZ_INFO(kLogColl, "{}: rank {} did not connect within {} s; connecting to it", where_, q, kAwaitPeer.count());
+    one_way_[at] = true;
   }
-  if (*send == nullptr) return false;
+  if (comm == nullptr) {
+    auto send = fab.Connect(route.connect_dev, handle);
+    if (!send.ok()) return failed(send.status());
+    if (*send == nullptr) return false;
+    comm = std::move(send).value();
+  }
   Peer& p = EnsurePeer(q);
-  p.send = std::move(send).value();
+  p.send = std::move(comm);
   if (Status s = RegisterBuffers(p, /*send=*/true); !s.ok()) {
     p.send.reset();
     return s;
@@ -297,7 +329,7 @@ Status Transport::WaitConnected(std::span<const int> to, std::span<const int> fr
   for (;;) {
     bool progressed = false;
     std::vector<int> no_send, no_recv;
-    for (int q : to) KZ_RETURN_IF_ERROR(Connect(q).status());
+    for (int q : to) KZ_RETURN_IF_ERROR(Connect(q, std::find(from.begin(), from.end(), q) != from.end()).status());
     KZ_ASSIGN_OR_RETURN(progressed, Poll(from));
     // A connection is there when the peer has taken its first message: on a fabric whose sends
     // move as the sender progresses (directconnect's), the message waits for this rank, which

@@ -633,6 +633,8 @@ Result<std::unique_ptr<Transport>> Transport::Create(std::span<fabric::Fabric* c
   t->device_ = &device;
   t->fabrics_.assign(fabrics.begin(), fabrics.end());
   t->peers_.resize(static_cast<size_t>(n));
+  t->awaiting_since_.resize(static_cast<size_t>(n));
+  t->one_way_.resize(static_cast<size_t>(n));
   t->link_row_.assign(static_cast<size_t>(n), LinkDesc{});
   t->control_bytes_ = options.control_bytes;
 

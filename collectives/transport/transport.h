@@ -215,7 +215,14 @@ class Transport {
   // Non-blocking: starts or continues connecting to `q`; true once Peer::send exists (its buffers
   // registered, its identifying message posted). kInvalidArgument for an unreachable peer; a
   // fabric's error names the peer, the fabric and the device.
-  Result<bool> Connect(int q);
+  //
+  // Both directions on one connection, where the pair's fabric can (Fabric::ConnectBack: tcp
+  // over a switched network): a rank that has the peer's connection already sends over it. Where
+  // both ranks are about to connect to each other (`peer_connects`: the caller also receives from
+  // q now, so q connects to this rank too), the higher rank waits for the lower one's connection
+  // (at most kAwaitPeer, then it connects on its own), so that one connection serves the pair.
+  Result<bool> Connect(int q, bool peer_connects = false);
+  static constexpr std::chrono::seconds kAwaitPeer{2};
   // Non-blocking: takes the connections waiting on the listen comms where the peers of `expecting`
   // connect, and on the next kPollEach others in turn (every listen comm is looked at within
   // listens / kPollEach calls), hands each to the peer its first message names (Peer::recv, its
@@ -335,6 +342,11 @@ class Transport {
   std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<int> receiving_from_;
   std::vector<int> identifying_;  // peers whose identifying message is in flight
+  // Per peer: since when Connect waits for the peer's connection (peer_connects), and whether its
+  // connection goes one way only (ConnectBack said kNotSupported).
+  std::vector<std::chrono::steady_clock::time_point> awaiting_since_;
+  std::vector<bool> one_way_;
+  int connected_back_ = 0;        // peers this rank sends to over their connection
   size_t poll_cursor_ = 0;        // Poll's turn through the listen comms
   std::vector<size_t> poll_scratch_;
   size_t control_bytes_ = 0;

@@ -265,13 +265,16 @@ void TcpListenComm::ReadHellos() {
         drop = true;
         why = fmt::format("announced stream {} of {}", h.stream, h.streams);
       } else {
-        std::vector<UniqueFd>& group = gathering_[h.nonce];
-        if (group.empty()) group.resize(h.streams);
-        if (group.size() != h.streams || group[h.stream].valid()) {
+        Gathering& group = gathering_[h.nonce];
+        if (group.fds.empty()) {
+          group.fds.resize(h.streams);
+          group.flags = h.flags;
+        }
+        if (group.fds.size() != h.streams || group.flags != h.flags || group.fds[h.stream].valid()) {
           drop = true;
-          why = "repeated a stream of a connection, or changed its number of streams";
+          why = "repeated a stream of a connection, or changed its number of streams or its flags";
         } else {
-          group[h.stream] = std::move(in.fd);
+          group.fds[h.stream] = std::move(in.fd);
           incoming_.erase(incoming_.begin() + static_cast<ptrdiff_t>(i));
           continue;
         }
@@ -329,11 +332,20 @@ Result<std::unique_ptr<RecvComm>> TcpListenComm::DoAccept() {
     }
   ReadHellos();
   for (auto it = gathering_.begin(); it != gathering_.end(); ++it) {
-    std::vector<UniqueFd>& group = it->second;
-    if (!std::all_of(group.begin(), group.end(), [](const UniqueFd& f) { return f.valid(); })) continue;
+    Gathering& group = it->second;
+    if (!std::all_of(group.fds.begin(), group.fds.end(), [](const UniqueFd& f) { return f.valid(); })) continue;
     const uint64_t nonce = it->first;
-    std::vector<UniqueFd> fds = std::move(group);
+    const uint32_t flags = group.flags;
+    std::vector<UniqueFd> fds = std::move(group.fds);
     gathering_.erase(it);
+    KZ_ASSIGN_OR_RETURN(std::unique_ptr<RecvComm> comm, Accepted(nonce, flags, std::move(fds)));
+    if (comm != nullptr) return comm;
+  }
+  return std::unique_ptr<RecvComm>();
+}
+
+Result<std::unique_ptr<RecvComm>> TcpListenComm::Accepted(uint64_t nonce, uint32_t flags, std::vector<UniqueFd> fds) {
+  auto welcome = [&]() -> Status {
     for (size_t s = 0; s < fds.size(); ++s) {
       // A fresh socket's buffer takes 16 bytes at once.
       const Welcome w{kWelcomeMagic, static_cast<uint32_t>(s), nonce};
@@ -341,11 +353,35 @@ Result<std::unique_ptr<RecvComm>> TcpListenComm::DoAccept() {
         return RemoteError(
             fmt::format("tcp: {}: the connecting side went away during the handshake", properties().name));
     }
+    return Status::Ok();
+  };
+  if ((flags & kHelloBack) == 0) {
+    KZ_RETURN_IF_ERROR(welcome());
     const std::string label =
         fmt::format("tcp:{} {} ({} streams)", properties().name, StreamsLabel(fds, "<-"), fds.size());
-    return std::unique_ptr<RecvComm>(new TcpRecvComm(label, properties(), std::move(fds), hub_));
+    const bool two_way = (flags & kHelloTwoWay) != 0 && !properties().point_to_point;
+    auto c = std::make_shared<Connection>(std::move(fds), label, /*sending=*/false, hub_, nonce, two_way);
+    return std::unique_ptr<RecvComm>(new TcpRecvComm(label, properties(), std::move(c)));
   }
-  return std::unique_ptr<RecvComm>();
+  // The way back of a connection this side made: its stream 0 and these sockets. The comm joins
+  // the connection before the welcomes go: the peer sends as soon as it has them.
+  std::shared_ptr<Connection> c = hub_.FindTwoWay(nonce);
+  if (c == nullptr) {
+    KZ_WARN(kLogFabric,
+            "tcp: {}: the way back of a connection that is gone or never went both ways arrived; it was closed",
+            properties().name);
+    return std::unique_ptr<RecvComm>();
+  }
+  const std::string label = fmt::format("tcp:{} {} ({} streams, the small messages on the connection to it)",
+                                        properties().name, StreamsLabel(fds, "<-"), fds.size());
+  auto comm = std::make_unique<TcpRecvComm>(label, properties(), c);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (!c->link().broken().ok()) return std::unique_ptr<RecvComm>();  // the sockets close: the peer fails
+  // The welcome goes first on each socket, ahead of anything the link could write there (this
+  // side only reads them).
+  KZ_RETURN_IF_ERROR(welcome());
+  c->link().AddStreams(std::move(fds), /*bulk_in=*/true);
+  return std::unique_ptr<RecvComm>(std::move(comm));
 }
 
 Status TcpListenComm::DoWaitAcceptable(Deadline deadline) {
@@ -388,6 +424,12 @@ Result<std::shared_ptr<PendingConnect>> PendingConnect::Start(const DeviceAddres
   std::shared_ptr<PendingConnect> p(new PendingConnect(device, hub));
   p->wire_ = w;
   KZ_RETURN_IF_ERROR(RandomBytes(&p->nonce_, sizeof p->nonce_));
+  // Over a switched network the other direction may join this connection (README.md, "Both
+  // directions"): stream 0 for the small messages and posts, then `streams` for the large ones.
+  if (!device.properties.point_to_point && streams < kMaxStreams) {
+    p->flags_ = kHelloTwoWay;
+    ++streams;
+  }
   for (int s = 0; s < streams; ++s) {
     // Stream s on cable s mod cables, from this end's address to the peer's end of that cable.
     const int cable = s % device.cables();
@@ -395,6 +437,23 @@ Result<std::shared_ptr<PendingConnect>> PendingConnect::Start(const DeviceAddres
     const int theirs = device.at_peer.empty() ? 0 : device.at_peer[static_cast<size_t>(cable)];
     p->peers_.push_back(theirs == 0 ? AddressOf(w) : AddressOf(w, more[static_cast<size_t>(theirs - 1)]));
     KZ_ASSIGN_OR_RETURN(UniqueFd fd, p->Open(local, s));
+    p->streams_.push_back(StreamState{std::move(fd), Phase::kConnecting, Welcome{}, 0});
+  }
+  return p;
+}
+
+Result<std::shared_ptr<PendingConnect>> PendingConnect::StartBack(const DeviceAddress& device, const Handle& handle,
+                                                                  int streams, Hub& hub,
+                                                                  std::shared_ptr<Connection> back) {
+  KZ_ASSIGN_OR_RETURN(WireHandle w, DecodeHandle(handle));
+  std::shared_ptr<PendingConnect> p(new PendingConnect(device, hub));
+  p->wire_ = w;
+  p->nonce_ = back->nonce();
+  p->flags_ = kHelloBack;
+  p->back_ = std::move(back);
+  for (int s = 0; s < streams; ++s) {
+    p->peers_.push_back(AddressOf(w));
+    KZ_ASSIGN_OR_RETURN(UniqueFd fd, p->Open(device.address, s));
     p->streams_.push_back(StreamState{std::move(fd), Phase::kConnecting, Welcome{}, 0});
   }
   return p;
@@ -434,6 +493,7 @@ Status PendingConnect::Advance(StreamState& s, int index) {
     h.nonce = nonce_;
     h.stream = static_cast<uint16_t>(index);
     h.streams = static_cast<uint16_t>(streams_.size());
+    h.flags = flags_;
     // Through relays, the relay hello first (a fresh socket's buffer takes both at once).
     std::vector<uint8_t> out = prefix_;
     out.resize(prefix_.size() + sizeof h);
@@ -478,9 +538,30 @@ Result<std::unique_ptr<SendComm>> PendingConnect::Poll() {
   if (!all) return std::unique_ptr<SendComm>();
   std::vector<UniqueFd> fds;
   for (StreamState& s : streams_) fds.push_back(std::move(s.fd));
-  const std::string label =
-      fmt::format("tcp:{} {} ({} streams)", device_.properties.name, StreamsLabel(fds, "->"), fds.size());
-  return std::unique_ptr<SendComm>(new TcpSendComm(label, device_.properties, std::move(fds), hub_));
+  const int n = static_cast<int>(fds.size());
+  if (back_ != nullptr) {
+    // The way back: these sockets join the peer's connection, for this side's large messages.
+    const std::string label = fmt::format("tcp:{} {} ({} streams, the small messages on the connection from it)",
+                                          device_.properties.name, StreamsLabel(fds, "->"), n);
+    std::vector<int> bulk;
+    {
+      std::lock_guard<std::mutex> lock(back_->mu);
+      KZ_RETURN_IF_ERROR(back_->link().broken());
+      for (int i = 0; i < n; ++i) bulk.push_back(back_->link().streams() + i);
+      back_->link().AddStreams(std::move(fds), /*bulk_in=*/false);
+    }
+    return std::unique_ptr<SendComm>(new TcpSendComm(label, device_.properties, back_, std::move(bulk)));
+  }
+  const std::string label = fmt::format("tcp:{} {} ({} streams)", device_.properties.name, StreamsLabel(fds, "->"), n);
+  const bool two_way = (flags_ & kHelloTwoWay) != 0;
+  // Stream 0 of a two-way connection carries this side's posts: at the priority of a receiving
+  // end's sockets (PostsFirst).
+  if (two_way) PostsFirst(fds[0].get());
+  auto c = std::make_shared<Connection>(std::move(fds), label, /*sending=*/true, hub_, nonce_, two_way);
+  if (two_way) hub_.AddTwoWay(nonce_, c);
+  std::vector<int> bulk;
+  for (int i = two_way ? 1 : 0; i < n; ++i) bulk.push_back(i);
+  return std::unique_ptr<SendComm>(new TcpSendComm(label, device_.properties, std::move(c), std::move(bulk)));
 }
 
 Status PendingConnect::Wait(Deadline deadline) {

@@ -3,7 +3,8 @@
 // A handle (44 bytes) carries the listener's address and port, a 128-bit random secret and the
 // protocol version; a bundle's (parallel cables to one peer, DeviceAddress::more) adds the port and
 // address of each further cable's listening socket, 18 bytes each. Connect opens `streams` sockets to it, non-blocking,
-// and sends a hello on each (the secret, a random 64-bit connection nonce, the stream's index); Accept reads hellos
+// and sends a hello on each (the secret, a random 64-bit connection nonce, the stream's index, flags: whether the
+// connection may go both ways, or is the way back of one the listener's side made); Accept reads hellos
 // without blocking, checks the secret in constant time, gathers a connection's streams by nonce, and answers each with
 // a welcome once all have arrived. The connecting side has its SendComm once every welcome is in. A hello that fails
 // the checks is logged and its socket closed: nothing it carried reaches a comm.
@@ -59,6 +60,10 @@ static_assert(sizeof(WireCable) == 18);
 // Cables in one bundle, at most: what a handle holds.
 inline constexpr int kMaxBundle = 1 + static_cast<int>((kHandleMaxBytes - sizeof(WireHandle)) / sizeof(WireCable));
 
+// Hello::flags.
+inline constexpr uint32_t kHelloTwoWay = 1;  // the other direction may join the connection later
+inline constexpr uint32_t kHelloBack = 2;    // the way back of the listener's own connection `nonce`
+
 struct Hello {
   uint32_t magic = kHelloMagic;
   uint16_t version = kProtocolVersion;
@@ -67,7 +72,7 @@ struct Hello {
   uint64_t nonce = 0;
   uint16_t stream = 0;
   uint16_t streams = 0;
-  uint32_t reserved = 0;
+  uint32_t flags = 0;
 };
 static_assert(sizeof(Hello) == 40);
 
@@ -142,15 +147,28 @@ class TcpListenComm : public ListenComm {
   std::vector<UniqueFd> fds_;  // listening: one socket per cable of the device
   Hub& hub_;
   Relays* relays_;
-  std::vector<Incoming> incoming_;                       // accepted, hello not complete
-  std::map<uint64_t, std::vector<UniqueFd>> gathering_;  // by nonce: the streams so far (by index)
+  // A connection whose streams have all come: the comm that receives on it.
+  Result<std::unique_ptr<RecvComm>> Accepted(uint64_t nonce, uint32_t flags, std::vector<UniqueFd> fds);
+
+  std::vector<Incoming> incoming_;  // accepted, hello not complete
+  struct Gathering {
+    uint32_t flags = 0;
+    std::vector<UniqueFd> fds;  // by stream index
+  };
+  std::map<uint64_t, Gathering> gathering_;  // by nonce: the streams so far
 };
 
 // One Connect in progress (Fabric::Connect is called again with the same handle until it yields).
 class PendingConnect {
  public:
+  // `streams` sockets; a connection that may go both ways (`two_way`: a switched device, no relay)
+  // has one more, stream 0, for its small messages and posts.
   static Result<std::shared_ptr<PendingConnect>> Start(const DeviceAddress& device, const Handle& handle, int streams,
                                                        Hub& hub);
+  // The way back over `back`, a connection the peer made (README.md, "Both directions"): its
+  // stream 0 and `streams` more sockets, for this side's large messages.
+  static Result<std::shared_ptr<PendingConnect>> StartBack(const DeviceAddress& device, const Handle& handle,
+                                                           int streams, Hub& hub, std::shared_ptr<Connection> back);
   // The SendComm once every stream is welcomed; nullptr meanwhile.
   Result<std::unique_ptr<SendComm>> Poll();
   // Blocks until a socket of the attempt is ready or the deadline.
@@ -176,7 +194,9 @@ class PendingConnect {
   WireHandle wire_;
   std::vector<sockaddr_storage> peers_;  // per stream: the peer's end of the stream's cable
   uint64_t nonce_ = 0;
-  std::vector<uint8_t> prefix_;  // sent before each hello: a relay hello (relay.h), or nothing
+  uint32_t flags_ = 0;                // Hello::flags
+  std::shared_ptr<Connection> back_;  // StartBack's
+  std::vector<uint8_t> prefix_;       // sent before each hello: a relay hello (relay.h), or nothing
   std::vector<StreamState> streams_;
 };
 

@@ -299,6 +299,18 @@ Result<std::unique_ptr<SendComm>> TcpFabric::DoConnect(int dev, const Handle& ha
   });
 }
 
+bool TcpFabric::DoConnectsBack(int dev) const { return !devices_[static_cast<size_t>(dev)].point_to_point; }
+
+Result<std::unique_ptr<SendComm>> TcpFabric::DoConnectBack(int dev, const Handle& handle, RecvComm& from) {
+  auto* comm = dynamic_cast<TcpRecvComm*>(&from);
+  if (comm == nullptr || &comm->connection()->hub() != &hub_ || !comm->connection()->two_way() || IsForward(handle) ||
+      !DoConnectsBack(dev))
+    return NotSupported(fmt::format("tcp: {} carries one direction only", from.label()));
+  return pending_.Step(dev, handle, [&]() -> Result<std::shared_ptr<PendingConnect>> {
+    return PendingConnect::StartBack(addresses_[static_cast<size_t>(dev)], handle, streams_, hub_, comm->connection());
+  });
+}
+
 Result<Handle> TcpFabric::DoForward(std::span<const Hop> hops, const Handle& target) const {
   return EncodeForward(hops, target);
 }

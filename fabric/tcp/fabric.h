@@ -60,6 +60,8 @@ class TcpFabric : public Fabric {
   Result<std::unique_ptr<SendComm>> DoConnect(int dev, const Handle& handle) override;
   Status DoWaitConnectable(int dev, const Handle& handle, Deadline deadline, int attempt) override;
   Result<Handle> DoForward(std::span<const Hop> hops, const Handle& target) const override;
+  Result<std::unique_ptr<SendComm>> DoConnectBack(int dev, const Handle& handle, RecvComm& from) override;
+  bool DoConnectsBack(int dev) const override;
 
  private:
   TcpFabric(const Config* config, FabricContext context, std::vector<DeviceAddress> devices, int streams);

@@ -46,9 +46,20 @@ Status CheckFrame(const Frame& f, uint64_t max_message) {
   return InvalidArgument(fmt::format("a frame of unknown type {}", static_cast<int>(f.type)));
 }
 
-Link::Link(std::vector<UniqueFd> fds, std::string label) : label_(std::move(label)) {
+Link::Link(std::vector<UniqueFd> fds, std::string label, bool bulk_in) : label_(std::move(label)) {
   streams_.resize(fds.size());
-  for (size_t i = 0; i < fds.size(); ++i) streams_[i].fd = std::move(fds[i]);
+  for (size_t i = 0; i < fds.size(); ++i) {
+    streams_[i].fd = std::move(fds[i]);
+    streams_[i].bulk_in = i > 0 && bulk_in;
+  }
+}
+
+void Link::AddStreams(std::vector<UniqueFd> fds, bool bulk_in) {
+  for (UniqueFd& fd : fds) {
+    Stream& s = streams_.emplace_back();
+    s.fd = std::move(fd);
+    s.bulk_in = bulk_in;
+  }
 }
 
 void Link::Break(Status why) {
@@ -96,6 +107,11 @@ void Link::AppendPollFds(std::vector<pollfd>& fds) const {
     if (!s.out.empty()) events |= POLLOUT;
     if (events != 0 && s.fd.valid()) fds.push_back(pollfd{s.fd.get(), events, 0});
   }
+}
+
+void Link::DropPayloads() {
+  for (Stream& s : streams_)
+    if (s.in == In::kPayload) s.dst = nullptr;
 }
 
 void Link::Close() {
@@ -257,7 +273,7 @@ bool Link::Read(Stream& s, FrameSink& sink) {
 
 bool Link::Reads(size_t i) const {
   const Stream& s = streams_[i];
-  return !s.eof && (i == 0 || read_all_ || streams_[0].eof);
+  return !s.eof && (i == 0 || (s.bulk_in && read_all_) || streams_[0].eof);
 }
 
 Link::RecvEnd Link::OnRecvEnd(Stream& s, ssize_t k) {

@@ -1,10 +1,11 @@
 // One connection's sockets and the frames they carry (README.md, "Protocol").
 //
-// A connection is one SendComm and the peer's RecvComm joined by `streams` TCP sockets. Frames go
-// from the sender to the receiver (kData, kTruncated) and back (kPost) on stream 0; the payload of
-// a large message is cut into one frame per stream, so that several sockets carry it at once.
+// A connection joins a SendComm and the peer's RecvComm, and over a switched network the other
+// direction's pair too (transfer.h's Connection), by TCP sockets: stream 0 carries the small
+// messages (kData, kTruncated) and the posts coming back (kPost), each direction's larger messages
+// its bulk streams, cut into one frame per stream so that several sockets carry them at once.
 // Every socket is non-blocking with TCP_NODELAY; a Link reads and writes as far as the sockets
-// take without waiting, and the comm that owns it calls Progress from its posts, tests and waits.
+// take without waiting, and its connection calls Progress from its comms' posts, tests and waits.
 //
 // Reading takes up to 4 KiB per system call between payloads: whole frames (a batch of posts, a
 // small message's header and payload) come in one call, and a read that returns less than it
@@ -73,13 +74,17 @@ class FrameSink {
 class Link {
  public:
   // `fds`: the connected sockets, stream 0 first (made non-blocking with TCP_NODELAY by the
-  // endpoint).
-  Link(std::vector<UniqueFd> fds, std::string label);
+  // endpoint). `bulk_in`: whether the streams after the first bring this side large messages
+  // (the receiving side's), or take them away (the sending side's, never read but for their end).
+  Link(std::vector<UniqueFd> fds, std::string label, bool bulk_in);
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
   const std::string& label() const { return label_; }
   int streams() const { return static_cast<int>(streams_.size()); }
+  // More streams for the connection (the sockets of its way back: connection.h); their indices
+  // follow the others'.
+  void AddStreams(std::vector<UniqueFd> fds, bool bulk_in);
   // ok, or why the connection no longer works (kRemoteError when the peer closed or vanished).
   const Status& broken() const { return broken_; }
   void Break(Status why);
@@ -93,13 +98,16 @@ class Link {
   // Reads and writes what the sockets take now; true when anything moved. A failure breaks the
   // link (broken() says why) and stops.
   bool Progress(FrameSink& sink);
-  // Whether `stream`'s reads may find something: a receiver reads streams beyond 0 only while
-  // large messages are arriving (`all` true), saving a system call per stream per progress.
+  // Whether the bulk streams coming in may bring something: they are read only while messages
+  // that do not go on stream 0 are arriving (`all` true), saving a system call per stream per
+  // progress.
   void set_read_all_streams(bool all) { read_all_ = all; }
 
   bool output_pending() const;
   // The sockets to poll for this link: POLLIN on the streams it reads, POLLOUT where output waits.
   void AppendPollFds(std::vector<pollfd>& fds) const;
+  // The payloads being read go nowhere from now on (the receives they were for are gone).
+  void DropPayloads();
   // Ends the connection: what is queued is abandoned; the peer sees the sockets close.
   void Close();
   // Ends a connection that still works without losing what its sockets hold: a send is done once
@@ -129,6 +137,7 @@ class Link {
     uint8_t* dst = nullptr;  // where the payload goes; nullptr: dropped
     size_t payload_got = 0;
     bool eof = false;
+    bool bulk_in = false;  // brings large messages (read while they arrive)
   };
 
   bool Read(Stream& s, FrameSink& sink);
@@ -137,8 +146,9 @@ class Link {
   // read now, or the link broke (Break called with the reason).
   enum class RecvEnd { kRetry, kLater, kBroken };
   RecvEnd OnRecvEnd(Stream& s, ssize_t k);
-  // Whether stream i is read: stream 0, and the others while large messages arrive or once stream
-  // 0 has reached its end (the rest of a message may follow there); never one at its end.
+  // Whether stream i is read: stream 0, the bulk streams coming in while large messages arrive,
+  // and every one once stream 0 has reached its end (the rest of a message may follow there);
+  // never one at its end.
   bool Reads(size_t i) const;
 
   std::vector<Stream> streams_;

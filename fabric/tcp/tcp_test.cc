@@ -394,7 +394,8 @@ TEST_F(TcpPair, LargeMessagesAcrossSeveralStreamsArriveIntact) {
   Make(3);
   Pair p = Connect();
   ASSERT_NE(p.recv, nullptr);
-  EXPECT_NE(p.send->label().find("3 streams"), std::string::npos) << p.send->label();
+  // Stream 0 for the small messages and the posts, three for the large ones.
+  EXPECT_NE(p.send->label().find("4 streams"), std::string::npos) << p.send->label();
   const size_t max = (8u << 20) + 12345;
   std::vector<uint8_t> out(max), in(max + 64);
   Fill(out, 11);
@@ -476,6 +477,108 @@ TEST_F(TcpPair, EagerSendsBeyondTheCreditWaitForTheirPosts) {
   t.join();
   EXPECT_EQ(in, out);
   EXPECT_EQ(p.recv->stats().staged_bytes, kEagerCredit) << "the credit's worth came early, and no more";
+}
+
+// The sockets this process has open.
+int OpenSockets() {
+  int n = 0;
+  for (int fd = 0; fd < 4096; ++fd) {
+    int type = 0;
+    socklen_t len = sizeof type;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0) ++n;
+  }
+  return n;
+}
+
+// Rank 1 connected to rank 0; rank 0 connects back over that connection (README.md, "Both
+// directions"): two sockets more (its large messages' streams), not a connection of three.
+// Messages of every kind cross both ways at once, intact; a receive rank 1 posts before rank 0's
+// comm is there reaches it; either direction's comm may go while the other goes on.
+TEST_F(TcpPair, BothDirectionsShareOneConnection) {
+  Make(2);
+  Pair p = Connect();
+  ASSERT_NE(p.recv, nullptr);
+  EXPECT_NE(p.send->label().find("3 streams"), std::string::npos) << p.send->label();
+  auto l1 = fabrics_[1]->Listen(0);
+  ASSERT_TRUE(l1.ok()) << l1.status().ToString();
+  const int before = OpenSockets();
+  // Another fabric's connection cannot be turned around.
+  auto other = fabrics_[1]->ConnectBack(0, (*l1)->handle(), *p.recv);
+  EXPECT_EQ(other.status().code(), StatusCode::kNotSupported) << other.status().ToString();
+
+  const size_t medium = kEagerBytes + 1, large = (8u << 20) + 4321;
+  std::vector<uint8_t> out0(large), in1(large + 8), out1(large), in0(large + 8);
+  Fill(out0, 5);
+  Fill(out1, 9);
+  std::unique_ptr<SendComm> back;  // rank 0 -> rank 1
+  std::unique_ptr<RecvComm> back_recv;
+  Request* early = nullptr;
+  Registration* in1_reg = nullptr;
+  for (const Deadline d = Soon(); (back == nullptr || back_recv == nullptr) && !d.Expired();) {
+    if (back_recv == nullptr) {
+      auto r = (*l1)->Accept();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      back_recv = std::move(r).value();
+      if (back_recv != nullptr) {
+        // Posted before rank 0's comm exists: its post waits at rank 0 for the comm.
+        KZ_ASSERT_OK_AND_ASSIGN(in1_reg, back_recv->Register(MemoryDescriptor::Host(in1.data(), in1.size())));
+        KZ_ASSERT_OK_AND_ASSIGN(early, back_recv->Recv(in1.data(), in1.size(), 1, in1_reg));
+      }
+    }
+    if (back == nullptr) {
+      auto s = fabrics_[0]->ConnectBack(0, (*l1)->handle(), *p.recv);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      back = std::move(s).value();
+    }
+  }
+  ASSERT_NE(back, nullptr);
+  ASSERT_NE(back_recv, nullptr);
+  EXPECT_NE(back->label().find("2 streams, the small messages on the connection from it"), std::string::npos)
+      << back->label();
+  EXPECT_EQ(OpenSockets() - before, 4) << "two sockets each side: stream 0 is the first connection's";
+
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * out0_reg, back->Register(MemoryDescriptor::Host(out0.data(), out0.size())));
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * out1_reg, p.send->Register(MemoryDescriptor::Host(out1.data(), out1.size())));
+  KZ_ASSERT_OK_AND_ASSIGN(Registration * in0_reg, p.recv->Register(MemoryDescriptor::Host(in0.data(), in0.size())));
+  // The early receive takes a medium message (it waits for that post); then each size both ways.
+  KZ_ASSERT_OK_AND_ASSIGN(Request * first, back->Send(out0.data(), medium, 1, out0_reg));
+  std::thread rank0([&] { KZ_EXPECT_OK(back->Wait(first, Soon()).status()); });
+  KZ_ASSERT_OK_AND_ASSIGN(size_t got, back_recv->Wait(early, Soon()));
+  rank0.join();
+  EXPECT_EQ(got, medium);
+  EXPECT_EQ(std::memcmp(in1.data(), out0.data(), medium), 0);
+  for (size_t size : {size_t{8}, medium, size_t{kStripeBytes} + 1, large}) {
+    std::fill(in0.begin(), in0.end(), 0xee);
+    std::fill(in1.begin(), in1.end(), 0xee);
+    KZ_ASSERT_OK_AND_ASSIGN(Request * r0, p.recv->Recv(in0.data(), in0.size(), 2, in0_reg));
+    KZ_ASSERT_OK_AND_ASSIGN(Request * r1, back_recv->Recv(in1.data(), in1.size(), 2, in1_reg));
+    KZ_ASSERT_OK_AND_ASSIGN(Request * s0, back->Send(out0.data(), size, 2, out0_reg));
+    KZ_ASSERT_OK_AND_ASSIGN(Request * s1, p.send->Send(out1.data(), size, 2, out1_reg));
+    std::thread rank1([&] {
+      KZ_EXPECT_OK(p.send->Wait(s1, Soon()).status());
+      auto g = back_recv->Wait(r1, Soon());
+      KZ_EXPECT_OK(g.status());
+      if (g.ok()) {
+        EXPECT_EQ(*g, size);
+      }
+    });
+    KZ_EXPECT_OK(back->Wait(s0, Soon()).status());
+    KZ_ASSERT_OK_AND_ASSIGN(size_t got0, p.recv->Wait(r0, Soon()));
+    rank1.join();
+    EXPECT_EQ(got0, size);
+    EXPECT_EQ(std::memcmp(in0.data(), out1.data(), size), 0) << size << " bytes, rank 1 to rank 0";
+    EXPECT_EQ(std::memcmp(in1.data(), out0.data(), size), 0) << size << " bytes, rank 0 to rank 1";
+    EXPECT_EQ(in0[size], 0xee);
+    EXPECT_EQ(in1[size], 0xee);
+  }
+  // Rank 0's way back goes; rank 1's connection to it still carries messages.
+  back.reset();
+  back_recv.reset();
+  KZ_ASSERT_OK_AND_ASSIGN(Request * r, p.recv->Recv(in0.data(), in0.size(), 3, in0_reg));
+  KZ_ASSERT_OK_AND_ASSIGN(Request * s, p.send->Send(out1.data(), 100, 3, out1_reg));
+  KZ_ASSERT_OK_AND_ASSIGN(size_t last, p.recv->Wait(r, Soon()));
+  EXPECT_EQ(last, 100u);
+  KZ_EXPECT_OK(p.send->Wait(s, Soon()).status());
 }
 
 TEST_F(TcpPair, AHelloWithoutTheSecretIsNeverAccepted) {

@@ -66,16 +66,119 @@ Status Hub::Wait(HubMember& self, Deadline deadline) {
   return Status::Ok();
 }
 
-// ---- TcpSendComm ----
+void Hub::AddTwoWay(uint64_t nonce, const std::shared_ptr<Connection>& c) {
+  std::lock_guard<std::mutex> lock(two_way_mu_);
+  std::erase_if(two_way_, [](const auto& e) { return e.second.expired(); });
+  two_way_[nonce] = c;
+}
 
-TcpSendComm::TcpSendComm(std::string label, FabricDeviceProperties properties, std::vector<UniqueFd> fds, Hub& hub)
-    : SendComm(label, std::move(properties)), hub_(hub), link_(std::move(fds), std::move(label)) {
+std::shared_ptr<Connection> Hub::FindTwoWay(uint64_t nonce) {
+  std::lock_guard<std::mutex> lock(two_way_mu_);
+  auto it = two_way_.find(nonce);
+  return it == two_way_.end() ? nullptr : it->second.lock();
+}
+
+// ---- Connection ----
+
+Connection::Connection(std::vector<UniqueFd> fds, std::string label, bool sending, Hub& hub, uint64_t nonce,
+                       bool two_way)
+    : hub_(hub), link_(std::move(fds), std::move(label), /*bulk_in=*/!sending), nonce_(nonce), two_way_(two_way) {
   hub_.Add(this);
 }
 
-TcpSendComm::~TcpSendComm() {
-  hub_.Remove(this);  // waits for another thread's wait that may be progressing this comm
+Connection::~Connection() {
+  hub_.Remove(this);  // waits for another thread's wait that may be progressing this connection
   link_.CloseGracefully(kCloseLinger);
+}
+
+void Connection::Attach(TcpSendComm* c) {
+  send_ = c;
+  // Posts that came first (the peer's receives, posted as soon as its end of the way back was
+  // there).
+  std::vector<Frame> early = std::move(early_posts_);
+  early_posts_.clear();
+  for (const Frame& f : early)
+    if (Status st = static_cast<FrameSink&>(*c).OnControl(f); !st.ok()) link_.Break(st);
+  if (!link_.broken().ok()) AfterBreak();
+}
+
+void Connection::Attach(TcpRecvComm* c) {
+  recv_ = c;
+  data_after_recv_ = false;
+}
+
+void Connection::Detach(TcpSendComm* c) {
+  if (send_ != c) return;
+  send_ = nullptr;
+  // Its frames still queued read its requests' buffers, which go with it.
+  if (c->has_queued_frames()) {
+    link_.Close();
+    AfterBreak();
+  }
+}
+
+void Connection::Detach(TcpRecvComm* c) {
+  if (recv_ != c) return;
+  recv_ = nullptr;
+  data_after_recv_ = true;
+  link_.DropPayloads();  // a payload being read went into its receives' buffers
+}
+
+Result<uint8_t*> Connection::OnData(const Frame& f) {
+  if (recv_ != nullptr) return static_cast<FrameSink&>(*recv_).OnData(f);
+  if (data_after_recv_) return nullptr;
+  return RemoteError(fmt::format("{}: protocol error: data on a connection that does not receive", link_.label()));
+}
+
+Status Connection::OnDataDone(const Frame& f) {
+  return recv_ != nullptr ? static_cast<FrameSink&>(*recv_).OnDataDone(f) : Status::Ok();
+}
+
+Status Connection::OnControl(const Frame& f) {
+  if (f.type == FrameType::kPost) {
+    if (send_ != nullptr) return static_cast<FrameSink&>(*send_).OnControl(f);
+    if (!two_way_)
+      return RemoteError(fmt::format("{}: protocol error: a post on a connection that does not send", link_.label()));
+    early_posts_.push_back(f);
+    return Status::Ok();
+  }
+  if (recv_ != nullptr) return static_cast<FrameSink&>(*recv_).OnControl(f);
+  return Status::Ok();  // a truncation notice for receives that went with their comm
+}
+
+void Connection::OnWritten(void* owner) {
+  if (send_ != nullptr) static_cast<FrameSink&>(*send_).OnWritten(owner);
+}
+
+bool Connection::ProgressLocked() {
+  if (!link_.broken().ok()) return false;
+  const bool moved = link_.Progress(*this);
+  if (!link_.broken().ok()) AfterBreak();
+  return moved;
+}
+
+void Connection::AfterBreak() {
+  // Queued output is abandoned with the link: no frame refers to a request's buffer any more.
+  link_.Close();
+  if (send_ != nullptr) send_->AfterBreak();
+  if (recv_ != nullptr) recv_->AfterBreak();
+}
+
+// ---- TcpSendComm ----
+
+TcpSendComm::TcpSendComm(std::string label, FabricDeviceProperties properties, std::shared_ptr<Connection> connection,
+                         std::vector<int> bulk)
+    : SendComm(std::move(label), std::move(properties)),
+      connection_(std::move(connection)),
+      link_(connection_->link()),
+      bulk_(std::move(bulk)) {
+  std::lock_guard<std::mutex> lock(connection_->mu);
+  connection_->Attach(this);
+}
+
+TcpSendComm::~TcpSendComm() {
+  std::lock_guard<std::mutex> lock(connection_->mu);
+  connection_->Detach(this);
 }
 
 Result<std::unique_ptr<Registration>> TcpSendComm::DoRegister(const MemoryDescriptor& memory) {
@@ -87,7 +190,7 @@ Status TcpSendComm::DoDeregister(Registration&) { return Status::Ok(); }
 
 Result<std::unique_ptr<Request>> TcpSendComm::DoSend(const void* data, size_t size, int tag,
                                                      Registration* registration) {
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(connection_->mu);
   if (!link_.broken().ok()) return link_.broken();
   auto r = std::make_unique<TcpRequest>(RequestKind::kSend, tag, size);
   if (size > 0) r->local = static_cast<const TcpRegistration*>(registration)->Local(data);
@@ -113,31 +216,35 @@ Result<std::unique_ptr<Request>> TcpSendComm::DoSend(const void* data, size_t si
   } else {
     waiting_[key] = r.get();  // leaves when its post arrives
   }
-  link_.Flush(*this);
-  if (!link_.broken().ok()) AfterBreak();
+  link_.Flush(*connection_);
+  if (!link_.broken().ok()) connection_->AfterBreak();  // fails both comms' requests
   return std::unique_ptr<Request>(std::move(r));
 }
 
 void TcpSendComm::Transmit(TcpRequest& r) {
   r.transmitted = true;
   const uint64_t size = r.size();
-  const int streams = link_.streams();
-  if (r.eager || size < kStripeBytes || streams == 1) {
+  const auto n = static_cast<uint64_t>(bulk_.size());
+  if (size <= kEagerBytes || size < kStripeBytes || n == 1) {
+    // Small messages share stream 0 with the posts (both ways on a two-way connection); a larger
+    // one goes on the first bulk stream, so that no post waits behind it.
+    const int stream = size <= kEagerBytes ? 0 : bulk_[0];
     Frame f{.type = FrameType::kData, .tag = r.tag(), .seq = r.seq, .total = size, .offset = 0, .length = size};
-    link_.Queue(0, f, r.local, &r);
+    link_.Queue(stream, f, r.local, &r);
     ++r.unwritten;
+    ++unwritten_frames_;
   } else {
-    // One frame per stream, in 4 KiB multiples: the sockets carry the message side by side.
-    const uint64_t n = static_cast<uint64_t>(streams);
+    // One frame per bulk stream, in 4 KiB multiples: the sockets carry the message side by side.
     const uint64_t part = ((size + n - 1) / n + 4095) / 4096 * 4096;
-    for (int s = 0; s < streams; ++s) {
-      const uint64_t offset = part * static_cast<uint64_t>(s);
+    for (size_t s = 0; s < bulk_.size(); ++s) {
+      const uint64_t offset = part * s;
       if (offset >= size) break;
       const uint64_t length = std::min(part, size - offset);
       Frame f{
           .type = FrameType::kData, .tag = r.tag(), .seq = r.seq, .total = size, .offset = offset, .length = length};
-      link_.Queue(s, f, r.local + offset, &r);
+      link_.Queue(bulk_[s], f, r.local + offset, &r);
       ++r.unwritten;
+      ++unwritten_frames_;
     }
   }
 }
@@ -145,6 +252,7 @@ void TcpSendComm::Transmit(TcpRequest& r) {
 void TcpSendComm::OnWritten(void* owner) {
   auto* r = static_cast<TcpRequest*>(owner);
   --r->unwritten;
+  --unwritten_frames_;
   MaybeDone(*r);
 }
 
@@ -200,30 +308,22 @@ Status TcpSendComm::OnControl(const Frame& f) {
   return Status::Ok();
 }
 
-bool TcpSendComm::ProgressLocked() {
-  if (!link_.broken().ok()) return false;
-  const bool moved = link_.Progress(*this);
-  if (!link_.broken().ok()) AfterBreak();
-  return moved;
-}
-
 void TcpSendComm::AfterBreak() {
-  // Queued output is abandoned with the link: no frame refers to a request's buffer any more.
-  link_.Close();
   const Status why = link_.broken();
   for (TcpRequest* r : live_) {
     r->unwritten = 0;
     Fail(*r, why);
   }
+  unwritten_frames_ = 0;
   waiting_.clear();
 }
 
 Result<Completion> TcpSendComm::DoTest(Request& request) {
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(connection_->mu);
   auto& r = static_cast<TcpRequest&>(request);
   // A request already done needs no look at the sockets (a system call each): posts are sent
   // ahead, so a small send is often done once written.
-  if (r.state != TcpRequest::State::kDone) ProgressLocked();
+  if (r.state != TcpRequest::State::kDone) connection_->ProgressLocked();
   // A failed request whose frames are still queued is reported once they are written (the link
   // still reads its buffer until then).
   if (r.state == TcpRequest::State::kDone) {
@@ -238,18 +338,21 @@ Result<Completion> TcpSendComm::DoTest(Request& request) {
   return Completion{false, 0};
 }
 
-Status TcpSendComm::DoWaitForProgress(Deadline deadline) { return hub_.Wait(*this, deadline); }
+Status TcpSendComm::DoWaitForProgress(Deadline deadline) { return connection_->hub().Wait(*connection_, deadline); }
 
 // ---- TcpRecvComm ----
 
-TcpRecvComm::TcpRecvComm(std::string label, FabricDeviceProperties properties, std::vector<UniqueFd> fds, Hub& hub)
-    : RecvComm(label, std::move(properties)), hub_(hub), link_(std::move(fds), std::move(label)) {
-  hub_.Add(this);
+TcpRecvComm::TcpRecvComm(std::string label, FabricDeviceProperties properties, std::shared_ptr<Connection> connection)
+    : RecvComm(std::move(label), std::move(properties)),
+      connection_(std::move(connection)),
+      link_(connection_->link()) {
+  std::lock_guard<std::mutex> lock(connection_->mu);
+  connection_->Attach(this);
 }
 
 TcpRecvComm::~TcpRecvComm() {
-  hub_.Remove(this);
-  link_.CloseGracefully(kCloseLinger);
+  std::lock_guard<std::mutex> lock(connection_->mu);
+  connection_->Detach(this);
 }
 
 Result<std::unique_ptr<Registration>> TcpRecvComm::DoRegister(const MemoryDescriptor& memory) {
@@ -260,7 +363,7 @@ Result<std::unique_ptr<Registration>> TcpRecvComm::DoRegister(const MemoryDescri
 Status TcpRecvComm::DoDeregister(Registration&) { return Status::Ok(); }
 
 Result<std::unique_ptr<Request>> TcpRecvComm::DoRecv(void* data, size_t capacity, int tag, Registration* registration) {
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(connection_->mu);
   if (!link_.broken().ok()) return link_.broken();
   auto r = std::make_unique<TcpRequest>(RequestKind::kRecv, tag, capacity);
   if (capacity > 0) r->local = static_cast<const TcpRegistration*>(registration)->Local(data);
@@ -279,26 +382,26 @@ Result<std::unique_ptr<Request>> TcpRecvComm::DoRecv(void* data, size_t capacity
     }
   } else {
     posted_[key] = r.get();
-    if (capacity >= kStripeBytes && large_posted_++ == 0) link_.set_read_all_streams(true);
+    if (capacity > kEagerBytes && large_posted_++ == 0) link_.set_read_all_streams(true);
   }
   // The post leaves now: the sender may be waiting for it, and nothing says this comm will be
   // progressed again. In a batch (BeginPosts), with the batch's others at EndPosts.
-  if (!batching_) link_.Flush(*this);
-  if (!link_.broken().ok()) AfterBreak();
+  if (!batching_) link_.Flush(*connection_);
+  if (!link_.broken().ok()) connection_->AfterBreak();  // fails both comms' requests
   return std::unique_ptr<Request>(std::move(r));
 }
 
 void TcpRecvComm::DoBeginPosts() {
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(connection_->mu);
   batching_ = true;
 }
 
 void TcpRecvComm::DoEndPosts() {
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(connection_->mu);
   batching_ = false;
   if (!link_.broken().ok()) return;
-  link_.Flush(*this);  // the batch's posts, in one sendmsg where they fit its gather list
-  if (!link_.broken().ok()) AfterBreak();
+  link_.Flush(*connection_);  // the batch's posts, in one sendmsg where they fit its gather list
+  if (!link_.broken().ok()) connection_->AfterBreak();
 }
 
 void TcpRecvComm::Deliver(TcpRequest& r, Unexpected& u) {
@@ -327,7 +430,7 @@ void TcpRecvComm::Fail(TcpRequest& r, Status why) {
 void TcpRecvComm::Forget(const MessageKey& key) {
   auto it = posted_.find(key);
   if (it == posted_.end()) return;
-  if (it->second->size() >= kStripeBytes && --large_posted_ == 0) link_.set_read_all_streams(false);
+  if (it->second->size() > kEagerBytes && --large_posted_ == 0) link_.set_read_all_streams(false);
   posted_.erase(it);
 }
 
@@ -389,15 +492,7 @@ Status TcpRecvComm::OnControl(const Frame& f) {
   return Status::Ok();
 }
 
-bool TcpRecvComm::ProgressLocked() {
-  if (!link_.broken().ok()) return false;
-  const bool moved = link_.Progress(*this);
-  if (!link_.broken().ok()) AfterBreak();
-  return moved;
-}
-
 void TcpRecvComm::AfterBreak() {
-  link_.Close();
   const Status why = link_.broken();
   for (TcpRequest* r : live_) Fail(*r, why);
   posted_.clear();
@@ -406,9 +501,9 @@ void TcpRecvComm::AfterBreak() {
 }
 
 Result<Completion> TcpRecvComm::DoTest(Request& request) {
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(connection_->mu);
   auto& r = static_cast<TcpRequest&>(request);
-  if (r.state != TcpRequest::State::kDone) ProgressLocked();
+  if (r.state != TcpRequest::State::kDone) connection_->ProgressLocked();
   if (r.state == TcpRequest::State::kDone) {
     live_.erase(&r);
     return Completion{true, r.received};
@@ -422,6 +517,6 @@ Result<Completion> TcpRecvComm::DoTest(Request& request) {
   return Completion{false, 0};
 }
 
-Status TcpRecvComm::DoWaitForProgress(Deadline deadline) { return hub_.Wait(*this, deadline); }
+Status TcpRecvComm::DoWaitForProgress(Deadline deadline) { return connection_->hub().Wait(*connection_, deadline); }
 
 }  // namespace kizuna::fabric::tcp

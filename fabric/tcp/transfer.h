@@ -1,5 +1,6 @@
-// The tcp fabric's comms: tagged sends and receives over a Link, and the hub that lets one
-// thread's wait progress every comm of the fabric (README.md, "Protocol" and "Waiting").
+// The tcp fabric's comms: tagged sends and receives over a connection's Link, and the hub that
+// lets one thread's wait progress every connection of the fabric (README.md, "Protocol", "Both
+// directions" and "Waiting").
 //
 // Matching: the k-th send on a tag matches the peer's k-th receive on that tag (k: the message's
 // `seq` on its tag, counted at each end). A receive announces itself to the sender with a post
@@ -7,7 +8,8 @@
 // the receiver places it into the receive if that is posted, else keeps it until it is (counted as
 // staged bytes) — as long as the eager bytes still waiting for their posts stay within
 // kEagerCredit (what a receiver may have to hold). A larger send waits for its post and then goes
-// straight into the receive's buffer, cut into one frame per stream. A send is done when its bytes
+// straight into the receive's buffer, on the sender's bulk streams (cut into one frame per stream
+// from kStripeBytes). A send is done when its bytes
 // are written and its post has arrived (so that a receive too small fails both sides, naming both
 // sizes); its buffer may be reused once it is done.
 #pragma once
@@ -52,11 +54,12 @@ inline constexpr auto kCloseLinger = std::chrono::seconds(2);
 // spinning, 130-180 yielding; 4 x 2: 0.6 ms sleeping, 0.17-0.37 ms yielding).
 inline constexpr auto kSpinWait = std::chrono::microseconds(50);
 
-// A comm as the hub sees it.
+// A connection as the hub sees it.
 class HubMember {
  public:
   virtual ~HubMember() = default;
-  // Guards the comm's state: its owner's calls and other threads' waits that progress it.
+  // Guards the connection and its comms' state: their owners' calls and other threads' waits
+  // that progress it.
   std::mutex mu;
   // mu held: reads and writes what the sockets take now; true when anything moved.
   virtual bool ProgressLocked() = 0;
@@ -64,11 +67,14 @@ class HubMember {
   virtual void AppendPollFds(std::vector<pollfd>& fds) const = 0;
 };
 
-// Every comm of one fabric instance. A wait on one comm progresses it and every other comm whose
-// lock is free (what this wait needs may depend on a comm its owner is not driving now, e.g. a
-// large send waiting for its post while its thread waits on a receive, or a post not yet
-// flushed), for up to kSpinWait, then blocks on all of their sockets at once, so that activity
-// on any of them wakes it.
+class Connection;
+
+// Every connection of one fabric instance. A wait on one comm progresses its connection and every
+// other connection whose lock is free (what this wait needs may depend on a comm its owner is not
+// driving now, e.g. a large send waiting for its post while its thread waits on a receive, or a
+// post not yet flushed), for up to kSpinWait, then blocks on all of their sockets at once, so that
+// activity on any of them wakes it. It also knows the connections this end made that may carry
+// the other direction too, by nonce, for the peer's way back (README.md, "Both directions").
 class Hub {
  public:
   void Add(HubMember* m);
@@ -77,9 +83,15 @@ class Hub {
   // deadline (at most kSpinWait + kMaxBlock).
   Status Wait(HubMember& self, Deadline deadline);
 
+  void AddTwoWay(uint64_t nonce, const std::shared_ptr<Connection>& c);
+  // The live connection this end made with `nonce`, or null.
+  std::shared_ptr<Connection> FindTwoWay(uint64_t nonce);
+
  private:
   std::mutex mu_;  // taken before any member's mu
   std::vector<HubMember*> members_;
+  std::mutex two_way_mu_;
+  std::map<uint64_t, std::weak_ptr<Connection>> two_way_;
 };
 
 class TcpRequest : public Request {
@@ -103,13 +115,71 @@ class TcpRequest : public Request {
 
 using MessageKey = std::pair<int, uint64_t>;  // (tag, seq)
 
-class TcpSendComm : public SendComm, public HubMember, public FrameSink {
+class TcpSendComm;
+class TcpRecvComm;
+
+// One connection's sockets and the comms on them: the one this end made (Connect's SendComm,
+// Accept's RecvComm) and, where the connection goes both ways, the other (README.md, "Both
+// directions"). Stream 0 carries the small messages and the posts; large messages go on the
+// sending side's bulk streams. The Link reports frames here, and each goes to the comm it is for:
+// data and truncation notices to the RecvComm, posts to the SendComm. Shared by its comms (and by
+// the hub's list of two-way connections, weakly); the last comm to go closes it.
+class Connection : public HubMember, public FrameSink {
  public:
-  TcpSendComm(std::string label, FabricDeviceProperties properties, std::vector<UniqueFd> fds, Hub& hub);
-  ~TcpSendComm() override;
+  // `fds`: stream 0, then the bulk streams of the side that made it (sending: this end's own;
+  // accepted: the peer's). `two_way`: the other direction may join it (README.md, "Both
+  // directions").
+  Connection(std::vector<UniqueFd> fds, std::string label, bool sending, Hub& hub, uint64_t nonce, bool two_way);
+  ~Connection() override;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  uint64_t nonce() const { return nonce_; }
+  bool two_way() const { return two_way_; }
+  Link& link() { return link_; }
+  Hub& hub() { return hub_; }
+
+  // mu held: a comm joins or leaves. A SendComm that leaves with frames still queued closes the
+  // connection (they point into its requests' buffers); a RecvComm that leaves drops whatever
+  // its receives were being read into.
+  void Attach(TcpSendComm* c);
+  void Attach(TcpRecvComm* c);
+  void Detach(TcpSendComm* c);
+  void Detach(TcpRecvComm* c);
 
   bool ProgressLocked() override;
   void AppendPollFds(std::vector<pollfd>& fds) const override { link_.AppendPollFds(fds); }
+  // mu held: after the link broke, the link is closed and every request of both comms fails with
+  // its reason.
+  void AfterBreak();
+
+ private:
+  Result<uint8_t*> OnData(const Frame& f) override;
+  Status OnDataDone(const Frame& f) override;
+  Status OnControl(const Frame& f) override;
+  void OnWritten(void* owner) override;
+
+  Hub& hub_;
+  Link link_;
+  const uint64_t nonce_;
+  const bool two_way_;
+  TcpSendComm* send_ = nullptr;
+  TcpRecvComm* recv_ = nullptr;
+  std::vector<Frame> early_posts_;  // posts that came before this end's SendComm joined
+  bool data_after_recv_ = false;    // a RecvComm left: data for it is dropped, not a protocol error
+};
+
+class TcpSendComm : public SendComm, public FrameSink {
+ public:
+  // `bulk`: the streams of `connection` its large messages go on.
+  TcpSendComm(std::string label, FabricDeviceProperties properties, std::shared_ptr<Connection> connection,
+              std::vector<int> bulk);
+  ~TcpSendComm() override;
+
+  const std::shared_ptr<Connection>& connection() const { return connection_; }
+  // Connection::mu held.
+  bool has_queued_frames() const { return unwritten_frames_ > 0; }
+  void AfterBreak();  // every request fails with the link's reason
 
  protected:
   Result<std::unique_ptr<Registration>> DoRegister(const MemoryDescriptor& memory) override;
@@ -124,15 +194,16 @@ class TcpSendComm : public SendComm, public HubMember, public FrameSink {
   Status OnControl(const Frame& f) override;
   void OnWritten(void* owner) override;
 
-  // Queues the message's frames: one on stream 0, or one per stream for a large message that
-  // waited for its post.
+  // Queues the message's frames: an eager one on stream 0, a larger one on the bulk streams (one
+  // frame per stream from kStripeBytes).
   void Transmit(TcpRequest& r);
   void Fail(TcpRequest& r, Status why);
   void MaybeDone(TcpRequest& r);
-  void AfterBreak();  // the link broke: every request fails with its reason
 
-  Hub& hub_;
-  Link link_;
+  std::shared_ptr<Connection> connection_;
+  Link& link_;
+  const std::vector<int> bulk_;
+  int unwritten_frames_ = 0;                    // of this comm's requests, queued on the link
   std::map<int, uint64_t> next_seq_;            // per tag
   std::map<MessageKey, uint64_t> early_posts_;  // posts that arrived before their send: capacity
   std::map<MessageKey, TcpRequest*> waiting_;   // sends whose post has not arrived
@@ -140,13 +211,13 @@ class TcpSendComm : public SendComm, public HubMember, public FrameSink {
   uint64_t eager_in_flight_ = 0;  // eager bytes sent whose posts have not arrived
 };
 
-class TcpRecvComm : public RecvComm, public HubMember, public FrameSink {
+class TcpRecvComm : public RecvComm, public FrameSink {
  public:
-  TcpRecvComm(std::string label, FabricDeviceProperties properties, std::vector<UniqueFd> fds, Hub& hub);
+  TcpRecvComm(std::string label, FabricDeviceProperties properties, std::shared_ptr<Connection> connection);
   ~TcpRecvComm() override;
 
-  bool ProgressLocked() override;
-  void AppendPollFds(std::vector<pollfd>& fds) const override { link_.AppendPollFds(fds); }
+  const std::shared_ptr<Connection>& connection() const { return connection_; }
+  void AfterBreak();  // Connection::mu held: every request fails with the link's reason
 
  protected:
   Result<std::unique_ptr<Registration>> DoRegister(const MemoryDescriptor& memory) override;
@@ -174,16 +245,15 @@ class TcpRecvComm : public RecvComm, public HubMember, public FrameSink {
   void Complete(TcpRequest& r);
   void Fail(TcpRequest& r, Status why);
   void Forget(const MessageKey& key);  // no longer posted (done, failed)
-  void AfterBreak();
 
-  Hub& hub_;
-  Link link_;
+  std::shared_ptr<Connection> connection_;
+  Link& link_;
   std::map<int, uint64_t> next_seq_;                       // per tag
   std::map<MessageKey, TcpRequest*> posted_;               // receives waiting for their message
   std::map<MessageKey, Unexpected> unexpected_;            // eager messages without a receive yet
   std::map<MessageKey, TcpRequest*> awaiting_unexpected_;  // posted while their message was being read
   std::set<TcpRequest*> live_;
-  int large_posted_ = 0;  // posted receives of kStripeBytes or more (their messages use every stream)
+  int large_posted_ = 0;   // posted receives above kEagerBytes (their messages come on the bulk streams)
   bool batching_ = false;  // between BeginPosts and EndPosts: posts wait for EndPosts' flush
 };
 

@@ -19,6 +19,7 @@
 
 #include "fabric/registry.h"
 #include "runtime/bootstrap/in_process.h"
+#include "runtime/core/log_capture.h"
 #include "tests/collectives/world.h"
 
 namespace kizuna::test {
@@ -26,14 +27,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-testing::AssertionResult HasCode(const Status& s, StatusCode code) {
-  if (s.code() == code) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "expected " << StatusCodeName(code) << ", got " << s.ToString();
+::testing::AssertionResult HasCode(const Status& s, StatusCode code) {
+  if (s.code() == code) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected " << StatusCodeName(code) << ", got " << s.ToString();
 }
 
-testing::AssertionResult Mentions(const Status& s, const std::string& text) {
-  if (s.message().find(text) != std::string::npos) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "'" << s.ToString() << "' does not mention '" << text << "'";
+::testing::AssertionResult Mentions(const Status& s, const std::string& text) {
+  if (s.message().find(text) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << s.ToString() << "' does not mention '" << text << "'";
 }
 
 TEST(Communicator, RejectsBadArgumentsWithoutEnqueueing) {
@@ -474,7 +475,9 @@ TEST(Communicator, DeterministicModeIsBitwiseStable) {
 // pairs inside a host over direct links (directconnect's "full" links the ranks of each host),
 // pairs across hosts over `network` — with `fabrics` empty, every available fabric is used and
 // the default order puts tcp there (Fabric::default_rank: plain sockets before ofi's tcp;ofi_rxm);
-// every algorithm's AllReduce is exact over the mixed connections.
+// every algorithm's AllReduce is exact over the mixed connections. Over tcp, the pairs across
+// hosts that send both ways (recursive halving-doubling, pairwise) do it on one connection each
+// (fabric/tcp/README.md, "Both directions").
 // Kept whole: one scenario, set up, run and checked in order.
 void RanksOnTwoHosts(const std::string& network, const std::vector<std::string>& fabrics) {
   // The pretend hosts are one machine: libfabric's tcp provider stays on the loopback interface.
@@ -557,7 +560,14 @@ void RanksOnTwoHosts(const std::string& network, const std::vector<std::string>&
     }
   }
   streams.clear();
-  comms.clear();
+  {
+    kizuna::testing::LogCapture log(LogLevel::kInfo, kLogColl);
+    comms.clear();
+    // "connected 3 of 3 peer(s) (ranks 0, 1, 3); sent to 1 of them over the connection the peer made"
+    const std::string text = log.Text();
+    const bool both_ways = text.find("over the connection the peer made") != std::string::npos;
+    EXPECT_EQ(both_ways, network == "tcp") << text;
+  }
 }
 
 TEST(Communicator, RanksOnTwoHostsUseDirectLinksInsideAHostAndTcpBetween) { RanksOnTwoHosts("tcp", {}); }

@@ -14,8 +14,11 @@
 // peers), not with the ranks. A connection's first message, on its own tag, says which rank made
 // it: the accepting side hands the comm to that peer (after checking that the peer connects over
 // the fabric and device the pair was given). Both sides of a pair may connect at once: connects
-// and accepts are non-blocking and never wait for each other. connected_peers() counts the peers
-// with a connection either way; the Transport logs them at INFO when it goes.
+// and accepts are non-blocking. Where the pair's fabric carries both directions on one connection
+// (Fabric::ConnectBack), a rank sends over the peer's connection once it has it, and of a pair
+// about to connect both ways the higher rank waits for the lower one's connection (Connect,
+// bounded by kAwaitPeer). connected_peers() counts the peers with a connection either way; the
+// Transport logs them at INFO when it goes.
 // TransportOptions::connect_at_creation connects every reachable pair in Create instead (jobs whose
 // ranks learn the end of the job from their connections closing: an INA job's aggregation devices).
 //

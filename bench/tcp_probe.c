@@ -14,7 +14,8 @@
  * S bytes between these two ends cannot beat over TCP when it waits in the kernel. With --poll
  * the receives never block (MSG_DONTWAIT, retried at once), as the MPIs' progress loops poll:
  * coll=tcp-exchange-poll, the floor of a library that spins on its sockets. With --one-way each
- * direction has a connection of its own (as in kizuna's tcp fabric and NCCL's net API), so the
+ * direction has a connection of its own (as NCCL's net API has them, and kizuna's tcp fabric had
+ * before its connections went both ways), so the
  * receiver's acknowledgements travel as packets of their own instead of riding on its data.
  *
  *   tcp_probe --listen PORT --bytes S [--connections K]          (one end)
@@ -48,7 +49,7 @@ static char *sendbuf, *recvbuf;
 static int failed;
 static int exchanges; /* > 0: the small-message floor (--exchanges) */
 static int poll_recv; /* --poll: receives never block (MSG_DONTWAIT, retried), as the MPIs poll */
-static int one_way;   /* --one-way: each direction on a connection of its own (kizuna's tcp fabric, NCCL's net API) */
+static int one_way;   /* --one-way: each direction on a connection of its own (NCCL's net API) */
 
 /* Connection i carries bytes [lo, hi) of the buffers. */
 static size_t slice_lo(int i) { return one_way ? 0 : bytes / (size_t)nconn * (size_t)i; }

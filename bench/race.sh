@@ -406,7 +406,7 @@ tcp_floor() {
     grep '^RESULT' "$BUILD/logs/tcp_probe-$conns.log" >>"$RESULTS"
   done
   # Receives that block in the kernel, then receives that poll (as the MPIs' progress loops do), then
-  # polling with each direction on a connection of its own (as kizuna's tcp fabric has them).
+  # polling with each direction on a connection of its own (as NCCL's net API has them).
   local poll name
   for poll in "" --poll "--poll --one-way"; do
     name=tcp-exchange${poll:+-poll}

@@ -344,7 +344,7 @@ if cl_keys:
             polled = f"; {time_us('floor', 'tcp-exchange-poll', 2, b):.3g} µs with receives that poll (--poll)"
         if ("floor", "tcp-exchange-one-way-poll", 2, b) in res:
             polled += (f"; {time_us('floor', 'tcp-exchange-one-way-poll', 2, b):.3g} µs polling with each direction "
-                       "on a connection of its own (--one-way, as kizuna's tcp fabric has them)")
+                       "on a connection of its own (--one-way, as NCCL's net API has them)")
         emit(f"Floor between two hosts (bench/tcp_probe.c --exchanges): {size_name(b)} each way, sent and received on "
              f"one thread, {time_us('floor', 'tcp-exchange', 2, b):.3g} µs with receives that block{polled}.")
         emit("")

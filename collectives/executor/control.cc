@@ -135,9 +135,12 @@ Result<bool> Executor::ReceiveControl(bool accept_now, std::span<const int> expe
       const size_t slot = (posted.next - posted.requests.size()) % nslots;
       posted.requests.pop_front();
       ControlMessage m;
-      if (c->size != sizeof m)
+      if (c->size < kControlFieldBytes || c->size > sizeof m)
         return RemoteError(fmt::format("rank {} sent a control message of {} bytes", q, c->size));
-      std::memcpy(&m, p->control_in.data() + slot * kControlSlotBytes, sizeof m);
+      std::memcpy(&m, p->control_in.data() + slot * kControlSlotBytes, c->size);
+      if (c->size != WireBytes(m))
+        return RemoteError(
+            fmt::format("rank {} sent a control message of {} bytes ({} expected)", q, c->size, WireBytes(m)));
       if (m.magic == kControlMagic && m.kind == ControlKind::kProbe) {
         answer.push_back(q);
       } else if (m.magic == kControlMagic && m.kind == ControlKind::kState) {
@@ -226,10 +229,11 @@ Result<bool> Executor::SendControlTo(int peer, const ControlMessage& m, bool wai
   }
   const size_t slot = control_->next[peer]++ % nslots;
   uint8_t* where = p->control_out.data() + slot * kControlSlotBytes;
-  std::memcpy(where, &m, sizeof m);
+  const size_t bytes = WireBytes(m);
+  std::memcpy(where, &m, bytes);
   fabric::Request* r = nullptr;
   while (r == nullptr) {
-    KZ_ASSIGN_OR_RETURN(r, p->send->Send(where, sizeof m, kControlTag, p->send_control));
+    KZ_ASSIGN_OR_RETURN(r, p->send->Send(where, bytes, kControlTag, p->send_control));
     if (r == nullptr) {
       if (!wait || deadline.Expired()) return false;
       std::this_thread::sleep_for(kWaitSlice);

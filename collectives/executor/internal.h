@@ -129,6 +129,14 @@ struct ControlMessage {
 };
 static_assert(sizeof(ControlMessage) == kControlSlotBytes);
 static_assert(offsetof(ControlMessage, reason) + kHeaderPayloadBytes == kControlSlotBytes);
+// What of a message goes on the wire: an operation header only its fields and the inline bytes it
+// carries (an 8-byte AllReduce's header is 72 bytes, not 512: smaller packets through every
+// interface and bridge on the way), every other kind whole.
+constexpr size_t kControlFieldBytes = offsetof(ControlMessage, reason);
+inline size_t WireBytes(const ControlMessage& m) {
+  return m.kind == ControlKind::kHeader && m.inline_bytes <= kHeaderPayloadBytes ? kControlFieldBytes + m.inline_bytes
+                                                                                 : sizeof m;
+}
 
 inline uint64_t Mix(uint64_t h, uint64_t v) {
   // A whole word per step (multiply by the golden-ratio constant, fold the high bits down): stable

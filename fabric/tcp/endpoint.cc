@@ -360,8 +360,11 @@ Result<std::unique_ptr<RecvComm>> TcpListenComm::Accepted(uint64_t nonce, uint32
     const std::string label =
         fmt::format("tcp:{} {} ({} streams)", properties().name, StreamsLabel(fds, "<-"), fds.size());
     const bool two_way = (flags & kHelloTwoWay) != 0 && !properties().point_to_point;
+    // The posts go back on the sender's first bulk stream where stream 0 carries this side's
+    // messages too (a two-way connection), else on stream 0.
+    const int post_stream = two_way && fds.size() > 1 ? 1 : 0;
     auto c = std::make_shared<Connection>(std::move(fds), label, /*sending=*/false, hub_, nonce, two_way);
-    return std::unique_ptr<RecvComm>(new TcpRecvComm(label, properties(), std::move(c)));
+    return std::unique_ptr<RecvComm>(new TcpRecvComm(label, properties(), std::move(c), post_stream));
   }
   // The way back of a connection this side made: its stream 0 and these sockets. The comm joins
   // the connection before the welcomes go: the peer sends as soon as it has them.
@@ -374,7 +377,13 @@ Result<std::unique_ptr<RecvComm>> TcpListenComm::Accepted(uint64_t nonce, uint32
   }
   const std::string label = fmt::format("tcp:{} {} ({} streams, the small messages on the connection to it)",
                                         properties().name, StreamsLabel(fds, "<-"), fds.size());
-  auto comm = std::make_unique<TcpRecvComm>(label, properties(), c);
+  // Its posts go back on the first of these sockets (the peer's first bulk stream).
+  int first = 0;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    first = c->link().streams();
+  }
+  auto comm = std::make_unique<TcpRecvComm>(label, properties(), c, first);
   std::lock_guard<std::mutex> lock(c->mu);
   if (!c->link().broken().ok()) return std::unique_ptr<RecvComm>();  // the sockets close: the peer fails
   // The welcome goes first on each socket, ahead of anything the link could write there (this

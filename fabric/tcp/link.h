@@ -2,8 +2,9 @@
 //
 // A connection joins a SendComm and the peer's RecvComm, and over a switched network the other
 // direction's pair too (transfer.h's Connection), by TCP sockets: stream 0 carries the small
-// messages (kData, kTruncated) and the posts coming back (kPost), each direction's larger messages
-// its bulk streams, cut into one frame per stream so that several sockets carry them at once.
+// messages (kData, kTruncated), each direction's larger messages its bulk streams, cut into one
+// frame per stream so that several sockets carry them at once, and the posts (kPost) come back on
+// stream 0 of a one-way connection, on the sender's first bulk stream of a two-way one.
 // Every socket is non-blocking with TCP_NODELAY; a Link reads and writes as far as the sockets
 // take without waiting, and its connection calls Progress from its comms' posts, tests and waits.
 //
@@ -102,6 +103,8 @@ class Link {
   // that do not go on stream 0 are arriving (`all` true), saving a system call per stream per
   // progress.
   void set_read_all_streams(bool all) { read_all_ = all; }
+  // Stream i is read always: the posts for this side's sends come back on it.
+  void ReadAlways(int stream) { streams_[static_cast<size_t>(stream)].posts_in = true; }
 
   bool output_pending() const;
   // The sockets to poll for this link: POLLIN on the streams it reads, POLLOUT where output waits.
@@ -137,7 +140,8 @@ class Link {
     uint8_t* dst = nullptr;  // where the payload goes; nullptr: dropped
     size_t payload_got = 0;
     bool eof = false;
-    bool bulk_in = false;  // brings large messages (read while they arrive)
+    bool bulk_in = false;   // brings large messages (read while they arrive)
+    bool posts_in = false;  // brings the posts for this side's sends (read always)
   };
 
   bool Read(Stream& s, FrameSink& sink);

@@ -173,6 +173,7 @@ TcpSendComm::TcpSendComm(std::string label, FabricDeviceProperties properties, s
       link_(connection_->link()),
       bulk_(std::move(bulk)) {
   std::lock_guard<std::mutex> lock(connection_->mu);
+  link_.ReadAlways(bulk_[0]);
   connection_->Attach(this);
 }
 
@@ -342,10 +343,12 @@ Status TcpSendComm::DoWaitForProgress(Deadline deadline) { return connection_->h
 
 // ---- TcpRecvComm ----
 
-TcpRecvComm::TcpRecvComm(std::string label, FabricDeviceProperties properties, std::shared_ptr<Connection> connection)
+TcpRecvComm::TcpRecvComm(std::string label, FabricDeviceProperties properties, std::shared_ptr<Connection> connection,
+                         int post_stream)
     : RecvComm(std::move(label), std::move(properties)),
       connection_(std::move(connection)),
-      link_(connection_->link()) {
+      link_(connection_->link()),
+      post_stream_(post_stream) {
   std::lock_guard<std::mutex> lock(connection_->mu);
   connection_->Attach(this);
 }
@@ -372,7 +375,7 @@ Result<std::unique_ptr<Request>> TcpRecvComm::DoRecv(void* data, size_t capacity
   live_.insert(r.get());
   // The post goes whatever happens next: the sender completes (or fails) its send on it.
   Frame post{.type = FrameType::kPost, .tag = tag, .seq = r->seq, .total = capacity};
-  link_.Queue(0, post, nullptr, nullptr);
+  link_.Queue(post_stream_, post, nullptr, nullptr);
   if (auto it = unexpected_.find(key); it != unexpected_.end()) {
     if (it->second.complete) {
       Deliver(*r, it->second);

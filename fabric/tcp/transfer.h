@@ -171,7 +171,8 @@ class Connection : public HubMember, public FrameSink {
 
 class TcpSendComm : public SendComm, public FrameSink {
  public:
-  // `bulk`: the streams of `connection` its large messages go on.
+  // `bulk`: the streams of `connection` its large messages go on; the posts for its sends come
+  // back on the first.
   TcpSendComm(std::string label, FabricDeviceProperties properties, std::shared_ptr<Connection> connection,
               std::vector<int> bulk);
   ~TcpSendComm() override;
@@ -213,7 +214,10 @@ class TcpSendComm : public SendComm, public FrameSink {
 
 class TcpRecvComm : public RecvComm, public FrameSink {
  public:
-  TcpRecvComm(std::string label, FabricDeviceProperties properties, std::shared_ptr<Connection> connection);
+  // `post_stream`: where its posts go (README.md, "Both directions": never behind this side's own
+  // messages, which the peer's send may wait for otherwise).
+  TcpRecvComm(std::string label, FabricDeviceProperties properties, std::shared_ptr<Connection> connection,
+              int post_stream);
   ~TcpRecvComm() override;
 
   const std::shared_ptr<Connection>& connection() const { return connection_; }
@@ -248,6 +252,7 @@ class TcpRecvComm : public RecvComm, public FrameSink {
 
   std::shared_ptr<Connection> connection_;
   Link& link_;
+  const int post_stream_;
   std::map<int, uint64_t> next_seq_;                       // per tag
   std::map<MessageKey, TcpRequest*> posted_;               // receives waiting for their message
   std::map<MessageKey, Unexpected> unexpected_;            // eager messages without a receive yet

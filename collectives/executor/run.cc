@@ -641,20 +641,16 @@ Status Executor::Run::Execute(Deadline deadline) {
   last_progress_ = Clock::now();
   Status status = [&]() -> Status {
     KZ_RETURN_IF_ERROR(Setup());
-    // Where every connection is there (any operation after the first), the operation's first
-    // messages leave before anything is looked at: the peers wait for them, and each look at the
-    // control connections costs a system call per connection (two namespace hosts, an 8-byte
-    // AllReduce: four of them, 4-6 us, before the data left). An abort notice a peer sent while
-    // this rank was idle still names the cause: a failure reads what came (ExplainFailure). New
-    // connections are looked for first only when the operation lacks one (else at most every
-    // kAcceptEvery).
+    // With every connection there, the first messages leave before the control connections are
+    // looked at (a system call each: four, 4-6 us, before the data left for an 8-byte AllReduce
+    // between two hosts); a failure still reads an idle peer's abort notice (ExplainFailure). New
+    // connections are looked for first only when the operation lacks one.
     const bool connected = Connected();
     if (!connected) {
       KZ_RETURN_IF_ERROR(PollControl(/*accept_now=*/true).status());
       KZ_RETURN_IF_ERROR(Connect(deadline));
     }
     KZ_RETURN_IF_ERROR(SendHeaders());
-    bool epilogue_started = false;
     for (bool first = connected;; first = false) {
       if (ex_.abort_.load()) return Aborted("the communicator was aborted");
       bool progress = false;
@@ -670,7 +666,6 @@ Status Executor::Run::Execute(Deadline deadline) {
         all_done &= ch.done();
       }
       if (all_done) {
-        epilogue_started = true;
         bool epilogue_done = true;
         for (ChannelRun& ch : epilogues_) {
           if (ch.done()) continue;
@@ -680,11 +675,9 @@ Status Executor::Run::Execute(Deadline deadline) {
         }
         if (epilogue_done && verified_.size() == expect_from_.size()) return Status::Ok();
       }
-      (void)epilogue_started;
       ProbeIfStalled(progress);
       KZ_RETURN_IF_ERROR(CheckStates());
-      // The deadline is for an operation that stopped moving: a slow operation that keeps
-      // moving (a throttled peer) runs past it.
+      // The deadline is for an operation that stopped moving, not one that moves slowly.
       if (deadline.Expired() &&
           Clock::now() - last_progress_ > std::chrono::duration<double>(ex_.options_.timeout_s) + kBlameGrace)
         return Timeout(fmt::format("{} made no progress for {} s: rank {} is {}{}", DescribeHeader(op_.header),

@@ -273,7 +273,7 @@ bool Link::Read(Stream& s, FrameSink& sink) {
 
 bool Link::Reads(size_t i) const {
   const Stream& s = streams_[i];
-  return !s.eof && (i == 0 || s.posts_in || (s.bulk_in && read_all_) || streams_[0].eof);
+  return !s.eof && (i == 0 || (s.posts_in && read_posts_) || (s.bulk_in && read_all_) || streams_[0].eof);
 }
 
 Link::RecvEnd Link::OnRecvEnd(Stream& s, ssize_t k) {

@@ -103,8 +103,13 @@ class Link {
   // that do not go on stream 0 are arriving (`all` true), saving a system call per stream per
   // progress.
   void set_read_all_streams(bool all) { read_all_ = all; }
-  // Stream i is read always: the posts for this side's sends come back on it.
-  void ReadAlways(int stream) { streams_[static_cast<size_t>(stream)].posts_in = true; }
+  // The posts for this side's sends come back on stream i. Where that is not stream 0 (a two-way
+  // connection) it is read only while some send waits for its post (`read` true): posts are sent
+  // ahead, so most sends find theirs already read, and a look at an idle socket is a system call
+  // (2 x 1 namespace hosts, 8-byte AllReduce: one of the three recv calls per operation that
+  // found nothing).
+  void PostsComeOn(int stream) { streams_[static_cast<size_t>(stream)].posts_in = true; }
+  void set_read_posts(bool read) { read_posts_ = read; }
 
   bool output_pending() const;
   // The sockets to poll for this link: POLLIN on the streams it reads, POLLOUT where output waits.
@@ -141,7 +146,7 @@ class Link {
     size_t payload_got = 0;
     bool eof = false;
     bool bulk_in = false;   // brings large messages (read while they arrive)
-    bool posts_in = false;  // brings the posts for this side's sends (read always)
+    bool posts_in = false;  // brings the posts for this side's sends
   };
 
   bool Read(Stream& s, FrameSink& sink);
@@ -151,14 +156,15 @@ class Link {
   enum class RecvEnd { kRetry, kLater, kBroken };
   RecvEnd OnRecvEnd(Stream& s, ssize_t k);
   // Whether stream i is read: stream 0, the bulk streams coming in while large messages arrive,
-  // and every one once stream 0 has reached its end (the rest of a message may follow there);
-  // never one at its end.
+  // the posts' stream while a send waits for its post, and every one once stream 0 has reached
+  // its end (the rest of a message may follow there); never one at its end.
   bool Reads(size_t i) const;
 
   std::vector<Stream> streams_;
   std::string label_;
   Status broken_;
   bool read_all_ = false;
+  bool read_posts_ = false;
   std::vector<uint8_t> drop_;   // payload of frames nobody takes
 };
 

@@ -153,6 +153,7 @@ void Connection::OnWritten(void* owner) {
 bool Connection::ProgressLocked() {
   if (!link_.broken().ok()) return false;
   const bool moved = link_.Progress(*this);
+  just_moved_ = moved;
   if (!link_.broken().ok()) AfterBreak();
   return moved;
 }
@@ -173,7 +174,7 @@ TcpSendComm::TcpSendComm(std::string label, FabricDeviceProperties properties, s
       link_(connection_->link()),
       bulk_(std::move(bulk)) {
   std::lock_guard<std::mutex> lock(connection_->mu);
-  link_.ReadAlways(bulk_[0]);
+  link_.PostsComeOn(bulk_[0]);
   connection_->Attach(this);
 }
 
@@ -217,6 +218,7 @@ Result<std::unique_ptr<Request>> TcpSendComm::DoSend(const void* data, size_t si
   } else {
     waiting_[key] = r.get();  // leaves when its post arrives
   }
+  ReadPostsWhileWaiting();
   link_.Flush(*connection_);
   if (!link_.broken().ok()) connection_->AfterBreak();  // fails both comms' requests
   return std::unique_ptr<Request>(std::move(r));
@@ -292,6 +294,7 @@ Status TcpSendComm::OnControl(const Frame& f) {
   }
   TcpRequest& r = *it->second;
   waiting_.erase(it);
+  ReadPostsWhileWaiting();
   if (r.eager) eager_in_flight_ -= r.size();
   if (r.size() > f.total) {
     // An eager message the receiver has dropped already (and failed its receive); a waiting one
@@ -324,7 +327,7 @@ Result<Completion> TcpSendComm::DoTest(Request& request) {
   auto& r = static_cast<TcpRequest&>(request);
   // A request already done needs no look at the sockets (a system call each): posts are sent
   // ahead, so a small send is often done once written.
-  if (r.state != TcpRequest::State::kDone) connection_->ProgressLocked();
+  if (r.state != TcpRequest::State::kDone) connection_->ProgressForTest();
   // A failed request whose frames are still queued is reported once they are written (the link
   // still reads its buffer until then).
   if (r.state == TcpRequest::State::kDone) {
@@ -334,6 +337,7 @@ Result<Completion> TcpSendComm::DoTest(Request& request) {
   if (r.state == TcpRequest::State::kFailed && r.unwritten == 0) {
     live_.erase(&r);
     waiting_.erase(MessageKey{r.tag(), r.seq});
+    ReadPostsWhileWaiting();
     return r.failure;
   }
   return Completion{false, 0};
@@ -506,7 +510,7 @@ void TcpRecvComm::AfterBreak() {
 Result<Completion> TcpRecvComm::DoTest(Request& request) {
   std::lock_guard<std::mutex> lock(connection_->mu);
   auto& r = static_cast<TcpRequest&>(request);
-  if (r.state != TcpRequest::State::kDone) connection_->ProgressLocked();
+  if (r.state != TcpRequest::State::kDone) connection_->ProgressForTest();
   if (r.state == TcpRequest::State::kDone) {
     live_.erase(&r);
     return Completion{true, r.received};

@@ -388,22 +388,25 @@ EOF
   chmod +x "$BUILD/netns-agent.sh"
 }
 
-# The TCP floor: 64 MiB each way at once between hosts 0 and 1 over one connection, then four.
+# The TCP floor: 64 MiB each way at once between hosts 0 and 1 over one connection, then four; then
+# the same with each end reducing half of what arrives, as a 2-rank AllReduce must (--reduce).
 tcp_floor() {
-  local conns coll probe_pid
-  for conns in 1 4; do
-    log "floor: $conns TCP connection(s) both ways between the namespaces, 64 MiB"
-    coll=tcp-duplex
-    [[ $conns -gt 1 ]] && coll=tcp-duplex-$conns
-    in_ns A "timeout 60 $BUILD/tcp_probe --listen 29519 --bytes $((64 << 20)) --connections $conns" \
-      >"$BUILD/logs/tcp_probe-$conns.log" 2>&1 &
-    probe_pid=$!
-    in_ns B "timeout 60 $BUILD/tcp_probe --connect ${HOST_ADDR[0]} 29519 --bytes $((64 << 20)) --connections $conns" \
-      >>"$BUILD/logs/tcp_probe-$conns.client.log" 2>&1 ||
-      fail floor "$coll" 2 $((64 << 20)) \
-        "tcp_probe (connecting end) failed: $(head -c 200 "$BUILD/logs/tcp_probe-$conns.client.log")"
-    wait "$probe_pid"
-    grep '^RESULT' "$BUILD/logs/tcp_probe-$conns.log" >>"$RESULTS"
+  local conns coll probe_pid reduce
+  for reduce in "" --reduce; do
+    for conns in 1 4; do
+      log "floor: $conns TCP connection(s) both ways between the namespaces, 64 MiB ${reduce:+(reducing)}"
+      coll=tcp-duplex${reduce:+-reduce}
+      [[ $conns -gt 1 ]] && coll=$coll-$conns
+      in_ns A "timeout 60 $BUILD/tcp_probe --listen 29519 --bytes $((64 << 20)) --connections $conns $reduce" \
+        >"$BUILD/logs/$coll.log" 2>&1 &
+      probe_pid=$!
+      in_ns B "timeout 60 $BUILD/tcp_probe --connect ${HOST_ADDR[0]} 29519 --bytes $((64 << 20))" \
+        "--connections $conns $reduce" >>"$BUILD/logs/$coll.client.log" 2>&1 ||
+        fail floor "$coll" 2 $((64 << 20)) \
+          "tcp_probe (connecting end) failed: $(head -c 200 "$BUILD/logs/$coll.client.log")"
+      wait "$probe_pid"
+      grep '^RESULT' "$BUILD/logs/$coll.log" >>"$RESULTS"
+    done
   done
   # Receives that block in the kernel, then receives that poll (as the MPIs' progress loops do), then
   # polling with each direction on a connection of its own (as NCCL's net API has them).

@@ -231,6 +231,11 @@ if tcp_keys:
         if ("floor", "tcp-duplex-4", 2, b) in res:
             more = (f"; four connections, a quarter each, {busbw('floor', 'tcp-duplex-4', 2, b):.3g} GB/s: about the "
                     "most any 2-rank AllReduce over TCP can reach here, since it must carry S bytes each way")
+        red = [v for v in (busbw("floor", "tcp-duplex-reduce", 2, b), busbw("floor", "tcp-duplex-reduce-4", 2, b)) if v]
+        if red:
+            more += (f". Each end also adding half of what arrives into a buffer of its own as it comes (--reduce: "
+                     f"the reduction a 2-rank AllReduce must do, on the CPUs that carry both hosts' network stacks), "
+                     f"{max(red):.3g} GB/s at best of one and four connections")
         emit(f"Floor (bench/tcp_probe.c): one TCP connection between the namespaces carrying {size_name(b)} each way "
              f"at once moves {busbw('floor', 'tcp-duplex', 2, b):.3g} GB/s per direction{more}.")
         emit("")
@@ -277,6 +282,10 @@ if cl_keys:
                                    if any(k[0] == "kizuna-hier" for k in list(cl_res) + list(cl_fails)) else [])
     tcp = [v for v in (busbw("floor", "tcp-duplex-4", 2, MIB64), busbw("floor", "tcp-duplex", 2, MIB64)) if v]
     floor = max(tcp) if tcp else None
+    # The same with the reduction a 2-rank AllReduce must do besides (tcp_probe --reduce).
+    tcp_red = [v for v in (busbw("floor", "tcp-duplex-reduce-4", 2, MIB64),
+                           busbw("floor", "tcp-duplex-reduce", 2, MIB64)) if v]
+    floor_red = max(tcp_red) if tcp_red else None
 
     def shape_name(shape):
         h, p = shape_of(shape)
@@ -303,10 +312,13 @@ if cl_keys:
         emit("Cluster busbw, GB/s. TCP bound: the busbw the collective would reach if the bytes each host must "
              "send to the others moved at the TCP floor's rate (bench/tcp_probe.c between two hosts"
              + (f", {floor:.3g} GB/s per direction" if floor else ", not measured")
-             + "); kizuna / TCP bound at 64 MiB and up:")
+             + "); kizuna / TCP bound at 64 MiB and up; for the 2 x 1 AllReduce also kizuna / the TCP bound with "
+             "its reduction (tcp_probe --reduce"
+             + (f", {floor_red:.3g} GB/s" if floor_red else ", not measured") + "):")
         emit("")
         md_head(["hosts x ranks", "collective", "size"] + [t for _, t in kz] + [t for _, t in cl_peers]
-                + ["TCP bound"] + [f"{t} / best peer" for _, t in kz] + ["kizuna / TCP bound"])
+                + ["TCP bound"] + [f"{t} / best peer" for _, t in kz] + ["kizuna / TCP bound",
+                                                                           "kizuna / bound with reduction"])
         for shape, coll, b in big:
             h, p = shape_of(shape)
             bound = floor * bus_factor(coll, h * p) / bus_factor(coll, h) if floor else None
@@ -318,6 +330,8 @@ if cl_keys:
             row += [cl_cell(l, shape, coll, b, cl_value(l, shape, coll, b, "busbw")) for l, _ in cl_peers]
             row += [f"{bound:.3g}" if bound else "—"] + [ratio(v, best) for v in kv]
             row += [ratio(kv[0], bound) if b >= MIB64 else "—"]
+            row += [ratio(kv[0], floor_red) if b >= MIB64 and h * p == 2 and coll == "allreduce" and floor_red
+                    else "—"]
             md_row(row)
         emit("")
     emit("Cluster time per call, µs (the slowest rank's, median); speed-up = best peer's time / kizuna's; "

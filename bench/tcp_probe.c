@@ -5,7 +5,11 @@
  * S bytes and receive S bytes at once on one connection (a sender and a receiver thread each,
  * TCP_NODELAY, the kernel's default buffers), five times after a warm-up round. With
  * --connections K the S bytes are split over K connections (K sender and K receiver threads): what
- * more connections would buy. --rounds R (default 6) for a longer run under a profiler.
+ * more connections would buy. --rounds R (default 6) for a longer run under a profiler. With
+ * --reduce each end also adds the first half of what it receives, as floats, into a buffer of its
+ * own as the bytes arrive (coll=tcp-duplex-reduce[-K]): the least a 2-rank AllReduce of S bytes
+ * does besides moving them (each rank reduces half the elements), where the same CPUs carry both
+ * hosts' network stacks and the reduction takes its share of them.
  *
  * --exchanges N measures the small-message floor instead: on one thread, each end sends S bytes
  * and then receives the other's S bytes, N times in a row (after 100 unmeasured), as a 2-rank
@@ -18,8 +22,8 @@
  * before its connections went both ways), so the
  * receiver's acknowledgements travel as packets of their own instead of riding on its data.
  *
- *   tcp_probe --listen PORT --bytes S [--connections K]          (one end)
- *   tcp_probe --connect ADDR PORT --bytes S [--connections K]    (the other; retries for 10 s)
+ *   tcp_probe --listen PORT --bytes S [--connections K] [--reduce]          (one end)
+ *   tcp_probe --connect ADDR PORT --bytes S [--connections K] [--reduce]    (the other; retries for 10 s)
  *
  * The listening end prints "RESULT lib=floor coll=tcp-duplex n=2 bytes=S time_us=T busbw=G" (the
  * best of the five rounds; busbw = S / T in GB/s, per direction); with K > 1 the coll is
@@ -50,6 +54,7 @@ static int failed;
 static int exchanges; /* > 0: the small-message floor (--exchanges) */
 static int poll_recv; /* --poll: receives never block (MSG_DONTWAIT, retried), as the MPIs poll */
 static int one_way;   /* --one-way: each direction on a connection of its own (NCCL's net API) */
+static float* reduced; /* --reduce: the first half of what arrives is added into it */
 
 /* Connection i carries bytes [lo, hi) of the buffers. */
 static size_t slice_lo(int i) { return one_way ? 0 : bytes / (size_t)nconn * (size_t)i; }
@@ -61,9 +66,17 @@ static double now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* --reduce: adds the whole floats of recvbuf[from, to) that lie in the first half into reduced. */
+static void reduce_range(size_t from, size_t to) {
+  const size_t half = bytes / 2 / sizeof(float);
+  const float* in = (const float*)recvbuf;
+  for (size_t e = (from + sizeof(float) - 1) / sizeof(float); e < to / sizeof(float) && e < half; ++e)
+    reduced[e] += in[e];
+}
+
 /* Moves connection i's slice: sends it from sendbuf, or receives it into recvbuf. */
 static void move_slice(int i, int sending) {
-  for (size_t off = slice_lo(i), end = slice_hi(i); off < end;) {
+  for (size_t off = slice_lo(i), end = slice_hi(i), summed = off; off < end;) {
     const ssize_t k = sending ? send(fds[i], sendbuf + off, end - off, MSG_NOSIGNAL)
                               : recv(fds[i], recvbuf + off, end - off, poll_recv ? MSG_DONTWAIT : 0);
     if (k <= 0) {
@@ -73,6 +86,10 @@ static void move_slice(int i, int sending) {
       return;
     }
     off += (size_t)k;
+    if (!sending && reduced != NULL) {
+      reduce_range(summed, off);
+      summed = off / sizeof(float) * sizeof(float);
+    }
   }
 }
 
@@ -118,14 +135,14 @@ static int run_exchanges(int listening) {
 static int usage(void) {
   fprintf(stderr,
           "usage: tcp_probe --listen PORT --bytes S | --connect ADDR PORT --bytes S [--connections K] "
-          "[--rounds R] [--exchanges N [--poll] [--one-way]]\n");
+          "[--rounds R] [--reduce] [--exchanges N [--poll] [--one-way]]\n");
   return 2;
 }
 
 /* Kept whole: a standalone probe, its argument parsing and both roles read as one script. */
 int main(int argc, char** argv) {
   const char* addr = NULL;
-  int port = 0, listening = 0;
+  int port = 0, listening = 0, reduce = 0;
   for (int i = 1; i < argc; ++i) {
     if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc) {
       listening = 1;
@@ -144,6 +161,8 @@ int main(int argc, char** argv) {
     } else if (strcmp(argv[i], "--one-way") == 0) {
       one_way = 1;
       nconn = 2;
+    } else if (strcmp(argv[i], "--reduce") == 0) {
+      reduce = 1;
     } else if (strcmp(argv[i], "--connections") == 0 && i + 1 < argc) {
       nconn = atoi(argv[++i]);
     } else {
@@ -152,7 +171,7 @@ int main(int argc, char** argv) {
   }
   if ((listening == (addr != NULL)) || port <= 0 || port > 65535 || bytes == 0 || nconn < 1 ||
       nconn > MAX_CONNECTIONS || rounds < 2 || exchanges < 0 || (exchanges > 0 && nconn != 1 + one_way) ||
-      (one_way && exchanges == 0))
+      (one_way && exchanges == 0) || (reduce && exchanges > 0))
     return usage();
   sendbuf = malloc(bytes);
   recvbuf = malloc(bytes);
@@ -162,6 +181,13 @@ int main(int argc, char** argv) {
   }
   memset(sendbuf, 1, bytes);
   memset(recvbuf, 0, bytes);
+  if (reduce) {
+    reduced = calloc(bytes / 2 / sizeof(float) + 1, sizeof(float));
+    if (reduced == NULL) {
+      fprintf(stderr, "tcp_probe: cannot allocate %zu bytes to reduce into\n", bytes / 2);
+      return 1;
+    }
+  }
   struct sockaddr_in a;
   memset(&a, 0, sizeof a);
   a.sin_family = AF_INET;
@@ -229,8 +255,9 @@ int main(int argc, char** argv) {
   for (int i = 0; i < nconn; ++i) close(fds[i]);
   if (failed) return 1;
   if (listening) {
-    char coll[32] = "tcp-duplex";
-    if (nconn > 1) snprintf(coll, sizeof coll, "tcp-duplex-%d", nconn);
+    char coll[32];
+    snprintf(coll, sizeof coll, "tcp-duplex%s", reduce ? "-reduce" : "");
+    if (nconn > 1) snprintf(coll + strlen(coll), sizeof coll - strlen(coll), "-%d", nconn);
     printf("RESULT lib=floor coll=%s n=2 bytes=%zu time_us=%.1f busbw=%.4f\n", coll, bytes, best * 1e6,
            (double)bytes / best / 1e9);
   }

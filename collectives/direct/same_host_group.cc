@@ -312,6 +312,7 @@ Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reache
       } while (std::chrono::steady_clock::now() < until);
       KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort, inside));
       report();
+      if (while_waiting_) while_waiting_();
       ::sched_yield();
     }
   }
@@ -326,6 +327,10 @@ Status SameHostGroup::Wait(int q, uint64_t seq, const char* what, Reached reache
     }
     KZ_RETURN_IF_ERROR(Stalled(q, seq, what, deadline, abort, inside));
     report();
+    if (while_waiting_) {
+      while_waiting_();
+      if (reached()) return Status::Ok();
+    }
     p.sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t bell = p.bell.load(std::memory_order_seq_cst);
     if (!reached() && p.failed.load() == 0) {

@@ -173,6 +173,11 @@ class SameHostGroup {
   // it waits on ("waiting on rank 2 (to arrive at the fused collective)"): the flight recorder's
   // text. Set while no operation runs (the executor's construction and destruction).
   void set_stall_report(std::function<void(std::string)> report) { stall_report_ = std::move(report); }
+  // Called on the waiting thread while a wait waits: after each spin window, or before each sleep
+  // where the ranks outnumber the CPUs. The caller's other duties meanwhile: a rank of a
+  // hierarchical operation moves its fabric's queued output, which a peer on another host may
+  // need before this wait's peer can arrive. Set as set_stall_report is.
+  void set_while_waiting(std::function<void()> work) { while_waiting_ = std::move(work); }
 
   // This rank runs operation `seq` as the executor's plan (not through this group): a peer that
   // runs it on the fused path, waiting here for this rank to arrive, names the mismatch at once.
@@ -210,6 +215,7 @@ class SameHostGroup {
 
   std::vector<int> names_;  // set_rank_names
   std::function<void(std::string)> stall_report_;
+  std::function<void()> while_waiting_;
   SameHostPage& mine() const { return *peers_[static_cast<size_t>(rank_)].page; }
   // Waits until rank q's page shows `seq` reached in `phase` (kArrive: in `slot`).
   Status WaitFor(int q, uint64_t seq, Phase phase, int slot, Deadline deadline, const std::atomic<bool>& abort);

@@ -183,6 +183,27 @@ Result<bool> Executor::ReceiveControl(bool accept_now, std::span<const int> expe
   return progress;
 }
 
+void Executor::MoveFabricWhileWaiting() {
+  if (closed_) return;
+  // A failure here (a peer's malformed message) is the communicator's: the next operation reports
+  // it. A connection that ended is recorded in `gone` for the operation that needs it.
+  if (Result<bool> r = ReceiveControl(); !r.ok()) Fail(r.status());
+  if (Status s = ReapControlSends(); !s.ok()) Fail(s);
+}
+
+Status Executor::ReapControlSends() {
+  for (auto& [peer, pending] : control_->pending) {
+    Transport::Peer* p = transport_->peer(peer);
+    while (!pending.empty()) {
+      Result<fabric::Completion> c = p->send->Test(pending.front());
+      if (!c.ok()) return c.status().WithContext(fmt::format("control message to rank {}", peer));
+      if (!c->done) break;
+      pending.pop_front();  // not an operation's progress: probes and answers go this way too
+    }
+  }
+  return Status::Ok();
+}
+
 void Executor::WaitControl(int peer, Deadline deadline) {
   ControlState::Posted& posted = control_->recv[static_cast<size_t>(peer)];
   Transport::Peer* p = transport_->peer(peer);
@@ -309,16 +330,7 @@ Status Executor::ExplainFailure(const Status& symptom, const ControlMessage& min
 
 Result<bool> Executor::Run::PollControl(bool accept_now, std::span<const int> expecting) {
   bool progress = false;
-  // Header sends: reap completed ones.
-  for (auto& [peer, pending] : ex_.control_->pending) {
-    Transport::Peer* p = tr_.peer(peer);
-    while (!pending.empty()) {
-      Result<fabric::Completion> c = p->send->Test(pending.front());
-      if (!c.ok()) return c.status().WithContext(fmt::format("control message to rank {}", peer));
-      if (!c->done) break;
-      pending.pop_front();  // not the operation's progress: probes and answers go this way too
-    }
-  }
+  KZ_RETURN_IF_ERROR(ex_.ReapControlSends());
   // Control receives: one posted per peer, always; each message is queued and the receive
   // reposted.
   KZ_ASSIGN_OR_RETURN(bool received, ex_.ReceiveControl(accept_now, expecting));

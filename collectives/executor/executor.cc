@@ -36,6 +36,10 @@ Executor::Executor(Transport* transport, device::Device* device, const ExecutorO
   for (const auto& group : {options_.same_host, options_.host_group})
     if (group)
       group->set_stall_report([this](std::string what) { recorder_.Waiting(record_ticket_, std::move(what)); });
+  if (options_.host_group)
+    options_.host_group->set_while_waiting([this] {
+      if (host_waits_move_fabric_.load(std::memory_order_relaxed)) MoveFabricWhileWaiting();
+    });
 }
 
 Result<std::unique_ptr<Executor>> Executor::Create(Transport* transport, device::Device* device,
@@ -60,6 +64,7 @@ Executor::~Executor() {
   if (thread_.joinable()) thread_.join();
   for (const auto& group : {options_.same_host, options_.host_group})
     if (group) group->set_stall_report(nullptr);  // the group may outlive this executor
+  if (options_.host_group) options_.host_group->set_while_waiting(nullptr);
   live_executors_.fetch_sub(1, std::memory_order_relaxed);
   {
     std::lock_guard run(run_mu_);

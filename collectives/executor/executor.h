@@ -235,6 +235,15 @@ class Executor {
   // Blocks until the control message from `peer` arrives (then the next ReceiveControl takes it)
   // or `deadline` passes.
   void WaitControl(int peer, Deadline deadline);
+  // run_mu_, inside a host group's wait of hier:fused (RunHostFused, host_waits_move_fabric_):
+  // writes what the connections still hold queued, a receive's post or an operation header that
+  // a full socket left behind. This rank's operation is done with the network, but a peer on
+  // another host may still wait for that output, and this wait's own peer for that peer; the
+  // messages that come meanwhile go to the inbox (ReceiveControl).
+  void MoveFabricWhileWaiting();
+  // run_mu_: the control messages sent whose sends completed leave the pending lists (a Test of
+  // one not done writes what its connection holds queued); a failed one is the error.
+  Status ReapControlSends();
   // Sends one control message to `peer` if a control slot is free (waiting for one until
   // `deadline` when `wait`); false when none was, or when the connection to the peer is not made
   // yet (this starts it: Transport::Connect).
@@ -326,6 +335,9 @@ class Executor {
   std::unique_ptr<ControlState> control_;
   std::atomic<bool> closed_{false};  // set under run_mu_: the connections were closed after a failure
   Run* running_ = nullptr;  // run_mu_: the operation running now (State)
+  // Set by the run_mu_ holder for RunHostFused: the host group's waits call MoveFabricWhileWaiting
+  // (a fused operation inline, TryInline, runs without run_mu_ and leaves the fabric alone).
+  std::atomic<bool> host_waits_move_fabric_{false};
   uint64_t last_seq_ = 0;   // run_mu_: the last numbered operation it ran
   uint64_t stream_wait_seq_ = 0;  // run_mu_: waiting for the caller's stream to reach it
 

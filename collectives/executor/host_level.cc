@@ -21,6 +21,12 @@ namespace kizuna::collectives {
 Status Executor::RunHostFused(Operation& op) {
   // A rank alone on its host has no group: its host level is its own input.
   SameHostGroup* group = options_.host_group.get();
+  // The group's waits write the fabric's queued output meanwhile (MoveFabricWhileWaiting).
+  host_waits_move_fabric_.store(true, std::memory_order_relaxed);
+  struct Off {
+    std::atomic<bool>& flag;
+    ~Off() { flag.store(false, std::memory_order_relaxed); }
+  } off{host_waits_move_fabric_};
   const OperationMember& m = op.members[0];
   const CollectiveRequest& req = m.plan->request;
   const RankPlan& rp = m.plan->ranks[0];

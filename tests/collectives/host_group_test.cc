@@ -170,6 +170,40 @@ TEST_F(HostGroupTest, RetiredMemoryIsKeptWhileARankHoldsItsStream) {
   EXPECT_TRUE(g.ReleaseRetired()) << "nothing left to free";
 }
 
+// A wait that waits does its caller's other work meanwhile (set_while_waiting: hier:fused's rank
+// writes its fabric's queued output there) until its peer arrives.
+TEST_F(HostGroupTest, AWaitDoesTheCallersWorkWhileItWaits) {
+  TwoRanks ranks(device());
+  ASSERT_TRUE(ranks.status(0).ok()) << ranks.status(0).ToString();
+  ASSERT_TRUE(ranks.status(1).ok()) << ranks.status(1).ToString();
+  std::atomic<int> calls{0};
+  ranks.group(0)->set_while_waiting([&] { ++calls; });
+  CollectiveRequest request;
+  request.nranks = 2;
+  request.count = 16;
+  std::atomic<bool> abort{false};
+  auto op = [&](int r, uint64_t seq) -> Status {
+    KZ_ASSIGN_OR_RETURN(auto in, device().Allocate(64));
+    KZ_ASSIGN_OR_RETURN(auto out, device().Allocate(64));
+    const Deadline deadline = Deadline::AfterSeconds(10);
+    KZ_RETURN_IF_ERROR(
+        ranks.group(r)->Exchange(seq, 7, request, in->data(), 64, out->data(), 64, deadline, abort).status());
+    return ranks.group(r)->Finish(seq, deadline, abort);
+  };
+  // Rank 1 arrives 100 ms late: rank 0's wait does the work while it waits.
+  Status other;
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    other = op(1, 1);
+  });
+  const Status mine = op(0, 1);
+  late.join();
+  ASSERT_TRUE(mine.ok()) << mine.ToString();
+  ASSERT_TRUE(other.ok()) << other.ToString();
+  EXPECT_GT(calls.load(), 0) << "a wait of 100 ms never did its caller's work";
+  ranks.group(0)->set_while_waiting(nullptr);
+}
+
 // hier:fused's leader form through the pages: each round the host's sum (RunOneShot) on both
 // ranks, then the root's own value handed to the other (RunShare), alternating roots, one line
 // (8 bytes) and the pages' data (4 KiB); the slots the two operations share are reused every

@@ -18,11 +18,7 @@ namespace kizuna::fabric::tcp {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::ConnectAndAccept;
-using testing::Fill;
-using testing::Pair;
-using testing::Soon;
-using testing::V4;
+using namespace testing;  // tcp_testing.h
 
 // Four ranks' fabrics on the loopback interface; rank 0 listens, and the ranks that relay accept on
 // their own listen comms (as their transport does for its peers) from a thread of their own.
@@ -32,10 +28,7 @@ class TcpRelay : public ::testing::Test {
     config_.timeout_s = 20;
     config_.fabric = {"tcp:lo"};
     for (int r = 0; r < 4; ++r) {
-      FabricContext ctx;
-      ctx.rank = r;
-      ctx.world_size = 4;
-      auto f = TcpFabric::CreateWith(config_, ctx, {V4("lo", "127.0.0.1", true)}, 2);
+      auto f = LoopbackFabric(config_, r, 4, 2);
       ASSERT_TRUE(f.ok()) << f.status().ToString();
       fabrics_[r] = std::move(f).value();
     }

@@ -1,5 +1,5 @@
 // What the tcp fabric's tests share (README.md, "Tests"): assertions that print the whole Status, an
-// IPv4 interface, and two ranks' comms on the loopback interface, connected.
+// IPv4 interface, ranks' fabrics on the loopback interface, and two ranks' comms connected.
 #pragma once
 
 #include <arpa/inet.h>
@@ -15,6 +15,7 @@
 
 #include "fabric/fabric.h"
 #include "fabric/tcp/fabric.h"
+#include "runtime/core/config.h"
 #include "runtime/core/deadline.h"
 #include "runtime/core/status.h"
 
@@ -43,6 +44,14 @@ inline Interface V4(const std::string& name, const char* address, bool loopback 
   in->sin_family = AF_INET;
   ::inet_pton(AF_INET, address, &in->sin_addr);
   return i;
+}
+
+// Rank `rank` of `world_size`'s tcp fabric on the loopback interface, `streams` sockets a connection.
+inline Result<std::unique_ptr<Fabric>> LoopbackFabric(const Config& config, int rank, int world_size, int streams) {
+  FabricContext ctx;
+  ctx.rank = rank;
+  ctx.world_size = world_size;
+  return TcpFabric::CreateWith(config, ctx, {V4("lo", "127.0.0.1", true)}, streams);
 }
 
 inline Deadline Soon() { return Deadline::AfterSeconds(20); }

@@ -28,23 +28,15 @@ namespace kizuna::fabric::tcp {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::ConnectAndAccept;
-using testing::Fill;
-using testing::Pair;
-using testing::Soon;
-using testing::V4;
+using namespace testing;  // tcp_testing.h
 
 class TcpPair : public ::testing::Test {
  protected:
   void Make(int streams) {
     config_.timeout_s = 20;
     config_.fabric = {"tcp:lo"};
-    const std::vector<Interface> lo = {V4("lo", "127.0.0.1", true)};
     for (int r = 0; r < 2; ++r) {
-      FabricContext ctx;
-      ctx.rank = r;
-      ctx.world_size = 2;
-      auto f = TcpFabric::CreateWith(config_, ctx, lo, streams);
+      auto f = LoopbackFabric(config_, r, 2, streams);
       ASSERT_TRUE(f.ok()) << f.status().ToString();
       fabrics_[r] = std::move(f).value();
     }

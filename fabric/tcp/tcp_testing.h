@@ -18,21 +18,7 @@
 #include "runtime/core/config.h"
 #include "runtime/core/deadline.h"
 #include "runtime/core/status.h"
-
-// Assertions that print the whole Status (as the conformance suites' helpers do).
-#define KZ_EXPECT_OK(expr)                                   \
-  switch (0)                                                 \
-  case 0:                                                    \
-  default:                                                   \
-    if (const ::kizuna::Status kz_s_ = (expr); kz_s_.ok()) { \
-    } else                                                   \
-      ADD_FAILURE() << #expr << " -> " << kz_s_.ToString() << ": "
-#define KZ_ASSERT_OK_AND_ASSIGN(lhs, expr) \
-  KZ_ASSERT_OK_AND_ASSIGN_IMPL_(KZ_CONCAT_(kz_test_result_, __LINE__), lhs, expr)
-#define KZ_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)                  \
-  auto tmp = (expr);                                                   \
-  ASSERT_TRUE(tmp.ok()) << #expr << " -> " << tmp.status().ToString(); \
-  lhs = std::move(tmp).value()
+#include "runtime/core/status_testing.h"
 
 namespace kizuna::fabric::tcp::testing {
 

@@ -42,9 +42,10 @@
 
 #include "runtime/core/config.h"
 #include "runtime/core/deadline.h"
+#include "runtime/core/status.h"
+#include "runtime/core/status_testing.h"
 #include "runtime/device/device.h"
 #include "runtime/device/registry.h"
-#include "runtime/core/status.h"
 
 namespace kizuna::device::conformance {
 
@@ -374,36 +375,5 @@ inline constexpr size_t kMaxOffset = 4097;
 
 }  // namespace kizuna::device::conformance
 
-// Assertion helpers that print the whole Status on failure; like gtest's own, they accept
-// `<< "more context"`. (The switch guards against a dangling else, as gtest's macros do.)
-#define KZ_EXPECT_OK(expr)                                       \
-  switch (0)                                                     \
-  case 0:                                                        \
-  default:                                                       \
-    if (const ::kizuna::Status kz_s_ = (expr); kz_s_.ok()) {     \
-    } else                                                       \
-      ADD_FAILURE() << #expr << " -> " << kz_s_.ToString() << ": "
-#define KZ_ASSERT_OK(expr)                                       \
-  switch (0)                                                     \
-  case 0:                                                        \
-  default:                                                       \
-    if (const ::kizuna::Status kz_s_ = (expr); kz_s_.ok()) {     \
-    } else                                                       \
-      FAIL() << #expr << " -> " << kz_s_.ToString() << ": "
-#define KZ_EXPECT_CODE(expr, code_value)                                                      \
-  switch (0)                                                                                  \
-  case 0:                                                                                     \
-  default:                                                                                    \
-    if (const ::kizuna::Status kz_s_ = (expr); kz_s_.code() == (code_value)) {                \
-    } else                                                                                    \
-      ADD_FAILURE() << #expr << " -> " << kz_s_.ToString() << " (expected "                   \
-                    << ::kizuna::StatusCodeName(code_value) << ")"
 // Fails the test (and returns from it) when an allocation/creation helper returned null.
 #define KZ_ASSERT_NOT_NULL(p) ASSERT_NE((p), nullptr) << #p " could not be created"
-// `KZ_ASSERT_OK_AND_ASSIGN(auto x, MakeX());` in a test: fails the test when not ok.
-#define KZ_ASSERT_OK_AND_ASSIGN(lhs, expr) \
-  KZ_ASSERT_OK_AND_ASSIGN_IMPL_(KZ_CONCAT_(kz_test_result_, __LINE__), lhs, expr)
-#define KZ_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)                                 \
-  auto tmp = (expr);                                                                  \
-  ASSERT_TRUE(tmp.ok()) << #expr << " -> " << tmp.status().ToString();                \
-  lhs = std::move(tmp).value()

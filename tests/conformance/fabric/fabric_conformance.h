@@ -36,8 +36,9 @@
 #include "fabric/registry.h"
 #include "runtime/core/config.h"
 #include "runtime/core/deadline.h"
-#include "runtime/device/registry.h"
 #include "runtime/core/status.h"
+#include "runtime/core/status_testing.h"
+#include "runtime/device/registry.h"
 
 namespace kizuna::fabric::conformance {
 
@@ -212,33 +213,3 @@ Status SendLine(int fd, std::string_view line, Deadline deadline);
 Result<std::string> ReceiveLine(int fd, Deadline deadline);
 
 }  // namespace kizuna::fabric::conformance
-
-// Assertion helpers that print the whole Status on failure (as in the device suite).
-#define KZ_EXPECT_OK(expr)                                   \
-  switch (0)                                                 \
-  case 0:                                                    \
-  default:                                                   \
-    if (const ::kizuna::Status kz_s_ = (expr); kz_s_.ok()) { \
-    } else                                                   \
-      ADD_FAILURE() << #expr << " -> " << kz_s_.ToString() << ": "
-#define KZ_ASSERT_OK(expr)                                   \
-  switch (0)                                                 \
-  case 0:                                                    \
-  default:                                                   \
-    if (const ::kizuna::Status kz_s_ = (expr); kz_s_.ok()) { \
-    } else                                                   \
-      FAIL() << #expr << " -> " << kz_s_.ToString() << ": "
-#define KZ_EXPECT_CODE(expr, code_value)                                       \
-  switch (0)                                                                   \
-  case 0:                                                                      \
-  default:                                                                     \
-    if (const ::kizuna::Status kz_s_ = (expr); kz_s_.code() == (code_value)) { \
-    } else                                                                     \
-      ADD_FAILURE() << #expr << " -> " << kz_s_.ToString() << " (expected "    \
-                    << ::kizuna::StatusCodeName(code_value) << ")"
-#define KZ_ASSERT_OK_AND_ASSIGN(lhs, expr) \
-  KZ_ASSERT_OK_AND_ASSIGN_IMPL_(KZ_CONCAT_(kz_test_result_, __LINE__), lhs, expr)
-#define KZ_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)                  \
-  auto tmp = (expr);                                                   \
-  ASSERT_TRUE(tmp.ok()) << #expr << " -> " << tmp.status().ToString(); \
-  lhs = std::move(tmp).value()

@@ -21,7 +21,7 @@ namespace kizuna::collectives {
 using namespace executor_internal;  // the executor's own constants and control messages
 
 Status Executor::Run::SendHeaders() {
-  std::set<int> send_to;
+  PeerSet send_to;
   for (const ChannelRun& ch : channels_)
     for (const Step& s : *ch.steps)
       if (s.kind == StepKind::kSend && !ch.p2p && !header_with_data_.count(s.peer)) send_to.insert(s.peer);
@@ -114,11 +114,10 @@ Result<bool> Executor::ReceiveControl(bool accept_now, std::span<const int> expe
     const size_t nslots = p->control_in.size() / kControlSlotBytes;
     // The messages that arrived, in the order their receives were posted.
     while (!posted.requests.empty()) {
-      const auto waited = control_->waited.find(q);
       Result<fabric::Completion> c = fabric::Completion{};
-      if (waited != control_->waited.end()) {
-        c = waited->second;
-        control_->waited.erase(waited);
+      if (posted.waited) {
+        c = *posted.waited;
+        posted.waited.reset();
       } else {
         c = p->recv->Test(posted.requests.front());
       }
@@ -207,7 +206,7 @@ Status Executor::ReapControlSends() {
 void Executor::WaitControl(int peer, Deadline deadline) {
   ControlState::Posted& posted = control_->recv[static_cast<size_t>(peer)];
   Transport::Peer* p = transport_->peer(peer);
-  if (closed_ || posted.requests.empty() || control_->waited.count(peer) || p == nullptr || !p->recv) {
+  if (closed_ || posted.requests.empty() || posted.waited || p == nullptr || !p->recv) {
     std::this_thread::sleep_for(std::chrono::microseconds(20));
     return;
   }
@@ -215,8 +214,8 @@ void Executor::WaitControl(int peer, Deadline deadline) {
   if (!got.ok() && got.status().code() == StatusCode::kTimeout) return;  // still posted
   // Done or failed: released by the comm either way; ReceiveControl takes it from `waited`
   // in place of testing the front request.
-  control_->waited.insert_or_assign(
-      peer, got.ok() ? Result<fabric::Completion>(fabric::Completion{true, *got}) : Result<fabric::Completion>(got.status()));
+  posted.waited =
+      got.ok() ? Result<fabric::Completion>(fabric::Completion{true, *got}) : Result<fabric::Completion>(got.status());
 }
 
 Result<bool> Executor::SendControl(int peer, const ControlMessage& m, bool wait, Deadline deadline,

@@ -534,8 +534,10 @@ void Executor::TellPeersAndClose(const Status& status, bool tell) {
   const Deadline grace = Deadline::After(std::chrono::milliseconds(200));
   for (auto& [p, r] : sent) p->send->Wait(r, grace).status().IgnoreError();
   control_->pending.clear();
-  for (ControlState::Posted& posted : control_->recv) posted.requests.clear();
-  control_->waited.clear();
+  for (ControlState::Posted& posted : control_->recv) {
+    posted.requests.clear();
+    posted.waited.reset();
+  }
   ReleaseRegions(0);  // before their comms go
   transport_->Close();
   closed_ = true;

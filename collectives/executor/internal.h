@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "collectives/executor/executor.h"
+#include "collectives/executor/peer_set.h"
 
 namespace kizuna::collectives {
 namespace executor_internal {
@@ -194,9 +195,33 @@ inline std::string DescribeHeader(const ControlMessage& m) {
 }  // namespace executor_internal
 
 using executor_internal::ControlMessage;
+using executor_internal::PeerSet;
 
 // ---------------------------------------------------------------------------------------------
 // Operations
+
+// A peer's control messages not yet consumed, oldest first. Its storage stays from one message to
+// the next: a std::deque of 512-byte messages allocates and frees a block for each one.
+class ControlQueue {
+ public:
+  bool empty() const { return head_ == items_.size(); }
+  const ControlMessage& front() const { return items_[head_]; }
+  void push_back(const ControlMessage& m) { items_.push_back(m); }
+  void pop_front() {
+    if (++head_ == items_.size()) {
+      items_.clear();
+      head_ = 0;
+    }
+  }
+  std::vector<ControlMessage>::const_iterator begin() const {
+    return items_.begin() + static_cast<std::ptrdiff_t>(head_);
+  }
+  std::vector<ControlMessage>::const_iterator end() const { return items_.end(); }
+
+ private:
+  std::vector<ControlMessage> items_;
+  size_t head_ = 0;
+};
 
 // Per peer where a peer has a connection (maps: a rank talks to few of the communicator's ranks).
 struct Executor::ControlState {
@@ -205,9 +230,12 @@ struct Executor::ControlState {
   struct Posted {
     std::deque<fabric::Request*> requests;
     uint64_t next = 0;  // receives posted so far
+    // The oldest receive, which WaitControl saw complete (the request is released):
+    // ReceiveControl takes it from here instead of testing the request.
+    std::optional<Result<fabric::Completion>> waited;
   };
   std::vector<Posted> recv;
-  std::map<int, std::deque<ControlMessage>> inbox;    // received, not yet consumed, per peer
+  std::map<int, ControlQueue> inbox;                    // received, not yet consumed, per peer
   std::map<int, std::deque<fabric::Request*>> pending;  // header sends in flight, per peer
   std::map<int, uint64_t> next;                       // the next control slot to use, per peer
   std::vector<Status> gone;                           // per peer: why its control connection ended
@@ -217,9 +245,6 @@ struct Executor::ControlState {
     executor_internal::Clock::time_point at{};
   };
   std::map<int, Answer> state;
-  // The oldest control receive of a peer, which WaitControl saw complete (the request is
-  // released): ReceiveControl takes it from here instead of testing the request.
-  std::map<int, Result<fabric::Completion>> waited;
   std::set<int> owed;  // peers that asked where this rank is, not answered yet (no connection yet)
   executor_internal::Clock::time_point accepted_at{};  // the transport's last Poll
 };
@@ -327,8 +352,8 @@ class Executor::Run {
   // by these: Post (kReadyToPost: onto the fabric; a step that cannot post blocks the later ones to
   // its peer in `send_blocked` / `recv_blocked`), TestPosted (kPosted: its completion) and Consume
   // (kReceived: once its peer's header is verified, the slot into its destination).
-  Result<bool> Drive(ChannelRun& ch, size_t index, std::set<int>& send_blocked, std::set<int>& recv_blocked);
-  Result<bool> Post(ChannelRun& ch, size_t index, std::set<int>& send_blocked, std::set<int>& recv_blocked);
+  Result<bool> Drive(ChannelRun& ch, size_t index, PeerSet& send_blocked, PeerSet& recv_blocked);
+  Result<bool> Post(ChannelRun& ch, size_t index, PeerSet& send_blocked, PeerSet& recv_blocked);
   Result<bool> TestPosted(ChannelRun& ch, size_t index);
   // Post for a step in the header (StepState::in_header): a send leaves with this rank's header;
   // a receive waits for the peer's.
@@ -398,15 +423,15 @@ class Executor::Run {
   std::vector<size_t> scratch_offsets_;  // bytes into the scratch buffer, per member
 
   // Headers: which peers this rank must hear from, and what it heard.
-  std::set<int> expect_from_;
-  std::set<int> verified_;
+  PeerSet expect_from_;
+  PeerSet verified_;
   // Peers whose header goes with the first transfer to them (StepState::in_header), not at the
   // start; peers whose first transfer comes in their header, and those headers once verified.
-  std::set<int> header_with_data_, data_in_header_;
+  PeerSet header_with_data_, data_in_header_;
   std::map<int, ControlMessage> headers_;
   // Connections: the peers the operation sends to (data and headers) and receives from, and those
   // not connected yet (Connect).
-  std::set<int> send_to_, recv_from_;
+  PeerSet send_to_, recv_from_;
   std::vector<int> no_connection_to_, no_connection_from_;
 
   // Probes (kProbeAfter): when this operation last moved, and when it last asked its peers.
@@ -417,8 +442,8 @@ class Executor::Run {
   const ControlMessage& header() const { return op_.header; }
  private:
   // The peers the operation exchanges with (data, headers), in rank order.
-  std::set<int> Peers() const {
-    std::set<int> all = send_to_;
+  PeerSet Peers() const {
+    PeerSet all = send_to_;
     all.insert(recv_from_.begin(), recv_from_.end());
     all.insert(expect_from_.begin(), expect_from_.end());
     return all;

@@ -46,6 +46,7 @@ Status Executor::Run::Setup() {
   // Scratch: one region per member, grown when too small (every earlier operation is finished,
   // so the old buffer is unused).
   size_t scratch_bytes = 0;
+  scratch_offsets_.reserve(op_.members.size());
   for (const OperationMember& m : op_.members) {
     scratch_offsets_.push_back(scratch_bytes);
     scratch_bytes += ScratchBytes(*m.plan);
@@ -100,7 +101,7 @@ Status Executor::Run::Setup() {
           return Internal(fmt::format("the plan needs rank {}, which no fabric connects this rank to", s.peer));
         (recv ? recv_from_ : send_to_).insert(s.peer);
       }
-      mine.push_back(channels_.size());
+      if (before != nullptr) mine.push_back(channels_.size());
       channels_.push_back(std::move(ch));
     }
     if (before != nullptr && !mine.empty()) *before = std::move(mine);
@@ -118,6 +119,7 @@ Status Executor::Run::Setup() {
   if (tr_.staging_bytes() < slot_bytes_ * static_cast<size_t>(slots_))
     return Internal(
         fmt::format("staging of {} bytes holds no {} slots of {} bytes", tr_.staging_bytes(), slots_, slot_bytes_));
+  free_slots_.reserve(static_cast<size_t>(slots_));
   for (int s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
   // Point-to-point: every channel gets its window of slots (none waits for another's), in the
   // transport's region for them, grown to this operation's needs.
@@ -143,14 +145,14 @@ void Executor::Run::MarkTransfersInHeaders() {
   const std::vector<bool>& cpu = ex_.options_.host_memory;
   auto reaches = [&](int r) { return r >= 0 && static_cast<size_t>(r) < cpu.size() && cpu[static_cast<size_t>(r)]; };
   if (!reaches(tr_.rank())) return;
-  std::set<int> first_send, first_recv;
+  PeerSet first_send, first_recv;
   for (ChannelRun& ch : channels_) {
     if (ch.p2p) continue;
     for (size_t i = 0; i < ch.steps->size(); ++i) {
       const Step& s = (*ch.steps)[i];
       const bool send = s.kind == StepKind::kSend;
       if (!send && s.kind != StepKind::kRecv && s.kind != StepKind::kRecvReduce) continue;
-      if (!(send ? first_send : first_recv).insert(s.peer).second) continue;
+      if (!(send ? first_send : first_recv).insert(s.peer)) continue;
       const size_t bytes = static_cast<size_t>(s.count()) * elem(ch);
       if (bytes > kHeaderPayloadBytes || !reaches(s.peer)) continue;
       ch.states[i].in_header = true;
@@ -302,8 +304,7 @@ Status Executor::Run::CompleteRecv(ChannelRun& ch, size_t index, size_t size) {
 
 // The step's phases in order, each taking it as far as it can go now: a phase that must wait
 // leaves the step where it is, and the later ones then have nothing to do.
-Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& send_blocked,
-                                  std::set<int>& recv_blocked) {
+Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, PeerSet& send_blocked, PeerSet& recv_blocked) {
   StepState& st = ch.states[index];
   bool progress = false;
   Tracer* const tracer = ex_.tracer_.get();
@@ -348,15 +349,14 @@ Result<bool> Executor::Run::Drive(ChannelRun& ch, size_t index, std::set<int>& s
   return progress;
 }
 
-Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, std::set<int>& send_blocked,
-                                 std::set<int>& recv_blocked) {
+Result<bool> Executor::Run::Post(ChannelRun& ch, size_t index, PeerSet& send_blocked, PeerSet& recv_blocked) {
   const Step& step = (*ch.steps)[index];
   StepState& st = ch.states[index];
   const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
   const bool is_send = step.kind == StepKind::kSend;
   // Posts to one peer on one tag go out in step order: an earlier step that has not posted
   // blocks the later ones.
-  std::set<int>& blocked = is_send ? send_blocked : recv_blocked;
+  PeerSet& blocked = is_send ? send_blocked : recv_blocked;
   if (st.phase == Phase::kCopyIn || blocked.count(step.peer)) {
     blocked.insert(step.peer);
     return false;
@@ -523,7 +523,7 @@ Result<bool> Executor::Run::Advance(ChannelRun& ch) {
   for (size_t before : ch.after)
     if (!channels_[before].done()) return false;
   bool progress = false;
-  std::set<int> send_blocked, recv_blocked;
+  PeerSet send_blocked, recv_blocked;
   for (size_t index : ch.active) {
     KZ_ASSIGN_OR_RETURN(bool p, Drive(ch, index, send_blocked, recv_blocked));
     progress |= p;

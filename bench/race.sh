@@ -3,8 +3,8 @@
 # system compilers, builds kizuna-bench and kizuna-run with Bazel, then runs every case on every
 # library in one run and prints one table of ratios (bench/README.md explains it).
 #
-#   bench/race.sh [--quick] [--only-cluster] [--skip-cluster] [--skip-netns] [--plain-malloc] [--out FILE]
-#                 [--plot FILE.svg] [--build-dir DIR]
+#   bench/race.sh [--quick] [--only-cluster] [--skip-cluster] [--skip-netns] [--rounds N] [--plain-malloc]
+#                 [--out FILE] [--plot FILE.svg] [--build-dir DIR]
 #
 # Nothing leaves this machine: the peers talk over shared memory and 127.0.0.1, and the
 # two-host case and the cluster cases (race_cluster.sh) run between hosts made of network namespaces
@@ -21,18 +21,21 @@ SKIP_NETNS=0
 ONLY_CLUSTER=0
 SKIP_CLUSTER=0
 PLAIN_MALLOC=0
+ROUNDS=1
 START=$SECONDS
 
 usage() {
   cat <<EOF
-usage: bench/race.sh [--quick] [--only-cluster] [--skip-cluster] [--skip-netns] [--plain-malloc] [--out FILE]
-                     [--plot FILE.svg] [--build-dir DIR]
+usage: bench/race.sh [--quick] [--only-cluster] [--skip-cluster] [--skip-netns] [--rounds N] [--plain-malloc]
+                     [--out FILE] [--plot FILE.svg] [--build-dir DIR]
   --quick        a smoke run: n = 2, AllReduce at 8 B and 1 MiB, kizuna and Open MPI only (cluster: 2 x 1
                  and 2 x 4 hosts x ranks)
   --only-cluster only the cluster cases (hosts made of network namespaces) and the TCP floor
   --skip-cluster leave out the cluster cases
   --skip-netns   leave out everything between network namespaces: the two-host case and the cluster
                  cases (they need root and 'ip netns')
+  --rounds N     run everything between network namespaces N times over, each library once per round, and
+                 take each case's median round (one run on a shared machine can land in a slow spell)
   --plain-malloc run every program with glibc's default malloc settings (see MALLOC below)
   --out FILE     also write the table as Markdown to FILE
   --plot FILE    draw every library's busbw in each case into FILE (SVG)
@@ -47,6 +50,9 @@ while [[ $# -gt 0 ]]; do
     --only-cluster) ONLY_CLUSTER=1 ;;
     --skip-cluster) SKIP_CLUSTER=1 ;;
     --plain-malloc) PLAIN_MALLOC=1 ;;
+    --rounds)
+      [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || { echo "race: --rounds needs a count of 1 or more" >&2; exit 2; }
+      ROUNDS="$2"; shift ;;
     --out) [[ $# -ge 2 ]] || { echo "race: --out needs a file name" >&2; exit 2; }; OUT="$2"; shift ;;
     --plot) [[ $# -ge 2 ]] || { echo "race: --plot needs a file name" >&2; exit 2; }; PLOT="$2"; shift ;;
     --build-dir) [[ $# -ge 2 ]] || { echo "race: --build-dir needs a directory" >&2; exit 2; }; BUILD="$2"; shift ;;
@@ -586,12 +592,16 @@ elif ! netns_up "$hosts"; then
 else
   log "hosts $NS_PFX-h0..h$((hosts - 1)) (${HOST_ADDR[*]}) on one bridge (tools/netns/kizuna-netns)"
   write_agent
-  tcp_floor
-  if [[ $RUN_TWO_HOST -eq 1 ]]; then
-    netns_kizuna
-    netns_mpi
-  fi
-  [[ $RUN_CLUSTER -eq 1 ]] && cluster_cases
+  echo "NOTE rounds=$ROUNDS" >>"$RESULTS"
+  for ((round = 1; round <= ROUNDS; round++)); do
+    [[ $ROUNDS -gt 1 ]] && log "round $round of $ROUNDS"
+    tcp_floor
+    if [[ $RUN_TWO_HOST -eq 1 ]]; then
+      netns_kizuna
+      netns_mpi
+    fi
+    [[ $RUN_CLUSTER -eq 1 ]] && cluster_cases
+  done
   netns_down
 fi
 

@@ -6,7 +6,8 @@ to OUT if given; with PLOT, draws the busbw of every library in each case into a
     race_table.py RESULTS [OUT] [PLOT]
 
 Lines with shape=<hosts>x<ranks per host> are the cluster cases (bench/race_cluster.sh): they go to
-their own table, never into the single-host ones of the same rank count.
+their own table, never into the single-host ones of the same rank count. A case measured in several
+rounds (race.sh --rounds) counts with its median round.
 """
 import re, sys
 
@@ -31,16 +32,29 @@ for line in open(results):
     if "shape" in f:
         ck = (f["lib"], f["shape"], f.get("coll"), int(f.get("bytes", 0)))
         if kind == "RESULT":
-            cl_res[ck] = f
+            cl_res.setdefault(ck, []).append(f)
         else:
             cl_fails[ck] = why
         continue
     if kind == "RESULT" and f.get("coll") == "copy":
         copies.setdefault(key[2], {})[int(f["threads"])] = float(f["gbps"])
     elif kind == "RESULT":
-        res[key] = f
+        res.setdefault(key, []).append(f)
     else:
         fails[key] = why
+
+def median_round(rounds):
+    """One case's rounds as one record: the round with the median time (of an even count, the slower
+    of the middle two), or a round with wrong results if there is one (it must show)."""
+    wrong = [r for r in rounds if int(r.get("wrong", 0)) != 0]
+    if wrong or len(rounds) == 1:
+        return (wrong or rounds)[0]
+    return sorted(rounds, key=lambda r: float(r.get("time_us", 0)))[len(rounds) // 2]
+
+for d, failed in ((res, fails), (cl_res, cl_fails)):
+    for k in d:
+        d[k] = median_round(d[k])
+        failed.pop(k, None)  # a round that failed beside rounds that did not: the others count
 
 MIB = 1 << 20
 def size_name(b):
@@ -305,7 +319,9 @@ if cl_keys:
          "kizuna is the cost model's choice, kizuna-hier runs with KIZUNA_ALGO=hier. kizuna's fabrics (rank 0's "
          "INFO line): "
          + "; ".join(f"{shape_name(s)}: " + fabrics(notes.get(f"cluster_fabric_{s}", "")) for s in shapes)
-         + ".")
+         + "."
+         + (f" Every figure here (and the TCP floor) is the median of {notes['rounds']} rounds, each library once "
+            "per round (race.sh --rounds)." if int(notes.get("rounds", "1") or 1) > 1 else ""))
     emit("")
     big = [k for k in cl_keys if k[2] >= MIB]
     if big:

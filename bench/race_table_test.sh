@@ -5,7 +5,7 @@
 # its figures are noisy, which does not matter here). The tables carry their figures and ratios, the
 # picture has a bar for every library in every case it has a figure for, the cluster lines stay out
 # of the single-host tables, and a run with both takes the two-host case as the cluster's 2 x 1
-# AllReduce and shows a missing peer as missing.
+# AllReduce and shows a missing peer as missing, and a run of several rounds takes each case's median.
 set -uo pipefail
 table_py="$1"
 results="$2"
@@ -86,4 +86,22 @@ has '| 2 x 4 | AllReduce | 64 MiB | 0.498 | 0.509 | 0.288 | 0.0509 | 0.174 | 3.6
 has '| 2 x 4 | AllReduce | 8 B | 2098 | 3805 | 4069 | 60019 | missing | 1.94 | 1.07 | rd | hier:pairwise/rd |' "$b" \
   "a missing peer's cell"
 has '- gloo: missing: not installed: apt-get install libgloo-dev failed' "$b" "the reason a peer is missing"
+
+# ---- rounds (race.sh --rounds 3): each case counts with its median round ----
+{
+  grep -v '^NOTE rounds=' "$cluster"
+  echo "NOTE rounds=3"
+  # Two more rounds of kizuna's 2 x 1 AllReduce at 1 MiB (the first: 1748 us, 0.6 GB/s): 874 and 1166 us.
+  echo "RESULT lib=kizuna shape=2x1 coll=allreduce n=2 bytes=1048576 iters=200 time_us=874.2 busbw=1.1995 wrong=0 algo=rd"
+  echo "RESULT lib=kizuna shape=2x1 coll=allreduce n=2 bytes=1048576 iters=200 time_us=1165.6 busbw=0.8996 wrong=0 algo=rd"
+  # A round that failed beside two that did not; a round with wrong results.
+  echo "FAIL lib=kizuna shape=2x4 coll=allreduce n=8 bytes=67108864 why=timed out"
+  echo "RESULT lib=kizuna shape=4x2 coll=reducescatter n=8 bytes=67108864 iters=20 time_us=9.0 busbw=9.9 wrong=3 algo=ring"
+} >"$tmp/rounds.txt"
+python3 "$table_py" "$tmp/rounds.txt" "$tmp/rounds.md" >/dev/null || fail "race_table.py exited with $? on rounds"
+r="$tmp/rounds.md"
+has 'is the median of 3 rounds' "$r" "the rounds named above the tables"
+has '| 2 x 1 | AllReduce | 1 MiB | 0.9 | — | 2.92 | 2.38 | 1.2 | 2.08 | 0.308 | — | — |' "$r" "the median round of three"
+has '| 2 x 4 | AllReduce | 64 MiB | 0.498 | 0.509 | 0.288 |' "$r" "a round that failed beside one that did not"
+has '| 4 x 2 | ReduceScatter | 64 MiB | wrong (3) |' "$r" "a round with wrong results"
 echo "PASS"

@@ -18,8 +18,8 @@
 
 #include <fmt/format.h>
 
+#include "collectives/executor/containers.h"
 #include "collectives/executor/executor.h"
-#include "collectives/executor/peer_set.h"
 
 namespace kizuna::collectives {
 namespace executor_internal {
@@ -200,28 +200,8 @@ using executor_internal::PeerSet;
 // ---------------------------------------------------------------------------------------------
 // Operations
 
-// A peer's control messages not yet consumed, oldest first. Its storage stays from one message to
-// the next: a std::deque of 512-byte messages allocates and frees a block for each one.
-class ControlQueue {
- public:
-  bool empty() const { return head_ == items_.size(); }
-  const ControlMessage& front() const { return items_[head_]; }
-  void push_back(const ControlMessage& m) { items_.push_back(m); }
-  void pop_front() {
-    if (++head_ == items_.size()) {
-      items_.clear();
-      head_ = 0;
-    }
-  }
-  std::vector<ControlMessage>::const_iterator begin() const {
-    return items_.begin() + static_cast<std::ptrdiff_t>(head_);
-  }
-  std::vector<ControlMessage>::const_iterator end() const { return items_.end(); }
-
- private:
-  std::vector<ControlMessage> items_;
-  size_t head_ = 0;
-};
+// A peer's control messages not yet consumed, oldest first.
+using ControlQueue = executor_internal::FifoQueue<ControlMessage>;
 
 // Per peer where a peer has a connection (maps: a rank talks to few of the communicator's ranks).
 struct Executor::ControlState {

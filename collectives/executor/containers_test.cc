@@ -1,6 +1,7 @@
-// PeerSet: ranks kept sorted and once each, in place up to kInline and beyond it after a spill,
-// copies independent of their source.
-#include "collectives/executor/peer_set.h"
+// The executor's containers. PeerSet: ranks kept sorted and once each, in place up to kInline and
+// beyond it after a spill, copies independent of their source. FifoQueue: first in, first out, its
+// consumed entries dropped when it runs empty or once kMaxConsumed pile up.
+#include "collectives/executor/containers.h"
 
 #include <vector>
 
@@ -60,6 +61,34 @@ TEST(PeerSet, InsertsARange) {
   b.insert(2);
   b.insert(a.begin(), a.end());
   EXPECT_EQ(Items(b), (std::vector<int>{2, 7, 9}));
+}
+
+TEST(FifoQueue, FirstInFirstOut) {
+  FifoQueue<int> q;
+  EXPECT_TRUE(q.empty());
+  for (int i = 0; i < 3; ++i) q.push_back(i);
+  EXPECT_EQ(q.size(), 3u);
+  EXPECT_EQ(q.front(), 0);
+  q.pop_front();
+  EXPECT_EQ(q.front(), 1);
+  EXPECT_EQ(std::vector<int>(q.begin(), q.end()), (std::vector<int>{1, 2}));
+  q.pop_front();
+  q.pop_front();
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(q.held(), 0u);  // emptied: nothing consumed is kept
+}
+
+TEST(FifoQueue, AQueueThatNeverRunsEmptyStaysBounded) {
+  FifoQueue<int> q;
+  q.push_back(0);
+  for (int i = 1; i < 10000; ++i) {
+    q.push_back(i);  // one ahead, always
+    ASSERT_EQ(q.front(), i - 1);
+    q.pop_front();
+    ASSERT_EQ(q.size(), 1u);
+    ASSERT_LE(q.held(), FifoQueue<int>::kMaxConsumed + 1);
+  }
+  EXPECT_EQ(q.front(), 9999);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// PeerSet: the ranks an operation talks to, in rank order. Not a public header: the executor's
-// files include it through internal.h.
+// The executor's small containers, which keep their storage from one operation to the next: the
+// ranks an operation talks to (PeerSet) and a peer's control messages in order (FifoQueue). Not a
+// public header: the executor's files include it through internal.h.
 #pragma once
 
 #include <algorithm>
@@ -67,6 +68,38 @@ class PeerSet {
   size_t size_ = 0;
   bool spilled_ = false;
   std::vector<int> spill_;  // every element once more than kInline came
+};
+
+// First in, first out, over a vector whose storage stays: a std::deque of the executor's 512-byte
+// control messages allocated and freed a block for each message. The consumed front is dropped
+// when the queue runs empty, or once kMaxConsumed have piled up before a queue that never does (a
+// peer always a message ahead).
+template <typename T>
+class FifoQueue {
+ public:
+  static constexpr size_t kMaxConsumed = 64;
+
+  bool empty() const { return head_ == items_.size(); }
+  size_t size() const { return items_.size() - head_; }
+  const T& front() const { return items_[head_]; }
+  void push_back(const T& item) { items_.push_back(item); }
+  void pop_front() {
+    if (++head_ == items_.size()) {
+      items_.clear();
+      head_ = 0;
+    } else if (head_ == kMaxConsumed) {
+      items_.erase(items_.begin(), items_.begin() + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
+  }
+  typename std::vector<T>::const_iterator begin() const { return items_.begin() + static_cast<std::ptrdiff_t>(head_); }
+  typename std::vector<T>::const_iterator end() const { return items_.end(); }
+  // What the storage holds, consumed entries included (for the tests).
+  size_t held() const { return items_.size(); }
+
+ private:
+  std::vector<T> items_;
+  size_t head_ = 0;
 };
 
 }  // namespace kizuna::collectives::executor_internal

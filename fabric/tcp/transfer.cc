@@ -198,7 +198,7 @@ Result<std::unique_ptr<Request>> TcpSendComm::DoSend(const void* data, size_t si
   if (size > 0) r->local = static_cast<const TcpRegistration*>(registration)->Local(data);
   r->seq = next_seq_[tag]++;
   const MessageKey key{tag, r->seq};
-  live_.insert(r.get());
+  live_.Add(r.get());
   if (auto it = early_posts_.find(key); it != early_posts_.end()) {
     const uint64_t capacity = it->second;
     early_posts_.erase(it);
@@ -314,10 +314,10 @@ Status TcpSendComm::OnControl(const Frame& f) {
 
 void TcpSendComm::AfterBreak() {
   const Status why = link_.broken();
-  for (TcpRequest* r : live_) {
-    r->unwritten = 0;
-    Fail(*r, why);
-  }
+  live_.ForEach([&](TcpRequest& r) {
+    r.unwritten = 0;
+    Fail(r, why);
+  });
   unwritten_frames_ = 0;
   waiting_.clear();
 }
@@ -331,11 +331,11 @@ Result<Completion> TcpSendComm::DoTest(Request& request) {
   // A failed request whose frames are still queued is reported once they are written (the link
   // still reads its buffer until then).
   if (r.state == TcpRequest::State::kDone) {
-    live_.erase(&r);
+    live_.Remove(&r);
     return Completion{true, r.size()};
   }
   if (r.state == TcpRequest::State::kFailed && r.unwritten == 0) {
-    live_.erase(&r);
+    live_.Remove(&r);
     waiting_.erase(MessageKey{r.tag(), r.seq});
     ReadPostsWhileWaiting();
     return r.failure;
@@ -376,7 +376,7 @@ Result<std::unique_ptr<Request>> TcpRecvComm::DoRecv(void* data, size_t capacity
   if (capacity > 0) r->local = static_cast<const TcpRegistration*>(registration)->Local(data);
   r->seq = next_seq_[tag]++;
   const MessageKey key{tag, r->seq};
-  live_.insert(r.get());
+  live_.Add(r.get());
   // The post goes whatever happens next: the sender completes (or fails) its send on it.
   Frame post{.type = FrameType::kPost, .tag = tag, .seq = r->seq, .total = capacity};
   link_.Queue(post_stream_, post, nullptr, nullptr);
@@ -501,7 +501,7 @@ Status TcpRecvComm::OnControl(const Frame& f) {
 
 void TcpRecvComm::AfterBreak() {
   const Status why = link_.broken();
-  for (TcpRequest* r : live_) Fail(*r, why);
+  live_.ForEach([&](TcpRequest& r) { Fail(r, why); });
   posted_.clear();
   awaiting_unexpected_.clear();
   large_posted_ = 0;
@@ -512,11 +512,11 @@ Result<Completion> TcpRecvComm::DoTest(Request& request) {
   auto& r = static_cast<TcpRequest&>(request);
   if (r.state != TcpRequest::State::kDone) connection_->ProgressForTest();
   if (r.state == TcpRequest::State::kDone) {
-    live_.erase(&r);
+    live_.Remove(&r);
     return Completion{true, r.received};
   }
   if (r.state == TcpRequest::State::kFailed) {
-    live_.erase(&r);
+    live_.Remove(&r);
     Forget(MessageKey{r.tag(), r.seq});
     awaiting_unexpected_.erase(MessageKey{r.tag(), r.seq});
     return r.failure;

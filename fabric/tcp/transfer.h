@@ -20,7 +20,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -111,6 +110,38 @@ class TcpRequest : public Request {
   // Receives.
   uint64_t total = UINT64_MAX;  // the message's size, once its first frame arrived
   uint64_t received = 0;
+  // Its comm's list of requests not yet reported (LiveRequests).
+  TcpRequest* live_prev = nullptr;
+  TcpRequest* live_next = nullptr;
+  bool live = false;
+};
+
+// A comm's requests not yet reported done or failed (a break fails them all), linked through the
+// requests themselves: a std::set of them allocated and freed a node per message.
+class LiveRequests {
+ public:
+  void Add(TcpRequest* r) {
+    r->live_prev = nullptr;
+    r->live_next = head_;
+    if (head_ != nullptr) head_->live_prev = r;
+    head_ = r;
+    r->live = true;
+  }
+  // No effect on a request not in the list.
+  void Remove(TcpRequest* r) {
+    if (!r->live) return;
+    (r->live_prev != nullptr ? r->live_prev->live_next : head_) = r->live_next;
+    if (r->live_next != nullptr) r->live_next->live_prev = r->live_prev;
+    r->live_prev = r->live_next = nullptr;
+    r->live = false;
+  }
+  template <typename F>
+  void ForEach(F f) const {
+    for (TcpRequest* r = head_; r != nullptr; r = r->live_next) f(*r);
+  }
+
+ private:
+  TcpRequest* head_ = nullptr;
 };
 
 using MessageKey = std::pair<int, uint64_t>;  // (tag, seq)
@@ -220,7 +251,7 @@ class TcpSendComm : public SendComm, public FrameSink {
   std::map<int, uint64_t> next_seq_;            // per tag
   std::map<MessageKey, uint64_t> early_posts_;  // posts that arrived before their send: capacity
   std::map<MessageKey, TcpRequest*> waiting_;   // sends whose post has not arrived
-  std::set<TcpRequest*> live_;
+  LiveRequests live_;
   uint64_t eager_in_flight_ = 0;  // eager bytes sent whose posts have not arrived
 };
 
@@ -269,7 +300,7 @@ class TcpRecvComm : public RecvComm, public FrameSink {
   std::map<MessageKey, TcpRequest*> posted_;               // receives waiting for their message
   std::map<MessageKey, Unexpected> unexpected_;            // eager messages without a receive yet
   std::map<MessageKey, TcpRequest*> awaiting_unexpected_;  // posted while their message was being read
-  std::set<TcpRequest*> live_;
+  LiveRequests live_;
   int large_posted_ = 0;   // posted receives above kEagerBytes (their messages come on the bulk streams)
   bool batching_ = false;  // between BeginPosts and EndPosts: posts wait for EndPosts' flush
 };

@@ -73,8 +73,7 @@ Status Executor::Run::Connect(Deadline deadline) {
     ProbeIfStalled(progress);
     KZ_RETURN_IF_ERROR(CheckStates());
     if (deadline.Expired() && Clock::now() - last_progress_ > std::chrono::duration<double>(ex_.options_.timeout_s))
-      return Timeout(fmt::format("{} made no progress for {} s: rank {} is {}{}", DescribeHeader(op_.header),
-                                 ex_.options_.timeout_s, tr_.rank(), Waiting(), DescribePeers()));
+      return NoProgress();
     if (progress) {
       sleep = kMinSleep;
       continue;
@@ -356,6 +355,21 @@ Result<bool> Executor::Run::PollControl(bool accept_now, std::span<const int> ex
       if (m.kind == ControlKind::kAbort) KZ_RETURN_IF_ERROR(CheckHeader(q, m));
   }
   return progress;
+}
+
+Status Executor::Run::NoProgress() const {
+  return Timeout(fmt::format("{} made no progress for {} s: rank {} is {}{}", DescribeHeader(op_.header),
+                             ex_.options_.timeout_s, tr_.rank(), Waiting(), DescribePeers()));
+}
+
+Status Executor::Run::Explain(Status status) {
+  // A connection that closed under this operation, or a transfer the peer's receive did not fit,
+  // is the symptom: the peer that failed first said why before closing (TellPeersAndClose), or its
+  // header shows the call it is at; either names the culprit better.
+  if (status.code() == StatusCode::kAborted ||
+      status.message().find("mismatch between ranks") != std::string_view::npos)
+    return status;
+  return ex_.ExplainFailure(status, op_.header);
 }
 
 void Executor::Run::ProbeIfStalled(bool progress) {

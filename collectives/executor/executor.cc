@@ -337,18 +337,29 @@ Status Executor::EnsureScratch(size_t bytes) {
 
 Status Executor::RunOperation(Operation& op, RunPath path) {
   const OperationMember& first = op.members[0];
+  const bool direct = op.members.size() == 1 && op.members[0].plan->algorithm == Algorithm::kFused;
+  const bool host_fused = std::any_of(op.members.begin(), op.members.end(),
+                                      [](const OperationMember& m) { return IsHostFused(m.plan->algorithm); });
+  std::optional<Run> run;
+  if (!direct && !host_fused) run.emplace(*this, op, op.slot_bytes, op.slots);
+  const bool straight = run && run->Straight();
+  if (straight && !straight_logged_) {
+    straight_logged_ = true;
+    KZ_INFO(kLogColl,
+            "rank {}: collectives whose every transfer fits in an operation header run straight (the "
+            "first: {}, {})",
+            options_.rank, first.plan->request.ToString(), AlgorithmName(first.plan->algorithm));
+  }
   const uint64_t ticket = recorder_.Begin(op.seq, first.plan->request, first.plan->algorithm,
-                                          static_cast<int>(op.members.size()), path);
+                                          static_cast<int>(op.members.size()), path, straight);
   const uint64_t traced_from = tracer_ ? Tracer::NowUs() : 0;
   record_ticket_ = ticket;
   Status status;
-  const bool direct = op.members.size() == 1 && op.members[0].plan->algorithm == Algorithm::kFused;
   // The fused path decides for itself (its group knows when its ranks outnumber the CPUs).
   const ScopedSerialHostWork serial(!direct && options_.serial_host_work);
   if (direct) {
     status = RunDirect(op, Deadline::AfterSeconds(options_.timeout_s));
-  } else if (std::any_of(op.members.begin(), op.members.end(),
-                         [](const OperationMember& m) { return IsHostFused(m.plan->algorithm); })) {
+  } else if (host_fused) {
     // Its host level is the whole operation's (the engine never groups it with other calls).
     status = op.members.size() == 1 ? RunHostFused(op)
                                     : Internal("a hier:fused plan in a group of several calls (it runs alone)");
@@ -362,9 +373,9 @@ Status Executor::RunOperation(Operation& op, RunPath path) {
       if (op.members.size() > 1) call += fmt::format(" and {} more calls in a group", op.members.size() - 1);
       options_.same_process->Publish(op.seq, options_.rank, op.header.signature, std::move(call));
     }
-    Run run(*this, op, op.slot_bytes, op.slots);
-    running_ = &run;
-    status = run.Execute(Deadline::AfterSeconds(options_.timeout_s));
+    running_ = &*run;
+    const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
+    status = straight ? run->ExecuteStraight(deadline) : run->Execute(deadline);
     running_ = nullptr;
   }
   if (op.seq != 0) last_seq_ = op.seq;

@@ -299,6 +299,7 @@ class Executor {
   std::unique_ptr<device::Event> group_ready_, group_done_;
   bool group_on_streams_logged_ = false;
   bool on_caller_logged_ = false;  // run_mu_: TryOnCaller said so once at INFO
+  bool straight_logged_ = false;   // run_mu_: RunOperation said once at INFO that one ran straight
   bool direct_logged_ = false;     // run_mu_: Run::Post said once at INFO that transfers go direct
 
   // Registered regions (Register): [base, base + bytes) by id.

@@ -21,7 +21,7 @@ double FlightRecorder::Now() const {
 }
 
 uint64_t FlightRecorder::Begin(uint64_t seq, const CollectiveRequest& request, Algorithm algorithm, int members,
-                               RunPath path) {
+                               RunPath path, bool straight) {
   const double now = Now();
   std::lock_guard lock(mu_);
   const uint64_t ticket = next_++;
@@ -31,6 +31,7 @@ uint64_t FlightRecorder::Begin(uint64_t seq, const CollectiveRequest& request, A
   r.algorithm = algorithm;
   r.members = members;
   r.path = path;
+  r.straight = straight;
   r.start_s = now;
   r.end_s = 0;
   r.status = Status::Ok();
@@ -69,6 +70,7 @@ std::string FlightRecorder::ToJson(int rank) const {
                        {"algorithm", AlgorithmName(r.algorithm)},
                        {"members", r.members},
                        {"path", PathName(r.path)},
+                       {"straight", r.straight},
                        {"start_s", r.start_s},
                        {"end_s", r.end_s},
                        {"state", r.end_s == 0    ? "running"

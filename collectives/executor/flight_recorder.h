@@ -29,6 +29,9 @@ struct OperationRecord {
   Algorithm algorithm = Algorithm::kRing;
   int members = 1;  // calls in its group
   RunPath path = RunPath::kExecutor;
+  // Its steps ran on the straight path (every transfer inside an operation header, in order on
+  // one thread: Executor::Run::ExecuteStraight), not through staging slots and streams.
+  bool straight = false;
   double start_s = 0;  // since the recorder was made
   double end_s = 0;    // 0: still running
   Status status;       // how it ended (ok while running)
@@ -42,7 +45,8 @@ class FlightRecorder {
   static constexpr size_t kCapacity = 64;
 
   // An operation starts: its record's ticket, for End.
-  uint64_t Begin(uint64_t seq, const CollectiveRequest& request, Algorithm algorithm, int members, RunPath path);
+  uint64_t Begin(uint64_t seq, const CollectiveRequest& request, Algorithm algorithm, int members, RunPath path,
+                 bool straight = false);
   void End(uint64_t ticket, const Status& status);
   // What a running operation waits on (OperationRecord::waiting).
   void Waiting(uint64_t ticket, std::string what);
@@ -50,7 +54,7 @@ class FlightRecorder {
   // The records kept, oldest first.
   std::vector<OperationRecord> Snapshot() const;
   // The same as JSON: {"rank": R, "now_s": the recorder's clock now, "records": [{"seq", "call",
-  // "algorithm", "members", "path", "start_s", "end_s", "state": "running"|"ok"|"failed", "error",
+  // "algorithm", "members", "path", "straight", "start_s", "end_s", "state": "running"|"ok"|"failed", "error",
   // "waiting"}...]}.
   std::string ToJson(int rank) const;
 

@@ -268,6 +268,14 @@ class Executor::Run {
         cpu_step_bytes_(op.cpu_step_bytes) {}
 
   Status Execute(Deadline deadline);
+  // The straight path (straight.cc), for an operation whose every transfer travels inside an
+  // operation header: whether this one may take it (a single collective on one channel, each peer
+  // sent to and received from at most once, every transfer within kHeaderPayloadBytes between
+  // ranks whose CPUs reach their memory, every other step small enough for this thread, its
+  // connections made, no trace), and running it. The same messages as Execute's, without its
+  // slots, phases and device streams: a rank on either path meets a peer on the other.
+  bool Straight();
+  Status ExecuteStraight(Deadline deadline);
 
  private:
   enum class Phase : uint8_t { kWaiting, kCopyIn, kReadyToPost, kPosted, kReceived, kConsume, kDone };
@@ -370,6 +378,17 @@ class Executor::Run {
   void FreeSlot(int slot) { (slot < slots_ ? free_slots_ : free_p2p_slots_).push_back(slot); }
   size_t SlotCapacity(int slot) const { return slot < slots_ ? slot_bytes_ : p2p_chunk_; }
   void WaitBriefly();
+  // The straight path's transfers: a send leaves inside this rank's header; a receive takes the
+  // peer's header (false while it has not come).
+  Status SendInHeader(ChannelRun& ch, size_t index, fabric::Request** request);
+  Result<bool> TakeFromHeader(ChannelRun& ch, size_t index);
+  // One round of the straight path's wait: the control connections looked at, then (when nothing
+  // moved) a brief block on `peer`'s next message (-1: a sleep); stalls and the deadline as Execute.
+  Status StraightWait(bool progress, int peer, Deadline deadline);
+  // The timeout of an operation that stopped moving: what this rank waits on, where its peers are.
+  Status NoProgress() const;
+  // A failure as the peer that failed first tells it (ExplainFailure), where it may.
+  Status Explain(Status status);
   Status CheckHeader(int peer, const ControlMessage& m);
   std::string Waiting() const;
   void Release();
@@ -400,7 +419,8 @@ class Executor::Run {
   size_t p2p_chunk_ = 0;
   std::vector<std::unique_ptr<device::Event>> events_;  // the pool's storage
   std::vector<device::Event*> free_events_;
-  std::vector<size_t> scratch_offsets_;  // bytes into the scratch buffer, per member
+  std::vector<size_t> scratch_offsets_;  // bytes into the scratch buffer, per member (straight path: none, 0)
+  int straight_channel_ = -1;            // Straight(): the plan's one channel with steps
 
   // Headers: which peers this rank must hear from, and what it heard.
   PeerSet expect_from_;

@@ -7,13 +7,14 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "collectives/executor/internal.h"
-#include "runtime/device/host_reduce.h"
 #include "runtime/core/logging.h"
+#include "runtime/device/host_reduce.h"
 
 namespace kizuna::collectives {
 
@@ -28,7 +29,8 @@ const void* Executor::Run::Address(const ChannelRun& ch, const Slice& s) const {
     case BufferKind::kOutput:
       return static_cast<uint8_t*>(m.output) + off;
     case BufferKind::kScratch:
-      return static_cast<uint8_t*>(ex_.scratch_->data()) + scratch_offsets_[static_cast<size_t>(ch.member)] + off;
+      return static_cast<uint8_t*>(ex_.scratch_->data()) +
+             (scratch_offsets_.empty() ? 0 : scratch_offsets_[static_cast<size_t>(ch.member)]) + off;
   }
   return nullptr;
 }
@@ -183,8 +185,11 @@ Status Executor::Run::EnqueueLocal(ChannelRun& ch, const Step& step, bool cpu) {
       }
       return ch.stream->Copy(MutableAddress(ch, step.dst), Address(ch, step.srcs[0]), bytes);
     case StepKind::kReduce: {
-      std::vector<const void*> srcs;
-      for (const Slice& s : step.srcs) srcs.push_back(Address(ch, s));
+      // A reduce's sources (two, usually) in place; more than 8 on the heap.
+      std::array<const void*, 8> few{};
+      std::vector<const void*> many(step.srcs.size() > few.size() ? step.srcs.size() : 0);
+      const std::span<const void*> srcs = many.empty() ? std::span(few.data(), step.srcs.size()) : std::span(many);
+      for (size_t i = 0; i < step.srcs.size(); ++i) srcs[i] = Address(ch, step.srcs[i]);
       if (cpu) return HostReduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype, op);
       return ch.stream->Reduce(MutableAddress(ch, step.dst), srcs, step.dst.count, r.dtype, op);
     }
@@ -680,17 +685,11 @@ Status Executor::Run::Execute(Deadline deadline) {
       // The deadline is for an operation that stopped moving, not one that moves slowly.
       if (deadline.Expired() &&
           Clock::now() - last_progress_ > std::chrono::duration<double>(ex_.options_.timeout_s) + kBlameGrace)
-        return Timeout(fmt::format("{} made no progress for {} s: rank {} is {}{}", DescribeHeader(op_.header),
-                                   ex_.options_.timeout_s, tr_.rank(), Waiting(), DescribePeers()));
+        return NoProgress();
       if (!progress) WaitBriefly();
     }
   }();
-  // A connection that closed under this operation, or a transfer the peer's receive did not fit,
-  // is the symptom: the peer that failed first said why before closing (TellPeersAndClose), or its
-  // header shows the call it is at; either names the culprit better.
-  if (!status.ok() && status.code() != StatusCode::kAborted &&
-      status.message().find("mismatch between ranks") == std::string_view::npos)
-    status = ex_.ExplainFailure(status, op_.header);
+  if (!status.ok()) status = Explain(status);
   // Requests still outstanding after a failure belong to the comms, which the failure path
   // closes; device work still queued is waited for here.
   Release();

@@ -197,7 +197,9 @@ Status Executor::Run::StraightWait(bool progress, int peer, Deadline deadline) {
     return NoProgress();
   if (progress) return Status::Ok();
   if (awaited) {
+    // What the wait brought goes to the inbox now, where the caller looks next.
     ex_.WaitControl(peer, Deadline::After(kWaitSlice));
+    KZ_RETURN_IF_ERROR(ex_.ReceiveControl().status());
   } else {
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }

@@ -343,13 +343,6 @@ Status Executor::RunOperation(Operation& op, RunPath path) {
   std::optional<Run> run;
   if (!direct && !host_fused) run.emplace(*this, op, op.slot_bytes, op.slots);
   const bool straight = run && run->Straight();
-  if (straight && !straight_logged_) {
-    straight_logged_ = true;
-    KZ_INFO(kLogColl,
-            "rank {}: collectives whose every transfer fits in an operation header run straight (the "
-            "first: {}, {})",
-            options_.rank, first.plan->request.ToString(), AlgorithmName(first.plan->algorithm));
-  }
   const uint64_t ticket = recorder_.Begin(op.seq, first.plan->request, first.plan->algorithm,
                                           static_cast<int>(op.members.size()), path, straight);
   const uint64_t traced_from = tracer_ ? Tracer::NowUs() : 0;
@@ -373,10 +366,7 @@ Status Executor::RunOperation(Operation& op, RunPath path) {
       if (op.members.size() > 1) call += fmt::format(" and {} more calls in a group", op.members.size() - 1);
       options_.same_process->Publish(op.seq, options_.rank, op.header.signature, std::move(call));
     }
-    running_ = &*run;
-    const Deadline deadline = Deadline::AfterSeconds(options_.timeout_s);
-    status = straight ? run->ExecuteStraight(deadline) : run->Execute(deadline);
-    running_ = nullptr;
+    status = RunSteps(op, *run, straight, Deadline::AfterSeconds(options_.timeout_s));
   }
   if (op.seq != 0) last_seq_ = op.seq;
   recorder_.End(ticket, status);
@@ -390,6 +380,21 @@ Status Executor::RunOperation(Operation& op, RunPath path) {
     Fail(status);
     if (!closed_) TellPeersAndClose(status);
   }
+  return status;
+}
+
+Status Executor::RunSteps(const Operation& op, Run& run, bool straight, Deadline deadline) {
+  if (straight && !straight_logged_) {
+    straight_logged_ = true;
+    const Plan& plan = *op.members[0].plan;
+    KZ_INFO(kLogColl,
+            "rank {}: collectives whose every transfer fits in an operation header run straight (the "
+            "first: {}, {})",
+            options_.rank, plan.request.ToString(), AlgorithmName(plan.algorithm));
+  }
+  running_ = &run;
+  Status status = straight ? run.ExecuteStraight(deadline) : run.Execute(deadline);
+  running_ = nullptr;
   return status;
 }
 

@@ -276,6 +276,10 @@ class Executor {
   // hier:fused (host_level.cc): the host level over the host group's mapped buffers around the
   // plan's network steps.
   Status RunHostFused(Operation& op);
+  Status RunNetworkLevel(Operation& op, Deadline deadline);  // its network steps
+  // `op`'s steps (`run`) as the operation running now (running_): on the straight path where
+  // `straight` (Run::Straight), else through Run::Execute.
+  Status RunSteps(const Operation& op, Run& run, bool straight, Deadline deadline);
   // The scratch buffer holds at least `bytes` (grown, never shrunk).
   Status EnsureScratch(size_t bytes);
   // A plan's scratch in bytes, rounded up as EnsureScratch lays members out.

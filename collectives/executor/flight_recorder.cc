@@ -48,6 +48,12 @@ void FlightRecorder::End(uint64_t ticket, const Status& status) {
   r.status = status;
 }
 
+void FlightRecorder::Straight(uint64_t ticket) {
+  std::lock_guard lock(mu_);
+  if (ticket >= next_ || ticket + kCapacity < next_) return;  // none yet, or overwritten since
+  ring_[ticket % kCapacity].straight = true;
+}
+
 void FlightRecorder::Waiting(uint64_t ticket, std::string what) {
   std::lock_guard lock(mu_);
   if (ticket >= next_ || ticket + kCapacity < next_) return;  // none yet, or overwritten since

@@ -48,6 +48,8 @@ class FlightRecorder {
   uint64_t Begin(uint64_t seq, const CollectiveRequest& request, Algorithm algorithm, int members, RunPath path,
                  bool straight = false);
   void End(uint64_t ticket, const Status& status);
+  // Its steps ran straight after all (hier:fused's network level, decided after the host level).
+  void Straight(uint64_t ticket);
   // What a running operation waits on (OperationRecord::waiting).
   void Waiting(uint64_t ticket, std::string what);
 

@@ -18,6 +18,14 @@
 
 namespace kizuna::collectives {
 
+Status Executor::RunNetworkLevel(Operation& op, Deadline deadline) {
+  Run run(*this, op, op.slot_bytes, op.slots);
+  const bool straight = run.Straight();
+  // The leader form's network level of a small AllReduce usually is (one header per peer).
+  if (straight) recorder_.Straight(record_ticket_);
+  return RunSteps(op, run, straight, deadline);
+}
+
 Status Executor::RunHostFused(Operation& op) {
   // A rank alone on its host has no group: its host level is its own input.
   SameHostGroup* group = options_.host_group.get();
@@ -47,11 +55,7 @@ Status Executor::RunHostFused(Operation& op) {
     host.op = sum;
     if (Status s = group->RunOneShot(seq, op.header.signature, host, m.input, m.output, deadline, abort_); !s.ok())
       return failed(s);
-    Run run(*this, op, op.slot_bytes, op.slots);
-    running_ = &run;
-    Status network = run.Execute(deadline);
-    running_ = nullptr;
-    if (!network.ok()) return network;
+    if (Status network = RunNetworkLevel(op, deadline); !network.ok()) return network;
     if (Status s = group->RunShare(seq + 1, op.header.signature, req, 0, m.output, deadline, abort_); !s.ok())
       return failed(s);
     return Status::Ok();
@@ -88,11 +92,7 @@ Status Executor::RunHostFused(Operation& op) {
       if (P == 1 && srcs[0] == out + offset * elem) continue;  // in place, alone on its host
       if (Status s = HostReduce(out + offset * elem, srcs, n, req.dtype, sum); !s.ok()) return failed(s);
     }
-  Run run(*this, op, op.slot_bytes, op.slots);
-  running_ = &run;
-  Status network = run.Execute(deadline);
-  running_ = nullptr;
-  if (!network.ok()) return network;
+  if (Status network = RunNetworkLevel(op, deadline); !network.ok()) return network;
   if (group == nullptr) return Status::Ok();
   if (Status s = group->Finish(seq, deadline, abort_); !s.ok()) return failed(s);
   // Barrier: the meeting is all of it. ReduceScatter: every rank is past its sums (the only reads

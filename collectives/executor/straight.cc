@@ -80,12 +80,14 @@ Status Executor::Run::ExecuteStraight(Deadline deadline) {
   epilogue.steps = &rp.epilogue;
   epilogue.epilogue = true;
   const std::vector<Step>& steps = *ch.steps;
-  // The header sends, each done once its peer's receive for it was announced (as PostInHeader's).
-  std::array<std::pair<int, fabric::Request*>, kMaxStraightSteps> sent{};
+  // The header sends (the first nsent), each done once its peer's receive for it was announced
+  // (as PostInHeader's).
+  std::array<int, kMaxStraightSteps> sent_to;
+  std::array<fabric::Request*, kMaxStraightSteps> sent;
   size_t nsent = 0;
   auto send = [&](size_t index) -> Status {
-    KZ_RETURN_IF_ERROR(SendInHeader(ch, index, &sent[nsent].second));
-    sent[nsent++].first = steps[index].peer;
+    KZ_RETURN_IF_ERROR(SendInHeader(ch, index, &sent[nsent]));
+    sent_to[nsent++] = steps[index].peer;
     return Status::Ok();
   };
   Status status = [&]() -> Status {
@@ -129,8 +131,8 @@ Status Executor::Run::ExecuteStraight(Deadline deadline) {
     // Done when the header sends are: an operation that left with its last message still queued
     // in the fabric could wait next where nothing moves it (see PostInHeader).
     for (size_t i = 0; i < nsent;) {
-      const auto& pending = ex_.control_->pending[sent[i].first];
-      if (std::find(pending.begin(), pending.end(), sent[i].second) == pending.end()) {
+      const auto& pending = ex_.control_->pending[sent_to[i]];
+      if (std::find(pending.begin(), pending.end(), sent[i]) == pending.end()) {
         ++i;
         continue;
       }

@@ -237,27 +237,32 @@ Status executor_internal::FillHeader(const std::vector<OperationMember>& members
 
 Result<std::shared_ptr<Executor::Operation>> Executor::NewOperation(std::vector<OperationMember> members,
                                                                     size_t slot_bytes) {
-  if (members.empty()) return InvalidArgument("an operation with no collective");
-  const bool collective = std::any_of(members.begin(), members.end(), [](const OperationMember& m) {
+  auto op = std::make_shared<Operation>();
+  op->members = std::move(members);
+  KZ_RETURN_IF_ERROR(InitOperation(*op, slot_bytes));
+  return op;
+}
+
+Status Executor::InitOperation(Operation& op, size_t slot_bytes) {
+  if (op.members.empty()) return InvalidArgument("an operation with no collective");
+  const bool collective = std::any_of(op.members.begin(), op.members.end(), [](const OperationMember& m) {
     return m.plan && !IsPointToPoint(m.plan->request.collective);
   });
   if (collective && slot_bytes < kMinSlotBytes)
     return InvalidArgument(fmt::format("staging slots of {} bytes (at least {}): too many channels for the staging "
                                        "buffer",
                                        slot_bytes, kMinSlotBytes));
-  auto op = std::make_shared<Operation>();
-  op->members = std::move(members);
-  op->slot_bytes = slot_bytes;
+  op.slot_bytes = slot_bytes;
   int total_channels = 0;
-  KZ_RETURN_IF_ERROR(FillHeader(*op, &total_channels));
+  KZ_RETURN_IF_ERROR(FillHeader(op, &total_channels));
   const size_t slots =
       collective ? static_cast<size_t>(std::max(total_channels, 1)) * static_cast<size_t>(options_.window) : 0;
   const size_t collectives_part = transport_->staging_bytes();
   if (slots * slot_bytes > collectives_part)
     return Internal(fmt::format("{} slots of {} bytes exceed the collectives' staging of {} bytes", slots, slot_bytes,
                                 collectives_part));
-  op->slots = static_cast<int>(slots);
-  return op;
+  op.slots = static_cast<int>(slots);
+  return Status::Ok();
 }
 
 Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, device::Stream& stream,
@@ -289,16 +294,21 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
     }
     run.lock();
   }
-  KZ_ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, NewOperation(members, slot_bytes));
+  // The caller's operation is over when this returns: one object serves them all, its storage kept.
+  if (!caller_op_) caller_op_ = std::make_unique<Operation>();
+  Operation& op = *caller_op_;
+  op.members.assign(members.begin(), members.end());
+  op.header = ControlMessage{};
+  KZ_RETURN_IF_ERROR(InitOperation(op, slot_bytes));
   {
     std::lock_guard lock(mu_);
     if (!error_.ok()) return Aborted(fmt::format("the communicator failed earlier: {}", error_.ToString()));
     if (!queue_.empty() || pending_ > 0) return false;  // earlier work goes first, on the executor's thread
-    op->seq = op->header.seq = next_seq_++;
+    op.seq = op.header.seq = next_seq_++;
     ++pending_;
   }
-  op->inputs_ready = true;
-  op->cpu_step_bytes = CallerOpBytes(*transport_);
+  op.inputs_ready = true;
+  op.cpu_step_bytes = CallerOpBytes(*transport_);
   // No operation of this rank is in flight and its streams are idle: memory its host's group
   // stopped using may be freed (SameHostGroup::ReleaseRetired).
   if (options_.host_group) options_.host_group->ReleaseRetired();
@@ -307,7 +317,7 @@ Result<bool> Executor::TryOnCaller(const std::vector<OperationMember>& members, 
     KZ_INFO(kLogColl, "rank {}: collectives up to {} KiB run on the calling thread (the first: {})", options_.rank,
             CallerOpBytes(*transport_) >> 10, req.ToString());
   }
-  const Status status = RunOperation(*op, RunPath::kCaller);
+  const Status status = RunOperation(op, RunPath::kCaller);
   {
     std::lock_guard lock(mu_);
     --pending_;  // no one waits for it: the executor's thread wakes for the queue

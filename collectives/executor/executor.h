@@ -264,6 +264,8 @@ class Executor {
   static Status FillHeader(Operation& op, int* total_channels);
   // An operation of `members` with its header and staging slots (Submit, TryOnCaller); not numbered.
   Result<std::shared_ptr<Operation>> NewOperation(std::vector<OperationMember> members, size_t slot_bytes);
+  // Its header and slots, for op.members (NewOperation, and TryOnCaller's reused operation).
+  Status InitOperation(Operation& op, size_t slot_bytes);
   // Runs `op` on this thread, which holds run_mu_ (Loop, TryOnCaller: `path`); a failure fails
   // the communicator and tells the peers; a timeout writes the flight recorder where
   // KIZUNA_DUMP_ON_TIMEOUT says.
@@ -303,6 +305,7 @@ class Executor {
   std::unique_ptr<device::Event> group_ready_, group_done_;
   bool group_on_streams_logged_ = false;
   bool on_caller_logged_ = false;  // run_mu_: TryOnCaller said so once at INFO
+  std::unique_ptr<Operation> caller_op_;  // run_mu_: TryOnCaller's operation, made once and reused
   bool straight_logged_ = false;   // run_mu_: RunOperation said once at INFO that one ran straight
   bool direct_logged_ = false;     // run_mu_: Run::Post said once at INFO that transfers go direct
 

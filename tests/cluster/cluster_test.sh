@@ -32,6 +32,7 @@ CASES=(
   "2x2-rails|2 2|KIZUNA_ALGO=hier|2|allreduce alltoall"
   "2x2-topology|2 2|KIZUNA_ALGO=hier KIZUNA_DEBUG_SUBSYS=INIT,COLL KIZUNA_MACHINE_TOPOLOGY=@TOPOLOGY@ KIZUNA_EMU_PCI_BUS_IDS=0000:04:00.0,0000:84:00.0|2|allreduce|env|local rank 0 uses eth1 between hosts .*machine topology's NIC for its accelerator 0000:04:00.0;local rank 1 uses eth0 between hosts .*machine topology's NIC for its accelerator 0000:84:00.0"
   "2x2-mpirun|2 2|-|1|allreduce broadcast alltoall|openmpi"
+  "2x1-straight|1 1|KIZUNA_DEBUG_SUBSYS=INIT,COLL|1|allreduce allgather|env|in an operation header run straight"
   "2x2-survive|2 2|-|1|kill:3 stop:1 kill:0|survive"
 )
 COLLS=(allreduce reducescatter allgather broadcast reduce alltoall sendrecv)

@@ -1,7 +1,7 @@
 // The executor's private parts, shared by executor.cc (the executor's life: queue, thread,
-// failures), run.cc (running one operation: steps, waits), control.cc (headers, connections,
-// probes, notices) and serve.cc (an aggregation device's loop). Not a public header: only the
-// executor's files include it.
+// failures), run.cc (running one operation: steps, waits), straight.cc (an operation whose every
+// transfer rides in a header), control.cc (headers, connections, probes, notices) and serve.cc (an
+// aggregation device's loop). Not a public header: only the executor's files include it.
 #pragma once
 
 #include <chrono>

@@ -160,7 +160,9 @@ Result<Completion> Comm::Test(Request* request) {
     KZ_INFO(kLogFabric, "{}: {} tag {} failed: {}", label_, RequestKindName(request->kind()), request->tag(),
             r.status().ToString());
   }
-  requests_.erase(it);
+  Requests::node_type node = requests_.extract(it);
+  node.mapped().reset();  // the request goes; its node stays for the next one
+  if (spare_nodes_.size() < kSpareNodes) spare_nodes_.push_back(std::move(node));
   return r;
 }
 
@@ -204,7 +206,15 @@ Request* Comm::Adopt(std::unique_ptr<Request> request, Registration* registratio
   Request* r = request.get();
   r->registration_ = registration;
   if (registration != nullptr) ++registration->in_flight_;
-  requests_.emplace(r, std::move(request));
+  if (spare_nodes_.empty()) {
+    requests_.emplace(r, std::move(request));
+    return r;
+  }
+  Requests::node_type node = std::move(spare_nodes_.back());
+  spare_nodes_.pop_back();
+  node.key() = r;
+  node.mapped() = std::move(request);
+  requests_.insert(std::move(node));
   return r;
 }
 

@@ -334,7 +334,12 @@ class Comm {
   std::string label_;
   FabricDeviceProperties properties_;
   std::unordered_map<const Registration*, std::unique_ptr<Registration>> registrations_;
-  std::unordered_map<const Request*, std::unique_ptr<Request>> requests_;
+  using Requests = std::unordered_map<const Request*, std::unique_ptr<Request>>;
+  Requests requests_;
+  // Nodes of requests_ whose requests are done, kept (at most kSpareNodes) for the next ones: a
+  // message then costs no node allocated and freed (node handles, C++17's extract and insert).
+  static constexpr size_t kSpareNodes = 16;
+  std::vector<Requests::node_type> spare_nodes_;
 };
 
 // The sending side of a connection (from Fabric::Connect).

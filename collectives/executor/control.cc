@@ -33,6 +33,16 @@ Status Executor::Run::SendHeaders() {
   return Status::Ok();
 }
 
+Status Executor::Run::SendInHeader(int peer, const void* data, size_t bytes, fabric::Request** request) {
+  ControlMessage h = op_.header;
+  h.inline_bytes = static_cast<uint32_t>(bytes);
+  if (bytes > 0) std::memcpy(h.reason, data, bytes);
+  KZ_ASSIGN_OR_RETURN(bool sent,
+                      ex_.SendControl(peer, h, true, Deadline::AfterSeconds(ex_.options_.timeout_s), request));
+  if (!sent) return Timeout(fmt::format("could not post the operation header to rank {}", peer));
+  return Status::Ok();
+}
+
 bool Executor::Run::Connected() const {
   for (int q : send_to_)
     if (tr_.peer(q) == nullptr || tr_.peer(q)->send == nullptr) return false;

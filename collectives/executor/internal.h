@@ -378,9 +378,10 @@ class Executor::Run {
   void FreeSlot(int slot) { (slot < slots_ ? free_slots_ : free_p2p_slots_).push_back(slot); }
   size_t SlotCapacity(int slot) const { return slot < slots_ ? slot_bytes_ : p2p_chunk_; }
   void WaitBriefly();
-  // The straight path's transfers: a send leaves inside this rank's header; a receive takes the
-  // peer's header (false while it has not come).
-  Status SendInHeader(ChannelRun& ch, size_t index, fabric::Request** request);
+  // This rank's header to `peer` carrying `bytes` of `data` (its first transfer to the peer), sent
+  // (PostInHeader, and the straight path's sends).
+  Status SendInHeader(int peer, const void* data, size_t bytes, fabric::Request** request);
+  // The straight path's receive: takes the peer's header (false while it has not come).
   Result<bool> TakeFromHeader(ChannelRun& ch, size_t index);
   // One round of the straight path's wait: the control connections looked at, then (when nothing
   // moved) a brief block on `peer`'s next message (-1: a sleep); stalls and the deadline as Execute.

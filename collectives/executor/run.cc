@@ -422,14 +422,9 @@ Result<bool> Executor::Run::PostInHeader(ChannelRun& ch, size_t index) {
     st.phase = Phase::kPosted;  // TestPosted takes the bytes once the peer's header is here
     return true;
   }
-  const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
-  ControlMessage h = op_.header;
-  h.inline_bytes = static_cast<uint32_t>(bytes);
-  if (bytes > 0) std::memcpy(h.reason, SlotAddress(st.slot), bytes);
   fabric::Request* request = nullptr;
-  KZ_ASSIGN_OR_RETURN(bool sent, ex_.SendControl(step.peer, h, true, Deadline::AfterSeconds(ex_.options_.timeout_s),
-                                                 &request));
-  if (!sent) return Timeout(fmt::format("could not post the operation header to rank {}", step.peer));
+  KZ_RETURN_IF_ERROR(
+      SendInHeader(step.peer, SlotAddress(st.slot), static_cast<size_t>(step.count()) * elem(ch), &request));
   // Done when the header's send is (PollControl reaps it from the pending sends): an operation
   // that left with its last message still queued in the fabric could wait next where nothing
   // moves the fabric (a host group's meeting), and its peer would wait for that message forever.

@@ -86,7 +86,9 @@ Status Executor::Run::ExecuteStraight(Deadline deadline) {
   std::array<fabric::Request*, kMaxStraightSteps> sent;
   size_t nsent = 0;
   auto send = [&](size_t index) -> Status {
-    KZ_RETURN_IF_ERROR(SendInHeader(ch, index, &sent[nsent]));
+    const Step& step = steps[index];
+    KZ_RETURN_IF_ERROR(
+        SendInHeader(step.peer, Address(ch, step.srcs[0]), static_cast<size_t>(step.count()) * elem(ch), &sent[nsent]));
     sent_to[nsent++] = steps[index].peer;
     return Status::Ok();
   };
@@ -141,18 +143,6 @@ Status Executor::Run::ExecuteStraight(Deadline deadline) {
     return Status::Ok();
   }();
   return status.ok() ? status : Explain(status);
-}
-
-Status Executor::Run::SendInHeader(ChannelRun& ch, size_t index, fabric::Request** request) {
-  const Step& step = (*ch.steps)[index];
-  const size_t bytes = static_cast<size_t>(step.count()) * elem(ch);
-  ControlMessage h = op_.header;
-  h.inline_bytes = static_cast<uint32_t>(bytes);
-  if (bytes > 0) std::memcpy(h.reason, Address(ch, step.srcs[0]), bytes);
-  KZ_ASSIGN_OR_RETURN(bool sent,
-                      ex_.SendControl(step.peer, h, true, Deadline::AfterSeconds(ex_.options_.timeout_s), request));
-  if (!sent) return Timeout(fmt::format("could not post the operation header to rank {}", step.peer));
-  return Status::Ok();
 }
 
 Result<bool> Executor::Run::TakeFromHeader(ChannelRun& ch, size_t index) {
